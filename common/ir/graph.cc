@@ -1,0 +1,192 @@
+#include "common/ir/graph.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+
+namespace tandem {
+
+int DTypeBytes(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+    case DType::kF16:
+      return 2;
+  }
+  return 4;
+}
+
+absl::string_view DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
+  }
+  return "?";
+}
+
+std::optional<DType> ParseDType(absl::string_view name) {
+  for (DType d : {DType::kF32, DType::kBF16, DType::kF16}) {
+    if (DTypeName(d) == name) return d;
+  }
+  return std::nullopt;
+}
+
+absl::string_view PhaseName(Phase phase) {
+  switch (phase) {
+    case Phase::kForward:
+      return "fwd";
+    case Phase::kBackward:
+      return "bwd";
+    case Phase::kOptimizer:
+      return "opt";
+  }
+  return "?";
+}
+
+std::optional<Phase> ParsePhase(absl::string_view name) {
+  for (Phase p : {Phase::kForward, Phase::kBackward, Phase::kOptimizer}) {
+    if (PhaseName(p) == name) return p;
+  }
+  return std::nullopt;
+}
+
+int64_t Param::numel() const {
+  // Saturates instead of overflowing, so a malformed shape stays detectable
+  // (validation rejects numel above Param::kMaxNumel).
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (__builtin_mul_overflow(n, d, &n)) return INT64_MAX;
+  }
+  return n;
+}
+
+int64_t Param::shard_numel(int world_size) const {
+  const int64_t w = std::max(world_size, 1);
+  return (numel() + w - 1) / w;
+}
+
+bool Param::operator==(const Param& other) const {
+  return id == other.id && name == other.name && shape == other.shape &&
+         dtype == other.dtype && unit == other.unit;
+}
+
+bool Node::operator==(const Node& other) const {
+  return id == other.id && name == other.name && phase == other.phase &&
+         micro_batch == other.micro_batch && forward_id == other.forward_id &&
+         recompute == other.recompute && param_ids == other.param_ids &&
+         flops == other.flops && time_s == other.time_s &&
+         activation_bytes == other.activation_bytes &&
+         workspace_bytes == other.workspace_bytes;
+}
+
+const Param* Graph::FindParam(int32_t id) const {
+  for (const Param& p : params) {
+    if (p.id == id) return &p;
+  }
+  return nullptr;
+}
+
+const Node* Graph::FindNode(int32_t id) const {
+  for (const Node& n : nodes) {
+    if (n.id == id) return &n;
+  }
+  return nullptr;
+}
+
+int64_t Graph::TotalParamNumel() const {
+  int64_t total = 0;
+  for (const Param& p : params) total += p.numel();
+  return total;
+}
+
+namespace {
+
+// FNV-1a, 64 bit: stable across platforms and releases, unlike std::hash.
+class Fnv1a64 {
+ public:
+  void Bytes(const void* data, size_t size) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < size; ++i) {
+      state_ ^= p[i];
+      state_ *= 1099511628211ull;
+    }
+  }
+  // Length-prefixed so that ("ab","c") and ("a","bc") differ.
+  void String(absl::string_view s) {
+    Int(static_cast<int64_t>(s.size()));
+    Bytes(s.data(), s.size());
+  }
+  void Int(int64_t v) {
+    unsigned char le[8];
+    for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(v >> (8 * i));
+    Bytes(le, sizeof(le));
+  }
+  uint64_t value() const { return state_; }
+
+ private:
+  uint64_t state_ = 14695981039346656037ull;
+};
+
+}  // namespace
+
+std::string Graph::StructuralHash() const {
+  Fnv1a64 h;
+  h.String("tandem.graph.v1");
+  h.Int(micro_batches);
+  h.Int(static_cast<int64_t>(params.size()));
+  for (const Param& p : params) {
+    h.Int(p.id);
+    h.String(p.name);
+    h.String(DTypeName(p.dtype));
+    h.Int(static_cast<int64_t>(p.shape.size()));
+    for (int64_t d : p.shape) h.Int(d);
+  }
+  h.Int(static_cast<int64_t>(nodes.size()));
+  for (const Node& n : nodes) {
+    h.Int(n.id);
+    h.String(n.name);
+    h.String(PhaseName(n.phase));
+    h.Int(n.micro_batch);
+    h.Int(n.forward_id.value_or(-1));
+    h.Int(n.recompute ? 1 : 0);
+    h.Int(static_cast<int64_t>(n.param_ids.size()));
+    for (int32_t id : n.param_ids) h.Int(id);
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx",
+                static_cast<unsigned long long>(h.value()));
+  return buf;
+}
+
+bool Graph::operator==(const Graph& other) const {
+  return name == other.name && world_size == other.world_size &&
+         micro_batches == other.micro_batches &&
+         tokens_per_micro_batch == other.tokens_per_micro_batch &&
+         params == other.params && nodes == other.nodes;
+}
+
+GraphIndex::GraphIndex(const Graph& graph) {
+  for (size_t i = 0; i < graph.params.size(); ++i) {
+    param_pos_.emplace(graph.params[i].id, static_cast<int>(i));
+  }
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    node_pos_.emplace(graph.nodes[i].id, static_cast<int>(i));
+  }
+}
+
+int GraphIndex::ParamPos(int32_t id) const {
+  auto it = param_pos_.find(id);
+  return it == param_pos_.end() ? -1 : it->second;
+}
+
+int GraphIndex::NodePos(int32_t id) const {
+  auto it = node_pos_.find(id);
+  return it == node_pos_.end() ? -1 : it->second;
+}
+
+}  // namespace tandem

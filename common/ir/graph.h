@@ -1,0 +1,122 @@
+// The iteration graph IR: one training iteration as an ordered list of nodes
+// and the params they use (DESIGN.md, "The IR"). Plain value types; see
+// validate.h for the rules a well-formed graph keeps, text_format.h for the
+// readable form and proto_convert.h for tandem.v1.Graph.
+#ifndef TANDEM_COMMON_IR_GRAPH_H_
+#define TANDEM_COMMON_IR_GRAPH_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+
+namespace tandem {
+
+enum class DType { kF32, kBF16, kF16 };
+
+// Bytes of one element.
+int DTypeBytes(DType dtype);
+// "f32", "bf16", "f16".
+absl::string_view DTypeName(DType dtype);
+std::optional<DType> ParseDType(absl::string_view name);
+
+enum class Phase { kForward, kBackward, kOptimizer };
+
+// "fwd", "bwd", "opt".
+absl::string_view PhaseName(Phase phase);
+std::optional<Phase> ParsePhase(absl::string_view name);
+
+struct Param {
+  // Largest element count a param may have (2^48): keeps byte counts of any
+  // dtype far from int64 overflow.
+  static constexpr int64_t kMaxNumel = int64_t{1} << 48;
+
+  int32_t id = 0;
+  // Module path, e.g. "layers.3.attn.wq.weight"; unique within a graph.
+  std::string name;
+  std::vector<int64_t> shape;
+  DType dtype = DType::kF32;
+  // FSDP-style wrapping unit, e.g. "layers.3"; params of one unit are
+  // gathered together by unit-based policies.
+  std::string unit;
+
+  int64_t numel() const;
+  int64_t bytes() const { return numel() * DTypeBytes(dtype); }
+  // Elements each rank owns: numel padded up to a multiple of world_size,
+  // divided by world_size.
+  int64_t shard_numel(int world_size) const;
+
+  bool operator==(const Param& other) const;
+  bool operator!=(const Param& other) const { return !(*this == other); }
+};
+
+struct Node {
+  int32_t id = 0;
+  // Unique within a graph.
+  std::string name;
+  Phase phase = Phase::kForward;
+  // 0-based micro-batch of a forward or backward node.
+  int32_t micro_batch = 0;
+  // Backward nodes: the forward node they mirror.
+  std::optional<int32_t> forward_id;
+  // Backward nodes under activation checkpointing recompute the forward first.
+  bool recompute = false;
+  std::vector<int32_t> param_ids;
+  double flops = 0;
+  // Measured or estimated seconds.
+  double time_s = 0;
+  // Activations a forward node leaves alive until its backward twin ends.
+  int64_t activation_bytes = 0;
+  // Bytes alive only while the node runs.
+  int64_t workspace_bytes = 0;
+
+  bool operator==(const Node& other) const;
+  bool operator!=(const Node& other) const { return !(*this == other); }
+};
+
+struct Graph {
+  std::string name;
+  int32_t world_size = 1;
+  int32_t micro_batches = 1;
+  // Tokens per rank per micro-batch.
+  int64_t tokens_per_micro_batch = 0;
+  std::vector<Param> params;
+  // Execution order.
+  std::vector<Node> nodes;
+
+  // Lookups by id; nullptr when absent. Linear in the graph size: build an
+  // index (GraphIndex) for repeated lookups.
+  const Param* FindParam(int32_t id) const;
+  const Node* FindNode(int32_t id) const;
+
+  int64_t TotalParamNumel() const;
+  // Structural hash: 16 lowercase hex digits over param names, shapes, dtypes
+  // and the node order (names, phases, params, twins). Times, FLOPs, byte
+  // estimates and the world size do not change it.
+  std::string StructuralHash() const;
+
+  bool operator==(const Graph& other) const;
+  bool operator!=(const Graph& other) const { return !(*this == other); }
+};
+
+// Id -> position maps. Positions are indices into Graph::params /
+// Graph::nodes; with duplicate ids the first wins.
+class GraphIndex {
+ public:
+  explicit GraphIndex(const Graph& graph);
+
+  // Index into graph.params / graph.nodes, or -1 when unknown.
+  int ParamPos(int32_t id) const;
+  int NodePos(int32_t id) const;
+
+ private:
+  absl::flat_hash_map<int32_t, int> param_pos_;
+  absl::flat_hash_map<int32_t, int> node_pos_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_IR_GRAPH_H_

@@ -1,0 +1,53 @@
+#include "common/ir/profile.h"
+
+namespace tandem {
+
+absl::string_view CollectiveKindName(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllGather:
+      return "allgather";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::kAllReduce:
+      return "allreduce";
+  }
+  return "?";
+}
+
+std::optional<CollectiveKind> ParseCollectiveKind(absl::string_view name) {
+  for (CollectiveKind k :
+       {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter,
+        CollectiveKind::kAllReduce}) {
+    if (CollectiveKindName(k) == name) return k;
+  }
+  return std::nullopt;
+}
+
+bool NodeTiming::operator==(const NodeTiming& other) const {
+  return node_id == other.node_id && time_s == other.time_s &&
+         samples == other.samples;
+}
+
+bool CollectiveTiming::operator==(const CollectiveTiming& other) const {
+  return kind == other.kind && group_id == other.group_id &&
+         param_ids == other.param_ids && bytes == other.bytes &&
+         issue_to_done_s == other.issue_to_done_s &&
+         exposed_s == other.exposed_s && node_id == other.node_id;
+}
+
+bool MemorySample::operator==(const MemorySample& other) const {
+  return node_id == other.node_id && before_bytes == other.before_bytes &&
+         after_bytes == other.after_bytes;
+}
+
+bool Profile::operator==(const Profile& other) const {
+  return graph_hash == other.graph_hash && rank == other.rank &&
+         schedule_version == other.schedule_version &&
+         first_iteration == other.first_iteration &&
+         last_iteration == other.last_iteration &&
+         iteration_s == other.iteration_s && peak_bytes == other.peak_bytes &&
+         nodes == other.nodes && collectives == other.collectives &&
+         memory == other.memory;
+}
+
+}  // namespace tandem

@@ -1,0 +1,69 @@
+// The profile IR: what one rank (or the aggregate over ranks) measured over a
+// window of iterations under one schedule version.
+#ifndef TANDEM_COMMON_IR_PROFILE_H_
+#define TANDEM_COMMON_IR_PROFILE_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+namespace tandem {
+
+struct NodeTiming {
+  int32_t node_id = 0;
+  double time_s = 0;
+  int32_t samples = 0;
+  bool operator==(const NodeTiming& other) const;
+};
+
+enum class CollectiveKind { kAllGather, kReduceScatter, kAllReduce };
+// "allgather", "reduce_scatter", "allreduce".
+absl::string_view CollectiveKindName(CollectiveKind kind);
+std::optional<CollectiveKind> ParseCollectiveKind(absl::string_view name);
+
+struct CollectiveTiming {
+  CollectiveKind kind = CollectiveKind::kAllGather;
+  // kAllGather: the gather group.
+  int32_t group_id = 0;
+  // kReduceScatter / kAllReduce: the params reduced.
+  std::vector<int32_t> param_ids;
+  // Full (unsharded) bytes.
+  int64_t bytes = 0;
+  double issue_to_done_s = 0;
+  // Part of issue_to_done_s compute waited for.
+  double exposed_s = 0;
+  // Node the collective was issued at.
+  int32_t node_id = 0;
+  bool operator==(const CollectiveTiming& other) const;
+};
+
+struct MemorySample {
+  int32_t node_id = 0;
+  int64_t before_bytes = 0;
+  int64_t after_bytes = 0;
+  bool operator==(const MemorySample& other) const;
+};
+
+struct Profile {
+  static constexpr int32_t kAggregateRank = -1;
+
+  std::string graph_hash;
+  int32_t rank = 0;
+  int64_t schedule_version = 0;
+  int64_t first_iteration = 0;
+  int64_t last_iteration = 0;
+  double iteration_s = 0;
+  int64_t peak_bytes = 0;
+  std::vector<NodeTiming> nodes;
+  std::vector<CollectiveTiming> collectives;
+  std::vector<MemorySample> memory;
+
+  bool operator==(const Profile& other) const;
+  bool operator!=(const Profile& other) const { return !(*this == other); }
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_IR_PROFILE_H_

@@ -1,0 +1,67 @@
+// Readable text forms of the IR, used by test fixtures, `tandem schedule` and
+// the planner CLI. Print then Parse gives back an equal value (round-trip),
+// including every double bit for bit.
+//
+// Line-oriented: one statement per line, `#` starts a comment, blank lines are
+// ignored, tokens are separated by spaces, attributes are `key=value`. Ids are
+// written with a one-letter prefix: params `p3`, nodes `n7`, groups `g2`,
+// offload entries `o1`; lists are comma-separated (`p1,p2,p3`). Times accept
+// the suffixes s, ms, us and ns; byte counts accept B, KiB, MiB and GiB.
+//
+// Graph:
+//   graph tiny world=2 micro_batches=1 tokens=512
+//   param p0 embed.weight f32[1000,64] unit=embed
+//   node n0 embed fwd params=p0 flops=1e6 time=1ms act=4KiB ws=0
+//   node n5 embed.bwd bwd of=n0 params=p0 time=2ms
+//   node n9 optimizer opt
+// Node attributes: mb= (micro-batch), of= (forward twin), recompute (flag),
+// params=, flops=, time=, act=, ws=; omitted ones are 0 / empty.
+//
+// Schedule:
+//   schedule v3 graph=0123456789abcdef mode=zero3 budget=80GiB
+//   group g0 p1,p2
+//   persistent p0
+//   offload o0 p3,p4 bytes=1MiB
+//   before n1 allgather g0
+//   before n1 wait g0
+//   after n1 release g0
+//   after n5 reduce_scatter p1,p2
+//   before n9 reload o0
+//   predict iteration=0.1 compute=0.08 comm=0.05 exposed=0.02 copy=0 peak=1GiB
+//   provenance passes=zero3-insert,prefetch window=10..20 wall=0.003 reason=drift
+//
+// Profile:
+//   profile graph=0123456789abcdef rank=0 version=3 window=10..20 iteration=0.1 peak=1GiB
+//   time n0 1ms samples=10
+//   collective allgather g0 at=n1 bytes=4MiB issue_to_done=2ms exposed=0.5ms
+//   collective reduce_scatter p1,p2 at=n5 bytes=4MiB issue_to_done=2ms exposed=0
+//   memory n0 before=1MiB after=2MiB
+//
+// Parse errors name the line and the token, e.g.
+//   "line 4: node n3: unknown attribute 'tim' (expected one of mb, of, ...)".
+// Parsing checks syntax only; run validate.h on the result for semantics.
+#ifndef TANDEM_COMMON_IR_TEXT_FORMAT_H_
+#define TANDEM_COMMON_IR_TEXT_FORMAT_H_
+
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+#include "common/ir/graph.h"
+#include "common/ir/profile.h"
+#include "common/ir/schedule.h"
+
+namespace tandem {
+
+std::string PrintGraph(const Graph& graph);
+absl::StatusOr<Graph> ParseGraph(absl::string_view text);
+
+std::string PrintSchedule(const Schedule& schedule);
+absl::StatusOr<Schedule> ParseSchedule(absl::string_view text);
+
+std::string PrintProfile(const Profile& profile);
+absl::StatusOr<Profile> ParseProfile(absl::string_view text);
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_IR_TEXT_FORMAT_H_

@@ -1,0 +1,96 @@
+// The cost model the simulator and the passes price actions with: collective
+// time as a function of bytes, the host link, and the device memory budget.
+//
+// Collective time is piecewise-linear in bytes. Either it is fitted from
+// measured (bytes, seconds) points of the running job, or it follows the
+// analytic ring model latency + S·(n−1)/(n·B), where S is the full (unsharded)
+// buffer and B the per-rank bandwidth of the slowest link the ring crosses:
+// NVLink inside a node, the rank's NIC across nodes.
+#ifndef TANDEM_COMMON_SIM_HARDWARE_MODEL_H_
+#define TANDEM_COMMON_SIM_HARDWARE_MODEL_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace tandem {
+
+// A monotone piecewise-linear function of bytes, through measured points.
+// Points with equal bytes are averaged; a point measured below an earlier
+// (smaller) one is raised to it, so a larger buffer never costs less. Between
+// points it interpolates; beyond the ends it extends the first or last
+// segment, clamped at 0 seconds. With a single point (b, s) it is the line
+// through the origin s·x/b (a constant s when b = 0): one point cannot
+// separate latency from bandwidth.
+class PiecewiseLinear {
+ public:
+  PiecewiseLinear() = default;
+  // Points need not be sorted; at least one, bytes >= 0, seconds >= 0.
+  static absl::StatusOr<PiecewiseLinear> Fit(
+      std::vector<std::pair<int64_t, double>> points);
+
+  bool empty() const { return points_.empty(); }
+  double operator()(int64_t bytes) const;
+  const std::vector<std::pair<int64_t, double>>& points() const {
+    return points_;
+  }
+
+ private:
+  std::vector<std::pair<int64_t, double>> points_;
+};
+
+struct HardwareModel {
+  int32_t world_size = 1;
+  int32_t ranks_per_node = 8;
+  // Per-rank bandwidth, bytes/s: inside a node (NVLink) and across nodes
+  // (one NIC per rank).
+  double intra_node_bytes_per_s = 370e9;
+  double inter_node_bytes_per_s = 50e9;
+  double collective_latency_s = 20e-6;
+  // Host link, each way, bytes/s.
+  double host_bytes_per_s = 50e9;
+  // Device memory per rank.
+  int64_t device_memory_bytes = int64_t{80} << 30;
+  // Budget the plan must fit (<= device memory); 0 means device memory.
+  int64_t budget_bytes = 0;
+
+  // Fitted from the job's measurements; override the analytic model.
+  PiecewiseLinear allgather_fit;
+  PiecewiseLinear reduce_scatter_fit;
+
+  // The H100 defaults of DESIGN.md for `world_size` ranks, 8 per node.
+  static HardwareModel H100(int32_t world_size);
+
+  int64_t budget() const {
+    return budget_bytes > 0 ? budget_bytes : device_memory_bytes;
+  }
+  // Seconds to all-gather (reduce-scatter) a buffer of `full_bytes`: the
+  // fit when there is one, else the ring model with B = intra-node bandwidth
+  // when world_size <= ranks_per_node and the NIC's otherwise. 0 when
+  // world_size is 1 or the buffer is empty: nothing moves.
+  double AllGatherSeconds(int64_t full_bytes) const;
+  double ReduceScatterSeconds(int64_t full_bytes) const;
+  // Seconds to move `bytes` over the host link one way.
+  double HostCopySeconds(int64_t bytes) const;
+
+ private:
+  double RingSeconds(int64_t full_bytes) const;
+};
+
+// Parses "key=value" overrides (space- or comma-separated) onto the H100
+// defaults for world 1: world, ranks_per_node (integers >= 1), intra_gbps,
+// inter_gbps, host_gbps (GB/s = 1e9 bytes/s, > 0), latency_us (>= 0), memory
+// (bytes > 0, with an optional B/KiB/MiB/GiB/TiB suffix), budget (same, 0 =
+// memory), e.g. "world=64 inter_gbps=25 budget=70GiB". Each key at most once.
+// Errors (InvalidArgument) name the key and what it takes, list the valid
+// keys for an unknown one, and reject a budget above device memory. Fits are
+// not parsed: they come from profiles.
+absl::StatusOr<HardwareModel> ParseHardwareModel(absl::string_view text);
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_SIM_HARDWARE_MODEL_H_

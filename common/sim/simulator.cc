@@ -1,0 +1,581 @@
+#include "common/sim/simulator.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+
+int64_t OptimizerStateBytesPerElement(DType param_dtype) {
+  // Two fp32 Adam moments, plus an fp32 master copy of low-precision params.
+  return param_dtype == DType::kF32 ? 8 : 12;
+}
+
+namespace {
+
+// Id -> position in a vector of IR elements; the first of duplicate ids wins.
+// Dense ids (the common case: 0..n-1) use a plain vector, others a hash map,
+// so lookups stay cheap when a pass re-simulates many times.
+class IdIndex {
+ public:
+  template <typename T>
+  explicit IdIndex(const std::vector<T>& items) {
+    int64_t max_id = -1;
+    bool dense = true;
+    for (const T& item : items) {
+      if (item.id < 0) dense = false;
+      max_id = std::max<int64_t>(max_id, item.id);
+    }
+    dense = dense && max_id < 4 * static_cast<int64_t>(items.size()) + 64;
+    if (dense) {
+      dense_.assign(static_cast<size_t>(max_id + 1), -1);
+      for (size_t i = 0; i < items.size(); ++i) {
+        int& slot = dense_[static_cast<size_t>(items[i].id)];
+        if (slot < 0) slot = static_cast<int>(i);
+      }
+    } else {
+      use_map_ = true;
+      for (size_t i = 0; i < items.size(); ++i) {
+        sparse_.emplace(items[i].id, static_cast<int>(i));
+      }
+    }
+  }
+
+  // Position of `id`, or -1.
+  int Find(int32_t id) const {
+    if (use_map_) {
+      auto it = sparse_.find(id);
+      return it == sparse_.end() ? -1 : it->second;
+    }
+    if (id < 0 || static_cast<size_t>(id) >= dense_.size()) return -1;
+    return dense_[static_cast<size_t>(id)];
+  }
+
+ private:
+  bool use_map_ = false;
+  std::vector<int> dense_;
+  absl::flat_hash_map<int32_t, int> sparse_;
+};
+
+enum MemoryKind : uint8_t {
+  kShardedParams,
+  kPersistentParams,
+  kGatheredParams,
+  kActivations,
+  kGradients,
+  kOptimizerStates,
+  kNumMemoryKinds,
+};
+
+struct MemoryEvent {
+  double time;
+  int64_t delta;
+  MemoryKind kind;
+};
+
+struct ParamInfo {
+  int64_t full_bytes = 0;
+  // This rank's shard, and the padded full buffer a collective moves.
+  int64_t shard_bytes = 0;
+  int64_t padded_bytes = 0;
+  int64_t state_bytes = 0;
+};
+
+struct GroupInfo {
+  std::vector<int> param_pos;
+  int64_t full_bytes = 0;
+  int64_t padded_bytes = 0;
+};
+
+std::string DescribeAction(int index, const Action& action) {
+  std::string target;
+  switch (action.kind) {
+    case ActionKind::kAllGather:
+    case ActionKind::kWait:
+    case ActionKind::kRelease:
+      target = absl::StrCat("g", action.group_id);
+      break;
+    case ActionKind::kReduceScatter:
+      for (size_t i = 0; i < action.param_ids.size(); ++i) {
+        if (i == 8) {
+          absl::StrAppend(&target, ",...");
+          break;
+        }
+        absl::StrAppend(&target, i == 0 ? "p" : ",p", action.param_ids[i]);
+      }
+      break;
+    case ActionKind::kOffload:
+    case ActionKind::kReload:
+      target = absl::StrCat("o", action.offload_id);
+      break;
+  }
+  return absl::StrCat("action ", index, " (",
+                      AnchorPositionName(action.position), " n",
+                      action.node_id, " ", ActionKindName(action.kind), " ",
+                      target, ")");
+}
+
+// One replay. Resolves every id once, buckets the actions by anchor, walks
+// the nodes in order keeping the three streams' clocks, and records memory as
+// events that are sorted and swept once at the end.
+class Replay {
+ public:
+  Replay(const Graph& graph, const Schedule& schedule, const HardwareModel& hw)
+      : graph_(graph),
+        schedule_(schedule),
+        hw_(hw),
+        zero1_(schedule.mode == ShardingMode::kZero1),
+        param_index_(graph.params),
+        node_index_(graph.nodes) {}
+
+  absl::StatusOr<SimResult> Run() {
+    absl::Status status = Resolve();
+    if (!status.ok()) return status;
+    status = Walk();
+    if (!status.ok()) return status;
+    SweepMemory();
+    return std::move(result_);
+  }
+
+ private:
+  absl::Status Resolve() {
+    const int world = std::max(graph_.world_size, 1);
+    params_.resize(graph_.params.size());
+    for (size_t i = 0; i < graph_.params.size(); ++i) {
+      const Param& p = graph_.params[i];
+      const int64_t elem = DTypeBytes(p.dtype);
+      const int64_t shard = p.shard_numel(world);
+      ParamInfo& info = params_[i];
+      info.full_bytes = p.bytes();
+      info.shard_bytes = shard * elem;
+      info.padded_bytes = shard * world * elem;
+      info.state_bytes = shard * OptimizerStateBytesPerElement(p.dtype);
+      base_[kShardedParams] += zero1_ ? info.full_bytes : info.shard_bytes;
+      base_[kGradients] += info.shard_bytes;
+      base_[kOptimizerStates] += info.state_bytes;
+    }
+    if (!zero1_) {
+      std::vector<bool> persistent(graph_.params.size(), false);
+      for (int32_t id : schedule_.persistent_param_ids) {
+        const int pos = param_index_.Find(id);
+        if (pos < 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "schedule: persistent param p", id,
+              " is not in the graph; drop it or re-plan for this graph"));
+        }
+        if (persistent[pos]) continue;
+        persistent[pos] = true;
+        base_[kPersistentParams] += params_[pos].full_bytes;
+      }
+    }
+
+    node_param_pos_.resize(graph_.nodes.size());
+    forward_pos_.assign(graph_.nodes.size(), -1);
+    for (size_t i = 0; i < graph_.nodes.size(); ++i) {
+      const Node& n = graph_.nodes[i];
+      if (n.phase == Phase::kBackward) {
+        node_param_pos_[i].reserve(n.param_ids.size());
+        for (int32_t id : n.param_ids) {
+          const int pos = param_index_.Find(id);
+          if (pos < 0) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "graph: node n", n.id, " uses unknown param p", id,
+                "; run ValidateGraph before simulating"));
+          }
+          node_param_pos_[i].push_back(pos);
+        }
+      }
+      if (n.forward_id.has_value()) {
+        forward_pos_[i] = node_index_.Find(*n.forward_id);
+        if (forward_pos_[i] < 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "graph: node n", n.id, " mirrors unknown node n", *n.forward_id,
+              "; run ValidateGraph before simulating"));
+        }
+      }
+    }
+
+    IdIndex group_index(schedule_.groups);
+    groups_.resize(schedule_.groups.size());
+    for (size_t g = 0; g < schedule_.groups.size(); ++g) {
+      for (int32_t id : schedule_.groups[g].param_ids) {
+        const int pos = param_index_.Find(id);
+        if (pos < 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("schedule: group g", schedule_.groups[g].id,
+                           " names unknown param p", id,
+                           "; re-plan for this graph"));
+        }
+        groups_[g].param_pos.push_back(pos);
+        groups_[g].full_bytes += params_[pos].full_bytes;
+        groups_[g].padded_bytes += params_[pos].padded_bytes;
+      }
+    }
+
+    IdIndex offload_index(schedule_.offloads);
+    offload_bytes_.resize(schedule_.offloads.size());
+    for (size_t o = 0; o < schedule_.offloads.size(); ++o) {
+      const OffloadEntry& entry = schedule_.offloads[o];
+      int64_t states = 0;
+      for (int32_t id : entry.param_ids) {
+        const int pos = param_index_.Find(id);
+        if (pos < 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("schedule: offload o", entry.id,
+                           " names unknown param p", id,
+                           "; re-plan for this graph"));
+        }
+        states += params_[pos].state_bytes;
+      }
+      offload_bytes_[o] = std::clamp<int64_t>(entry.bytes, 0, states);
+    }
+
+    // Resolve each action's target and bucket it by (node, before/after),
+    // keeping list order within a bucket (a stable counting sort).
+    const size_t num_actions = schedule_.actions.size();
+    target_.assign(num_actions, -1);
+    rs_bytes_.assign(num_actions, 0);
+    std::vector<int> slot_of(num_actions);
+    slot_begin_.assign(2 * graph_.nodes.size() + 1, 0);
+    for (size_t i = 0; i < num_actions; ++i) {
+      const Action& a = schedule_.actions[i];
+      const int index = static_cast<int>(i);
+      const int node_pos = node_index_.Find(a.node_id);
+      if (node_pos < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(DescribeAction(index, a), ": unknown node n",
+                         a.node_id, "; re-plan for this graph"));
+      }
+      switch (a.kind) {
+        case ActionKind::kAllGather:
+        case ActionKind::kWait:
+        case ActionKind::kRelease:
+          target_[i] = group_index.Find(a.group_id);
+          if (target_[i] < 0) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(DescribeAction(index, a), ": group g",
+                             a.group_id, " is not defined by the schedule"));
+          }
+          break;
+        case ActionKind::kReduceScatter:
+          for (int32_t id : a.param_ids) {
+            const int pos = param_index_.Find(id);
+            if (pos < 0) {
+              return absl::InvalidArgumentError(
+                  absl::StrCat(DescribeAction(index, a), ": unknown param p",
+                               id, "; re-plan for this graph"));
+            }
+            rs_bytes_[i] += params_[pos].padded_bytes;
+          }
+          break;
+        case ActionKind::kOffload:
+        case ActionKind::kReload:
+          target_[i] = offload_index.Find(a.offload_id);
+          if (target_[i] < 0) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                DescribeAction(index, a), ": offload entry o", a.offload_id,
+                " is not defined by the schedule"));
+          }
+          break;
+      }
+      slot_of[i] =
+          2 * node_pos + (a.position == AnchorPosition::kAfter ? 1 : 0);
+      ++slot_begin_[slot_of[i] + 1];
+    }
+    for (size_t s = 1; s < slot_begin_.size(); ++s) {
+      slot_begin_[s] += slot_begin_[s - 1];
+    }
+    slot_actions_.resize(num_actions);
+    std::vector<int> fill(slot_begin_.begin(), slot_begin_.end() - 1);
+    for (size_t i = 0; i < num_actions; ++i) {
+      slot_actions_[fill[slot_of[i]]++] = static_cast<int>(i);
+    }
+    return absl::OkStatus();
+  }
+
+  void Allocate(double time, int64_t bytes, MemoryKind kind) {
+    if (bytes != 0) events_.push_back({time, bytes, kind});
+  }
+  void Free(double time, int64_t bytes, MemoryKind kind) {
+    if (bytes != 0) events_.push_back({time, -bytes, kind});
+  }
+
+  // Issues a collective at the compute clock; returns its end.
+  double IssueCollective(int index, ActionKind kind, int64_t bytes,
+                         double seconds) {
+    const double start = std::max(now_, comm_free_);
+    comm_free_ = start + seconds;
+    result_.comm_s += seconds;
+    result_.collectives.push_back(
+        {index, kind, now_, start, comm_free_, bytes});
+    return comm_free_;
+  }
+
+  CollectiveTimelineEntry& IssueCopy(int index, ActionKind kind,
+                                     int64_t bytes) {
+    const double seconds = hw_.HostCopySeconds(bytes);
+    const double start = std::max(now_, copy_free_);
+    copy_free_ = start + seconds;
+    result_.copy_s += seconds;
+    result_.copies.push_back({index, kind, now_, start, copy_free_, bytes});
+    return result_.copies.back();
+  }
+
+  absl::Status RunActions(size_t slot) {
+    for (int s = slot_begin_[slot]; s < slot_begin_[slot + 1]; ++s) {
+      const int i = slot_actions_[s];
+      const Action& a = schedule_.actions[i];
+      const int target = target_[i];
+      switch (a.kind) {
+        case ActionKind::kAllGather: {
+          GroupState& g = group_state_[target];
+          const int64_t bytes = groups_[target].padded_bytes;
+          g.done_s = IssueCollective(i, a.kind, bytes,
+                                     hw_.AllGatherSeconds(bytes));
+          ++g.outstanding;
+          if (!zero1_) {
+            Allocate(now_, groups_[target].full_bytes, kGatheredParams);
+          }
+          break;
+        }
+        case ActionKind::kWait: {
+          GroupState& g = group_state_[target];
+          if (g.outstanding == 0) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                DescribeAction(i, a), ": node n", a.node_id,
+                " waits on group g", a.group_id,
+                " but no ALLGATHER of it was issued since its last RELEASE "
+                "(or ever); issue one before the WAIT"));
+          }
+          if (g.done_s > now_) {
+            const double stall = g.done_s - now_;
+            result_.group_exposed_s[target] += stall;
+            result_.exposed_comm_s += stall;
+            now_ = g.done_s;
+          }
+          break;
+        }
+        case ActionKind::kRelease: {
+          GroupState& g = group_state_[target];
+          if (!zero1_) {
+            Free(now_, g.outstanding * groups_[target].full_bytes,
+                 kGatheredParams);
+          }
+          g.outstanding = 0;
+          break;
+        }
+        case ActionKind::kReduceScatter: {
+          const double done =
+              IssueCollective(i, a.kind, rs_bytes_[i],
+                              hw_.ReduceScatterSeconds(rs_bytes_[i]));
+          rs_done_s_ = done;
+          for (int32_t id : a.param_ids) {
+            const int pos = param_index_.Find(id);
+            if (!grad_live_[pos]) continue;
+            grad_live_[pos] = false;
+            Free(done, params_[pos].full_bytes, kGradients);
+          }
+          break;
+        }
+        case ActionKind::kOffload: {
+          const int64_t bytes = offload_bytes_[target];
+          const double done = IssueCopy(i, a.kind, bytes).end_s;
+          if (!on_host_[target]) {
+            on_host_[target] = true;
+            Free(done, bytes, kOptimizerStates);
+            host_bytes_ += bytes;
+            result_.offloaded_bytes =
+                std::max(result_.offloaded_bytes, host_bytes_);
+          }
+          break;
+        }
+        case ActionKind::kReload: {
+          const int64_t bytes = offload_bytes_[target];
+          const CollectiveTimelineEntry& copy = IssueCopy(i, a.kind, bytes);
+          reload_done_s_ = copy.end_s;
+          if (on_host_[target]) {
+            on_host_[target] = false;
+            Allocate(copy.start_s, bytes, kOptimizerStates);
+            host_bytes_ -= bytes;
+          }
+          break;
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Walk() {
+    const size_t num_nodes = graph_.nodes.size();
+    group_state_.assign(groups_.size(), GroupState{});
+    grad_live_.assign(graph_.params.size(), false);
+    on_host_.assign(schedule_.offloads.size(), false);
+    std::vector<int64_t> live_activation(num_nodes, 0);
+    result_.group_exposed_s.assign(groups_.size(), 0.0);
+    result_.nodes.resize(num_nodes);
+    result_.collectives.reserve(schedule_.actions.size());
+    events_.reserve(4 * num_nodes + 2 * schedule_.actions.size() +
+                    2 * graph_.params.size());
+
+    double previous_end = 0;
+    for (size_t pos = 0; pos < num_nodes; ++pos) {
+      const Node& node = graph_.nodes[pos];
+      absl::Status status = RunActions(2 * pos);
+      if (!status.ok()) return status;
+      if (node.phase == Phase::kOptimizer) {
+        // The optimizer needs every gradient shard and state issued so far.
+        if (rs_done_s_ > now_) result_.exposed_comm_s += rs_done_s_ - now_;
+        now_ = std::max({now_, rs_done_s_, reload_done_s_});
+      }
+      const double start = now_;
+      const double end = start + node.time_s;
+      NodeTimelineEntry& entry = result_.nodes[pos];
+      entry.node_id = node.id;
+      entry.start_s = start;
+      entry.end_s = end;
+      entry.stall_s = start - previous_end;
+      result_.compute_s += node.time_s;
+
+      Allocate(start, node.workspace_bytes, kActivations);
+      Free(end, node.workspace_bytes, kActivations);
+      if (node.phase == Phase::kForward) {
+        Allocate(end, node.activation_bytes, kActivations);
+        live_activation[pos] = node.activation_bytes;
+      } else if (node.phase == Phase::kBackward) {
+        for (int p : node_param_pos_[pos]) {
+          if (grad_live_[p]) continue;
+          grad_live_[p] = true;
+          Allocate(start, params_[p].full_bytes, kGradients);
+        }
+        const int twin = forward_pos_[pos];
+        if (twin >= 0 && static_cast<size_t>(twin) < pos) {
+          Free(end, live_activation[twin], kActivations);
+          live_activation[twin] = 0;
+        }
+      }
+      now_ = end;
+      previous_end = end;
+      status = RunActions(2 * pos + 1);
+      if (!status.ok()) return status;
+    }
+
+    const double compute_end = now_;
+    result_.exposed_comm_s += std::max(0.0, comm_free_ - compute_end);
+    result_.iteration_s = std::max({compute_end, comm_free_, copy_free_});
+    result_.lower_bound_s =
+        std::max({result_.compute_s, result_.comm_s, result_.copy_s});
+    result_.overlap_ratio =
+        result_.comm_s > 0
+            ? std::clamp(1 - result_.exposed_comm_s / result_.comm_s, 0.0, 1.0)
+            : 1.0;
+    return absl::OkStatus();
+  }
+
+  void SweepMemory() {
+    std::sort(events_.begin(), events_.end(),
+              [](const MemoryEvent& a, const MemoryEvent& b) {
+                if (a.time != b.time) return a.time < b.time;
+                return a.delta > 0 && b.delta <= 0;
+              });
+    std::array<int64_t, kNumMemoryKinds> level_by_kind = base_;
+    int64_t level = 0;
+    for (int64_t bytes : base_) level += bytes;
+    int64_t peak = level;
+    double peak_time = 0;
+    std::array<int64_t, kNumMemoryKinds> peak_by_kind = level_by_kind;
+
+    std::vector<NodeTimelineEntry>& nodes = result_.nodes;
+    size_t next_node = 0;
+    for (const MemoryEvent& e : events_) {
+      while (next_node < nodes.size() && nodes[next_node].end_s < e.time) {
+        nodes[next_node++].memory_after_bytes = level;
+      }
+      level += e.delta;
+      level_by_kind[e.kind] += e.delta;
+      if (level > peak) {
+        peak = level;
+        peak_time = e.time;
+        peak_by_kind = level_by_kind;
+      }
+    }
+    for (; next_node < nodes.size(); ++next_node) {
+      nodes[next_node].memory_after_bytes = level;
+    }
+
+    result_.peak_bytes = peak;
+    MemoryBreakdown& b = result_.peak_breakdown;
+    b.sharded_params = peak_by_kind[kShardedParams];
+    b.persistent_params = peak_by_kind[kPersistentParams];
+    b.gathered_params = peak_by_kind[kGatheredParams];
+    b.activations = peak_by_kind[kActivations];
+    b.gradients = peak_by_kind[kGradients];
+    b.optimizer_states = peak_by_kind[kOptimizerStates];
+    if (!nodes.empty()) {
+      // The last node started at or before the peak (the first if none).
+      auto it = std::upper_bound(
+          nodes.begin(), nodes.end(), peak_time,
+          [](double t, const NodeTimelineEntry& n) { return t < n.start_s; });
+      result_.peak_node_id =
+          it == nodes.begin() ? nodes.front().node_id : std::prev(it)->node_id;
+    }
+  }
+
+  struct GroupState {
+    // ALLGATHERs issued since the last RELEASE, and when the latest is done.
+    int outstanding = 0;
+    double done_s = 0;
+  };
+
+  const Graph& graph_;
+  const Schedule& schedule_;
+  const HardwareModel& hw_;
+  const bool zero1_;
+  const IdIndex param_index_;
+  const IdIndex node_index_;
+
+  // Resolved once per replay.
+  std::vector<ParamInfo> params_;
+  std::vector<GroupInfo> groups_;
+  std::vector<int64_t> offload_bytes_;
+  std::vector<std::vector<int>> node_param_pos_;
+  std::vector<int> forward_pos_;
+  // Per action: its group or offload position, and a REDUCE_SCATTER's bytes.
+  std::vector<int> target_;
+  std::vector<int64_t> rs_bytes_;
+  // Actions of anchor slot s (2·node position, +1 for after) are
+  // slot_actions_[slot_begin_[s] .. slot_begin_[s+1]).
+  std::vector<int> slot_begin_;
+  std::vector<int> slot_actions_;
+  // Bytes held for the whole iteration, by kind.
+  std::array<int64_t, kNumMemoryKinds> base_{};
+
+  // Replay state.
+  double now_ = 0;
+  double comm_free_ = 0;
+  double copy_free_ = 0;
+  double rs_done_s_ = 0;
+  double reload_done_s_ = 0;
+  int64_t host_bytes_ = 0;
+  std::vector<GroupState> group_state_;
+  std::vector<bool> grad_live_;
+  std::vector<bool> on_host_;
+  std::vector<MemoryEvent> events_;
+  SimResult result_;
+};
+
+}  // namespace
+
+absl::StatusOr<SimResult> Simulate(const Graph& graph, const Schedule& schedule,
+                                   const HardwareModel& hw) {
+  Replay replay(graph, schedule, hw);
+  return replay.Run();
+}
+
+}  // namespace tandem

@@ -1,0 +1,148 @@
+// Replays a schedule against a graph's node times and a hardware model, on
+// three streams, and reports time and memory (DESIGN.md, "Simulator").
+//
+// Streams and timing rules, walking the nodes in order:
+//   - compute runs the nodes back to back; a node starts when compute is free
+//     and every WAIT before it is satisfied. Actions at one anchor run in
+//     list order at the compute stream's current time, so a WAIT delays the
+//     actions listed after it;
+//   - communication runs collectives one at a time in issue order: ALLGATHER
+//     and REDUCE_SCATTER are issued at the compute stream's current time and
+//     start when the communication stream is free. A collective moves the
+//     padded buffer (shard_numel·world·dtype per param) and is priced by
+//     hw.AllGatherSeconds / ReduceScatterSeconds (0 at world size 1);
+//   - copy runs OFFLOAD and RELOAD one at a time in issue order, at
+//     host_bytes_per_s;
+//   - WAIT(g) holds compute until g's latest gather is done; the wait is
+//     exposed communication, attributed to g. A WAIT with no ALLGATHER of g
+//     since g's last RELEASE (or ever) fails;
+//   - the optimizer nodes implicitly wait (after their own "before" actions)
+//     for every REDUCE_SCATTER and every RELOAD issued before them (they need
+//     the gradient shards and states); the part spent on REDUCE_SCATTERs is
+//     exposed communication;
+//   - the iteration ends when all three streams are idle; communication
+//     still running after the last node is exposed too.
+//
+// Memory per rank (bytes), as a timeline of allocations and frees:
+//   - sharded params: Σ shard_numel·dtype, always (shards use
+//     graph.world_size; collective times use hw.world_size). ZeRO-1
+//     (Schedule::mode): params are replicated, so this is Σ full bytes and
+//     neither persistent nor gathered params add anything; its ALLGATHERs
+//     (after the optimizer) still cost communication time;
+//   - persistent params: their full bytes, always, besides their shard;
+//   - gathered params: a group's full (unpadded) bytes from its ALLGATHER's
+//     issue until its RELEASE. A group gathered again before its RELEASE is
+//     allocated again (that schedule really holds two buffers) and one
+//     RELEASE frees all of them; a RELEASE of an ungathered group frees
+//     nothing;
+//   - activations: a forward node's activation_bytes from its end until its
+//     backward twin ends (the whole iteration when it has none);
+//     workspace_bytes while a node runs;
+//   - gradients (param dtype): a gradient shard per param (shard_numel·dtype)
+//     always, and a full-size gradient (full bytes) from the start of the
+//     first backward node that produces it since its last REDUCE_SCATTER was
+//     issued, until that REDUCE_SCATTER is done. With gradient accumulation
+//     it therefore lives across micro-batches until reduced; one never
+//     reduced lives to the end of the iteration. A REDUCE_SCATTER of a param
+//     with no live full gradient frees nothing (it still costs time);
+//   - optimizer states: per param shard, fp32 Adam moments (8 bytes/elem)
+//     plus fp32 master weights when the param dtype is not f32 (4 more),
+//     except while an offload entry holding them is on the host: from its
+//     OFFLOAD's end until its RELOAD's start. An entry moves
+//     min(OffloadEntry::bytes, its params' states) each way (entries are
+//     assumed disjoint); an OFFLOAD of an entry already on the host or a
+//     RELOAD of one on the device costs copy time and moves no memory.
+// At equal times allocations count before frees, so the peak is never
+// underestimated.
+#ifndef TANDEM_COMMON_SIM_SIMULATOR_H_
+#define TANDEM_COMMON_SIM_SIMULATOR_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/ir/graph.h"
+#include "common/ir/schedule.h"
+#include "common/sim/hardware_model.h"
+
+namespace tandem {
+
+// Bytes of optimizer state per param element (Adam moments, plus fp32 master
+// weights for low-precision params).
+int64_t OptimizerStateBytesPerElement(DType param_dtype);
+
+struct NodeTimelineEntry {
+  int32_t node_id = 0;
+  double start_s = 0;
+  double end_s = 0;
+  // Time compute waited for communication, copies or gradients before it.
+  double stall_s = 0;
+  // Memory in use at end_s, counting every allocation and free at that
+  // instant (including actions anchored after the node).
+  int64_t memory_after_bytes = 0;
+};
+
+struct CollectiveTimelineEntry {
+  // Index into Schedule::actions.
+  int action_index = 0;
+  ActionKind kind = ActionKind::kAllGather;
+  double issue_s = 0;
+  double start_s = 0;
+  double end_s = 0;
+  int64_t bytes = 0;
+};
+
+// Peak memory split by kind, at the moment of the peak; total() is the peak.
+// Node workspace counts as activations.
+struct MemoryBreakdown {
+  int64_t sharded_params = 0;
+  int64_t persistent_params = 0;
+  int64_t gathered_params = 0;
+  int64_t activations = 0;
+  int64_t gradients = 0;
+  int64_t optimizer_states = 0;
+  int64_t total() const {
+    return sharded_params + persistent_params + gathered_params + activations +
+           gradients + optimizer_states;
+  }
+};
+
+struct SimResult {
+  double iteration_s = 0;
+  double compute_s = 0;
+  double comm_s = 0;
+  double copy_s = 0;
+  // Σ group_exposed_s + the optimizer's waits on REDUCE_SCATTERs + the
+  // communication tail after the last node.
+  double exposed_comm_s = 0;
+  // 1 - exposed/comm (1 when there is no communication).
+  double overlap_ratio = 1;
+  // max(compute_s, comm_s, copy_s): no schedule of these actions is faster.
+  double lower_bound_s = 0;
+  int64_t peak_bytes = 0;
+  // Node running when the peak was reached (the last one started at or
+  // before it; the first node when the peak precedes every start).
+  int32_t peak_node_id = 0;
+  MemoryBreakdown peak_breakdown;
+  // Bytes held on the host tier at most (summed in copy-issue order).
+  int64_t offloaded_bytes = 0;
+  std::vector<NodeTimelineEntry> nodes;
+  // ALLGATHER and REDUCE_SCATTER actions, in issue order.
+  std::vector<CollectiveTimelineEntry> collectives;
+  // OFFLOAD and RELOAD actions on the copy stream, in issue order.
+  std::vector<CollectiveTimelineEntry> copies;
+  // Exposed wait attributed to each gather group, indexed like
+  // Schedule::groups.
+  std::vector<double> group_exposed_s;
+};
+
+// Fails (InvalidArgument) only on schedules that cannot be replayed at all:
+// a WAIT without a preceding ALLGATHER of its group, or ids the schedule
+// does not define. Semantic violations (use after release and the like) are
+// the invariant checkers' business; the simulator times what it is given.
+absl::StatusOr<SimResult> Simulate(const Graph& graph, const Schedule& schedule,
+                                   const HardwareModel& hw);
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_SIM_SIMULATOR_H_

@@ -1,0 +1,301 @@
+#include "coordinator/analysis/schedule_invariants.h"
+
+#include <algorithm>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace tandem {
+namespace {
+
+constexpr size_t kMaxListed = 5;
+
+// Actions grouped by anchor: before[i] / after[i] hold indices into
+// schedule.actions for the node at position i, in list order.
+struct AnchoredActions {
+  std::vector<std::vector<int>> before;
+  std::vector<std::vector<int>> after;
+};
+
+AnchoredActions BucketActions(const Graph& graph, const GraphIndex& index,
+                              const Schedule& schedule) {
+  AnchoredActions out;
+  out.before.resize(graph.nodes.size());
+  out.after.resize(graph.nodes.size());
+  for (size_t i = 0; i < schedule.actions.size(); ++i) {
+    const Action& a = schedule.actions[i];
+    const int pos = index.NodePos(a.node_id);
+    if (pos < 0) continue;
+    (a.position == AnchorPosition::kBefore ? out.before : out.after)[pos]
+        .push_back(static_cast<int>(i));
+  }
+  return out;
+}
+
+std::string NodeRef(const Node& n) {
+  return absl::StrCat("n", n.id, " '", n.name, "'");
+}
+
+absl::Status ToStatus(const std::vector<Violation>& violations,
+                      absl::string_view fix) {
+  if (violations.empty()) return absl::OkStatus();
+  std::vector<std::string> listed;
+  for (size_t i = 0; i < violations.size() && i < kMaxListed; ++i) {
+    listed.push_back(violations[i].message);
+  }
+  std::string msg = absl::StrJoin(listed, "; ");
+  if (violations.size() > kMaxListed) {
+    absl::StrAppend(&msg, "; and ", violations.size() - kMaxListed, " more");
+  }
+  absl::StrAppend(&msg, ". ", fix);
+  return absl::InvalidArgumentError(msg);
+}
+
+std::vector<Violation> Only(std::vector<Violation> all,
+                            std::initializer_list<ViolationKind> kinds) {
+  std::vector<Violation> out;
+  for (Violation& v : all) {
+    if (std::find(kinds.begin(), kinds.end(), v.kind) != kinds.end()) {
+      out.push_back(std::move(v));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<Violation> FindGatherViolations(const Graph& graph,
+                                            const Schedule& schedule) {
+  const GraphIndex index(graph);
+  const AnchoredActions anchored = BucketActions(graph, index, schedule);
+  const absl::flat_hash_set<int32_t> persistent(
+      schedule.persistent_param_ids.begin(),
+      schedule.persistent_param_ids.end());
+  absl::flat_hash_map<int32_t, int32_t> group_of;
+  absl::flat_hash_map<int32_t, size_t> group_pos;
+  for (size_t i = 0; i < schedule.groups.size(); ++i) {
+    group_pos[schedule.groups[i].id] = i;
+    for (int32_t p : schedule.groups[i].param_ids) {
+      group_of[p] = schedule.groups[i].id;
+    }
+  }
+  enum class State { kNever, kInFlight, kReady, kReleased };
+  std::vector<State> state(schedule.groups.size(), State::kNever);
+  std::vector<Violation> out;
+
+  auto apply = [&](int action_index, const Node& node) {
+    const Action& a = schedule.actions[action_index];
+    if (a.kind != ActionKind::kAllGather && a.kind != ActionKind::kWait &&
+        a.kind != ActionKind::kRelease) {
+      return;
+    }
+    auto it = group_pos.find(a.group_id);
+    if (it == group_pos.end()) return;
+    State& s = state[it->second];
+    const std::string where =
+        absl::StrCat(ActionKindName(a.kind), " g", a.group_id, " ",
+                     AnchorPositionName(a.position), " ", NodeRef(node));
+    switch (a.kind) {
+      case ActionKind::kAllGather:
+        if (s == State::kInFlight || s == State::kReady) {
+          out.push_back({ViolationKind::kGatherMisuse,
+                         absl::StrCat(where, " gathers a group that is "
+                                             "already gathered")});
+        }
+        s = State::kInFlight;
+        break;
+      case ActionKind::kWait:
+        if (s != State::kInFlight) {
+          out.push_back({ViolationKind::kGatherMisuse,
+                         absl::StrCat(where, " waits for no gather in flight")});
+        } else {
+          s = State::kReady;
+        }
+        break;
+      case ActionKind::kRelease:
+        if (s == State::kInFlight) {
+          out.push_back({ViolationKind::kGatherMisuse,
+                         absl::StrCat(where, " releases a gather still in "
+                                             "flight (WAIT first)")});
+        } else if (s != State::kReady) {
+          out.push_back({ViolationKind::kGatherMisuse,
+                         absl::StrCat(where, " releases a group that is not "
+                                             "gathered")});
+        }
+        s = State::kReleased;
+        break;
+      default:
+        break;
+    }
+  };
+
+  for (size_t pos = 0; pos < graph.nodes.size(); ++pos) {
+    const Node& node = graph.nodes[pos];
+    for (int ai : anchored.before[pos]) apply(ai, node);
+    for (int32_t p : node.param_ids) {
+      if (persistent.contains(p)) continue;
+      auto g = group_of.find(p);
+      if (g == group_of.end()) {
+        out.push_back({ViolationKind::kUseBeforeGather,
+                       absl::StrCat(NodeRef(node), " uses p", p,
+                                    ", which is in no gather group and not "
+                                    "persistent")});
+        continue;
+      }
+      switch (state[group_pos[g->second]]) {
+        case State::kReady:
+          break;
+        case State::kNever:
+          out.push_back({ViolationKind::kUseBeforeGather,
+                         absl::StrCat(NodeRef(node), " uses p", p, " of g",
+                                      g->second, " before any gather")});
+          break;
+        case State::kInFlight:
+          out.push_back({ViolationKind::kUseBeforeGather,
+                         absl::StrCat(NodeRef(node), " uses p", p, " of g",
+                                      g->second,
+                                      " before its gather completes (no "
+                                      "WAIT)")});
+          break;
+        case State::kReleased:
+          out.push_back({ViolationKind::kUseAfterRelease,
+                         absl::StrCat(NodeRef(node), " uses p", p, " of g",
+                                      g->second, " after its release")});
+          break;
+      }
+    }
+    for (int ai : anchored.after[pos]) apply(ai, node);
+  }
+  for (size_t i = 0; i < schedule.groups.size(); ++i) {
+    if (state[i] == State::kInFlight || state[i] == State::kReady) {
+      const bool all_persistent = std::all_of(
+          schedule.groups[i].param_ids.begin(),
+          schedule.groups[i].param_ids.end(),
+          [&](int32_t p) { return persistent.contains(p); });
+      if (!all_persistent) {
+        out.push_back({ViolationKind::kGatherMisuse,
+                       absl::StrCat("g", schedule.groups[i].id,
+                                    " is still gathered at the end of the "
+                                    "iteration (release it, or make its "
+                                    "params persistent)")});
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<Violation> FindReduceViolations(const Graph& graph,
+                                            const Schedule& schedule) {
+  const GraphIndex index(graph);
+  // Program position of each param's last gradient production.
+  absl::flat_hash_map<int32_t, size_t> last_grad_pos;
+  for (size_t pos = 0; pos < graph.nodes.size(); ++pos) {
+    const Node& n = graph.nodes[pos];
+    if (n.phase != Phase::kBackward) continue;
+    for (int32_t p : n.param_ids) last_grad_pos[p] = pos;
+  }
+  // Program order key of an action: 2*pos for before, 2*pos+1 for after.
+  absl::flat_hash_map<int32_t, std::vector<size_t>> reduces;
+  for (const Action& a : schedule.actions) {
+    if (a.kind != ActionKind::kReduceScatter) continue;
+    const int pos = index.NodePos(a.node_id);
+    if (pos < 0) continue;
+    const size_t key =
+        2 * static_cast<size_t>(pos) + (a.position == AnchorPosition::kAfter);
+    for (int32_t p : a.param_ids) reduces[p].push_back(key);
+  }
+  std::vector<Violation> out;
+  for (const Param& param : graph.params) {
+    auto last = last_grad_pos.find(param.id);
+    auto r = reduces.find(param.id);
+    const size_t count = r == reduces.end() ? 0 : r->second.size();
+    if (last == last_grad_pos.end()) {
+      if (count > 0) {
+        out.push_back({ViolationKind::kReduceCount,
+                       absl::StrCat("p", param.id, " '", param.name,
+                                    "' gets no gradient but is reduced ",
+                                    count, " time(s)")});
+      }
+      continue;
+    }
+    if (count != 1) {
+      out.push_back({ViolationKind::kReduceCount,
+                     absl::StrCat("p", param.id, " '", param.name,
+                                  "' is reduced ", count,
+                                  " times, expected exactly once")});
+      continue;
+    }
+    const size_t done_key = 2 * last->second + 1;
+    if (r->second[0] < done_key) {
+      out.push_back(
+          {ViolationKind::kReduceTooEarly,
+           absl::StrCat("p", param.id, " '", param.name,
+                        "' is reduced before its gradient is complete (last "
+                        "produced by ",
+                        NodeRef(graph.nodes[last->second]), ")")});
+    }
+  }
+  return out;
+}
+
+absl::Status CheckScheduleSemantics(const Graph& graph,
+                                    const Schedule& schedule) {
+  std::vector<Violation> all = FindGatherViolations(graph, schedule);
+  std::vector<Violation> reduce = FindReduceViolations(graph, schedule);
+  all.insert(all.end(), reduce.begin(), reduce.end());
+  return ToStatus(all,
+                  "Every use needs ALLGATHER then WAIT of its group (or a "
+                  "persistent param), no use after RELEASE, and each gradient "
+                  "one REDUCE_SCATTER after its last backward node.");
+}
+
+absl::Status GatherBeforeUseChecker::Check(
+    const PlanningContext& context) const {
+  return ToStatus(
+      Only(FindGatherViolations(context.graph(), context.schedule()),
+           {ViolationKind::kUseBeforeGather, ViolationKind::kGatherMisuse}),
+      "Issue ALLGATHER and WAIT of a param's group before every use.");
+}
+
+absl::Status NoUseAfterReleaseChecker::Check(
+    const PlanningContext& context) const {
+  return ToStatus(
+      Only(FindGatherViolations(context.graph(), context.schedule()),
+           {ViolationKind::kUseAfterRelease}),
+      "Release a group only after the last use in its phase, or gather it "
+      "again.");
+}
+
+absl::Status ReduceOnceChecker::Check(const PlanningContext& context) const {
+  return ToStatus(FindReduceViolations(context.graph(), context.schedule()),
+                  "Reduce-scatter each gradient exactly once, after the last "
+                  "backward node that produces it.");
+}
+
+absl::Status MemoryBudgetChecker::Check(const PlanningContext& context) const {
+  const int64_t peak = context.sim().peak_bytes;
+  const int64_t budget = context.budget();
+  if (peak <= budget || peak <= context.peak_at_pass_start()) {
+    return absl::OkStatus();
+  }
+  const MemoryBreakdown& b = context.sim().peak_breakdown;
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "simulated peak ", FormatBytes(peak), " exceeds the budget ",
+      FormatBytes(budget), " at n", context.sim().peak_node_id,
+      " (params ", FormatBytes(b.sharded_params + b.persistent_params),
+      ", gathered ", FormatBytes(b.gathered_params), ", activations ",
+      FormatBytes(b.activations), ", gradients ", FormatBytes(b.gradients),
+      ", optimizer states ", FormatBytes(b.optimizer_states),
+      ") and the pass raised it from ",
+      FormatBytes(context.peak_at_pass_start())));
+}
+
+std::string FormatBytes(int64_t bytes) {
+  return absl::StrFormat("%.2f GiB (%d B)",
+                         static_cast<double>(bytes) / (1 << 30), bytes);
+}
+
+}  // namespace tandem

@@ -1,0 +1,84 @@
+// The planner's entry point, shared by the coordinator, `tandem-plan` and
+// `bench/plan_bench`: apply a profile to a graph, build a policy's pipeline,
+// run it, and return the schedule with its simulation.
+//
+// Policies (each a schedule built from the same IR):
+//   on-demand        zero3-insert alone.
+//   deepspeed-zero3  DeepSpeed ZeRO-3's fixed knobs: prefetch bucket 5e7
+//                    elements, at most 1e9 live params, params under 1e5
+//                    elements persistent.
+//   fsdp             FSDP: one unit per block, backward prefetch one unit
+//                    ahead, no forward prefetch, at most two units gathered.
+//   deepcompile      DeepCompile's published greedy passes: prefetch as early
+//                    as memory allows (10% margin, 1e9/4e9-byte caps, 1.2
+//                    fusion factor), unshard by gather time per byte stopping
+//                    at the first misfit, offload by memory alone.
+//   tandem           Tandem's own pipeline (zero3-insert, prefetch, unshard,
+//                    offload; zero1 for ZeRO-1 jobs).
+#ifndef TANDEM_COORDINATOR_PLANNER_PLANNER_H_
+#define TANDEM_COORDINATOR_PLANNER_PLANNER_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/ir/graph.h"
+#include "common/ir/profile.h"
+#include "common/ir/schedule.h"
+#include "common/sim/hardware_model.h"
+#include "common/sim/simulator.h"
+#include "coordinator/passes/pass_pipeline.h"
+#include "coordinator/passes/planning_context.h"
+
+namespace tandem {
+
+enum class Policy { kOnDemand, kDeepSpeedZero3, kFsdp, kDeepCompile, kTandem };
+absl::string_view PolicyName(Policy policy);
+std::optional<Policy> ParsePolicy(absl::string_view name);
+// In the order above.
+std::vector<Policy> AllPolicies();
+
+// A copy of `graph` with node times replaced by the profile's measurements
+// (nodes the profile does not cover keep their estimates). Fails when the
+// profile is for another graph or malformed (ValidateProfile).
+absl::StatusOr<Graph> ApplyProfile(const Graph& graph, const Profile& profile);
+
+// Fits `hw`'s collective models from the profile's measured collectives
+// (issue-to-done time against bytes); leaves the analytic model in place for
+// a kind with no samples.
+absl::Status FitCollectives(const Profile& profile, HardwareModel& hw);
+
+struct PlanOptions {
+  Policy policy = Policy::kTandem;
+  ShardingMode mode = ShardingMode::kZero3;
+  PlannerOptions planner;
+  // Receives one record per pass; may be null.
+  PassRecordSink* sink = nullptr;
+};
+
+struct PlanResult {
+  Schedule schedule;
+  SimResult sim;
+  // Wall time of the whole pipeline.
+  double plan_wall_s = 0;
+  // peak <= budget.
+  bool feasible = false;
+};
+
+// Runs the policy's pipeline over `graph` (validated first). Tandem's policy
+// fails with ResourceExhausted when no plan fits the budget, naming the
+// smallest feasible budget; reference policies return their plan with
+// feasible=false instead, as the real frameworks would run out of memory.
+absl::StatusOr<PlanResult> Plan(const Graph& graph, const HardwareModel& hw,
+                                const PlanOptions& options);
+
+// The smallest budget any plan fits: the on-demand baseline with every
+// optimizer state offloaded.
+absl::StatusOr<int64_t> SmallestFeasibleBudget(const Graph& graph,
+                                               const HardwareModel& hw);
+
+}  // namespace tandem
+
+#endif  // TANDEM_COORDINATOR_PLANNER_PLANNER_H_

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Installs, idempotently, every Debian package Tandem needs, then configures and
+# builds with CMake (Release, -j2). Safe to run repeatedly: apt-get is skipped
+# when everything is already installed, and the build is incremental.
+#
+#   scripts/setup.sh            install + build
+#   TANDEM_SKIP_INSTALL=1 ...   build only
+#   TANDEM_BUILD_DIR=dir ...    build directory (default: build)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD_DIR="${TANDEM_BUILD_DIR:-$ROOT/build}"
+JOBS="${TANDEM_JOBS:-2}"
+
+PACKAGES=(
+  # toolchain
+  build-essential cmake ninja-build pkg-config git clang-format
+  # protocol
+  protobuf-compiler libprotobuf-dev protobuf-compiler-grpc libgrpc++-dev
+  # common
+  libabsl-dev libyaml-cpp-dev
+  # coordinator store
+  libsqlite3-dev sqlite3
+  # metrics exporter (its CMake config is broken without the civetweb package)
+  libcivetweb-dev civetweb
+  # worker
+  libtorch-dev libgloo-dev libopenblas0-pthread
+  # tests and benchmarks
+  googletest libgtest-dev libgmock-dev libbenchmark-dev
+  prometheus slurm-wlm munge iproute2
+  # python client and the PyTorch peer in benchmarks
+  python3 python3-grpcio python3-protobuf python3-yaml python3-pytest python3-torch
+)
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+install_packages() {
+  local missing=()
+  for p in "${PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$p")
+    fi
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    echo "setup: all ${#PACKAGES[@]} packages present"
+    return
+  fi
+  echo "setup: installing ${missing[*]}"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+if [ "${TANDEM_SKIP_INSTALL:-0}" != "1" ]; then
+  install_packages
+fi
+
+if [ "${TANDEM_SKIP_BUILD:-0}" = "1" ]; then
+  exit 0
+fi
+
+generator=()
+command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
+if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
+  cmake -S "$ROOT" -B "$BUILD_DIR" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release
+fi
+cmake --build "$BUILD_DIR" -j"$JOBS"

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Runs every Tandem test: setup (packages + build), then ctest, then pytest for
+# the Python client once it has tests. Exits non-zero on any failure.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD_DIR="${TANDEM_BUILD_DIR:-$ROOT/build}"
+
+"$ROOT/scripts/setup.sh"
+
+status=0
+echo "== ctest"
+(cd "$BUILD_DIR" && ctest --output-on-failure -j"${TANDEM_JOBS:-2}") || status=1
+
+if compgen -G "$ROOT/client/python/tests/test_*.py" >/dev/null; then
+  echo "== pytest"
+  # Debian's python3 sees the python3-grpcio/protobuf packages.
+  (cd "$ROOT/client/python" && /usr/bin/python3 -m pytest -q tests) || status=1
+fi
+
+exit $status

@@ -1,12 +1,22 @@
 // Readable text forms of the IR, used by test fixtures, `tandem schedule` and
 // the planner CLI. Print then Parse gives back an equal value (round-trip),
-// including every double bit for bit.
+// including every double bit for bit (doubles print in their shortest
+// round-trip form, bytes as plain integers, times as plain seconds).
 //
-// Line-oriented: one statement per line, `#` starts a comment, blank lines are
-// ignored, tokens are separated by spaces, attributes are `key=value`. Ids are
-// written with a one-letter prefix: params `p3`, nodes `n7`, groups `g2`,
-// offload entries `o1`; lists are comma-separated (`p1,p2,p3`). Times accept
-// the suffixes s, ms, us and ns; byte counts accept B, KiB, MiB and GiB.
+// Line-oriented: one statement per line, `#` starts a comment (outside
+// quotes), blank lines are ignored, tokens are separated by spaces or tabs,
+// attributes are `key=value` and come after the positional tokens, in any
+// order, each at most once. Ids are written with a one-letter prefix: params
+// `p3`, nodes `n7`, groups `g2`, offload entries `o1`, schedule versions `v3`;
+// lists are comma-separated (`p1,p2,p3`) and may be empty (`params=`). Times
+// accept the suffixes s, ms, us and ns; byte counts accept B, KiB, MiB and
+// GiB, with a fraction when the result is whole (`1.5GiB`). Negative numbers
+// and ids parse; rejecting them is validation's job.
+//
+// Names and other strings print bare when they are non-empty and hold no
+// space, control byte, `"`, `#`, `=`, `,` or `\`; otherwise they print as a
+// double-quoted string with the escapes \" \\ \n \t \r \xHH, so every string
+// round-trips (`param p0 "odd name" f32[2]`, `graph=""`).
 //
 // Graph:
 //   graph tiny world=2 micro_batches=1 tokens=512
@@ -14,8 +24,11 @@
 //   node n0 embed fwd params=p0 flops=1e6 time=1ms act=4KiB ws=0
 //   node n5 embed.bwd bwd of=n0 params=p0 time=2ms
 //   node n9 optimizer opt
-// Node attributes: mb= (micro-batch), of= (forward twin), recompute (flag),
-// params=, flops=, time=, act=, ws=; omitted ones are 0 / empty.
+// The header's first token is the graph name; world (default 1),
+// micro_batches (1) and tokens (0) are optional. `param ID NAME DTYPE[SHAPE]`
+// (f32[] is the empty shape) takes unit=. Node attributes: mb= (micro-batch),
+// of= (forward twin), recompute (flag), params=, flops=, time=, act=, ws=;
+// omitted ones are 0 / empty / no twin, and Print omits them in that case.
 //
 // Schedule:
 //   schedule v3 graph=0123456789abcdef mode=zero3 budget=80GiB
@@ -29,6 +42,13 @@
 //   before n9 reload o0
 //   predict iteration=0.1 compute=0.08 comm=0.05 exposed=0.02 copy=0 peak=1GiB
 //   provenance passes=zero3-insert,prefetch window=10..20 wall=0.003 reason=drift
+// graph= is required; mode (zero3) and budget (0) are optional. Several
+// `persistent` lines append to one set; `predict` and `provenance` appear at
+// most once. An action is `before|after NODE KIND ARG`, where ARG is a group
+// (allgather, wait, release), a param list that may be left out
+// (reduce_scatter) or an offload entry (offload, reload). The Action fields a
+// kind does not use print as group=, params= or offload= when set, so that
+// any Action round-trips.
 //
 // Profile:
 //   profile graph=0123456789abcdef rank=0 version=3 window=10..20 iteration=0.1 peak=1GiB
@@ -36,8 +56,11 @@
 //   collective allgather g0 at=n1 bytes=4MiB issue_to_done=2ms exposed=0.5ms
 //   collective reduce_scatter p1,p2 at=n5 bytes=4MiB issue_to_done=2ms exposed=0
 //   memory n0 before=1MiB after=2MiB
+// graph= is required; rank=-1 is the aggregate over ranks. A collective's ARG
+// is a group (allgather) or a param list (reduce_scatter, allreduce); the
+// other field prints as params= or group= when set.
 //
-// Parse errors name the line and the token, e.g.
+// Parse errors are InvalidArgument and name the line and the token, e.g.
 //   "line 4: node n3: unknown attribute 'tim' (expected one of mb, of, ...)".
 // Parsing checks syntax only; run validate.h on the result for semantics.
 #ifndef TANDEM_COMMON_IR_TEXT_FORMAT_H_

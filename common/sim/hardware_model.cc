@@ -56,9 +56,11 @@ double PiecewiseLinear::operator()(int64_t bytes) const {
     return b == 0 ? s : std::max(0.0, s * x / static_cast<double>(b));
   }
   // The segment holding `bytes`, or the first / last one to extrapolate.
-  auto it = std::upper_bound(
-      points_.begin(), points_.end(), bytes,
-      [](int64_t v, const std::pair<int64_t, double>& p) { return v < p.first; });
+  auto it =
+      std::upper_bound(points_.begin(), points_.end(), bytes,
+                       [](int64_t v, const std::pair<int64_t, double>& p) {
+                         return v < p.first;
+                       });
   size_t hi = static_cast<size_t>(it - points_.begin());
   hi = std::clamp<size_t>(hi, 1, points_.size() - 1);
   const auto& [x0, y0] = points_[hi - 1];
@@ -107,9 +109,8 @@ constexpr absl::string_view kHardwareKeys =
 
 absl::Status FieldError(absl::string_view key, absl::string_view value,
                         absl::string_view expected) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("hardware model: ", key, "='", value, "': expected ",
-                   expected));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "hardware model: ", key, "='", value, "': expected ", expected));
 }
 
 absl::StatusOr<int32_t> ParseCount(absl::string_view key,
@@ -127,9 +128,9 @@ absl::StatusOr<double> ParseRate(absl::string_view key, absl::string_view value,
   double v = 0;
   if (!absl::SimpleAtod(value, &v) || !std::isfinite(v) || v < 0 ||
       (v == 0 && !allow_zero)) {
-    return FieldError(key, value,
-                      allow_zero ? "a finite number >= 0"
-                                 : "a finite number > 0");
+    return FieldError(
+        key, value,
+        allow_zero ? "a finite number >= 0" : "a finite number > 0");
   }
   return v * unit;
 }
@@ -139,8 +140,11 @@ absl::StatusOr<double> ParseRate(absl::string_view key, absl::string_view value,
 absl::StatusOr<int64_t> ParseBytes(absl::string_view key,
                                    absl::string_view value) {
   static constexpr std::pair<absl::string_view, double> kSuffixes[] = {
-      {"TiB", 1099511627776.0}, {"GiB", 1073741824.0}, {"MiB", 1048576.0},
-      {"KiB", 1024.0},          {"B", 1.0}};
+      {"TiB", 1099511627776.0},
+      {"GiB", 1073741824.0},
+      {"MiB", 1048576.0},
+      {"KiB", 1024.0},
+      {"B", 1.0}};
   absl::string_view number = value;
   double unit = 1;
   for (const auto& [suffix, scale] : kSuffixes) {
@@ -174,9 +178,9 @@ absl::StatusOr<HardwareModel> ParseHardwareModel(absl::string_view text) {
        absl::StrSplit(text, absl::ByAnyChar(" ,\t\n\r"), absl::SkipEmpty())) {
     const size_t eq = token.find('=');
     if (eq == absl::string_view::npos || eq == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "hardware model: '", token, "' is not key=value (keys: ",
-          kHardwareKeys, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("hardware model: '", token,
+                       "' is not key=value (keys: ", kHardwareKeys, ")"));
     }
     const absl::string_view key = token.substr(0, eq);
     const absl::string_view value = token.substr(eq + 1);
@@ -218,10 +222,10 @@ absl::StatusOr<HardwareModel> ParseHardwareModel(absl::string_view text) {
     }
   }
   if (hw.budget_bytes > hw.device_memory_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "hardware model: budget (", hw.budget_bytes,
-        " bytes) exceeds device memory (", hw.device_memory_bytes,
-        " bytes); lower budget or raise memory"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("hardware model: budget (", hw.budget_bytes,
+                     " bytes) exceeds device memory (", hw.device_memory_bytes,
+                     " bytes); lower budget or raise memory"));
   }
   return hw;
 }

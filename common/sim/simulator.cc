@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -74,11 +73,38 @@ enum MemoryKind : uint8_t {
   kNumMemoryKinds,
 };
 
+// Order of memory events at one instant: allocations by other streams first,
+// then the compute stream's own events in program order, then frees by other
+// streams. What compute does in sequence (release g0, then gather g1) is
+// known; how another stream's event interleaves with it is not, so it gets
+// the order that never underestimates the peak.
+enum EventOrder : uint8_t {
+  kAsyncAllocation,
+  kProgramOrder,
+  kAsyncFree,
+};
+
 struct MemoryEvent {
   double time;
   int64_t delta;
+  uint32_t seq;
+  EventOrder order;
   MemoryKind kind;
 };
+
+bool EventBefore(const MemoryEvent& a, const MemoryEvent& b) {
+  if (a.time != b.time) return a.time < b.time;
+  if (a.order != b.order) return a.order < b.order;
+  return a.seq < b.seq;
+}
+
+// Whether the point in program order at `time` where `marker_seq` events had
+// been recorded comes before `e`.
+bool MarkerBefore(double time, uint32_t marker_seq, const MemoryEvent& e) {
+  if (time != e.time) return time < e.time;
+  return e.order == kAsyncFree ||
+         (e.order == kProgramOrder && marker_seq <= e.seq);
+}
 
 struct ParamInfo {
   int64_t full_bytes = 0;
@@ -117,9 +143,8 @@ std::string DescribeAction(int index, const Action& action) {
       break;
   }
   return absl::StrCat("action ", index, " (",
-                      AnchorPositionName(action.position), " n",
-                      action.node_id, " ", ActionKindName(action.kind), " ",
-                      target, ")");
+                      AnchorPositionName(action.position), " n", action.node_id,
+                      " ", ActionKindName(action.kind), " ", target, ")");
 }
 
 // One replay. Resolves every id once, buckets the actions by anchor, walks
@@ -161,19 +186,18 @@ class Replay {
       base_[kGradients] += info.shard_bytes;
       base_[kOptimizerStates] += info.state_bytes;
     }
-    if (!zero1_) {
-      std::vector<bool> persistent(graph_.params.size(), false);
-      for (int32_t id : schedule_.persistent_param_ids) {
-        const int pos = param_index_.Find(id);
-        if (pos < 0) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "schedule: persistent param p", id,
-              " is not in the graph; drop it or re-plan for this graph"));
-        }
-        if (persistent[pos]) continue;
-        persistent[pos] = true;
-        base_[kPersistentParams] += params_[pos].full_bytes;
+    std::vector<bool> persistent(graph_.params.size(), false);
+    for (int32_t id : schedule_.persistent_param_ids) {
+      const int pos = param_index_.Find(id);
+      if (pos < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "schedule: persistent param p", id,
+            " is not in the graph; drop it or re-plan for this graph"));
       }
+      // ZeRO-1 already counts every param in full.
+      if (persistent[pos] || zero1_) continue;
+      persistent[pos] = true;
+      base_[kPersistentParams] += params_[pos].full_bytes;
     }
 
     node_param_pos_.resize(graph_.nodes.size());
@@ -185,9 +209,9 @@ class Replay {
         for (int32_t id : n.param_ids) {
           const int pos = param_index_.Find(id);
           if (pos < 0) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "graph: node n", n.id, " uses unknown param p", id,
-                "; run ValidateGraph before simulating"));
+            return absl::InvalidArgumentError(
+                absl::StrCat("graph: node n", n.id, " uses unknown param p", id,
+                             "; run ValidateGraph before simulating"));
           }
           node_param_pos_[i].push_back(pos);
         }
@@ -208,10 +232,9 @@ class Replay {
       for (int32_t id : schedule_.groups[g].param_ids) {
         const int pos = param_index_.Find(id);
         if (pos < 0) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("schedule: group g", schedule_.groups[g].id,
-                           " names unknown param p", id,
-                           "; re-plan for this graph"));
+          return absl::InvalidArgumentError(absl::StrCat(
+              "schedule: group g", schedule_.groups[g].id,
+              " names unknown param p", id, "; re-plan for this graph"));
         }
         groups_[g].param_pos.push_back(pos);
         groups_[g].full_bytes += params_[pos].full_bytes;
@@ -227,10 +250,9 @@ class Replay {
       for (int32_t id : entry.param_ids) {
         const int pos = param_index_.Find(id);
         if (pos < 0) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("schedule: offload o", entry.id,
-                           " names unknown param p", id,
-                           "; re-plan for this graph"));
+          return absl::InvalidArgumentError(absl::StrCat(
+              "schedule: offload o", entry.id, " names unknown param p", id,
+              "; re-plan for this graph"));
         }
         states += params_[pos].state_bytes;
       }
@@ -260,8 +282,8 @@ class Replay {
           target_[i] = group_index.Find(a.group_id);
           if (target_[i] < 0) {
             return absl::InvalidArgumentError(
-                absl::StrCat(DescribeAction(index, a), ": group g",
-                             a.group_id, " is not defined by the schedule"));
+                absl::StrCat(DescribeAction(index, a), ": group g", a.group_id,
+                             " is not defined by the schedule"));
           }
           break;
         case ActionKind::kReduceScatter:
@@ -279,9 +301,9 @@ class Replay {
         case ActionKind::kReload:
           target_[i] = offload_index.Find(a.offload_id);
           if (target_[i] < 0) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                DescribeAction(index, a), ": offload entry o", a.offload_id,
-                " is not defined by the schedule"));
+            return absl::InvalidArgumentError(
+                absl::StrCat(DescribeAction(index, a), ": offload entry o",
+                             a.offload_id, " is not defined by the schedule"));
           }
           break;
       }
@@ -300,11 +322,21 @@ class Replay {
     return absl::OkStatus();
   }
 
+  // Records `delta` bytes of `kind` at `time`, which is now (the compute
+  // stream's clock: program order) or later (another stream's completion).
+  void Record(double time, int64_t delta, MemoryKind kind) {
+    if (delta == 0) return;
+    const EventOrder order = time > now_
+                                 ? (delta > 0 ? kAsyncAllocation : kAsyncFree)
+                                 : kProgramOrder;
+    events_.push_back(
+        {time, delta, static_cast<uint32_t>(events_.size()), order, kind});
+  }
   void Allocate(double time, int64_t bytes, MemoryKind kind) {
-    if (bytes != 0) events_.push_back({time, bytes, kind});
+    Record(time, bytes, kind);
   }
   void Free(double time, int64_t bytes, MemoryKind kind) {
-    if (bytes != 0) events_.push_back({time, -bytes, kind});
+    Record(time, -bytes, kind);
   }
 
   // Issues a collective at the compute clock; returns its end.
@@ -337,8 +369,8 @@ class Replay {
         case ActionKind::kAllGather: {
           GroupState& g = group_state_[target];
           const int64_t bytes = groups_[target].padded_bytes;
-          g.done_s = IssueCollective(i, a.kind, bytes,
-                                     hw_.AllGatherSeconds(bytes));
+          g.done_s =
+              IssueCollective(i, a.kind, bytes, hw_.AllGatherSeconds(bytes));
           ++g.outstanding;
           if (!zero1_) {
             Allocate(now_, groups_[target].full_bytes, kGatheredParams);
@@ -372,9 +404,8 @@ class Replay {
           break;
         }
         case ActionKind::kReduceScatter: {
-          const double done =
-              IssueCollective(i, a.kind, rs_bytes_[i],
-                              hw_.ReduceScatterSeconds(rs_bytes_[i]));
+          const double done = IssueCollective(
+              i, a.kind, rs_bytes_[i], hw_.ReduceScatterSeconds(rs_bytes_[i]));
           rs_done_s_ = done;
           for (int32_t id : a.param_ids) {
             const int pos = param_index_.Find(id);
@@ -418,6 +449,8 @@ class Replay {
     grad_live_.assign(graph_.params.size(), false);
     on_host_.assign(schedule_.offloads.size(), false);
     std::vector<int64_t> live_activation(num_nodes, 0);
+    node_start_seq_.assign(num_nodes, 0);
+    node_marker_seq_.assign(num_nodes, 0);
     result_.group_exposed_s.assign(groups_.size(), 0.0);
     result_.nodes.resize(num_nodes);
     result_.collectives.reserve(schedule_.actions.size());
@@ -436,6 +469,7 @@ class Replay {
       }
       const double start = now_;
       const double end = start + node.time_s;
+      node_start_seq_[pos] = static_cast<uint32_t>(events_.size());
       NodeTimelineEntry& entry = result_.nodes[pos];
       entry.node_id = node.id;
       entry.start_s = start;
@@ -444,26 +478,32 @@ class Replay {
       result_.compute_s += node.time_s;
 
       Allocate(start, node.workspace_bytes, kActivations);
-      Free(end, node.workspace_bytes, kActivations);
-      if (node.phase == Phase::kForward) {
-        Allocate(end, node.activation_bytes, kActivations);
-        live_activation[pos] = node.activation_bytes;
-      } else if (node.phase == Phase::kBackward) {
+      if (node.phase == Phase::kBackward) {
         for (int p : node_param_pos_[pos]) {
           if (grad_live_[p]) continue;
           grad_live_[p] = true;
           Allocate(start, params_[p].full_bytes, kGradients);
         }
+      }
+      now_ = end;
+      previous_end = end;
+      // Activations appear while the workspace is still held.
+      if (node.phase == Phase::kForward) {
+        Allocate(end, node.activation_bytes, kActivations);
+        live_activation[pos] = node.activation_bytes;
+      }
+      Free(end, node.workspace_bytes, kActivations);
+      if (node.phase == Phase::kBackward) {
         const int twin = forward_pos_[pos];
         if (twin >= 0 && static_cast<size_t>(twin) < pos) {
           Free(end, live_activation[twin], kActivations);
           live_activation[twin] = 0;
         }
       }
-      now_ = end;
-      previous_end = end;
       status = RunActions(2 * pos + 1);
       if (!status.ok()) return status;
+      // memory_after_bytes is read after every event so far at this instant.
+      node_marker_seq_[pos] = static_cast<uint32_t>(events_.size());
     }
 
     const double compute_end = now_;
@@ -479,34 +519,39 @@ class Replay {
   }
 
   void SweepMemory() {
-    std::sort(events_.begin(), events_.end(),
-              [](const MemoryEvent& a, const MemoryEvent& b) {
-                if (a.time != b.time) return a.time < b.time;
-                return a.delta > 0 && b.delta <= 0;
-              });
+    std::sort(events_.begin(), events_.end(), EventBefore);
     std::array<int64_t, kNumMemoryKinds> level_by_kind = base_;
     int64_t level = 0;
     for (int64_t bytes : base_) level += bytes;
     int64_t peak = level;
-    double peak_time = 0;
     std::array<int64_t, kNumMemoryKinds> peak_by_kind = level_by_kind;
+    // Nodes started before the peak event; the last of them was running.
+    size_t peak_started = 0;
 
     std::vector<NodeTimelineEntry>& nodes = result_.nodes;
-    size_t next_node = 0;
+    size_t next_end = 0;
+    size_t started = 0;
     for (const MemoryEvent& e : events_) {
-      while (next_node < nodes.size() && nodes[next_node].end_s < e.time) {
-        nodes[next_node++].memory_after_bytes = level;
+      while (
+          next_end < nodes.size() &&
+          MarkerBefore(nodes[next_end].end_s, node_marker_seq_[next_end], e)) {
+        nodes[next_end++].memory_after_bytes = level;
+      }
+      while (
+          started < nodes.size() &&
+          MarkerBefore(nodes[started].start_s, node_start_seq_[started], e)) {
+        ++started;
       }
       level += e.delta;
       level_by_kind[e.kind] += e.delta;
       if (level > peak) {
         peak = level;
-        peak_time = e.time;
         peak_by_kind = level_by_kind;
+        peak_started = started;
       }
     }
-    for (; next_node < nodes.size(); ++next_node) {
-      nodes[next_node].memory_after_bytes = level;
+    for (; next_end < nodes.size(); ++next_end) {
+      nodes[next_end].memory_after_bytes = level;
     }
 
     result_.peak_bytes = peak;
@@ -518,12 +563,8 @@ class Replay {
     b.gradients = peak_by_kind[kGradients];
     b.optimizer_states = peak_by_kind[kOptimizerStates];
     if (!nodes.empty()) {
-      // The last node started at or before the peak (the first if none).
-      auto it = std::upper_bound(
-          nodes.begin(), nodes.end(), peak_time,
-          [](double t, const NodeTimelineEntry& n) { return t < n.start_s; });
       result_.peak_node_id =
-          it == nodes.begin() ? nodes.front().node_id : std::prev(it)->node_id;
+          nodes[peak_started > 0 ? peak_started - 1 : 0].node_id;
     }
   }
 
@@ -567,6 +608,10 @@ class Replay {
   std::vector<bool> grad_live_;
   std::vector<bool> on_host_;
   std::vector<MemoryEvent> events_;
+  // Per node: events_.size() when it started and after its "after" actions
+  // ran, to place its start and its memory_after_bytes among the events.
+  std::vector<uint32_t> node_start_seq_;
+  std::vector<uint32_t> node_marker_seq_;
   SimResult result_;
 };
 

@@ -52,8 +52,13 @@
 //     min(OffloadEntry::bytes, its params' states) each way (entries are
 //     assumed disjoint); an OFFLOAD of an entry already on the host or a
 //     RELOAD of one on the device costs copy time and moves no memory.
-// At equal times allocations count before frees, so the peak is never
-// underestimated.
+// At one instant the compute stream's own events (a node's start and end,
+// the actions anchored around it) count in program order, so "release g0,
+// then gather g1" never holds both; events of the other streams at that
+// instant (a REDUCE_SCATTER or OFFLOAD finishing, a delayed RELOAD starting)
+// count allocations before and frees after them, so the peak is never
+// underestimated. A forward node's activations appear before its workspace
+// is freed.
 #ifndef TANDEM_COMMON_SIM_SIMULATOR_H_
 #define TANDEM_COMMON_SIM_SIMULATOR_H_
 
@@ -77,8 +82,8 @@ struct NodeTimelineEntry {
   double end_s = 0;
   // Time compute waited for communication, copies or gradients before it.
   double stall_s = 0;
-  // Memory in use at end_s, counting every allocation and free at that
-  // instant (including actions anchored after the node).
+  // Memory in use at end_s after the node and the actions anchored after it
+  // (in program order; see the memory rules above).
   int64_t memory_after_bytes = 0;
 };
 
@@ -120,8 +125,9 @@ struct SimResult {
   // max(compute_s, comm_s, copy_s): no schedule of these actions is faster.
   double lower_bound_s = 0;
   int64_t peak_bytes = 0;
-  // Node running when the peak was reached (the last one started at or
-  // before it; the first node when the peak precedes every start).
+  // Node running when the peak was reached: the last one started before it
+  // in program order (so a peak at a node's end, before the next one starts,
+  // names that node); the first node when the peak precedes every start.
   int32_t peak_node_id = 0;
   MemoryBreakdown peak_breakdown;
   // Bytes held on the host tier at most (summed in copy-issue order).
@@ -137,9 +143,11 @@ struct SimResult {
 };
 
 // Fails (InvalidArgument) only on schedules that cannot be replayed at all:
-// a WAIT without a preceding ALLGATHER of its group, or ids the schedule
-// does not define. Semantic violations (use after release and the like) are
-// the invariant checkers' business; the simulator times what it is given.
+// a WAIT without a preceding ALLGATHER of its group (the message names the
+// action index, node and group), or ids the schedule or graph does not
+// define (groups, offload entries, nodes, params, backward twins). Semantic
+// violations (use after release and the like) are the invariant checkers'
+// business; the simulator times what it is given.
 absl::StatusOr<SimResult> Simulate(const Graph& graph, const Schedule& schedule,
                                    const HardwareModel& hw);
 

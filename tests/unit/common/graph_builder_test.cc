@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "common/ir/graph.h"
+#include "common/ir/text_format.h"
 #include "common/ir/validate.h"
 #include "common/models/model_config.h"
 #include "gtest/gtest.h"
@@ -414,6 +415,18 @@ TEST(BuildModelGraphTest, AllPresets_PassValidateGraph) {
       const absl::Status status = ValidateGraph(g);
       EXPECT_TRUE(status.ok()) << name << " " << extra << ": " << status;
     }
+  }
+}
+
+TEST(BuildModelGraphTest, TinyPresets_RoundTripThroughTextFormat) {
+  for (const char* name : {"tiny-llama", "tiny-moe"}) {
+    ModelConfig c = *ModelPreset(name);
+    c.grad_accum = 2;
+    c.activation_checkpointing = true;
+    const Graph g = Build(c);
+    absl::StatusOr<Graph> parsed = ParseGraph(PrintGraph(g));
+    ASSERT_TRUE(parsed.ok()) << name << ": " << parsed.status();
+    EXPECT_TRUE(*parsed == g) << name;
   }
 }
 

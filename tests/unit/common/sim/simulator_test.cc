@@ -1,0 +1,426 @@
+// Simulator tests on hand-timed graphs. The two-layer fixtures
+// (tests/testdata/sim_two_layer_*.txt) run on TestHardware(): a gather or
+// reduce-scatter of one param takes 1 ms and moving one param's optimizer
+// states to or from the host 2 ms, so every expected time and byte below is
+// worked out by hand in the comments.
+#include "common/sim/simulator.h"
+
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/ir/graph.h"
+#include "common/ir/schedule.h"
+#include "common/ir/text_format.h"
+#include "common/ir/validate.h"
+#include "common/sim/hardware_model.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Times are sums of a few milliseconds; 1 ps absorbs rounding only.
+constexpr double kTolerance = 1e-12;
+constexpr double kMs = 1e-3;
+
+std::string ReadTestdata(const std::string& name) {
+  const std::string path = absl::StrCat(TANDEM_TESTDATA_DIR, "/", name);
+  std::ifstream file(path, std::ios::binary);
+  EXPECT_TRUE(file.good()) << "cannot open " << path;
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+Graph LoadGraph(const std::string& name) {
+  absl::StatusOr<Graph> graph = ParseGraph(ReadTestdata(name));
+  EXPECT_TRUE(graph.ok()) << name << ": " << graph.status();
+  if (!graph.ok()) return Graph();
+  EXPECT_TRUE(ValidateGraph(*graph).ok()) << name;
+  return *graph;
+}
+
+Schedule LoadSchedule(const std::string& name, const Graph& graph) {
+  absl::StatusOr<Schedule> schedule = ParseSchedule(ReadTestdata(name));
+  EXPECT_TRUE(schedule.ok()) << name << ": " << schedule.status();
+  if (!schedule.ok()) return Schedule();
+  absl::Status valid = ValidateSchedule(*schedule, graph);
+  EXPECT_TRUE(valid.ok()) << name << ": " << valid;
+  return *schedule;
+}
+
+HardwareModel TestHardware(int32_t world_size = 2) {
+  HardwareModel hw = HardwareModel::H100(world_size);
+  hw.collective_latency_s = 0;
+  hw.intra_node_bytes_per_s = 1e6;
+  hw.inter_node_bytes_per_s = 1e6;
+  hw.host_bytes_per_s = 1e6;
+  return hw;
+}
+
+SimResult MustSimulate(const Graph& graph, const Schedule& schedule,
+                       const HardwareModel& hw) {
+  absl::StatusOr<SimResult> result = Simulate(graph, schedule, hw);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result.ok() ? *result : SimResult();
+}
+
+class TwoLayerTest : public ::testing::Test {
+ protected:
+  TwoLayerTest() : graph_(LoadGraph("sim_two_layer_graph.txt")) {}
+
+  Schedule Load(const std::string& name) const {
+    return LoadSchedule(name, graph_);
+  }
+
+  Graph graph_;
+};
+
+// Static bytes of the two-layer graph under ZeRO-3: two 1000-byte param
+// shards, two 1000-byte gradient shards, two shards of Adam moments (2000).
+constexpr int64_t kTwoLayerStatic = 2000 + 2000 + 4000;
+
+TEST_F(TwoLayerTest, Simulate_OnDemandGathers_ExposesEveryGather) {
+  // AG g0 [0,1] n0 [1,3] | AG g1 [3,4] n1 [4,6] | AG g1 [6,7] n2 [7,11]
+  // RS p1 [11,12] | AG g0 issued 11, queued behind RS: [12,13] n3 [13,17]
+  // RS p0 [17,18] | optimizer waits for it: n4 [18,19].
+  SimResult r =
+      MustSimulate(graph_, Load("sim_two_layer_on_demand.txt"), TestHardware());
+  EXPECT_NEAR(r.iteration_s, 19 * kMs, kTolerance);
+  EXPECT_NEAR(r.compute_s, 13 * kMs, kTolerance);
+  EXPECT_NEAR(r.comm_s, 6 * kMs, kTolerance);
+  EXPECT_NEAR(r.copy_s, 0, kTolerance);
+  EXPECT_NEAR(r.exposed_comm_s, 6 * kMs, kTolerance);
+  EXPECT_NEAR(r.overlap_ratio, 0, kTolerance);
+  EXPECT_NEAR(r.lower_bound_s, 13 * kMs, kTolerance);
+  ASSERT_EQ(r.group_exposed_s.size(), 2u);
+  EXPECT_NEAR(r.group_exposed_s[0], 3 * kMs, kTolerance);
+  EXPECT_NEAR(r.group_exposed_s[1], 2 * kMs, kTolerance);
+
+  ASSERT_EQ(r.nodes.size(), 5u);
+  const double starts[] = {1, 4, 7, 13, 18};
+  const double stalls[] = {1, 1, 1, 2, 1};
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(r.nodes[i].node_id, i);
+    EXPECT_NEAR(r.nodes[i].start_s, starts[i] * kMs, kTolerance) << i;
+    EXPECT_NEAR(r.nodes[i].stall_s, stalls[i] * kMs, kTolerance) << i;
+  }
+
+  ASSERT_EQ(r.collectives.size(), 6u);
+  const CollectiveTimelineEntry& late_gather = r.collectives[4];
+  EXPECT_EQ(late_gather.action_index, 10);
+  EXPECT_EQ(late_gather.kind, ActionKind::kAllGather);
+  EXPECT_EQ(late_gather.bytes, 2000);
+  EXPECT_NEAR(late_gather.issue_s, 11 * kMs, kTolerance);
+  EXPECT_NEAR(late_gather.start_s, 12 * kMs, kTolerance);
+  EXPECT_NEAR(late_gather.end_s, 13 * kMs, kTolerance);
+
+  // Peak at n2's start: g1 gathered, both activations, n2's workspace and
+  // p1's full gradient. The release of g1 after n2 precedes the gather of g0
+  // in program order, so the two are never held together.
+  EXPECT_EQ(r.peak_bytes, kTwoLayerStatic + 2000 + 350 + 2000);
+  EXPECT_EQ(r.peak_node_id, 2);
+  EXPECT_EQ(r.peak_breakdown.sharded_params, 2000);
+  EXPECT_EQ(r.peak_breakdown.persistent_params, 0);
+  EXPECT_EQ(r.peak_breakdown.gathered_params, 2000);
+  EXPECT_EQ(r.peak_breakdown.activations, 100 + 200 + 50);
+  EXPECT_EQ(r.peak_breakdown.gradients, 2000 + 2000);
+  EXPECT_EQ(r.peak_breakdown.optimizer_states, 4000);
+  EXPECT_EQ(r.peak_breakdown.total(), r.peak_bytes);
+
+  // After n2 and its release: p1's gradient is still being reduced.
+  EXPECT_EQ(r.nodes[2].memory_after_bytes, kTwoLayerStatic + 100 + 2000);
+  // After n3 and its release; p0's gradient is freed when its RS ends at 18.
+  EXPECT_EQ(r.nodes[3].memory_after_bytes, kTwoLayerStatic + 2000);
+  EXPECT_EQ(r.nodes[4].memory_after_bytes, kTwoLayerStatic);
+}
+
+TEST_F(TwoLayerTest, Simulate_PrefetchedGathers_OverlapWithCompute) {
+  // AG g0 [0,1], AG g1 [1,2] | n0 [1,3] | n1 [3,5] (g1 ready at 2)
+  // AG g0 [5,6] during n2 [5,9] | RS p1 [9,10] | n3 [9,13] (g0 ready at 6)
+  // RS p0 [13,14] | optimizer n4 [14,15].
+  SimResult r =
+      MustSimulate(graph_, Load("sim_two_layer_prefetch.txt"), TestHardware());
+  EXPECT_NEAR(r.iteration_s, 15 * kMs, kTolerance);
+  EXPECT_NEAR(r.comm_s, 5 * kMs, kTolerance);
+  EXPECT_NEAR(r.exposed_comm_s, 2 * kMs, kTolerance);
+  EXPECT_NEAR(r.overlap_ratio, 0.6, kTolerance);
+  ASSERT_EQ(r.group_exposed_s.size(), 2u);
+  EXPECT_NEAR(r.group_exposed_s[0], 1 * kMs, kTolerance);
+  EXPECT_NEAR(r.group_exposed_s[1], 0, kTolerance);
+  EXPECT_NEAR(r.nodes[3].stall_s, 0, kTolerance);
+
+  // The price: at n2's start both groups are gathered.
+  EXPECT_EQ(r.peak_bytes, kTwoLayerStatic + 4000 + 350 + 2000);
+  EXPECT_EQ(r.peak_node_id, 2);
+  EXPECT_EQ(r.peak_breakdown.gathered_params, 4000);
+  EXPECT_EQ(r.peak_breakdown.total(), r.peak_bytes);
+}
+
+TEST_F(TwoLayerTest, Simulate_SlowLinks_IsBoundByCommunication) {
+  // 5 ms per collective. AG g0 [0,5], AG g1 [5,10] | n0 [5,7] | n1 [10,12]
+  // AG g0 [12,17] | n2 [12,16] | RS p1 issued 16 [17,22] | n3 [17,21]
+  // RS p0 issued 21 [22,27] | n4 [27,28].
+  HardwareModel hw = TestHardware();
+  hw.intra_node_bytes_per_s = 2e5;
+  SimResult r = MustSimulate(graph_, Load("sim_two_layer_prefetch.txt"), hw);
+  EXPECT_NEAR(r.iteration_s, 28 * kMs, kTolerance);
+  EXPECT_NEAR(r.compute_s, 13 * kMs, kTolerance);
+  EXPECT_NEAR(r.comm_s, 25 * kMs, kTolerance);
+  EXPECT_NEAR(r.lower_bound_s, 25 * kMs, kTolerance);
+  EXPECT_NEAR(r.exposed_comm_s, 15 * kMs, kTolerance);
+  EXPECT_NEAR(r.overlap_ratio, 0.4, kTolerance);
+  EXPECT_NEAR(r.group_exposed_s[0], 6 * kMs, kTolerance);
+  EXPECT_NEAR(r.group_exposed_s[1], 3 * kMs, kTolerance);
+  const double stalls[] = {5, 3, 0, 1, 6};
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_NEAR(r.nodes[i].stall_s, stalls[i] * kMs, kTolerance) << i;
+  }
+  const CollectiveTimelineEntry& rs = r.collectives[3];
+  EXPECT_EQ(rs.kind, ActionKind::kReduceScatter);
+  EXPECT_NEAR(rs.issue_s, 16 * kMs, kTolerance);
+  EXPECT_NEAR(rs.start_s, 17 * kMs, kTolerance);
+  EXPECT_NEAR(rs.end_s, 22 * kMs, kTolerance);
+}
+
+TEST_F(TwoLayerTest, Simulate_Optimizer_WaitsForLastReduceScatter) {
+  SimResult r =
+      MustSimulate(graph_, Load("sim_two_layer_on_demand.txt"), TestHardware());
+  ASSERT_EQ(r.collectives.back().kind, ActionKind::kReduceScatter);
+  EXPECT_NEAR(r.collectives.back().end_s, 18 * kMs, kTolerance);
+  EXPECT_NEAR(r.nodes[4].start_s, r.collectives.back().end_s, kTolerance);
+  EXPECT_NEAR(r.nodes[4].stall_s, 1 * kMs, kTolerance);
+}
+
+TEST_F(TwoLayerTest, Simulate_OffloadedStates_RelieveMemoryAndDelayOptimizer) {
+  // As on demand, plus OFFLOAD o0 after n0: copy [3,5], p0's 2000 bytes of
+  // states leave at 5; RELOAD o0 before n4: copy [17,19], so the optimizer
+  // starts at 19 instead of 18 (RS p0 ends at 18).
+  SimResult r =
+      MustSimulate(graph_, Load("sim_two_layer_offload.txt"), TestHardware());
+  EXPECT_NEAR(r.iteration_s, 20 * kMs, kTolerance);
+  EXPECT_NEAR(r.copy_s, 4 * kMs, kTolerance);
+  EXPECT_NEAR(r.exposed_comm_s, 6 * kMs, kTolerance);
+  EXPECT_NEAR(r.nodes[4].start_s, 19 * kMs, kTolerance);
+  EXPECT_NEAR(r.nodes[4].stall_s, 2 * kMs, kTolerance);
+  EXPECT_EQ(r.offloaded_bytes, 2000);
+
+  ASSERT_EQ(r.copies.size(), 2u);
+  EXPECT_EQ(r.copies[0].kind, ActionKind::kOffload);
+  EXPECT_EQ(r.copies[0].action_index, 3);
+  EXPECT_EQ(r.copies[0].bytes, 2000);
+  EXPECT_NEAR(r.copies[0].start_s, 3 * kMs, kTolerance);
+  EXPECT_NEAR(r.copies[0].end_s, 5 * kMs, kTolerance);
+  EXPECT_EQ(r.copies[1].kind, ActionKind::kReload);
+  EXPECT_NEAR(r.copies[1].issue_s, 17 * kMs, kTolerance);
+  EXPECT_NEAR(r.copies[1].end_s, 19 * kMs, kTolerance);
+
+  // The on-demand peak (12350 at n2's start) less p0's states.
+  EXPECT_EQ(r.peak_bytes, 12350 - 2000);
+  EXPECT_EQ(r.peak_node_id, 2);
+  EXPECT_EQ(r.peak_breakdown.optimizer_states, 2000);
+  EXPECT_EQ(r.peak_breakdown.total(), r.peak_bytes);
+  // The states are back once the RELOAD starts.
+  EXPECT_EQ(r.nodes[4].memory_after_bytes, kTwoLayerStatic);
+}
+
+TEST_F(TwoLayerTest, Simulate_ZeroOne_ReplicatesParamsAndGathersAfterStep) {
+  // No gathers before use. n0 [0,2] n1 [2,4] n2 [4,8] RS p1 [8,9]
+  // n3 [8,12] RS p0 [12,13] | n4 [13,14] | AG g0 [14,15], AG g1 [15,16].
+  SimResult r =
+      MustSimulate(graph_, Load("sim_two_layer_zero1.txt"), TestHardware());
+  EXPECT_NEAR(r.iteration_s, 16 * kMs, kTolerance);
+  EXPECT_NEAR(r.comm_s, 4 * kMs, kTolerance);
+  // 1 ms the optimizer waits for RS p0, 2 ms of gathers after the last node.
+  EXPECT_NEAR(r.exposed_comm_s, 3 * kMs, kTolerance);
+  EXPECT_NEAR(r.nodes[4].stall_s, 1 * kMs, kTolerance);
+
+  // Full params (4000) instead of shards, nothing persistent or gathered.
+  // Peak at n3's start: p0's gradient allocated while p1's is still being
+  // reduced (RS p1 ends at 9).
+  EXPECT_EQ(r.peak_bytes, 4000 + 100 + (2000 + 4000) + 4000);
+  EXPECT_EQ(r.peak_node_id, 3);
+  EXPECT_EQ(r.peak_breakdown.sharded_params, 4000);
+  EXPECT_EQ(r.peak_breakdown.persistent_params, 0);
+  EXPECT_EQ(r.peak_breakdown.gathered_params, 0);
+  EXPECT_EQ(r.peak_breakdown.activations, 100);
+  EXPECT_EQ(r.peak_breakdown.gradients, 6000);
+  EXPECT_EQ(r.peak_breakdown.optimizer_states, 4000);
+}
+
+TEST_F(TwoLayerTest, Simulate_WorldOne_CollectivesCostNothing) {
+  graph_.world_size = 1;
+  SimResult r = MustSimulate(graph_, Load("sim_two_layer_on_demand.txt"),
+                             TestHardware(/*world_size=*/1));
+  EXPECT_NEAR(r.iteration_s, 13 * kMs, kTolerance);
+  EXPECT_NEAR(r.comm_s, 0, kTolerance);
+  EXPECT_NEAR(r.exposed_comm_s, 0, kTolerance);
+  EXPECT_NEAR(r.overlap_ratio, 1, kTolerance);
+  ASSERT_EQ(r.collectives.size(), 6u);
+  EXPECT_EQ(r.collectives[0].bytes, 2000);
+  EXPECT_NEAR(r.collectives[0].end_s, r.collectives[0].start_s, kTolerance);
+  // A shard is the whole param: 4000 of params, 4000 of gradient shards and
+  // 8000 of Adam moments, plus at n2's start g1, activations and p1's grad.
+  EXPECT_EQ(r.peak_bytes, 16000 + 2000 + 350 + 2000);
+}
+
+TEST_F(TwoLayerTest, Simulate_WaitWithoutAllGather_FailsNamingActionAndGroup) {
+  absl::StatusOr<Schedule> schedule = ParseSchedule(R"(
+schedule v1 graph=0000000000000000 mode=zero3 budget=0
+group g0 p0
+before n0 wait g0
+)");
+  ASSERT_TRUE(schedule.ok()) << schedule.status();
+  absl::StatusOr<SimResult> r = Simulate(graph_, *schedule, TestHardware());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("action 0 (before n0 wait g0): node n0 waits on group "
+                        "g0 but no ALLGATHER of it was issued"));
+}
+
+TEST_F(TwoLayerTest, Simulate_WaitAfterRelease_Fails) {
+  Schedule schedule = Load("sim_two_layer_on_demand.txt");
+  // Drop "before n2 allgather g1": n2's WAIT then follows n1's RELEASE.
+  ASSERT_EQ(schedule.actions[6].kind, ActionKind::kAllGather);
+  schedule.actions.erase(schedule.actions.begin() + 6);
+  absl::StatusOr<SimResult> r = Simulate(graph_, schedule, TestHardware());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("action 6 (before n2 wait g1): node n2 waits on group "
+                        "g1 but no ALLGATHER of it was issued since its last "
+                        "RELEASE"));
+}
+
+TEST_F(TwoLayerTest, Simulate_UnknownIds_Fail) {
+  Schedule schedule = Load("sim_two_layer_on_demand.txt");
+  schedule.actions[0].group_id = 9;
+  EXPECT_THAT(Simulate(graph_, schedule, TestHardware()).status().message(),
+              HasSubstr("action 0 (before n0 allgather g9): group g9 is not "
+                        "defined by the schedule"));
+
+  schedule = Load("sim_two_layer_on_demand.txt");
+  schedule.actions[13].node_id = 42;
+  EXPECT_THAT(Simulate(graph_, schedule, TestHardware()).status().message(),
+              HasSubstr("action 13 (after n42 reduce_scatter p0): unknown "
+                        "node n42"));
+
+  schedule = Load("sim_two_layer_on_demand.txt");
+  schedule.actions[13].param_ids = {0, 7};
+  EXPECT_THAT(Simulate(graph_, schedule, TestHardware()).status().message(),
+              HasSubstr("unknown param p7"));
+}
+
+TEST_F(TwoLayerTest, Simulate_GroupGatheredTwice_HoldsBothBuffers) {
+  absl::StatusOr<Schedule> schedule = ParseSchedule(R"(
+schedule v1 graph=0000000000000000 mode=zero3 budget=0
+group g0 p0
+before n0 allgather g0
+before n0 allgather g0
+before n0 wait g0
+after n0 release g0
+)");
+  ASSERT_TRUE(schedule.ok()) << schedule.status();
+  SimResult r = MustSimulate(graph_, *schedule, TestHardware());
+  // The WAIT is for the later gather, [1,2]; one RELEASE frees both.
+  EXPECT_NEAR(r.nodes[0].start_s, 2 * kMs, kTolerance);
+  EXPECT_EQ(r.nodes[0].memory_after_bytes, kTwoLayerStatic + 100);
+  // Peak at n0's end, before the RELEASE: both buffers and n0's activations.
+  // (At n3's start the never-reduced gradients reach the same level.)
+  EXPECT_EQ(r.peak_bytes, kTwoLayerStatic + 4000 + 100);
+  EXPECT_EQ(r.peak_breakdown.gathered_params, 4000);
+  EXPECT_EQ(r.peak_node_id, 0);
+}
+
+TEST_F(TwoLayerTest, Simulate_FittedCollectiveModel_PricesGathersWithFit) {
+  HardwareModel hw = TestHardware();
+  absl::StatusOr<PiecewiseLinear> fit = PiecewiseLinear::Fit({{2000, 3e-3}});
+  ASSERT_TRUE(fit.ok());
+  hw.allgather_fit = *fit;
+  SimResult r = MustSimulate(graph_, Load("sim_two_layer_on_demand.txt"), hw);
+  // Four gathers at 3 ms, two reduce-scatters at 1 ms on the ring.
+  EXPECT_NEAR(r.comm_s, 14 * kMs, kTolerance);
+}
+
+class GradAccumTest : public ::testing::Test {
+ protected:
+  GradAccumTest() : graph_(LoadGraph("sim_grad_accum_graph.txt")) {}
+  Graph graph_;
+};
+
+// One param: 1000 shard + 2000 persistent + 1000 gradient shard + 2000 Adam.
+constexpr int64_t kGradAccumStatic = 1000 + 2000 + 1000 + 2000;
+
+TEST_F(GradAccumTest, Simulate_Accumulation_FullGradientLivesAcrossBatches) {
+  // n0 [0,1] n1 [1,3] n2 [3,4] n3 [4,6] RS p0 [6,7] n4 [7,8]. p0 is
+  // persistent: no gathers at all.
+  SimResult r =
+      MustSimulate(graph_, LoadSchedule("sim_grad_accum_schedule.txt", graph_),
+                   TestHardware());
+  EXPECT_NEAR(r.iteration_s, 8 * kMs, kTolerance);
+  EXPECT_NEAR(r.comm_s, 1 * kMs, kTolerance);
+  EXPECT_NEAR(r.exposed_comm_s, 1 * kMs, kTolerance);
+  ASSERT_EQ(r.collectives.size(), 1u);
+
+  // Allocated once at n1's start, kept through micro-batch 1, freed when the
+  // reduce-scatter ends at 7.
+  EXPECT_EQ(r.nodes[0].memory_after_bytes, kGradAccumStatic + 100);
+  EXPECT_EQ(r.nodes[1].memory_after_bytes, kGradAccumStatic + 2000);
+  EXPECT_EQ(r.nodes[2].memory_after_bytes, kGradAccumStatic + 2000 + 100);
+  EXPECT_EQ(r.nodes[3].memory_after_bytes, kGradAccumStatic + 2000);
+  EXPECT_EQ(r.nodes[4].memory_after_bytes, kGradAccumStatic);
+
+  EXPECT_EQ(r.peak_bytes, kGradAccumStatic + 2000 + 100);
+  EXPECT_EQ(r.peak_node_id, 1);  // first reached at n1's start
+  EXPECT_EQ(r.peak_breakdown.sharded_params, 1000);
+  EXPECT_EQ(r.peak_breakdown.persistent_params, 2000);
+  EXPECT_EQ(r.peak_breakdown.gathered_params, 0);
+  EXPECT_EQ(r.peak_breakdown.activations, 100);
+  EXPECT_EQ(r.peak_breakdown.gradients, 3000);
+  EXPECT_EQ(r.peak_breakdown.optimizer_states, 2000);
+}
+
+TEST_F(GradAccumTest,
+       Simulate_ReduceScatterInFlight_NextBackwardAllocatesAgain) {
+  // Reducing after each micro-batch: RS p0 [3,4] is still running when n3
+  // starts at 4 and needs a fresh full gradient.
+  Schedule schedule = LoadSchedule("sim_grad_accum_schedule.txt", graph_);
+  Action rs = schedule.actions[0];
+  rs.node_id = 1;
+  schedule.actions.insert(schedule.actions.begin(), rs);
+  SimResult r = MustSimulate(graph_, schedule, TestHardware());
+  EXPECT_NEAR(r.comm_s, 2 * kMs, kTolerance);
+  EXPECT_EQ(r.peak_bytes, kGradAccumStatic + 100 + 2 * 2000);
+  EXPECT_EQ(r.peak_node_id, 3);
+  EXPECT_EQ(r.peak_breakdown.gradients, 1000 + 2 * 2000);
+}
+
+TEST(SimulatorTest, Simulate_TinyFixture_IsSelfConsistent) {
+  Graph graph = LoadGraph("tiny_graph.txt");
+  Schedule schedule = LoadSchedule("tiny_schedule.txt", graph);
+  SimResult r = MustSimulate(graph, schedule, HardwareModel::H100(2));
+  EXPECT_EQ(r.nodes.size(), graph.nodes.size());
+  EXPECT_EQ(r.collectives.size(), 10u);
+  EXPECT_EQ(r.group_exposed_s.size(), 3u);
+  EXPECT_GE(r.iteration_s, r.lower_bound_s);
+  EXPECT_EQ(r.peak_breakdown.total(), r.peak_bytes);
+  // p5 (head, 1000x64 f32) is persistent.
+  EXPECT_EQ(r.peak_breakdown.persistent_params, 256000);
+  // o0 says 500 KiB, but p0's shard holds only 32000 x 8 bytes of states.
+  EXPECT_EQ(r.offloaded_bytes, 256000);
+}
+
+TEST(SimulatorTest, OptimizerStateBytesPerElement_ByDtype) {
+  EXPECT_EQ(OptimizerStateBytesPerElement(DType::kF32), 8);
+  EXPECT_EQ(OptimizerStateBytesPerElement(DType::kBF16), 12);
+  EXPECT_EQ(OptimizerStateBytesPerElement(DType::kF16), 12);
+}
+
+}  // namespace
+}  // namespace tandem

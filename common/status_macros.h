@@ -12,17 +12,17 @@
 #define TANDEM_STATUS_CONCAT_(a, b) TANDEM_STATUS_CONCAT_INNER_(a, b)
 
 // Returns `expr`'s status from the enclosing function when it is not OK.
-#define RETURN_IF_ERROR(expr)                              \
-  do {                                                     \
-    ::absl::Status tandem_status_ = (expr);                \
-    if (!tandem_status_.ok()) return tandem_status_;       \
+#define RETURN_IF_ERROR(expr)                        \
+  do {                                               \
+    ::absl::Status tandem_status_ = (expr);          \
+    if (!tandem_status_.ok()) return tandem_status_; \
   } while (0)
 
 // `ASSIGN_OR_RETURN(lhs, expr)` evaluates `expr` (an absl::StatusOr<T>); on
 // error returns its status, else moves the value into `lhs`, which may be a
 // declaration (`auto x`, `const Graph& g` is not allowed: bind by value).
-#define ASSIGN_OR_RETURN(lhs, expr)                                         \
-  TANDEM_ASSIGN_OR_RETURN_IMPL_(                                            \
+#define ASSIGN_OR_RETURN(lhs, expr) \
+  TANDEM_ASSIGN_OR_RETURN_IMPL_(    \
       TANDEM_STATUS_CONCAT_(tandem_statusor_, __LINE__), lhs, expr)
 
 #define TANDEM_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr) \

@@ -123,7 +123,8 @@ class Fnv1a64 {
   }
   void Int(int64_t v) {
     unsigned char le[8];
-    for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(v >> (8 * i));
+    for (int i = 0; i < 8; ++i)
+      le[i] = static_cast<unsigned char>(v >> (8 * i));
     Bytes(le, sizeof(le));
   }
   uint64_t value() const { return state_; }

@@ -39,9 +39,9 @@ absl::StatusOr<DType> FromProtoDType(v1::DType d, absl::string_view where) {
     case v1::DTYPE_F16:
       return DType::kF16;
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": dtype is unspecified or unknown (", static_cast<int>(d),
-                       "); set DTYPE_F32, DTYPE_BF16 or DTYPE_F16"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": dtype is unspecified or unknown (", static_cast<int>(d),
+          "); set DTYPE_F32, DTYPE_BF16 or DTYPE_F16"));
   }
 }
 
@@ -105,9 +105,8 @@ absl::StatusOr<ActionKind> FromProtoActionKind(v1::ActionKind k, int index) {
     case v1::ACTION_KIND_RELOAD:
       return ActionKind::kReload;
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("action ", index, ": kind is unspecified or unknown (",
-                       k, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "action ", index, ": kind is unspecified or unknown (", k, ")"));
   }
 }
 
@@ -134,7 +133,8 @@ absl::StatusOr<CollectiveKind> FromProtoCollectiveKind(v1::CollectiveKind k,
       return CollectiveKind::kAllReduce;
     default:
       return absl::InvalidArgumentError(absl::StrCat(
-          "collective ", index, ": kind is unspecified or unknown (", static_cast<int>(k), ")"));
+          "collective ", index, ": kind is unspecified or unknown (",
+          static_cast<int>(k), ")"));
   }
 }
 
@@ -194,10 +194,10 @@ absl::StatusOr<Graph> FromProto(const v1::Graph& proto) {
     p.dtype = *dtype;
     p.unit = q.unit();
     if (q.numel() != 0 && q.numel() != p.numel()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "param p", q.id(), " '", q.name(), "': numel ", q.numel(),
-          " does not match its shape (", p.numel(),
-          "); send the shape and leave numel derived"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("param p", q.id(), " '", q.name(), "': numel ",
+                       q.numel(), " does not match its shape (", p.numel(),
+                       "); send the shape and leave numel derived"));
     }
     g.params.push_back(std::move(p));
   }
@@ -291,9 +291,10 @@ absl::StatusOr<Schedule> FromProto(const v1::Schedule& proto) {
       s.mode = ShardingMode::kZero1;
       break;
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "schedule mode is unspecified or unknown (", static_cast<int>(proto.mode()),
-          "); set SHARDING_MODE_ZERO3 or SHARDING_MODE_ZERO1"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("schedule mode is unspecified or unknown (",
+                       static_cast<int>(proto.mode()),
+                       "); set SHARDING_MODE_ZERO3 or SHARDING_MODE_ZERO1"));
   }
   for (const v1::GatherGroup& q : proto.groups()) {
     s.groups.push_back({q.id(), Ids(q.param_ids())});
@@ -328,8 +329,8 @@ absl::StatusOr<Schedule> FromProto(const v1::Schedule& proto) {
     s.actions.push_back(std::move(a));
   }
   const v1::Prediction& p = proto.prediction();
-  s.prediction = {p.iteration_s(), p.compute_s(),   p.comm_s(),
-                  p.exposed_comm_s(), p.copy_s(), p.peak_bytes()};
+  s.prediction = {p.iteration_s(),    p.compute_s(), p.comm_s(),
+                  p.exposed_comm_s(), p.copy_s(),    p.peak_bytes()};
   const v1::Provenance& v = proto.provenance();
   s.provenance.passes.assign(v.passes().begin(), v.passes().end());
   s.provenance.window_first_iteration = v.window_first_iteration();

@@ -55,8 +55,8 @@ std::string ParamRef(const Param& p) {
 
 absl::Status ValidateGraph(const Graph& graph) {
   if (graph.world_size < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "graph world_size must be >= 1, got ", graph.world_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("graph world_size must be >= 1, got ", graph.world_size));
   }
   if (graph.micro_batches < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -146,10 +146,9 @@ absl::Status ValidateGraph(const Graph& graph) {
     }
     if (!FiniteNonNegative(n.flops) || !FiniteNonNegative(n.time_s) ||
         n.activation_bytes < 0 || n.workspace_bytes < 0) {
-      bad_numbers.Add(absl::StrCat(NodeRef(n), " (flops=", n.flops,
-                                   " time=", n.time_s,
-                                   " act=", n.activation_bytes,
-                                   " ws=", n.workspace_bytes, ")"));
+      bad_numbers.Add(absl::StrCat(
+          NodeRef(n), " (flops=", n.flops, " time=", n.time_s,
+          " act=", n.activation_bytes, " ws=", n.workspace_bytes, ")"));
     }
     if (n.phase != Phase::kOptimizer &&
         (n.micro_batch < 0 || n.micro_batch >= graph.micro_batches)) {
@@ -170,13 +169,14 @@ absl::Status ValidateGraph(const Graph& graph) {
           bad_order.Add(absl::StrCat(NodeRef(n), " runs after the optimizer"));
         }
         if (!n.forward_id.has_value()) {
-          bad_twins.Add(absl::StrCat(NodeRef(n), " names no forward node (of=)"));
+          bad_twins.Add(
+              absl::StrCat(NodeRef(n), " names no forward node (of=)"));
           break;
         }
         auto it = node_pos.find(*n.forward_id);
         if (it == node_pos.end()) {
-          bad_twins.Add(absl::StrCat(NodeRef(n), " names unknown node n",
-                                     *n.forward_id));
+          bad_twins.Add(
+              absl::StrCat(NodeRef(n), " names unknown node n", *n.forward_id));
           break;
         }
         const Node& f = graph.nodes[it->second];
@@ -191,8 +191,8 @@ absl::Status ValidateGraph(const Graph& graph) {
                                      n.micro_batch, " but its forward ",
                                      NodeRef(f), " is in ", f.micro_batch));
         } else if (f.param_ids != n.param_ids) {
-          bad_twins.Add(absl::StrCat(NodeRef(n), " uses other params than ",
-                                     NodeRef(f)));
+          bad_twins.Add(
+              absl::StrCat(NodeRef(n), " uses other params than ", NodeRef(f)));
         } else if (auto [tw, inserted] = twin_of_forward.emplace(f.id, n.id);
                    !inserted) {
           bad_twins.Add(absl::StrCat(NodeRef(f), " is mirrored twice (n",
@@ -207,12 +207,12 @@ absl::Status ValidateGraph(const Graph& graph) {
   }
   RETURN_IF_ERROR(unknown_params.ToStatus(
       "Declare every param with a `param` line before nodes use it."));
-  RETURN_IF_ERROR(bad_numbers.ToStatus(
-      "flops, time, act and ws must be finite and >= 0."));
+  RETURN_IF_ERROR(
+      bad_numbers.ToStatus("flops, time, act and ws must be finite and >= 0."));
   RETURN_IF_ERROR(bad_micro_batches.ToStatus(
       "Set mb in [0, micro_batches) or raise micro_batches."));
-  RETURN_IF_ERROR(bad_forward.ToStatus(
-      "Only backward nodes take `of=` and `recompute`."));
+  RETURN_IF_ERROR(
+      bad_forward.ToStatus("Only backward nodes take `of=` and `recompute`."));
   RETURN_IF_ERROR(bad_twins.ToStatus(
       "A backward node names (of=) an earlier forward node of the same "
       "micro-batch, mirrors no other backward's twin, and uses the same "
@@ -226,16 +226,16 @@ absl::Status ValidateSchedule(const Schedule& schedule, const Graph& graph) {
   const std::string hash = graph.StructuralHash();
   if (schedule.graph_hash != hash) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "schedule is for graph ", schedule.graph_hash.empty()
-                                      ? std::string("<none>")
-                                      : schedule.graph_hash,
+        "schedule is for graph ",
+        schedule.graph_hash.empty() ? std::string("<none>")
+                                    : schedule.graph_hash,
         " but the graph's hash is ", hash,
         ". Plan a schedule for this graph (or load the graph it was made "
         "for)."));
   }
   if (schedule.version < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "schedule version must be >= 0, got ", schedule.version));
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule version must be >= 0, got ", schedule.version));
   }
   if (schedule.budget_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -251,14 +251,15 @@ absl::Status ValidateSchedule(const Schedule& schedule, const Graph& graph) {
     if (!group_ids.insert(g.id).second) {
       bad_groups.Add(absl::StrCat("g", g.id, " is defined twice"));
     }
-    if (g.param_ids.empty()) bad_groups.Add(absl::StrCat("g", g.id, " is empty"));
+    if (g.param_ids.empty())
+      bad_groups.Add(absl::StrCat("g", g.id, " is empty"));
     for (int32_t pid : g.param_ids) {
       if (!known_param(pid)) {
         bad_groups.Add(absl::StrCat("g", g.id, " names unknown param p", pid));
       } else if (auto [it, inserted] = group_of_param.emplace(pid, g.id);
                  !inserted) {
-        bad_groups.Add(absl::StrCat("p", pid, " is in g", it->second,
-                                    " and g", g.id));
+        bad_groups.Add(
+            absl::StrCat("p", pid, " is in g", it->second, " and g", g.id));
       }
     }
   }
@@ -292,7 +293,8 @@ absl::Status ValidateSchedule(const Schedule& schedule, const Graph& graph) {
     }
     for (int32_t pid : o.param_ids) {
       if (!known_param(pid)) {
-        bad_offloads.Add(absl::StrCat("o", o.id, " names unknown param p", pid));
+        bad_offloads.Add(
+            absl::StrCat("o", o.id, " names unknown param p", pid));
       }
     }
   }
@@ -363,15 +365,14 @@ absl::Status ValidateProfile(const Profile& profile, const Graph& graph) {
   if (profile.graph_hash != hash) {
     return absl::InvalidArgumentError(absl::StrCat(
         "profile was measured on graph ",
-        profile.graph_hash.empty() ? std::string("<none>")
-                                   : profile.graph_hash,
+        profile.graph_hash.empty() ? std::string("<none>") : profile.graph_hash,
         " but the graph's hash is ", hash,
         ". Send profiles of the job's own graph."));
   }
   if (profile.rank < Profile::kAggregateRank) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "profile rank must be >= 0 (or -1 for an aggregate), got ",
-        profile.rank));
+    return absl::InvalidArgumentError(
+        absl::StrCat("profile rank must be >= 0 (or -1 for an aggregate), got ",
+                     profile.rank));
   }
   if (profile.first_iteration < 0 ||
       profile.first_iteration > profile.last_iteration) {

@@ -102,15 +102,17 @@ std::vector<Violation> FindGatherViolations(const Graph& graph,
       case ActionKind::kAllGather:
         if (s == State::kInFlight || s == State::kReady) {
           out.push_back({ViolationKind::kGatherMisuse,
-                         absl::StrCat(where, " gathers a group that is "
-                                             "already gathered")});
+                         absl::StrCat(where,
+                                      " gathers a group that is "
+                                      "already gathered")});
         }
         s = State::kInFlight;
         break;
       case ActionKind::kWait:
         if (s != State::kInFlight) {
-          out.push_back({ViolationKind::kGatherMisuse,
-                         absl::StrCat(where, " waits for no gather in flight")});
+          out.push_back(
+              {ViolationKind::kGatherMisuse,
+               absl::StrCat(where, " waits for no gather in flight")});
         } else {
           s = State::kReady;
         }
@@ -118,12 +120,14 @@ std::vector<Violation> FindGatherViolations(const Graph& graph,
       case ActionKind::kRelease:
         if (s == State::kInFlight) {
           out.push_back({ViolationKind::kGatherMisuse,
-                         absl::StrCat(where, " releases a gather still in "
-                                             "flight (WAIT first)")});
+                         absl::StrCat(where,
+                                      " releases a gather still in "
+                                      "flight (WAIT first)")});
         } else if (s != State::kReady) {
           out.push_back({ViolationKind::kGatherMisuse,
-                         absl::StrCat(where, " releases a group that is not "
-                                             "gathered")});
+                         absl::StrCat(where,
+                                      " releases a group that is not "
+                                      "gathered")});
         }
         s = State::kReleased;
         break;
@@ -154,11 +158,11 @@ std::vector<Violation> FindGatherViolations(const Graph& graph,
                                       g->second, " before any gather")});
           break;
         case State::kInFlight:
-          out.push_back({ViolationKind::kUseBeforeGather,
-                         absl::StrCat(NodeRef(node), " uses p", p, " of g",
-                                      g->second,
-                                      " before its gather completes (no "
-                                      "WAIT)")});
+          out.push_back(
+              {ViolationKind::kUseBeforeGather,
+               absl::StrCat(NodeRef(node), " uses p", p, " of g", g->second,
+                            " before its gather completes (no "
+                            "WAIT)")});
           break;
         case State::kReleased:
           out.push_back({ViolationKind::kUseAfterRelease,
@@ -171,10 +175,10 @@ std::vector<Violation> FindGatherViolations(const Graph& graph,
   }
   for (size_t i = 0; i < schedule.groups.size(); ++i) {
     if (state[i] == State::kInFlight || state[i] == State::kReady) {
-      const bool all_persistent = std::all_of(
-          schedule.groups[i].param_ids.begin(),
-          schedule.groups[i].param_ids.end(),
-          [&](int32_t p) { return persistent.contains(p); });
+      const bool all_persistent =
+          std::all_of(schedule.groups[i].param_ids.begin(),
+                      schedule.groups[i].param_ids.end(),
+                      [&](int32_t p) { return persistent.contains(p); });
       if (!all_persistent) {
         out.push_back({ViolationKind::kGatherMisuse,
                        absl::StrCat("g", schedule.groups[i].id,
@@ -216,16 +220,16 @@ std::vector<Violation> FindReduceViolations(const Graph& graph,
       if (count > 0) {
         out.push_back({ViolationKind::kReduceCount,
                        absl::StrCat("p", param.id, " '", param.name,
-                                    "' gets no gradient but is reduced ",
-                                    count, " time(s)")});
+                                    "' gets no gradient but is reduced ", count,
+                                    " time(s)")});
       }
       continue;
     }
     if (count != 1) {
-      out.push_back({ViolationKind::kReduceCount,
-                     absl::StrCat("p", param.id, " '", param.name,
-                                  "' is reduced ", count,
-                                  " times, expected exactly once")});
+      out.push_back(
+          {ViolationKind::kReduceCount,
+           absl::StrCat("p", param.id, " '", param.name, "' is reduced ", count,
+                        " times, expected exactly once")});
       continue;
     }
     const size_t done_key = 2 * last->second + 1;
@@ -284,9 +288,9 @@ absl::Status MemoryBudgetChecker::Check(const PlanningContext& context) const {
   const MemoryBreakdown& b = context.sim().peak_breakdown;
   return absl::ResourceExhaustedError(absl::StrCat(
       "simulated peak ", FormatBytes(peak), " exceeds the budget ",
-      FormatBytes(budget), " at n", context.sim().peak_node_id,
-      " (params ", FormatBytes(b.sharded_params + b.persistent_params),
-      ", gathered ", FormatBytes(b.gathered_params), ", activations ",
+      FormatBytes(budget), " at n", context.sim().peak_node_id, " (params ",
+      FormatBytes(b.sharded_params + b.persistent_params), ", gathered ",
+      FormatBytes(b.gathered_params), ", activations ",
       FormatBytes(b.activations), ", gradients ", FormatBytes(b.gradients),
       ", optimizer states ", FormatBytes(b.optimizer_states),
       ") and the pass raised it from ",

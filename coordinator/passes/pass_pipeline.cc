@@ -26,14 +26,14 @@ absl::StatusOr<bool> PassPipeline::RunImpl(PlanningContext& context) {
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<bool> changed = pass->Run(context);
     if (!changed.ok()) {
-      return absl::Status(changed.status().code(),
-                          absl::StrCat(pass->name(), ": ",
-                                       changed.status().message()));
+      return absl::Status(
+          changed.status().code(),
+          absl::StrCat(pass->name(), ": ", changed.status().message()));
     }
     if (*changed) RETURN_IF_ERROR(context.Resimulate());
-    record.wall_s = std::chrono::duration<double>(
-                        std::chrono::steady_clock::now() - start)
-                        .count();
+    record.wall_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
     record.changed = *changed;
     any_changed = any_changed || *changed;
     context.schedule().provenance.passes.push_back(record.pass);
@@ -41,9 +41,9 @@ absl::StatusOr<bool> PassPipeline::RunImpl(PlanningContext& context) {
     for (const auto& checker : checkers_) {
       absl::Status status = checker->Check(context);
       if (!status.ok()) {
-        return absl::Status(
-            status.code(), absl::StrCat(checker->name(), " failed after ",
-                                        pass->name(), ": ", status.message()));
+        return absl::Status(status.code(),
+                            absl::StrCat(checker->name(), " failed after ",
+                                         pass->name(), ": ", status.message()));
       }
     }
     record.iteration_after_s = context.sim().iteration_s;

@@ -6,10 +6,7 @@ namespace tandem {
 
 PlanningContext::PlanningContext(const Graph& graph, HardwareModel hw,
                                  PlannerOptions options)
-    : graph_(&graph),
-      index_(graph),
-      hw_(std::move(hw)),
-      options_(options) {
+    : graph_(&graph), index_(graph), hw_(std::move(hw)), options_(options) {
   schedule_.graph_hash = graph.StructuralHash();
   schedule_.budget_bytes = hw_.budget();
 }

@@ -1,0 +1,248 @@
+#include "common/job/job_spec.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace tandem {
+namespace {
+
+constexpr size_t kMaxListed = 8;
+constexpr int32_t kMaxWorldSize = 4096;
+
+const char* const kPassNames[] = {"zero3-insert", "prefetch", "unshard",
+                                  "offload", "zero1"};
+
+bool IsNamedPreset(const std::string& preset) {
+  return preset != "llama" && preset != "moe" && ModelPreset(preset).ok();
+}
+
+class FieldErrors {
+ public:
+  template <typename... Args>
+  void Add(const Args&... args) {
+    if (items_.size() < kMaxListed) items_.push_back(absl::StrCat(args...));
+    ++count_;
+  }
+  absl::Status ToStatus() const {
+    if (count_ == 0) return absl::OkStatus();
+    std::string msg =
+        absl::StrCat("invalid job spec: ", absl::StrJoin(items_, "; "));
+    if (count_ > items_.size()) {
+      absl::StrAppend(&msg, "; and ", count_ - items_.size(), " more");
+    }
+    return absl::InvalidArgumentError(msg);
+  }
+
+ private:
+  std::vector<std::string> items_;
+  size_t count_ = 0;
+};
+
+template <typename T>
+void AtLeast(FieldErrors& errors, const char* path, T value, T min) {
+  if (value < min) errors.Add(path, " must be >= ", min, ", got ", value);
+}
+
+}  // namespace
+
+void ApplyJobSpecDefaults(v1::JobSpec& spec) {
+  v1::ModelSpec& m = *spec.mutable_model();
+  if (m.preset().empty()) m.set_preset("llama");
+  if (IsNamedPreset(m.preset())) {
+    const ModelConfig p = *ModelPreset(m.preset());
+    if (m.layers() == 0) m.set_layers(p.layers);
+    if (m.d_model() == 0) m.set_d_model(p.d_model);
+    if (m.heads() == 0) m.set_heads(p.heads);
+    if (m.kv_heads() == 0) m.set_kv_heads(p.kv_heads);
+    if (m.ffn() == 0) m.set_ffn(p.ffn);
+    if (m.vocab() == 0) m.set_vocab(p.vocab);
+    if (m.experts() == 0) m.set_experts(p.experts);
+    if (m.top_k() == 0) m.set_top_k(p.top_k);
+  }
+  if (m.kv_heads() == 0) m.set_kv_heads(m.heads());
+  if (m.dtype() == v1::DTYPE_UNSPECIFIED) m.set_dtype(v1::DTYPE_F32);
+
+  v1::DataSpec& d = *spec.mutable_data();
+  if (d.kind().empty()) d.set_kind("synthetic");
+  if (d.token_bytes() == 0) d.set_token_bytes(2);
+
+  v1::BatchSpec& b = *spec.mutable_batch();
+  if (b.grad_accum() == 0) b.set_grad_accum(1);
+
+  v1::TrainSpec& t = *spec.mutable_train();
+  if (t.lr() == 0) t.set_lr(1e-3);
+  if (t.beta1() == 0) t.set_beta1(0.9);
+  if (t.beta2() == 0) t.set_beta2(0.95);
+  if (t.eps() == 0) t.set_eps(1e-8);
+  if (t.grad_clip() == 0) t.set_grad_clip(1.0);
+
+  v1::ParallelSpec& par = *spec.mutable_parallel();
+  if (par.world_size() == 0) par.set_world_size(1);
+  if (par.zero_stage() == 0) par.set_zero_stage(3);
+
+  v1::OptimizeSpec& o = *spec.mutable_optimize();
+  if (o.passes().empty()) {
+    if (par.zero_stage() == 1) {
+      o.add_passes("zero1");
+    } else {
+      for (const char* p :
+           {"zero3-insert", "offload", "prefetch", "unshard", "prefetch"}) {
+        o.add_passes(p);
+      }
+    }
+  }
+  if (o.warmup_steps() == 0) o.set_warmup_steps(3);
+  if (o.drift_threshold() == 0) o.set_drift_threshold(0.1);
+  if (o.drift_window() == 0) o.set_drift_window(5);
+}
+
+absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
+  FieldErrors errors;
+  if (spec.name().empty()) {
+    errors.Add("name must be set (letters, digits, '.', '_' or '-')");
+  } else if (spec.name().size() > 128 ||
+             spec.name().find_first_not_of(
+                 "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                 "0123456789._-") != std::string::npos) {
+    errors.Add("name '", spec.name().substr(0, 64),
+               "' may hold only letters, digits, '.', '_' and '-' (at most "
+               "128)");
+  }
+
+  const v1::ModelSpec& m = spec.model();
+  if (m.preset() != "llama" && m.preset() != "moe" &&
+      !IsNamedPreset(m.preset())) {
+    errors.Add("model.preset must be llama, moe or one of ",
+               absl::StrJoin(ModelPresetNames(), ", "), ", got '", m.preset(),
+               "'");
+  }
+  AtLeast(errors, "model.layers", m.layers(), 1);
+  AtLeast(errors, "model.d_model", m.d_model(), 1);
+  AtLeast(errors, "model.heads", m.heads(), 1);
+  AtLeast(errors, "model.kv_heads", m.kv_heads(), 1);
+  AtLeast(errors, "model.ffn", m.ffn(), 1);
+  AtLeast(errors, "model.vocab", m.vocab(), 2);
+
+  const v1::DataSpec& d = spec.data();
+  if (d.kind() != "synthetic" && d.kind() != "tokens") {
+    errors.Add("data.kind must be synthetic or tokens, got '", d.kind(), "'");
+  }
+  if (d.kind() == "tokens" && d.path().empty()) {
+    errors.Add("data.path must name the token file when data.kind is tokens");
+  }
+  if (d.token_bytes() != 2 && d.token_bytes() != 4) {
+    errors.Add("data.token_bytes must be 2 (uint16) or 4 (uint32), got ",
+               d.token_bytes());
+  }
+
+  const v1::BatchSpec& b = spec.batch();
+  AtLeast(errors, "batch.micro_batch", b.micro_batch(), 1);
+  AtLeast(errors, "batch.seq_len", b.seq_len(), 1);
+  AtLeast(errors, "batch.grad_accum", b.grad_accum(), 1);
+
+  const v1::TrainSpec& t = spec.train();
+  AtLeast<int64_t>(errors, "train.steps", t.steps(), 1);
+  if (!(std::isfinite(t.lr()) && t.lr() > 0)) {
+    errors.Add("train.lr must be > 0, got ", t.lr());
+  }
+  if (!(std::isfinite(t.weight_decay()) && t.weight_decay() >= 0)) {
+    errors.Add("train.weight_decay must be >= 0, got ", t.weight_decay());
+  }
+  if (!(t.beta1() >= 0 && t.beta1() < 1)) {
+    errors.Add("train.beta1 must be in [0, 1), got ", t.beta1());
+  }
+  if (!(t.beta2() >= 0 && t.beta2() < 1)) {
+    errors.Add("train.beta2 must be in [0, 1), got ", t.beta2());
+  }
+  if (!(std::isfinite(t.eps()) && t.eps() > 0)) {
+    errors.Add("train.eps must be > 0, got ", t.eps());
+  }
+  if (!(std::isfinite(t.grad_clip()) && t.grad_clip() >= 0)) {
+    errors.Add("train.grad_clip must be >= 0 (0 disables it), got ",
+               t.grad_clip());
+  }
+
+  const v1::ParallelSpec& par = spec.parallel();
+  if (par.world_size() < 1 || par.world_size() > kMaxWorldSize) {
+    errors.Add("parallel.world_size must be >= 1 and <= ", kMaxWorldSize,
+               ", got ", par.world_size());
+  }
+  if (par.zero_stage() != 1 && par.zero_stage() != 3) {
+    errors.Add("parallel.zero_stage must be 1 or 3, got ", par.zero_stage());
+  }
+  AtLeast<int64_t>(errors, "memory.budget_bytes", spec.memory().budget_bytes(),
+                   0);
+
+  const v1::OptimizeSpec& o = spec.optimize();
+  for (int i = 0; i < o.passes_size(); ++i) {
+    bool known = false;
+    for (const char* p : kPassNames) known = known || o.passes(i) == p;
+    if (!known) {
+      errors.Add("optimize.passes[", i, "] '", o.passes(i),
+                 "' is not a pass; use ", absl::StrJoin(kPassNames, ", "));
+    }
+  }
+  AtLeast(errors, "optimize.warmup_steps", o.warmup_steps(), 0);
+  if (!(std::isfinite(o.drift_threshold()) && o.drift_threshold() > 0)) {
+    errors.Add("optimize.drift_threshold must be > 0 (0.1 = 10%), got ",
+               o.drift_threshold());
+  }
+  AtLeast(errors, "optimize.drift_window", o.drift_window(), 1);
+
+  const v1::CheckpointSpec& c = spec.checkpoint();
+  AtLeast<int64_t>(errors, "checkpoint.every", c.every(), 0);
+  if (!c.dir().empty() && c.every() < 1) {
+    errors.Add(
+        "checkpoint.every must be >= 1 when checkpoint.dir is set, "
+        "got ",
+        c.every());
+  }
+
+  if (absl::Status s = errors.ToStatus(); !s.ok()) return s;
+  // The model's own rules (divisibility, expert counts) once fields are sane.
+  absl::StatusOr<ModelConfig> config = ModelConfigFromJobSpec(spec);
+  return config.status();
+}
+
+absl::StatusOr<ModelConfig> ModelConfigFromJobSpec(const v1::JobSpec& spec) {
+  const v1::ModelSpec& m = spec.model();
+  ModelConfig c;
+  c.name = spec.name().empty() ? "job" : spec.name();
+  c.arch = (m.preset() == "moe" || m.experts() > 0) ? ModelArch::kMoe
+                                                    : ModelArch::kLlama;
+  c.layers = m.layers();
+  c.d_model = m.d_model();
+  c.heads = m.heads();
+  c.kv_heads = m.kv_heads();
+  c.ffn = m.ffn();
+  c.vocab = m.vocab();
+  c.experts = m.experts();
+  c.top_k = m.top_k();
+  c.seq_len = spec.batch().seq_len();
+  c.micro_batch = spec.batch().micro_batch();
+  c.grad_accum = spec.batch().grad_accum();
+  switch (m.dtype()) {
+    case v1::DTYPE_BF16:
+      c.dtype = DType::kBF16;
+      break;
+    case v1::DTYPE_F16:
+      c.dtype = DType::kF16;
+      break;
+    default:
+      c.dtype = DType::kF32;
+  }
+  c.activation_checkpointing = m.activation_checkpointing();
+  c.world_size = spec.parallel().world_size();
+  absl::Status status = ValidateModelConfig(c);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid job spec: model: ", status.message()));
+  }
+  return c;
+}
+
+}  // namespace tandem

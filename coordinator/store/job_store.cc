@@ -1,0 +1,399 @@
+#include "coordinator/store/job_store.h"
+
+#include <sqlite3.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+namespace {
+
+constexpr int kSchemaVersion = 1;
+
+constexpr const char* kSchema = R"sql(
+CREATE TABLE IF NOT EXISTS jobs (
+  id TEXT PRIMARY KEY,
+  submitted REAL NOT NULL,
+  state INTEGER NOT NULL,
+  job BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+  job_id TEXT NOT NULL,
+  seq INTEGER NOT NULL,
+  event BLOB NOT NULL,
+  PRIMARY KEY (job_id, seq)
+);
+CREATE TABLE IF NOT EXISTS graphs (
+  job_id TEXT PRIMARY KEY,
+  hash TEXT NOT NULL,
+  graph BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS schedules (
+  job_id TEXT NOT NULL,
+  version INTEGER NOT NULL,
+  effective_step INTEGER NOT NULL,
+  schedule BLOB NOT NULL,
+  PRIMARY KEY (job_id, version)
+);
+CREATE TABLE IF NOT EXISTS workers (
+  job_id TEXT NOT NULL,
+  rank INTEGER NOT NULL,
+  incarnation TEXT NOT NULL,
+  hostname TEXT NOT NULL,
+  device TEXT NOT NULL,
+  PRIMARY KEY (job_id, rank)
+);
+CREATE TABLE IF NOT EXISTS profiles (
+  job_id TEXT NOT NULL,
+  first_iteration INTEGER NOT NULL,
+  last_iteration INTEGER NOT NULL,
+  profile BLOB NOT NULL,
+  PRIMARY KEY (job_id, first_iteration, last_iteration)
+);
+)sql";
+
+// A prepared statement, finalized on scope exit.
+class Statement {
+ public:
+  Statement(sqlite3* db, const char* sql) : db_(db) {
+    rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
+  }
+  ~Statement() { sqlite3_finalize(stmt_); }
+  Statement(const Statement&) = delete;
+  Statement& operator=(const Statement&) = delete;
+
+  absl::Status status() const {
+    return rc_ == SQLITE_OK ? absl::OkStatus() : Error("prepare");
+  }
+  Statement& Bind(int i, absl::string_view text) {
+    sqlite3_bind_text(stmt_, i, text.data(), static_cast<int>(text.size()),
+                      SQLITE_TRANSIENT);
+    return *this;
+  }
+  Statement& BindBlob(int i, const std::string& blob) {
+    sqlite3_bind_blob(stmt_, i, blob.data(), static_cast<int>(blob.size()),
+                      SQLITE_TRANSIENT);
+    return *this;
+  }
+  Statement& Bind(int i, int64_t v) {
+    sqlite3_bind_int64(stmt_, i, v);
+    return *this;
+  }
+  Statement& Bind(int i, double v) {
+    sqlite3_bind_double(stmt_, i, v);
+    return *this;
+  }
+  // SQLITE_ROW or SQLITE_DONE on success.
+  absl::StatusOr<bool> Step() {
+    const int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    return Error("step");
+  }
+  std::string Text(int col) const {
+    const auto* p =
+        reinterpret_cast<const char*>(sqlite3_column_text(stmt_, col));
+    return p == nullptr ? "" : std::string(p, sqlite3_column_bytes(stmt_, col));
+  }
+  std::string Blob(int col) const {
+    const auto* p = static_cast<const char*>(sqlite3_column_blob(stmt_, col));
+    return p == nullptr ? "" : std::string(p, sqlite3_column_bytes(stmt_, col));
+  }
+  int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
+
+ private:
+  absl::Status Error(const char* what) const {
+    return absl::InternalError(
+        absl::StrCat("sqlite ", what, ": ", sqlite3_errmsg(db_)));
+  }
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+  int rc_;
+};
+
+absl::Status Done(Statement& stmt) {
+  absl::StatusOr<bool> row = stmt.Step();
+  return row.status();
+}
+
+template <typename Message>
+absl::Status ParseBlob(const std::string& blob, Message& out,
+                       absl::string_view what) {
+  if (!out.ParseFromString(blob)) {
+    return absl::DataLossError(absl::StrCat(
+        "stored ", what,
+        " does not parse; the database is damaged: restore it from a backup"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(
+    const std::string& path) {
+  sqlite3* db = nullptr;
+  const int rc = sqlite3_open_v2(
+      path.c_str(), &db,
+      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+      nullptr);
+  if (rc != SQLITE_OK) {
+    std::string msg = db != nullptr ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return absl::UnavailableError(absl::StrCat(
+        "cannot open database ", path, ": ", msg,
+        "; check that its directory exists and is writable (--db)"));
+  }
+  std::unique_ptr<JobStore> store(new JobStore(db));
+  sqlite3_busy_timeout(db, 5000);
+  if (absl::Status s = store->Exec("PRAGMA journal_mode=WAL;"); !s.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat(path, " is not a usable SQLite database: ", s.message()));
+  }
+  if (absl::Status s = store->Exec("PRAGMA synchronous=NORMAL;"); !s.ok()) {
+    return s;
+  }
+  Statement version(db, "PRAGMA user_version;");
+  if (!version.status().ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        path,
+        " is not a usable SQLite database: ", version.status().message()));
+  }
+  absl::StatusOr<bool> row = version.Step();
+  if (!row.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        path, " is not a SQLite database: ", row.status().message(),
+        "; point --db at a Tandem database or a new file"));
+  }
+  const int64_t found = *row ? version.Int(0) : 0;
+  if (found != 0 && found != kSchemaVersion) {
+    return absl::UnavailableError(absl::StrCat(
+        path, " has schema version ", found, ", this coordinator reads ",
+        kSchemaVersion, "; use a matching coordinator or a new --db"));
+  }
+  if (absl::Status s = store->Exec(kSchema); !s.ok()) return s;
+  if (absl::Status s = store->Exec(
+          absl::StrCat("PRAGMA user_version=", kSchemaVersion, ";").c_str());
+      !s.ok()) {
+    return s;
+  }
+  return store;
+}
+
+JobStore::~JobStore() { sqlite3_close(db_); }
+
+absl::Status JobStore::Exec(const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err != nullptr ? err : "unknown error";
+    sqlite3_free(err);
+    return absl::InternalError(absl::StrCat("sqlite: ", msg));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::PutJob(const v1::Job& job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement stmt(db_,
+                 "INSERT OR REPLACE INTO jobs (id, submitted, state, job) "
+                 "VALUES (?, ?, ?, ?)");
+  if (!stmt.status().ok()) return stmt.status();
+  stmt.Bind(1, job.id())
+      .Bind(2, job.submitted_unix_s())
+      .Bind(3, static_cast<int64_t>(job.state()))
+      .BindBlob(4, job.SerializeAsString());
+  return Done(stmt);
+}
+
+absl::StatusOr<std::vector<v1::Job>> JobStore::LoadJobs() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement stmt(db_, "SELECT job FROM jobs ORDER BY submitted, id");
+  if (!stmt.status().ok()) return stmt.status();
+  std::vector<v1::Job> out;
+  for (;;) {
+    absl::StatusOr<bool> row = stmt.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    v1::Job job;
+    if (absl::Status s = ParseBlob(stmt.Blob(0), job, "job"); !s.ok()) return s;
+    out.push_back(std::move(job));
+  }
+  return out;
+}
+
+absl::Status JobStore::AppendEvent(absl::string_view job_id,
+                                   const v1::JobEvent& event) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement stmt(db_,
+                 "INSERT INTO events (job_id, seq, event) VALUES (?, ?, ?)");
+  if (!stmt.status().ok()) return stmt.status();
+  stmt.Bind(1, job_id)
+      .Bind(2, event.seq())
+      .BindBlob(3, event.SerializeAsString());
+  return Done(stmt);
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> JobStore::LoadEvents(
+    absl::string_view job_id, int64_t after_seq, int64_t limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement stmt(db_,
+                 "SELECT event FROM events WHERE job_id = ? AND seq > ? "
+                 "ORDER BY seq LIMIT ?");
+  if (!stmt.status().ok()) return stmt.status();
+  stmt.Bind(1, job_id).Bind(2, after_seq).Bind(3, limit);
+  std::vector<v1::JobEvent> out;
+  for (;;) {
+    absl::StatusOr<bool> row = stmt.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    v1::JobEvent event;
+    if (absl::Status s = ParseBlob(stmt.Blob(0), event, "event"); !s.ok()) {
+      return s;
+    }
+    out.push_back(std::move(event));
+  }
+  return out;
+}
+
+absl::Status JobStore::PutGraph(absl::string_view job_id,
+                                const v1::Graph& graph) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement stmt(db_,
+                 "INSERT OR REPLACE INTO graphs (job_id, hash, graph) "
+                 "VALUES (?, ?, ?)");
+  if (!stmt.status().ok()) return stmt.status();
+  stmt.Bind(1, job_id)
+      .Bind(2, graph.hash())
+      .BindBlob(3, graph.SerializeAsString());
+  return Done(stmt);
+}
+
+absl::StatusOr<std::optional<v1::Graph>> JobStore::LoadGraph(
+    absl::string_view job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement stmt(db_, "SELECT graph FROM graphs WHERE job_id = ?");
+  if (!stmt.status().ok()) return stmt.status();
+  stmt.Bind(1, job_id);
+  absl::StatusOr<bool> row = stmt.Step();
+  if (!row.ok()) return row.status();
+  if (!*row) return std::optional<v1::Graph>();
+  v1::Graph graph;
+  if (absl::Status s = ParseBlob(stmt.Blob(0), graph, "graph"); !s.ok()) {
+    return s;
+  }
+  return std::optional<v1::Graph>(std::move(graph));
+}
+
+absl::Status JobStore::PutSchedule(absl::string_view job_id,
+                                   const v1::Schedule& schedule,
+                                   int64_t effective_step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement stmt(db_,
+                 "INSERT OR REPLACE INTO schedules "
+                 "(job_id, version, effective_step, schedule) "
+                 "VALUES (?, ?, ?, ?)");
+  if (!stmt.status().ok()) return stmt.status();
+  stmt.Bind(1, job_id)
+      .Bind(2, schedule.version())
+      .Bind(3, effective_step)
+      .BindBlob(4, schedule.SerializeAsString());
+  return Done(stmt);
+}
+
+absl::StatusOr<std::vector<StoredSchedule>> JobStore::LoadSchedules(
+    absl::string_view job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement stmt(db_,
+                 "SELECT schedule, effective_step FROM schedules "
+                 "WHERE job_id = ? ORDER BY version");
+  if (!stmt.status().ok()) return stmt.status();
+  stmt.Bind(1, job_id);
+  std::vector<StoredSchedule> out;
+  for (;;) {
+    absl::StatusOr<bool> row = stmt.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    StoredSchedule s;
+    if (absl::Status st = ParseBlob(stmt.Blob(0), s.schedule, "schedule");
+        !st.ok()) {
+      return st;
+    }
+    s.effective_step = stmt.Int(1);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+absl::Status JobStore::PutWorker(absl::string_view job_id,
+                                 const StoredWorker& worker) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement stmt(db_,
+                 "INSERT OR REPLACE INTO workers "
+                 "(job_id, rank, incarnation, hostname, device) "
+                 "VALUES (?, ?, ?, ?, ?)");
+  if (!stmt.status().ok()) return stmt.status();
+  stmt.Bind(1, job_id)
+      .Bind(2, static_cast<int64_t>(worker.rank))
+      .Bind(3, worker.incarnation)
+      .Bind(4, worker.hostname)
+      .Bind(5, worker.device);
+  return Done(stmt);
+}
+
+absl::StatusOr<std::vector<StoredWorker>> JobStore::LoadWorkers(
+    absl::string_view job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement stmt(db_,
+                 "SELECT rank, incarnation, hostname, device FROM workers "
+                 "WHERE job_id = ? ORDER BY rank");
+  if (!stmt.status().ok()) return stmt.status();
+  stmt.Bind(1, job_id);
+  std::vector<StoredWorker> out;
+  for (;;) {
+    absl::StatusOr<bool> row = stmt.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    out.push_back({static_cast<int32_t>(stmt.Int(0)), stmt.Text(1),
+                   stmt.Text(2), stmt.Text(3)});
+  }
+  return out;
+}
+
+absl::Status JobStore::PutProfile(absl::string_view job_id,
+                                  const v1::Profile& profile) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement stmt(db_,
+                 "INSERT OR REPLACE INTO profiles "
+                 "(job_id, first_iteration, last_iteration, profile) "
+                 "VALUES (?, ?, ?, ?)");
+  if (!stmt.status().ok()) return stmt.status();
+  stmt.Bind(1, job_id)
+      .Bind(2, profile.first_iteration())
+      .Bind(3, profile.last_iteration())
+      .BindBlob(4, profile.SerializeAsString());
+  return Done(stmt);
+}
+
+absl::StatusOr<std::vector<v1::Profile>> JobStore::LoadProfiles(
+    absl::string_view job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement stmt(db_,
+                 "SELECT profile FROM profiles WHERE job_id = ? "
+                 "ORDER BY first_iteration");
+  if (!stmt.status().ok()) return stmt.status();
+  stmt.Bind(1, job_id);
+  std::vector<v1::Profile> out;
+  for (;;) {
+    absl::StatusOr<bool> row = stmt.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    v1::Profile p;
+    if (absl::Status s = ParseBlob(stmt.Blob(0), p, "profile"); !s.ok()) {
+      return s;
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+}  // namespace tandem

@@ -1,0 +1,96 @@
+// Durable state of the coordinator in one SQLite file (WAL): jobs, their
+// events, workers, graphs, every schedule version and profile summaries. A
+// restarted coordinator reloads everything from here and loses nothing that
+// was acknowledged: every write commits before the RPC that caused it answers.
+//
+// Rows hold serialized tandem.v1 messages next to the columns queries need.
+// Thread-safe: one connection, serialized by a mutex (SQLite writes are
+// serialized anyway, and the coordinator writes little: per event, not per
+// iteration).
+#ifndef TANDEM_COORDINATOR_STORE_JOB_STORE_H_
+#define TANDEM_COORDINATOR_STORE_JOB_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "tandem/v1/graph.pb.h"
+#include "tandem/v1/job.pb.h"
+#include "tandem/v1/profile.pb.h"
+#include "tandem/v1/schedule.pb.h"
+
+struct sqlite3;
+
+namespace tandem {
+
+struct StoredSchedule {
+  v1::Schedule schedule;
+  // Step at which every rank switches to it.
+  int64_t effective_step = 0;
+};
+
+struct StoredWorker {
+  int32_t rank = 0;
+  std::string incarnation;
+  std::string hostname;
+  std::string device;
+};
+
+class JobStore {
+ public:
+  // Opens (creating if needed) the database at `path`; ":memory:" for tests.
+  // Errors: Unavailable when the file cannot be opened or is not a Tandem
+  // database of a known schema version (the message names the path).
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(
+      const std::string& path);
+  ~JobStore();
+  JobStore(const JobStore&) = delete;
+  JobStore& operator=(const JobStore&) = delete;
+
+  // Inserts or replaces the job row.
+  absl::Status PutJob(const v1::Job& job);
+  // Every job, oldest first.
+  absl::StatusOr<std::vector<v1::Job>> LoadJobs();
+
+  absl::Status AppendEvent(absl::string_view job_id, const v1::JobEvent& event);
+  // Events with seq > after_seq, in order, at most `limit`.
+  absl::StatusOr<std::vector<v1::JobEvent>> LoadEvents(absl::string_view job_id,
+                                                       int64_t after_seq = 0,
+                                                       int64_t limit = 100000);
+
+  absl::Status PutGraph(absl::string_view job_id, const v1::Graph& graph);
+  absl::StatusOr<std::optional<v1::Graph>> LoadGraph(absl::string_view job_id);
+
+  absl::Status PutSchedule(absl::string_view job_id,
+                           const v1::Schedule& schedule,
+                           int64_t effective_step);
+  // Every version of the job's schedules, oldest first.
+  absl::StatusOr<std::vector<StoredSchedule>> LoadSchedules(
+      absl::string_view job_id);
+
+  absl::Status PutWorker(absl::string_view job_id, const StoredWorker& worker);
+  absl::StatusOr<std::vector<StoredWorker>> LoadWorkers(
+      absl::string_view job_id);
+
+  // The aggregated profile a plan was made from (one row per window).
+  absl::Status PutProfile(absl::string_view job_id, const v1::Profile& profile);
+  absl::StatusOr<std::vector<v1::Profile>> LoadProfiles(
+      absl::string_view job_id);
+
+ private:
+  explicit JobStore(sqlite3* db) : db_(db) {}
+  absl::Status Exec(const char* sql);
+
+  std::mutex mu_;
+  sqlite3* db_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_COORDINATOR_STORE_JOB_STORE_H_

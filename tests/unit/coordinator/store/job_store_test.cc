@@ -1,0 +1,125 @@
+#include "coordinator/store/job_store.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string TempDb(const char* name) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::remove(path.c_str());
+  std::remove((path + "-wal").c_str());
+  std::remove((path + "-shm").c_str());
+  return path;
+}
+
+v1::Job MakeJob(const std::string& id, double submitted) {
+  v1::Job job;
+  job.set_id(id);
+  job.set_submitted_unix_s(submitted);
+  job.set_state(v1::JOB_STATE_RUNNING);
+  job.mutable_spec()->set_name("tiny");
+  job.set_step(7);
+  return job;
+}
+
+TEST(JobStoreTest, Reopen_SameFile_KeepsEverything) {
+  const std::string path = TempDb("reopen.db");
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->PutJob(MakeJob("b", 2)).ok());
+    ASSERT_TRUE((*store)->PutJob(MakeJob("a", 1)).ok());
+    v1::JobEvent e;
+    e.set_seq(1);
+    e.set_kind("state");
+    e.set_message("RUNNING");
+    ASSERT_TRUE((*store)->AppendEvent("a", e).ok());
+    e.set_seq(2);
+    e.set_message("replan");
+    ASSERT_TRUE((*store)->AppendEvent("a", e).ok());
+    v1::Graph g;
+    g.set_name("tiny");
+    g.set_hash("0123456789abcdef");
+    ASSERT_TRUE((*store)->PutGraph("a", g).ok());
+    v1::Schedule s;
+    s.set_version(1);
+    ASSERT_TRUE((*store)->PutSchedule("a", s, 5).ok());
+    s.set_version(2);
+    ASSERT_TRUE((*store)->PutSchedule("a", s, 9).ok());
+    ASSERT_TRUE((*store)->PutWorker("a", {1, "inc-1", "host", "cpu"}).ok());
+    v1::Profile p;
+    p.set_first_iteration(3);
+    p.set_last_iteration(6);
+    ASSERT_TRUE((*store)->PutProfile("a", p).ok());
+  }
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto jobs = (*store)->LoadJobs();
+  ASSERT_TRUE(jobs.ok());
+  ASSERT_EQ(jobs->size(), 2u);
+  EXPECT_EQ((*jobs)[0].id(), "a");  // oldest first
+  EXPECT_EQ((*jobs)[0].step(), 7);
+  auto events = (*store)->LoadEvents("a", 1);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 1u);
+  EXPECT_EQ((*events)[0].message(), "replan");
+  auto graph = (*store)->LoadGraph("a");
+  ASSERT_TRUE(graph.ok() && graph->has_value());
+  EXPECT_EQ((*graph)->hash(), "0123456789abcdef");
+  EXPECT_FALSE((*(*store)->LoadGraph("b")).has_value());
+  auto schedules = (*store)->LoadSchedules("a");
+  ASSERT_EQ(schedules->size(), 2u);
+  EXPECT_EQ((*schedules)[1].schedule.version(), 2);
+  EXPECT_EQ((*schedules)[1].effective_step, 9);
+  auto workers = (*store)->LoadWorkers("a");
+  ASSERT_EQ(workers->size(), 1u);
+  EXPECT_EQ((*workers)[0].incarnation, "inc-1");
+  auto profiles = (*store)->LoadProfiles("a");
+  ASSERT_EQ(profiles->size(), 1u);
+  EXPECT_EQ((*profiles)[0].last_iteration(), 6);
+}
+
+TEST(JobStoreTest, PutJob_SameId_Replaces) {
+  auto store = JobStore::Open(":memory:");
+  ASSERT_TRUE(store.ok());
+  v1::Job job = MakeJob("a", 1);
+  ASSERT_TRUE((*store)->PutJob(job).ok());
+  job.set_state(v1::JOB_STATE_SUCCEEDED);
+  ASSERT_TRUE((*store)->PutJob(job).ok());
+  auto jobs = (*store)->LoadJobs();
+  ASSERT_EQ(jobs->size(), 1u);
+  EXPECT_EQ((*jobs)[0].state(), v1::JOB_STATE_SUCCEEDED);
+}
+
+TEST(JobStoreTest, AppendEvent_DuplicateSeq_Fails) {
+  auto store = JobStore::Open(":memory:");
+  v1::JobEvent e;
+  e.set_seq(1);
+  ASSERT_TRUE((*store)->AppendEvent("a", e).ok());
+  EXPECT_FALSE((*store)->AppendEvent("a", e).ok());
+}
+
+TEST(JobStoreTest, Open_NotADatabase_SaysWhatToDo) {
+  const std::string path = TempDb("garbage.db");
+  std::ofstream(path) << std::string(4096, 'x');
+  auto store = JobStore::Open(path);
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(store.status().message()), HasSubstr(path));
+}
+
+TEST(JobStoreTest, Open_MissingDirectory_NamesFlag) {
+  auto store = JobStore::Open("/nonexistent-dir/x/tandem.db");
+  ASSERT_FALSE(store.ok());
+  EXPECT_THAT(std::string(store.status().message()), HasSubstr("--db"));
+}
+
+}  // namespace
+}  // namespace tandem

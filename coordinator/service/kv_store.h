@@ -1,0 +1,63 @@
+// The rendezvous key-value store the collective backend bootstraps from
+// (c10d's Store semantics: set, blocking get, add, compare-and-set, check,
+// delete, key count). Served by WorkerService so that a worker needs nothing
+// but the coordinator's address. Keys are namespaced per job by the caller.
+//
+// Sizes are bounded so that a misbehaving client cannot exhaust memory: keys
+// up to 1 KiB, values up to 1 MiB, at most 100000 keys.
+#ifndef TANDEM_COORDINATOR_SERVICE_KV_STORE_H_
+#define TANDEM_COORDINATOR_SERVICE_KV_STORE_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace tandem {
+
+class KvStore {
+ public:
+  static constexpr size_t kMaxKeyBytes = 1024;
+  static constexpr size_t kMaxValueBytes = 1 << 20;
+  static constexpr size_t kMaxKeys = 100000;
+
+  // Errors: InvalidArgument for an empty or oversized key or value,
+  // ResourceExhausted when the store is full.
+  absl::Status Set(absl::string_view key, absl::string_view value);
+  // Waits up to `timeout` for the key; nullopt when it never appeared.
+  absl::StatusOr<std::optional<std::string>> Get(
+      absl::string_view key, std::chrono::milliseconds timeout);
+  // Adds `delta` to the integer value of `key` (0 when absent) and returns
+  // the result. FailedPrecondition when the value is not an integer.
+  absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta);
+  // Sets `desired` when the current value equals `expected` (or when the key
+  // is absent and `expected` is empty); returns the value after the call.
+  absl::StatusOr<std::string> CompareSet(absl::string_view key,
+                                         absl::string_view expected,
+                                         absl::string_view desired);
+  bool Check(const std::vector<std::string>& keys) const;
+  bool Delete(absl::string_view key);
+  int64_t NumKeys(absl::string_view prefix) const;
+  // Removes every key with the prefix (a finished job's rendezvous).
+  void DeletePrefix(absl::string_view prefix);
+
+ private:
+  absl::Status CheckSizes(absl::string_view key, absl::string_view value,
+                          bool adds_key) const;
+
+  mutable std::mutex mu_;
+  std::condition_variable changed_;
+  std::map<std::string, std::string, std::less<>> data_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_COORDINATOR_SERVICE_KV_STORE_H_

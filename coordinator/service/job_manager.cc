@@ -1,0 +1,246 @@
+#include "coordinator/service/job_manager.h"
+
+#include <algorithm>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/job/job_spec.h"
+
+namespace tandem {
+namespace {
+
+double NowUnix() {
+  return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+}
+
+// Sortable and unique enough for one coordinator: time then random bits.
+std::string NewJobId(absl::string_view name) {
+  static std::mt19937_64 rng{std::random_device{}()};
+  const int64_t ms = absl::ToUnixMillis(absl::Now());
+  return absl::StrFormat("%s-%x%04x", name, ms, rng() & 0xffff);
+}
+
+}  // namespace
+
+bool IsTerminal(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_CANCELLED;
+}
+
+absl::string_view JobStateName(v1::JobState state) {
+  switch (state) {
+    case v1::JOB_STATE_PENDING:
+      return "PENDING";
+    case v1::JOB_STATE_RUNNING:
+      return "RUNNING";
+    case v1::JOB_STATE_SUCCEEDED:
+      return "SUCCEEDED";
+    case v1::JOB_STATE_FAILED:
+      return "FAILED";
+    case v1::JOB_STATE_CANCELLED:
+      return "CANCELLED";
+    default:
+      return "UNSPECIFIED";
+  }
+}
+
+JobManager::JobManager(JobStore* store) : store_(store) {}
+
+void JobManager::SetStateListener(StateListener listener) {
+  std::lock_guard<std::mutex> lock(mu_);
+  listener_ = std::move(listener);
+}
+
+absl::Status JobManager::Recover() {
+  absl::StatusOr<std::vector<v1::Job>> jobs = store_->LoadJobs();
+  if (!jobs.ok()) return jobs.status();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (v1::Job& job : *jobs) {
+    absl::StatusOr<std::vector<v1::JobEvent>> events =
+        store_->LoadEvents(job.id());
+    if (!events.ok()) return events.status();
+    Record record;
+    record.job = std::move(job);
+    record.events = *std::move(events);
+    const std::string id = record.job.id();
+    jobs_[id] = std::move(record);
+  }
+  return absl::OkStatus();
+}
+
+JobManager::Record* JobManager::Find(absl::string_view job_id) {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+const JobManager::Record* JobManager::Find(absl::string_view job_id) const {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+absl::Status JobManager::NotFound(absl::string_view job_id) const {
+  return absl::NotFoundError(absl::StrCat(
+      "no job '", job_id.substr(0, 128),
+      "' on this coordinator; `tandem list` shows the jobs it knows"));
+}
+
+absl::Status JobManager::AppendLocked(Record& record, absl::string_view kind,
+                                      absl::string_view message) {
+  v1::JobEvent event;
+  event.set_seq(record.events.empty() ? 1 : record.events.back().seq() + 1);
+  event.set_time_unix_s(NowUnix());
+  event.set_kind(std::string(kind));
+  event.set_message(std::string(message));
+  if (absl::Status s = store_->AppendEvent(record.job.id(), event); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = store_->PutJob(record.job); !s.ok()) return s;
+  record.last_persist_unix_s = event.time_unix_s();
+  record.events.push_back(std::move(event));
+  changed_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Job> JobManager::Submit(v1::JobSpec spec) {
+  ApplyJobSpecDefaults(spec);
+  if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  Record record;
+  record.job.set_id(NewJobId(spec.name()));
+  record.job.set_state(v1::JOB_STATE_PENDING);
+  record.job.set_submitted_unix_s(NowUnix());
+  *record.job.mutable_spec() = std::move(spec);
+  const std::string id = record.job.id();
+  if (absl::Status s = AppendLocked(
+          record, "state",
+          absl::StrCat("PENDING: submitted, waiting for ",
+                       record.job.spec().parallel().world_size(), " workers"));
+      !s.ok()) {
+    return s;
+  }
+  v1::Job out = record.job;
+  jobs_[id] = std::move(record);
+  return out;
+}
+
+absl::StatusOr<v1::Job> JobManager::Get(absl::string_view job_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Record* r = Find(job_id);
+  if (r == nullptr) return NotFound(job_id);
+  return r->job;
+}
+
+std::vector<v1::Job> JobManager::List(const std::vector<v1::JobState>& states,
+                                      int limit) const {
+  limit = limit <= 0 ? 1000 : std::min(limit, 1000);
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<v1::Job> out;
+  for (const auto& [id, r] : jobs_) {
+    if (!states.empty() && std::find(states.begin(), states.end(),
+                                     r.job.state()) == states.end()) {
+      continue;
+    }
+    out.push_back(r.job);
+  }
+  std::sort(out.begin(), out.end(), [](const v1::Job& a, const v1::Job& b) {
+    return a.submitted_unix_s() > b.submitted_unix_s();
+  });
+  if (out.size() > static_cast<size_t>(limit)) out.resize(limit);
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> JobManager::Events(
+    absl::string_view job_id, int64_t after_seq) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Record* r = Find(job_id);
+  if (r == nullptr) return NotFound(job_id);
+  std::vector<v1::JobEvent> out;
+  for (const v1::JobEvent& e : r->events) {
+    if (e.seq() > after_seq) out.push_back(e);
+  }
+  return out;
+}
+
+absl::Status JobManager::Transition(absl::string_view job_id,
+                                    v1::JobState state,
+                                    absl::string_view message) {
+  StateListener listener;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Record* r = Find(job_id);
+    if (r == nullptr) return NotFound(job_id);
+    if (IsTerminal(r->job.state())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", job_id, " already ended ", JobStateName(r->job.state()),
+          (r->job.error().empty() ? "" : absl::StrCat(": ", r->job.error())),
+          "; submit it again to rerun"));
+    }
+    if (r->job.state() == state) return absl::OkStatus();
+    r->job.set_state(state);
+    if (state == v1::JOB_STATE_FAILED || state == v1::JOB_STATE_CANCELLED) {
+      r->job.set_error(std::string(message));
+    }
+    if (absl::Status s = AppendLocked(
+            *r, "state", absl::StrCat(JobStateName(state), ": ", message));
+        !s.ok()) {
+      return s;
+    }
+    listener = listener_;
+  }
+  if (listener) listener(std::string(job_id), state);
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::RecordEvent(absl::string_view job_id,
+                                     absl::string_view kind,
+                                     absl::string_view message) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Record* r = Find(job_id);
+  if (r == nullptr) return NotFound(job_id);
+  return AppendLocked(*r, kind, message);
+}
+
+absl::Status JobManager::UpdateProgress(absl::string_view job_id, int64_t step,
+                                        double loss, int64_t schedule_version) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Record* r = Find(job_id);
+  if (r == nullptr) return NotFound(job_id);
+  if (step < r->job.step()) return absl::OkStatus();  // stale report
+  r->job.set_step(step);
+  r->job.set_loss(loss);
+  r->job.set_schedule_version(schedule_version);
+  changed_.notify_all();
+  const double now = NowUnix();
+  if (now - r->last_persist_unix_s >= 1.0) {
+    r->last_persist_unix_s = now;
+    return store_->PutJob(r->job);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> JobManager::WaitForEvents(
+    absl::string_view job_id, int64_t after_seq, const v1::Job& known,
+    std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    Record* r = Find(job_id);
+    if (r == nullptr) return NotFound(job_id);
+    std::vector<v1::JobEvent> out;
+    for (const v1::JobEvent& e : r->events) {
+      if (e.seq() > after_seq) out.push_back(e);
+    }
+    if (!out.empty() || r->job.state() != known.state() ||
+        r->job.step() != known.step()) {
+      return out;
+    }
+    if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      return std::vector<v1::JobEvent>();
+    }
+  }
+}
+
+}  // namespace tandem

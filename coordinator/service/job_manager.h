@@ -1,0 +1,102 @@
+// Jobs and their lifecycle: PENDING -> RUNNING -> SUCCEEDED | FAILED |
+// CANCELLED. Every change is an event, persisted before the call returns, and
+// watchers are woken. No gRPC in here: protos in, status out.
+//
+//   Submit ──> PENDING ──(all ranks registered)──> RUNNING ──> SUCCEEDED
+//                 │                                   │ ├────> FAILED
+//                 └──────────(Cancel)─────────────────┴─┴────> CANCELLED
+//
+// Terminal states are final: a transition out of one fails with
+// FailedPrecondition.
+#ifndef TANDEM_COORDINATOR_SERVICE_JOB_MANAGER_H_
+#define TANDEM_COORDINATOR_SERVICE_JOB_MANAGER_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "coordinator/store/job_store.h"
+#include "tandem/v1/job.pb.h"
+
+namespace tandem {
+
+bool IsTerminal(v1::JobState state);
+// "PENDING", "RUNNING", ...
+absl::string_view JobStateName(v1::JobState state);
+
+class JobManager {
+ public:
+  // Called (outside the manager's lock) after every state change.
+  using StateListener =
+      std::function<void(const std::string& job_id, v1::JobState state)>;
+
+  // `store` must outlive the manager.
+  explicit JobManager(JobStore* store);
+  JobManager(const JobManager&) = delete;
+  JobManager& operator=(const JobManager&) = delete;
+
+  // Loads every job and its events from the store (after a restart).
+  absl::Status Recover();
+  void SetStateListener(StateListener listener);
+
+  // Applies defaults, validates (InvalidArgument with field-level messages),
+  // assigns an id and stores the job as PENDING.
+  absl::StatusOr<v1::Job> Submit(v1::JobSpec spec);
+  // NotFound names the id and suggests `tandem list`.
+  absl::StatusOr<v1::Job> Get(absl::string_view job_id) const;
+  // Newest first; `limit` is capped at 1000.
+  std::vector<v1::Job> List(const std::vector<v1::JobState>& states,
+                            int limit) const;
+  absl::StatusOr<std::vector<v1::JobEvent>> Events(absl::string_view job_id,
+                                                   int64_t after_seq) const;
+
+  // Moves the job to `state`, recording `message` as a "state" event; `error`
+  // is kept on the job for FAILED and CANCELLED. NotFound, or
+  // FailedPrecondition for a job already ended.
+  absl::Status Transition(absl::string_view job_id, v1::JobState state,
+                          absl::string_view message);
+  // Appends an event of `kind` (e.g. "schedule", "replan", "worker").
+  absl::Status RecordEvent(absl::string_view job_id, absl::string_view kind,
+                           absl::string_view message);
+  // Rank 0's progress. Not persisted on every call: the job row is written
+  // at most once a second, and on every event.
+  absl::Status UpdateProgress(absl::string_view job_id, int64_t step,
+                              double loss, int64_t schedule_version);
+
+  // Blocks until the job has events after `after_seq`, its state or step
+  // differs from `known`'s, or `timeout` passes; returns the new events.
+  absl::StatusOr<std::vector<v1::JobEvent>> WaitForEvents(
+      absl::string_view job_id, int64_t after_seq, const v1::Job& known,
+      std::chrono::milliseconds timeout);
+
+ private:
+  struct Record {
+    v1::Job job;
+    std::vector<v1::JobEvent> events;
+    double last_persist_unix_s = 0;
+  };
+  Record* Find(absl::string_view job_id);
+  const Record* Find(absl::string_view job_id) const;
+  absl::Status NotFound(absl::string_view job_id) const;
+  // Appends an event and persists it and the job row. Requires mu_.
+  absl::Status AppendLocked(Record& record, absl::string_view kind,
+                            absl::string_view message);
+
+  JobStore* store_;
+  mutable std::mutex mu_;
+  std::condition_variable changed_;
+  std::map<std::string, Record, std::less<>> jobs_;
+  StateListener listener_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_COORDINATOR_SERVICE_JOB_MANAGER_H_

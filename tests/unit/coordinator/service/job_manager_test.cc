@@ -1,0 +1,131 @@
+#include "coordinator/service/job_manager.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+namespace tandem {
+namespace {
+
+using namespace std::chrono_literals;
+using ::testing::HasSubstr;
+
+v1::JobSpec TinySpec() {
+  v1::JobSpec spec;
+  spec.set_name("tiny");
+  spec.mutable_model()->set_preset("tiny-llama");
+  spec.mutable_batch()->set_micro_batch(2);
+  spec.mutable_batch()->set_seq_len(16);
+  spec.mutable_train()->set_steps(5);
+  spec.mutable_parallel()->set_world_size(2);
+  return spec;
+}
+
+class JobManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto store = JobStore::Open(":memory:");
+    ASSERT_TRUE(store.ok());
+    store_ = *std::move(store);
+    manager_ = std::make_unique<JobManager>(store_.get());
+  }
+  std::unique_ptr<JobStore> store_;
+  std::unique_ptr<JobManager> manager_;
+};
+
+TEST_F(JobManagerTest, Submit_ValidSpec_IsPendingWithEvent) {
+  auto job = manager_->Submit(TinySpec());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_PENDING);
+  EXPECT_THAT(job->id(), ::testing::StartsWith("tiny-"));
+  EXPECT_EQ(job->spec().parallel().zero_stage(), 3);  // defaults applied
+  auto events = manager_->Events(job->id(), 0);
+  ASSERT_EQ(events->size(), 1u);
+  EXPECT_THAT((*events)[0].message(), HasSubstr("waiting for 2 workers"));
+}
+
+TEST_F(JobManagerTest, Submit_InvalidSpec_FieldLevelError) {
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_parallel()->set_world_size(-1);
+  auto job = manager_->Submit(spec);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(job.status().message()),
+              HasSubstr("parallel.world_size must be >= 1"));
+  EXPECT_TRUE(manager_->List({}, 0).empty());
+}
+
+TEST_F(JobManagerTest, Transition_Lifecycle_RecordsEventsAndEnds) {
+  auto job = manager_->Submit(TinySpec());
+  std::vector<v1::JobState> seen;
+  manager_->SetStateListener(
+      [&](const std::string&, v1::JobState s) { seen.push_back(s); });
+  ASSERT_TRUE(manager_
+                  ->Transition(job->id(), v1::JOB_STATE_RUNNING,
+                               "all 2 workers registered")
+                  .ok());
+  ASSERT_TRUE(
+      manager_->Transition(job->id(), v1::JOB_STATE_FAILED, "rank 1 lost")
+          .ok());
+  const absl::Status again =
+      manager_->Transition(job->id(), v1::JOB_STATE_SUCCEEDED, "done");
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(again.message()), HasSubstr("already ended FAILED"));
+  EXPECT_EQ(seen, (std::vector<v1::JobState>{v1::JOB_STATE_RUNNING,
+                                             v1::JOB_STATE_FAILED}));
+  EXPECT_EQ(manager_->Get(job->id())->error(), "rank 1 lost");
+  EXPECT_EQ(manager_->Events(job->id(), 0)->size(), 3u);
+}
+
+TEST_F(JobManagerTest, Recover_AfterRestart_KeepsJobsAndEvents) {
+  auto job = manager_->Submit(TinySpec());
+  ASSERT_TRUE(manager_->RecordEvent(job->id(), "schedule", "v1").ok());
+  JobManager restarted(store_.get());
+  ASSERT_TRUE(restarted.Recover().ok());
+  auto got = restarted.Get(job->id());
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->spec().name(), "tiny");
+  auto events = restarted.Events(job->id(), 1);
+  ASSERT_EQ(events->size(), 1u);
+  EXPECT_EQ((*events)[0].message(), "v1");
+}
+
+TEST_F(JobManagerTest, Get_UnknownJob_SaysHowToFindJobs) {
+  auto job = manager_->Get("nope");
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(job.status().message()), HasSubstr("tandem list"));
+}
+
+TEST_F(JobManagerTest, List_FiltersByStateNewestFirst) {
+  auto a = manager_->Submit(TinySpec());
+  std::this_thread::sleep_for(5ms);
+  auto b = manager_->Submit(TinySpec());
+  ASSERT_TRUE(
+      manager_->Transition(a->id(), v1::JOB_STATE_CANCELLED, "user").ok());
+  auto all = manager_->List({}, 10);
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].id(), b->id());
+  auto cancelled = manager_->List({v1::JOB_STATE_CANCELLED}, 10);
+  ASSERT_EQ(cancelled.size(), 1u);
+  EXPECT_EQ(cancelled[0].id(), a->id());
+}
+
+TEST_F(JobManagerTest, WaitForEvents_WakesOnProgressAndEvents) {
+  auto job = manager_->Submit(TinySpec());
+  std::thread t([&] {
+    std::this_thread::sleep_for(30ms);
+    ASSERT_TRUE(manager_->UpdateProgress(job->id(), 3, 2.5, 0).ok());
+  });
+  auto events = manager_->WaitForEvents(job->id(), 1, *job, 5000ms);
+  t.join();
+  ASSERT_TRUE(events.ok());
+  EXPECT_TRUE(events->empty());
+  EXPECT_EQ(manager_->Get(job->id())->step(), 3);
+  // Nothing new: times out.
+  auto none =
+      manager_->WaitForEvents(job->id(), 1, *manager_->Get(job->id()), 20ms);
+  EXPECT_TRUE(none->empty());
+}
+
+}  // namespace
+}  // namespace tandem

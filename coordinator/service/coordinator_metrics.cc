@@ -1,0 +1,47 @@
+#include "coordinator/service/coordinator_metrics.h"
+
+#include "common/status_macros.h"
+
+namespace tandem {
+
+absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(
+    metrics::Registry& registry) {
+  auto m = std::make_unique<CoordinatorMetrics>();
+  ASSIGN_OR_RETURN(
+      m->jobs, registry.AddGauge("tandem_jobs", "Jobs by state.", {"state"}));
+  ASSIGN_OR_RETURN(m->workers_connected,
+                   registry.AddGauge("tandem_workers_connected",
+                                     "Workers with an open session.", {"job"}));
+  ASSIGN_OR_RETURN(
+      m->replans,
+      registry.AddCounter("tandem_replans_total",
+                          "Schedules planned, by reason (initial, drift, "
+                          "memory, reoptimize).",
+                          {"job", "reason"}));
+  ASSIGN_OR_RETURN(m->drift_score,
+                   registry.AddGauge("tandem_drift_score",
+                                     "Relative deviation of the measured "
+                                     "iteration time from the prediction.",
+                                     {"job"}));
+  ASSIGN_OR_RETURN(
+      m->pass_seconds,
+      registry.AddHistogram("tandem_planning_pass_seconds",
+                            "Wall time of each planning pass.", {"pass"},
+                            metrics::ExponentialBuckets(1e-5, 4, 10)));
+  ASSIGN_OR_RETURN(m->predicted_iteration_seconds,
+                   registry.AddGauge("tandem_predicted_iteration_seconds",
+                                     "Iteration time the active schedule "
+                                     "predicts.",
+                                     {"job"}));
+  ASSIGN_OR_RETURN(m->measured_iteration_seconds,
+                   registry.AddGauge("tandem_measured_iteration_seconds",
+                                     "Latest measured iteration time (slowest "
+                                     "rank).",
+                                     {"job"}));
+  ASSIGN_OR_RETURN(m->schedule_version,
+                   registry.AddGauge("tandem_schedule_version",
+                                     "Active schedule version.", {"job"}));
+  return m;
+}
+
+}  // namespace tandem

@@ -1,0 +1,35 @@
+// The coordinator's Prometheus series, created once on a Registry and handed
+// to the managers (a null pointer disables metrics, as in unit tests).
+#ifndef TANDEM_COORDINATOR_SERVICE_COORDINATOR_METRICS_H_
+#define TANDEM_COORDINATOR_SERVICE_COORDINATOR_METRICS_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "common/metrics/metrics_registry.h"
+
+namespace tandem {
+
+struct CoordinatorMetrics {
+  // {state}
+  metrics::Family<metrics::Gauge>* jobs;
+  // {job}
+  metrics::Family<metrics::Gauge>* workers_connected;
+  // {job, reason}
+  metrics::Family<metrics::Counter>* replans;
+  // {job}
+  metrics::Family<metrics::Gauge>* drift_score;
+  // {pass}
+  metrics::Family<metrics::Histogram>* pass_seconds;
+  // {job}
+  metrics::Family<metrics::Gauge>* predicted_iteration_seconds;
+  metrics::Family<metrics::Gauge>* measured_iteration_seconds;
+  metrics::Family<metrics::Gauge>* schedule_version;
+
+  static absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> Create(
+      metrics::Registry& registry);
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_COORDINATOR_SERVICE_COORDINATOR_METRICS_H_

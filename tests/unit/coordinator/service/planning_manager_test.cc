@@ -1,0 +1,196 @@
+#include "coordinator/service/planning_manager.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <limits>
+
+#include "common/ir/proto_convert.h"
+#include "common/job/job_spec.h"
+#include "common/models/graph_builder.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+
+v1::JobSpec Spec() {
+  v1::JobSpec spec;
+  spec.set_name("tiny");
+  spec.mutable_model()->set_preset("llama");
+  spec.mutable_model()->set_layers(2);
+  spec.mutable_model()->set_d_model(64);
+  spec.mutable_model()->set_heads(4);
+  spec.mutable_model()->set_ffn(128);
+  spec.mutable_model()->set_vocab(256);
+  spec.mutable_batch()->set_micro_batch(2);
+  spec.mutable_batch()->set_seq_len(16);
+  spec.mutable_train()->set_steps(50);
+  spec.mutable_parallel()->set_world_size(2);
+  spec.mutable_optimize()->set_warmup_steps(2);
+  spec.mutable_optimize()->set_drift_window(3);
+  return spec;
+}
+
+class PlanningManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store_ = *JobStore::Open(":memory:");
+    jobs_ = std::make_unique<JobManager>(store_.get());
+    planning_ =
+        std::make_unique<PlanningManager>(jobs_.get(), store_.get(), nullptr);
+    planning_->SetPublisher(
+        [this](const std::string& job, const v1::ScheduleUpdate& update) {
+          published_.push_back(update);
+        });
+    job_ = *jobs_->Submit(Spec());
+    v1::JobSpec spec = job_.spec();
+    graph_ = *BuildModelGraph(*ModelConfigFromJobSpec(spec));
+  }
+
+  v1::GraphReport Report(bool with_graph) {
+    v1::GraphReport r;
+    r.set_graph_hash(graph_.StructuralHash());
+    if (with_graph) *r.mutable_graph() = ToProto(graph_);
+    return r;
+  }
+
+  v1::Profile MakeProfile(int rank, int64_t first, int64_t last,
+                          int64_t version, double scale = 1.0) {
+    Profile p;
+    p.graph_hash = graph_.StructuralHash();
+    p.rank = rank;
+    p.schedule_version = version;
+    p.first_iteration = first;
+    p.last_iteration = last;
+    p.iteration_s = 0.05 * scale;
+    for (const Node& n : graph_.nodes) {
+      p.nodes.push_back({n.id, 1e-3 * scale, 2});
+    }
+    return ToProto(p);
+  }
+
+  void SendWindow(int64_t first, int64_t last, int64_t version,
+                  double scale = 1.0) {
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(planning_
+                      ->OnProfile(job_.id(), r,
+                                  MakeProfile(r, first, last, version, scale))
+                      .ok());
+    }
+    planning_->Drain();
+  }
+
+  std::unique_ptr<JobStore> store_;
+  std::unique_ptr<JobManager> jobs_;
+  std::unique_ptr<PlanningManager> planning_;
+  v1::Job job_;
+  Graph graph_;
+  std::vector<v1::ScheduleUpdate> published_;
+};
+
+TEST_F(PlanningManagerTest, FirstWindowAfterWarmup_PlansAndPublishesV1) {
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 1, Report(false)).ok());
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  v1::IterationProgress progress;
+  progress.set_step(1);
+  planning_->OnProgress(job_.id(), 0, progress);
+  SendWindow(0, 1, 0);
+  ASSERT_EQ(published_.size(), 1u);
+  const v1::ScheduleUpdate& u = published_[0];
+  EXPECT_EQ(u.schedule().version(), 1);
+  EXPECT_EQ(u.schedule().graph_hash(), graph_.StructuralHash());
+  EXPECT_EQ(u.schedule().provenance().reason(), "initial");
+  EXPECT_EQ(u.effective_step(), 1 + PlanningManager::kSwitchLeadSteps);
+  EXPECT_GT(u.schedule().actions_size(), 0);
+  auto stored = store_->LoadSchedules(job_.id());
+  ASSERT_EQ(stored->size(), 1u);
+  auto got = planning_->GetSchedule(job_.id(), 0);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->schedule.version(), 1);
+  auto events = jobs_->Events(job_.id(), 0);
+  EXPECT_THAT(events->back().message(), HasSubstr("v1 (initial)"));
+}
+
+TEST_F(PlanningManagerTest, HalfAWindow_DoesNotPlan) {
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  ASSERT_TRUE(planning_->OnProfile(job_.id(), 0, MakeProfile(0, 0, 1, 0)).ok());
+  planning_->Drain();
+  EXPECT_TRUE(published_.empty());
+}
+
+TEST_F(PlanningManagerTest, SustainedDrift_ReplansWithReason) {
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  SendWindow(0, 1, 0);
+  ASSERT_EQ(published_.size(), 1u);
+  planning_->OnScheduleActive(job_.id(), 1);
+  const double predicted = published_[0].schedule().prediction().iteration_s();
+  for (int step = 3; step < 6; ++step) {
+    for (int r = 0; r < 2; ++r) {
+      v1::IterationProgress p;
+      p.set_step(step);
+      p.set_schedule_version(1);
+      p.set_iteration_s(predicted * 3);  // much slower than planned
+      planning_->OnProgress(job_.id(), r, p);
+    }
+  }
+  EXPECT_THAT(jobs_->Events(job_.id(), 0)->back().message(),
+              HasSubstr("drift at step 5"));
+  SendWindow(3, 5, 1, 3.0);
+  ASSERT_EQ(published_.size(), 2u);
+  EXPECT_EQ(published_[1].schedule().version(), 2);
+  EXPECT_EQ(published_[1].schedule().provenance().reason(), "drift");
+}
+
+TEST_F(PlanningManagerTest, Reoptimize_BeforeProfile_SaysWhen) {
+  auto v = planning_->RequestReplan(job_.id(), "");
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(v.status().message()), HasSubstr("warm-up"));
+}
+
+TEST_F(PlanningManagerTest, Reoptimize_AfterProfile_PlansNextVersion) {
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  SendWindow(0, 1, 0);
+  auto v = planning_->RequestReplan(job_.id(), "");
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(*v, 2);
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 2u);
+  EXPECT_EQ(published_[1].schedule().provenance().reason(), "reoptimize");
+}
+
+TEST_F(PlanningManagerTest, HashMismatch_FailsTheJob) {
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  v1::GraphReport other;
+  other.set_graph_hash("00000000deadbeef");
+  const absl::Status s = planning_->OnGraph(job_.id(), 1, other);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("rank 1 built graph 00000000deadbeef"));
+  EXPECT_EQ(jobs_->Get(job_.id())->state(), v1::JOB_STATE_FAILED);
+}
+
+TEST_F(PlanningManagerTest, MalformedProfiles_AreRejectedAndChangeNothing) {
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  v1::Profile nan = MakeProfile(0, 0, 1, 0);
+  nan.mutable_nodes(0)->set_time_s(std::numeric_limits<double>::quiet_NaN());
+  EXPECT_EQ(planning_->OnProfile(job_.id(), 0, nan).code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::Profile other = MakeProfile(0, 0, 1, 0);
+  other.set_graph_hash("0123456789abcdef");
+  EXPECT_THAT(std::string(planning_->OnProfile(job_.id(), 0, other).message()),
+              HasSubstr("measured on graph 0123456789abcdef"));
+  v1::Profile huge = MakeProfile(0, 0, 1, 0);
+  for (int i = 0; i < PlanningManager::kMaxProfileEntries; ++i) {
+    huge.add_memory()->set_node_id(0);
+  }
+  EXPECT_THAT(std::string(planning_->OnProfile(job_.id(), 0, huge).message()),
+              HasSubstr("send shorter windows"));
+  // Rank 1 alone completes nothing: the rejected rank-0 profiles never counted.
+  ASSERT_TRUE(planning_->OnProfile(job_.id(), 1, MakeProfile(1, 0, 1, 0)).ok());
+  planning_->Drain();
+  EXPECT_TRUE(published_.empty());
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,419 @@
+#include "coordinator/service/worker_manager.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace tandem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string RankRef(int32_t rank, const std::string& hostname) {
+  return hostname.empty() ? absl::StrCat("rank ", rank)
+                          : absl::StrCat("rank ", rank, " (", hostname, ")");
+}
+
+}  // namespace
+
+WorkerManager::WorkerManager(JobManager* jobs, JobStore* store,
+                             PlanningManager* planning, KvStore* kv,
+                             CoordinatorMetrics* metrics, Options options)
+    : jobs_(jobs),
+      store_(store),
+      planning_(planning),
+      kv_(kv),
+      metrics_(metrics),
+      options_(options) {
+  watcher_ = std::thread([this] { WatchLoop(); });
+}
+
+WorkerManager::~WorkerManager() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  stop_cv_.notify_all();
+  watcher_.join();
+}
+
+std::string WorkerManager::StorePrefix(const std::string& job_id) {
+  return absl::StrCat("jobs/", job_id, "/");
+}
+
+WorkerManager::JobWorkers& WorkerManager::Workers(const v1::Job& job) {
+  JobWorkers& w = jobs_workers_[job.id()];
+  w.world = job.spec().parallel().world_size();
+  w.total_steps = job.spec().train().steps();
+  return w;
+}
+
+absl::Status WorkerManager::Recover() {
+  const auto now = Clock::now();
+  for (const v1::Job& job : jobs_->List({}, 1000)) {
+    if (IsTerminal(job.state())) continue;
+    absl::StatusOr<std::vector<StoredWorker>> workers =
+        store_->LoadWorkers(job.id());
+    if (!workers.ok()) return workers.status();
+    std::lock_guard<std::mutex> lock(mu_);
+    JobWorkers& w = Workers(job);
+    w.announced_version = job.schedule_version();
+    for (const StoredWorker& sw : *workers) {
+      Rank& r = w.ranks[sw.rank];
+      r.incarnation = sw.incarnation;
+      r.hostname = sw.hostname;
+      r.device = sw.device;
+      r.last_seen = now;
+      r.step = job.step();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::RegisterResponse> WorkerManager::Register(
+    const v1::RegisterRequest& request) {
+  absl::StatusOr<v1::Job> job = jobs_->Get(request.job_id());
+  if (!job.ok()) return job.status();
+  if (IsTerminal(job->state())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job->id(), " already ended ", JobStateName(job->state()),
+        job->error().empty() ? "" : absl::StrCat(" (", job->error(), ")"),
+        "; this worker should exit"));
+  }
+  if (request.incarnation().empty() || request.incarnation().size() > 128) {
+    return absl::InvalidArgumentError(
+        "incarnation must be 1..128 characters: a random id per worker "
+        "process");
+  }
+  const int32_t world = job->spec().parallel().world_size();
+  if (request.requested_rank() < -1 || request.requested_rank() >= world) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "requested rank ", request.requested_rank(), " is outside [0, ", world,
+        ") for job ", job->id(), "; use -1 to let the coordinator assign one"));
+  }
+  int32_t rank = -1;
+  bool all_registered = false;
+  bool restarted = false;
+  std::string restart_msg;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    JobWorkers& w = Workers(*job);
+    for (const auto& [r, info] : w.ranks) {
+      if (info.incarnation == request.incarnation()) rank = r;
+    }
+    if (rank < 0) {
+      if (request.requested_rank() >= 0) {
+        rank = request.requested_rank();
+        auto it = w.ranks.find(rank);
+        if (it != w.ranks.end()) {
+          if (job->state() == v1::JOB_STATE_RUNNING) {
+            restarted = true;
+            restart_msg = absl::StrCat(
+                RankRef(rank, it->second.hostname), " restarted (incarnation ",
+                it->second.incarnation, " -> ", request.incarnation(),
+                "): its shards are lost; resubmit the job to resume from "
+                "its last checkpoint");
+          } else if (it->second.session != 0) {
+            return absl::AlreadyExistsError(absl::StrCat(
+                "rank ", rank, " of job ", job->id(),
+                " belongs to a connected worker on ", it->second.hostname,
+                "; give each worker its own rank"));
+          }
+        }
+      } else {
+        for (int32_t r = 0; r < world && rank < 0; ++r) {
+          if (w.ranks.find(r) == w.ranks.end()) rank = r;
+        }
+        if (rank < 0) {
+          return absl::ResourceExhaustedError(
+              absl::StrCat("job ", job->id(), " has all ", world,
+                           " ranks registered; this worker is one too many"));
+        }
+      }
+    }
+    if (!restarted) {
+      Rank& r = w.ranks[rank];
+      r.incarnation = request.incarnation();
+      r.hostname = request.hostname();
+      r.device = request.device();
+      r.last_seen = Clock::now();
+      all_registered = static_cast<int32_t>(w.ranks.size()) == world;
+    }
+  }
+  if (restarted) {
+    (void)jobs_->Transition(job->id(), v1::JOB_STATE_FAILED, restart_msg);
+    return absl::FailedPreconditionError(restart_msg);
+  }
+  if (absl::Status s = store_->PutWorker(
+          job->id(),
+          {rank, request.incarnation(), request.hostname(), request.device()});
+      !s.ok()) {
+    return s;
+  }
+  if (all_registered && job->state() == v1::JOB_STATE_PENDING) {
+    (void)jobs_->Transition(job->id(), v1::JOB_STATE_RUNNING,
+                            absl::StrCat("all ", world, " workers registered"));
+  }
+  v1::RegisterResponse response;
+  response.set_rank(rank);
+  response.set_world_size(world);
+  response.set_incarnation(request.incarnation());
+  *response.mutable_spec() = job->spec();
+  response.set_store_prefix(StorePrefix(job->id()));
+  return response;
+}
+
+absl::StatusOr<int64_t> WorkerManager::OpenSession(
+    const v1::SessionHello& hello, std::shared_ptr<SessionSink> sink) {
+  absl::StatusOr<v1::Job> job = jobs_->Get(hello.job_id());
+  if (!job.ok()) return job.status();
+  int64_t id = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    JobWorkers& w = Workers(*job);
+    auto it = w.ranks.find(hello.rank());
+    if (it == w.ranks.end() || it->second.incarnation != hello.incarnation()) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("unknown worker: rank ", hello.rank(),
+                       " with incarnation '", hello.incarnation().substr(0, 64),
+                       "' is not registered for job ", job->id(),
+                       "; call Register first (a restarted worker registers "
+                       "anew)"));
+    }
+    if (it->second.session != 0) sessions_.erase(it->second.session);
+    id = next_session_++;
+    sessions_[id] = {job->id(), hello.rank()};
+    it->second.session = id;
+    it->second.sink = sink;
+    it->second.last_seen = Clock::now();
+    it->second.step = std::max(it->second.step, hello.step());
+    UpdateConnectedMetric(job->id(), w);
+  }
+  if (IsTerminal(job->state())) {
+    v1::CoordinatorMessage stop;
+    stop.mutable_command()->set_kind(v1::Command::KIND_STOP);
+    stop.mutable_command()->set_reason(absl::StrCat(
+        "job ended ", JobStateName(job->state()), ": ", job->error()));
+    sink->Send(stop);
+    return id;
+  }
+  // A worker that missed schedules while away gets the newest one.
+  absl::StatusOr<StoredSchedule> latest = planning_->GetSchedule(job->id(), 0);
+  if (latest.ok() && latest->schedule.version() > hello.schedule_version()) {
+    v1::CoordinatorMessage update;
+    *update.mutable_schedule()->mutable_schedule() = latest->schedule;
+    update.mutable_schedule()->set_effective_step(latest->effective_step);
+    sink->Send(update);
+  }
+  return id;
+}
+
+void WorkerManager::CloseSession(int64_t session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) return;
+  auto jw = jobs_workers_.find(it->second.job_id);
+  if (jw != jobs_workers_.end()) {
+    auto r = jw->second.ranks.find(it->second.rank);
+    if (r != jw->second.ranks.end() && r->second.session == session) {
+      r->second.session = 0;
+      r->second.sink.reset();
+    }
+    UpdateConnectedMetric(it->second.job_id, jw->second);
+  }
+  sessions_.erase(it);
+}
+
+absl::Status WorkerManager::OnMessage(int64_t session,
+                                      const v1::WorkerMessage& message) {
+  std::string job_id;
+  int32_t rank = 0;
+  std::string hostname;
+  int32_t world = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sessions_.find(session);
+    if (it == sessions_.end()) {
+      return absl::FailedPreconditionError(
+          "session is closed; open a new one with a hello");
+    }
+    job_id = it->second.job_id;
+    rank = it->second.rank;
+    Rank& r = jobs_workers_[job_id].ranks[rank];
+    r.last_seen = Clock::now();
+    hostname = r.hostname;
+    world = jobs_workers_[job_id].world;
+  }
+  switch (message.payload_case()) {
+    case v1::WorkerMessage::kHeartbeat:
+      return absl::OkStatus();
+    case v1::WorkerMessage::kGraph:
+      return planning_->OnGraph(job_id, rank, message.graph());
+    case v1::WorkerMessage::kProfile:
+      return planning_->OnProfile(job_id, rank, message.profile());
+    case v1::WorkerMessage::kProgress: {
+      const v1::IterationProgress& p = message.progress();
+      if (!std::isfinite(p.iteration_s()) || p.iteration_s() < 0 ||
+          p.step() < 0 || p.peak_bytes() < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("progress from rank ", rank,
+                         " has a negative or non-finite step, time or peak"));
+      }
+      bool all_done = false;
+      int64_t total = 0;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        JobWorkers& w = jobs_workers_[job_id];
+        Rank& r = w.ranks[rank];
+        r.step = std::max(r.step, p.step());
+        total = w.total_steps;
+        if (p.step() >= w.total_steps) r.done = true;
+        all_done = static_cast<int32_t>(w.ranks.size()) == w.world;
+        for (const auto& [_, other] : w.ranks)
+          all_done = all_done && other.done;
+      }
+      if (rank == 0) {
+        (void)jobs_->UpdateProgress(job_id, p.step(), p.loss(),
+                                    p.schedule_version());
+      }
+      planning_->OnProgress(job_id, rank, p);
+      if (all_done) {
+        (void)jobs_->Transition(
+            job_id, v1::JOB_STATE_SUCCEEDED,
+            absl::StrCat("all ", world, " ranks finished ", total, " steps"));
+      }
+      return absl::OkStatus();
+    }
+    case v1::WorkerMessage::kApplied: {
+      const v1::ScheduleApplied& a = message.applied();
+      bool all = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        JobWorkers& w = jobs_workers_[job_id];
+        w.ranks[rank].applied_version = a.version();
+        all = a.version() > w.announced_version &&
+              static_cast<int32_t>(w.ranks.size()) == w.world;
+        for (const auto& [_, other] : w.ranks) {
+          all = all && other.applied_version >= a.version();
+        }
+        if (all) w.announced_version = a.version();
+      }
+      if (all) {
+        (void)jobs_->RecordEvent(
+            job_id, "schedule",
+            absl::StrCat("v", a.version(), " active on all ", world,
+                         " ranks from step ", a.step()));
+        planning_->OnScheduleActive(job_id, a.version());
+      }
+      return absl::OkStatus();
+    }
+    case v1::WorkerMessage::kError: {
+      const v1::WorkerError& e = message.error();
+      const std::string text = absl::StrCat(RankRef(rank, hostname), ": ",
+                                            e.message().substr(0, 4096));
+      if (e.fatal()) {
+        (void)jobs_->Transition(job_id, v1::JOB_STATE_FAILED, text);
+      } else {
+        (void)jobs_->RecordEvent(job_id, "worker", text);
+      }
+      return absl::OkStatus();
+    }
+    case v1::WorkerMessage::kHello:
+      return absl::InvalidArgumentError(
+          "hello is only the first message of a session");
+    default:
+      return absl::InvalidArgumentError(
+          "empty worker message: set one payload");
+  }
+}
+
+void WorkerManager::Broadcast(const std::string& job_id,
+                              const v1::CoordinatorMessage& message) {
+  std::vector<std::shared_ptr<SessionSink>> sinks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = jobs_workers_.find(job_id);
+    if (it == jobs_workers_.end()) return;
+    for (auto& [_, r] : it->second.ranks) {
+      if (r.sink) sinks.push_back(r.sink);
+    }
+  }
+  for (auto& sink : sinks) sink->Send(message);
+}
+
+void WorkerManager::OnJobEnded(const std::string& job_id, v1::JobState state) {
+  absl::StatusOr<v1::Job> job = jobs_->Get(job_id);
+  v1::CoordinatorMessage stop;
+  stop.mutable_command()->set_kind(v1::Command::KIND_STOP);
+  stop.mutable_command()->set_reason(absl::StrCat(
+      "job ", job_id, " ended ", JobStateName(state),
+      job.ok() && !job->error().empty() ? absl::StrCat(": ", job->error())
+                                        : ""));
+  Broadcast(job_id, stop);
+  kv_->DeletePrefix(StorePrefix(job_id));
+}
+
+void WorkerManager::UpdateConnectedMetric(const std::string& job_id,
+                                          const JobWorkers& w) {
+  if (metrics_ == nullptr) return;
+  int connected = 0;
+  for (const auto& [_, r] : w.ranks) connected += r.session != 0;
+  metrics_->workers_connected->WithLabels({job_id}).Set(connected);
+}
+
+void WorkerManager::WatchLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_cv_.wait_for(lock, options_.watch_interval,
+                            [&] { return stop_; })) {
+    const auto now = Clock::now();
+    std::vector<std::pair<std::string, std::string>> failures;
+    for (auto& [job_id, w] : jobs_workers_) {
+      for (auto& [rank, r] : w.ranks) {
+        if (r.done) continue;
+        const auto silent = now - r.last_seen;
+        if (silent > options_.heartbeat_timeout) {
+          failures.emplace_back(
+              job_id,
+              absl::StrFormat(
+                  "%s missed heartbeats for %.1f s (timeout %.1f "
+                  "s): the worker died or lost its connection",
+                  RankRef(rank, r.hostname),
+                  std::chrono::duration<double>(silent).count(),
+                  std::chrono::duration<double>(options_.heartbeat_timeout)
+                      .count()));
+          break;
+        }
+      }
+    }
+    lock.unlock();
+    for (const auto& [job_id, message] : failures) {
+      absl::StatusOr<v1::Job> job = jobs_->Get(job_id);
+      if (job.ok() && job->state() == v1::JOB_STATE_RUNNING) {
+        (void)jobs_->Transition(job_id, v1::JOB_STATE_FAILED, message);
+      }
+    }
+    lock.lock();
+    // Finished jobs need no watching.
+    for (auto it = jobs_workers_.begin(); it != jobs_workers_.end();) {
+      absl::StatusOr<v1::Job> job = jobs_->Get(it->first);
+      if (!job.ok() || IsTerminal(job->state())) {
+        bool connected = false;
+        for (const auto& [_, r] : it->second.ranks) {
+          connected = connected || r.session != 0;
+        }
+        if (!connected) {
+          it = jobs_workers_.erase(it);
+          continue;
+        }
+        for (auto& [_, r] : it->second.ranks) r.done = true;
+      }
+      ++it;
+    }
+  }
+}
+
+}  // namespace tandem

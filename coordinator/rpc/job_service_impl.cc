@@ -1,0 +1,145 @@
+#include "coordinator/rpc/job_service_impl.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/ir/proto_convert.h"
+#include "common/ir/text_format.h"
+#include "coordinator/rpc/status_util.h"
+
+namespace tandem {
+namespace {
+
+grpc::Status CheckJobId(const std::string& id) {
+  if (id.empty() || id.size() > 256) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "job_id must be 1..256 characters; `tandem list` "
+                        "shows the ids");
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+grpc::Status JobServiceImpl::Submit(grpc::ServerContext*,
+                                    const v1::SubmitJobRequest* request,
+                                    v1::SubmitJobResponse* response) {
+  absl::StatusOr<v1::Job> job = jobs_->Submit(request->spec());
+  if (!job.ok()) return ToGrpc(job.status());
+  *response->mutable_job() = *std::move(job);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::Get(grpc::ServerContext*,
+                                 const v1::GetJobRequest* request,
+                                 v1::GetJobResponse* response) {
+  if (grpc::Status s = CheckJobId(request->job_id()); !s.ok()) return s;
+  absl::StatusOr<v1::Job> job = jobs_->Get(request->job_id());
+  if (!job.ok()) return ToGrpc(job.status());
+  absl::StatusOr<std::vector<v1::JobEvent>> events =
+      jobs_->Events(request->job_id(), 0);
+  if (!events.ok()) return ToGrpc(events.status());
+  *response->mutable_job() = *std::move(job);
+  for (v1::JobEvent& e : *events) *response->add_events() = std::move(e);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::List(grpc::ServerContext*,
+                                  const v1::ListJobsRequest* request,
+                                  v1::ListJobsResponse* response) {
+  std::vector<v1::JobState> states;
+  for (int s : request->states())
+    states.push_back(static_cast<v1::JobState>(s));
+  for (v1::Job& job : jobs_->List(states, request->limit())) {
+    *response->add_jobs() = std::move(job);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::Cancel(grpc::ServerContext*,
+                                    const v1::CancelJobRequest* request,
+                                    v1::CancelJobResponse* response) {
+  if (grpc::Status s = CheckJobId(request->job_id()); !s.ok()) return s;
+  const std::string reason = request->reason().empty()
+                                 ? "cancelled by the user"
+                                 : request->reason().substr(0, 1024);
+  if (absl::Status s =
+          jobs_->Transition(request->job_id(), v1::JOB_STATE_CANCELLED, reason);
+      !s.ok()) {
+    return ToGrpc(s);
+  }
+  absl::StatusOr<v1::Job> job = jobs_->Get(request->job_id());
+  if (!job.ok()) return ToGrpc(job.status());
+  *response->mutable_job() = *std::move(job);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::Reoptimize(grpc::ServerContext*,
+                                        const v1::ReoptimizeRequest* request,
+                                        v1::ReoptimizeResponse* response) {
+  if (grpc::Status s = CheckJobId(request->job_id()); !s.ok()) return s;
+  absl::StatusOr<int64_t> version =
+      planning_->RequestReplan(request->job_id(), "reoptimize");
+  if (!version.ok()) return ToGrpc(version.status());
+  if (!request->reason().empty()) {
+    (void)jobs_->RecordEvent(request->job_id(), "replan",
+                             absl::StrCat("re-optimize requested: ",
+                                          request->reason().substr(0, 1024)));
+  }
+  response->set_next_version(*version);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::Watch(
+    grpc::ServerContext* context, const v1::WatchJobRequest* request,
+    grpc::ServerWriter<v1::WatchJobResponse>* writer) {
+  if (grpc::Status s = CheckJobId(request->job_id()); !s.ok()) return s;
+  absl::StatusOr<v1::Job> job = jobs_->Get(request->job_id());
+  if (!job.ok()) return ToGrpc(job.status());
+  int64_t after = request->after_seq();
+  v1::WatchJobResponse first;
+  *first.mutable_job() = *job;
+  if (!writer->Write(first)) return grpc::Status::OK;
+  v1::Job known = *job;
+  while (!context->IsCancelled()) {
+    absl::StatusOr<std::vector<v1::JobEvent>> events = jobs_->WaitForEvents(
+        request->job_id(), after, known, std::chrono::milliseconds(500));
+    if (!events.ok()) return ToGrpc(events.status());
+    absl::StatusOr<v1::Job> now = jobs_->Get(request->job_id());
+    if (!now.ok()) return ToGrpc(now.status());
+    if (events->empty() && now->step() != known.step()) {
+      v1::WatchJobResponse progress;
+      *progress.mutable_job() = *now;
+      if (!writer->Write(progress)) return grpc::Status::OK;
+    }
+    for (const v1::JobEvent& e : *events) {
+      v1::WatchJobResponse update;
+      *update.mutable_job() = *now;
+      *update.mutable_event() = e;
+      if (!writer->Write(update)) return grpc::Status::OK;
+      after = e.seq();
+    }
+    known = *now;
+    if (IsTerminal(known.state()) && events->empty()) break;
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::GetSchedule(grpc::ServerContext*,
+                                         const v1::GetScheduleRequest* request,
+                                         v1::GetScheduleResponse* response) {
+  if (grpc::Status s = CheckJobId(request->job_id()); !s.ok()) return s;
+  if (absl::StatusOr<v1::Job> job = jobs_->Get(request->job_id()); !job.ok()) {
+    return ToGrpc(job.status());
+  }
+  absl::StatusOr<StoredSchedule> stored =
+      planning_->GetSchedule(request->job_id(), request->version());
+  if (!stored.ok()) return ToGrpc(stored.status());
+  absl::StatusOr<Schedule> ir = FromProto(stored->schedule);
+  if (!ir.ok()) return ToGrpc(ir.status());
+  *response->mutable_schedule() = stored->schedule;
+  response->set_text(PrintSchedule(*ir));
+  return grpc::Status::OK;
+}
+
+}  // namespace tandem

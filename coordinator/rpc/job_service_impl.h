@@ -1,0 +1,48 @@
+// JobService over gRPC: maps each RPC onto the job and planning managers.
+// Handlers validate request sizes; everything else is the managers' logic.
+#ifndef TANDEM_COORDINATOR_RPC_JOB_SERVICE_IMPL_H_
+#define TANDEM_COORDINATOR_RPC_JOB_SERVICE_IMPL_H_
+
+#include "coordinator/service/job_manager.h"
+#include "coordinator/service/planning_manager.h"
+#include "tandem/v1/job_service.grpc.pb.h"
+
+namespace tandem {
+
+class JobServiceImpl final : public v1::JobService::Service {
+ public:
+  JobServiceImpl(JobManager* jobs, PlanningManager* planning)
+      : jobs_(jobs), planning_(planning) {}
+
+  grpc::Status Submit(grpc::ServerContext* context,
+                      const v1::SubmitJobRequest* request,
+                      v1::SubmitJobResponse* response) override;
+  grpc::Status Get(grpc::ServerContext* context,
+                   const v1::GetJobRequest* request,
+                   v1::GetJobResponse* response) override;
+  grpc::Status List(grpc::ServerContext* context,
+                    const v1::ListJobsRequest* request,
+                    v1::ListJobsResponse* response) override;
+  grpc::Status Cancel(grpc::ServerContext* context,
+                      const v1::CancelJobRequest* request,
+                      v1::CancelJobResponse* response) override;
+  grpc::Status Reoptimize(grpc::ServerContext* context,
+                          const v1::ReoptimizeRequest* request,
+                          v1::ReoptimizeResponse* response) override;
+  // Streams the job and every event (replaying those after after_seq) until
+  // the job ends or the client hangs up.
+  grpc::Status Watch(grpc::ServerContext* context,
+                     const v1::WatchJobRequest* request,
+                     grpc::ServerWriter<v1::WatchJobResponse>* writer) override;
+  grpc::Status GetSchedule(grpc::ServerContext* context,
+                           const v1::GetScheduleRequest* request,
+                           v1::GetScheduleResponse* response) override;
+
+ private:
+  JobManager* jobs_;
+  PlanningManager* planning_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_COORDINATOR_RPC_JOB_SERVICE_IMPL_H_

@@ -1,0 +1,419 @@
+// The coordinator over real gRPC on loopback: a server on port 0, clients and
+// fake workers speaking the protocol.
+#include "coordinator/rpc/coordinator_server.h"
+
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <limits>
+#include <thread>
+
+#include "common/ir/proto_convert.h"
+#include "common/job/job_spec.h"
+#include "common/models/graph_builder.h"
+#include "tandem/v1/job_service.grpc.pb.h"
+#include "tandem/v1/worker_service.grpc.pb.h"
+
+namespace tandem {
+namespace {
+
+using namespace std::chrono_literals;
+using ::testing::HasSubstr;
+
+v1::JobSpec Spec() {
+  v1::JobSpec spec;
+  spec.set_name("tiny");
+  spec.mutable_model()->set_preset("llama");
+  spec.mutable_model()->set_layers(2);
+  spec.mutable_model()->set_d_model(64);
+  spec.mutable_model()->set_heads(4);
+  spec.mutable_model()->set_ffn(128);
+  spec.mutable_model()->set_vocab(256);
+  spec.mutable_batch()->set_micro_batch(2);
+  spec.mutable_batch()->set_seq_len(16);
+  spec.mutable_train()->set_steps(6);
+  spec.mutable_parallel()->set_world_size(2);
+  spec.mutable_optimize()->set_warmup_steps(2);
+  return spec;
+}
+
+std::string TempDb(const char* name) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    std::remove((path + suffix).c_str());
+  }
+  return path;
+}
+
+// One worker process as the coordinator sees it: registration and a session
+// stream, driven by the test.
+class FakeWorker {
+ public:
+  FakeWorker(std::shared_ptr<grpc::Channel> channel, std::string job_id,
+             std::string incarnation)
+      : stub_(v1::WorkerService::NewStub(channel)),
+        job_id_(std::move(job_id)),
+        incarnation_(std::move(incarnation)) {}
+
+  grpc::Status Register(int rank) {
+    grpc::ClientContext ctx;
+    v1::RegisterRequest req;
+    req.set_job_id(job_id_);
+    req.set_incarnation(incarnation_);
+    req.set_hostname("host-" + incarnation_);
+    req.set_requested_rank(rank);
+    grpc::Status s = stub_->Register(&ctx, req, &registered_);
+    return s;
+  }
+
+  void Connect(int64_t version = 0) {
+    ctx_ = std::make_unique<grpc::ClientContext>();
+    stream_ = stub_->Session(ctx_.get());
+    v1::WorkerMessage hello;
+    hello.mutable_hello()->set_job_id(job_id_);
+    hello.mutable_hello()->set_rank(registered_.rank());
+    hello.mutable_hello()->set_incarnation(incarnation_);
+    hello.mutable_hello()->set_schedule_version(version);
+    ASSERT_TRUE(stream_->Write(hello));
+    reader_ = std::thread([this] {
+      v1::CoordinatorMessage m;
+      while (stream_->Read(&m)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        received_.push_back(m);
+        cv_.notify_all();
+      }
+    });
+  }
+
+  void Send(const v1::WorkerMessage& m) { ASSERT_TRUE(stream_->Write(m)); }
+
+  // Waits for a downstream message matching `pred`.
+  std::optional<v1::CoordinatorMessage> WaitFor(
+      std::function<bool(const v1::CoordinatorMessage&)> pred,
+      std::chrono::milliseconds timeout = 10s) {
+    std::unique_lock<std::mutex> lock(mu_);
+    std::optional<v1::CoordinatorMessage> found;
+    cv_.wait_for(lock, timeout, [&] {
+      for (const auto& m : received_) {
+        if (pred(m)) {
+          found = m;
+          return true;
+        }
+      }
+      return false;
+    });
+    return found;
+  }
+
+  grpc::Status Disconnect() {
+    stream_->WritesDone();
+    grpc::Status s = stream_->Finish();
+    if (reader_.joinable()) reader_.join();
+    return s;
+  }
+
+  ~FakeWorker() {
+    if (reader_.joinable()) {
+      ctx_->TryCancel();
+      reader_.join();
+    }
+  }
+
+  int rank() const { return registered_.rank(); }
+  v1::WorkerService::Stub& stub() { return *stub_; }
+
+ private:
+  std::unique_ptr<v1::WorkerService::Stub> stub_;
+  std::string job_id_;
+  std::string incarnation_;
+  v1::RegisterResponse registered_;
+  std::unique_ptr<grpc::ClientContext> ctx_;
+  std::unique_ptr<
+      grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>>
+      stream_;
+  std::thread reader_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<v1::CoordinatorMessage> received_;
+};
+
+class CoordinatorServerTest : public ::testing::Test {
+ protected:
+  void StartServer(const std::string& db) {
+    CoordinatorOptions options;
+    options.listen = "127.0.0.1:0";
+    options.db = db;
+    options.metrics_listen = "127.0.0.1:0";
+    auto server = CoordinatorServer::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    channel_ =
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(server_->port()),
+                            grpc::InsecureChannelCredentials());
+    jobs_ = v1::JobService::NewStub(channel_);
+  }
+
+  v1::Job Submit(const v1::JobSpec& spec) {
+    grpc::ClientContext ctx;
+    v1::SubmitJobRequest req;
+    *req.mutable_spec() = spec;
+    v1::SubmitJobResponse resp;
+    grpc::Status s = jobs_->Submit(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp.job();
+  }
+
+  v1::Job Get(const std::string& id) {
+    grpc::ClientContext ctx;
+    v1::GetJobRequest req;
+    req.set_job_id(id);
+    v1::GetJobResponse resp;
+    EXPECT_TRUE(jobs_->Get(&ctx, req, &resp).ok());
+    return resp.job();
+  }
+
+  static Graph GraphOf(const v1::Job& job) {
+    return *BuildModelGraph(*ModelConfigFromJobSpec(job.spec()));
+  }
+
+  static v1::WorkerMessage ProfileMessage(const Graph& g, int rank,
+                                          int64_t first, int64_t last) {
+    Profile p;
+    p.graph_hash = g.StructuralHash();
+    p.rank = rank;
+    p.first_iteration = first;
+    p.last_iteration = last;
+    p.iteration_s = 0.05;
+    for (const Node& n : g.nodes) p.nodes.push_back({n.id, 1e-3, 2});
+    v1::WorkerMessage m;
+    *m.mutable_profile() = ToProto(p);
+    return m;
+  }
+
+  std::unique_ptr<CoordinatorServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::JobService::Stub> jobs_;
+};
+
+TEST_F(CoordinatorServerTest, Submit_InvalidSpec_FieldLevelError) {
+  StartServer(TempDb("invalid.db"));
+  v1::JobSpec spec = Spec();
+  spec.mutable_parallel()->set_world_size(0);
+  spec.mutable_parallel()->set_zero_stage(3);
+  grpc::ClientContext ctx;
+  v1::SubmitJobRequest req;
+  *req.mutable_spec() = spec;
+  req.mutable_spec()->mutable_batch()->set_seq_len(-4);
+  v1::SubmitJobResponse resp;
+  grpc::Status s = jobs_->Submit(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("batch.seq_len must be >= 1, got -4"));
+}
+
+TEST_F(CoordinatorServerTest,
+       Job_FromSubmitToSucceeded_WithScheduleOverStream) {
+  StartServer(TempDb("lifecycle.db"));
+  const v1::Job job = Submit(Spec());
+  const Graph graph = GraphOf(job);
+  FakeWorker w0(channel_, job.id(), "inc-0"), w1(channel_, job.id(), "inc-1");
+  ASSERT_TRUE(w0.Register(-1).ok());
+  ASSERT_TRUE(w1.Register(-1).ok());
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_RUNNING);
+  w0.Connect();
+  w1.Connect();
+
+  v1::WorkerMessage graph_msg;
+  graph_msg.mutable_graph()->set_graph_hash(graph.StructuralHash());
+  *graph_msg.mutable_graph()->mutable_graph() = ToProto(graph);
+  w0.Send(graph_msg);
+  graph_msg.mutable_graph()->clear_graph();
+  w1.Send(graph_msg);
+
+  // A NaN profile is refused and the session goes on.
+  v1::WorkerMessage bad = ProfileMessage(graph, 0, 0, 1);
+  bad.mutable_profile()->mutable_nodes(0)->set_time_s(
+      std::numeric_limits<double>::quiet_NaN());
+  w0.Send(bad);
+  auto rejected = w0.WaitFor(
+      [](const v1::CoordinatorMessage& m) { return m.has_rejected(); });
+  ASSERT_TRUE(rejected.has_value());
+  EXPECT_EQ(rejected->rejected().payload(), "profile");
+  EXPECT_THAT(rejected->rejected().message(), HasSubstr("profile from rank 0"));
+
+  w0.Send(ProfileMessage(graph, 0, 0, 1));
+  w1.Send(ProfileMessage(graph, 1, 0, 1));
+  auto is_schedule = [](const v1::CoordinatorMessage& m) {
+    return m.has_schedule();
+  };
+  auto s0 = w0.WaitFor(is_schedule);
+  auto s1 = w1.WaitFor(is_schedule);
+  ASSERT_TRUE(s0.has_value());
+  ASSERT_TRUE(s1.has_value());
+  EXPECT_EQ(s0->schedule().schedule().version(), 1);
+  EXPECT_EQ(s0->schedule().effective_step(), s1->schedule().effective_step());
+
+  {
+    grpc::ClientContext ctx;
+    v1::GetScheduleRequest req;
+    req.set_job_id(job.id());
+    v1::GetScheduleResponse resp;
+    ASSERT_TRUE(jobs_->GetSchedule(&ctx, req, &resp).ok());
+    EXPECT_THAT(resp.text(),
+                HasSubstr("schedule v1 graph=" + graph.StructuralHash()));
+  }
+  for (FakeWorker* w : {&w0, &w1}) {
+    v1::WorkerMessage applied;
+    applied.mutable_applied()->set_version(1);
+    applied.mutable_applied()->set_step(3);
+    w->Send(applied);
+  }
+  // Watch from the start in the background while the job finishes.
+  std::vector<v1::WatchJobResponse> watched;
+  std::thread watcher([&] {
+    grpc::ClientContext ctx;
+    v1::WatchJobRequest req;
+    req.set_job_id(job.id());
+    auto reader = jobs_->Watch(&ctx, req);
+    v1::WatchJobResponse r;
+    while (reader->Read(&r)) watched.push_back(r);
+    EXPECT_TRUE(reader->Finish().ok());
+  });
+  for (int step = 1; step <= 6; ++step) {
+    for (FakeWorker* w : {&w0, &w1}) {
+      v1::WorkerMessage p;
+      p.mutable_progress()->set_step(step);
+      p.mutable_progress()->set_loss(5.0 - step * 0.1);
+      p.mutable_progress()->set_iteration_s(0.05);
+      p.mutable_progress()->set_schedule_version(step >= 3 ? 1 : 0);
+      w->Send(p);
+    }
+  }
+  auto stop = w0.WaitFor([](const v1::CoordinatorMessage& m) {
+    return m.has_command() && m.command().kind() == v1::Command::KIND_STOP;
+  });
+  ASSERT_TRUE(stop.has_value());
+  watcher.join();
+  EXPECT_TRUE(w0.Disconnect().ok());
+  EXPECT_TRUE(w1.Disconnect().ok());
+
+  const v1::Job done = Get(job.id());
+  EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.step(), 6);
+  ASSERT_FALSE(watched.empty());
+  EXPECT_EQ(watched.back().job().state(), v1::JOB_STATE_SUCCEEDED);
+  bool saw_active = false;
+  for (const auto& r : watched) {
+    saw_active |= r.event().message().find("v1 active on all 2 ranks") !=
+                  std::string::npos;
+  }
+  EXPECT_TRUE(saw_active);
+}
+
+TEST_F(CoordinatorServerTest, Restart_SameDb_KeepsJobsSchedulesAndWorkers) {
+  const std::string db = TempDb("restart.db");
+  StartServer(db);
+  const v1::Job job = Submit(Spec());
+  const Graph graph = GraphOf(job);
+  {
+    FakeWorker w0(channel_, job.id(), "inc-0"), w1(channel_, job.id(), "inc-1");
+    ASSERT_TRUE(w0.Register(0).ok());
+    ASSERT_TRUE(w1.Register(1).ok());
+    w0.Connect();
+    w1.Connect();
+    v1::WorkerMessage graph_msg;
+    *graph_msg.mutable_graph()->mutable_graph() = ToProto(graph);
+    w0.Send(graph_msg);
+    w0.Send(ProfileMessage(graph, 0, 0, 1));
+    w1.Send(ProfileMessage(graph, 1, 0, 1));
+    ASSERT_TRUE(w0.WaitFor(
+        [](const v1::CoordinatorMessage& m) { return m.has_schedule(); }));
+  }
+  server_.reset();  // the coordinator goes away
+  StartServer(db);
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_RUNNING);
+  // The same workers come back: re-register with their incarnations, and
+  // a worker still on the baseline gets v1 on reconnect.
+  FakeWorker w1(channel_, job.id(), "inc-1");
+  ASSERT_TRUE(w1.Register(1).ok());
+  EXPECT_EQ(w1.rank(), 1);
+  w1.Connect(/*version=*/0);
+  auto s = w1.WaitFor(
+      [](const v1::CoordinatorMessage& m) { return m.has_schedule(); });
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->schedule().schedule().version(), 1);
+  // A stranger is refused.
+  FakeWorker stranger(channel_, job.id(), "inc-9");
+  EXPECT_EQ(stranger.Register(1).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST_F(CoordinatorServerTest, Session_UnknownWorker_IsRefused) {
+  StartServer(TempDb("unknown.db"));
+  const v1::Job job = Submit(Spec());
+  auto stub = v1::WorkerService::NewStub(channel_);
+  grpc::ClientContext ctx;
+  auto stream = stub->Session(&ctx);
+  v1::WorkerMessage hello;
+  hello.mutable_hello()->set_job_id(job.id());
+  hello.mutable_hello()->set_rank(0);
+  hello.mutable_hello()->set_incarnation("never-registered");
+  ASSERT_TRUE(stream->Write(hello));
+  stream->WritesDone();
+  grpc::Status s = stream->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(s.error_message(), HasSubstr("unknown worker"));
+}
+
+TEST_F(CoordinatorServerTest, Kv_RendezvousOverGrpc) {
+  StartServer(TempDb("kv.db"));
+  auto stub = v1::WorkerService::NewStub(channel_);
+  std::thread setter([&] {
+    std::this_thread::sleep_for(50ms);
+    grpc::ClientContext ctx;
+    v1::KvSetRequest req;
+    req.set_key("jobs/x/addr");
+    req.set_value("10.0.0.1:29500");
+    v1::KvSetResponse resp;
+    EXPECT_TRUE(stub->KvSet(&ctx, req, &resp).ok());
+  });
+  grpc::ClientContext ctx;
+  v1::KvGetRequest req;
+  req.set_key("jobs/x/addr");
+  req.set_timeout_ms(5000);
+  v1::KvGetResponse resp;
+  ASSERT_TRUE(stub->KvGet(&ctx, req, &resp).ok());
+  setter.join();
+  EXPECT_TRUE(resp.found());
+  EXPECT_EQ(resp.value(), "10.0.0.1:29500");
+}
+
+TEST_F(CoordinatorServerTest, Cancel_TwiceAndUnknown_ClearErrors) {
+  StartServer(TempDb("cancel.db"));
+  const v1::Job job = Submit(Spec());
+  v1::CancelJobRequest req;
+  req.set_job_id(job.id());
+  v1::CancelJobResponse resp;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(jobs_->Cancel(&ctx, req, &resp).ok());
+    EXPECT_EQ(resp.job().state(), v1::JOB_STATE_CANCELLED);
+  }
+  {
+    grpc::ClientContext ctx;
+    grpc::Status s = jobs_->Cancel(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_THAT(s.error_message(), HasSubstr("already ended CANCELLED"));
+  }
+  {
+    grpc::ClientContext ctx;
+    req.set_job_id("nope");
+    grpc::Status s = jobs_->Cancel(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+}
+
+}  // namespace
+}  // namespace tandem

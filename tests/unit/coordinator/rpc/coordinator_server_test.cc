@@ -141,11 +141,11 @@ class FakeWorker {
 
 class CoordinatorServerTest : public ::testing::Test {
  protected:
-  void StartServer(const std::string& db) {
+  void StartServer(const std::string& db, bool with_metrics = false) {
     CoordinatorOptions options;
     options.listen = "127.0.0.1:0";
     options.db = db;
-    options.metrics_listen = "127.0.0.1:0";
+    if (with_metrics) options.metrics_listen = "127.0.0.1:0";
     auto server = CoordinatorServer::Start(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
@@ -215,7 +215,8 @@ TEST_F(CoordinatorServerTest, Submit_InvalidSpec_FieldLevelError) {
 
 TEST_F(CoordinatorServerTest,
        Job_FromSubmitToSucceeded_WithScheduleOverStream) {
-  StartServer(TempDb("lifecycle.db"));
+  StartServer(TempDb("lifecycle.db"), /*with_metrics=*/true);
+  EXPECT_GT(server_->metrics_port(), 0);
   const v1::Job job = Submit(Spec());
   const Graph graph = GraphOf(job);
   FakeWorker w0(channel_, job.id(), "inc-0"), w1(channel_, job.id(), "inc-1");

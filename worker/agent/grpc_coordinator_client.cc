@@ -1,0 +1,184 @@
+#include "worker/agent/grpc_coordinator_client.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+
+GrpcCoordinatorClient::GrpcCoordinatorClient(
+    const std::string& address, std::chrono::milliseconds rpc_timeout)
+    : address_(address), rpc_timeout_(rpc_timeout) {
+  grpc::ChannelArguments args;
+  // Reconnect quickly when the coordinator comes back.
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetMaxReceiveMessageSize(64 << 20);
+  channel_ = grpc::CreateCustomChannel(
+      address, grpc::InsecureChannelCredentials(), args);
+  stub_ = v1::WorkerService::NewStub(channel_);
+}
+
+GrpcCoordinatorClient::~GrpcCoordinatorClient() { CloseSession(); }
+
+void GrpcCoordinatorClient::Deadline(grpc::ClientContext& ctx,
+                                     std::chrono::milliseconds extra) const {
+  ctx.set_deadline(std::chrono::system_clock::now() + rpc_timeout_ + extra);
+}
+
+absl::Status GrpcCoordinatorClient::Annotate(const grpc::Status& s) const {
+  if (s.ok()) return absl::OkStatus();
+  std::string msg = s.error_message();
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    msg = absl::StrCat("coordinator at ", address_, " is unreachable (", msg,
+                       "); is tandem-coordinator running there?");
+  }
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), msg);
+}
+
+absl::StatusOr<v1::RegisterResponse> GrpcCoordinatorClient::Register(
+    const v1::RegisterRequest& request) {
+  grpc::ClientContext ctx;
+  Deadline(ctx);
+  v1::RegisterResponse response;
+  grpc::Status s = stub_->Register(&ctx, request, &response);
+  if (!s.ok()) return Annotate(s);
+  return response;
+}
+
+absl::Status GrpcCoordinatorClient::OpenSession(
+    const v1::WorkerMessage& hello,
+    std::function<void(const v1::CoordinatorMessage&)> on_message,
+    std::function<void(const absl::Status&)> on_closed) {
+  CloseSession();
+  std::lock_guard<std::mutex> lock(mu_);
+  session_ctx_ = std::make_unique<grpc::ClientContext>();
+  session_ = stub_->Session(session_ctx_.get());
+  if (!session_->Write(hello)) {
+    grpc::Status s = session_->Finish();
+    session_.reset();
+    session_ctx_.reset();
+    return s.ok() ? absl::UnavailableError(absl::StrCat(
+                        "coordinator at ", address_, " closed the session"))
+                  : Annotate(s);
+  }
+  auto* stream = session_.get();
+  reader_ = std::thread([this, stream, on_message = std::move(on_message),
+                         on_closed = std::move(on_closed)] {
+    v1::CoordinatorMessage message;
+    while (stream->Read(&message)) on_message(message);
+    on_closed(Annotate(stream->Finish()));
+  });
+  return absl::OkStatus();
+}
+
+absl::Status GrpcCoordinatorClient::Send(const v1::WorkerMessage& message) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (session_ == nullptr || !session_->Write(message)) {
+    return absl::UnavailableError(
+        absl::StrCat("no session with the coordinator at ", address_));
+  }
+  return absl::OkStatus();
+}
+
+void GrpcCoordinatorClient::CloseSession() {
+  std::thread reader;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (session_ctx_ != nullptr) session_ctx_->TryCancel();
+    reader = std::move(reader_);
+  }
+  if (reader.joinable()) reader.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  session_.reset();
+  session_ctx_.reset();
+}
+
+absl::Status GrpcCoordinatorClient::KvSet(const std::string& key,
+                                          const std::string& value) {
+  grpc::ClientContext ctx;
+  Deadline(ctx);
+  v1::KvSetRequest req;
+  req.set_key(key);
+  req.set_value(value);
+  v1::KvSetResponse resp;
+  return Annotate(stub_->KvSet(&ctx, req, &resp));
+}
+
+absl::StatusOr<std::optional<std::string>> GrpcCoordinatorClient::KvGet(
+    const std::string& key, std::chrono::milliseconds timeout) {
+  grpc::ClientContext ctx;
+  Deadline(ctx, timeout);
+  v1::KvGetRequest req;
+  req.set_key(key);
+  req.set_timeout_ms(timeout.count());
+  v1::KvGetResponse resp;
+  grpc::Status s = stub_->KvGet(&ctx, req, &resp);
+  if (!s.ok()) return Annotate(s);
+  if (!resp.found()) return std::optional<std::string>();
+  return std::optional<std::string>(resp.value());
+}
+
+absl::StatusOr<int64_t> GrpcCoordinatorClient::KvAdd(const std::string& key,
+                                                     int64_t delta) {
+  grpc::ClientContext ctx;
+  Deadline(ctx);
+  v1::KvAddRequest req;
+  req.set_key(key);
+  req.set_delta(delta);
+  v1::KvAddResponse resp;
+  grpc::Status s = stub_->KvAdd(&ctx, req, &resp);
+  if (!s.ok()) return Annotate(s);
+  return resp.value();
+}
+
+absl::StatusOr<std::string> GrpcCoordinatorClient::KvCompareSet(
+    const std::string& key, const std::string& expected,
+    const std::string& desired) {
+  grpc::ClientContext ctx;
+  Deadline(ctx);
+  v1::KvCompareSetRequest req;
+  req.set_key(key);
+  req.set_expected(expected);
+  req.set_desired(desired);
+  v1::KvCompareSetResponse resp;
+  grpc::Status s = stub_->KvCompareSet(&ctx, req, &resp);
+  if (!s.ok()) return Annotate(s);
+  return resp.value();
+}
+
+absl::StatusOr<bool> GrpcCoordinatorClient::KvCheck(
+    const std::vector<std::string>& keys) {
+  grpc::ClientContext ctx;
+  Deadline(ctx);
+  v1::KvCheckRequest req;
+  for (const std::string& k : keys) req.add_keys(k);
+  v1::KvCheckResponse resp;
+  grpc::Status s = stub_->KvCheck(&ctx, req, &resp);
+  if (!s.ok()) return Annotate(s);
+  return resp.ready();
+}
+
+absl::StatusOr<bool> GrpcCoordinatorClient::KvDelete(const std::string& key) {
+  grpc::ClientContext ctx;
+  Deadline(ctx);
+  v1::KvDeleteRequest req;
+  req.set_key(key);
+  v1::KvDeleteResponse resp;
+  grpc::Status s = stub_->KvDelete(&ctx, req, &resp);
+  if (!s.ok()) return Annotate(s);
+  return resp.deleted();
+}
+
+absl::StatusOr<int64_t> GrpcCoordinatorClient::KvNumKeys(
+    const std::string& prefix) {
+  grpc::ClientContext ctx;
+  Deadline(ctx);
+  v1::KvNumKeysRequest req;
+  req.set_prefix(prefix);
+  v1::KvNumKeysResponse resp;
+  grpc::Status s = stub_->KvNumKeys(&ctx, req, &resp);
+  if (!s.ok()) return Annotate(s);
+  return resp.count();
+}
+
+}  // namespace tandem

@@ -1,0 +1,254 @@
+#include "worker/agent/worker_agent.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <random>
+
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace tandem {
+
+std::string NewIncarnation() {
+  std::random_device rd;
+  std::mt19937_64 rng((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                      static_cast<uint64_t>(getpid()));
+  return absl::StrFormat("%016x", rng());
+}
+
+WorkerAgent::WorkerAgent(CoordinatorClient* client, Options options)
+    : client_(client),
+      options_(std::move(options)),
+      incarnation_(NewIncarnation()) {}
+
+WorkerAgent::~WorkerAgent() { Shutdown(); }
+
+absl::StatusOr<v1::RegisterResponse> WorkerAgent::Register() {
+  v1::RegisterRequest request;
+  request.set_job_id(options_.job_id);
+  request.set_incarnation(incarnation_);
+  request.set_hostname(options_.hostname);
+  request.set_requested_rank(options_.requested_rank);
+  request.set_device(options_.device);
+  const auto deadline =
+      std::chrono::steady_clock::now() + options_.register_timeout;
+  auto backoff = std::chrono::milliseconds(200);
+  for (;;) {
+    absl::StatusOr<v1::RegisterResponse> response = client_->Register(request);
+    if (response.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      rank_ = response->rank();
+      state_ = State::kRegistered;
+      return response;
+    }
+    if (response.status().code() != absl::StatusCode::kUnavailable &&
+        response.status().code() != absl::StatusCode::kDeadlineExceeded) {
+      return response.status();
+    }
+    if (std::chrono::steady_clock::now() + backoff > deadline) {
+      return response.status();
+    }
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
+  }
+}
+
+absl::Status WorkerAgent::Start() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ != State::kRegistered) {
+      return absl::FailedPreconditionError("Start() needs Register() first");
+    }
+  }
+  absl::Status s = Connect();
+  if (!s.ok() && s.code() != absl::StatusCode::kUnavailable) return s;
+  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  return absl::OkStatus();
+}
+
+void WorkerAgent::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutdown_) return;
+    shutdown_ = true;
+  }
+  wake_.notify_all();
+  if (heartbeat_.joinable()) heartbeat_.join();
+  client_->CloseSession();
+}
+
+absl::Status WorkerAgent::Connect() {
+  v1::WorkerMessage hello;
+  std::optional<v1::WorkerMessage> graph;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hello.mutable_hello()->set_job_id(options_.job_id);
+    hello.mutable_hello()->set_rank(rank_);
+    hello.mutable_hello()->set_incarnation(incarnation_);
+    hello.mutable_hello()->set_schedule_version(schedule_version_);
+    hello.mutable_hello()->set_step(step_);
+    graph = graph_;
+  }
+  absl::Status s = client_->OpenSession(
+      hello, [this](const v1::CoordinatorMessage& m) { OnMessage(m); },
+      [this](const absl::Status& status) { OnClosed(status); });
+  if (!s.ok()) return s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ != State::kStopped) state_ = State::kConnected;
+  }
+  if (graph.has_value()) (void)client_->Send(*graph);
+  return absl::OkStatus();
+}
+
+void WorkerAgent::OnMessage(const v1::CoordinatorMessage& message) {
+  std::lock_guard<std::mutex> lock(mu_);
+  switch (message.payload_case()) {
+    case v1::CoordinatorMessage::kSchedule:
+      if (!pending_schedule_.has_value() ||
+          pending_schedule_->schedule().version() <
+              message.schedule().schedule().version()) {
+        pending_schedule_ = message.schedule();
+      }
+      break;
+    case v1::CoordinatorMessage::kCommand:
+      if (message.command().kind() == v1::Command::KIND_STOP) {
+        stop_reason_ = message.command().reason();
+        state_ = State::kStopped;
+        wake_.notify_all();
+      }
+      break;
+    case v1::CoordinatorMessage::kRejected:
+      ++rejected_;
+      std::fprintf(stderr, "tandem-worker: coordinator refused a %s: %s\n",
+                   message.rejected().payload().c_str(),
+                   message.rejected().message().c_str());
+      break;
+    default:
+      break;
+  }
+}
+
+void WorkerAgent::OnClosed(const absl::Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_ == State::kStopped) return;
+  // A refusal that no reconnect can fix ends the worker.
+  if (status.code() == absl::StatusCode::kPermissionDenied ||
+      status.code() == absl::StatusCode::kNotFound) {
+    stop_reason_ = std::string(status.message());
+    state_ = State::kStopped;
+  } else {
+    state_ = State::kDisconnected;
+  }
+  wake_.notify_all();
+}
+
+void WorkerAgent::HeartbeatLoop() {
+  auto backoff = options_.heartbeat_interval;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!shutdown_ && state_ != State::kStopped) {
+    wake_.wait_for(lock, backoff, [&] { return shutdown_; });
+    if (shutdown_ || state_ == State::kStopped) break;
+    if (state_ == State::kDisconnected) {
+      lock.unlock();
+      client_->CloseSession();
+      absl::Status s = Connect();
+      lock.lock();
+      if (!s.ok()) {
+        if (s.code() == absl::StatusCode::kPermissionDenied ||
+            s.code() == absl::StatusCode::kNotFound) {
+          stop_reason_ = std::string(s.message());
+          state_ = State::kStopped;
+        }
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(4000));
+        continue;
+      }
+      backoff = options_.heartbeat_interval;
+    }
+    lock.unlock();
+    v1::WorkerMessage hb;
+    hb.mutable_heartbeat()->set_time_unix_s(
+        absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+    if (!client_->Send(hb).ok()) {
+      lock.lock();
+      if (state_ == State::kConnected) state_ = State::kDisconnected;
+      continue;
+    }
+    lock.lock();
+  }
+}
+
+void WorkerAgent::Send(const v1::WorkerMessage& message,
+                       bool keep_for_reconnect) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (keep_for_reconnect) graph_ = message;
+    if (state_ != State::kConnected) return;
+  }
+  if (!client_->Send(message).ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == State::kConnected) state_ = State::kDisconnected;
+    wake_.notify_all();
+  }
+}
+
+void WorkerAgent::ReportGraph(const v1::GraphReport& report) {
+  v1::WorkerMessage m;
+  *m.mutable_graph() = report;
+  Send(m, /*keep_for_reconnect=*/true);
+}
+
+void WorkerAgent::ReportProfile(const v1::Profile& profile) {
+  v1::WorkerMessage m;
+  *m.mutable_profile() = profile;
+  Send(m, false);
+}
+
+void WorkerAgent::ReportProgress(const v1::IterationProgress& progress) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    step_ = std::max(step_, progress.step());
+  }
+  v1::WorkerMessage m;
+  *m.mutable_progress() = progress;
+  Send(m, false);
+}
+
+void WorkerAgent::ReportApplied(int64_t version, int64_t step) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    schedule_version_ = version;
+  }
+  v1::WorkerMessage m;
+  m.mutable_applied()->set_version(version);
+  m.mutable_applied()->set_step(step);
+  Send(m, false);
+}
+
+void WorkerAgent::ReportError(const std::string& message, bool fatal) {
+  v1::WorkerMessage m;
+  m.mutable_error()->set_message(message);
+  m.mutable_error()->set_fatal(fatal);
+  Send(m, false);
+}
+
+std::optional<v1::ScheduleUpdate> WorkerAgent::TakeSchedule() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::optional<v1::ScheduleUpdate> out = std::move(pending_schedule_);
+  pending_schedule_.reset();
+  return out;
+}
+
+std::optional<std::string> WorkerAgent::StopReason() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stop_reason_;
+}
+
+WorkerAgent::State WorkerAgent::state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_;
+}
+
+}  // namespace tandem

@@ -1,6 +1,7 @@
 #include "coordinator/passes/pass_pipeline.h"
 
 #include <chrono>
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -21,7 +22,12 @@ absl::StatusOr<bool> PassPipeline::RunImpl(PlanningContext& context) {
     record.pass = std::string(pass->name());
     record.iteration_before_s = context.sim().iteration_s;
     record.peak_before_bytes = context.sim().peak_bytes;
-    context.set_peak_at_pass_start(context.sim().peak_bytes);
+    // A pass that builds the plan from nothing has no earlier peak to be
+    // held to; only the finished plan is judged against the budget.
+    const bool from_scratch = context.schedule().actions.empty() &&
+                              context.schedule().persistent_param_ids.empty();
+    context.set_peak_at_pass_start(from_scratch ? INT64_MAX
+                                                : context.sim().peak_bytes);
 
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<bool> changed = pass->Run(context);

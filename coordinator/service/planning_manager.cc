@@ -427,6 +427,13 @@ void PlanningManager::PlanOne(const std::string& job_id,
     if (!pipeline.ok()) return pipeline.status();
     PlanningContext context(*timed, hw);
     if (absl::Status s = (*pipeline)->Run(context).status(); !s.ok()) return s;
+    if (context.sim().peak_bytes > context.budget()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the plan peaks at ", FormatBytes(context.sim().peak_bytes),
+          ", over the budget of ", FormatBytes(context.budget()),
+          "; add the offload pass to optimize.passes or raise "
+          "memory.budget_bytes"));
+    }
     return context.schedule();
   }();
   const double wall =

@@ -1,0 +1,275 @@
+#include "coordinator/passes/offload_pass.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "common/sim/simulator.h"
+#include "common/status_macros.h"
+
+namespace tandem {
+namespace {
+
+// Grow / move-reload rounds: each one simulation.
+constexpr int kMaxRounds = 16;
+
+struct Candidate {
+  int32_t param_id = 0;
+  int64_t bytes = 0;
+  // Earliest node position its reload may go before (memory repair).
+  int reload_floor = 0;
+};
+
+bool LargerFirst(const Candidate& a, const Candidate& b) {
+  return a.bytes > b.bytes;
+}
+
+double GiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 30); }
+
+// Builds schedules that offload a prefix-chosen set of params' states.
+class OffloadPlanner {
+ public:
+  OffloadPlanner(const PlanningContext& context, const Schedule& base)
+      : context_(context), graph_(context.graph()), base_(base) {
+    const int n = static_cast<int>(graph_.nodes.size());
+    // Stall-free compute clock at the slot before each node.
+    start_.assign(n + 1, 0.0);
+    for (int j = 0; j < n; ++j) {
+      start_[j + 1] = start_[j] + graph_.nodes[j].time_s;
+    }
+    first_forward_ = 0;
+    for (int j = 0; j < n; ++j) {
+      if (graph_.nodes[j].phase == Phase::kForward) {
+        first_forward_ = j;
+        break;
+      }
+    }
+    optimizer_ = n - 1;
+    for (int j = 0; j < n; ++j) {
+      if (graph_.nodes[j].phase == Phase::kOptimizer) {
+        optimizer_ = j;
+        break;
+      }
+    }
+    // The base without any earlier offload plan.
+    base_.offloads.clear();
+    std::vector<Action> kept;
+    for (const Action& a : base.actions) {
+      if (a.kind != ActionKind::kOffload && a.kind != ActionKind::kReload) {
+        kept.push_back(a);
+      }
+    }
+    base_.actions = std::move(kept);
+
+    const int world = std::max(graph_.world_size, 1);
+    for (const Param& p : graph_.params) {
+      const int64_t bytes =
+          p.shard_numel(world) * OptimizerStateBytesPerElement(p.dtype);
+      if (bytes > 0) candidates_.push_back({p.id, bytes});
+    }
+    std::stable_sort(candidates_.begin(), candidates_.end(), LargerFirst);
+  }
+
+  const std::vector<Candidate>& candidates() const { return candidates_; }
+  int optimizer_pos() const { return optimizer_; }
+
+  // Node position before which each of `chosen` is reloaded: chained back
+  // from the optimizer's start so the copies end by it, and no earlier than
+  // each entry's reload_floor.
+  std::vector<int> LatestReloads(const std::vector<Candidate>& chosen) const {
+    std::vector<int> anchors(chosen.size());
+    double end = start_[optimizer_];
+    const int lowest = std::min(first_forward_ + 1, optimizer_);
+    for (size_t i = chosen.size(); i-- > 0;) {
+      end -= context_.hw().HostCopySeconds(chosen[i].bytes);
+      auto it = std::upper_bound(start_.begin(),
+                                 start_.begin() + optimizer_ + 1, end);
+      int j =
+          it == start_.begin() ? 0 : static_cast<int>(it - start_.begin()) - 1;
+      anchors[i] = std::clamp(j, lowest, optimizer_);
+    }
+    // Issue order is list order: keep the anchors non-decreasing.
+    for (size_t i = 0; i < anchors.size(); ++i) {
+      anchors[i] = std::max(anchors[i], chosen[i].reload_floor);
+      if (i > 0) anchors[i] = std::max(anchors[i], anchors[i - 1]);
+      anchors[i] = std::min(anchors[i], optimizer_);
+    }
+    return anchors;
+  }
+
+  Schedule Build(const std::vector<Candidate>& chosen,
+                 const std::vector<int>& reload_before) const {
+    Schedule out = base_;
+    const int n = static_cast<int>(graph_.nodes.size());
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      out.offloads.push_back(
+          {static_cast<int32_t>(i), {chosen[i].param_id}, chosen[i].bytes});
+    }
+    std::vector<std::vector<Action>> before(n);
+    std::vector<Action> after_first;
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      Action off;
+      off.kind = ActionKind::kOffload;
+      off.node_id = graph_.nodes[first_forward_].id;
+      off.position = AnchorPosition::kAfter;
+      off.offload_id = static_cast<int32_t>(i);
+      after_first.push_back(off);
+      Action re;
+      re.kind = ActionKind::kReload;
+      re.node_id = graph_.nodes[reload_before[i]].id;
+      re.position = AnchorPosition::kBefore;
+      re.offload_id = static_cast<int32_t>(i);
+      before[reload_before[i]].push_back(re);
+    }
+    // Splice: reloads first in their slot (before its WAITs, so a stall does
+    // not delay the copy), offloads last after the first forward node.
+    std::vector<Action> actions;
+    actions.reserve(base_.actions.size() + 2 * chosen.size());
+    const GraphIndex& index = context_.index();
+    std::vector<std::vector<Action>> slot(2 * n);
+    for (const Action& a : base_.actions) {
+      const int pos = index.NodePos(a.node_id);
+      if (pos < 0) continue;
+      slot[2 * pos + (a.position == AnchorPosition::kAfter ? 1 : 0)].push_back(
+          a);
+    }
+    for (int j = 0; j < n; ++j) {
+      actions.insert(actions.end(), before[j].begin(), before[j].end());
+      actions.insert(actions.end(), slot[2 * j].begin(), slot[2 * j].end());
+      actions.insert(actions.end(), slot[2 * j + 1].begin(),
+                     slot[2 * j + 1].end());
+      if (j == first_forward_) {
+        actions.insert(actions.end(), after_first.begin(), after_first.end());
+      }
+    }
+    out.actions = std::move(actions);
+    return out;
+  }
+
+ private:
+  const PlanningContext& context_;
+  const Graph& graph_;
+  Schedule base_;
+  std::vector<double> start_;
+  int first_forward_ = 0;
+  int optimizer_ = 0;
+  std::vector<Candidate> candidates_;
+};
+
+}  // namespace
+
+absl::StatusOr<bool> OffloadPass::RunImpl(PlanningContext& context) {
+  if (!context.has_sim()) RETURN_IF_ERROR(context.Resimulate());
+  const int64_t budget = context.budget();
+  const int64_t margin = static_cast<int64_t>(context.options().memory_margin *
+                                              static_cast<double>(budget));
+  if (context.sim().peak_bytes <= budget - margin) return false;
+  const Graph& graph = context.graph();
+  if (graph.nodes.empty()) return false;
+  OffloadPlanner planner(context, context.schedule());
+  const std::vector<Candidate>& all = planner.candidates();
+
+  // Everything offloaded, reloaded right before the optimizer: the least
+  // memory offloading can reach.
+  const std::vector<int> last(all.size(), planner.optimizer_pos());
+  Schedule floor_plan = planner.Build(all, last);
+  ASSIGN_OR_RETURN(SimResult floor_sim,
+                   Simulate(graph, floor_plan, context.hw()));
+  if (floor_sim.peak_bytes > budget) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "budget %.2f GiB is infeasible: even with all optimizer states "
+        "offloaded the peak is %.2f GiB; the smallest feasible budget is "
+        "%.2f GiB (use memory.budget_bytes >= %d)",
+        GiB(budget), GiB(floor_sim.peak_bytes), GiB(floor_sim.peak_bytes),
+        floor_sim.peak_bytes));
+  }
+
+  // Leave room for prefetch when offloading can: the margin and one group.
+  int64_t largest_group = 0;
+  for (const GatherGroup& g : context.schedule().groups) {
+    int64_t bytes = 0;
+    for (int32_t p : g.param_ids) {
+      const int pos = context.index().ParamPos(p);
+      if (pos >= 0) bytes += graph.params[pos].bytes();
+    }
+    largest_group = std::max(largest_group, bytes);
+  }
+  int64_t target = budget - margin - largest_group;
+  if (floor_sim.peak_bytes > target) target = budget - margin;
+  if (floor_sim.peak_bytes > target) target = budget;
+  // Over the margin, but offloading cannot get under it: leave it.
+  if (context.sim().peak_bytes <= target) return false;
+
+  // Grow: for what is still over, the smallest single param's states that
+  // cover it, else the largest, and again (few entries, just enough bytes);
+  // re-simulate; move reloads that fall before the peak after it.
+  std::vector<Candidate> pool = all;
+  std::vector<Candidate> chosen;
+  int64_t excess = context.sim().peak_bytes - target;
+  Schedule plan;
+  SimResult sim;
+  bool fits = false;
+  bool grow = true;
+  for (int round = 0; round < kMaxRounds; ++round) {
+    int64_t added = 0;
+    while (grow && !pool.empty() && (added < excess || added == 0)) {
+      const int64_t need = std::max<int64_t>(excess - added, 1);
+      size_t pick = 0;
+      for (size_t i = 0; i < pool.size() && pool[i].bytes >= need; ++i) {
+        pick = i;
+      }
+      added += pool[pick].bytes;
+      chosen.push_back(pool[pick]);
+      pool.erase(pool.begin() + static_cast<std::ptrdiff_t>(pick));
+    }
+    std::stable_sort(chosen.begin(), chosen.end(), LargerFirst);
+    const std::vector<int> reload = planner.LatestReloads(chosen);
+    plan = planner.Build(chosen, reload);
+    ASSIGN_OR_RETURN(sim, Simulate(graph, plan, context.hw()));
+    if (sim.peak_bytes <= target) {
+      fits = true;
+      break;
+    }
+    const int peak_pos = context.index().NodePos(sim.peak_node_id);
+    bool moved = false;
+    if (peak_pos < planner.optimizer_pos()) {
+      for (size_t i = 0; i < reload.size(); ++i) {
+        if (reload[i] <= peak_pos) {
+          chosen[i].reload_floor = peak_pos + 1;
+          moved = true;
+        }
+      }
+    }
+    grow = !moved;
+    excess = sim.peak_bytes - target;
+    if (grow && pool.empty()) break;
+  }
+  if (!fits && sim.peak_bytes > budget) {
+    // The floor plan fits; it only stalls the optimizer on the reloads.
+    chosen = all;
+    plan = std::move(floor_plan);
+    sim = std::move(floor_sim);
+  }
+
+  // Just enough: drop the smallest entries while the slack covers them.
+  while (chosen.size() > 1) {
+    if (chosen.back().bytes > target - sim.peak_bytes) break;
+    std::vector<Candidate> fewer(chosen.begin(), chosen.end() - 1);
+    Schedule smaller = planner.Build(fewer, planner.LatestReloads(fewer));
+    ASSIGN_OR_RETURN(SimResult smaller_sim,
+                     Simulate(graph, smaller, context.hw()));
+    if (smaller_sim.peak_bytes > target) break;
+    chosen = std::move(fewer);
+    plan = std::move(smaller);
+    sim = std::move(smaller_sim);
+  }
+
+  context.schedule() = std::move(plan);
+  RETURN_IF_ERROR(context.Resimulate());
+  return true;
+}
+
+}  // namespace tandem

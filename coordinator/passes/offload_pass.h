@@ -1,0 +1,46 @@
+// offload: when the simulated peak exceeds the budget (typically because the
+// optimizer states of a large model do not fit next to its activations and
+// gradients), moves just enough optimizer state to the host tier: whole
+// params' states, largest first so that few entries do it. Each entry is
+// copied out right after the first forward node, so the copy overlaps
+// compute and is done long before the peak, and copied back during backward
+// as late as the host link allows: the reloads are chained backwards from the
+// optimizer's start using hw.HostCopySeconds, on the compute times without
+// stalls (the tightest timeline later passes can produce), so the copy
+// stream is done when the optimizer needs the states. The reference policy
+// picks by memory alone; this one prices the host link.
+//
+// Entries hold one param's states each, bytes = shard elements ×
+// OptimizerStateBytesPerElement. The pass re-simulates: it grows the set
+// while the peak is still over the target (or moves reloads after a peak they
+// fall before) and drops the smallest entries again when the plan is far
+// under. The target is budget − memory_margin·budget, minus room for one
+// gather group to be prefetched, when offloading can reach that; otherwise
+// the budget itself.
+//
+// Does nothing (returns false) when the plan already fits within
+// budget − memory_margin·budget: a plan squeezed into the last percent of the
+// budget leaves prefetch no room to hide a single gather, and copies that
+// overlap compute cost far less than exposed gathers. When even every
+// state offloaded (reloaded right before the optimizer) cannot fit, fails
+// with ResourceExhausted naming the smallest budget that would.
+#ifndef TANDEM_COORDINATOR_PASSES_OFFLOAD_PASS_H_
+#define TANDEM_COORDINATOR_PASSES_OFFLOAD_PASS_H_
+
+#include "coordinator/passes/pass_interface.h"
+
+namespace tandem {
+
+class OffloadPass : public PlanningPass {
+ public:
+  OffloadPass() = default;
+
+  absl::string_view name() const override { return "offload"; }
+
+ protected:
+  absl::StatusOr<bool> RunImpl(PlanningContext& context) override;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_COORDINATOR_PASSES_OFFLOAD_PASS_H_

@@ -1,0 +1,60 @@
+// unshard: keeps chosen params gathered for the whole iteration (persistent:
+// no ALLGATHER, WAIT or RELEASE for them), spending the memory headroom
+// budget − simulated peak − memory_margin·budget where it saves the most
+// time. Every gather a group no longer needs is saved: forward, backward
+// (the recompute under checkpointing) and every micro-batch, so gradient
+// accumulation makes this pay most.
+//
+// A group's value is its gather seconds over all its occurrences, weighted by
+// how much of them lies on the critical path: all of it when communication is
+// the bottleneck (Σ communication >= Σ compute: every second saved shortens
+// the iteration), otherwise the larger of the group's own exposed fraction and
+// the schedule's. Its cost is its full bytes, held all iteration. The choice
+// is a real 0/1 knapsack (exact for a few groups, else a dynamic program over
+// the headroom in ~2000 buckets), not a greedy ratio order that stops at the
+// first misfit. Among groups of equal cost and value (the same layer shape)
+// the picks are spread evenly over the model instead of taking a run of
+// consecutive layers: backward compute races through a run of persistent
+// groups, and every full gradient it leaves queued behind the reduce-scatters
+// stays alive. The real peak differs from the estimate both ways (a group
+// gathered at the peak moment was already counted; gradients queue), so the
+// pass simulates the choice, keeps the longest prefix that fits (binary
+// search; groups used just before the peak dropped first, then the least
+// valuable per byte), and refills the headroom the simulation reveals, a few
+// rounds: about a dozen simulations in all.
+//
+// Whole gather groups are unsharded. Gathers of the remaining groups keep
+// their anchors; the pipeline runs prefetch again afterwards to re-anchor
+// them against the shorter timeline. Only ZeRO-3 schedules are touched.
+#ifndef TANDEM_COORDINATOR_PASSES_UNSHARD_PASS_H_
+#define TANDEM_COORDINATOR_PASSES_UNSHARD_PASS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "coordinator/passes/pass_interface.h"
+
+namespace tandem {
+
+class UnshardPass : public PlanningPass {
+ public:
+  UnshardPass() = default;
+
+  absl::string_view name() const override { return "unshard"; }
+
+ protected:
+  absl::StatusOr<bool> RunImpl(PlanningContext& context) override;
+};
+
+// A 0/1 knapsack: the indices (ascending) of the items of largest total
+// value whose costs sum to at most `capacity`. Exact for up to 16 items;
+// beyond, a dynamic program over `capacity` split into `buckets` equal parts,
+// each cost rounded up, so the choice always fits. Items with a non-positive
+// value or a cost above the capacity are never chosen.
+std::vector<int> SolveKnapsack(const std::vector<double>& values,
+                               const std::vector<int64_t>& costs,
+                               int64_t capacity, int buckets = 2000);
+
+}  // namespace tandem
+
+#endif  // TANDEM_COORDINATOR_PASSES_UNSHARD_PASS_H_

@@ -198,6 +198,7 @@ class Replay {
       if (persistent[pos] || zero1_) continue;
       persistent[pos] = true;
       base_[kPersistentParams] += params_[pos].full_bytes;
+      persistent_refresh_bytes_ += params_[pos].padded_bytes;
     }
 
     node_param_pos_.resize(graph_.nodes.size());
@@ -507,6 +508,12 @@ class Replay {
     }
 
     const double compute_end = now_;
+    if (persistent_refresh_bytes_ > 0) {
+      // Persistent params were updated in their shards: one fused all-gather
+      // after the step brings the full copies up to date (action index -1).
+      IssueCollective(-1, ActionKind::kAllGather, persistent_refresh_bytes_,
+                      hw_.AllGatherSeconds(persistent_refresh_bytes_));
+    }
     result_.exposed_comm_s += std::max(0.0, comm_free_ - compute_end);
     result_.iteration_s = std::max({compute_end, comm_free_, copy_free_});
     result_.lower_bound_s =
@@ -600,6 +607,8 @@ class Replay {
   // Replay state.
   double now_ = 0;
   double comm_free_ = 0;
+  // ZeRO-3 persistent params, padded: re-gathered after the optimizer.
+  int64_t persistent_refresh_bytes_ = 0;
   double copy_free_ = 0;
   double rs_done_s_ = 0;
   double reload_done_s_ = 0;

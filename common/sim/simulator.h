@@ -20,6 +20,9 @@
 //     for every REDUCE_SCATTER and every RELOAD issued before them (they need
 //     the gradient shards and states); the part spent on REDUCE_SCATTERs is
 //     exposed communication;
+//   - in ZeRO-3 mode, persistent params are re-gathered after the optimizer
+//     (their shards were just updated): one fused all-gather of all of them,
+//     issued when compute ends (CollectiveTimelineEntry::action_index -1);
 //   - the iteration ends when all three streams are idle; communication
 //     still running after the last node is exposed too.
 //

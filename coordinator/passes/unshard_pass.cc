@@ -187,6 +187,7 @@ absl::StatusOr<bool> UnshardPass::RunImpl(PlanningContext& context) {
     if (it != group_pos.end()) ++gathers[it->second];
   }
   std::vector<double> gather_s(base.groups.size(), 0.0);
+  std::vector<double> refresh_s(base.groups.size(), 0.0);
   const int world = std::max(graph.world_size, 1);
   for (size_t g = 0; g < base.groups.size(); ++g) {
     int64_t padded = 0;
@@ -197,6 +198,11 @@ absl::StatusOr<bool> UnshardPass::RunImpl(PlanningContext& context) {
       padded += param.shard_numel(world) * world * DTypeBytes(param.dtype);
     }
     gather_s[g] = gathers[g] * context.hw().AllGatherSeconds(padded);
+    // A persistent param is still re-gathered once after the optimizer, in
+    // one fused all-gather that nothing overlaps: its marginal cost there is
+    // subtracted below.
+    refresh_s[g] = context.hw().AllGatherSeconds(2 * padded) -
+                   context.hw().AllGatherSeconds(padded);
   }
   const bool comm_bound = start.comm_s >= start.compute_s;
   const double exposed_ratio =
@@ -213,7 +219,7 @@ absl::StatusOr<bool> UnshardPass::RunImpl(PlanningContext& context) {
     }
     Item item;
     item.group_pos = static_cast<int>(g);
-    item.value = gather_s[g] * weight;
+    item.value = gather_s[g] * weight - refresh_s[g];
     for (int32_t p : base.groups[g].param_ids) {
       const int pos = index.ParamPos(p);
       if (pos >= 0) item.cost += graph.params[pos].bytes();

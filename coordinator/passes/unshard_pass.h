@@ -9,7 +9,9 @@
 // how much of them lies on the critical path: all of it when communication is
 // the bottleneck (Σ communication >= Σ compute: every second saved shortens
 // the iteration), otherwise the larger of the group's own exposed fraction and
-// the schedule's. Its cost is its full bytes, held all iteration. The choice
+// the schedule's, less what its share of the one all-gather that refreshes
+// persistent params after the optimizer costs (always exposed). Its cost is
+// its full bytes, held all iteration. The choice
 // is a real 0/1 knapsack (exact for a few groups, else a dynamic program over
 // the headroom in ~2000 buckets), not a greedy ratio order that stops at the
 // first misfit. Among groups of equal cost and value (the same layer shape)

@@ -114,8 +114,9 @@ TEST_F(UnshardPassTest, Run_RoomForTwoOfThreeBlocks_UnshardsKnapsackChoice) {
   EXPECT_TRUE(CheckScheduleSemantics(graph_, context_->schedule()).ok());
   ASSERT_TRUE(context_->Resimulate().ok());
   EXPECT_EQ(context_->sim().peak_bytes, kKnapsackPeak + 10000000);
-  // Four gathers of 6 ms each are gone from a communication-bound plan.
-  EXPECT_NEAR(baseline_.comm_s - context_->sim().comm_s, 0.024, 1e-9);
+  // Four gathers of 6 ms each are gone from a communication-bound plan; the
+  // fused refresh of b and c after the optimizer (11 ms) comes instead.
+  EXPECT_NEAR(baseline_.comm_s - context_->sim().comm_s, 0.024 - 0.011, 1e-9);
   EXPECT_LT(context_->sim().iteration_s, baseline_.iteration_s);
 }
 
@@ -145,8 +146,9 @@ TEST_F(UnshardPassTest, Run_RoomForEverything_UnshardsAllGroups) {
   EXPECT_TRUE(CheckScheduleSemantics(graph_, context_->schedule()).ok());
   ASSERT_TRUE(context_->Resimulate().ok());
   EXPECT_LE(context_->sim().peak_bytes, context_->budget());
-  // Only the three reduce-scatters are left on the wire.
-  EXPECT_NEAR(context_->sim().comm_s, 0.017, 1e-9);
+  // The three reduce-scatters and one refresh of all params (15 ms) are
+  // left on the wire.
+  EXPECT_NEAR(context_->sim().comm_s, 0.017 + 0.015, 1e-9);
 }
 
 }  // namespace

@@ -1,0 +1,376 @@
+// plan_bench: the planner at paper scale (issue 3). Plans every policy on the
+// DeepCompile paper's grid and reports simulated iteration time, exposed
+// communication, peak memory, the ratio to the schedule's own lower bound
+// max(Σcompute, Σcomm, Σcopy) and the planning wall time, then checks the
+// targets:
+//   - tandem within 1.10x of its lower bound on every feasible configuration;
+//   - tandem never slower than a feasible reference policy;
+//   - geometric-mean speedup >= 1.05x over deepcompile, >= 1.3x over fsdp;
+//   - every tandem schedule within budget;
+//   - a Llama-3 70B graph planned in under 1 s.
+//
+//   plan_bench [--json] [--model PRESET]
+//
+// Grid: Llama-3 70B and Mixtral 8x7B on 32 ranks (4 nodes x 8 H100 80 GiB),
+// micro-batch 1/2/4 x sequence 512/1024/2048, activation checkpointing on;
+// and Llama-3 70B on 16 ranks at micro-batch 4, sequence 2048, where the
+// optimizer states must be offloaded: the on-demand baseline peaks at
+// 89.9 GiB of 80 GiB, 49.3 GiB of it Adam moments and fp32 masters. bf16 params
+// and gradients, fp32 master weights and Adam moments (the simulator's
+// OptimizerStateBytesPerElement). --json prints one object per line per
+// configuration and policy instead of the table; --model keeps one preset.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "common/ir/graph.h"
+#include "common/models/graph_builder.h"
+#include "common/models/model_config.h"
+#include "common/sim/hardware_model.h"
+#include "coordinator/planner/planner.h"
+
+namespace tandem {
+namespace {
+
+struct BenchConfig {
+  std::string preset;
+  int32_t ranks = 32;
+  int32_t micro_batch = 1;
+  int32_t seq_len = 512;
+};
+
+struct Row {
+  BenchConfig config;
+  Policy policy = Policy::kTandem;
+  bool planned = false;  // false: the planner refused (error below)
+  std::string error;
+  bool feasible = false;
+  double iteration_s = 0;
+  double lower_bound_s = 0;
+  double exposed_comm_s = 0;
+  double compute_s = 0;
+  double comm_s = 0;
+  double copy_s = 0;
+  int64_t peak_bytes = 0;
+  int64_t budget_bytes = 0;
+  double plan_wall_s = 0;
+  // AnyPlanBound() of the configuration.
+  double any_plan_bound_s = 0;
+  double ratio() const {
+    return lower_bound_s > 0 ? iteration_s / lower_bound_s : 0;
+  }
+};
+
+std::vector<BenchConfig> Grid() {
+  std::vector<BenchConfig> grid;
+  for (const char* preset : {"llama3-70b", "mixtral-8x7b"}) {
+    for (int32_t mb : {1, 2, 4}) {
+      for (int32_t seq : {512, 1024, 2048}) {
+        grid.push_back({preset, 32, mb, seq});
+      }
+    }
+  }
+  grid.push_back({"llama3-70b", 16, 4, 2048});
+  return grid;
+}
+
+std::string ConfigName(const BenchConfig& c) {
+  return absl::StrFormat("%s/%d mb%d s%d", c.preset, c.ranks, c.micro_batch,
+                         c.seq_len);
+}
+
+absl::StatusOr<Graph> BuildGraph(const BenchConfig& c) {
+  absl::StatusOr<ModelConfig> config = ParseModelConfig(absl::StrFormat(
+      "preset=%s world=%d micro_batch=%d seq_len=%d checkpointing=true",
+      c.preset, c.ranks, c.micro_batch, c.seq_len));
+  if (!config.ok()) return config.status();
+  return BuildModelGraph(*config);
+}
+
+// A lower bound on the iteration time of every schedule of `graph` that
+// fits the budget, in the simulator's model (grad_accum 1): no plan computes
+// less than Σ node time, and no plan communicates less than one
+// reduce-scatter of every gradient plus two all-gathers of every param
+// (its forward and its backward use), except for the bytes kept gathered
+// across the turn from forward to backward (kept, or persistent and
+// refreshed after the step: one gather either way). Those bytes are live
+// at the turn next to the param and gradient shards and every forward
+// activation, so they are at most budget − shards − gradient shards −
+// activations (optimizer states may all be on the host). Latencies count
+// zero. Used to tell targets the model cannot reach from ones the planner
+// misses.
+double AnyPlanBound(const Graph& graph, const HardwareModel& hw) {
+  const int world = std::max(graph.world_size, 1);
+  double compute = 0;
+  int64_t activations = 0;
+  for (const Node& node : graph.nodes) {
+    compute += node.time_s;
+    if (node.phase == Phase::kForward) activations += node.activation_bytes;
+  }
+  int64_t full = 0, padded = 0, shards = 0;
+  for (const Param& p : graph.params) {
+    full += p.bytes();
+    const int64_t shard = p.shard_numel(world) * DTypeBytes(p.dtype);
+    shards += shard;
+    padded += shard * world;
+  }
+  const double headroom =
+      static_cast<double>(hw.budget() - 2 * shards - activations);
+  const double kept =
+      std::clamp(headroom / static_cast<double>(full), 0.0, 1.0);
+  // Bytes-proportional part of the ring model (the latency counts zero).
+  const double per_byte =
+      hw.AllGatherSeconds(int64_t{1} << 40) / 1099511627776.0 -
+      hw.collective_latency_s / 1099511627776.0;
+  const double comm = static_cast<double>(padded) * (3 - kept) * per_byte;
+  return std::max(compute, comm);
+}
+
+Row PlanOne(const BenchConfig& c, const Graph& graph, Policy policy) {
+  Row row;
+  row.config = c;
+  row.policy = policy;
+  const HardwareModel hw = HardwareModel::H100(c.ranks);
+  row.budget_bytes = hw.budget();
+  row.any_plan_bound_s = AnyPlanBound(graph, hw);
+  PlanOptions options;
+  options.policy = policy;
+  absl::StatusOr<PlanResult> result = Plan(graph, hw, options);
+  if (!result.ok()) {
+    row.error = std::string(result.status().message());
+    return row;
+  }
+  row.planned = true;
+  row.feasible = result->feasible;
+  row.iteration_s = result->sim.iteration_s;
+  row.lower_bound_s = result->sim.lower_bound_s;
+  row.exposed_comm_s = result->sim.exposed_comm_s;
+  row.compute_s = result->sim.compute_s;
+  row.comm_s = result->sim.comm_s;
+  row.copy_s = result->sim.copy_s;
+  row.peak_bytes = result->sim.peak_bytes;
+  row.plan_wall_s = result->plan_wall_s;
+  return row;
+}
+
+std::string JsonEscape(absl::string_view s) {
+  std::string out;
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') {
+      out.push_back('\\');
+      out.push_back(ch);
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      absl::StrAppendFormat(&out, "\\u%04x", ch);
+    } else {
+      out.push_back(ch);
+    }
+  }
+  return out;
+}
+
+void PrintJson(const Row& r) {
+  std::string line = absl::StrFormat(
+      "{\"model\":\"%s\",\"ranks\":%d,\"micro_batch\":%d,\"seq_len\":%d,"
+      "\"policy\":\"%s\",\"feasible\":%s,\"iteration_s\":%.9g,"
+      "\"lower_bound_s\":%.9g,\"ratio\":%.6g,\"exposed_comm_s\":%.9g,"
+      "\"compute_s\":%.9g,\"comm_s\":%.9g,\"copy_s\":%.9g,"
+      "\"peak_bytes\":%d,\"budget_bytes\":%d,\"plan_wall_s\":%.6g,"
+      "\"any_plan_bound_s\":%.9g",
+      r.config.preset, r.config.ranks, r.config.micro_batch, r.config.seq_len,
+      PolicyName(r.policy), r.feasible ? "true" : "false", r.iteration_s,
+      r.lower_bound_s, r.ratio(), r.exposed_comm_s, r.compute_s, r.comm_s,
+      r.copy_s, r.peak_bytes, r.budget_bytes, r.plan_wall_s,
+      r.any_plan_bound_s);
+  if (!r.planned) {
+    absl::StrAppend(&line, ",\"error\":\"", JsonEscape(r.error), "\"");
+  }
+  absl::PrintF("%s}\n", line);
+}
+
+double GiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 30); }
+
+void PrintTableHeader() {
+  absl::PrintF("%-26s %-16s %9s %9s %6s %9s %9s %9s %5s %8s\n", "config",
+               "policy", "iter_s", "bound_s", "ratio", "exposed_s", "copy_s",
+               "peak_GiB", "fits", "plan_s");
+}
+
+void PrintTableRow(const Row& r) {
+  if (!r.planned) {
+    absl::PrintF("%-26s %-16s  no plan: %s\n", ConfigName(r.config),
+                 PolicyName(r.policy), r.error.substr(0, 120));
+    return;
+  }
+  absl::PrintF("%-26s %-16s %9.3f %9.3f %6.3f %9.3f %9.3f %9.2f %5s %8.4f\n",
+               ConfigName(r.config), PolicyName(r.policy), r.iteration_s,
+               r.lower_bound_s, r.ratio(), r.exposed_comm_s, r.copy_s,
+               GiB(r.peak_bytes), r.feasible ? "yes" : "NO", r.plan_wall_s);
+}
+
+// Checks the targets over all rows; prints one line each.
+void PrintSummary(const std::vector<Row>& rows) {
+  std::map<std::string, std::map<Policy, const Row*>> by_config;
+  std::vector<std::string> order;
+  for (const Row& r : rows) {
+    const std::string name = ConfigName(r.config);
+    if (!by_config.count(name)) order.push_back(name);
+    by_config[name][r.policy] = &r;
+  }
+
+  double worst_ratio = 0;
+  std::string worst_ratio_config;
+  int tandem_feasible = 0, tandem_total = 0;
+  std::vector<std::string> slower;
+  double log_dc = 0, log_fsdp = 0, log_dc_all = 0;
+  double log_dc_best = 0, log_fsdp_best = 0;
+  int n_dc = 0, n_fsdp = 0, n_dc_all = 0;
+  double max_wall_70b = 0;
+  std::map<Policy, std::vector<std::string>> over_budget;
+  for (const std::string& name : order) {
+    const auto& policies = by_config[name];
+    auto it = policies.find(Policy::kTandem);
+    if (it == policies.end()) continue;
+    const Row& t = *it->second;
+    ++tandem_total;
+    if (t.planned && t.feasible) ++tandem_feasible;
+    if (t.planned && t.config.preset == "llama3-70b") {
+      max_wall_70b = std::max(max_wall_70b, t.plan_wall_s);
+    }
+    if (!t.planned || !t.feasible) continue;
+    if (t.ratio() > worst_ratio) {
+      worst_ratio = t.ratio();
+      worst_ratio_config = name;
+    }
+    for (const auto& [policy, ref] : policies) {
+      if (policy == Policy::kTandem) continue;
+      if (policy == Policy::kDeepCompile && ref->planned) {
+        log_dc_all += std::log(ref->iteration_s / t.iteration_s);
+        ++n_dc_all;
+      }
+      if (!ref->planned || !ref->feasible) {
+        over_budget[policy].push_back(name);
+        continue;
+      }
+      if (t.iteration_s > ref->iteration_s * (1 + 1e-9)) {
+        slower.push_back(absl::StrFormat("%s vs %s (%.4f s > %.4f s)", name,
+                                         PolicyName(policy), t.iteration_s,
+                                         ref->iteration_s));
+      }
+      const double speedup = ref->iteration_s / t.iteration_s;
+      const double best = ref->iteration_s / t.any_plan_bound_s;
+      if (policy == Policy::kDeepCompile) {
+        log_dc += std::log(speedup);
+        log_dc_best += std::log(best);
+        ++n_dc;
+      } else if (policy == Policy::kFsdp) {
+        log_fsdp += std::log(speedup);
+        log_fsdp_best += std::log(best);
+        ++n_fsdp;
+      }
+    }
+  }
+  const double geo_dc = n_dc > 0 ? std::exp(log_dc / n_dc) : 0;
+  const double geo_fsdp = n_fsdp > 0 ? std::exp(log_fsdp / n_fsdp) : 0;
+  auto verdict = [](bool ok) { return ok ? "MET" : "NOT MET"; };
+
+  absl::PrintF("\nTargets\n");
+  absl::PrintF(
+      "  tandem within 1.10x of its lower bound on every feasible config: %s "
+      "(worst %.3fx, %s)\n",
+      verdict(worst_ratio <= 1.10), worst_ratio, worst_ratio_config);
+  absl::PrintF("  tandem never slower than a feasible reference policy: %s%s\n",
+               verdict(slower.empty()),
+               slower.empty()
+                   ? ""
+                   : absl::StrCat(" (", slower.size(),
+                                  " cases, first: ", slower[0], ")"));
+  absl::PrintF(
+      "  geomean speedup over deepcompile >= 1.05x: %s (%.3fx over %d "
+      "configs)\n",
+      verdict(geo_dc >= 1.05), geo_dc, n_dc);
+  absl::PrintF(
+      "    (%.3fx over %d configs counting deepcompile's over-budget plans "
+      "too)\n",
+      n_dc_all > 0 ? std::exp(log_dc_all / n_dc_all) : 0.0, n_dc_all);
+  absl::PrintF(
+      "  geomean speedup over fsdp >= 1.3x: %s (%.3fx over %d configs)\n",
+      verdict(geo_fsdp >= 1.3), geo_fsdp, n_fsdp);
+  absl::PrintF(
+      "  no plan in this model could do better than %.3fx over deepcompile "
+      "and %.3fx over fsdp\n    (geomeans of the reference time over "
+      "AnyPlanBound, the same configs)\n",
+      n_dc > 0 ? std::exp(log_dc_best / n_dc) : 0.0,
+      n_fsdp > 0 ? std::exp(log_fsdp_best / n_fsdp) : 0.0);
+  absl::PrintF("  every tandem schedule within budget: %s (%d of %d)\n",
+               verdict(tandem_feasible == tandem_total), tandem_feasible,
+               tandem_total);
+  absl::PrintF("  llama3-70b planned in < 1 s: %s (slowest %.3f s)\n",
+               verdict(max_wall_70b < 1.0), max_wall_70b);
+  if (!over_budget.empty()) {
+    absl::PrintF("  reference plans over budget (left out of comparisons):\n");
+    for (const auto& [policy, configs] : over_budget) {
+      absl::PrintF("    %s: %s\n", PolicyName(policy),
+                   absl::StrJoin(configs, ", "));
+    }
+  }
+}
+
+int Main(int argc, char** argv) {
+  bool json = false;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--json") {
+      json = true;
+    } else if (arg == "--model" && i + 1 < argc) {
+      only = argv[++i];
+    } else if (arg == "--help" || arg == "-h") {
+      absl::PrintF("usage: plan_bench [--json] [--model PRESET]\n");
+      return 0;
+    } else {
+      absl::FPrintF(stderr,
+                    "plan_bench: unknown argument '%s'\nusage: plan_bench "
+                    "[--json] [--model PRESET]\n",
+                    arg);
+      return 2;
+    }
+  }
+
+  std::vector<Row> rows;
+  if (!json) PrintTableHeader();
+  for (const BenchConfig& config : Grid()) {
+    if (!only.empty() && config.preset != only) continue;
+    absl::StatusOr<Graph> graph = BuildGraph(config);
+    if (!graph.ok()) {
+      absl::FPrintF(stderr, "plan_bench: %s: %s\n", ConfigName(config),
+                    graph.status().message());
+      return 1;
+    }
+    for (Policy policy : AllPolicies()) {
+      rows.push_back(PlanOne(config, *graph, policy));
+      if (json) {
+        PrintJson(rows.back());
+      } else {
+        PrintTableRow(rows.back());
+      }
+      std::fflush(stdout);
+    }
+    if (!json) absl::PrintF("\n");
+  }
+  if (!json) PrintSummary(rows);
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) { return tandem::Main(argc, argv); }

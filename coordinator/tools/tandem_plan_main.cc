@@ -1,0 +1,427 @@
+// tandem-plan: plans one training iteration offline and prints the schedule
+// with its predictions, or compares every policy on the same graph.
+//
+//   tandem-plan (--graph FILE | --model "preset=... key=value ...")
+//               [--profile FILE] [--hw "key=value ..."] [--budget BYTES]
+//               [--policy NAME] [--zero1] [--schedule FILE] [--compare]
+//               [--summary]
+//
+// The graph comes from its text form or from the model builder; a profile
+// (text form) replaces node times with measurements and fits the collective
+// model to the measured collectives. --hw takes ParseHardwareModel's keys on
+// the H100 defaults; its world defaults to the graph's. --budget overrides
+// the hardware's budget (suffixes B, KiB, MiB, GiB, TiB and KB, MB, GB, TB).
+// --schedule evaluates a given schedule (text form) instead of planning one.
+// Exit status: 0 on success, 2 on bad input (unknown flag, unreadable file,
+// parse error, invalid graph, profile or schedule, infeasible budget).
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "common/ir/graph.h"
+#include "common/ir/profile.h"
+#include "common/ir/schedule.h"
+#include "common/ir/text_format.h"
+#include "common/ir/validate.h"
+#include "common/models/graph_builder.h"
+#include "common/models/model_config.h"
+#include "common/sim/hardware_model.h"
+#include "common/sim/simulator.h"
+#include "coordinator/analysis/schedule_invariants.h"
+#include "coordinator/planner/planner.h"
+
+namespace tandem {
+namespace {
+
+constexpr int kExitBadInput = 2;
+
+constexpr char kUsage[] =
+    "usage: tandem-plan (--graph FILE | --model \"preset=NAME key=value "
+    "...\")\n"
+    "                   [--profile FILE] [--hw \"key=value ...\"] [--budget "
+    "BYTES]\n"
+    "                   [--policy NAME] [--zero1] [--schedule FILE] "
+    "[--compare] [--summary]\n"
+    "  --graph FILE     iteration graph, text form\n"
+    "  --model TEXT     build the graph of a model, e.g. \"preset=llama3-70b "
+    "world=32\n"
+    "                   micro_batch=2 seq_len=1024 checkpointing=true\"\n"
+    "  --profile FILE   measured profile (text form): node times and "
+    "collective fits\n"
+    "  --hw TEXT        hardware overrides: world ranks_per_node intra_gbps "
+    "inter_gbps\n"
+    "                   host_gbps latency_us memory budget (world defaults to "
+    "the graph's)\n"
+    "  --budget BYTES   memory budget per rank, e.g. 70GiB\n"
+    "  --policy NAME    on-demand, deepspeed-zero3, fsdp, deepcompile or "
+    "tandem (default)\n"
+    "  --zero1          plan a ZeRO-1 job (tandem only)\n"
+    "  --schedule FILE  evaluate this schedule (text form) instead of "
+    "planning\n"
+    "  --compare        one row per policy instead of a schedule\n"
+    "  --summary        print the predictions without the schedule\n";
+
+struct Args {
+  std::string graph_path;
+  std::string model;
+  std::string profile_path;
+  std::string hw;
+  std::string budget;
+  std::string policy = "tandem";
+  std::string schedule_path;
+  bool zero1 = false;
+  bool compare = false;
+  bool summary = false;
+  bool help = false;
+};
+
+int Fail(absl::string_view message) {
+  absl::FPrintF(stderr, "tandem-plan: %s\n", message);
+  return kExitBadInput;
+}
+
+int FailUsage(absl::string_view message) {
+  absl::FPrintF(stderr, "tandem-plan: %s\n%s", message, kUsage);
+  return kExitBadInput;
+}
+
+// Returns an error message, or "" when the arguments parse.
+std::string ParseArgs(int argc, char** argv, Args& args) {
+  struct Flag {
+    absl::string_view name;
+    std::string* value;
+  };
+  const Flag valued[] = {
+      {"--graph", &args.graph_path},       {"--model", &args.model},
+      {"--profile", &args.profile_path},   {"--hw", &args.hw},
+      {"--budget", &args.budget},          {"--policy", &args.policy},
+      {"--schedule", &args.schedule_path},
+  };
+  struct Switch {
+    absl::string_view name;
+    bool* value;
+  };
+  const Switch switches[] = {{"--zero1", &args.zero1},
+                             {"--compare", &args.compare},
+                             {"--summary", &args.summary},
+                             {"--help", &args.help},
+                             {"-h", &args.help}};
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    absl::string_view name = arg;
+    std::optional<absl::string_view> value;
+    if (absl::StartsWith(arg, "--")) {
+      if (const size_t eq = arg.find('='); eq != absl::string_view::npos) {
+        name = arg.substr(0, eq);
+        value = arg.substr(eq + 1);
+      }
+    }
+    bool known = false;
+    for (const Switch& s : switches) {
+      if (name != s.name) continue;
+      if (value.has_value()) return absl::StrCat(name, " takes no value");
+      *s.value = true;
+      known = true;
+    }
+    for (const Flag& f : valued) {
+      if (name != f.name) continue;
+      if (!value.has_value()) {
+        if (i + 1 >= argc) return absl::StrCat(name, " needs a value");
+        value = argv[++i];
+      }
+      *f.value = std::string(*value);
+      known = true;
+    }
+    if (!known) return absl::StrCat("unknown argument '", arg, "'");
+  }
+  if (args.help) return "";
+  if (args.graph_path.empty() == args.model.empty()) {
+    return "give exactly one of --graph FILE and --model TEXT";
+  }
+  if (args.compare && !args.schedule_path.empty()) {
+    return "--compare plans every policy; it does not take --schedule";
+  }
+  return "";
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path,
+                                     absl::string_view what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("cannot read ", what, " file '",
+                                            path, "'; check the path"));
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) {
+    return absl::DataLossError(
+        absl::StrCat("error reading ", what, " file '", path, "'"));
+  }
+  return buffer.str();
+}
+
+// A byte count: a non-negative number with an optional suffix.
+absl::StatusOr<int64_t> ParseByteCount(absl::string_view text) {
+  const std::string trimmed(absl::StripAsciiWhitespace(text));
+  struct Suffix {
+    absl::string_view name;
+    double scale;
+  };
+  static constexpr Suffix kSuffixes[] = {
+      {"TiB", 1099511627776.0},
+      {"GiB", 1073741824.0},
+      {"MiB", 1048576.0},
+      {"KiB", 1024.0},
+      {"TB", 1e12},
+      {"GB", 1e9},
+      {"MB", 1e6},
+      {"KB", 1e3},
+      {"B", 1.0},
+  };
+  absl::string_view number = trimmed;
+  double scale = 1;
+  for (const Suffix& s : kSuffixes) {
+    if (absl::EndsWith(number, s.name)) {
+      number.remove_suffix(s.name.size());
+      scale = s.scale;
+      break;
+    }
+  }
+  double value = 0;
+  if (number.empty() || !absl::SimpleAtod(number, &value) ||
+      !std::isfinite(value) || value <= 0 || value * scale > 9e18) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--budget: expected a positive byte count such as 70GiB, 64GB or "
+        "75161927680, got '",
+        text, "'"));
+  }
+  return static_cast<int64_t>(std::llround(value * scale));
+}
+
+absl::StatusOr<Graph> LoadGraph(const Args& args) {
+  if (!args.model.empty()) {
+    absl::StatusOr<ModelConfig> config = ParseModelConfig(args.model);
+    if (!config.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--model: ", config.status().message()));
+    }
+    absl::StatusOr<Graph> graph = BuildModelGraph(*config);
+    if (!graph.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--model: ", graph.status().message()));
+    }
+    return graph;
+  }
+  absl::StatusOr<std::string> text = ReadFile(args.graph_path, "graph");
+  if (!text.ok()) return text.status();
+  absl::StatusOr<Graph> graph = ParseGraph(*text);
+  if (!graph.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(args.graph_path, ": ", graph.status().message()));
+  }
+  if (absl::Status valid = ValidateGraph(*graph); !valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(args.graph_path, ": invalid graph: ", valid.message()));
+  }
+  return graph;
+}
+
+absl::StatusOr<HardwareModel> LoadHardware(const Args& args,
+                                           const Graph& graph) {
+  bool has_world = false;
+  for (absl::string_view token :
+       absl::StrSplit(args.hw, absl::ByAnyChar(" ,"), absl::SkipEmpty())) {
+    if (absl::StartsWith(token, "world=")) has_world = true;
+  }
+  const std::string text =
+      has_world ? args.hw
+                : absl::StrCat("world=", graph.world_size, " ", args.hw);
+  absl::StatusOr<HardwareModel> hw = ParseHardwareModel(text);
+  if (!hw.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--hw: ", hw.status().message()));
+  }
+  if (!args.budget.empty()) {
+    absl::StatusOr<int64_t> budget = ParseByteCount(args.budget);
+    if (!budget.ok()) return budget.status();
+    if (*budget > hw->device_memory_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--budget ", FormatBytes(*budget), " exceeds the device memory ",
+          FormatBytes(hw->device_memory_bytes),
+          "; lower it or raise memory= in --hw"));
+    }
+    hw->budget_bytes = *budget;
+  }
+  return hw;
+}
+
+void PrintPredictions(absl::string_view title, const SimResult& sim,
+                      int64_t budget, double plan_wall_s, bool feasible) {
+  const double ratio =
+      sim.lower_bound_s > 0 ? sim.iteration_s / sim.lower_bound_s : 0;
+  absl::PrintF("# %s\n", title);
+  absl::PrintF("iteration_s     %.6f\n", sim.iteration_s);
+  absl::PrintF("compute_s       %.6f\n", sim.compute_s);
+  absl::PrintF("comm_s          %.6f\n", sim.comm_s);
+  absl::PrintF("exposed_comm_s  %.6f\n", sim.exposed_comm_s);
+  absl::PrintF("copy_s          %.6f\n", sim.copy_s);
+  absl::PrintF("overlap_ratio   %.4f\n", sim.overlap_ratio);
+  absl::PrintF("peak            %s of budget %s (%.1f%%)%s\n",
+               FormatBytes(sim.peak_bytes), FormatBytes(budget),
+               budget > 0 ? 100.0 * static_cast<double>(sim.peak_bytes) /
+                                static_cast<double>(budget)
+                          : 0.0,
+               feasible ? "" : "  OVER BUDGET");
+  absl::PrintF("lower_bound_s   %.6f\n", sim.lower_bound_s);
+  absl::PrintF("ratio           %.4f\n", ratio);
+  absl::PrintF("plan_wall_s     %.6f\n", plan_wall_s);
+}
+
+// Evaluates a given schedule: validates it against the graph, checks its
+// semantics and simulates it.
+int EvaluateSchedule(const Args& args, const Graph& graph,
+                     const HardwareModel& hw) {
+  absl::StatusOr<std::string> text = ReadFile(args.schedule_path, "schedule");
+  if (!text.ok()) return Fail(text.status().message());
+  absl::StatusOr<Schedule> schedule = ParseSchedule(*text);
+  if (!schedule.ok()) {
+    return Fail(
+        absl::StrCat(args.schedule_path, ": ", schedule.status().message()));
+  }
+  for (absl::Status status : {ValidateSchedule(*schedule, graph),
+                              CheckScheduleSemantics(graph, *schedule)}) {
+    if (!status.ok()) {
+      return Fail(absl::StrCat(args.schedule_path,
+                               ": invalid schedule: ", status.message()));
+    }
+  }
+  absl::StatusOr<SimResult> sim = Simulate(graph, *schedule, hw);
+  if (!sim.ok()) {
+    return Fail(absl::StrCat(args.schedule_path, ": ", sim.status().message()));
+  }
+  if (!args.summary) std::fputs(PrintSchedule(*schedule).c_str(), stdout);
+  PrintPredictions(absl::StrCat("predictions of ", args.schedule_path), *sim,
+                   hw.budget(), 0, sim->peak_bytes <= hw.budget());
+  return 0;
+}
+
+int Compare(const Graph& graph, const HardwareModel& hw, ShardingMode mode) {
+  absl::PrintF("# graph %s, %d ranks, budget %s\n", graph.name,
+               graph.world_size, FormatBytes(hw.budget()));
+  absl::PrintF("%-16s %12s %13s %7s %14s %10s %8s %11s\n", "policy",
+               "iteration_s", "lower_bound_s", "ratio", "exposed_comm_s",
+               "peak_GiB", "feasible", "plan_wall_s");
+  std::string failure;
+  for (Policy policy : AllPolicies()) {
+    if (mode == ShardingMode::kZero1 && policy != Policy::kTandem) {
+      absl::PrintF("%-16s n/a (plans ZeRO-3 jobs only)\n", PolicyName(policy));
+      continue;
+    }
+    PlanOptions options;
+    options.policy = policy;
+    options.mode = mode;
+    absl::StatusOr<PlanResult> result = Plan(graph, hw, options);
+    if (!result.ok()) {
+      absl::PrintF(
+          "%-16s %s\n", PolicyName(policy),
+          result.status().code() == absl::StatusCode::kResourceExhausted
+              ? "infeasible (see below)"
+              : "error (see below)");
+      if (failure.empty()) {
+        failure =
+            absl::StrCat(PolicyName(policy), ": ", result.status().message());
+      }
+      continue;
+    }
+    const SimResult& sim = result->sim;
+    absl::PrintF(
+        "%-16s %12.6f %13.6f %7.4f %14.6f %10.3f %8s %11.6f\n",
+        PolicyName(policy), sim.iteration_s, sim.lower_bound_s,
+        sim.lower_bound_s > 0 ? sim.iteration_s / sim.lower_bound_s : 0.0,
+        sim.exposed_comm_s, static_cast<double>(sim.peak_bytes) / (1 << 30),
+        result->feasible ? "yes" : "no", result->plan_wall_s);
+  }
+  if (!failure.empty()) return Fail(failure);
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  Args args;
+  if (std::string error = ParseArgs(argc, argv, args); !error.empty()) {
+    return FailUsage(error);
+  }
+  if (args.help) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  const std::optional<Policy> policy = ParsePolicy(args.policy);
+  if (!policy.has_value()) {
+    std::vector<std::string> names;
+    for (Policy p : AllPolicies()) names.emplace_back(PolicyName(p));
+    return FailUsage(absl::StrCat("unknown policy '", args.policy,
+                                  "' (expected one of ",
+                                  absl::StrJoin(names, ", "), ")"));
+  }
+
+  absl::StatusOr<Graph> graph = LoadGraph(args);
+  if (!graph.ok()) return Fail(graph.status().message());
+  absl::StatusOr<HardwareModel> hw = LoadHardware(args, *graph);
+  if (!hw.ok()) return Fail(hw.status().message());
+  if (!args.profile_path.empty()) {
+    absl::StatusOr<std::string> text = ReadFile(args.profile_path, "profile");
+    if (!text.ok()) return Fail(text.status().message());
+    absl::StatusOr<Profile> profile = ParseProfile(*text);
+    if (!profile.ok()) {
+      return Fail(
+          absl::StrCat(args.profile_path, ": ", profile.status().message()));
+    }
+    absl::StatusOr<Graph> profiled = ApplyProfile(*graph, *profile);
+    if (!profiled.ok()) {
+      return Fail(absl::StrCat(args.profile_path, ": invalid profile: ",
+                               profiled.status().message()));
+    }
+    *graph = *std::move(profiled);
+    if (absl::Status fit = FitCollectives(*profile, *hw); !fit.ok()) {
+      return Fail(absl::StrCat(args.profile_path, ": ", fit.message()));
+    }
+  }
+  const ShardingMode mode =
+      args.zero1 ? ShardingMode::kZero1 : ShardingMode::kZero3;
+
+  if (!args.schedule_path.empty()) return EvaluateSchedule(args, *graph, *hw);
+  if (args.compare) return Compare(*graph, *hw, mode);
+
+  PlanOptions options;
+  options.policy = *policy;
+  options.mode = mode;
+  absl::StatusOr<PlanResult> result = Plan(*graph, *hw, options);
+  if (!result.ok()) return Fail(result.status().message());
+  if (!args.summary) {
+    std::fputs(PrintSchedule(result->schedule).c_str(), stdout);
+  }
+  PrintPredictions(
+      absl::StrCat("predictions (policy ", PolicyName(*policy), ", graph ",
+                   graph->name, ", ", graph->world_size, " ranks)"),
+      result->sim, hw->budget(), result->plan_wall_s, result->feasible);
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) { return tandem::Main(argc, argv); }

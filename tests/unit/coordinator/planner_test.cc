@@ -1,0 +1,279 @@
+// The planner's entry points: policy names, profiles, collective fits, and
+// Plan() for every policy, including the infeasible-budget error.
+#include "coordinator/planner/planner.h"
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "common/ir/text_format.h"
+#include "common/ir/validate.h"
+#include "common/models/graph_builder.h"
+#include "common/models/model_config.h"
+#include "coordinator/analysis/schedule_invariants.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::string ReadTestData(const std::string& name) {
+  const std::string path = std::string(TANDEM_TESTDATA_DIR) + "/" + name;
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << "cannot read " << path;
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+Graph TinyGraph() {
+  absl::StatusOr<Graph> graph = ParseGraph(ReadTestData("tiny_graph.txt"));
+  EXPECT_TRUE(graph.ok()) << graph.status();
+  return *graph;
+}
+
+Profile TinyProfile() {
+  absl::StatusOr<Profile> profile =
+      ParseProfile(ReadTestData("tiny_profile.txt"));
+  EXPECT_TRUE(profile.ok()) << profile.status();
+  return *profile;
+}
+
+Graph TinyLlama(int world) {
+  absl::StatusOr<ModelConfig> config =
+      ParseModelConfig("preset=tiny-llama world=" + std::to_string(world) +
+                       " checkpointing=true");
+  EXPECT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<Graph> graph = BuildModelGraph(*config);
+  EXPECT_TRUE(graph.ok()) << graph.status();
+  return *graph;
+}
+
+class RecordingSink : public PassRecordSink {
+ public:
+  void Record(const PassRecord& record) override {
+    passes.push_back(record.pass);
+  }
+  std::vector<std::string> passes;
+};
+
+TEST(PolicyNameTest, EveryPolicy_RoundTripsThroughParsePolicy) {
+  std::vector<std::string> names;
+  for (Policy policy : AllPolicies()) {
+    names.emplace_back(PolicyName(policy));
+    EXPECT_EQ(ParsePolicy(PolicyName(policy)), policy);
+  }
+  EXPECT_THAT(names, ElementsAre("on-demand", "deepspeed-zero3", "fsdp",
+                                 "deepcompile", "tandem"));
+}
+
+TEST(ParsePolicyTest, UnknownName_ReturnsNullopt) {
+  EXPECT_EQ(ParsePolicy("zero3"), std::nullopt);
+  EXPECT_EQ(ParsePolicy(""), std::nullopt);
+  EXPECT_EQ(ParsePolicy("Tandem"), std::nullopt);
+}
+
+TEST(ApplyProfileTest, TinyProfile_ReplacesMeasuredTimesOnly) {
+  const Graph graph = TinyGraph();
+  absl::StatusOr<Graph> profiled = ApplyProfile(graph, TinyProfile());
+  ASSERT_TRUE(profiled.ok()) << profiled.status();
+  EXPECT_DOUBLE_EQ(profiled->nodes[0].time_s, 0.21e-3);
+  EXPECT_DOUBLE_EQ(profiled->nodes[3].time_s, 1.6e-3);
+  EXPECT_DOUBLE_EQ(profiled->nodes[7].time_s, 410e-6);
+  // Everything but the times is the graph's.
+  EXPECT_EQ(profiled->StructuralHash(), graph.StructuralHash());
+  EXPECT_EQ(profiled->nodes[1].activation_bytes,
+            graph.nodes[1].activation_bytes);
+}
+
+TEST(ApplyProfileTest, UncoveredNode_KeepsItsEstimate) {
+  const Graph graph = TinyGraph();
+  Profile profile = TinyProfile();
+  profile.nodes.erase(profile.nodes.begin() + 2);  // n2
+  absl::StatusOr<Graph> profiled = ApplyProfile(graph, profile);
+  ASSERT_TRUE(profiled.ok()) << profiled.status();
+  EXPECT_DOUBLE_EQ(profiled->nodes[2].time_s, graph.nodes[2].time_s);
+}
+
+TEST(ApplyProfileTest, ProfileOfAnotherGraph_FailsNamingTheHash) {
+  Profile profile = TinyProfile();
+  profile.graph_hash = "0123456789abcdef";
+  absl::StatusOr<Graph> profiled = ApplyProfile(TinyGraph(), profile);
+  ASSERT_FALSE(profiled.ok());
+  EXPECT_EQ(profiled.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(profiled.status().message(), HasSubstr("0123456789abcdef"));
+}
+
+TEST(FitCollectivesTest, TinyProfile_FitsBothKindsThroughTheSamples) {
+  HardwareModel hw = HardwareModel::H100(2);
+  ASSERT_TRUE(FitCollectives(TinyProfile(), hw).ok());
+  ASSERT_FALSE(hw.allgather_fit.empty());
+  ASSERT_FALSE(hw.reduce_scatter_fit.empty());
+  // All-gathers: (16640 B, 0.1 ms) twice and (250 KiB, 0.3 ms).
+  EXPECT_NEAR(hw.AllGatherSeconds(16640), 0.1e-3, 1e-12);
+  EXPECT_NEAR(hw.AllGatherSeconds(250 << 10), 0.3e-3, 1e-12);
+  // Reduce-scatters: (16640 B, 0.1 ms) and (250 KiB, 0.35 / 0.3 ms).
+  EXPECT_NEAR(hw.ReduceScatterSeconds(250 << 10), 0.325e-3, 1e-12);
+}
+
+TEST(FitCollectivesTest, NoCollectives_KeepsTheAnalyticModel) {
+  HardwareModel hw = HardwareModel::H100(16);
+  const double before = hw.AllGatherSeconds(1 << 30);
+  Profile profile = TinyProfile();
+  profile.collectives.clear();
+  ASSERT_TRUE(FitCollectives(profile, hw).ok());
+  EXPECT_TRUE(hw.allgather_fit.empty());
+  EXPECT_DOUBLE_EQ(hw.AllGatherSeconds(1 << 30), before);
+}
+
+TEST(FitCollectivesTest, NegativeTime_InvalidArgument) {
+  HardwareModel hw = HardwareModel::H100(2);
+  Profile profile = TinyProfile();
+  profile.collectives[0].issue_to_done_s = -1;
+  EXPECT_EQ(FitCollectives(profile, hw).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PlanTest, TandemOnTinyLlama_PassesSemanticsAndFits) {
+  const Graph graph = TinyLlama(4);
+  const HardwareModel hw = HardwareModel::H100(4);
+  RecordingSink sink;
+  PlanOptions options;
+  options.sink = &sink;
+  absl::StatusOr<PlanResult> result = Plan(graph, hw, options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(CheckScheduleSemantics(graph, result->schedule).ok())
+      << CheckScheduleSemantics(graph, result->schedule);
+  EXPECT_TRUE(ValidateSchedule(result->schedule, graph).ok());
+  EXPECT_TRUE(result->feasible);
+  EXPECT_LE(result->sim.peak_bytes, hw.budget());
+  EXPECT_THAT(result->schedule.provenance.passes,
+              ElementsAre("zero3-insert", "offload", "prefetch", "unshard",
+                          "prefetch"));
+  EXPECT_EQ(sink.passes, result->schedule.provenance.passes);
+  EXPECT_EQ(result->schedule.graph_hash, graph.StructuralHash());
+  EXPECT_EQ(result->schedule.budget_bytes, hw.budget());
+  EXPECT_DOUBLE_EQ(result->schedule.prediction.iteration_s,
+                   result->sim.iteration_s);
+  EXPECT_EQ(result->schedule.prediction.peak_bytes, result->sim.peak_bytes);
+  EXPECT_GT(result->plan_wall_s, 0);
+  EXPECT_DOUBLE_EQ(result->schedule.provenance.plan_wall_s,
+                   result->plan_wall_s);
+  // The simulation returned is the schedule's.
+  absl::StatusOr<SimResult> again = Simulate(graph, result->schedule, hw);
+  ASSERT_TRUE(again.ok());
+  EXPECT_DOUBLE_EQ(again->iteration_s, result->sim.iteration_s);
+  EXPECT_EQ(again->peak_bytes, result->sim.peak_bytes);
+}
+
+TEST(PlanTest, EveryPolicyOnTinyLlama_KeepsEveryInvariant) {
+  const Graph graph = TinyLlama(8);
+  const HardwareModel hw = HardwareModel::H100(8);
+  for (Policy policy : AllPolicies()) {
+    PlanOptions options;
+    options.policy = policy;
+    absl::StatusOr<PlanResult> result = Plan(graph, hw, options);
+    ASSERT_TRUE(result.ok()) << PolicyName(policy) << ": " << result.status();
+    EXPECT_TRUE(CheckScheduleSemantics(graph, result->schedule).ok())
+        << PolicyName(policy);
+    EXPECT_TRUE(result->feasible) << PolicyName(policy);
+    EXPECT_FALSE(result->schedule.provenance.passes.empty());
+  }
+}
+
+TEST(PlanTest, ReferencePolicyOverBudget_ReturnsPlanMarkedInfeasible) {
+  const Graph graph = TinyLlama(4);
+  HardwareModel hw = HardwareModel::H100(4);
+  PlanOptions options;
+  options.policy = Policy::kOnDemand;
+  absl::StatusOr<PlanResult> fits = Plan(graph, hw, options);
+  ASSERT_TRUE(fits.ok());
+  hw.budget_bytes = fits->sim.peak_bytes - 1;
+  absl::StatusOr<PlanResult> over = Plan(graph, hw, options);
+  ASSERT_TRUE(over.ok()) << over.status();
+  EXPECT_FALSE(over->feasible);
+  EXPECT_EQ(over->sim.peak_bytes, fits->sim.peak_bytes);
+  EXPECT_TRUE(CheckScheduleSemantics(graph, over->schedule).ok());
+}
+
+TEST(PlanTest, InfeasibleBudget_ResourceExhaustedNamingSmallestFeasible) {
+  const Graph graph = TinyLlama(4);
+  HardwareModel hw = HardwareModel::H100(4);
+  absl::StatusOr<int64_t> smallest = SmallestFeasibleBudget(graph, hw);
+  ASSERT_TRUE(smallest.ok()) << smallest.status();
+  hw.budget_bytes = *smallest - 4096;
+  absl::StatusOr<PlanResult> result = Plan(graph, hw, PlanOptions());
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(
+      result.status().message(),
+      HasSubstr("smallest feasible budget is " + FormatBytes(*smallest)));
+}
+
+TEST(PlanTest, SmallestFeasibleBudget_TandemPlanFits) {
+  const Graph graph = TinyLlama(4);
+  HardwareModel hw = HardwareModel::H100(4);
+  absl::StatusOr<int64_t> smallest = SmallestFeasibleBudget(graph, hw);
+  ASSERT_TRUE(smallest.ok());
+  // Below every plan that keeps the optimizer states on the device.
+  PlanOptions on_demand;
+  on_demand.policy = Policy::kOnDemand;
+  absl::StatusOr<PlanResult> baseline = Plan(graph, hw, on_demand);
+  ASSERT_TRUE(baseline.ok());
+  EXPECT_LT(*smallest, baseline->sim.peak_bytes);
+
+  hw.budget_bytes = *smallest;
+  absl::StatusOr<PlanResult> result = Plan(graph, hw, PlanOptions());
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->feasible);
+  EXPECT_LE(result->sim.peak_bytes, *smallest);
+  EXPECT_FALSE(result->schedule.offloads.empty());
+  EXPECT_TRUE(CheckScheduleSemantics(graph, result->schedule).ok());
+}
+
+TEST(PlanTest, HardwareForOtherWorld_InvalidArgument) {
+  absl::StatusOr<PlanResult> result =
+      Plan(TinyLlama(4), HardwareModel::H100(8), PlanOptions());
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(result.status().message(), HasSubstr("world=4"));
+}
+
+TEST(PlanTest, InvalidGraph_InvalidArgument) {
+  Graph graph = TinyLlama(4);
+  graph.nodes[0].param_ids.push_back(9999);
+  absl::StatusOr<PlanResult> result =
+      Plan(graph, HardwareModel::H100(4), PlanOptions());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PlanTest, Zero1ForReferencePolicy_InvalidArgument) {
+  PlanOptions options;
+  options.policy = Policy::kFsdp;
+  options.mode = ShardingMode::kZero1;
+  absl::StatusOr<PlanResult> result =
+      Plan(TinyLlama(4), HardwareModel::H100(4), options);
+  ASSERT_FALSE(result.ok());
+  EXPECT_THAT(result.status().message(), HasSubstr("tandem"));
+}
+
+TEST(PlanTest, Zero1Tandem_PlansZero1Schedule) {
+  const Graph graph = TinyLlama(4);
+  PlanOptions options;
+  options.mode = ShardingMode::kZero1;
+  absl::StatusOr<PlanResult> result =
+      Plan(graph, HardwareModel::H100(4), options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->schedule.mode, ShardingMode::kZero1);
+  EXPECT_THAT(result->schedule.provenance.passes,
+              ElementsAre("zero1", "offload"));
+  EXPECT_TRUE(CheckScheduleSemantics(graph, result->schedule).ok());
+}
+
+}  // namespace
+}  // namespace tandem

@@ -135,6 +135,7 @@ absl::Status ValidateGraph(const Graph& graph) {
   Problems bad_twins("backward nodes without a valid forward twin");
   Problems bad_forward("forward nodes with backward-only attributes");
   Problems bad_order("nodes out of phase order");
+  Problems bad_optimizer("optimizer nodes that name params");
   absl::flat_hash_map<int32_t, int32_t> twin_of_forward;  // fwd -> bwd id
   bool seen_optimizer = false;
   for (size_t i = 0; i < graph.nodes.size(); ++i) {
@@ -202,6 +203,7 @@ absl::Status ValidateGraph(const Graph& graph) {
       }
       case Phase::kOptimizer:
         seen_optimizer = true;
+        if (!n.param_ids.empty()) bad_optimizer.Add(NodeRef(n));
         break;
     }
   }
@@ -217,6 +219,9 @@ absl::Status ValidateGraph(const Graph& graph) {
       "A backward node names (of=) an earlier forward node of the same "
       "micro-batch, mirrors no other backward's twin, and uses the same "
       "params."));
+  RETURN_IF_ERROR(bad_optimizer.ToStatus(
+      "Optimizer nodes step the shards and use no gathered params: drop "
+      "their params= list."));
   RETURN_IF_ERROR(bad_order.ToStatus(
       "Put the optimizer nodes after every forward and backward node."));
   return absl::OkStatus();

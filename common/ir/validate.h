@@ -19,7 +19,8 @@ namespace tandem {
 // [0, micro_batches); every backward node names (`of`) a forward node earlier
 // in the graph of the same micro-batch that no other backward node mirrors,
 // and uses the same params; forward nodes carry no twin and no recompute
-// flag; optimizer nodes come after every backward node.
+// flag; optimizer nodes name no params (they step shards) and come after
+// every backward node.
 absl::Status ValidateGraph(const Graph& graph);
 
 // A schedule is valid for `graph` when: its graph_hash is the graph's

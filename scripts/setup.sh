@@ -30,6 +30,7 @@ PACKAGES=(
   prometheus slurm-wlm munge iproute2
   # python client and the PyTorch peer in benchmarks
   python3 python3-grpcio python3-protobuf python3-yaml python3-pytest python3-torch
+  python3-pip
 )
 
 as_root() {

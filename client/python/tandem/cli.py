@@ -1,0 +1,306 @@
+"""The ``tandem`` command line.
+
+    tandem [--coordinator ADDR] submit job.yaml [--watch] [-q]
+    tandem status JOB [--spec]
+    tandem watch JOB
+    tandem list [--state S] [--limit N]
+    tandem cancel JOB [--reason R]
+    tandem reoptimize JOB [--reason R]
+    tandem schedule JOB [--version N]
+
+Exit status: 0 on success (for watch: the job SUCCEEDED); 1 when the
+coordinator refused or could not be reached, or a watched job FAILED or was
+CANCELLED; 2 for usage errors, including a job spec file that does not fit
+the JobSpec schema; 130 on Ctrl-C.
+"""
+
+import argparse
+import sys
+import time
+
+import grpc
+
+from tandem import spec as spec_mod
+from tandem.client import Client, default_address, is_terminal, state_name
+from tandem.errors import TandemError
+from tandem.progress import ProgressView, event_line, fmt_time
+from tandem.v1 import job_pb2
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def _out(text=""):
+    sys.stdout.write(text + "\n")
+
+
+def _err(text):
+    sys.stderr.write("tandem: %s\n" % text)
+    sys.stderr.flush()
+
+
+# ---------------------------------------------------------------- commands
+
+def cmd_submit(client, args):
+    spec = spec_mod.load_spec_file(args.spec)
+    job = client.submit(spec)
+    if args.quiet:
+        _out(job.id)
+    else:
+        _out("submitted job %s: %s, waiting for %d workers" %
+             (job.id, state_name(job.state), job.spec.parallel.world_size))
+        if not args.watch:
+            _out("  watch it with: tandem watch %s" % job.id)
+    sys.stdout.flush()
+    if args.watch:
+        return watch_job(client, job.id, args)
+    return EXIT_OK
+
+
+def _describe_spec(spec):
+    m, b, p = spec.model, spec.batch, spec.parallel
+    dtype = spec_mod.enum_short_name(
+        job_pb2.ModelSpec.DESCRIPTOR.fields_by_name["dtype"].enum_type, m.dtype)
+    model = "%s: %d layers, d_model %d, %d heads (%d kv), ffn %d, vocab %d" % (
+        m.preset, m.layers, m.d_model, m.heads, m.kv_heads, m.ffn, m.vocab)
+    if m.experts:
+        model += ", %d experts (top %d)" % (m.experts, m.top_k)
+    model += ", %s" % dtype
+    if m.activation_checkpointing:
+        model += ", activation checkpointing"
+    batch = ("%d ranks x micro_batch %d x seq_len %d x grad_accum %d = "
+             "{:,} tokens/step".format(spec_mod.global_tokens_per_step(spec))
+             % (p.world_size, b.micro_batch, b.seq_len, b.grad_accum))
+    return model, batch
+
+
+def cmd_status(client, args):
+    job, events = client.get(args.job)
+    total = job.spec.train.steps
+    model, batch = _describe_spec(job.spec)
+    rows = [
+        ("job", job.id),
+        ("state", state_name(job.state)),
+        ("step", "%d/%d" % (job.step, total)),
+        ("loss", "%.4f" % job.loss if job.step > 0 else "-"),
+        ("schedule", "v%d" % job.schedule_version if job.schedule_version
+         else "baseline (v0)"),
+        ("submitted", fmt_time(job.submitted_unix_s, with_date=True)),
+    ]
+    if job.error:
+        rows.append(("error", job.error))
+    rows += [("model", model), ("batch", batch),
+             ("zero", "stage %d" % job.spec.parallel.zero_stage),
+             ("passes", ", ".join(job.spec.optimize.passes))]
+    for k, v in rows:
+        _out("%-10s %s" % (k, v))
+    if args.spec:
+        _out("spec:")
+        for line in spec_mod.spec_to_yaml(job.spec).splitlines():
+            _out("  " + line)
+    _out("events:")
+    for e in events:
+        _out("  " + event_line(e))
+    return EXIT_OK
+
+
+def cmd_list(client, args):
+    states = []
+    for s in args.state or []:
+        states += [x for x in s.split(",") if x.strip()]
+    jobs = client.list(states=states, limit=args.limit)
+    if not jobs:
+        _out("no jobs" + (" in state %s" % ", ".join(states) if states else ""))
+        return EXIT_OK
+    rows = [("JOB", "STATE", "STEP", "SCHEDULE", "SUBMITTED")]
+    for j in jobs:
+        rows.append((j.id, state_name(j.state),
+                     "%d/%d" % (j.step, j.spec.train.steps),
+                     "v%d" % j.schedule_version,
+                     fmt_time(j.submitted_unix_s, with_date=True)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        _out("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return EXIT_OK
+
+
+def cmd_cancel(client, args):
+    job = client.cancel(args.job, reason=args.reason)
+    _out("job %s %s%s" % (job.id, state_name(job.state),
+                          ": " + job.error if job.error else ""))
+    return EXIT_OK
+
+
+def cmd_reoptimize(client, args):
+    version = client.reoptimize(args.job, reason=args.reason)
+    _out("job %s: re-plan requested; schedule v%d will be planned next" %
+         (args.job, version))
+    return EXIT_OK
+
+
+def cmd_schedule(client, args):
+    result = client.schedule(args.job, version=args.version)
+    text = result.text
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    return EXIT_OK
+
+
+def cmd_watch(client, args):
+    return watch_job(client, args.job, args)
+
+
+def watch_job(client, job_id, args):
+    """Follows a job to its end; reconnects (replaying missed events) when
+    the coordinator goes away for less than --reconnect-s."""
+    view = ProgressView()
+    last_seq = 0
+    job = None
+    lost_since = None
+    while True:
+        try:
+            for job, event in client.watch(job_id, after_seq=last_seq):
+                lost_since = None
+                if event is not None:
+                    last_seq = max(last_seq, event.seq)
+                    view.event(job, event)
+                else:
+                    view.update(job)
+            if job is not None and is_terminal(job.state):
+                break
+            raise TandemError("the watch stream ended early",
+                              code=grpc.StatusCode.UNAVAILABLE)
+        except TandemError as e:
+            retriable = e.code in (grpc.StatusCode.UNAVAILABLE,
+                                   grpc.StatusCode.CANCELLED)
+            if job is None or not retriable or args.reconnect_s <= 0:
+                view.finish()
+                raise
+            now = time.monotonic()
+            if lost_since is None:
+                lost_since = now
+                view.note("lost the coordinator at %s; reconnecting for up "
+                          "to %gs" % (client.address, args.reconnect_s))
+            elif now - lost_since > args.reconnect_s:
+                view.finish()
+                raise
+            time.sleep(0.5)
+    view.finish()
+    if job.state == job_pb2.JOB_STATE_SUCCEEDED:
+        _out("job %s SUCCEEDED after %d steps" % (job.id, job.step))
+        return EXIT_OK
+    _err("job %s %s%s" % (job.id, state_name(job.state),
+                          ": " + job.error if job.error else ""))
+    return EXIT_ERROR
+
+
+# ---------------------------------------------------------------- parser
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, "%s: error: %s\n" % (self.prog, message))
+
+
+def build_parser():
+    # --coordinator and --timeout work before or after the command; given
+    # after it, they override.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--coordinator", metavar="ADDR",
+                        default=argparse.SUPPRESS,
+                        help="coordinator address HOST:PORT (default: "
+                             "$TANDEM_COORDINATOR or 127.0.0.1:50051)")
+    common.add_argument("--timeout", type=float, metavar="S",
+                        default=argparse.SUPPRESS,
+                        help="seconds to wait for each call (default 30)")
+
+    p = _Parser(prog="tandem",
+                description="Submit, watch and steer tandem training jobs.",
+                epilog="Exit status: 0 ok; 1 coordinator error, unreachable "
+                       "coordinator, or watched job FAILED/CANCELLED; "
+                       "2 usage error or bad job spec file.")
+    p.add_argument("--coordinator", metavar="ADDR", default=None,
+                   help="coordinator address HOST:PORT (default: "
+                        "$TANDEM_COORDINATOR or 127.0.0.1:50051)")
+    p.add_argument("--timeout", type=float, metavar="S", default=30.0,
+                   help="seconds to wait for each call (default 30)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND",
+                           parser_class=_Parser)
+
+    def add(name, fn, help_text):
+        sp = sub.add_parser(name, parents=[common], help=help_text,
+                            description=help_text)
+        sp.set_defaults(fn=fn)
+        return sp
+
+    def add_watch_flags(sp):
+        sp.add_argument("--reconnect-s", type=float, default=60.0,
+                        metavar="S",
+                        help="keep retrying this long when the coordinator "
+                             "goes away (default 60; 0: give up at once)")
+
+    sp = add("submit", cmd_submit, "submit a job from a YAML job spec")
+    sp.add_argument("spec", metavar="job.yaml", help="YAML job spec")
+    sp.add_argument("--watch", "-w", action="store_true",
+                    help="then watch it to the end")
+    sp.add_argument("--quiet", "-q", action="store_true",
+                    help="print only the job id")
+    add_watch_flags(sp)
+
+    sp = add("status", cmd_status, "show a job and its events")
+    sp.add_argument("job", metavar="JOB")
+    sp.add_argument("--spec", action="store_true",
+                    help="also print the full job spec, defaults applied")
+
+    sp = add("watch", cmd_watch,
+             "follow a job until it ends (exit 0 if it SUCCEEDED, 1 if it "
+             "FAILED or was CANCELLED)")
+    sp.add_argument("job", metavar="JOB")
+    add_watch_flags(sp)
+
+    sp = add("list", cmd_list, "list jobs, newest first")
+    sp.add_argument("--state", action="append", metavar="S",
+                    help="only jobs in this state (PENDING, RUNNING, "
+                         "SUCCEEDED, FAILED, CANCELLED); repeat or "
+                         "comma-separate for several")
+    sp.add_argument("--limit", type=int, default=100,
+                    help="at most this many (default 100)")
+
+    sp = add("cancel", cmd_cancel, "cancel a job")
+    sp.add_argument("job", metavar="JOB")
+    sp.add_argument("--reason", default="", help="recorded with the job")
+
+    sp = add("reoptimize", cmd_reoptimize,
+             "re-plan a running job now, drift or not")
+    sp.add_argument("job", metavar="JOB")
+    sp.add_argument("--reason", default="", help="recorded as an event")
+
+    sp = add("schedule", cmd_schedule, "print a schedule in its text form")
+    sp.add_argument("job", metavar="JOB")
+    sp.add_argument("--version", type=int, default=0,
+                    help="schedule version (default 0: the active one)")
+    return p
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "fn", None):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    if args.timeout is not None and args.timeout <= 0:
+        parser.error("--timeout must be > 0")
+    client = Client(args.coordinator or default_address(),
+                    timeout=args.timeout)
+    try:
+        return args.fn(client, args)
+    except TandemError as e:
+        _err(e.message)
+        # Found before any call (a bad spec file, an unknown state): usage.
+        return EXIT_USAGE if e.code is None else EXIT_ERROR
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        sys.stderr.close()  # `tandem list | head`: nothing more to say
+        return EXIT_OK
+    finally:
+        client.close()

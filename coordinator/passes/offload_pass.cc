@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "common/sim/simulator.h"
@@ -73,6 +74,16 @@ class OffloadPlanner {
     std::stable_sort(candidates_.begin(), candidates_.end(), LargerFirst);
   }
 
+  // Chains reloads on the simulated clock of the current plan (compute
+  // reaches the slot before node j when node j−1 ends, stalls included)
+  // instead of the stall-free one, each copy counted `stretch` times.
+  void UseSimulatedClock(const SimResult& sim, double stretch) {
+    const int n = static_cast<int>(graph_.nodes.size());
+    start_.assign(n + 1, 0.0);
+    for (int j = 1; j <= n; ++j) start_[j] = sim.nodes[j - 1].end_s;
+    stretch_ = stretch;
+  }
+
   const std::vector<Candidate>& candidates() const { return candidates_; }
   int optimizer_pos() const { return optimizer_; }
 
@@ -84,7 +95,7 @@ class OffloadPlanner {
     double end = start_[optimizer_];
     const int lowest = std::min(first_forward_ + 1, optimizer_);
     for (size_t i = chosen.size(); i-- > 0;) {
-      end -= context_.hw().HostCopySeconds(chosen[i].bytes);
+      end -= stretch_ * context_.hw().HostCopySeconds(chosen[i].bytes);
       auto it = std::upper_bound(start_.begin(),
                                  start_.begin() + optimizer_ + 1, end);
       int j =
@@ -154,15 +165,122 @@ class OffloadPlanner {
   const Graph& graph_;
   Schedule base_;
   std::vector<double> start_;
+  double stretch_ = 1;
   int first_forward_ = 0;
   int optimizer_ = 0;
   std::vector<Candidate> candidates_;
 };
 
+// Relative iteration-time difference treated as a tie.
+constexpr double kTie = 1e-9;
+// Lending: reloads are chained back from the optimizer with each copy
+// counted this many times, as later passes shorten the timeline.
+constexpr double kLendStretch = 3.0;
+// Returning: halvings of the set of entries tried.
+constexpr int kMaxReturnTrials = 12;
+
+bool NoSlower(const SimResult& a, const SimResult& b) {
+  return a.iteration_s <= b.iteration_s * (1 + kTie) + 1e-12;
+}
+
+// Role::kLend: every optimizer state offloaded during forward, reloaded
+// during backward on the current plan's clock, when the plan is
+// communication-bound and the copies cost no time.
+absl::StatusOr<bool> Lend(PlanningContext& context) {
+  const SimResult& now = context.sim();
+  const Schedule& schedule = context.schedule();
+  if (schedule.mode != ShardingMode::kZero3 || schedule.groups.empty() ||
+      now.comm_s <= now.compute_s) {
+    return false;
+  }
+  OffloadPlanner planner(context, schedule);
+  if (planner.candidates().empty()) return false;
+  planner.UseSimulatedClock(now, kLendStretch);
+  const std::vector<Candidate>& all = planner.candidates();
+  Schedule plan = planner.Build(all, planner.LatestReloads(all));
+  ASSIGN_OR_RETURN(SimResult sim,
+                   Simulate(context.graph(), plan, context.hw()));
+  if (sim.peak_bytes >= now.peak_bytes || !NoSlower(sim, now)) return false;
+  context.schedule() = std::move(plan);
+  RETURN_IF_ERROR(context.Resimulate());
+  return true;
+}
+
+// Role::kReturn: drops the smallest offload entries the plan no longer
+// needs (their bytes fit under budget − margin at the peak), keeping the
+// rest where they are.
+absl::StatusOr<bool> Return(PlanningContext& context) {
+  const Schedule& schedule = context.schedule();
+  if (schedule.offloads.empty()) return false;
+  const int64_t budget = context.budget();
+  const int64_t target =
+      budget - static_cast<int64_t>(context.options().memory_margin *
+                                    static_cast<double>(budget));
+  const SimResult now = context.sim();
+  if (now.peak_bytes >= target) return false;
+  // Entries by bytes, smallest first (ties: later entries first).
+  std::vector<int> order(schedule.offloads.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return schedule.offloads[a].bytes < schedule.offloads[b].bytes;
+  });
+  size_t count = 0;
+  int64_t bytes = 0;
+  while (count < order.size() &&
+         bytes + schedule.offloads[order[count]].bytes <=
+             target - now.peak_bytes) {
+    bytes += schedule.offloads[order[count]].bytes;
+    ++count;
+  }
+  for (int trial = 0; trial < kMaxReturnTrials && count > 0; ++trial) {
+    std::vector<bool> drop(schedule.offloads.size(), false);
+    absl::flat_hash_set<int32_t> dropped;
+    for (size_t i = 0; i < count; ++i) {
+      drop[order[i]] = true;
+      dropped.insert(schedule.offloads[order[i]].id);
+    }
+    Schedule fewer = schedule;
+    fewer.offloads.clear();
+    for (size_t i = 0; i < schedule.offloads.size(); ++i) {
+      if (!drop[i]) fewer.offloads.push_back(schedule.offloads[i]);
+    }
+    fewer.actions.clear();
+    for (const Action& a : schedule.actions) {
+      const bool copy =
+          a.kind == ActionKind::kOffload || a.kind == ActionKind::kReload;
+      if (copy && dropped.contains(a.offload_id)) continue;
+      fewer.actions.push_back(a);
+    }
+    ASSIGN_OR_RETURN(SimResult sim,
+                     Simulate(context.graph(), fewer, context.hw()));
+    if (sim.peak_bytes <= target && NoSlower(sim, now)) {
+      context.schedule() = std::move(fewer);
+      RETURN_IF_ERROR(context.Resimulate());
+      return true;
+    }
+    count /= 2;
+  }
+  return false;
+}
+
 }  // namespace
+
+absl::string_view OffloadPass::name() const {
+  switch (role_) {
+    case Role::kFit:
+      break;
+    case Role::kLend:
+      return "offload-lend";
+    case Role::kReturn:
+      return "offload-return";
+  }
+  return "offload";
+}
 
 absl::StatusOr<bool> OffloadPass::RunImpl(PlanningContext& context) {
   if (!context.has_sim()) RETURN_IF_ERROR(context.Resimulate());
+  if (role_ == Role::kLend) return Lend(context);
+  if (role_ == Role::kReturn) return Return(context);
   const int64_t budget = context.budget();
   const int64_t margin = static_cast<int64_t>(context.options().memory_margin *
                                               static_cast<double>(budget));

@@ -24,6 +24,21 @@
 // overlap compute cost far less than exposed gathers. When even every
 // state offloaded (reloaded right before the optimizer) cannot fit, fails
 // with ResourceExhausted naming the smallest budget that would.
+//
+// Two more roles serve unshard in Tandem's pipeline (README.md):
+//   - kLend ("offload-lend"): when the plan is communication-bound
+//     (Σ communication > Σ compute), memory at the turn from forward to
+//     backward is worth more as params kept gathered than as optimizer
+//     states, which only the optimizer reads. Every param's states are
+//     copied out after the first forward node and back during backward,
+//     chained from the optimizer's start on the current plan's simulated
+//     clock with each copy counted 3 times (the later passes shorten that
+//     clock). Kept only when the simulation shows a lower peak and no
+//     slower iteration: the copies overlap on the host link.
+//   - kReturn ("offload-return"): after unshard, drops the smallest entries
+//     whose bytes still fit under budget − memory_margin·budget at the peak
+//     (halving the set while the simulation disagrees), so just enough
+//     state stays on the host.
 #ifndef TANDEM_COORDINATOR_PASSES_OFFLOAD_PASS_H_
 #define TANDEM_COORDINATOR_PASSES_OFFLOAD_PASS_H_
 
@@ -33,12 +48,24 @@ namespace tandem {
 
 class OffloadPass : public PlanningPass {
  public:
-  OffloadPass() = default;
+  enum class Role {
+    // Make the plan fit (above); "offload".
+    kFit,
+    // Lend headroom to unshard; "offload-lend".
+    kLend,
+    // Take back what unshard did not use; "offload-return".
+    kReturn,
+  };
 
-  absl::string_view name() const override { return "offload"; }
+  explicit OffloadPass(Role role = Role::kFit) : role_(role) {}
+
+  absl::string_view name() const override;
 
  protected:
   absl::StatusOr<bool> RunImpl(PlanningContext& context) override;
+
+ private:
+  Role role_;
 };
 
 }  // namespace tandem

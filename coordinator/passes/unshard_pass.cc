@@ -1,6 +1,7 @@
 #include "coordinator/passes/unshard_pass.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <map>
 #include <utility>
@@ -19,24 +20,70 @@ namespace {
 constexpr int kFillRounds = 3;
 constexpr int kMaxBackoffs = 12;
 constexpr int kExactItems = 16;
+// A group is made persistent rather than kept only when that is worth this
+// many times the value of keeping it. Both cost the same bytes at the turn
+// from forward to backward, but a persistent group holds them all
+// iteration, next to optimizer states that are only lent to the host tier
+// between forward and backward. With one gather each way (latency L,
+// transfer time B) keeping saves L + B and persistence 2L + B (the refresh
+// after the step adds B, its latency shared), so 1.5 picks persistence
+// exactly for latency-bound groups (L > B): small params such as norms.
+constexpr double kPersistentGain = 1.5;
+
+enum class Hold {
+  // Gathered from its first gather to its last release: every gather and
+  // release in between is dropped.
+  kKeep,
+  // Persistent: no gather, wait or release at all; refreshed after the step.
+  kPersistent,
+};
 
 struct Item {
   int group_pos = 0;
+  Hold hold = Hold::kKeep;
   double value = 0;
   int64_t cost = 0;
 };
 
-// The base schedule with the groups at `chosen` (positions into
-// base.groups) persistent.
-Schedule Unshard(const Schedule& base, const std::vector<int>& chosen) {
+// Program-order rank of each action (slot, then list order); -1 for actions
+// on unknown nodes.
+std::vector<int64_t> ProgramOrder(const GraphIndex& index, const Graph& graph,
+                                  const Schedule& schedule) {
+  const size_t n = graph.nodes.size();
+  std::vector<std::vector<int>> slots(2 * n);
+  for (size_t i = 0; i < schedule.actions.size(); ++i) {
+    const Action& a = schedule.actions[i];
+    const int pos = index.NodePos(a.node_id);
+    if (pos < 0) continue;
+    slots[2 * pos + (a.position == AnchorPosition::kAfter ? 1 : 0)].push_back(
+        static_cast<int>(i));
+  }
+  std::vector<int64_t> seq(schedule.actions.size(), -1);
+  int64_t next = 0;
+  for (const std::vector<int>& slot : slots) {
+    for (int i : slot) seq[i] = next++;
+  }
+  return seq;
+}
+
+// The base schedule with the chosen groups (positions into base.groups)
+// kept gathered from their first gather to their last release, or
+// persistent. `seq` is ProgramOrder(base).
+Schedule Unshard(const Schedule& base, const std::vector<int64_t>& seq,
+                 const std::vector<Item>& chosen) {
   Schedule out = base;
   if (chosen.empty()) return out;
   absl::flat_hash_set<int32_t> dropped_ids;
+  absl::flat_hash_set<int32_t> kept_ids;
   std::vector<int32_t> params;
-  for (int g : chosen) {
-    dropped_ids.insert(base.groups[g].id);
-    params.insert(params.end(), base.groups[g].param_ids.begin(),
-                  base.groups[g].param_ids.end());
+  for (const Item& item : chosen) {
+    const GatherGroup& g = base.groups[item.group_pos];
+    if (item.hold == Hold::kKeep) {
+      kept_ids.insert(g.id);
+      continue;
+    }
+    dropped_ids.insert(g.id);
+    params.insert(params.end(), g.param_ids.begin(), g.param_ids.end());
   }
   std::sort(params.begin(), params.end());
   out.persistent_param_ids.insert(out.persistent_param_ids.end(),
@@ -45,12 +92,53 @@ Schedule Unshard(const Schedule& base, const std::vector<int>& chosen) {
   for (const GatherGroup& g : base.groups) {
     if (!dropped_ids.contains(g.id)) out.groups.push_back(g);
   }
+  // Kept groups: the first ALLGATHER and WAIT and the last RELEASE in
+  // program order survive.
+  absl::flat_hash_map<int32_t, std::array<int, 3>> keep;  // gather, wait, rel
+  for (int32_t id : kept_ids) keep[id] = {-1, -1, -1};
+  for (size_t i = 0; i < base.actions.size(); ++i) {
+    const Action& a = base.actions[i];
+    auto it = keep.find(a.group_id);
+    if (it == keep.end() || seq[i] < 0) continue;
+    int slot = -1;
+    bool first = true;
+    switch (a.kind) {
+      case ActionKind::kAllGather:
+        slot = 0;
+        break;
+      case ActionKind::kWait:
+        slot = 1;
+        break;
+      case ActionKind::kRelease:
+        slot = 2;
+        first = false;
+        break;
+      default:
+        continue;
+    }
+    int& best = it->second[slot];
+    if (best < 0 || (first ? seq[i] < seq[best] : seq[i] > seq[best])) {
+      best = static_cast<int>(i);
+    }
+  }
   out.actions.clear();
-  for (const Action& a : base.actions) {
+  for (size_t i = 0; i < base.actions.size(); ++i) {
+    const Action& a = base.actions[i];
     const bool group_action = a.kind == ActionKind::kAllGather ||
                               a.kind == ActionKind::kWait ||
                               a.kind == ActionKind::kRelease;
     if (group_action && dropped_ids.contains(a.group_id)) continue;
+    if (group_action && seq[i] >= 0) {
+      auto it = keep.find(a.group_id);
+      if (it != keep.end()) {
+        const std::array<int, 3>& survivors = it->second;
+        if (static_cast<int>(i) != survivors[0] &&
+            static_cast<int>(i) != survivors[1] &&
+            static_cast<int>(i) != survivors[2]) {
+          continue;
+        }
+      }
+    }
     out.actions.push_back(a);
   }
   return out;
@@ -219,10 +307,21 @@ absl::StatusOr<bool> UnshardPass::RunImpl(PlanningContext& context) {
     }
     Item item;
     item.group_pos = static_cast<int>(g);
-    item.value = gather_s[g] * weight - refresh_s[g];
     for (int32_t p : base.groups[g].param_ids) {
       const int pos = index.ParamPos(p);
       if (pos >= 0) item.cost += graph.params[pos].bytes();
+    }
+    // Kept: every gather but the first is saved. Persistent: every gather,
+    // less the group's share of the refresh.
+    const double one = gathers[g] > 0 ? gather_s[g] / gathers[g] : 0.0;
+    const double keep = (gather_s[g] - one) * weight;
+    const double persist = gather_s[g] * weight - refresh_s[g];
+    if (kPersistentGain * keep >= persist) {
+      item.hold = Hold::kKeep;
+      item.value = keep;
+    } else {
+      item.hold = Hold::kPersistent;
+      item.value = persist;
     }
     if (item.value > 0 && item.cost > 0) items.push_back(item);
   }
@@ -249,6 +348,7 @@ absl::StatusOr<bool> UnshardPass::RunImpl(PlanningContext& context) {
     }
   }
 
+  const std::vector<int64_t> order = ProgramOrder(index, graph, base);
   std::vector<Item> chosen;
   std::vector<bool> considered(items.size(), false);
   Schedule best = base;
@@ -282,9 +382,7 @@ absl::StatusOr<bool> UnshardPass::RunImpl(PlanningContext& context) {
     // gathers queued behind gathers). Then the least valuable per byte.
     auto evaluate = [&](const std::vector<Item>& set, Schedule* schedule,
                         SimResult* sim) -> absl::StatusOr<bool> {
-      std::vector<int> groups;
-      for (const Item& item : set) groups.push_back(item.group_pos);
-      *schedule = Unshard(base, groups);
+      *schedule = Unshard(base, order, set);
       ASSIGN_OR_RETURN(*sim, Simulate(graph, *schedule, context.hw()));
       return sim->peak_bytes <= target &&
              sim->iteration_s <= best_sim.iteration_s * (1 + 1e-9) + 1e-12;

@@ -1,33 +1,41 @@
-// unshard: keeps chosen params gathered for the whole iteration (persistent:
-// no ALLGATHER, WAIT or RELEASE for them), spending the memory headroom
-// budget − simulated peak − memory_margin·budget where it saves the most
-// time. Every gather a group no longer needs is saved: forward, backward
-// (the recompute under checkpointing) and every micro-batch, so gradient
-// accumulation makes this pay most.
+// unshard: keeps chosen gather groups gathered across phases, spending the
+// memory headroom budget − simulated peak − memory_margin·budget where it
+// saves the most time. Each chosen group is held one of two ways:
+//   - kept: gathered at its first gather and released at its last release;
+//     every RELEASE, ALLGATHER and WAIT of it in between is dropped, so the
+//     backward gather (the recompute's, under checkpointing) and every
+//     later micro-batch's gathers are saved. It holds its bytes from its
+//     first forward use to its last backward use;
+//   - persistent: no ALLGATHER, WAIT or RELEASE at all, bytes held all
+//     iteration, and re-gathered in the one fused all-gather that refreshes
+//     persistent params after the optimizer (always exposed). Chosen only
+//     for latency-bound groups (small params such as norms), where that
+//     refresh costs next to nothing and the first gather's latency counts.
+// Gradient accumulation makes both pay most.
 //
-// A group's value is its gather seconds over all its occurrences, weighted by
-// how much of them lies on the critical path: all of it when communication is
-// the bottleneck (Σ communication >= Σ compute: every second saved shortens
-// the iteration), otherwise the larger of the group's own exposed fraction and
-// the schedule's, less what its share of the one all-gather that refreshes
-// persistent params after the optimizer costs (always exposed). Its cost is
-// its full bytes, held all iteration. The choice
-// is a real 0/1 knapsack (exact for a few groups, else a dynamic program over
-// the headroom in ~2000 buckets), not a greedy ratio order that stops at the
-// first misfit. Among groups of equal cost and value (the same layer shape)
-// the picks are spread evenly over the model instead of taking a run of
-// consecutive layers: backward compute races through a run of persistent
-// groups, and every full gradient it leaves queued behind the reduce-scatters
-// stays alive. The real peak differs from the estimate both ways (a group
-// gathered at the peak moment was already counted; gradients queue), so the
-// pass simulates the choice, keeps the longest prefix that fits (binary
-// search; groups used just before the peak dropped first, then the least
-// valuable per byte), and refills the headroom the simulation reveals, a few
-// rounds: about a dozen simulations in all.
+// A group's value is the gather seconds it saves over all its occurrences,
+// weighted by how much of them lies on the critical path: all of it when
+// communication is the bottleneck (Σ communication >= Σ compute: every
+// second saved shortens the iteration), otherwise the larger of the group's
+// own exposed fraction and the schedule's; a persistent group's share of
+// the refresh is subtracted. Its cost is its full bytes: either way they are
+// live at the turn from forward to backward, where activations peak. The
+// choice is a real 0/1 knapsack (exact for a few groups, else a dynamic
+// program over the headroom in ~2000 buckets), not a greedy ratio order that
+// stops at the first misfit. Among groups of equal cost and value (the same
+// layer shape) the picks are spread evenly over the model instead of taking
+// a run of consecutive layers: backward compute races through a run of held
+// groups, and every full gradient it leaves queued behind the
+// reduce-scatters stays alive. The real peak differs from the estimate both
+// ways (a group gathered at the peak moment was already counted; gradients
+// queue), so the pass simulates the choice, keeps the longest prefix that
+// fits (binary search; groups used just before the peak dropped first, then
+// the least valuable per byte), and refills the headroom the simulation
+// reveals, a few rounds: about a dozen simulations in all.
 //
-// Whole gather groups are unsharded. Gathers of the remaining groups keep
-// their anchors; the pipeline runs prefetch again afterwards to re-anchor
-// them against the shorter timeline. Only ZeRO-3 schedules are touched.
+// Whole gather groups are held. Gathers of the remaining groups keep their
+// anchors; the pipeline runs prefetch again afterwards to re-anchor them
+// against the shorter timeline. Only ZeRO-3 schedules are touched.
 #ifndef TANDEM_COORDINATOR_PASSES_UNSHARD_PASS_H_
 #define TANDEM_COORDINATOR_PASSES_UNSHARD_PASS_H_
 

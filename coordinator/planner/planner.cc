@@ -78,7 +78,9 @@ std::unique_ptr<PassPipeline> BuildPipeline(Policy policy, ShardingMode mode,
         pipeline->AddPass<Zero3InsertPass>();
         pipeline->AddPass<OffloadPass>();
         pipeline->AddPass<PrefetchPass>();
+        pipeline->AddPass<OffloadPass>(OffloadPass::Role::kLend);
         pipeline->AddPass<UnshardPass>();
+        pipeline->AddPass<OffloadPass>(OffloadPass::Role::kReturn);
         pipeline->AddPass<PrefetchPass>();
       }
       break;

@@ -28,7 +28,9 @@ void AddTandemPasses(PassPipeline& pipeline) {
   pipeline.AddPass<Zero3InsertPass>();
   pipeline.AddPass<OffloadPass>();
   pipeline.AddPass<PrefetchPass>();
+  pipeline.AddPass<OffloadPass>(OffloadPass::Role::kLend);
   pipeline.AddPass<UnshardPass>();
+  pipeline.AddPass<OffloadPass>(OffloadPass::Role::kReturn);
   pipeline.AddPass<PrefetchPass>();
   pipeline.AddInvariantChecker<GatherBeforeUseChecker>();
   pipeline.AddInvariantChecker<NoUseAfterReleaseChecker>();
@@ -58,7 +60,7 @@ TEST(TandemPipelineTest, Run_OffloadFixture_FitsBudgetAfterEveryPass) {
   absl::StatusOr<bool> changed = pipeline.Run(context);
 
   ASSERT_TRUE(changed.ok()) << changed.status();
-  ASSERT_EQ(sink.records.size(), 5u);
+  ASSERT_EQ(sink.records.size(), 7u);
   EXPECT_FALSE(sink.records[0].changed);
   EXPECT_EQ(sink.records[1].pass, "offload");
   EXPECT_TRUE(sink.records[1].changed);

@@ -22,6 +22,10 @@ using ::tandem::testing::ScheduleBody;
 // gathered): budget = peak + 10e6 leaves room for exactly two blocks of
 // 5e6 bytes, or the 4e6 one and one 5e6 one.
 constexpr int64_t kKnapsackPeak = 69947136;
+// unshard_hold.txt's baseline peak, in the head (nothing gathered): its
+// 40 MiB workspace, param and gradient shards (2 x 2002000), f32 Adam states
+// (8 x 500500) and three forward activations of 1 KiB.
+constexpr int64_t kHoldPeak = 41943040 + 2 * 2002000 + 4004000 + 3 * 1024;
 
 TEST(SolveKnapsackTest, SolveKnapsack_GreedyRatioOrderMisfits_PicksBetterPair) {
   // Best ratio first would take item 0 (2.5 per unit), then item 1, and stop
@@ -98,14 +102,25 @@ TEST_F(UnshardPassTest, Run_RoomForTwoOfThreeBlocks_UnshardsKnapsackChoice) {
 
   ASSERT_TRUE(changed.ok()) << changed.status();
   EXPECT_TRUE(*changed);
-  // b and c (10e6 bytes, 24 ms of gathers) beat a and b (9e6, 22 ms).
+  // b and c (10e6 bytes, 12 ms of backward gathers saved) beat a and b
+  // (9e6, 11 ms). Both are kept (bandwidth-bound: 5 ms of transfer against
+  // 1 ms of latency), gathered before their forward node and released after
+  // their backward node; their forward releases and backward gathers and
+  // waits are gone.
   EXPECT_EQ(ScheduleBody(context_->schedule()),
             "group g0 p0\n"
-            "persistent p1,p2\n"
+            "group g1 p1\n"
+            "group g2 p2\n"
             "before n0 allgather g0\n"
             "before n0 wait g0\n"
             "after n0 release g0\n"
+            "before n1 allgather g1\n"
+            "before n1 wait g1\n"
+            "before n2 allgather g2\n"
+            "before n2 wait g2\n"
+            "after n5 release g2\n"
             "after n5 reduce_scatter p2\n"
+            "after n6 release g1\n"
             "after n6 reduce_scatter p1\n"
             "before n7 allgather g0\n"
             "before n7 wait g0\n"
@@ -114,9 +129,10 @@ TEST_F(UnshardPassTest, Run_RoomForTwoOfThreeBlocks_UnshardsKnapsackChoice) {
   EXPECT_TRUE(CheckScheduleSemantics(graph_, context_->schedule()).ok());
   ASSERT_TRUE(context_->Resimulate().ok());
   EXPECT_EQ(context_->sim().peak_bytes, kKnapsackPeak + 10000000);
-  // Four gathers of 6 ms each are gone from a communication-bound plan; the
-  // fused refresh of b and c after the optimizer (11 ms) comes instead.
-  EXPECT_NEAR(baseline_.comm_s - context_->sim().comm_s, 0.024 - 0.011, 1e-9);
+  // The two backward gathers of 6 ms each are gone from a
+  // communication-bound plan, and no refresh after the optimizer comes
+  // instead (nothing is persistent).
+  EXPECT_NEAR(baseline_.comm_s - context_->sim().comm_s, 0.012, 1e-9);
   EXPECT_LT(context_->sim().iteration_s, baseline_.iteration_s);
 }
 
@@ -140,15 +156,74 @@ TEST_F(UnshardPassTest, Run_RoomForEverything_UnshardsAllGroups) {
 
   ASSERT_TRUE(changed.ok()) << changed.status();
   EXPECT_TRUE(*changed);
-  EXPECT_TRUE(context_->schedule().groups.empty());
-  EXPECT_EQ(context_->schedule().persistent_param_ids,
-            (std::vector<int32_t>{0, 1, 2}));
+  // All three blocks are kept (each bandwidth-bound), none persistent: one
+  // gather each, before its forward node, and one release after its
+  // backward node.
+  EXPECT_EQ(ScheduleBody(context_->schedule()),
+            "group g0 p0\n"
+            "group g1 p1\n"
+            "group g2 p2\n"
+            "before n0 allgather g0\n"
+            "before n0 wait g0\n"
+            "before n1 allgather g1\n"
+            "before n1 wait g1\n"
+            "before n2 allgather g2\n"
+            "before n2 wait g2\n"
+            "after n5 release g2\n"
+            "after n5 reduce_scatter p2\n"
+            "after n6 release g1\n"
+            "after n6 reduce_scatter p1\n"
+            "after n7 release g0\n"
+            "after n7 reduce_scatter p0\n");
+  EXPECT_TRUE(context_->schedule().persistent_param_ids.empty());
   EXPECT_TRUE(CheckScheduleSemantics(graph_, context_->schedule()).ok());
   ASSERT_TRUE(context_->Resimulate().ok());
   EXPECT_LE(context_->sim().peak_bytes, context_->budget());
-  // The three reduce-scatters and one refresh of all params (15 ms) are
-  // left on the wire.
-  EXPECT_NEAR(context_->sim().comm_s, 0.017 + 0.015, 1e-9);
+  // The three reduce-scatters (17 ms) and the three forward gathers (5, 6
+  // and 6 ms) are left on the wire.
+  EXPECT_NEAR(context_->sim().comm_s, 0.017 + 0.017, 1e-9);
+  EXPECT_LT(context_->sim().iteration_s, baseline_.iteration_s);
+}
+
+TEST(UnshardPassHoldTest, Run_BlockAndNorm_KeepsBlockAndPersistsNorm) {
+  absl::StatusOr<Graph> graph = LoadPassGraph("unshard_hold.txt");
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  PlannerOptions options;
+  options.memory_margin = 0;
+  // Room for both: the block's 4e6 bytes and the norm's 4e3.
+  PlanningContext context(
+      *graph, PassTestHardware(/*latency_s=*/1e-3, kHoldPeak + 4004000),
+      options);
+  Zero3InsertPass insert;
+  ASSERT_TRUE(insert.Run(context).ok());
+  ASSERT_TRUE(context.Resimulate().ok());
+  ASSERT_EQ(context.sim().peak_bytes, kHoldPeak);
+  const SimResult baseline = context.sim();
+  UnshardPass unshard;
+
+  absl::StatusOr<bool> changed = unshard.Run(context);
+
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_TRUE(*changed);
+  // The block (gather 4 ms + 1 ms latency) is kept from n0 to a.bwd: its
+  // backward gather is saved. The norm (4 us + 1 ms) is persistent: both
+  // gathers saved, and its refresh after the step adds only 4 us.
+  EXPECT_EQ(ScheduleBody(context.schedule()),
+            "group g0 p0\n"
+            "persistent p1\n"
+            "before n0 allgather g0\n"
+            "before n0 wait g0\n"
+            "after n4 reduce_scatter p1\n"
+            "after n5 release g0\n"
+            "after n5 reduce_scatter p0\n");
+  EXPECT_TRUE(CheckScheduleSemantics(*graph, context.schedule()).ok());
+  ASSERT_TRUE(context.Resimulate().ok());
+  EXPECT_LE(context.sim().peak_bytes, context.budget());
+  // Gone: the block's backward gather (5 ms) and the norm's two gathers
+  // (2 x 1.004 ms); added: the refresh of the norm (1.004 ms).
+  EXPECT_NEAR(baseline.comm_s - context.sim().comm_s, 0.005 + 0.001004,
+              1e-9);
+  EXPECT_LT(context.sim().iteration_s, baseline.iteration_s);
 }
 
 }  // namespace

@@ -18,4 +18,8 @@ if compgen -G "$ROOT/client/python/tests/test_*.py" >/dev/null; then
   (cd "$ROOT/client/python" && /usr/bin/python3 -m pytest -q tests) || status=1
 fi
 
+echo "== integration (real coordinator and worker processes)"
+(cd "$ROOT/tests/integration" && TANDEM_BUILD_DIR="$BUILD_DIR" \
+  /usr/bin/python3 -m pytest -q -p no:cacheprovider .) || status=1
+
 exit $status

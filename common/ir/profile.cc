@@ -32,7 +32,8 @@ bool CollectiveTiming::operator==(const CollectiveTiming& other) const {
   return kind == other.kind && group_id == other.group_id &&
          param_ids == other.param_ids && bytes == other.bytes &&
          issue_to_done_s == other.issue_to_done_s &&
-         exposed_s == other.exposed_s && node_id == other.node_id;
+         exposed_s == other.exposed_s && node_id == other.node_id &&
+         run_s == other.run_s;
 }
 
 bool MemorySample::operator==(const MemorySample& other) const {

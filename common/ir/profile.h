@@ -37,6 +37,8 @@ struct CollectiveTiming {
   double exposed_s = 0;
   // Node the collective was issued at.
   int32_t node_id = 0;
+  // Time it ran on the stream (issue_to_done_s less queueing); 0: unknown.
+  double run_s = 0;
   bool operator==(const CollectiveTiming& other) const;
 };
 

@@ -363,6 +363,7 @@ v1::Profile ToProto(const Profile& profile) {
     SetIds(c.param_ids, q->mutable_param_ids());
     q->set_bytes(c.bytes);
     q->set_issue_to_done_s(c.issue_to_done_s);
+    q->set_run_s(c.run_s);
     q->set_exposed_s(c.exposed_s);
     q->set_node_id(c.node_id);
   }
@@ -397,6 +398,7 @@ absl::StatusOr<Profile> FromProto(const v1::Profile& proto) {
     c.param_ids = Ids(q.param_ids());
     c.bytes = q.bytes();
     c.issue_to_done_s = q.issue_to_done_s();
+    c.run_s = q.run_s();
     c.exposed_s = q.exposed_s();
     c.node_id = q.node_id();
     p.collectives.push_back(std::move(c));

@@ -1079,17 +1079,18 @@ absl::Status ParseCollectiveLine(const Line& line, Profile* profile) {
                      st.Positional(IdExpectation('g')));
     ASSIGN_OR_RETURN(timing.group_id, st.Check(ParseId(group, 'g')));
     RETURN_IF_ERROR(st.ReadAttributes(
-        {"at", "bytes", "issue_to_done", "exposed", "params"}));
+        {"at", "bytes", "issue_to_done", "run", "exposed", "params"}));
   } else {
     if (std::optional<absl::string_view> ids = st.OptionalPositional()) {
       ASSIGN_OR_RETURN(timing.param_ids, st.Check(ParseIdList(*ids, 'p')));
     }
     RETURN_IF_ERROR(st.ReadAttributes(
-        {"at", "bytes", "issue_to_done", "exposed", "group"}));
+        {"at", "bytes", "issue_to_done", "run", "exposed", "group"}));
   }
   RETURN_IF_ERROR(st.Read("at", IdParser('n'), &timing.node_id));
   RETURN_IF_ERROR(st.Read("bytes", ParseBytes, &timing.bytes));
   RETURN_IF_ERROR(st.Read("issue_to_done", ParseTime, &timing.issue_to_done_s));
+  RETURN_IF_ERROR(st.Read("run", ParseTime, &timing.run_s));
   RETURN_IF_ERROR(st.Read("exposed", ParseTime, &timing.exposed_s));
   RETURN_IF_ERROR(st.Read("group", IdParser('g'), &timing.group_id));
   RETURN_IF_ERROR(st.Read("params", IdListParser('p'), &timing.param_ids));
@@ -1318,6 +1319,9 @@ std::string PrintProfile(const Profile& profile) {
     absl::StrAppend(&out, " at=", FormatId('n', c.node_id), " bytes=", c.bytes,
                     " issue_to_done=", FormatDouble(c.issue_to_done_s),
                     " exposed=", FormatDouble(c.exposed_s));
+    if (!IsPositiveZero(c.run_s)) {
+      absl::StrAppend(&out, " run=", FormatDouble(c.run_s));
+    }
     if (gather && !c.param_ids.empty()) {
       absl::StrAppend(&out, " params=", FormatIdList('p', c.param_ids));
     }

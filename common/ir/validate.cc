@@ -414,7 +414,7 @@ absl::Status ValidateProfile(const Profile& profile, const Graph& graph) {
       }
     }
     if (c.bytes < 0 || !FiniteNonNegative(c.issue_to_done_s) ||
-        !FiniteNonNegative(c.exposed_s)) {
+        !FiniteNonNegative(c.exposed_s) || !FiniteNonNegative(c.run_s)) {
       bad.Add(absl::StrCat(what, " has a negative or non-finite value"));
     } else if (c.exposed_s > c.issue_to_done_s * (1 + 1e-9) + 1e-12) {
       bad.Add(absl::StrCat(what, " has exposed ", c.exposed_s,

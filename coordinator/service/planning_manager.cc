@@ -179,6 +179,7 @@ absl::Status PlanningManager::OnGraph(const std::string& job_id, int32_t rank,
     graph = *std::move(ir);
   }
   std::string mismatch;
+  std::string early_errors;
   bool store_graph = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -200,6 +201,14 @@ absl::Status PlanningManager::OnGraph(const std::string& job_id, int32_t rank,
           }
         }
         state.early_hashes.clear();
+        for (auto& [r, early] : state.early_profiles) {
+          absl::Status s =
+              AcceptProfileLocked(job_id, state, r, std::move(early));
+          if (!s.ok() && early_errors.empty()) {
+            early_errors = std::string(s.message());
+          }
+        }
+        state.early_profiles.clear();
       }
     } else if (state.graph.has_value()) {
       if (hash != state.graph_hash) {
@@ -228,6 +237,12 @@ absl::Status PlanningManager::OnGraph(const std::string& job_id, int32_t rank,
         job_id, "graph",
         absl::StrCat("graph ", proto.hash(), ": ", proto.nodes_size(),
                      " nodes, ", proto.params_size(), " params"));
+    if (!early_errors.empty()) {
+      (void)jobs_->RecordEvent(
+          job_id, "worker",
+          absl::StrCat("a profile sent before the graph was dropped: ",
+                       early_errors));
+    }
   }
   return absl::OkStatus();
 }
@@ -249,17 +264,31 @@ absl::Status PlanningManager::OnProfile(const std::string& job_id, int32_t rank,
   std::lock_guard<std::mutex> lock(mu_);
   JobPlanning& state = State(job_id, *job);
   if (!state.graph.has_value()) {
-    return absl::FailedPreconditionError(
-        "profile before the graph: rank 0 must report the graph first");
+    // Rank 0's graph may still be on its way: hold a few profiles until it
+    // arrives (they are checked then).
+    if (static_cast<int>(state.early_profiles.size()) >=
+        kMaxEarlyProfilesPerRank * state.spec.parallel().world_size()) {
+      return absl::FailedPreconditionError(
+          "profiles before the graph: rank 0 must report the graph first");
+    }
+    state.early_profiles.emplace_back(rank, *std::move(profile));
+    return absl::OkStatus();
   }
-  if (absl::Status s = ValidateProfile(*profile, *state.graph); !s.ok()) {
+  return AcceptProfileLocked(job_id, state, rank, *std::move(profile));
+}
+
+absl::Status PlanningManager::AcceptProfileLocked(const std::string& job_id,
+                                                  JobPlanning& state,
+                                                  int32_t rank,
+                                                  Profile profile) {
+  if (absl::Status s = ValidateProfile(profile, *state.graph); !s.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("profile from rank ", rank, ": ", s.message()));
   }
   const auto key =
-      std::make_pair(profile->first_iteration, profile->last_iteration);
+      std::make_pair(profile.first_iteration, profile.last_iteration);
   auto& window = state.windows[key];
-  window[rank] = *std::move(profile);
+  window[rank] = std::move(profile);
   if (static_cast<int>(window.size()) < state.spec.parallel().world_size()) {
     return absl::OkStatus();
   }

@@ -47,6 +47,8 @@ class PlanningManager {
 
   // Bounds on what one profile may hold, against oversized messages.
   static constexpr int kMaxProfileEntries = 200000;
+  // Profiles held per rank while rank 0's graph is on its way.
+  static constexpr int kMaxEarlyProfilesPerRank = 4;
   // Steps between the newest step any rank reported and the step a new
   // schedule takes effect: time for it to reach every rank.
   static constexpr int64_t kSwitchLeadSteps = 2;
@@ -69,8 +71,10 @@ class PlanningManager {
   absl::Status OnGraph(const std::string& job_id, int32_t rank,
                        const v1::GraphReport& report);
   // Errors: InvalidArgument for a profile that is too large, not for this
-  // job's graph, or has negative/NaN values; FailedPrecondition before the
-  // graph is known. Nothing is recorded on error.
+  // job's graph, or has negative/NaN values; FailedPrecondition when more
+  // profiles than kMaxEarlyProfilesPerRank per rank arrive before the graph
+  // (they are held until it comes, then checked). Nothing is recorded on
+  // error.
   absl::Status OnProfile(const std::string& job_id, int32_t rank,
                          const v1::Profile& profile);
   void OnProgress(const std::string& job_id, int32_t rank,
@@ -95,8 +99,9 @@ class PlanningManager {
     v1::JobSpec spec;
     std::optional<Graph> graph;
     std::string graph_hash;
-    // Hashes reported before rank 0's graph arrived.
+    // Hashes and profiles reported before rank 0's graph arrived.
     std::map<int32_t, std::string> early_hashes;
+    std::vector<std::pair<int32_t, Profile>> early_profiles;
     // (first, last) -> rank -> profile.
     std::map<std::pair<int64_t, int64_t>, std::map<int32_t, Profile>> windows;
     std::optional<Profile> latest;
@@ -110,6 +115,11 @@ class PlanningManager {
   };
 
   JobPlanning& State(const std::string& job_id, const v1::Job& job);
+  // Validates `profile` against the job's graph and adds it to its window,
+  // planning when the window completes. Requires mu_ and the graph.
+  absl::Status AcceptProfileLocked(const std::string& job_id,
+                                   JobPlanning& state, int32_t rank,
+                                   Profile profile);
   // Queues a plan for the job. Requires mu_.
   void QueueLocked(const std::string& job_id, JobPlanning& state,
                    const std::string& reason);

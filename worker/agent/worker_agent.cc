@@ -82,6 +82,7 @@ void WorkerAgent::Shutdown() {
 absl::Status WorkerAgent::Connect() {
   v1::WorkerMessage hello;
   std::optional<v1::WorkerMessage> graph;
+  std::optional<v1::WorkerMessage> progress;
   {
     std::lock_guard<std::mutex> lock(mu_);
     hello.mutable_hello()->set_job_id(options_.job_id);
@@ -90,6 +91,7 @@ absl::Status WorkerAgent::Connect() {
     hello.mutable_hello()->set_schedule_version(schedule_version_);
     hello.mutable_hello()->set_step(step_);
     graph = graph_;
+    progress = progress_;
   }
   absl::Status s = client_->OpenSession(
       hello, [this](const v1::CoordinatorMessage& m) { OnMessage(m); },
@@ -100,6 +102,7 @@ absl::Status WorkerAgent::Connect() {
     if (state_ != State::kStopped) state_ = State::kConnected;
   }
   if (graph.has_value()) (void)client_->Send(*graph);
+  if (progress.has_value()) (void)client_->Send(*progress);
   return absl::OkStatus();
 }
 
@@ -161,6 +164,7 @@ void WorkerAgent::HeartbeatLoop() {
             s.code() == absl::StatusCode::kNotFound) {
           stop_reason_ = std::string(s.message());
           state_ = State::kStopped;
+          wake_.notify_all();
         }
         backoff = std::min(backoff * 2, std::chrono::milliseconds(4000));
         continue;
@@ -213,6 +217,10 @@ void WorkerAgent::ReportProgress(const v1::IterationProgress& progress) {
   }
   v1::WorkerMessage m;
   *m.mutable_progress() = progress;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    progress_ = m;
+  }
   Send(m, false);
 }
 
@@ -239,6 +247,13 @@ std::optional<v1::ScheduleUpdate> WorkerAgent::TakeSchedule() {
   std::optional<v1::ScheduleUpdate> out = std::move(pending_schedule_);
   pending_schedule_.reset();
   return out;
+}
+
+std::optional<std::string> WorkerAgent::WaitForStop(
+    std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  wake_.wait_for(lock, timeout, [&] { return stop_reason_.has_value(); });
+  return stop_reason_;
 }
 
 std::optional<std::string> WorkerAgent::StopReason() const {

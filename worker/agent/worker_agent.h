@@ -74,6 +74,8 @@ class WorkerAgent {
   std::optional<v1::ScheduleUpdate> TakeSchedule();
   // Why the coordinator asked this worker to stop, once it has.
   std::optional<std::string> StopReason() const;
+  // Waits up to `timeout` for a stop; returns its reason if one came.
+  std::optional<std::string> WaitForStop(std::chrono::milliseconds timeout);
   State state() const;
   const std::string& incarnation() const { return incarnation_; }
   // Messages the coordinator refused so far (each is also logged).
@@ -97,6 +99,9 @@ class WorkerAgent {
   int64_t step_ = 0;
   int64_t schedule_version_ = 0;
   std::optional<v1::WorkerMessage> graph_;
+  // The newest progress, re-sent on reconnect: the last step's report must
+  // reach the coordinator even if it was away when the step ended.
+  std::optional<v1::WorkerMessage> progress_;
   std::optional<v1::ScheduleUpdate> pending_schedule_;
   std::optional<std::string> stop_reason_;
   std::atomic<int64_t> rejected_{0};

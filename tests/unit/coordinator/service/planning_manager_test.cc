@@ -112,6 +112,17 @@ TEST_F(PlanningManagerTest, FirstWindowAfterWarmup_PlansAndPublishesV1) {
   EXPECT_THAT(events->back().message(), HasSubstr("v1 (initial)"));
 }
 
+TEST_F(PlanningManagerTest, ProfilesBeforeGraph_AreHeldThenPlanned) {
+  ASSERT_TRUE(planning_->OnProfile(job_.id(), 1, MakeProfile(1, 0, 1, 0)).ok());
+  ASSERT_TRUE(planning_->OnProfile(job_.id(), 0, MakeProfile(0, 0, 1, 0)).ok());
+  planning_->Drain();
+  EXPECT_TRUE(published_.empty());
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 1u);
+  EXPECT_EQ(published_[0].schedule().version(), 1);
+}
+
 TEST_F(PlanningManagerTest, HalfAWindow_DoesNotPlan) {
   ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
   ASSERT_TRUE(planning_->OnProfile(job_.id(), 0, MakeProfile(0, 0, 1, 0)).ok());

@@ -1,0 +1,85 @@
+#include "worker/runtime/communicator.h"
+
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "gtest/gtest.h"
+#include "tests/unit/worker/loopback_world.h"
+#include "worker/runtime/process_group.h"
+
+namespace tandem {
+namespace {
+
+TEST(CommunicatorTest, AllGatherAndReduceScatter_World3_ExactValues) {
+  constexpr int kWorld = 3;
+  constexpr int64_t kN = 5;
+  RunLoopbackWorld(kWorld, [](int rank, Communicator& comm) {
+    // All-gather: rank r contributes r*100 + i.
+    at::Tensor in = at::arange(kN, at::kFloat) + 100.0 * rank;
+    at::Tensor out = at::empty({kN * kWorld}, at::kFloat);
+    // Reduce-scatter: element j of chunk c on rank r is r + 10*c + 1000*j.
+    at::Tensor rs_in = at::empty({kN * kWorld}, at::kFloat);
+    for (int c = 0; c < kWorld; ++c) {
+      for (int64_t j = 0; j < kN; ++j) {
+        rs_in[c * kN + j] = rank + 10.0 * c + 1000.0 * j;
+      }
+    }
+    at::Tensor rs_out = at::empty({kN}, at::kFloat);
+    CollectiveHandle gather = comm.Submit([&] { comm.AllGather(in, out); });
+    CollectiveHandle reduce =
+        comm.Submit([&] { comm.ReduceScatterSum(rs_in, rs_out); });
+    ASSERT_TRUE(gather->Wait().ok());
+    ASSERT_TRUE(reduce->Wait().ok());
+    for (int r = 0; r < kWorld; ++r) {
+      for (int64_t i = 0; i < kN; ++i) {
+        EXPECT_EQ(out[r * kN + i].item<float>(), r * 100.0f + i);
+      }
+    }
+    for (int64_t j = 0; j < kN; ++j) {
+      // sum over ranks of (r + 10*rank + 1000*j) = 0+1+2 + 3*(10*rank+1000j)
+      EXPECT_EQ(rs_out[j].item<float>(),
+                3.0f + 3 * (10.0f * rank + 1000.0f * j));
+    }
+    EXPECT_GE(gather->issue_to_done_s(), 0.0);
+
+    absl::StatusOr<std::vector<double>> scalars =
+        comm.AllGatherScalars({rank + 0.5, -1.0 * rank});
+    ASSERT_TRUE(scalars.ok());
+    EXPECT_EQ(*scalars, (std::vector<double>{0.5, 0, 1.5, -1, 2.5, -2}));
+  });
+}
+
+TEST(CommunicatorTest, FailedBody_ReportsStatusAndFailsLaterSubmissions) {
+  RunLoopbackWorld(1, [](int, Communicator& comm) {
+    CollectiveHandle bad = comm.Submit([] { TORCH_CHECK(false, "boom"); });
+    absl::Status status = bad->Wait();
+    EXPECT_FALSE(status.ok());
+    EXPECT_NE(status.message().find("boom"), std::string::npos);
+    CollectiveHandle later = comm.Submit([] {});
+    EXPECT_FALSE(later->Wait().ok());
+  });
+}
+
+TEST(ProcessGroupTest, ParseRendezvousAddress_HostPortOrFlagError) {
+  RendezvousOptions options;
+  ASSERT_TRUE(ParseRendezvousAddress("10.0.0.2:29501", &options).ok());
+  EXPECT_EQ(options.host, "10.0.0.2");
+  EXPECT_EQ(options.port, 29501);
+  for (const char* bad :
+       {"10.0.0.2", ":29500", "host:0", "host:70000", "host:port"}) {
+    absl::Status s = ParseRendezvousAddress(bad, &options);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("--rendezvous"), std::string::npos) << bad;
+  }
+}
+
+TEST(ProcessGroupTest, BadRank_InvalidArgumentBeforeConnecting) {
+  RendezvousOptions options;
+  options.rank = 2;
+  options.world_size = 2;
+  EXPECT_EQ(CreateProcessGroup(options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tandem

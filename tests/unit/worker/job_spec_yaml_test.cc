@@ -1,0 +1,98 @@
+#include "worker/spec/job_spec_yaml.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+TEST(JobSpecYamlTest, ExampleSpec_LoadsWithAllSections) {
+  absl::StatusOr<v1::JobSpec> spec =
+      LoadJobSpec(TANDEM_SOURCE_DIR "/deploy/local/tiny-llama.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name(), "tiny-llama");
+  EXPECT_EQ(spec->model().preset(), "llama");
+  EXPECT_EQ(spec->model().layers(), 4);
+  EXPECT_EQ(spec->model().d_model(), 256);
+  EXPECT_EQ(spec->model().ffn(), 704);
+  EXPECT_EQ(spec->data().kind(), "synthetic");
+  EXPECT_EQ(spec->batch().micro_batch(), 4);
+  EXPECT_EQ(spec->batch().seq_len(), 128);
+  EXPECT_EQ(spec->train().steps(), 10);
+  EXPECT_DOUBLE_EQ(spec->train().lr(), 1e-3);
+  EXPECT_EQ(spec->parallel().world_size(), 2);
+  EXPECT_EQ(spec->parallel().zero_stage(), 3);
+  ASSERT_EQ(spec->optimize().passes_size(), 3);
+  EXPECT_EQ(spec->optimize().passes(1), "prefetch");
+  EXPECT_DOUBLE_EQ(spec->optimize().drift_threshold(), 0.1);
+}
+
+TEST(JobSpecYamlTest, Types_ParsedPerField) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(R"(
+name: t
+model: {preset: moe, experts: 4, top_k: 2, dtype: bf16, activation_checkpointing: true}
+data: {kind: tokens, path: /data/x.bin, token_bytes: 4, seed: 18446744073709551615}
+memory: {budget_bytes: 1.5GiB}
+optimize: {passes: prefetch}
+)");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().dtype(), v1::DTYPE_BF16);
+  EXPECT_TRUE(spec->model().activation_checkpointing());
+  EXPECT_EQ(spec->data().seed(), 18446744073709551615ULL);
+  EXPECT_EQ(spec->memory().budget_bytes(), int64_t{3} << 29);
+  ASSERT_EQ(spec->optimize().passes_size(), 1);
+}
+
+struct BadCase {
+  const char* yaml;
+  const char* expected;
+};
+
+TEST(JobSpecYamlTest, BadSpecs_FieldLevelErrors) {
+  const BadCase cases[] = {
+      {"model: {layers: four}",
+       "model.layers: expected a 32-bit integer, got 'four'"},
+      {"model: {layer: 4}",
+       "model.layer: unknown key (expected one of preset, layers"},
+      {"trian: {steps: 1}", "trian: unknown key"},
+      {"train: {lr: fast}", "train.lr: expected a finite number"},
+      {"model: 4", "model: expected a mapping"},
+      {"optimize: {passes: [a, {b: 1}]}",
+       "optimize.passes[1]: expected a value"},
+      {"memory: {budget_bytes: 2XB}",
+       "memory.budget_bytes: expected a byte count"},
+      {"model: {dtype: f64}", "model.dtype: expected one of f32, bf16, f16"},
+      {"name: [", "not valid YAML"},
+  };
+  for (const BadCase& c : cases) {
+    absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(c.yaml);
+    ASSERT_FALSE(spec.ok()) << c.yaml;
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(spec.status().message().find(c.expected), std::string::npos)
+        << c.yaml << " gave: " << spec.status().message();
+  }
+}
+
+TEST(JobSpecYamlTest, LoadJobSpec_ValidatesValues) {
+  char path[] = "/tmp/tandem_spec_XXXXXX.yaml";
+  const int fd = mkstemps(path, 5);
+  const std::string text = "name: x\nbatch: {micro_batch: 0, seq_len: 8}\n";
+  ASSERT_EQ(write(fd, text.data(), text.size()),
+            static_cast<ssize_t>(text.size()));
+  close(fd);
+  absl::StatusOr<v1::JobSpec> spec = LoadJobSpec(path);
+  EXPECT_FALSE(spec.ok());
+  EXPECT_NE(spec.status().message().find("batch.micro_batch"),
+            std::string::npos)
+      << spec.status();
+  std::remove(path);
+  EXPECT_EQ(LoadJobSpec("/nonexistent.yaml").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace tandem

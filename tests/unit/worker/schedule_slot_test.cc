@@ -1,0 +1,68 @@
+#include "worker/runtime/schedule_slot.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+Schedule Version(int64_t v) {
+  Schedule s;
+  s.version = v;
+  return s;
+}
+
+TEST(ScheduleSlotTest, Agree_AllRanksHoldVersion_Switches) {
+  ScheduleSlot slot(Version(1));
+  ASSERT_TRUE(slot.Offer(Version(2), 0).ok());
+  const ScheduleReport mine = slot.Report();
+  EXPECT_EQ(mine.pending_version, 2);
+  const Schedule* next = slot.Agree({mine, mine, mine}, 1);
+  ASSERT_NE(next, nullptr);
+  EXPECT_EQ(next->version, 2);
+  EXPECT_EQ(slot.active().version, 2);
+  EXPECT_EQ(slot.Report().pending_version, 0);
+}
+
+TEST(ScheduleSlotTest, Agree_OneRankLacksIt_Waits) {
+  ScheduleSlot slot(Version(1));
+  ASSERT_TRUE(slot.Offer(Version(2), 0).ok());
+  const ScheduleReport mine = slot.Report();
+  EXPECT_EQ(slot.Agree({mine, ScheduleReport{}}, 1), nullptr);
+  EXPECT_EQ(slot.active().version, 1);
+  // Next boundary the other rank has it too.
+  const ScheduleReport again = slot.Report();
+  EXPECT_NE(slot.Agree({again, again}, 2), nullptr);
+}
+
+TEST(ScheduleSlotTest, Agree_BeforeNotBefore_Waits) {
+  ScheduleSlot slot(Version(1));
+  ASSERT_TRUE(slot.Offer(Version(2), 3).ok());
+  ScheduleReport r = slot.Report();
+  EXPECT_EQ(slot.Agree({r, r}, 2), nullptr);
+  r = slot.Report();
+  EXPECT_NE(slot.Agree({r, r}, 3), nullptr);
+}
+
+TEST(ScheduleSlotTest, OfferBetweenReportAndAgree_DecidesOnReported) {
+  ScheduleSlot slot(Version(1));
+  ASSERT_TRUE(slot.Offer(Version(2), 0).ok());
+  const ScheduleReport r = slot.Report();
+  ASSERT_TRUE(slot.Offer(Version(3), 0).ok());  // arrives mid-exchange
+  const Schedule* next = slot.Agree({r, r}, 1);
+  ASSERT_NE(next, nullptr);
+  EXPECT_EQ(next->version, 2);                  // what every rank agreed on
+  EXPECT_EQ(slot.Report().pending_version, 3);  // v3 still pending
+}
+
+TEST(ScheduleSlotTest, Offer_NotNewer_Rejected) {
+  ScheduleSlot slot(Version(4));
+  EXPECT_EQ(slot.Offer(Version(4), 0).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(slot.Offer(Version(6), 0).ok());
+  EXPECT_FALSE(slot.Offer(Version(5), 0).ok());
+}
+
+}  // namespace
+}  // namespace tandem

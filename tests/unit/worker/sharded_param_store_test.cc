@@ -1,0 +1,109 @@
+#include "worker/runtime/sharded_param_store.h"
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "gtest/gtest.h"
+#include "tests/unit/worker/loopback_world.h"
+#include "worker/runtime/memory_meter.h"
+#include "worker/runtime/program.h"
+
+namespace tandem {
+namespace {
+
+// Two params whose sizes do not divide by 3: values 0, 1, 2, ... and 1000+.
+Program TwoParams() {
+  Program p;
+  p.name = "two";
+  auto iota = [](float base) {
+    return [base](float* data, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) data[i] = base + static_cast<float>(i);
+    };
+  };
+  p.params.push_back({"a", {7, 3}, "u", iota(0)});
+  p.params.push_back({"b", {5}, "u", iota(1000)});
+  return p;
+}
+
+TEST(ShardedParamStoreTest, Shards_PaddedToWorldMultiple_RankOwnsSlice) {
+  absl::StatusOr<std::unique_ptr<ShardedParamStore>> store =
+      ShardedParamStore::Create(TwoParams(), /*rank=*/2, /*world_size=*/3);
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ((*store)->shard_numel(0), 7);  // 21 / 3
+  EXPECT_EQ((*store)->shard_numel(1), 2);  // 5 padded to 6
+  // Rank 2 owns elements 4, 5 of b: 1004 and padding 0.
+  EXPECT_EQ((*store)->shard(1)[0].item<float>(), 1004.0f);
+  EXPECT_EQ((*store)->shard(1)[1].item<float>(), 0.0f);
+  EXPECT_FALSE((*store)->allocated(0));
+}
+
+TEST(ShardedParamStoreTest, GatherRelease_World3_ValuesAndCountedMemory) {
+  const Program program = TwoParams();
+  RunLoopbackWorld(3, [&](int rank, Communicator& comm) {
+    auto store = ShardedParamStore::Create(program, rank, 3);
+    ASSERT_TRUE(store.ok());
+    ShardedParamStore& s = **store;
+    const std::vector<int32_t> both{0, 1};
+    CollectiveHandle h = s.Gather(both, comm);
+    ASSERT_TRUE(h->Wait().ok());
+    ASSERT_TRUE(s.materialized(0) && s.materialized(1));
+    EXPECT_TRUE(at::equal(s.full(0), at::arange(21, at::kFloat).view({7, 3})));
+    EXPECT_TRUE(at::equal(s.full(1), at::arange(5, at::kFloat) + 1000));
+    s.Release(both);
+    EXPECT_FALSE(s.allocated(0));
+    EXPECT_EQ(s.full(0).storage().nbytes(), 0u);
+  });
+}
+
+TEST(ShardedParamStoreTest, Release_LowersCountedMemoryByParamBytes) {
+  Program program;
+  program.params.push_back({"big", {1024, 256}, "u", [](float* d, int64_t n) {
+                              for (int64_t i = 0; i < n; ++i) d[i] = 1.0f;
+                            }});
+  CountingCpuAllocator* meter = CountingCpuAllocator::Get();
+  ASSERT_NE(meter, nullptr);
+  RunLoopbackWorld(1, [&](int rank, Communicator& comm) {
+    auto store = ShardedParamStore::Create(program, rank, 1);
+    ASSERT_TRUE(store.ok());
+    ShardedParamStore& s = **store;
+    const int64_t released = meter->current_bytes();
+    ASSERT_TRUE(s.Gather({0}, comm)->Wait().ok());
+    const int64_t gathered = meter->current_bytes();
+    s.Release({0});
+    const int64_t after = meter->current_bytes();
+    EXPECT_GE(gathered - released, s.full_bytes(0));  // 1 MiB
+    EXPECT_GE(gathered - after, s.full_bytes(0));
+    // Gloo's worker thread drops its finished work (and the collective's
+    // staging buffers) shortly after wait() returns: everything else is back
+    // where it was.
+    int64_t settled = meter->current_bytes();
+    for (int i = 0; i < 200 && settled != released; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      settled = meter->current_bytes();
+    }
+    EXPECT_EQ(settled, released);
+  });
+}
+
+TEST(ShardedParamStoreTest, ReduceScatterGrads_World3_MeanOverRanksInShards) {
+  const Program program = TwoParams();
+  RunLoopbackWorld(3, [&](int rank, Communicator& comm) {
+    auto store = ShardedParamStore::Create(program, rank, 3);
+    ASSERT_TRUE(store.ok());
+    ShardedParamStore& s = **store;
+    ASSERT_TRUE(s.Gather({0, 1}, comm)->Wait().ok());
+    // grad of a on rank r: (r + 1) everywhere; b: no grad (counts as 0).
+    (s.full(0) * static_cast<float>(rank + 1)).sum().backward();
+    ASSERT_TRUE(s.ReduceScatterGrads({0, 1}, comm)->Wait().ok());
+    EXPECT_FALSE(s.full(0).grad().defined());
+    // Mean of 1, 2, 3 = 2.
+    EXPECT_TRUE(at::equal(s.shard_grad(0), at::full({7}, 2.0f)));
+    EXPECT_TRUE(at::equal(s.shard_grad(1), at::zeros({2})));
+    s.Release({0, 1});
+  });
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,200 @@
+#include "worker/agent/agent_trainer.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/ir/proto_convert.h"
+#include "common/status_macros.h"
+#include "worker/agent/coordinator_store.h"
+#include "worker/agent/grpc_coordinator_client.h"
+#include "worker/agent/worker_agent.h"
+#include "worker/runtime/process_group.h"
+#include "worker/runtime/standard_schedules.h"
+#include "worker/runtime/training_job.h"
+
+namespace tandem {
+namespace {
+
+// How long a rank whose collective failed waits for the coordinator to fail
+// the job (naming the lost rank), and how long a finished rank waits for the
+// job's end to be confirmed.
+constexpr std::chrono::milliseconds kPeerLossVerdictWait{120000};
+constexpr std::chrono::milliseconds kCompletionWait{60000};
+
+// Wraps every forward node so that, from `from_step` on, it takes `ms`
+// longer: compute drift a test can inject without touching the model.
+void InjectSlowdown(Program& program, double ms, int64_t from_step,
+                    const std::atomic<int64_t>* step) {
+  for (ProgramNode& node : program.nodes) {
+    auto forward = std::move(node.forward);
+    node.forward = [forward = std::move(forward), ms, from_step, step](
+                       const at::Tensor& in,
+                       absl::Span<const at::Tensor> params,
+                       const MicroBatch& batch) {
+      if (step->load() >= from_step) {
+        std::this_thread::sleep_for(
+            std::chrono::microseconds(static_cast<int64_t>(ms * 1000)));
+      }
+      return forward(in, params, batch);
+    };
+  }
+}
+
+// Offers every schedule the coordinator pushed since the last call.
+absl::Status OfferPending(WorkerAgent& agent, Executor& executor) {
+  while (std::optional<v1::ScheduleUpdate> update = agent.TakeSchedule()) {
+    absl::StatusOr<Schedule> schedule = FromProto(update->schedule());
+    absl::Status s = schedule.status();
+    if (s.ok()) {
+      s = executor.OfferSchedule(*std::move(schedule),
+                                 update->effective_step());
+    }
+    if (!s.ok()) {
+      // A plan this worker cannot run is the coordinator's bug, not a reason
+      // to stop training: keep the current schedule and say so.
+      agent.ReportError(absl::StrCat("schedule v", update->schedule().version(),
+                                     " refused: ", s.message()),
+                        /*fatal=*/false);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Train(const AgentTrainerOptions& options, WorkerAgent& agent,
+                   GrpcCoordinatorClient& client,
+                   const v1::RegisterResponse& registered, std::ostream& out) {
+  const v1::JobSpec& spec = registered.spec();
+  const int rank = registered.rank();
+  const int world = registered.world_size();
+  ASSIGN_OR_RETURN(ModelParts model, PrepareModel(spec, world));
+  std::atomic<int64_t> current_step{0};
+  if (options.slow_node_ms > 0) {
+    InjectSlowdown(model.program, options.slow_node_ms, options.slow_from_step,
+                   &current_step);
+  }
+  v1::GraphReport report;
+  report.set_graph_hash(model.graph.StructuralHash());
+  if (rank == 0) *report.mutable_graph() = ToProto(model.graph);
+  agent.ReportGraph(report);
+
+  auto store = c10::make_intrusive<CoordinatorStore>(
+      &client, registered.store_prefix(), std::chrono::minutes(5));
+  ASSIGN_OR_RETURN(
+      c10::intrusive_ptr<c10d::ProcessGroup> group,
+      CreateProcessGroupFromStore(store, rank, world, CollectiveBackend::kGloo,
+                                  std::chrono::minutes(5), options.bind_host));
+  ASSIGN_OR_RETURN(Schedule baseline, OnDemandSchedule(model.graph));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<TrainingJob> job,
+      TrainingJob::Start(spec, &model, rank, world, group, std::move(baseline),
+                         MemoryMeterFor(c10::DeviceType::CPU)));
+  Executor& executor = job->executor();
+  const int window =
+      options.profile_window > 0
+          ? options.profile_window
+          : std::max(1, static_cast<int>(spec.optimize().warmup_steps()));
+  int in_window = 0;
+  int64_t applied_version = executor.active_schedule().version;
+
+  for (int64_t step = 0; step < spec.train().steps(); ++step) {
+    if (std::optional<std::string> stop = agent.StopReason()) {
+      return absl::FailedPreconditionError(*stop);
+    }
+    RETURN_IF_ERROR(OfferPending(agent, executor));
+    current_step.store(step);
+    absl::StatusOr<StepStats> stats = job->Step(step);
+    if (!stats.ok() && !job->comm().failure().ok()) {
+      // A collective failed: most likely a peer died. The coordinator names
+      // the lost rank when its heartbeats stop; wait for its verdict instead
+      // of blaming this rank.
+      agent.ReportError(absl::StrCat("step ", step,
+                                     ": a collective failed (a peer is "
+                                     "probably gone): ",
+                                     stats.status().message()),
+                        /*fatal=*/false);
+      if (std::optional<std::string> stop =
+              agent.WaitForStop(kPeerLossVerdictWait)) {
+        return absl::FailedPreconditionError(*stop);
+      }
+      return stats.status();
+    }
+    ASSIGN_OR_RETURN(StepStats s, std::move(stats));
+    out << StepJson(s, rank) << "\n";
+    out.flush();
+    if (s.schedule_version != applied_version) {
+      applied_version = s.schedule_version;
+      agent.ReportApplied(applied_version, step);
+      in_window = 0;  // the profiler started a new window
+    }
+    v1::IterationProgress progress;
+    progress.set_step(step + 1);
+    progress.set_loss(s.loss);
+    progress.set_iteration_s(s.iteration_s);
+    progress.set_exposed_comm_s(s.exposed_comm_s);
+    progress.set_peak_bytes(s.peak_bytes);
+    progress.set_schedule_version(s.schedule_version);
+    agent.ReportProgress(progress);
+    if (++in_window >= window) {
+      agent.ReportProfile(ToProto(executor.ProfileSnapshot()));
+      executor.profiler().Reset();
+      in_window = 0;
+    }
+  }
+  ASSIGN_OR_RETURN(const double checksum, executor.ParamChecksum());
+  out << "{\"final_param_checksum\":" << absl::StrFormat("%.17g", checksum)
+      << ",\"steps\":" << spec.train().steps() << ",\"rank\":" << rank << "}\n";
+  out.flush();
+  // The coordinator ends the job once every rank's last step reached it
+  // (re-sent after a reconnect); wait for that before hanging up.
+  std::optional<std::string> stop = agent.WaitForStop(kCompletionWait);
+  if (!stop.has_value()) {
+    std::fprintf(stderr,
+                 "tandem-worker: finished, but the coordinator did not confirm "
+                 "the job's end within %lld s\n",
+                 static_cast<long long>(kCompletionWait.count() / 1000));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunAgent(const AgentTrainerOptions& options, std::ostream& out) {
+  if (options.threads > 0) at::set_num_threads(options.threads);
+  GrpcCoordinatorClient client(options.coordinator);
+  WorkerAgent::Options agent_options;
+  agent_options.job_id = options.job_id;
+  agent_options.requested_rank = options.requested_rank;
+  agent_options.hostname = options.hostname;
+  agent_options.heartbeat_interval = options.heartbeat_interval;
+  WorkerAgent agent(&client, agent_options);
+  ASSIGN_OR_RETURN(v1::RegisterResponse registered, agent.Register());
+  RETURN_IF_ERROR(agent.Start());
+  std::fprintf(stderr, "tandem-worker: job %s rank %d of %d (incarnation %s)\n",
+               options.job_id.c_str(), registered.rank(),
+               registered.world_size(), agent.incarnation().c_str());
+
+  absl::Status status;
+  try {
+    status = Train(options, agent, client, registered, out);
+  } catch (const c10::Error& e) {
+    status = absl::InternalError(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    status = absl::InternalError(e.what());
+  }
+  if (!status.ok() && status.code() != absl::StatusCode::kFailedPrecondition) {
+    agent.ReportError(std::string(status.message()), /*fatal=*/true);
+    // Give the session a moment to carry the error before hanging up.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  agent.Shutdown();
+  return status;
+}
+
+}  // namespace tandem

@@ -1,0 +1,44 @@
+// Agent mode: one rank of a job the coordinator runs. Registers, builds the
+// model from the spec the coordinator returns, reports the graph, bootstraps
+// the collectives from the coordinator's rendezvous store, trains, streams
+// progress and profile windows, and applies every schedule version at the
+// iteration all ranks agree on. It keeps training when the coordinator goes
+// away and stops when the coordinator says the job ended.
+#ifndef TANDEM_WORKER_AGENT_AGENT_TRAINER_H_
+#define TANDEM_WORKER_AGENT_AGENT_TRAINER_H_
+
+#include <chrono>
+#include <ostream>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace tandem {
+
+struct AgentTrainerOptions {
+  std::string coordinator = "127.0.0.1:50051";
+  std::string job_id;
+  // -1: the coordinator assigns one (SLURM_PROCID, a completion index...).
+  int requested_rank = -1;
+  std::string hostname;
+  // Address Gloo binds for this rank's connections.
+  std::string bind_host = "127.0.0.1";
+  int threads = 0;
+  std::chrono::milliseconds heartbeat_interval{1000};
+  // Iterations per profile window sent to the coordinator (0: the spec's
+  // optimize.warmup_steps, at least 1).
+  int profile_window = 0;
+  // Fault injection for drift tests: from iteration `slow_from_step` on,
+  // every forward node sleeps `slow_node_ms` more.
+  double slow_node_ms = 0;
+  int64_t slow_from_step = 0;
+};
+
+// Returns OK when the job's steps are done; FailedPrecondition when the
+// coordinator ended the job (cancelled or failed: the message says why);
+// other errors when this rank failed (it tells the coordinator first).
+absl::Status RunAgent(const AgentTrainerOptions& options, std::ostream& out);
+
+}  // namespace tandem
+
+#endif  // TANDEM_WORKER_AGENT_AGENT_TRAINER_H_

@@ -1,0 +1,170 @@
+// tandem-worker: one rank of a Tandem job.
+//
+//   tandem-worker --coordinator HOST:PORT --job ID [--rank R]
+//                 [--bind-host H] [--threads N] [--profile-window N]
+//   tandem-worker --standalone --spec job.yaml --rank R --world W
+//                 --rendezvous HOST:PORT [--schedule FILE]
+//                 [--profile-out FILE] [--threads N] [--timeout-s S]
+//
+// Agent mode (the default) runs a rank of a coordinator's job: the spec,
+// rank and rendezvous come from the coordinator. Standalone mode trains
+// without one (rank 0 hosts the rendezvous store). Both print one JSON line
+// per step on stdout. Only flag parsing and wiring live here.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "worker/agent/agent_trainer.h"
+#include "worker/runtime/memory_meter.h"
+#include "worker/runtime/process_group.h"
+#include "worker/spec/job_spec_yaml.h"
+#include "worker/standalone/standalone_trainer.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: tandem-worker --coordinator HOST:PORT --job ID [--rank R] "
+    "[--bind-host H] [--threads N] [--profile-window N]\n"
+    "       tandem-worker --standalone --spec job.yaml --rank R --world W "
+    "--rendezvous HOST:PORT [--schedule FILE] [--profile-out FILE] "
+    "[--threads N] [--timeout-s S]\n";
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "tandem-worker: %s\n", message.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Before any tensor exists: storages keep the allocator they were made
+  // with.
+  tandem::CountingCpuAllocator::Install();
+
+  bool standalone = false;
+  std::string spec_path, rendezvous, schedule_path, profile_out;
+  std::string coordinator, job_id, bind_host = "127.0.0.1";
+  int rank = -1, world = -1, threads = 0, timeout_s = 300, profile_window = 0;
+  int slow_from_step = 0;
+  double slow_node_ms = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&](std::string* out) {
+      if (i + 1 >= argc) return false;
+      *out = argv[++i];
+      return true;
+    };
+    auto int_value = [&](int* out) {
+      std::string text;
+      return value(&text) && absl::SimpleAtoi(text, out);
+    };
+    bool ok = true;
+    if (arg == "--standalone") {
+      standalone = true;
+    } else if (arg == "--spec") {
+      ok = value(&spec_path);
+    } else if (arg == "--rendezvous") {
+      ok = value(&rendezvous);
+    } else if (arg == "--schedule") {
+      ok = value(&schedule_path);
+    } else if (arg == "--profile-out") {
+      ok = value(&profile_out);
+    } else if (arg == "--rank") {
+      ok = int_value(&rank);
+    } else if (arg == "--world") {
+      ok = int_value(&world);
+    } else if (arg == "--threads") {
+      ok = int_value(&threads);
+    } else if (arg == "--timeout-s") {
+      ok = int_value(&timeout_s);
+    } else if (arg == "--coordinator") {
+      ok = value(&coordinator);
+    } else if (arg == "--job") {
+      ok = value(&job_id);
+    } else if (arg == "--bind-host") {
+      ok = value(&bind_host);
+    } else if (arg == "--profile-window") {
+      ok = int_value(&profile_window);
+    } else if (arg == "--slow-from-step") {
+      ok = int_value(&slow_from_step);
+    } else if (arg == "--slow-node-ms") {
+      std::string text;
+      ok = value(&text) && absl::SimpleAtod(text, &slow_node_ms) &&
+           slow_node_ms >= 0;
+    } else if (arg == "--help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else {
+      return Fail(absl::StrCat("unknown flag '", arg, "'\n", kUsage));
+    }
+    if (!ok) {
+      return Fail(absl::StrCat(arg, " needs a ",
+                               arg == "--rank" || arg == "--world" ||
+                                       arg == "--threads" ||
+                                       arg == "--timeout-s"
+                                   ? "integer"
+                                   : "value",
+                               "\n", kUsage));
+    }
+  }
+  if (!standalone) {
+    if (coordinator.empty() || job_id.empty()) {
+      return Fail(absl::StrCat(
+          "agent mode needs --coordinator and --job (or use --standalone)\n",
+          kUsage));
+    }
+    tandem::AgentTrainerOptions options;
+    options.coordinator = coordinator;
+    options.job_id = job_id;
+    options.requested_rank = rank;
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    options.hostname = host;
+    options.bind_host = bind_host;
+    options.threads = threads;
+    options.profile_window = profile_window;
+    options.slow_node_ms = slow_node_ms;
+    options.slow_from_step = slow_from_step;
+    absl::Status status = tandem::RunAgent(options, std::cout);
+    if (!status.ok()) {
+      std::fprintf(stderr, "tandem-worker: %s\n",
+                   std::string(status.message()).c_str());
+      return 1;
+    }
+    return 0;
+  }
+  if (spec_path.empty() || rendezvous.empty() || rank < 0 || world < 1) {
+    return Fail(absl::StrCat(
+        "--spec, --rank, --world and --rendezvous are required\n", kUsage));
+  }
+  if (rank >= world) {
+    return Fail(absl::StrCat("--rank ", rank, " must be < --world ", world));
+  }
+
+  tandem::StandaloneOptions options;
+  absl::StatusOr<tandem::v1::JobSpec> spec = tandem::LoadJobSpec(spec_path);
+  if (!spec.ok()) return Fail(std::string(spec.status().message()));
+  options.spec = *std::move(spec);
+  absl::Status status =
+      tandem::ParseRendezvousAddress(rendezvous, &options.rendezvous);
+  if (!status.ok()) return Fail(std::string(status.message()));
+  options.rendezvous.rank = rank;
+  options.rendezvous.world_size = world;
+  options.rendezvous.timeout = std::chrono::seconds(timeout_s);
+  options.schedule_path = schedule_path;
+  options.profile_out = profile_out;
+  options.threads = threads;
+
+  status = tandem::RunStandalone(options, std::cout);
+  if (!status.ok()) {
+    std::fprintf(stderr, "tandem-worker rank %d: %s\n", rank,
+                 std::string(status.message()).c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,133 @@
+// Collectives over one c10d process group, issued by a dedicated
+// communication thread so that compute never waits for communication it does
+// not yet need.
+//
+// Contract: every rank submits the same collectives in the same order (the
+// executor guarantees it by following one schedule per iteration). The thread
+// runs submissions strictly in order, one collective at a time, so they match
+// across ranks and a collective's issue→done time is its own.
+//
+// On Gloo, reduce-scatter is an alltoall followed by a local sum in rank order
+// (libtorch 1.13's Gloo has no reduce_scatter; each rank sends (n-1)/n of the
+// bytes, unlike an allreduce). On NCCL the native collectives are used.
+#ifndef TANDEM_WORKER_RUNTIME_COMMUNICATOR_H_
+#define TANDEM_WORKER_RUNTIME_COMMUNICATOR_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "ATen/core/Tensor.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
+
+namespace tandem {
+
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+// One submission in flight. Completed by the communication thread; any
+// thread may wait for it.
+class CollectiveWork {
+ public:
+  CollectiveWork();
+
+  // Blocks until the collective finished and returns its status. The time
+  // spent blocked is added to waited_s().
+  absl::Status Wait();
+  bool done() const;
+
+  // Valid once done: seconds from submission to completion, and the part of
+  // it callers spent blocked in Wait (the exposed communication).
+  double issue_to_done_s() const;
+  double waited_s() const;
+  // Valid once done: seconds it ran on the communication thread (start to
+  // completion), i.e. issue_to_done_s less the queueing.
+  double run_s() const;
+
+ private:
+  friend class Communicator;
+  void Finish(absl::Status status);
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  absl::Status status_;
+  SteadyTime issued_;
+  SteadyTime started_;
+  SteadyTime finished_;
+  double waited_s_ = 0;
+};
+using CollectiveHandle = std::shared_ptr<CollectiveWork>;
+
+class Communicator {
+ public:
+  // `group` must be live for the communicator's lifetime.
+  explicit Communicator(c10::intrusive_ptr<c10d::ProcessGroup> group);
+  // Runs what was submitted, then joins the thread.
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+
+  // Runs `body` on the communication thread after every earlier submission.
+  // `body` packs inputs, calls the blocking collectives below and unpacks;
+  // an exception it throws becomes the handle's status. After a failure,
+  // later submissions fail at once with the same status (the peers are
+  // gone or out of step; the job must restart).
+  CollectiveHandle Submit(std::function<void()> body);
+
+  // Blocking collectives; call them only from a Submit body.
+  //   AllGather: `input` [n] from every rank into `output` [world * n],
+  //   rank-major.
+  void AllGather(const at::Tensor& input, const at::Tensor& output);
+  //   ReduceScatterSum: `input` [world * n]; `output` [n] receives the sum
+  //   over ranks of chunk `rank` (summed in rank order).
+  void ReduceScatterSum(const at::Tensor& input, const at::Tensor& output);
+
+  // All-gathers a few doubles from every rank (blocking, through the thread,
+  // in order with the other submissions): rank-major, world * values.size().
+  absl::StatusOr<std::vector<double>> AllGatherScalars(
+      const std::vector<double>& values);
+
+  // Blocks until every submission so far finished; the first failure.
+  absl::Status Drain();
+  // The first collective that failed (a peer lost, a transport error), or OK.
+  // Once set, every later submission fails with it.
+  absl::Status failure() const;
+
+ private:
+  struct Task {
+    CollectiveHandle handle;
+    std::function<void()> body;
+  };
+  void Loop();
+
+  const c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  const int rank_;
+  const int world_size_;
+  const bool native_collectives_;  // NCCL: _allgather_base et al.
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  CollectiveHandle last_;
+  bool stopping_ = false;
+  absl::Status failure_;
+  // The communication thread: pops tasks in submission order and runs each
+  // to completion (issue, wait, unpack) before the next, so all ranks see the
+  // same collective sequence. Declared last: it starts after the state above.
+  std::thread thread_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_WORKER_RUNTIME_COMMUNICATOR_H_

@@ -1,0 +1,483 @@
+#include "worker/runtime/executor.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/ir/validate.h"
+#include "common/status_macros.h"
+#include "coordinator/analysis/schedule_invariants.h"
+#include "worker/runtime/torch_status.h"
+
+namespace tandem {
+namespace {
+
+SteadyTime Now() { return std::chrono::steady_clock::now(); }
+double Since(SteadyTime t) {
+  return std::chrono::duration<double>(Now() - t).count();
+}
+
+absl::Status Prefixed(const Schedule& s, absl::string_view what,
+                      const absl::Status& status) {
+  return absl::Status(
+      status.code(),
+      absl::StrCat("schedule v", s.version, " ", what, ": ", status.message()));
+}
+
+}  // namespace
+
+absl::Status CheckRunnableSchedule(const Graph& graph,
+                                   const Schedule& schedule) {
+  const std::string hash = graph.StructuralHash();
+  if (schedule.graph_hash != hash) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "schedule v", schedule.version, " was planned for graph ",
+        schedule.graph_hash, ", but this worker runs graph '", graph.name,
+        "' with hash ", hash, "; plan the schedule for this model"));
+  }
+  absl::Status valid = ValidateSchedule(schedule, graph);
+  if (!valid.ok()) return Prefixed(schedule, "is malformed", valid);
+  if (schedule.mode != ShardingMode::kZero3) {
+    return absl::UnimplementedError(absl::StrCat(
+        "schedule v", schedule.version,
+        " is a zero1 schedule; this worker runs zero3 schedules only "
+        "(set parallel.zero_stage: 3)"));
+  }
+  const bool offload_action = std::any_of(
+      schedule.actions.begin(), schedule.actions.end(), [](const Action& a) {
+        return a.kind == ActionKind::kOffload || a.kind == ActionKind::kReload;
+      });
+  if (!schedule.offloads.empty() || offload_action) {
+    return absl::UnimplementedError(absl::StrCat(
+        "schedule v", schedule.version,
+        " offloads optimizer states, which this worker does not support "
+        "yet; plan it without the offload pass"));
+  }
+  std::vector<bool> persistent(graph.params.size(), false);
+  const GraphIndex index(graph);
+  for (int32_t id : schedule.persistent_param_ids) {
+    persistent[index.ParamPos(id)] = true;
+  }
+  for (const GatherGroup& g : schedule.groups) {
+    for (int32_t id : g.param_ids) {
+      if (persistent[index.ParamPos(id)]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("schedule v", schedule.version, ": param p", id, " (",
+                         graph.params[index.ParamPos(id)].name,
+                         ") is persistent and also in gather group g", g.id,
+                         "; remove it from one of them"));
+      }
+    }
+  }
+  absl::Status semantics = CheckScheduleSemantics(graph, schedule);
+  if (!semantics.ok()) {
+    return Prefixed(schedule, "rejected before running", semantics);
+  }
+  return absl::OkStatus();
+}
+
+struct Executor::Prepared {
+  Schedule schedule;
+  std::vector<std::vector<Action>> before;
+  std::vector<std::vector<Action>> after;
+  absl::flat_hash_map<int32_t, std::vector<int32_t>> group_params;
+  absl::flat_hash_map<int32_t, int64_t> group_bytes;
+  std::vector<int32_t> persistent;
+  std::vector<bool> is_persistent;
+};
+
+struct Executor::IterationState {
+  struct Gather {
+    CollectiveHandle handle;
+    int32_t issued_at;
+  };
+  struct Reduce {
+    CollectiveHandle handle;
+    std::vector<int32_t> params;
+    int32_t issued_at;
+    int64_t bytes;
+  };
+  absl::flat_hash_map<int32_t, Gather> gathers;
+  std::vector<Reduce> reduces;
+  double exposed_s = 0;
+  double loss_sum = 0;
+  SteadyTime backward_start;
+  int64_t backward_memory = 0;
+};
+
+Executor::Executor(const Program* program, Graph graph,
+                   ShardedParamStore* store, Communicator* comm,
+                   MemoryMeter* meter, Schedule initial,
+                   ExecutorOptions options)
+    : program_(program),
+      graph_(std::move(graph)),
+      store_(store),
+      comm_(comm),
+      meter_(meter),
+      options_(options),
+      num_nodes_(static_cast<int>(program->nodes.size())),
+      slot_(std::move(initial)),
+      profiler_(options.profile, static_cast<int>(graph_.nodes.size())) {}
+
+Executor::~Executor() { comm_->Drain().IgnoreError(); }
+
+absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(
+    const Program* program, Graph graph, ShardedParamStore* store,
+    Communicator* comm, MemoryMeter* meter, Schedule initial,
+    ExecutorOptions options) {
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    if (graph.nodes[i].id != static_cast<int32_t>(i)) {
+      return absl::InvalidArgumentError(
+          "the executor needs a graph from DeriveGraph (ids = positions)");
+    }
+  }
+  if (graph.nodes.size() !=
+          static_cast<size_t>(graph.micro_batches) * 2 * program->nodes.size() +
+              1 ||
+      store->num_params() != static_cast<int>(graph.params.size())) {
+    return absl::InvalidArgumentError(
+        "graph, program and param store do not match; derive the graph from "
+        "the program and create the store from it");
+  }
+  if (meter == nullptr) {
+    return absl::InvalidArgumentError("a memory meter is required");
+  }
+  RETURN_IF_ERROR(CheckRunnableSchedule(graph, initial));
+  std::unique_ptr<Executor> executor(new Executor(program, std::move(graph),
+                                                  store, comm, meter,
+                                                  std::move(initial), options));
+  RETURN_IF_ERROR(executor->Activate(executor->slot_.active()));
+  RETURN_IF_ERROR(TorchCall("gathering persistent params",
+                            [&] { executor->RefreshPersistent(nullptr); }));
+  return executor;
+}
+
+absl::Status Executor::OfferSchedule(Schedule schedule,
+                                     int64_t not_before_iteration) {
+  RETURN_IF_ERROR(CheckRunnableSchedule(graph_, schedule));
+  return slot_.Offer(std::move(schedule), not_before_iteration);
+}
+
+absl::Status Executor::Activate(const Schedule& schedule) {
+  auto p = std::make_unique<Prepared>();
+  p->schedule = schedule;
+  p->before.resize(graph_.nodes.size());
+  p->after.resize(graph_.nodes.size());
+  for (const Action& a : schedule.actions) {
+    (a.position == AnchorPosition::kBefore ? p->before : p->after)[a.node_id]
+        .push_back(a);
+  }
+  for (const GatherGroup& g : schedule.groups) {
+    int64_t bytes = 0;
+    for (int32_t id : g.param_ids) bytes += store_->full_bytes(id);
+    p->group_params[g.id] = g.param_ids;
+    p->group_bytes[g.id] = bytes;
+  }
+  p->persistent = schedule.persistent_param_ids;
+  p->is_persistent.assign(graph_.params.size(), false);
+  for (int32_t id : p->persistent) p->is_persistent[id] = true;
+  active_ = std::move(p);
+  return absl::OkStatus();
+}
+
+void Executor::RefreshPersistent(const Prepared* previous) {
+  if (previous != nullptr) {
+    for (int32_t id : previous->persistent) {
+      if (!active_->is_persistent[id]) store_->Release({id});
+    }
+  }
+  persistent_refresh_ = nullptr;
+  if (active_->persistent.empty()) return;
+  // The optimizer changed the shards: re-gather the whole persistent set in
+  // one collective, overlapping whatever the caller does before the next
+  // step; the first node that needs one of them waits.
+  store_->Release(active_->persistent);
+  persistent_refresh_ = store_->Gather(active_->persistent, *comm_);
+}
+
+void Executor::WaitCounted(const CollectiveHandle& handle,
+                           CollectiveTiming timing) {
+  const double waited_before = handle->waited_s();
+  const absl::Status status = handle->Wait();
+  TORCH_CHECK(status.ok(), std::string(status.message()));
+  const double waited = handle->waited_s() - waited_before;
+  it_->exposed_s += waited;
+  if (profiler_.enabled()) {
+    timing.issue_to_done_s = handle->issue_to_done_s();
+    timing.run_s = handle->run_s();
+    timing.exposed_s = waited;
+    profiler_.RecordCollective(timing);
+  }
+}
+
+void Executor::EnsureParams(int pos) {
+  const Node& node = graph_.nodes[pos];
+  for (int32_t id : node.param_ids) {
+    if (store_->materialized(id)) continue;
+    if (active_->is_persistent[id] && persistent_refresh_ != nullptr) {
+      CollectiveTiming t;
+      t.kind = CollectiveKind::kAllGather;
+      t.group_id = -1;
+      t.param_ids = active_->persistent;
+      for (int32_t p : active_->persistent) t.bytes += store_->full_bytes(p);
+      t.node_id = static_cast<int32_t>(graph_.nodes.size() - 1);
+      WaitCounted(persistent_refresh_, std::move(t));
+      persistent_refresh_ = nullptr;
+      if (store_->materialized(id)) continue;
+    }
+    TORCH_CHECK(false, "node '", node.name, "' uses param '", store_->name(id),
+                "', which schedule v", active_->schedule.version,
+                " has not gathered and waited for at this point; the "
+                "iteration was stopped before reading freed memory");
+  }
+}
+
+void Executor::RunActions(int pos, AnchorPosition where) {
+  const std::vector<Action>& actions = where == AnchorPosition::kBefore
+                                           ? active_->before[pos]
+                                           : active_->after[pos];
+  for (const Action& a : actions) {
+    switch (a.kind) {
+      case ActionKind::kAllGather: {
+        const std::vector<int32_t>& ids = active_->group_params.at(a.group_id);
+        it_->gathers[a.group_id] = {store_->Gather(ids, *comm_), a.node_id};
+        break;
+      }
+      case ActionKind::kWait: {
+        auto g = it_->gathers.find(a.group_id);
+        TORCH_CHECK(g != it_->gathers.end(), "WAIT for group g", a.group_id,
+                    " at node ", graph_.nodes[pos].name,
+                    " without an ALLGATHER");
+        CollectiveTiming t;
+        t.kind = CollectiveKind::kAllGather;
+        t.group_id = a.group_id;
+        t.bytes = active_->group_bytes.at(a.group_id);
+        t.node_id = g->second.issued_at;
+        WaitCounted(g->second.handle, std::move(t));
+        break;
+      }
+      case ActionKind::kRelease:
+        store_->Release(active_->group_params.at(a.group_id));
+        it_->gathers.erase(a.group_id);
+        break;
+      case ActionKind::kReduceScatter: {
+        int64_t bytes = 0;
+        for (int32_t id : a.param_ids) bytes += store_->full_bytes(id);
+        it_->reduces.push_back({store_->ReduceScatterGrads(a.param_ids, *comm_),
+                                a.param_ids, a.node_id, bytes});
+        break;
+      }
+      case ActionKind::kOffload:
+      case ActionKind::kReload:
+        TORCH_CHECK(false, "offload actions are not supported");
+    }
+  }
+}
+
+void Executor::StartBackwardNode(int pos) {
+  EnsureParams(pos);
+  if (!profiler_.enabled()) return;
+  it_->backward_memory = meter_->current_bytes();
+  it_->backward_start = Now();
+}
+
+void Executor::FinishBackwardNode(int pos) {
+  if (!profiler_.enabled()) return;
+  profiler_.RecordNode(pos, Since(it_->backward_start));
+  profiler_.RecordMemory(pos, it_->backward_memory, meter_->current_bytes());
+}
+
+void Executor::OnBackwardBoundary(int k, int i) {
+  // Node i+1's backward just finished; node i's is next.
+  const int finished = k * 2 * num_nodes_ + 2 * num_nodes_ - 2 - i;
+  FinishBackwardNode(finished);
+  RunActions(finished, AnchorPosition::kAfter);
+  RunActions(finished + 1, AnchorPosition::kBefore);
+  StartBackwardNode(finished + 1);
+}
+
+void Executor::RunMicroBatch(int k, const MicroBatch& batch) {
+  const int n = num_nodes_;
+  const int base = k * 2 * n;
+  const bool profiling = profiler_.enabled();
+  at::Tensor act = batch.inputs;
+  std::vector<at::Tensor> params;
+  for (int i = 0; i < n; ++i) {
+    const int pos = base + i;
+    const ProgramNode& node = program_->nodes[i];
+    RunActions(pos, AnchorPosition::kBefore);
+    EnsureParams(pos);
+    params.clear();
+    for (int32_t id : node.param_ids) params.push_back(store_->full(id));
+    const int64_t memory_before = profiling ? meter_->current_bytes() : 0;
+    const SteadyTime start = profiling ? Now() : SteadyTime();
+    at::Tensor out = node.forward(act, params, batch);
+    if (profiling) {
+      profiler_.RecordNode(pos, Since(start));
+      profiler_.RecordMemory(pos, memory_before, meter_->current_bytes());
+    }
+    RunActions(pos, AnchorPosition::kAfter);
+    if (i + 1 < n) {
+      TORCH_CHECK(out.requires_grad(), "the output of node '", node.name,
+                  "' does not require grad, so backward actions cannot be "
+                  "anchored at it");
+      out.register_hook([this, k, i](at::Tensor) { OnBackwardBoundary(k, i); });
+    }
+    act = std::move(out);
+  }
+  params.clear();
+  TORCH_CHECK(act.numel() == 1, "the last node must return a scalar loss");
+  it_->loss_sum += act.item<double>();
+  const at::Tensor loss =
+      graph_.micro_batches > 1 ? act / graph_.micro_batches : act;
+  act = at::Tensor();
+  const int loss_backward = base + n;
+  RunActions(loss_backward, AnchorPosition::kBefore);
+  StartBackwardNode(loss_backward);
+  loss.backward();
+  const int first_backward = base + 2 * n - 1;
+  FinishBackwardNode(first_backward);
+  RunActions(first_backward, AnchorPosition::kAfter);
+}
+
+absl::StatusOr<StepStats> Executor::RunStep(
+    absl::Span<const MicroBatch> batches) {
+  if (!broken_.ok()) return broken_;
+  if (batches.size() != static_cast<size_t>(graph_.micro_batches)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RunStep needs ", graph_.micro_batches,
+                     " micro-batches, got ", batches.size()));
+  }
+  StepStats stats;
+  absl::Status status = TorchCall(absl::StrCat("step ", step_),
+                                  [&] { return RunStepImpl(batches, &stats); });
+  it_.reset();
+  if (!status.ok()) {
+    broken_ = status;
+    return status;
+  }
+  return stats;
+}
+
+absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
+                                   StepStats* stats) {
+  const SteadyTime start = Now();
+  meter_->ResetPeak();
+  it_ = std::make_unique<IterationState>();
+  const int64_t version = active_->schedule.version;
+  profiler_.BeginIteration(step_, version);
+
+  for (int k = 0; k < graph_.micro_batches; ++k) {
+    RunMicroBatch(k, batches[k]);
+  }
+
+  const int optimizer = static_cast<int>(graph_.nodes.size()) - 1;
+  RunActions(optimizer, AnchorPosition::kBefore);
+  for (IterationState::Reduce& r : it_->reduces) {
+    CollectiveTiming t;
+    t.kind = CollectiveKind::kReduceScatter;
+    t.param_ids = r.params;
+    t.bytes = r.bytes;
+    t.node_id = r.issued_at;
+    WaitCounted(r.handle, std::move(t));
+  }
+  for (int id = 0; id < store_->num_params(); ++id) {
+    if (store_->full(id).grad().defined()) {
+      return absl::InternalError(absl::StrCat(
+          "the gradient of '", store_->name(id),
+          "' was produced after its reduce-scatter; the schedule reduces it "
+          "too early"));
+    }
+  }
+  if (!it_->gathers.empty()) {
+    return absl::InternalError(
+        absl::StrCat("gather group g", it_->gathers.begin()->first,
+                     " is still gathered at the end of the iteration"));
+  }
+
+  // One exchange for the loss, the gradient norm and the schedule agreement.
+  const SteadyTime optimizer_start = Now();
+  const ScheduleReport report = slot_.Report();
+  constexpr int kFields = 4;
+  const SteadyTime exchange_start = Now();
+  ASSIGN_OR_RETURN(
+      std::vector<double> all,
+      comm_->AllGatherScalars({it_->loss_sum / graph_.micro_batches,
+                               store_->ShardGradSquaredNorm(),
+                               static_cast<double>(report.pending_version),
+                               static_cast<double>(report.not_before)}));
+  it_->exposed_s += Since(exchange_start);
+  const int world = comm_->world_size();
+  double loss = 0;
+  double squares = 0;
+  std::vector<ScheduleReport> reports(world);
+  for (int r = 0; r < world; ++r) {
+    loss += all[r * kFields];
+    squares += all[r * kFields + 1];
+    reports[r].pending_version = static_cast<int64_t>(all[r * kFields + 2]);
+    reports[r].not_before = static_cast<int64_t>(all[r * kFields + 3]);
+  }
+  loss /= world;
+  const double norm = std::sqrt(squares);
+  float factor = 1.0f;
+  if (options_.adamw.grad_clip > 0) {
+    // As torch.nn.utils.clip_grad_norm_: an fp32 coefficient clamped at 1.
+    factor = std::min(static_cast<float>(options_.adamw.grad_clip /
+                                         (static_cast<float>(norm) + 1e-6)),
+                      1.0f);
+  }
+  store_->AdamWStep(options_.adamw, factor, step_ + 1);
+  RunActions(optimizer, AnchorPosition::kAfter);
+  if (profiler_.enabled()) {
+    profiler_.RecordNode(optimizer, Since(optimizer_start));
+  }
+  ++step_;
+
+  std::unique_ptr<Prepared> previous;
+  if (const Schedule* next = slot_.Agree(reports, step_)) {
+    previous = std::move(active_);
+    RETURN_IF_ERROR(Activate(*next));
+  }
+  RefreshPersistent(previous != nullptr ? previous.get() : active_.get());
+
+  stats->step = step_ - 1;
+  stats->loss = loss;
+  stats->grad_norm = norm;
+  stats->iteration_s = Since(start);
+  stats->exposed_comm_s = it_->exposed_s;
+  stats->peak_bytes = meter_->peak_bytes();
+  stats->schedule_version = version;
+  profiler_.EndIteration(stats->iteration_s, stats->peak_bytes);
+  if (options_.budget_bytes > 0 && stats->peak_bytes > options_.budget_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "step ", stats->step, ": peak memory ", stats->peak_bytes,
+        " B exceeds memory.budget_bytes ", options_.budget_bytes,
+        " B under schedule v", version,
+        "; raise the budget or use a schedule that keeps fewer params "
+        "gathered"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Executor::ParamChecksum() {
+  if (!broken_.ok()) return broken_;
+  ASSIGN_OR_RETURN(const double local, TorchCallOr<double>("checksum", [&] {
+                     return store_->ShardParamSum();
+                   }));
+  ASSIGN_OR_RETURN(std::vector<double> all, comm_->AllGatherScalars({local}));
+  double sum = 0;
+  for (double v : all) sum += v;
+  return sum;
+}
+
+Profile Executor::ProfileSnapshot() const {
+  return profiler_.Snapshot(graph_.StructuralHash(), comm_->rank());
+}
+
+}  // namespace tandem

@@ -1,0 +1,159 @@
+// The executor: runs one training iteration of a program under a schedule
+// (DESIGN.md, "Runtime rules"). Forward runs the program's nodes in order,
+// performing the schedule's actions anchored before and after each; backward
+// is one autograd pass per micro-batch, with the actions anchored at backward
+// nodes fired from hooks on the forward outputs (the hook on node i's output
+// runs when node i+1's backward has finished and node i's is about to start).
+// The optimizer node drains the reduce-scatters, exchanges the loss, the
+// gradient norm and the schedule agreement in one small all-gather, clips
+// and steps AdamW on this rank's shards.
+//
+// It performs exactly the schedule's ALLGATHER, WAIT, RELEASE and
+// REDUCE_SCATTER actions. Persistent params stay gathered across iterations
+// and are refreshed by one all-gather after each optimizer step. A node whose
+// params are not gathered and waited for fails the iteration with an error
+// instead of reading freed memory; schedules are checked (hash, validity,
+// CheckScheduleSemantics) before they are accepted, so a valid schedule
+// never gets there.
+//
+// Contract: every rank runs the same program and graph, and calls RunStep the
+// same number of times; collectives are then issued in the same order on
+// every rank. New schedules take effect at an iteration boundary all ranks
+// agree on (schedule_slot.h). After a failed step the executor is broken and
+// every later call returns the same error.
+#ifndef TANDEM_WORKER_RUNTIME_EXECUTOR_H_
+#define TANDEM_WORKER_RUNTIME_EXECUTOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/ir/graph.h"
+#include "common/ir/profile.h"
+#include "common/ir/schedule.h"
+#include "worker/runtime/communicator.h"
+#include "worker/runtime/memory_meter.h"
+#include "worker/runtime/profiler.h"
+#include "worker/runtime/program.h"
+#include "worker/runtime/schedule_slot.h"
+#include "worker/runtime/sharded_param_store.h"
+
+namespace tandem {
+
+struct ExecutorOptions {
+  AdamWOptions adamw;
+  // Peak bytes an iteration may reach (the meter's); 0 disables the check.
+  int64_t budget_bytes = 0;
+  bool profile = true;
+};
+
+struct StepStats {
+  int64_t step = 0;
+  // Mean over the global batch (all ranks, all micro-batches); identical on
+  // every rank.
+  double loss = 0;
+  // Global gradient norm before clipping; identical on every rank.
+  double grad_norm = 0;
+  double iteration_s = 0;
+  // Time compute spent waiting for communication: WAITs, draining the
+  // reduce-scatters, the persistent refresh, and the end-of-step exchange
+  // (which also absorbs any skew between ranks).
+  double exposed_comm_s = 0;
+  int64_t peak_bytes = 0;
+  int64_t schedule_version = 0;
+};
+
+// Checks that this runtime can execute `schedule` on `graph`: the graph hash
+// matches, ValidateSchedule and CheckScheduleSemantics pass, the mode is
+// zero3, there is no offload, and no param is both persistent and grouped.
+// Errors are InvalidArgument / FailedPrecondition / Unimplemented and say
+// what to change.
+absl::Status CheckRunnableSchedule(const Graph& graph,
+                                   const Schedule& schedule);
+
+class Executor {
+ public:
+  // `program`, `store`, `comm` and `meter` must outlive the executor;
+  // `graph` must be DeriveGraph(program, ...). Rejects `initial` like
+  // CheckRunnableSchedule.
+  static absl::StatusOr<std::unique_ptr<Executor>> Create(
+      const Program* program, Graph graph, ShardedParamStore* store,
+      Communicator* comm, MemoryMeter* meter, Schedule initial,
+      ExecutorOptions options);
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  // Thread-safe. Checks `schedule` (CheckRunnableSchedule) and queues it: it
+  // takes effect at the first iteration boundary at which every rank holds
+  // it, and not before iteration `not_before_iteration`.
+  absl::Status OfferSchedule(Schedule schedule,
+                             int64_t not_before_iteration = 0);
+
+  // Runs one iteration over this rank's micro-batches (one per graph
+  // micro-batch). Errors: the step's failure (communication, a node reading
+  // an ungathered param, the memory budget exceeded), after which the
+  // executor is broken.
+  absl::StatusOr<StepStats> RunStep(absl::Span<const MicroBatch> batches);
+
+  // float64 sum of every full param, identical on every rank (collective:
+  // every rank calls it at the same point).
+  absl::StatusOr<double> ParamChecksum();
+
+  int64_t step() const { return step_; }
+  const Graph& graph() const { return graph_; }
+  const Schedule& active_schedule() const { return slot_.active(); }
+  Profiler& profiler() { return profiler_; }
+  // This rank's profile window. Collectives are keyed by the node they were
+  // issued at; the persistent refresh appears as an all-gather with
+  // group_id -1, the persistent params and the optimizer node.
+  Profile ProfileSnapshot() const;
+
+ private:
+  struct Prepared;
+  struct IterationState;
+  Executor(const Program* program, Graph graph, ShardedParamStore* store,
+           Communicator* comm, MemoryMeter* meter, Schedule initial,
+           ExecutorOptions options);
+
+  absl::Status Activate(const Schedule& schedule);
+  absl::Status RunStepImpl(absl::Span<const MicroBatch> batches,
+                           StepStats* stats);
+  void RunMicroBatch(int k, const MicroBatch& batch);
+  // Actions anchored before/after the node at graph position `pos`.
+  void RunActions(int pos, AnchorPosition where);
+  // Fails unless every param of the node at `pos` is usable (waits for a
+  // persistent refresh still in flight).
+  void EnsureParams(int pos);
+  // Hook body: forward node `i` of micro-batch `k` produced the output whose
+  // gradient is complete.
+  void OnBackwardBoundary(int k, int i);
+  void StartBackwardNode(int pos);
+  void FinishBackwardNode(int pos);
+  void RefreshPersistent(const Prepared* previous);
+  void WaitCounted(const CollectiveHandle& handle, CollectiveTiming timing);
+
+  const Program* program_;
+  const Graph graph_;
+  ShardedParamStore* store_;
+  Communicator* comm_;
+  MemoryMeter* meter_;
+  const ExecutorOptions options_;
+  const int num_nodes_;  // forward nodes of one micro-batch
+  ScheduleSlot slot_;
+  std::unique_ptr<Prepared> active_;
+  Profiler profiler_;
+  // Persistent params' refresh after the last optimizer step.
+  CollectiveHandle persistent_refresh_;
+  std::unique_ptr<IterationState> it_;
+  int64_t step_ = 0;
+  absl::Status broken_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_WORKER_RUNTIME_EXECUTOR_H_

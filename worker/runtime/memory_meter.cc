@@ -1,0 +1,113 @@
+#include "worker/runtime/memory_meter.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "c10/core/CPUAllocator.h"
+#include "c10/core/alignment.h"
+#include "c10/core/impl/alloc_cpu.h"
+
+#ifdef TANDEM_WITH_CUDA
+#include "c10/cuda/CUDACachingAllocator.h"
+#include "c10/cuda/CUDAFunctions.h"
+#endif
+
+namespace tandem {
+namespace {
+
+// Each block carries its size in a header one alignment unit long, so the
+// deleter can subtract it without a side table.
+constexpr size_t kHeader = c10::gAlignment;
+
+std::atomic<CountingCpuAllocator*> g_instance{nullptr};
+
+}  // namespace
+
+CountingCpuAllocator* CountingCpuAllocator::Install() {
+  static CountingCpuAllocator* const instance = [] {
+    auto* a = new CountingCpuAllocator();  // lives for the process
+    // Priority above the default (0) so a later default registration cannot
+    // replace it.
+    c10::SetCPUAllocator(a, /*priority=*/100);
+    g_instance.store(a);
+    return a;
+  }();
+  return instance;
+}
+
+CountingCpuAllocator* CountingCpuAllocator::Get() { return g_instance.load(); }
+
+c10::DataPtr CountingCpuAllocator::allocate(size_t bytes) const {
+  auto* base = static_cast<char*>(c10::alloc_cpu(bytes + kHeader));
+  *reinterpret_cast<size_t*>(base) = bytes;
+  const int64_t now = current_.fetch_add(static_cast<int64_t>(bytes),
+                                         std::memory_order_relaxed) +
+                      static_cast<int64_t>(bytes);
+  int64_t peak = peak_.load(std::memory_order_relaxed);
+  while (now > peak &&
+         !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+  allocations_.fetch_add(1, std::memory_order_relaxed);
+  return {base + kHeader, base, &CountingCpuAllocator::Delete,
+          c10::Device(c10::DeviceType::CPU)};
+}
+
+void CountingCpuAllocator::Delete(void* context) {
+  auto* base = static_cast<char*>(context);
+  const size_t bytes = *reinterpret_cast<size_t*>(base);
+  if (CountingCpuAllocator* a = g_instance.load()) {
+    a->current_.fetch_sub(static_cast<int64_t>(bytes),
+                          std::memory_order_relaxed);
+  }
+  c10::free_cpu(base);
+}
+
+void CountingCpuAllocator::ResetPeak() {
+  peak_.store(current_.load(std::memory_order_relaxed),
+              std::memory_order_relaxed);
+}
+
+#ifdef TANDEM_WITH_CUDA
+namespace {
+
+class CudaMemoryMeter final : public MemoryMeter {
+ public:
+  int64_t current_bytes() const override {
+    return Stats().allocated_bytes[kAggregate].current;
+  }
+  int64_t peak_bytes() const override {
+    return Stats().allocated_bytes[kAggregate].peak;
+  }
+  void ResetPeak() override {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(
+        c10::cuda::current_device());
+  }
+
+ private:
+  static constexpr size_t kAggregate =
+      static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE);
+  static c10::cuda::CUDACachingAllocator::DeviceStats Stats() {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(
+        c10::cuda::current_device());
+  }
+};
+
+}  // namespace
+#endif
+
+MemoryMeter* MemoryMeterFor(c10::DeviceType device_type) {
+  if (device_type == c10::DeviceType::CPU) {
+    return CountingCpuAllocator::Install();
+  }
+#ifdef TANDEM_WITH_CUDA
+  if (device_type == c10::DeviceType::CUDA) {
+    static CudaMemoryMeter* const meter = new CudaMemoryMeter();
+    return meter;
+  }
+#endif
+  return nullptr;
+}
+
+}  // namespace tandem

@@ -1,0 +1,72 @@
+// Memory accounting for the worker (DESIGN.md, "Runtime rules"): on CPU a
+// counting allocator registered as libtorch's CPU allocator; on CUDA the
+// caching allocator's statistics. The executor samples a MemoryMeter at node
+// boundaries and checks the job's budget against its peak.
+#ifndef TANDEM_WORKER_RUNTIME_MEMORY_METER_H_
+#define TANDEM_WORKER_RUNTIME_MEMORY_METER_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "c10/core/Allocator.h"
+
+namespace tandem {
+
+class MemoryMeter {
+ public:
+  virtual ~MemoryMeter() = default;
+  // Bytes allocated now, and the most since the last ResetPeak().
+  virtual int64_t current_bytes() const = 0;
+  virtual int64_t peak_bytes() const = 0;
+  // Sets the peak to the current value.
+  virtual void ResetPeak() = 0;
+};
+
+// Counts every byte libtorch allocates on the CPU. A storage keeps the
+// allocator it was created with, so Install() must run before any tensor
+// exists (first thing in main); tensors created earlier are not counted.
+// Thread-safe: counters are atomics, so the communication thread and Gloo's
+// threads may allocate concurrently with compute.
+class CountingCpuAllocator final : public c10::Allocator, public MemoryMeter {
+ public:
+  // Registers the process-wide instance as libtorch's CPU allocator (once;
+  // later calls return the same instance).
+  static CountingCpuAllocator* Install();
+  // The installed instance, or nullptr.
+  static CountingCpuAllocator* Get();
+
+  c10::DataPtr allocate(size_t bytes) const override;
+  // raw_allocate is not supported: data and context differ.
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+
+  int64_t current_bytes() const override {
+    return current_.load(std::memory_order_relaxed);
+  }
+  int64_t peak_bytes() const override {
+    return peak_.load(std::memory_order_relaxed);
+  }
+  void ResetPeak() override;
+  // Allocations made so far (for tests).
+  int64_t allocations() const {
+    return allocations_.load(std::memory_order_relaxed);
+  }
+
+ private:
+  CountingCpuAllocator() = default;
+  static void Delete(void* context);
+
+  mutable std::atomic<int64_t> current_{0};
+  mutable std::atomic<int64_t> peak_{0};
+  mutable std::atomic<int64_t> allocations_{0};
+};
+
+// The meter for `device_type`: the counting allocator on CPU (installing it
+// when needed), the CUDA caching allocator's statistics when built with CUDA.
+// nullptr for devices this build cannot measure.
+MemoryMeter* MemoryMeterFor(c10::DeviceType device_type);
+
+}  // namespace tandem
+
+#endif  // TANDEM_WORKER_RUNTIME_MEMORY_METER_H_

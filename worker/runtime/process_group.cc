@@ -1,0 +1,145 @@
+#include "worker/runtime/process_group.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "torch/csrc/distributed/c10d/ProcessGroupGloo.hpp"
+#include "torch/csrc/distributed/c10d/TCPStore.hpp"
+#include "worker/runtime/torch_status.h"
+
+#ifdef TANDEM_WITH_NCCL
+#include "torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp"
+#endif
+
+namespace tandem {
+namespace {
+
+std::shared_ptr<::gloo::transport::Device> GlooDevice(
+    const std::string& local_host) {
+  // An explicit interface wins (multi-host runs); loopback runs bind to the
+  // rendezvous address itself.
+  for (const char* var : {"TANDEM_GLOO_IFNAME", "GLOO_SOCKET_IFNAME"}) {
+    const char* ifname = std::getenv(var);
+    if (ifname != nullptr && *ifname != '\0') {
+      return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+    }
+  }
+  if (local_host == "127.0.0.1" || local_host == "localhost" ||
+      local_host == "::1") {
+    return c10d::ProcessGroupGloo::createDeviceForHostname(local_host);
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+}  // namespace
+
+bool BackendAvailable(CollectiveBackend backend) {
+  switch (backend) {
+    case CollectiveBackend::kGloo:
+      return true;
+    case CollectiveBackend::kNccl:
+#ifdef TANDEM_WITH_NCCL
+      return true;
+#else
+      return false;
+#endif
+  }
+  return false;
+}
+
+absl::Status ParseRendezvousAddress(const std::string& address,
+                                    RendezvousOptions* options) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port <= 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--rendezvous: expected HOST:PORT with a port in 1..65535, got '",
+        address, "' (e.g. 127.0.0.1:29500)"));
+  }
+  options->host = address.substr(0, colon);
+  options->port = port;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>>
+CreateProcessGroupFromStore(c10::intrusive_ptr<c10d::Store> store, int rank,
+                            int world_size, CollectiveBackend backend,
+                            std::chrono::milliseconds timeout,
+                            const std::string& local_host) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " is outside world size ", world_size,
+                     "; pass --rank in [0, --world)"));
+  }
+  if (!BackendAvailable(backend)) {
+    return absl::InvalidArgumentError(
+        "the NCCL backend needs a build against a CUDA libtorch with "
+        "-DTANDEM_WITH_NCCL=ON; use gloo on this build");
+  }
+  absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> group =
+      TorchCallOr<c10::intrusive_ptr<c10d::ProcessGroup>>(
+          "creating the process group",
+          [&]() -> c10::intrusive_ptr<c10d::ProcessGroup> {
+#ifdef TANDEM_WITH_NCCL
+            if (backend == CollectiveBackend::kNccl) {
+              auto opts = c10d::ProcessGroupNCCL::Options::create();
+              opts->timeout = timeout;
+              return c10::make_intrusive<c10d::ProcessGroupNCCL>(
+                  store, rank, world_size, opts);
+            }
+#endif
+            auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+            opts->devices.push_back(GlooDevice(local_host));
+            // Gloo's own worker threads; the executor already issues from a
+            // dedicated communication thread, one collective at a time.
+            opts->threads = 1;
+            return c10::make_intrusive<c10d::ProcessGroupGloo>(
+                store, rank, world_size, opts);
+          });
+  if (!group.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        group.status().message(),
+        " (check that every rank started with the same --rendezvous and "
+        "--world, and that rank 0 is reachable)"));
+  }
+  return group;
+}
+
+absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> CreateProcessGroup(
+    const RendezvousOptions& options) {
+  if (options.world_size < 1 || options.rank < 0 ||
+      options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", options.rank, " is outside world size ",
+                     options.world_size, "; pass --rank in [0, --world)"));
+  }
+  absl::StatusOr<c10::intrusive_ptr<c10d::Store>> store =
+      TorchCallOr<c10::intrusive_ptr<c10d::Store>>(
+          "connecting to the rendezvous store",
+          [&]() -> c10::intrusive_ptr<c10d::Store> {
+            c10d::TCPStoreOptions opts;
+            opts.port = static_cast<uint16_t>(options.port);
+            opts.isServer = options.rank == 0;
+            opts.numWorkers = options.world_size;
+            opts.waitWorkers = false;
+            opts.timeout = options.timeout;
+            return c10::make_intrusive<c10d::TCPStore>(options.host, opts);
+          });
+  if (!store.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        store.status().message(), " (rendezvous ", options.host, ":",
+        options.port, "; rank 0 must be able to listen there)"));
+  }
+  return CreateProcessGroupFromStore(*std::move(store), options.rank,
+                                     options.world_size, options.backend,
+                                     options.timeout, options.host);
+}
+
+}  // namespace tandem

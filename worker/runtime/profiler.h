@@ -1,0 +1,72 @@
+// The worker's profiler (DESIGN.md, loop step 4): per node forward and
+// backward time, per collective issue→done time and the part compute waited
+// for, memory at node boundaries; averaged over a window of iterations under
+// one schedule version and emitted as the Profile IR (text or tandem.v1
+// proto). Recording is a few clock reads and adds per node, so it stays on in
+// production (the bench measures its cost). Compute thread only; no libtorch.
+#ifndef TANDEM_WORKER_RUNTIME_PROFILER_H_
+#define TANDEM_WORKER_RUNTIME_PROFILER_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/ir/profile.h"
+
+namespace tandem {
+
+class Profiler {
+ public:
+  // `num_nodes`: the graph's node count (node ids are 0..num_nodes-1).
+  Profiler(bool enabled, int num_nodes);
+
+  bool enabled() const { return enabled_; }
+  // Turns recording on or off between iterations (the bench measures the
+  // profiler's cost this way).
+  void set_enabled(bool enabled) { enabled_ = enabled; }
+
+  // Starts an iteration; a new schedule version starts a new window.
+  void BeginIteration(int64_t iteration, int64_t schedule_version);
+  void RecordNode(int32_t node_id, double seconds);
+  void RecordMemory(int32_t node_id, int64_t before_bytes, int64_t after_bytes);
+  void RecordCollective(const CollectiveTiming& timing);
+  void EndIteration(double iteration_s, int64_t peak_bytes);
+
+  // The window's averages (memory: the largest seen at each boundary).
+  Profile Snapshot(const std::string& graph_hash, int32_t rank) const;
+  // Starts a new window at the next iteration.
+  void Reset();
+  int iterations() const { return iterations_; }
+
+ private:
+  struct Accumulator {
+    double sum = 0;
+    int32_t samples = 0;
+  };
+  struct CollectiveAccumulator {
+    CollectiveTiming last;
+    double issue_to_done_sum = 0;
+    double run_sum = 0;
+    double exposed_sum = 0;
+    int32_t samples = 0;
+  };
+  using CollectiveKey = std::tuple<int, int32_t, int32_t, std::vector<int32_t>>;
+
+  bool enabled_;
+  int64_t version_ = -1;
+  int64_t first_iteration_ = 0;
+  int64_t last_iteration_ = 0;
+  int iterations_ = 0;
+  double iteration_sum_s_ = 0;
+  int64_t peak_bytes_ = 0;
+  std::vector<Accumulator> nodes_;
+  std::vector<MemorySample> memory_;
+  std::vector<bool> has_memory_;
+  std::map<CollectiveKey, CollectiveAccumulator> collectives_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_WORKER_RUNTIME_PROFILER_H_

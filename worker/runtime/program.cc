@@ -1,0 +1,94 @@
+#include "worker/runtime/program.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+
+absl::StatusOr<Graph> DeriveGraph(const Program& program, int32_t world_size,
+                                  int32_t micro_batches,
+                                  int64_t tokens_per_micro_batch) {
+  if (micro_batches < 1 || world_size < 1) {
+    return absl::InvalidArgumentError(
+        "world size and micro-batches must be >= 1");
+  }
+  Graph graph;
+  graph.name = program.name;
+  graph.world_size = world_size;
+  graph.micro_batches = micro_batches;
+  graph.tokens_per_micro_batch = tokens_per_micro_batch;
+  absl::flat_hash_set<std::string> names;
+  for (const ProgramParam& p : program.params) {
+    if (!names.insert(p.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("program param '", p.name, "' is declared twice"));
+    }
+    Param param;
+    param.id = static_cast<int32_t>(graph.params.size());
+    param.name = p.name;
+    param.shape = p.shape;
+    param.dtype = DType::kF32;
+    param.unit = p.unit;
+    graph.params.push_back(std::move(param));
+  }
+  for (const ProgramNode& node : program.nodes) {
+    for (int32_t id : node.param_ids) {
+      if (id < 0 || id >= static_cast<int32_t>(program.params.size())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "program node '", node.name, "' uses unknown param ", id));
+      }
+    }
+  }
+  auto add_node = [&](std::string name, Phase phase, int32_t mb) -> Node& {
+    Node n;
+    n.id = static_cast<int32_t>(graph.nodes.size());
+    n.name = std::move(name);
+    n.phase = phase;
+    n.micro_batch = mb;
+    graph.nodes.push_back(std::move(n));
+    return graph.nodes.back();
+  };
+  for (int32_t k = 0; k < micro_batches; ++k) {
+    const std::string prefix =
+        micro_batches > 1 ? absl::StrCat("mb", k, ".") : std::string();
+    std::vector<int32_t> forward_ids;
+    for (const ProgramNode& node : program.nodes) {
+      Node& n = add_node(prefix + node.name, Phase::kForward, k);
+      n.param_ids = node.param_ids;
+      forward_ids.push_back(n.id);
+    }
+    for (size_t i = program.nodes.size(); i-- > 0;) {
+      Node& n = add_node(absl::StrCat(prefix, program.nodes[i].name, ".bwd"),
+                         Phase::kBackward, k);
+      n.forward_id = forward_ids[i];
+      n.param_ids = program.nodes[i].param_ids;
+    }
+  }
+  add_node("optimizer", Phase::kOptimizer, 0);
+  return graph;
+}
+
+absl::Status AnnotateEstimates(const Graph& estimates, Graph& graph) {
+  if (estimates.StructuralHash() != graph.StructuralHash() ||
+      estimates.nodes.size() != graph.nodes.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "graph '", graph.name, "' (hash ", graph.StructuralHash(),
+        ") differs from the estimates' graph (hash ",
+        estimates.StructuralHash(), "); rebuild both from one model config"));
+  }
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    Node& n = graph.nodes[i];
+    const Node& e = estimates.nodes[i];
+    n.flops = e.flops;
+    n.time_s = e.time_s;
+    n.activation_bytes = e.activation_bytes;
+    n.workspace_bytes = e.workspace_bytes;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem

@@ -1,0 +1,249 @@
+#include "worker/runtime/sharded_param_store.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "ATen/native/Resize.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "worker/runtime/torch_status.h"
+
+#ifdef TANDEM_WITH_CUDA
+#include "ATen/native/cuda/Resize.h"
+#endif
+
+namespace tandem {
+namespace {
+
+// Resizes the bytes of `t`'s storage in place: views autograd saved keep
+// pointing at the same StorageImpl.
+void ResizeStorage(const at::Tensor& t, size_t bytes) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  if (storage->device_type() == at::kCPU) {
+    at::native::resize_bytes_cpu(storage, bytes);
+    return;
+  }
+#ifdef TANDEM_WITH_CUDA
+  at::native::resize_bytes_cuda(storage, bytes);
+#else
+  TORCH_CHECK(false, "this build has no CUDA support");
+#endif
+}
+
+// A plain tensor over `count` floats at `data`: no autograd, no version
+// counter shared with the full tensor it aliases.
+at::Tensor Alias(float* data, int64_t count, at::Device device) {
+  return at::from_blob(data, {count},
+                       at::TensorOptions().dtype(at::kFloat).device(device));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShardedParamStore>> ShardedParamStore::Create(
+    const Program& program, int rank, int world_size, at::Device device) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " outside world size ", world_size));
+  }
+  std::unique_ptr<ShardedParamStore> store(
+      new ShardedParamStore(rank, world_size, device));
+  absl::Status status = TorchCall("initializing params", [&] {
+    const auto f32 = at::TensorOptions().dtype(at::kFloat);
+    for (const ProgramParam& p : program.params) {
+      Entry e;
+      e.name = p.name;
+      e.numel = 1;
+      for (int64_t d : p.shape) e.numel *= d;
+      e.shard_numel = (e.numel + world_size - 1) / world_size;
+      // Whole padded value, then this rank's slice.
+      at::Tensor padded = at::zeros({e.shard_numel * world_size}, f32);
+      p.init(padded.data_ptr<float>(), e.numel);
+      e.shard = padded.narrow(0, rank * e.shard_numel, e.shard_numel)
+                    .clone()
+                    .to(device);
+      e.shard_grad = at::zeros_like(e.shard);
+      e.exp_avg = at::zeros_like(e.shard);
+      e.exp_avg_sq = at::zeros_like(e.shard);
+      e.full = at::empty(p.shape, f32.device(device));
+      ResizeStorage(e.full, 0);
+      e.full.set_requires_grad(true);
+      store->params_.push_back(std::move(e));
+    }
+  });
+  if (!status.ok()) return status;
+  return store;
+}
+
+bool ShardedParamStore::allocated(int32_t id) const {
+  return params_[id].full.storage().nbytes() > 0;
+}
+
+bool ShardedParamStore::materialized(int32_t id) const {
+  const Entry& e = params_[id];
+  return allocated(id) &&
+         (e.pending_gather == nullptr || e.pending_gather->done());
+}
+
+CollectiveHandle ShardedParamStore::Gather(absl::Span<const int32_t> ids,
+                                           Communicator& comm) {
+  struct Piece {
+    at::Tensor shard;  // this rank's shard, read on the comm thread
+    float* dest;       // the full storage
+    int64_t numel;
+    int64_t shard_numel;
+    int64_t offset;  // in the packed buffer
+  };
+  std::vector<Piece> pieces;
+  int64_t packed = 0;
+  for (int32_t id : ids) {
+    Entry& e = params_[id];
+    TORCH_CHECK(!allocated(id), "gather of '", e.name,
+                "' while it is still gathered");
+    ResizeStorage(e.full, static_cast<size_t>(e.numel) * sizeof(float));
+    pieces.push_back({e.shard, static_cast<float*>(e.full.storage().data()),
+                      e.numel, e.shard_numel, packed});
+    packed += e.shard_numel;
+  }
+  const int world = world_size_;
+  const at::Device device = device_;
+  CollectiveHandle handle =
+      comm.Submit([pieces = std::move(pieces), packed, world, device, &comm] {
+        const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+        at::Tensor in = at::empty({packed}, f32);
+        for (const Piece& p : pieces) {
+          in.narrow(0, p.offset, p.shard_numel).copy_(p.shard);
+        }
+        at::Tensor out = at::empty({packed * world}, f32);
+        comm.AllGather(in, out);
+        for (const Piece& p : pieces) {
+          for (int j = 0; j < world; ++j) {
+            const int64_t begin = j * p.shard_numel;
+            const int64_t count =
+                std::min(p.shard_numel, p.numel - begin);  // drop padding
+            if (count <= 0) break;
+            Alias(p.dest + begin, count, device)
+                .copy_(out.narrow(0, j * packed + p.offset, count));
+          }
+        }
+      });
+  for (int32_t id : ids) params_[id].pending_gather = handle;
+  return handle;
+}
+
+void ShardedParamStore::Release(absl::Span<const int32_t> ids) {
+  for (int32_t id : ids) {
+    Entry& e = params_[id];
+    if (e.pending_gather != nullptr) {
+      e.pending_gather->Wait().IgnoreError();  // its status goes to the waiter
+      e.pending_gather = nullptr;
+    }
+    if (allocated(id)) ResizeStorage(e.full, 0);
+  }
+}
+
+CollectiveHandle ShardedParamStore::ReduceScatterGrads(
+    absl::Span<const int32_t> ids, Communicator& comm) {
+  struct Piece {
+    at::Tensor grad;        // full gradient, or undefined for zero
+    at::Tensor shard_grad;  // accumulated on the comm thread
+    int64_t numel;
+    int64_t shard_numel;
+    int64_t offset;
+  };
+  std::vector<Piece> pieces;
+  int64_t packed = 0;
+  for (int32_t id : ids) {
+    Entry& e = params_[id];
+    at::Tensor grad = e.full.grad();
+    e.full.mutable_grad() = at::Tensor();
+    pieces.push_back(
+        {std::move(grad), e.shard_grad, e.numel, e.shard_numel, packed});
+    packed += e.shard_numel;
+  }
+  const int world = world_size_;
+  const at::Device device = device_;
+  return comm.Submit(
+      [pieces = std::move(pieces), packed, world, device, &comm]() mutable {
+        const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+        // Chunk j (for rank j) holds every param's slice j, in order.
+        at::Tensor in = at::zeros({packed * world}, f32);
+        for (const Piece& p : pieces) {
+          if (!p.grad.defined()) continue;
+          const at::Tensor flat = p.grad.reshape({-1});
+          for (int j = 0; j < world; ++j) {
+            const int64_t begin = j * p.shard_numel;
+            const int64_t count = std::min(p.shard_numel, p.numel - begin);
+            if (count <= 0) break;
+            in.narrow(0, j * packed + p.offset, count)
+                .copy_(flat.narrow(0, begin, count));
+          }
+        }
+        for (Piece& p : pieces) p.grad = at::Tensor();  // free early
+        at::Tensor out = at::empty({packed}, f32);
+        comm.ReduceScatterSum(in, out);
+        // Each rank's loss is the mean over its own tokens: the global mean's
+        // gradient is the mean of the ranks' gradients.
+        out.div_(static_cast<double>(world));
+        for (const Piece& p : pieces) {
+          p.shard_grad.add_(out.narrow(0, p.offset, p.shard_numel));
+        }
+      });
+}
+
+double ShardedParamStore::ShardGradSquaredNorm() const {
+  double sum = 0;
+  for (const Entry& e : params_) {
+    sum += e.shard_grad.to(at::kDouble).pow(2).sum().item<double>();
+  }
+  return sum;
+}
+
+void ShardedParamStore::AdamWStep(const AdamWOptions& o, float factor,
+                                  int64_t step) {
+  // torch.optim.AdamW (1.13), operation for operation, on each shard.
+  const double bias_correction1 = 1 - std::pow(o.beta1, step);
+  const double bias_correction2 = 1 - std::pow(o.beta2, step);
+  const double step_size = o.lr / bias_correction1;
+  const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+  for (Entry& e : params_) {
+    at::Tensor& g = e.shard_grad;
+    if (factor != 1.0f) g.mul_(factor);
+    e.shard.mul_(1 - o.lr * o.weight_decay);
+    e.exp_avg.mul_(o.beta1).add_(g, 1 - o.beta1);
+    e.exp_avg_sq.mul_(o.beta2).addcmul_(g, g, 1 - o.beta2);
+    const at::Tensor denom =
+        (e.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(o.eps);
+    e.shard.addcdiv_(e.exp_avg, denom, -step_size);
+    g.zero_();
+  }
+}
+
+double ShardedParamStore::ShardParamSum() const {
+  double sum = 0;
+  for (const Entry& e : params_) {
+    sum += e.shard.to(at::kDouble).sum().item<double>();
+  }
+  return sum;
+}
+
+absl::StatusOr<at::Tensor> ShardedParamStore::GatherValue(int32_t id,
+                                                          Communicator& comm) {
+  const Entry& e = params_[id];
+  at::Tensor out;
+  CollectiveHandle h = comm.Submit([&] {
+    at::Tensor all =
+        at::empty({e.shard_numel * world_size_}, e.shard.options());
+    comm.AllGather(e.shard, all);
+    out = all.narrow(0, 0, e.numel).view(e.full.sizes()).clone();
+  });
+  absl::Status status = h->Wait();
+  if (!status.ok()) return status;
+  return out;
+}
+
+}  // namespace tandem

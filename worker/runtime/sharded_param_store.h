@@ -1,0 +1,124 @@
+// The sharded parameter store (DESIGN.md, "Runtime rules"): each param is
+// flattened and zero-padded to a multiple of the world size; rank r owns
+// slice r, with its fp32 gradient and AdamW moments. A param's full tensor is
+// an autograd leaf whose storage is allocated on gather and freed on release:
+// autograd keeps references to the full tensors it saved, so releasing frees
+// the storage's bytes (resize to 0) rather than dropping the tensor, and a
+// gather re-allocates the same storage in place. Gathered data is written
+// through an alias of the storage, which leaves the autograd version counter
+// alone, so backward accepts the saved tensors.
+//
+// Threading: Gather/Release/ReduceScatterGrads/optimizer calls come from the
+// compute thread; the communication thread packs and unpacks the buffers
+// captured when a collective is submitted (raw storage pointers, shard
+// tensors), which the compute thread does not touch until the collective's
+// handle is done.
+#ifndef TANDEM_WORKER_RUNTIME_SHARDED_PARAM_STORE_H_
+#define TANDEM_WORKER_RUNTIME_SHARDED_PARAM_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ATen/core/Tensor.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "worker/runtime/communicator.h"
+#include "worker/runtime/program.h"
+
+namespace tandem {
+
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  // Global gradient-norm clip (over all ranks' shards); 0 disables.
+  double grad_clip = 1.0;
+};
+
+class ShardedParamStore {
+ public:
+  // Initializes every param of `program` (its init callable) and keeps this
+  // rank's shard. Full tensors start released.
+  static absl::StatusOr<std::unique_ptr<ShardedParamStore>> Create(
+      const Program& program, int rank, int world_size,
+      at::Device device = at::Device(at::kCPU));
+  ShardedParamStore(const ShardedParamStore&) = delete;
+  ShardedParamStore& operator=(const ShardedParamStore&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  int num_params() const { return static_cast<int>(params_.size()); }
+  const std::string& name(int32_t id) const { return params_[id].name; }
+  int64_t numel(int32_t id) const { return params_[id].numel; }
+  int64_t shard_numel(int32_t id) const { return params_[id].shard_numel; }
+  int64_t full_bytes(int32_t id) const {
+    return params_[id].numel * static_cast<int64_t>(sizeof(float));
+  }
+
+  // The full-shape leaf (requires grad). Its storage is empty unless
+  // materialized(id).
+  const at::Tensor& full(int32_t id) const { return params_[id].full; }
+  // Gathered, and its gather (if any) completed.
+  bool materialized(int32_t id) const;
+  // Storage allocated (gathered or being gathered).
+  bool allocated(int32_t id) const;
+  // This rank's slice of the param, its gradient, and AdamW moments.
+  const at::Tensor& shard(int32_t id) const { return params_[id].shard; }
+  const at::Tensor& shard_grad(int32_t id) const {
+    return params_[id].shard_grad;
+  }
+
+  // Allocates the full storage of `ids` now and fills it from every rank's
+  // shard with one all-gather on the communication thread. The params are
+  // usable once the handle is done. `ids` must be released.
+  CollectiveHandle Gather(absl::Span<const int32_t> ids, Communicator& comm);
+  // Frees the full storage of `ids` (waiting first for a gather still in
+  // flight). Releasing a released param does nothing.
+  void Release(absl::Span<const int32_t> ids);
+
+  // Takes the full gradients of `ids` (a param without one counts as zero)
+  // and reduce-scatters them: once done, this rank's shard gradients hold
+  // their previous value plus the mean over ranks. The full gradients are
+  // dropped at once.
+  CollectiveHandle ReduceScatterGrads(absl::Span<const int32_t> ids,
+                                      Communicator& comm);
+
+  // Sum of squares of this rank's shard gradients.
+  double ShardGradSquaredNorm() const;
+  // Multiplies every shard gradient by `factor` (clipping) and steps AdamW
+  // on the shards, torch.optim.AdamW's update with `step` 1-based; then
+  // zeroes the shard gradients.
+  void AdamWStep(const AdamWOptions& options, float factor, int64_t step);
+  // float64 sum of this rank's shard values (padding is zero).
+  double ShardParamSum() const;
+  // The full value of `id` as a new tensor (blocking all-gather).
+  absl::StatusOr<at::Tensor> GatherValue(int32_t id, Communicator& comm);
+
+ private:
+  struct Entry {
+    std::string name;
+    int64_t numel = 0;
+    int64_t shard_numel = 0;
+    at::Tensor full;
+    at::Tensor shard;
+    at::Tensor shard_grad;
+    at::Tensor exp_avg;
+    at::Tensor exp_avg_sq;
+    CollectiveHandle pending_gather;
+  };
+  ShardedParamStore(int rank, int world_size, at::Device device)
+      : rank_(rank), world_size_(world_size), device_(device) {}
+
+  const int rank_;
+  const int world_size_;
+  const at::Device device_;
+  std::vector<Entry> params_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_WORKER_RUNTIME_SHARDED_PARAM_STORE_H_

@@ -1,0 +1,99 @@
+#include "worker/standalone/standalone_trainer.h"
+
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ATen/Parallel.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/ir/proto_convert.h"
+#include "common/ir/text_format.h"
+#include "common/status_macros.h"
+#include "worker/runtime/executor.h"
+#include "worker/runtime/memory_meter.h"
+#include "worker/runtime/program.h"
+#include "worker/runtime/standard_schedules.h"
+#include "worker/runtime/training_job.h"
+
+namespace tandem {
+namespace {
+
+std::string Json(double v) { return absl::StrFormat("%.17g", v); }
+
+absl::StatusOr<Schedule> LoadSchedule(const std::string& path,
+                                      const Graph& graph) {
+  if (path.empty()) return OnDemandSchedule(graph);
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("--schedule: cannot read '", path, "'"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<Schedule> schedule = ParseSchedule(text.str());
+  if (!schedule.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--schedule ", path, ": ", schedule.status().message()));
+  }
+  return schedule;
+}
+
+absl::Status WriteProfile(const Profile& profile, const std::string& path) {
+  std::ofstream out(path, std::ios::binary);
+  if (!out) {
+    return absl::UnavailableError(
+        absl::StrCat("--profile-out: cannot write '", path, "'"));
+  }
+  if (absl::EndsWith(path, ".pb")) {
+    ToProto(profile).SerializeToOstream(&out);
+  } else {
+    out << PrintProfile(profile);
+  }
+  return out.good() ? absl::OkStatus()
+                    : absl::UnavailableError(absl::StrCat(
+                          "--profile-out: write to '", path, "' failed"));
+}
+
+}  // namespace
+
+absl::Status RunStandalone(const StandaloneOptions& options,
+                           std::ostream& out) {
+  MemoryMeter* meter = MemoryMeterFor(c10::DeviceType::CPU);
+  if (options.threads > 0) at::set_num_threads(options.threads);
+  const v1::JobSpec& spec = options.spec;
+  const int rank = options.rendezvous.rank;
+  const int world = options.rendezvous.world_size;
+  ASSIGN_OR_RETURN(ModelParts model, PrepareModel(spec, world));
+  ASSIGN_OR_RETURN(Schedule schedule,
+                   LoadSchedule(options.schedule_path, model.graph));
+  RETURN_IF_ERROR(CheckRunnableSchedule(model.graph, schedule));
+
+  ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::ProcessGroup> group,
+                   CreateProcessGroup(options.rendezvous));
+  ASSIGN_OR_RETURN(std::unique_ptr<TrainingJob> job,
+                   TrainingJob::Start(spec, &model, rank, world, group,
+                                      std::move(schedule), meter));
+  for (int64_t step = 0; step < spec.train().steps(); ++step) {
+    ASSIGN_OR_RETURN(StepStats s, job->Step(step));
+    out << StepJson(s, rank) << "\n";
+    out.flush();
+  }
+  ASSIGN_OR_RETURN(const double checksum, job->executor().ParamChecksum());
+  out << "{\"final_param_checksum\":" << Json(checksum)
+      << ",\"steps\":" << spec.train().steps() << ",\"rank\":" << rank << "}\n";
+  out.flush();
+  if (!options.profile_out.empty()) {
+    RETURN_IF_ERROR(
+        WriteProfile(job->executor().ProfileSnapshot(), options.profile_out));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem

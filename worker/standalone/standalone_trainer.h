@@ -1,0 +1,42 @@
+// Standalone training: the engine without a coordinator. Wires a job spec to
+// the runtime (model program, sharded store, Gloo process group over a
+// TCPStore, executor, data), trains spec.train.steps steps and writes one
+// JSON object per line per step:
+//   {"step":0,"loss":...,"iteration_s":...,"exposed_comm_s":...,
+//    "peak_bytes":...,"schedule_version":...,"grad_norm":...,"rank":0}
+// and a final {"final_param_checksum":...,"steps":N,"rank":r}. The loss is
+// the global-batch mean and the checksum the float64 sum of every full
+// param; both are identical on every rank.
+#ifndef TANDEM_WORKER_STANDALONE_STANDALONE_TRAINER_H_
+#define TANDEM_WORKER_STANDALONE_STANDALONE_TRAINER_H_
+
+#include <ostream>
+#include <string>
+
+#include "absl/status/status.h"
+#include "tandem/v1/job.pb.h"
+#include "worker/runtime/process_group.h"
+
+namespace tandem {
+
+struct StandaloneOptions {
+  // Defaults applied and validated (LoadJobSpec).
+  v1::JobSpec spec;
+  // Rank, world size (authoritative over parallel.world_size) and store.
+  RendezvousOptions rendezvous;
+  // Text-form schedule to run; empty: the on-demand baseline.
+  std::string schedule_path;
+  // Where to write this rank's profile: text form, or tandem.v1.Profile
+  // binary when the name ends in ".pb". Empty: none.
+  std::string profile_out;
+  // Intra-op threads for libtorch; 0 leaves libtorch's default.
+  int threads = 0;
+};
+
+// Errors: the first failure, with what to do next (bad spec or schedule,
+// rendezvous, a peer lost, memory budget exceeded).
+absl::Status RunStandalone(const StandaloneOptions& options, std::ostream& out);
+
+}  // namespace tandem
+
+#endif  // TANDEM_WORKER_STANDALONE_STANDALONE_TRAINER_H_

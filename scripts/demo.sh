@@ -1,17 +1,97 @@
 #!/usr/bin/env bash
-# The main job. For now: build the built-in models' iteration graphs and print
-# their summaries. It grows into coordinator + local workers training a small
-# model as the planner, coordinator and worker land.
+# The main job, end to end on this machine: a coordinator and two local
+# workers train a small Llama (deploy/local/demo.yaml) on CPU with Gloo. The
+# job is submitted and watched with the Python CLI; the coordinator profiles
+# the baseline, plans, and pushes a schedule that both ranks switch to
+# mid-run. At the end it prints the schedule versions, the measured speedup
+# of the planned schedule over the baseline iterations, and how close the
+# simulator's prediction came.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${TANDEM_BUILD_DIR:-$ROOT/build}"
+SPEC="${1:-$ROOT/deploy/local/demo.yaml}"
 
 "$ROOT/scripts/setup.sh"
 
-GRAPH="$BUILD_DIR/common/tandem-graph"
-for model in tiny-llama "preset=llama3-70b world=32 micro_batch=1 seq_len=2048 checkpointing=true" \
-             "preset=mixtral-8x7b world=32 micro_batch=1 seq_len=2048 checkpointing=true"; do
-  echo
-  "$GRAPH" --model "$model"
+WORK="$(mktemp -d -t tandem-demo.XXXXXX)"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+echo "== tandem demo (logs in $WORK)"
+"$BUILD_DIR/coordinator/tandem-coordinator" --listen 127.0.0.1:0 \
+  --db "$WORK/tandem.db" --metrics-listen 127.0.0.1:0 \
+  > "$WORK/coordinator.out" 2> "$WORK/coordinator.log" &
+pids+=($!)
+for _ in $(seq 100); do
+  grep -q "listening on port" "$WORK/coordinator.out" 2>/dev/null && break
+  sleep 0.1
 done
+PORT=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$WORK/coordinator.out")
+METRICS=$(sed -n 's/.*metrics on port \([0-9]*\).*/\1/p' "$WORK/coordinator.out")
+[ -n "$PORT" ] || { cat "$WORK/coordinator.log"; exit 1; }
+export TANDEM_COORDINATOR="127.0.0.1:$PORT"
+echo "coordinator on $TANDEM_COORDINATOR, metrics on http://127.0.0.1:$METRICS/metrics"
+
+tandem_cli() { (cd "$ROOT/client/python" && /usr/bin/python3 -m tandem "$@"); }
+
+JOB=$(tandem_cli submit -q "$SPEC")
+echo "submitted job $JOB"
+WORLD=$(/usr/bin/python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['parallel']['world_size'])" "$SPEC")
+for r in $(seq 0 $((WORLD - 1))); do
+  OPENBLAS_NUM_THREADS=1 "$BUILD_DIR/worker/tandem-worker" \
+    --coordinator "$TANDEM_COORDINATOR" --job "$JOB" --rank "$r" --threads 1 \
+    > "$WORK/worker$r.jsonl" 2> "$WORK/worker$r.log" &
+  pids+=($!)
+done
+
+status=0
+tandem_cli watch "$JOB" || status=$?
+echo
+tandem_cli status "$JOB" | sed -n '1,200p' | grep -E "schedule|state|drift|replan" || true
+echo
+tandem_cli schedule "$JOB" > "$WORK/schedule.txt" || true
+head -12 "$WORK/schedule.txt"
+echo "..."
+echo
+
+/usr/bin/python3 - "$WORK/worker0.jsonl" "$WORK/schedule.txt" <<'PY'
+import json, statistics, sys
+steps = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{"step"')]
+by_version = {}
+for s in steps:
+    by_version.setdefault(s["schedule_version"], []).append(s["iteration_s"])
+base = by_version.get(0, [])[1:]  # the first step warms up
+print("iterations by schedule version (rank 0, median seconds):")
+for v in sorted(by_version):
+    xs = by_version[v][1:] if v == 0 else by_version[v]
+    if xs:
+        print("  v%d: %d steps, median %.4f s, exposed comm %.4f s" % (
+            v, len(by_version[v]), statistics.median(xs),
+            statistics.median(s["exposed_comm_s"] for s in steps
+                              if s["schedule_version"] == v)))
+last = max(by_version)
+if base and last > 0:
+    speedup = statistics.median(base) / statistics.median(by_version[last])
+    print("measured speedup of v%d over the baseline: %.2fx" % (last, speedup))
+    predicted = None
+    for line in open(sys.argv[2]):
+        if line.startswith("predict "):
+            for tok in line.split():
+                if tok.startswith("iteration="):
+                    predicted = float(tok.split("=")[1])
+    if predicted:
+        measured = statistics.median(by_version[last])
+        print("simulator predicted %.4f s/iter for v%d, measured median %.4f s "
+              "(%.1f%% off)" % (predicted, last, measured,
+                                100 * abs(predicted - measured) / measured))
+PY
+if [ -n "$METRICS" ]; then
+  curl -s "http://127.0.0.1:$METRICS/metrics" 2>/dev/null \
+    | grep -E "^tandem_(predicted|measured)_iteration_seconds|^tandem_replans_total" || true
+fi
+exit $status

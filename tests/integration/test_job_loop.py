@@ -121,3 +121,17 @@ def test_worker_killed_fails_job_naming_rank(cluster):
         assert "rank 1" in error, error
         # The survivor is told to stop (or loses its peer) and exits non-zero.
         assert workers[0].wait(timeout=120) != 0
+
+
+def test_cancel_stops_workers_with_clear_error(cluster):
+    coord = cluster.coordinator()
+    with tandem.Client(coord.address, timeout=10) as client:
+        job = client.submit(spec(steps=100000))
+        workers = [cluster.worker(coord, job.id, r) for r in range(2)]
+        wait_for(lambda: client.get(job.id)[0].step >= 3, timeout=120,
+                 what="training under way")
+        client.cancel(job.id, reason="demo over")
+        for w in workers:
+            assert w.wait(timeout=120) != 0
+        assert any("CANCELLED" in w.log_path.read_text() for w in workers), \
+            [w.log() for w in workers]

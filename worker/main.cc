@@ -2,6 +2,7 @@
 //
 //   tandem-worker --coordinator HOST:PORT --job ID [--rank R]
 //                 [--bind-host H] [--threads N] [--profile-window N]
+//                 [--health-listen HOST:PORT]
 //   tandem-worker --standalone --spec job.yaml --rank R --world W
 //                 --rendezvous HOST:PORT [--schedule FILE]
 //                 [--profile-out FILE] [--threads N] [--timeout-s S]
@@ -10,16 +11,24 @@
 // rank and rendezvous come from the coordinator. Standalone mode trains
 // without one (rank 0 hosts the rendezvous store). Both print one JSON line
 // per step on stdout. Only flag parsing and wiring live here.
+//
+// In agent mode SIGTERM and SIGINT stop the rank cleanly: it tells the
+// coordinator (the job fails with "rank r stopped by signal SIGTERM") and
+// exits with 128 + the signal. --health-listen serves grpc.health.v1.
 #include <unistd.h>
 
+#include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "worker/agent/agent_trainer.h"
+#include "worker/agent/health_server.h"
 #include "worker/runtime/memory_meter.h"
 #include "worker/runtime/process_group.h"
 #include "worker/spec/job_spec_yaml.h"
@@ -29,10 +38,16 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: tandem-worker --coordinator HOST:PORT --job ID [--rank R] "
-    "[--bind-host H] [--threads N] [--profile-window N]\n"
+    "[--bind-host H] [--threads N] [--profile-window N] "
+    "[--health-listen HOST:PORT]\n"
     "       tandem-worker --standalone --spec job.yaml --rank R --world W "
     "--rendezvous HOST:PORT [--schedule FILE] [--profile-out FILE] "
     "[--threads N] [--timeout-s S]\n";
+
+// The stop signal received in agent mode (0: none); RunAgent acts on it.
+std::atomic<int> g_stop_signal{0};
+
+void OnStopSignal(int signal) { g_stop_signal.store(signal); }
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "tandem-worker: %s\n", message.c_str());
@@ -48,7 +63,7 @@ int main(int argc, char** argv) {
 
   bool standalone = false;
   std::string spec_path, rendezvous, schedule_path, profile_out;
-  std::string coordinator, job_id, bind_host = "127.0.0.1";
+  std::string coordinator, job_id, bind_host = "127.0.0.1", health_listen;
   int rank = -1, world = -1, threads = 0, timeout_s = 300, profile_window = 0;
   int slow_from_step = 0;
   double slow_node_ms = 0;
@@ -88,6 +103,8 @@ int main(int argc, char** argv) {
       ok = value(&job_id);
     } else if (arg == "--bind-host") {
       ok = value(&bind_host);
+    } else if (arg == "--health-listen") {
+      ok = value(&health_listen);
     } else if (arg == "--profile-window") {
       ok = int_value(&profile_window);
     } else if (arg == "--slow-from-step") {
@@ -130,11 +147,26 @@ int main(int argc, char** argv) {
     options.profile_window = profile_window;
     options.slow_node_ms = slow_node_ms;
     options.slow_from_step = slow_from_step;
+    std::unique_ptr<tandem::HealthServer> health;
+    if (!health_listen.empty()) {
+      absl::StatusOr<std::unique_ptr<tandem::HealthServer>> started =
+          tandem::HealthServer::Start(health_listen);
+      if (!started.ok()) return Fail(std::string(started.status().message()));
+      health = *std::move(started);
+      std::fprintf(stderr, "tandem-worker: health on port %d\n",
+                   health->port());
+      options.on_ready = [h = health.get()](bool ready) { h->SetReady(ready); };
+    }
+    std::signal(SIGTERM, OnStopSignal);
+    std::signal(SIGINT, OnStopSignal);
+    options.stop_signal = &g_stop_signal;
     absl::Status status = tandem::RunAgent(options, std::cout);
+    if (health) health->Shutdown();
     if (!status.ok()) {
       std::fprintf(stderr, "tandem-worker: %s\n",
                    std::string(status.message()).c_str());
-      return 1;
+      const int signal = g_stop_signal.load();
+      return signal != 0 ? 128 + signal : 1;
     }
     return 0;
   }

@@ -1,5 +1,7 @@
 #include "coordinator/rpc/coordinator_server.h"
 
+#include <grpcpp/health_check_service_interface.h>
+
 #include "absl/strings/str_cat.h"
 
 namespace tandem {
@@ -48,6 +50,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       std::make_unique<JobServiceImpl>(s->jobs_.get(), s->planning_.get());
   s->worker_service_ =
       std::make_unique<WorkerServiceImpl>(s->workers_.get(), &s->kv_);
+  // grpc.health.v1 on the same port: "" and each service are SERVING while
+  // the server runs (probes and launchers wait on it; tandem-health).
+  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
                            &s->port_);
@@ -60,6 +65,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     return absl::UnavailableError(absl::StrCat(
         "cannot listen on ", options.listen,
         ": the address is malformed or the port is in use; change --listen"));
+  }
+  if (grpc::HealthCheckServiceInterface* health =
+          s->server_->GetHealthCheckService()) {
+    health->SetServingStatus(true);
+    health->SetServingStatus(v1::JobService::service_full_name(), true);
+    health->SetServingStatus(v1::WorkerService::service_full_name(), true);
   }
   if (!options.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<metrics::HttpExporter>> exporter =
@@ -78,6 +89,12 @@ CoordinatorServer::~CoordinatorServer() { Shutdown(); }
 
 void CoordinatorServer::Shutdown() {
   if (server_ != nullptr) {
+    // NOT_SERVING from now on, so that probes see the stop before the port
+    // closes.
+    if (grpc::HealthCheckServiceInterface* health =
+            server_->GetHealthCheckService()) {
+      health->Shutdown();
+    }
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(2));
   }

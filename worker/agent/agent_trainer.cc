@@ -4,8 +4,12 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -45,6 +49,24 @@ void InjectSlowdown(Program& program, double ms, int64_t from_step,
       return forward(in, params, batch);
     };
   }
+}
+
+std::string SignalName(int signal) {
+  switch (signal) {
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGINT:
+      return "SIGINT";
+    case SIGHUP:
+      return "SIGHUP";
+    default:
+      return absl::StrCat("signal ", signal);
+  }
+}
+
+std::string StoppedBySignal(int rank, int signal) {
+  return absl::StrCat("rank ", rank, " stopped by signal ", SignalName(signal),
+                      signal == SIGTERM ? " (scancel?)" : "");
 }
 
 // Offers every schedule the coordinator pushed since the last call.
@@ -103,7 +125,13 @@ absl::Status Train(const AgentTrainerOptions& options, WorkerAgent& agent,
   int in_window = 0;
   int64_t applied_version = executor.active_schedule().version;
 
+  auto stop_signal = [&]() -> absl::Status {
+    const int signal = options.stop_signal ? options.stop_signal->load() : 0;
+    if (signal == 0) return absl::OkStatus();
+    return absl::AbortedError(StoppedBySignal(rank, signal));
+  };
   for (int64_t step = 0; step < spec.train().steps(); ++step) {
+    RETURN_IF_ERROR(stop_signal());
     if (std::optional<std::string> stop = agent.StopReason()) {
       return absl::FailedPreconditionError(*stop);
     }
@@ -111,6 +139,8 @@ absl::Status Train(const AgentTrainerOptions& options, WorkerAgent& agent,
     current_step.store(step);
     absl::StatusOr<StepStats> stats = job->Step(step);
     if (!stats.ok() && !job->comm().failure().ok()) {
+      // A stopping peer breaks the collective: no verdict to wait for.
+      RETURN_IF_ERROR(stop_signal());
       // A collective failed: most likely a peer died. The coordinator names
       // the lost rank when its heartbeats stop; wait for its verdict instead
       // of blaming this rank.
@@ -174,8 +204,63 @@ absl::Status RunAgent(const AgentTrainerOptions& options, std::ostream& out) {
   agent_options.hostname = options.hostname;
   agent_options.heartbeat_interval = options.heartbeat_interval;
   WorkerAgent agent(&client, agent_options);
-  ASSIGN_OR_RETURN(v1::RegisterResponse registered, agent.Register());
-  RETURN_IF_ERROR(agent.Start());
+
+  // "agent-signal-watch": on a stop signal, tells the coordinator at once
+  // (the job fails with that reason and every rank is told to stop), then
+  // ends the process if training is still blocked after the grace time.
+  std::mutex watch_mu;
+  std::condition_variable watch_wake;
+  bool done = false;
+  std::atomic<int> registered_rank{-1};
+  std::atomic<bool> signal_reported{false};
+  std::thread watcher;
+  if (options.stop_signal != nullptr) {
+    watcher = std::thread([&] {
+      std::unique_lock<std::mutex> lock(watch_mu);
+      while (!done && options.stop_signal->load() == 0) {
+        watch_wake.wait_for(lock, std::chrono::milliseconds(100));
+      }
+      if (done) return;
+      const int signal = options.stop_signal->load();
+      const int rank = registered_rank.load();
+      if (rank < 0) {
+        std::fprintf(stderr, "tandem-worker: %s before registering; exiting\n",
+                     SignalName(signal).c_str());
+        std::_Exit(128 + signal);
+      }
+      if (options.on_ready) options.on_ready(false);
+      agent.ReportError(StoppedBySignal(rank, signal), /*fatal=*/true);
+      signal_reported = true;
+      if (!watch_wake.wait_for(lock, options.stop_grace,
+                               [&] { return done; })) {
+        std::fprintf(stderr,
+                     "tandem-worker: %s; still blocked %lld ms later "
+                     "(rendezvous or a collective), exiting\n",
+                     StoppedBySignal(rank, signal).c_str(),
+                     static_cast<long long>(options.stop_grace.count()));
+        std::_Exit(128 + signal);
+      }
+    });
+  }
+  auto stop_watcher = [&] {
+    {
+      std::lock_guard<std::mutex> lock(watch_mu);
+      done = true;
+    }
+    watch_wake.notify_all();
+    if (watcher.joinable()) watcher.join();
+  };
+
+  absl::StatusOr<v1::RegisterResponse> registered_or = agent.Register();
+  absl::Status started =
+      registered_or.ok() ? agent.Start() : registered_or.status();
+  if (!started.ok()) {
+    stop_watcher();
+    return started;
+  }
+  const v1::RegisterResponse& registered = *registered_or;
+  registered_rank = registered.rank();
+  if (options.on_ready) options.on_ready(true);
   std::fprintf(stderr, "tandem-worker: job %s rank %d of %d (incarnation %s)\n",
                options.job_id.c_str(), registered.rank(),
                registered.world_size(), agent.incarnation().c_str());
@@ -188,11 +273,15 @@ absl::Status RunAgent(const AgentTrainerOptions& options, std::ostream& out) {
   } catch (const std::exception& e) {
     status = absl::InternalError(e.what());
   }
+  if (options.on_ready) options.on_ready(false);
   if (!status.ok() && status.code() != absl::StatusCode::kFailedPrecondition) {
-    agent.ReportError(std::string(status.message()), /*fatal=*/true);
+    if (!signal_reported.load()) {
+      agent.ReportError(std::string(status.message()), /*fatal=*/true);
+    }
     // Give the session a moment to carry the error before hanging up.
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
+  stop_watcher();
   agent.Shutdown();
   return status;
 }

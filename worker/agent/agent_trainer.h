@@ -7,7 +7,9 @@
 #ifndef TANDEM_WORKER_AGENT_AGENT_TRAINER_H_
 #define TANDEM_WORKER_AGENT_AGENT_TRAINER_H_
 
+#include <atomic>
 #include <chrono>
+#include <functional>
 #include <ostream>
 #include <string>
 
@@ -32,11 +34,22 @@ struct AgentTrainerOptions {
   // every forward node sleeps `slow_node_ms` more.
   double slow_node_ms = 0;
   int64_t slow_from_step = 0;
+  // Set by the process's SIGTERM/SIGINT handler (0: none, else the signal).
+  // Once set, the rank tells the coordinator at once ("rank r stopped by
+  // signal SIGTERM (scancel?)", a fatal error that fails the job), stops at
+  // the next step, and exits the process if it is still blocked
+  // (rendezvous, a collective) after `stop_grace`.
+  const std::atomic<int>* stop_signal = nullptr;
+  std::chrono::milliseconds stop_grace{10000};
+  // Told true once registered and running, false when stopping: the
+  // readiness a worker's health server reports.
+  std::function<void(bool ready)> on_ready;
 };
 
 // Returns OK when the job's steps are done; FailedPrecondition when the
 // coordinator ended the job (cancelled or failed: the message says why);
-// other errors when this rank failed (it tells the coordinator first).
+// Aborted when a stop signal arrived; other errors when this rank failed (it
+// tells the coordinator first).
 absl::Status RunAgent(const AgentTrainerOptions& options, std::ostream& out);
 
 }  // namespace tandem

@@ -55,6 +55,13 @@ install_packages() {
 
 if [ "${TANDEM_SKIP_INSTALL:-0}" != "1" ]; then
   install_packages
+  # Offline manifest checks need node and npm. A nodejs from elsewhere may
+  # bundle its own npm (and conflict with Debian's), so install only if absent.
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "setup: installing nodejs npm"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm
+  fi
 fi
 
 if [ "${TANDEM_SKIP_BUILD:-0}" = "1" ]; then

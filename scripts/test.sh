@@ -22,4 +22,12 @@ echo "== integration (real coordinator and worker processes)"
 (cd "$ROOT/tests/integration" && TANDEM_BUILD_DIR="$BUILD_DIR" \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider .) || status=1
 
+echo "== deploy/k8s offline checks (kustomize, kubernetes-models, kubernetes-types + tsc)"
+(cd "$ROOT/tests/unit/deploy/k8s" && TANDEM_BUILD_DIR="$BUILD_DIR" \
+  /usr/bin/python3 -m pytest -q -p no:cacheprovider .) || status=1
+
+echo "== e2e: Slurm (munged, slurmctld, two slurmd started by the test)"
+(cd "$ROOT/tests/e2e" && TANDEM_BUILD_DIR="$BUILD_DIR" \
+  /usr/bin/python3 -m pytest -q -p no:cacheprovider test_slurm.py) || status=1
+
 exit $status

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# One Tandem worker per Slurm task; srun runs this once per task:
+#
+#   srun --ntasks=N deploy/slurm/tandem-rank.sh
+#
+# rank = SLURM_PROCID, world = SLURM_NTASKS, local rank = SLURM_LOCALID
+# (exported as RANK, WORLD_SIZE and LOCAL_RANK). The worker replaces this
+# shell (exec), so the signals Slurm sends a task (scancel, srun forwarding,
+# the time limit) reach it directly: it tells the coordinator and exits.
+#
+# Environment:
+#   TANDEM_COORDINATOR  coordinator HOST:PORT (required)
+#   TANDEM_JOB          Tandem job id (required)
+#   TANDEM_WORKER       tandem-worker binary (default: $TANDEM_BUILD_DIR/
+#                       worker/tandem-worker, else the one on PATH)
+#   TANDEM_BUILD_DIR    build directory (default: <checkout>/build)
+#   TANDEM_LOG_DIR      per-rank logs: rank-R.log (stderr) and rank-R.jsonl
+#                       (one JSON line per step); default: the current dir
+#   TANDEM_BIND_HOST    address Gloo binds for this rank (default: this
+#                       node's hostname; 127.0.0.1 when the job has one node)
+#   TANDEM_HEALTH_PORT  when set, serve grpc.health.v1 on port
+#                       TANDEM_HEALTH_PORT + local rank
+#   TANDEM_THREADS      intra-op threads (default: SLURM_CPUS_PER_TASK)
+set -euo pipefail
+
+: "${SLURM_PROCID:?run this under srun (SLURM_PROCID is unset)}"
+: "${TANDEM_COORDINATOR:?set TANDEM_COORDINATOR to the coordinator HOST:PORT}"
+: "${TANDEM_JOB:?set TANDEM_JOB to the Tandem job id (tandem submit -q)}"
+
+export RANK="$SLURM_PROCID"
+export WORLD_SIZE="${SLURM_NTASKS:-1}"
+export LOCAL_RANK="${SLURM_LOCALID:-0}"
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+build_dir="${TANDEM_BUILD_DIR:-$here/../../build}"
+worker="${TANDEM_WORKER:-}"
+if [ -z "$worker" ]; then
+  if [ -x "$build_dir/worker/tandem-worker" ]; then
+    worker="$build_dir/worker/tandem-worker"
+  else
+    worker="$(command -v tandem-worker || true)"
+  fi
+fi
+if [ -z "$worker" ] || [ ! -x "$worker" ]; then
+  echo "tandem-rank.sh: rank $RANK: no tandem-worker (set TANDEM_WORKER or" \
+       "TANDEM_BUILD_DIR, or put it on PATH)" >&2
+  exit 2
+fi
+
+log_dir="${TANDEM_LOG_DIR:-.}"
+mkdir -p "$log_dir"
+if [ -z "${TANDEM_BIND_HOST:-}" ]; then
+  if [ "${SLURM_NNODES:-1}" = "1" ]; then
+    TANDEM_BIND_HOST=127.0.0.1
+  else
+    TANDEM_BIND_HOST="$(hostname)"
+  fi
+fi
+
+args=(--coordinator "$TANDEM_COORDINATOR" --job "$TANDEM_JOB"
+      --rank "$RANK" --bind-host "$TANDEM_BIND_HOST")
+threads="${TANDEM_THREADS:-${SLURM_CPUS_PER_TASK:-}}"
+[ -n "$threads" ] && args+=(--threads "$threads")
+if [ -n "${TANDEM_HEALTH_PORT:-}" ]; then
+  args+=(--health-listen "0.0.0.0:$((TANDEM_HEALTH_PORT + LOCAL_RANK))")
+fi
+
+echo "tandem-rank.sh: rank $RANK of $WORLD_SIZE (local $LOCAL_RANK) on" \
+     "$(hostname) [${SLURMD_NODENAME:-?}], job $TANDEM_JOB at" \
+     "$TANDEM_COORDINATOR" >>"$log_dir/rank-$RANK.log"
+exec "$worker" "${args[@]}" >>"$log_dir/rank-$RANK.jsonl" \
+  2>>"$log_dir/rank-$RANK.log"

@@ -1,0 +1,65 @@
+"""Fixtures for the end-to-end tests: a Slurm cluster started by the test
+(tests/e2e/slurm_cluster.py) and real Tandem coordinators (the client
+suite's Coordinator helper)."""
+
+import importlib.util
+import os
+import pathlib
+import sys
+
+import pytest
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+_spec = importlib.util.spec_from_file_location(
+    "client_conftest", REPO / "client" / "python" / "tests" / "conftest.py")
+client_conftest = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(client_conftest)
+sys.path.insert(0, str(REPO / "client" / "python"))
+
+from slurm_cluster import SlurmCluster, missing_tools  # noqa: E402
+
+Coordinator = client_conftest.Coordinator
+wait_for = client_conftest.wait_for
+unique_name = client_conftest.unique_name
+build_dir = client_conftest.build_dir
+
+
+def require_binaries():
+    needed = [build_dir() / "coordinator" / "tandem-coordinator",
+              build_dir() / "coordinator" / "tandem-health",
+              build_dir() / "worker" / "tandem-worker"]
+    missing = [str(p) for p in needed if not p.is_file()]
+    if missing:
+        pytest.skip("not built: %s (scripts/setup.sh builds them)"
+                    % ", ".join(missing))
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """A two-node Slurm cluster on this host; stopped (jobs cancelled,
+    daemons ended) even when a test fails."""
+    if os.geteuid() != 0:
+        pytest.skip("the Slurm cluster runs slurmd as root; run as root")
+    tools = missing_tools()
+    if tools:
+        pytest.skip("Slurm/munge tools missing: %s (scripts/setup.sh "
+                    "installs slurm-wlm and munge)" % ", ".join(tools))
+    require_binaries()
+    # A short path: munge's and slurmd's sockets live below it.
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def coordinator(tmp_path):
+    c = Coordinator(client_conftest.coordinator_binary(), tmp_path,
+                    heartbeat_timeout_s=60)
+    c.start()
+    yield c
+    c.stop()

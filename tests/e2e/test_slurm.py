@@ -1,0 +1,140 @@
+"""deploy/slurm on a real Slurm cluster (tests/e2e/slurm_cluster.py): two
+slurmd nodes on this host, the sbatch script and one tandem-worker per task.
+"""
+
+import time
+
+import pytest
+import yaml
+
+import tandem
+from conftest import REPO, build_dir, unique_name, wait_for
+from tandem.v1 import job_pb2
+
+SBATCH = REPO / "deploy" / "slurm" / "tandem.sbatch"
+SUCCEEDED = job_pb2.JOB_STATE_SUCCEEDED
+FAILED = job_pb2.JOB_STATE_FAILED
+CANCELLED = job_pb2.JOB_STATE_CANCELLED
+
+# A small model: a step takes tens of milliseconds on one thread.
+MODEL = {"preset": "llama", "layers": 2, "d_model": 64, "heads": 4,
+         "ffn": 128, "vocab": 256}
+
+
+def spec(steps):
+    return {"name": unique_name("slurm"), "model": dict(MODEL),
+            "batch": {"micro_batch": 2, "seq_len": 32},
+            "train": {"steps": steps}, "parallel": {"world_size": 2},
+            "optimize": {"warmup_steps": 3, "drift_threshold": 0.5}}
+
+
+def launch_env(tmp_path, **extra):
+    env = {"TANDEM_ROOT": str(REPO), "TANDEM_BUILD_DIR": str(build_dir()),
+           "TANDEM_LOG_DIR": str(tmp_path / "logs"),
+           "TANDEM_BIND_HOST": "127.0.0.1", "TANDEM_THREADS": "1",
+           "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    env.update(extra)
+    return env
+
+
+def sbatch_args(tmp_path):
+    return ["-N2", "-n2", "--ntasks-per-node=1",
+            "--output=%s" % (tmp_path / "slurm-%j.out"), "--chdir=%s" % tmp_path]
+
+
+def slurm_output(tmp_path, job_id):
+    f = tmp_path / ("slurm-%s.out" % job_id)
+    return f.read_text() if f.exists() else "(no %s)" % f.name
+
+
+def rank_logs(tmp_path):
+    logs = tmp_path / "logs"
+    return "\n".join("== %s\n%s" % (f.name, f.read_text()[-3000:])
+                     for f in sorted(logs.glob("*")) if f.is_file())
+
+
+def test_sbatch_two_tasks_run_job_to_succeeded(slurm, coordinator, tmp_path):
+    with tandem.Client(coordinator.address, timeout=10) as client:
+        job = client.submit(spec(steps=8))
+        slurm_job = slurm.sbatch(SBATCH, sbatch_args(tmp_path), launch_env(
+            tmp_path, TANDEM_COORDINATOR=coordinator.address,
+            TANDEM_JOB=job.id))
+        info = slurm.wait_job_end(slurm_job, timeout=150)
+        diagnostics = "%s\n%s" % (slurm_output(tmp_path, slurm_job),
+                                  rank_logs(tmp_path))
+        assert info["JobState"] == "COMPLETED", diagnostics
+        assert info["ExitCode"] == "0:0", diagnostics
+        assert info["NodeList"] == "node[1-2]", info
+
+        final, events = client.get(job.id)
+        assert final.state == SUCCEEDED, (final, diagnostics)
+        assert final.step == 8
+
+    out = slurm_output(tmp_path, slurm_job)
+    assert "is serving" in out, out
+    # One log per rank, each naming its rank, world and Slurm node.
+    logs = tmp_path / "logs"
+    nodes = set()
+    for rank in range(2):
+        log = (logs / ("rank-%d.log" % rank)).read_text()
+        assert "rank %d of 2 (local 0)" % rank in log, log
+        nodes.add(log.split("[")[1].split("]")[0])
+        assert "job %s rank %d of 2" % (job.id, rank) in log, log
+        steps = (logs / ("rank-%d.jsonl" % rank)).read_text().splitlines()
+        assert '"final_param_checksum"' in steps[-1], steps[-3:]
+    assert nodes == {"node1", "node2"}
+
+
+def test_scancel_fails_job_with_signal_event(slurm, coordinator, tmp_path):
+    with tandem.Client(coordinator.address, timeout=10) as client:
+        job = client.submit(spec(steps=100000))
+        slurm_job = slurm.sbatch(SBATCH, sbatch_args(tmp_path), launch_env(
+            tmp_path, TANDEM_COORDINATOR=coordinator.address,
+            TANDEM_JOB=job.id))
+        wait_for(lambda: client.get(job.id)[0].step >= 3, timeout=90,
+                 what="3 steps; %s" % rank_logs(tmp_path))
+
+        slurm.scancel(slurm_job)
+        cancelled_at = time.monotonic()
+        final = wait_for(
+            lambda: (lambda j: j if j.state in (FAILED, CANCELLED) else None)(
+                client.get(job.id)[0]),
+            timeout=20, what="the job to fail after scancel; %s"
+            % rank_logs(tmp_path))
+        ended_s = time.monotonic() - cancelled_at
+        events = client.get(job.id)[1]
+        text = "\n".join("%s: %s" % (e.kind, e.message) for e in events)
+        assert "stopped by signal SIGTERM (scancel?)" in final.error, text
+        assert "stopped by signal SIGTERM" in text, text
+        # Well before heartbeats (60 s here) would have told.
+        assert ended_s < 10, ended_s
+
+        info = slurm.wait_job_end(slurm_job, timeout=60)
+        assert info["JobState"] == "CANCELLED", info
+    for rank in range(2):
+        log = (tmp_path / "logs" / ("rank-%d.log" % rank)).read_text()
+        assert "stopped by signal SIGTERM" in log, log
+
+
+def test_sbatch_starts_coordinator_on_first_node(slurm, tmp_path):
+    """No TANDEM_COORDINATOR: the script starts one on the first node,
+    submits the spec with world_size = SLURM_NTASKS and stops it last."""
+    spec_file = tmp_path / "job.yaml"
+    s = spec(steps=5)
+    s["parallel"]["world_size"] = 1  # the script sets SLURM_NTASKS
+    spec_file.write_text(yaml.safe_dump(s))
+    db = tmp_path / "logs" / "tandem.db"
+    port = __import__("slurm_cluster").free_port()
+    slurm_job = slurm.sbatch(SBATCH, sbatch_args(tmp_path), launch_env(
+        tmp_path, TANDEM_SPEC=str(spec_file),
+        TANDEM_COORDINATOR_PORT=str(port), TANDEM_DB=str(db)))
+    info = slurm.wait_job_end(slurm_job, timeout=150)
+    out = slurm_output(tmp_path, slurm_job)
+    assert info["JobState"] == "COMPLETED", "%s\n%s" % (out,
+                                                         rank_logs(tmp_path))
+    assert "started the coordinator on" in out, out
+    assert "is serving" in out, out
+    assert "SUCCEEDED" in out, out
+    log = (tmp_path / "logs" / "coordinator.log").read_text()
+    assert "listening on port %d" % port in log, log
+    assert db.exists()

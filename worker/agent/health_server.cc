@@ -83,6 +83,9 @@ absl::StatusOr<std::unique_ptr<HealthServer>> HealthServer::Start(
   s->service_.Set("", true);
   s->service_.Set(kReadyService, false);
   grpc::ServerBuilder builder;
+  // gRPC binds with SO_REUSEPORT by default: two workers given the same
+  // port would then share it silently. Refuse instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(),
                            &s->port_);
   builder.RegisterService(&s->service_);

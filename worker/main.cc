@@ -2,7 +2,7 @@
 //
 //   tandem-worker --coordinator HOST:PORT --job ID [--rank R]
 //                 [--bind-host H] [--threads N] [--profile-window N]
-//                 [--health-listen HOST:PORT]
+//                 [--health-listen HOST:PORT] [--world W]
 //   tandem-worker --standalone --spec job.yaml --rank R --world W
 //                 --rendezvous HOST:PORT [--schedule FILE]
 //                 [--profile-out FILE] [--threads N] [--timeout-s S]
@@ -39,7 +39,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: tandem-worker --coordinator HOST:PORT --job ID [--rank R] "
     "[--bind-host H] [--threads N] [--profile-window N] "
-    "[--health-listen HOST:PORT]\n"
+    "[--health-listen HOST:PORT] [--world W]\n"
     "       tandem-worker --standalone --spec job.yaml --rank R --world W "
     "--rendezvous HOST:PORT [--schedule FILE] [--profile-out FILE] "
     "[--threads N] [--timeout-s S]\n";
@@ -139,6 +139,8 @@ int main(int argc, char** argv) {
     options.coordinator = coordinator;
     options.job_id = job_id;
     options.requested_rank = rank;
+    // --world in agent mode: the launcher's count, checked against the job.
+    options.expected_world = world > 0 ? world : 0;
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
     options.hostname = host;

@@ -57,8 +57,10 @@ if [ -z "${TANDEM_BIND_HOST:-}" ]; then
   fi
 fi
 
+# --world: a job whose world_size is not SLURM_NTASKS fails at once, saying
+# so, instead of waiting in the rendezvous for ranks that never come.
 args=(--coordinator "$TANDEM_COORDINATOR" --job "$TANDEM_JOB"
-      --rank "$RANK" --bind-host "$TANDEM_BIND_HOST")
+      --rank "$RANK" --world "$WORLD_SIZE" --bind-host "$TANDEM_BIND_HOST")
 threads="${TANDEM_THREADS:-${SLURM_CPUS_PER_TASK:-}}"
 [ -n "$threads" ] && args+=(--threads "$threads")
 if [ -n "${TANDEM_HEALTH_PORT:-}" ]; then

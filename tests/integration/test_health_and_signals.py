@@ -108,3 +108,17 @@ def test_sigterm_fails_job_with_signal_event(cluster):
         # The other rank is told to stop by the coordinator.
         assert workers[1].wait(timeout=20) != 0, workers[1].log()
         assert "stopped by signal SIGTERM" in workers[1].log()
+
+
+def test_world_mismatch_fails_job_at_once(cluster):
+    """A launcher that started 3 ranks for a 2-rank job (--world 3, as
+    deploy/slurm passes SLURM_NTASKS) fails the job with a clear error."""
+    coord = cluster.coordinator()
+    with tandem.Client(coord.address, timeout=10) as client:
+        job = client.submit(spec(steps=5))
+        w0 = cluster.worker(coord, job.id, 0, extra=["--world", "3"])
+        assert w0.wait(timeout=30) == 1, w0.log()
+        final = client.get(job.id)[0]
+        assert final.state == FAILED
+        assert "rank 0 was launched as one of 3 ranks (--world), but job " \
+            "%s has world_size 2" % job.id in final.error, final.error

@@ -266,12 +266,22 @@ absl::Status RunAgent(const AgentTrainerOptions& options, std::ostream& out) {
                registered.world_size(), agent.incarnation().c_str());
 
   absl::Status status;
-  try {
-    status = Train(options, agent, client, registered, out);
-  } catch (const c10::Error& e) {
-    status = absl::InternalError(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    status = absl::InternalError(e.what());
+  if (options.expected_world > 0 &&
+      options.expected_world != registered.world_size()) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "rank ", registered.rank(), " was launched as one of ",
+        options.expected_world, " ranks (--world), but job ", options.job_id,
+        " has world_size ", registered.world_size(), ": launch ",
+        registered.world_size(), " ranks, or submit the job with world_size ",
+        options.expected_world));
+  } else {
+    try {
+      status = Train(options, agent, client, registered, out);
+    } catch (const c10::Error& e) {
+      status = absl::InternalError(e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      status = absl::InternalError(e.what());
+    }
   }
   if (options.on_ready) options.on_ready(false);
   if (!status.ok() && status.code() != absl::StatusCode::kFailedPrecondition) {

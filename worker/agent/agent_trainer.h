@@ -22,6 +22,10 @@ struct AgentTrainerOptions {
   std::string job_id;
   // -1: the coordinator assigns one (SLURM_PROCID, a completion index...).
   int requested_rank = -1;
+  // The world size the launcher started (SLURM_NTASKS, ...); 0: unchecked.
+  // A job of another size fails at once, saying so, instead of stalling in
+  // the rendezvous.
+  int expected_world = 0;
   std::string hostname;
   // Address Gloo binds for this rank's connections.
   std::string bind_host = "127.0.0.1";

@@ -102,6 +102,8 @@ def test_scancel_fails_job_with_signal_event(slurm, coordinator, tmp_path):
             timeout=20, what="the job to fail after scancel; %s"
             % rank_logs(tmp_path))
         ended_s = time.monotonic() - cancelled_at
+        print("scancel -> %s in %.2f s" % (job_pb2.JobState.Name(final.state),
+                                           ended_s))
         events = client.get(job.id)[1]
         text = "\n".join("%s: %s" % (e.kind, e.message) for e in events)
         assert "stopped by signal SIGTERM (scancel?)" in final.error, text

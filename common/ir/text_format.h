@@ -41,7 +41,8 @@
 //   after n5 reduce_scatter p1,p2
 //   before n9 reload o0
 //   predict iteration=0.1 compute=0.08 comm=0.05 exposed=0.02 copy=0 peak=1GiB
-//   provenance passes=zero3-insert,prefetch window=10..20 wall=0.003 reason=drift
+//   provenance passes=zero3-insert,prefetch window=10..20 wall=0.003
+//   reason=drift
 // graph= is required; mode (zero3) and budget (0) are optional. Several
 // `persistent` lines append to one set; `predict` and `provenance` appear at
 // most once. An action is `before|after NODE KIND ARG`, where ARG is a group
@@ -51,11 +52,11 @@
 // any Action round-trips.
 //
 // Profile:
-//   profile graph=0123456789abcdef rank=0 version=3 window=10..20 iteration=0.1 peak=1GiB
-//   time n0 1ms samples=10
-//   collective allgather g0 at=n1 bytes=4MiB issue_to_done=2ms run=1ms exposed=0.5ms
-//   collective reduce_scatter p1,p2 at=n5 bytes=4MiB issue_to_done=2ms exposed=0
-//   memory n0 before=1MiB after=2MiB
+//   profile graph=0123456789abcdef rank=0 version=3 window=10..20 iteration=0.1
+//   peak=1GiB time n0 1ms samples=10 collective allgather g0 at=n1 bytes=4MiB
+//   issue_to_done=2ms run=1ms exposed=0.5ms collective reduce_scatter p1,p2
+//   at=n5 bytes=4MiB issue_to_done=2ms exposed=0 memory n0 before=1MiB
+//   after=2MiB
 // graph= is required; rank=-1 is the aggregate over ranks. A collective's ARG
 // is a group (allgather) or a param list (reduce_scatter, allreduce); the
 // other field prints as params= or group= when set.
@@ -67,9 +68,9 @@
 #define TANDEM_COMMON_IR_TEXT_FORMAT_H_
 
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/ir/graph.h"
 #include "common/ir/profile.h"
 #include "common/ir/schedule.h"

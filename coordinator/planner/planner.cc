@@ -235,7 +235,8 @@ absl::Status FitCollectives(const Profile& profile, HardwareModel& hw) {
   std::vector<std::pair<int64_t, double>> reduce_scatter;
   for (const CollectiveTiming& c : profile.collectives) {
     if (c.kind == CollectiveKind::kAllGather) {
-      allgather.emplace_back(c.bytes, c.run_s > 0 ? c.run_s : c.issue_to_done_s);
+      allgather.emplace_back(c.bytes,
+                             c.run_s > 0 ? c.run_s : c.issue_to_done_s);
     } else if (c.kind == CollectiveKind::kReduceScatter) {
       reduce_scatter.emplace_back(c.bytes,
                                   c.run_s > 0 ? c.run_s : c.issue_to_done_s);

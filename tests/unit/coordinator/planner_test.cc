@@ -153,9 +153,8 @@ TEST(PlanTest, TandemOnTinyLlama_PassesSemanticsAndFits) {
   EXPECT_TRUE(result->feasible);
   EXPECT_LE(result->sim.peak_bytes, hw.budget());
   EXPECT_THAT(result->schedule.provenance.passes,
-              ElementsAre("zero3-insert", "offload", "prefetch",
-                          "offload-lend", "unshard", "offload-return",
-                          "prefetch"));
+              ElementsAre("zero3-insert", "offload", "prefetch", "offload-lend",
+                          "unshard", "offload-return", "prefetch"));
   EXPECT_EQ(sink.passes, result->schedule.provenance.passes);
   EXPECT_EQ(result->schedule.graph_hash, graph.StructuralHash());
   EXPECT_EQ(result->schedule.budget_bytes, hw.budget());

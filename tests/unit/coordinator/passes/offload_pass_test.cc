@@ -261,8 +261,7 @@ TEST_F(OffloadLendTest, LendUnshardReturn_StatesMakeRoomForTwoBlocks) {
   EXPECT_EQ(context_->sim().peak_bytes, kLendPeak - 4001024 + 5000000);
   // Two backward gathers of 4 ms and 1 ms saved; the 18 ms of copies
   // overlap.
-  EXPECT_NEAR(baseline_.iteration_s - context_->sim().iteration_s, 0.006,
-              1e-9);
+  EXPECT_NEAR(baseline_.iteration_s - context_->sim().iteration_s, 0.006, 1e-9);
   EXPECT_NEAR(context_->sim().copy_s, 0.018, 1e-9);
 }
 

@@ -221,8 +221,7 @@ TEST(UnshardPassHoldTest, Run_BlockAndNorm_KeepsBlockAndPersistsNorm) {
   EXPECT_LE(context.sim().peak_bytes, context.budget());
   // Gone: the block's backward gather (5 ms) and the norm's two gathers
   // (2 x 1.004 ms); added: the refresh of the norm (1.004 ms).
-  EXPECT_NEAR(baseline.comm_s - context.sim().comm_s, 0.005 + 0.001004,
-              1e-9);
+  EXPECT_NEAR(baseline.comm_s - context.sim().comm_s, 0.005 + 0.001004, 1e-9);
   EXPECT_LT(context.sim().iteration_s, baseline.iteration_s);
 }
 

@@ -30,21 +30,6 @@ v1::DType ToProtoDType(DType d) {
   return v1::DTYPE_UNSPECIFIED;
 }
 
-absl::StatusOr<DType> FromProtoDType(v1::DType d, absl::string_view where) {
-  switch (d) {
-    case v1::DTYPE_F32:
-      return DType::kF32;
-    case v1::DTYPE_BF16:
-      return DType::kBF16;
-    case v1::DTYPE_F16:
-      return DType::kF16;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": dtype is unspecified or unknown (", static_cast<int>(d),
-          "); set DTYPE_F32, DTYPE_BF16 or DTYPE_F16"));
-  }
-}
-
 v1::Phase ToProtoPhase(Phase p) {
   switch (p) {
     case Phase::kForward:
@@ -139,6 +124,21 @@ absl::StatusOr<CollectiveKind> FromProtoCollectiveKind(v1::CollectiveKind k,
 }
 
 }  // namespace
+
+absl::StatusOr<DType> FromProtoDType(v1::DType d, absl::string_view where) {
+  switch (d) {
+    case v1::DTYPE_F32:
+      return DType::kF32;
+    case v1::DTYPE_BF16:
+      return DType::kBF16;
+    case v1::DTYPE_F16:
+      return DType::kF16;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": dtype is unspecified or unknown (", static_cast<int>(d),
+          "); set DTYPE_F32, DTYPE_BF16 or DTYPE_F16"));
+  }
+}
 
 v1::Graph ToProto(const Graph& graph) {
   v1::Graph out;

@@ -14,6 +14,10 @@
 
 namespace tandem {
 
+// The IR dtype of a proto dtype; InvalidArgument naming `where` for an
+// unspecified or unknown one.
+absl::StatusOr<DType> FromProtoDType(v1::DType dtype, absl::string_view where);
+
 // Fills the derived fields too (numel, shard_numel, the structural hash).
 v1::Graph ToProto(const Graph& graph);
 absl::StatusOr<Graph> FromProto(const v1::Graph& proto);

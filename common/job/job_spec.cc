@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/ir/proto_convert.h"
 
 namespace tandem {
 namespace {
@@ -225,16 +226,8 @@ absl::StatusOr<ModelConfig> ModelConfigFromJobSpec(const v1::JobSpec& spec) {
   c.seq_len = spec.batch().seq_len();
   c.micro_batch = spec.batch().micro_batch();
   c.grad_accum = spec.batch().grad_accum();
-  switch (m.dtype()) {
-    case v1::DTYPE_BF16:
-      c.dtype = DType::kBF16;
-      break;
-    case v1::DTYPE_F16:
-      c.dtype = DType::kF16;
-      break;
-    default:
-      c.dtype = DType::kF32;
-  }
+  // Defaults make the dtype f32 when unset.
+  c.dtype = FromProtoDType(m.dtype(), "model.dtype").value_or(DType::kF32);
   c.activation_checkpointing = m.activation_checkpointing();
   c.world_size = spec.parallel().world_size();
   absl::Status status = ValidateModelConfig(c);

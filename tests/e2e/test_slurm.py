@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 import tandem
-from conftest import REPO, build_dir, unique_name, wait_for
+from conftest import (REPO, Coordinator, build_dir, client_conftest,
+                      unique_name, wait_for)
 from tandem.v1 import job_pb2
 
 SBATCH = REPO / "deploy" / "slurm" / "tandem.sbatch"
@@ -140,3 +141,40 @@ def test_sbatch_starts_coordinator_on_first_node(slurm, tmp_path):
     log = (tmp_path / "logs" / "coordinator.log").read_text()
     assert "listening on port %d" % port in log, log
     assert db.exists()
+
+
+def test_scancel_with_coordinator_in_job_records_failure(slurm, tmp_path):
+    """scancel signals the coordinator the script started too; the workers'
+    report still reaches its database before it stops."""
+    spec_file = tmp_path / "job.yaml"
+    spec_file.write_text(yaml.safe_dump(spec(steps=100000)))
+    logs = tmp_path / "logs"
+    port = __import__("slurm_cluster").free_port()
+    slurm_job = slurm.sbatch(SBATCH, sbatch_args(tmp_path), launch_env(
+        tmp_path, TANDEM_SPEC=str(spec_file),
+        TANDEM_COORDINATOR_PORT=str(port), TANDEM_DB=str(logs / "tandem.db")))
+
+    def stepping(client):
+        try:
+            jobs = client.list()
+        except tandem.TandemError:
+            return False  # not up yet
+        return bool(jobs) and jobs[0].step >= 3
+
+    with tandem.Client("127.0.0.1:%d" % port, timeout=5) as client:
+        wait_for(lambda: stepping(client), timeout=90,
+                 what="3 steps; %s" % rank_logs(tmp_path))
+    slurm.scancel(slurm_job)
+    info = slurm.wait_job_end(slurm_job, timeout=60)
+    assert info["JobState"] == "CANCELLED", info
+
+    # The database as the in-job coordinator left it.
+    reopened = Coordinator(client_conftest.coordinator_binary(), logs)
+    reopened.start()
+    try:
+        with tandem.Client(reopened.address, timeout=10) as client:
+            (job,) = client.list()
+            assert job.state in (FAILED, CANCELLED), job
+            assert "stopped by signal SIGTERM (scancel?)" in job.error, job
+    finally:
+        reopened.stop()

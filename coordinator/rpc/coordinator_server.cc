@@ -60,6 +60,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.RegisterService(s->worker_service_.get());
   // Profiles of big graphs are large; 64 MiB bounds them.
   builder.SetMaxReceiveMessageSize(64 << 20);
+  // A second coordinator on the same port must fail, not share it.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat(

@@ -418,3 +418,23 @@ TEST_F(CoordinatorServerTest, Cancel_TwiceAndUnknown_ClearErrors) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+TEST(CoordinatorPortTest, Start_PortTaken_FailsNamingTheFlag) {
+  CoordinatorOptions first;
+  first.listen = "127.0.0.1:0";
+  first.db = ":memory:";
+  auto a = CoordinatorServer::Start(first);
+  ASSERT_TRUE(a.ok()) << a.status();
+  CoordinatorOptions second = first;
+  second.listen = "127.0.0.1:" + std::to_string((*a)->port());
+  auto b = CoordinatorServer::Start(second);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(b.status().message()),
+              ::testing::HasSubstr("--listen"));
+}
+
+}  // namespace
+}  // namespace tandem

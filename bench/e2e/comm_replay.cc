@@ -1,0 +1,255 @@
+// tandem-comm-replay: the communication half of bench/e2e's lower bound.
+// Replays one schedule's collectives with no compute between them: the same
+// gather groups (one packed all-gather each), the same reduce-scatters (one
+// packed reduce-scatter each), the per-step scalar exchange (loss, gradient
+// norm, schedule agreement) and the refresh all-gather of the persistent
+// params after the optimizer, in the order the executor issues them (anchor
+// order over the graph's nodes), over the same Gloo process group setup as
+// tandem-worker. Offload copies run on the host link, not the network, and
+// are left out.
+//
+//   tandem-comm-replay --spec job.yaml --rank R --world W
+//                      --rendezvous HOST:PORT [--schedule FILE] [--steps N]
+//                      [--warmup N]
+//
+// Prints one JSON line per measured step ({"step":s,"comm_s":...}) and a
+// final {"median_comm_s":...,"bytes_per_step":...,"collectives_per_step":...}.
+// Without --schedule it replays the spec's baseline (on-demand) schedule.
+// GLOO_SOCKET_IFNAME picks the interface, as for tandem-worker.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "common/ir/graph.h"
+#include "common/ir/schedule.h"
+#include "common/ir/text_format.h"
+#include "common/status_macros.h"
+#include "worker/runtime/communicator.h"
+#include "worker/runtime/executor.h"
+#include "worker/runtime/process_group.h"
+#include "worker/runtime/standard_schedules.h"
+#include "worker/runtime/training_job.h"
+#include "worker/spec/job_spec_yaml.h"
+
+namespace tandem {
+namespace {
+
+struct Args {
+  std::string spec_path;
+  std::string rendezvous;
+  std::string schedule_path;
+  int rank = -1;
+  int world = -1;
+  int steps = 5;
+  int warmup = 1;
+};
+
+// One collective of the replay: kind and element count per rank's shard.
+struct Collective {
+  bool gather = true;  // else reduce-scatter
+  int64_t shard_numel = 0;
+};
+
+absl::StatusOr<Schedule> LoadSchedule(const Args& args, const Graph& graph,
+                                      int zero_stage) {
+  if (args.schedule_path.empty()) return BaselineSchedule(graph, zero_stage);
+  std::ifstream in(args.schedule_path);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("--schedule: cannot read '", args.schedule_path, "'"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseSchedule(text.str());
+}
+
+int64_t ShardNumel(const Graph& graph, const std::vector<int32_t>& ids,
+                   int world) {
+  int64_t n = 0;
+  for (int32_t id : ids) {
+    for (const Param& p : graph.params) {
+      if (p.id == id) n += p.shard_numel(world);
+    }
+  }
+  return n;
+}
+
+// The schedule's collectives in issue order: nodes in graph order, at each
+// node the actions anchored before it, then those after it, in list order.
+std::vector<Collective> CollectivesInOrder(const Graph& graph,
+                                           const Schedule& schedule,
+                                           int world) {
+  std::vector<Collective> out;
+  for (const Node& node : graph.nodes) {
+    for (AnchorPosition pos : {AnchorPosition::kBefore, AnchorPosition::kAfter}) {
+      for (const Action& a : schedule.actions) {
+        if (a.node_id != node.id || a.position != pos) continue;
+        if (a.kind == ActionKind::kAllGather) {
+          const GatherGroup* g = schedule.FindGroup(a.group_id);
+          if (g != nullptr) {
+            out.push_back({true, ShardNumel(graph, g->param_ids, world)});
+          }
+        } else if (a.kind == ActionKind::kReduceScatter) {
+          out.push_back({false, ShardNumel(graph, a.param_ids, world)});
+        }
+      }
+    }
+  }
+  return out;
+}
+
+absl::Status Run(const Args& args) {
+  ASSIGN_OR_RETURN(v1::JobSpec spec, LoadJobSpec(args.spec_path));
+  ASSIGN_OR_RETURN(ModelParts model, PrepareModel(spec, args.world));
+  ASSIGN_OR_RETURN(Schedule schedule, LoadSchedule(args, model.graph,
+                                                   spec.parallel().zero_stage()));
+  RETURN_IF_ERROR(CheckRunnableSchedule(model.graph, schedule));
+  const std::vector<Collective> collectives =
+      CollectivesInOrder(model.graph, schedule, args.world);
+  const int64_t persistent_numel =
+      ShardNumel(model.graph, schedule.persistent_param_ids, args.world);
+
+  RendezvousOptions rv;
+  RETURN_IF_ERROR(ParseRendezvousAddress(args.rendezvous, &rv));
+  rv.rank = args.rank;
+  rv.world_size = args.world;
+  ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::ProcessGroup> group,
+                   CreateProcessGroup(rv));
+  Communicator comm(group);
+
+  // Buffers sized for the largest collective, reused (contents do not
+  // matter; the bytes on the wire do).
+  int64_t max_numel = persistent_numel;
+  int64_t bytes_per_step = 0;
+  for (const Collective& c : collectives) {
+    max_numel = std::max(max_numel, c.shard_numel);
+    bytes_per_step += c.shard_numel * args.world * 4;
+  }
+  bytes_per_step += persistent_numel * args.world * 4;
+  const at::Tensor shard = at::ones({std::max<int64_t>(max_numel, 1)});
+  const at::Tensor full =
+      at::ones({std::max<int64_t>(max_numel, 1) * args.world});
+
+  std::vector<double> times;
+  for (int step = 0; step < args.warmup + args.steps; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    for (const Collective& c : collectives) {
+      const int64_t n = c.shard_numel;
+      if (n == 0) continue;
+      comm.Submit([&comm, &shard, &full, n, gather = c.gather, w = args.world] {
+        if (gather) {
+          comm.AllGather(shard.narrow(0, 0, n), full.narrow(0, 0, n * w));
+        } else {
+          comm.ReduceScatterSum(full.narrow(0, 0, n * w), shard.narrow(0, 0, n));
+        }
+      });
+    }
+    RETURN_IF_ERROR(comm.Drain());
+    ASSIGN_OR_RETURN(std::vector<double> scalars,
+                     comm.AllGatherScalars({1.0, 2.0, 0.0, 0.0}));
+    (void)scalars;
+    if (persistent_numel > 0) {
+      const int64_t n = persistent_numel;
+      comm.Submit([&comm, &shard, &full, n, w = args.world] {
+        comm.AllGather(shard.narrow(0, 0, n), full.narrow(0, 0, n * w));
+      });
+      RETURN_IF_ERROR(comm.Drain());
+    }
+    const double s = std::chrono::duration<double>(
+                         std::chrono::steady_clock::now() - start)
+                         .count();
+    if (step >= args.warmup) {
+      times.push_back(s);
+      std::cout << absl::StrFormat("{\"step\":%d,\"comm_s\":%.6f,\"rank\":%d}\n",
+                                   step - args.warmup, s, args.rank);
+      std::cout.flush();
+    }
+  }
+  std::vector<double> sorted = times;
+  std::sort(sorted.begin(), sorted.end());
+  const double median =
+      sorted.empty() ? 0
+      : sorted.size() % 2 == 1
+          ? sorted[sorted.size() / 2]
+          : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
+  std::cout << absl::StrFormat(
+      "{\"median_comm_s\":%.6f,\"bytes_per_step\":%d,"
+      "\"collectives_per_step\":%d,\"rank\":%d}\n",
+      median, bytes_per_step,
+      static_cast<int64_t>(collectives.size()) + 1 + (persistent_numel > 0),
+      args.rank);
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) {
+  tandem::Args args;
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    auto next = [&](std::string* out) {
+      if (i + 1 >= argc) return false;
+      *out = argv[++i];
+      return true;
+    };
+    auto next_int = [&](int* out) {
+      std::string text;
+      return next(&text) && absl::SimpleAtoi(text, out);
+    };
+    bool ok = true;
+    if (arg == "--spec") {
+      ok = next(&args.spec_path);
+    } else if (arg == "--rendezvous") {
+      ok = next(&args.rendezvous);
+    } else if (arg == "--schedule") {
+      ok = next(&args.schedule_path);
+    } else if (arg == "--rank") {
+      ok = next_int(&args.rank);
+    } else if (arg == "--world") {
+      ok = next_int(&args.world);
+    } else if (arg == "--steps") {
+      ok = next_int(&args.steps);
+    } else if (arg == "--warmup") {
+      ok = next_int(&args.warmup);
+    } else {
+      ok = false;
+    }
+    if (!ok) {
+      std::fprintf(stderr,
+                   "usage: tandem-comm-replay --spec FILE --rank R --world W "
+                   "--rendezvous HOST:PORT [--schedule FILE] [--steps N] "
+                   "[--warmup N]\n(bad or unknown argument '%s')\n",
+                   argv[i]);
+      return 2;
+    }
+  }
+  if (args.spec_path.empty() || args.rendezvous.empty() || args.rank < 0 ||
+      args.world < 1 || args.rank >= args.world || args.steps < 1 ||
+      args.warmup < 0) {
+    std::fprintf(stderr,
+                 "tandem-comm-replay: --spec, --rank, --world and "
+                 "--rendezvous are required (0 <= rank < world, steps >= 1)\n");
+    return 2;
+  }
+  absl::Status status = tandem::Run(args);
+  if (!status.ok()) {
+    std::fprintf(stderr, "tandem-comm-replay rank %d: %s\n", args.rank,
+                 std::string(status.message()).c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,344 @@
+#!/usr/bin/python3
+"""bench/e2e's driver for one link rate: every contender on every model, side
+by side, over the namespaces and the shaped link that run.sh set up.
+
+Called by run.sh (which owns the namespaces, the veth pair and tc); appends
+JSON lines to --out. Per model, in this order:
+  1. compute alone: Tandem at world 1 (the per-rank batch, no communication,
+     one thread) and PyTorch at world 1 (DDP's compute alone); Tandem's
+     counted world-1 peak gives DDP's footprint and so the two budgets;
+  2. warm-up: Tandem under the on-demand baseline on the link, with
+     --profile-out;
+  3. PyTorch DDP on the link, and DDP's all-reduces alone;
+  4. for each budget and each policy: tandem-plan from the warm-up profile
+     (hardware model fitted to it), the worker on the link with that
+     schedule and memory.budget_bytes, and the schedule's collectives
+     replayed alone (tandem-comm-replay).
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+POLICIES = ["on-demand", "deepspeed-zero3", "fsdp", "deepcompile", "tandem"]
+
+# name -> architecture and per-rank batch. tiny: compute ~ communication at
+# 2 Gbit/s; short: a similar param count with 1/8 of the tokens and half the
+# layers, so communication dominates at every rate.
+MODELS = {
+    "tiny-llama": dict(layers=4, d_model=256, heads=8, kv_heads=8, ffn=704,
+                       vocab=4096, seq_len=128, micro_batch=4),
+    "wide-short": dict(layers=2, d_model=320, heads=5, kv_heads=5, ffn=896,
+                       vocab=4096, seq_len=64, micro_batch=2),
+}
+
+
+def log(msg):
+    print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class Bench:
+    def __init__(self, a):
+        self.a = a
+        self.root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        b = a.build
+        self.worker = os.path.join(b, "worker", "tandem-worker")
+        self.plan_bin = os.path.join(b, "coordinator", "tandem-plan")
+        self.replay = os.path.join(b, "bench", "tandem-comm-replay")
+        self.ddp = os.path.join(self.root, "bench", "e2e", "ddp_reference.py")
+        self.port = 30000 + (a.rate % 1000) * 20
+        self.env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+        os.makedirs(a.workdir, exist_ok=True)
+
+    def next_port(self):
+        self.port += 1
+        return self.port
+
+    def emit(self, row):
+        row = dict(row, rate_mbit=self.a.rate)
+        with open(self.a.out, "a") as f:
+            f.write(json.dumps(row, sort_keys=True) + "\n")
+        log("row " + json.dumps(row, sort_keys=True))
+
+    # -- process helpers ---------------------------------------------------
+
+    def run_local(self, cmd, timeout):
+        p = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout)
+        if p.returncode != 0:
+            raise RuntimeError(f"{cmd[0]} failed ({p.returncode}): {p.stderr.strip()[-600:]}")
+        return p.stdout
+
+    def run_pair(self, make_cmd, timeout):
+        """Rank 0 in ns0, rank 1 in ns1; returns both stdouts. make_cmd(rank,
+        rendezvous) -> argv. On any failure both are killed (by pid)."""
+        a = self.a
+        rv = f"{a.ip0}:{self.next_port()}"
+        procs = []
+        for r, (ns, ifname) in enumerate([(a.ns0, a.if0), (a.ns1, a.if1)]):
+            env = dict(self.env, GLOO_SOCKET_IFNAME=ifname)
+            cmd = ["ip", "netns", "exec", ns] + make_cmd(r, rv)
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+            if r == 0:
+                time.sleep(0.2)  # let rank 0 listen first
+        deadline = time.time() + timeout
+        outs, errs, failed = [None, None], [None, None], None
+        try:
+            for r, p in enumerate(procs):
+                left = max(1.0, deadline - time.time())
+                outs[r], errs[r] = p.communicate(timeout=left)
+                if p.returncode != 0 and failed is None:
+                    failed = f"rank {r} exit {p.returncode}: {errs[r].strip()[-600:]}"
+                    for q in procs:
+                        if q.poll() is None:
+                            q.kill()
+        except subprocess.TimeoutExpired:
+            failed = f"timed out after {timeout} s"
+        finally:
+            for q in procs:
+                if q.poll() is None:
+                    q.kill()
+                    q.wait()
+        if failed:
+            raise RuntimeError(failed)
+        return outs
+
+    # -- pieces --------------------------------------------------------------
+
+    def spec(self, name, m, world, steps, budget):
+        path = os.path.join(self.a.workdir, f"{name}-w{world}-s{steps}-b{budget}.yaml")
+        with open(path, "w") as f:
+            f.write(f"""name: {name}
+model: {{preset: llama, layers: {m['layers']}, d_model: {m['d_model']}, heads: {m['heads']}, kv_heads: {m['kv_heads']}, ffn: {m['ffn']}, vocab: {m['vocab']}}}
+data: {{kind: synthetic, seed: 1}}
+batch: {{micro_batch: {m['micro_batch']}, seq_len: {m['seq_len']}}}
+train: {{steps: {steps}, lr: 1.0e-3, seed: 1, grad_clip: 1.0}}
+parallel: {{world_size: {world}, zero_stage: 3}}
+memory: {{budget_bytes: {budget}}}
+""")
+        return path
+
+    def model_text(self, m, world=2):
+        return (f"arch=llama layers={m['layers']} d_model={m['d_model']} heads={m['heads']} "
+                f"kv_heads={m['kv_heads']} ffn={m['ffn']} vocab={m['vocab']} world={world} "
+                f"micro_batch={m['micro_batch']} seq_len={m['seq_len']}")
+
+    def ddp_args(self, m):
+        return ["--layers", str(m["layers"]), "--d-model", str(m["d_model"]),
+                "--heads", str(m["heads"]), "--kv-heads", str(m["kv_heads"]),
+                "--ffn", str(m["ffn"]), "--vocab", str(m["vocab"]),
+                "--seq-len", str(m["seq_len"]), "--micro-batch", str(m["micro_batch"])]
+
+    @staticmethod
+    def steps_of(text):
+        return [json.loads(l) for l in text.splitlines() if l.startswith("{\"step\"")]
+
+    def worker_stats(self, outs, discard):
+        """Per step the slower rank's iteration; medians over measured steps."""
+        per_rank = [self.steps_of(o)[discard:] for o in outs]
+        n = min(len(s) for s in per_rank)
+        if n == 0:
+            raise RuntimeError("no measured steps")
+        it = [max(s[i]["iteration_s"] for s in per_rank) for i in range(n)]
+        ex = [max(s[i]["exposed_comm_s"] for s in per_rank) for i in range(n)]
+        peak = max(s[i]["peak_bytes"] for s in per_rank for i in range(n))
+        return dict(step_s=statistics.median(it), step_min_s=min(it), step_max_s=max(it),
+                    exposed_comm_s=statistics.median(ex), peak_bytes=peak, steps=n)
+
+    def plan(self, m, profile, policy, budget, schedule_out):
+        cmd = [self.plan_bin, "--model", self.model_text(m), "--profile", profile,
+               "--hw", "memory=64GiB", "--policy", policy]
+        if budget > 0:
+            cmd += ["--budget", str(budget)]
+        out = self.run_local(cmd, 120)
+        sched, _, pred = out.partition("# predictions")
+        with open(schedule_out, "w") as f:
+            f.write(sched)
+        vals = dict(re.findall(r"^(\w+)\s+([-0-9.e]+)\s*$", pred, re.M))
+        peak = re.search(r"^peak .*?\((\d+) B\)", pred, re.M)
+        return dict(predicted_s=float(vals["iteration_s"]),
+                    predicted_exposed_comm_s=float(vals["exposed_comm_s"]),
+                    predicted_comm_s=float(vals["comm_s"]),
+                    predicted_peak_bytes=int(peak.group(1)) if peak else None,
+                    plan_over_budget="OVER BUDGET" in pred)
+
+    # -- one model -----------------------------------------------------------
+
+    def model(self, name, m):
+        a = self.a
+        wd = a.workdir
+        tag = f"{name}-{a.rate}"
+        discard, steps = a.discard, a.steps
+
+        # 1. compute alone (world 1, per-rank batch, no communication).
+        log(f"{tag}: compute alone")
+        spec1 = self.spec(name, m, 1, discard + steps, 0)
+        out = self.run_local([self.worker, "--standalone", "--spec", spec1, "--rank", "0",
+                              "--world", "1", "--rendezvous", f"127.0.0.1:{self.next_port()}",
+                              "--threads", "1"], 600)
+        c1 = self.worker_stats([out], discard)
+        compute_s = c1["step_s"]
+        out = self.run_local(["/usr/bin/python3", self.ddp, "--world", "1", "--steps", str(steps),
+                              "--warmup", str(discard)] + self.ddp_args(m), 600)
+        ddp1 = json.loads(out.strip().splitlines()[-1])
+        ddp_compute_s = ddp1["median_step_s"]
+        params = ddp1["params"]
+        # DDP's per-rank footprint, counted like Tandem's: the unsharded
+        # world-1 run (full params, grads, both AdamW moments, activations)
+        # plus DDP's gradient buckets (a copy of the grads in 1.13's default).
+        budgets_file = os.path.join(wd, f"{name}.budgets.json")
+        if os.path.exists(budgets_file):  # fixed by the first rate's run
+            budgets = json.load(open(budgets_file))
+        else:
+            large = c1["peak_bytes"] + ddp1["bucket_bytes"]
+            budgets = dict(large=large, small=int(0.6 * large),
+                           world1_peak_bytes=c1["peak_bytes"])
+            json.dump(budgets, open(budgets_file, "w"))
+        common = dict(model=name, params=params, compute_alone_s=compute_s,
+                      ddp_compute_alone_s=ddp_compute_s)
+        self.emit(dict(common, contender="compute-alone", budget="-", step_s=compute_s,
+                       step_min_s=c1["step_min_s"], step_max_s=c1["step_max_s"],
+                       peak_bytes=c1["peak_bytes"], lower_bound_s=None))
+
+        # 2. warm-up profile under on-demand, on the link.
+        log(f"{tag}: warm-up profile (on-demand)")
+        specw = self.spec(name, m, 2, a.profile_steps, 0)
+        prof = os.path.join(wd, f"{tag}.profile")
+        outs = self.run_pair(lambda r, rv: [self.worker, "--standalone", "--spec", specw,
+                                            "--rank", str(r), "--world", "2", "--rendezvous", rv,
+                                            "--threads", "1", "--profile-out", f"{prof}.rank{r}"],
+                             900)
+        warm = self.worker_stats(outs, 1)
+        profile = f"{prof}.rank0"
+        # The planner's memory model leaves out what the counting allocator
+        # sees beyond its estimates (autograd temporaries, loss buffers, Gloo
+        # packing): calibrate with the baseline's measured peak.
+        od = self.plan(m, profile, "on-demand", 0, os.path.join(wd, f"{tag}-od.sched"))
+        mem_gap = max(0, warm["peak_bytes"] - od["predicted_peak_bytes"])
+        log(f"{tag}: on-demand measured peak {warm['peak_bytes']} vs simulated "
+            f"{od['predicted_peak_bytes']}: planner budgets are {mem_gap} B below the spec's")
+
+        # 3. DDP on the link, and its all-reduces alone.
+        log(f"{tag}: DDP")
+        ddp_row = dict(common, contender="ddp", budget="large", budget_bytes=budgets["large"])
+        ddp_step = None
+        try:
+            outs = self.run_pair(lambda r, rv: ["/usr/bin/python3", self.ddp, "--rank", str(r),
+                                                "--world", "2", "--master", rv, "--steps", str(steps),
+                                                "--warmup", str(discard)] + self.ddp_args(m), 900)
+            per_rank = [[json.loads(l) for l in o.splitlines() if l.startswith("{\"step\"")]
+                        for o in outs]
+            n = min(len(s) for s in per_rank)
+            st = [max(s[i]["step_s"] for s in per_rank) for i in range(n)]
+            outs = self.run_pair(lambda r, rv: ["/usr/bin/python3", self.ddp, "--rank", str(r),
+                                                "--world", "2", "--master", rv, "--mode", "comm",
+                                                "--steps", str(a.replay_steps), "--warmup", "1"]
+                                 + self.ddp_args(m), 900)
+            comm_s = max(json.loads(o.strip().splitlines()[-1])["median_comm_s"] for o in outs)
+            ddp_step = statistics.median(st)
+            ddp_row.update(step_s=ddp_step, step_min_s=min(st), step_max_s=max(st),
+                           comm_alone_s=comm_s,
+                           lower_bound_s=max(ddp_compute_s, comm_s),
+                           exposed_comm_s=max(0.0, ddp_step - ddp_compute_s),
+                           exposed_comm_note="step_s - PyTorch compute alone",
+                           peak_bytes=ddp1["model_state_bytes"],
+                           footprint_bytes=budgets["large"])
+        except RuntimeError as e:
+            ddp_row.update(error=str(e))
+        self.emit(ddp_row)
+        self.emit(dict(common, contender="ddp", budget="small", budget_bytes=budgets["small"],
+                       step_s=None, lower_bound_s=None, peak_bytes=ddp1["model_state_bytes"],
+                       footprint_bytes=budgets["large"],
+                       error=f"cannot run: DDP's footprint {budgets['large']} B exceeds the "
+                             f"budget {budgets['small']} B (DDP has no sharding or offload)"))
+
+        # 4. every policy at both budgets.
+        for bname in ["large", "small"]:
+            bbytes = budgets[bname]
+            for policy in POLICIES:
+                plan_budget = bbytes - mem_gap
+                log(f"{tag}: {policy} at the {bname} budget ({bbytes} B)")
+                row = dict(common, contender=policy, budget=bname, budget_bytes=bbytes)
+                sched = os.path.join(wd, f"{tag}-{bname}-{policy}.sched")
+                spec = self.spec(name, m, 2, discard + steps, bbytes)
+                # The budget-aware policies re-plan when the run exceeds the
+                # budget, with the planner's budget lowered by the overshoot
+                # (what the coordinator does on a memory drift); the others
+                # plan the same schedule whatever the budget.
+                attempts = 3 if policy in ("tandem", "deepcompile") else 1
+                for attempt in range(attempts):
+                    try:
+                        row.update(self.plan(m, profile, policy, plan_budget, sched),
+                                   planner_budget_bytes=plan_budget, replans=attempt)
+                    except RuntimeError as e:
+                        row.update(error=f"planning failed: {e}", step_s=None, peak_bytes=None,
+                                   predicted_s=None)
+                        break
+                    try:
+                        outs = self.run_pair(
+                            lambda r, rv: [self.worker, "--standalone", "--spec", spec, "--rank",
+                                           str(r), "--world", "2", "--rendezvous", rv,
+                                           "--threads", "1", "--schedule", sched], 900)
+                        row.update(self.worker_stats(outs, discard))
+                        row.pop("error", None)
+                        break
+                    except RuntimeError as e:
+                        row.update(error=str(e), step_s=None, peak_bytes=None)
+                        over = re.search(r"peak memory (\d+) B exceeds memory.budget_bytes (\d+)",
+                                         str(e))
+                        if not over:
+                            break
+                        plan_budget -= int(over.group(1)) - int(over.group(2)) + (1 << 20)
+                        log(f"{tag}: {policy} over budget by {int(over.group(1)) - bbytes} B; "
+                            f"re-planning at {plan_budget} B")
+                if row.get("predicted_s") is not None:
+                    try:
+                        outs = self.run_pair(
+                            lambda r, rv: [self.replay, "--spec", specw, "--rank", str(r),
+                                           "--world", "2", "--rendezvous", rv, "--schedule", sched,
+                                           "--steps", str(a.replay_steps), "--warmup", "1"], 900)
+                        comm_s = max(json.loads(o.strip().splitlines()[-1])["median_comm_s"]
+                                     for o in outs)
+                        row.update(comm_alone_s=comm_s, lower_bound_s=max(compute_s, comm_s))
+                    except RuntimeError as e:
+                        row.update(comm_alone_error=str(e), lower_bound_s=None)
+                if row.get("step_s") and ddp_step:
+                    row["ratio_ddp"] = row["step_s"] / ddp_step
+                if row.get("step_s") and row.get("lower_bound_s"):
+                    row["ratio_lb"] = row["step_s"] / row["lower_bound_s"]
+                if row.get("step_s") and row.get("predicted_s"):
+                    row["prediction_error"] = row["predicted_s"] / row["step_s"] - 1
+                self.emit(row)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rate", type=int, required=True)
+    ap.add_argument("--models", default="tiny-llama,wide-short")
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--ns0", required=True)
+    ap.add_argument("--ns1", required=True)
+    ap.add_argument("--if0", required=True)
+    ap.add_argument("--if1", required=True)
+    ap.add_argument("--ip0", required=True)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--discard", type=int, default=2)
+    ap.add_argument("--profile-steps", type=int, default=4)
+    ap.add_argument("--replay-steps", type=int, default=4)
+    a = ap.parse_args()
+    b = Bench(a)
+    for name in a.models.split(","):
+        if name not in MODELS:
+            sys.exit(f"unknown model '{name}' (expected one of {', '.join(MODELS)})")
+        b.model(name, MODELS[name])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# bench/e2e: Tandem against PyTorch DDP and the reference policies, two ranks
+# in two network namespaces joined by a veth pair whose bandwidth tc caps
+# (issue 9). Run as root from anywhere:
+#
+#   sudo bench/e2e/run.sh [--rates "2000 200"] [--models tiny-llama,wide-short]
+#                         [--steps 8] [--discard 2] [--out FILE] [--quick]
+#
+# For each link rate and model it runs, in one run: the compute-alone and
+# communication-alone lower bound, Tandem's on-demand warm-up with a profile,
+# PyTorch DDP (bench/e2e/ddp_reference.py) and Tandem under every policy
+# planned from that profile, at two memory budgets (DDP's footprint and 60%
+# of it). JSON lines go to --out (default $TMPDIR/tandem-e2e/results.jsonl);
+# the table is printed at the end (bench/e2e/report.py). The namespaces
+# (tandem-e2e-0/1) and the veth pair are removed on exit, failure included.
+# Environment: TANDEM_BUILD_DIR (default build/): the binaries are built
+# there (-j2) when missing.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+RATES="2000 200"
+MODELS="tiny-llama,wide-short"
+STEPS="" DISCARD=2 QUICK=0
+WORK="${TMPDIR:-/tmp}/tandem-e2e"
+OUT=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rates) RATES="$2"; shift 2 ;;
+    --models) MODELS="$2"; shift 2 ;;
+    --steps) STEPS="$2"; shift 2 ;;
+    --discard) DISCARD="$2"; shift 2 ;;
+    --out) OUT="$2"; shift 2 ;;
+    --quick) QUICK=1; shift ;;
+    -h|--help) sed -n 2,18p "$0"; exit 0 ;;
+    *) echo "$0: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+OUT="${OUT:-$WORK/results.jsonl}"
+if [ "$(id -u)" -ne 0 ]; then
+  echo "$0: needs root (it creates network namespaces and tc qdiscs); rerun with sudo" >&2
+  exit 2
+fi
+for tool in ip tc /usr/bin/python3; do
+  command -v "$tool" >/dev/null || { echo "$0: '$tool' not found" >&2; exit 2; }
+done
+
+BUILD="${TANDEM_BUILD_DIR:-$ROOT/build}"
+need_build=0
+for bin in worker/tandem-worker coordinator/tandem-plan bench/tandem-comm-replay; do
+  [ -x "$BUILD/$bin" ] || need_build=1
+done
+if [ "$need_build" -eq 1 ]; then
+  echo "[e2e] building tandem-worker, tandem-plan, tandem-comm-replay in $BUILD" >&2
+  [ -f "$BUILD/CMakeCache.txt" ] || cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >&2
+  cmake --build "$BUILD" -j2 --target tandem-worker tandem-plan tandem-comm-replay >&2
+fi
+
+NS0=tandem-e2e-0 NS1=tandem-e2e-1
+IF0=tde2e0 IF1=tde2e1
+IP0=10.231.7.1 IP1=10.231.7.2
+
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  if [ -n "${DRIVER_PID:-}" ]; then kill "$DRIVER_PID" 2>/dev/null || true; fi
+  # Processes still inside the bench's namespaces are this bench's ranks.
+  for ns in "$NS0" "$NS1"; do
+    if ip netns list | grep -qw "$ns"; then
+      for pid in $(ip netns pids "$ns" 2>/dev/null); do kill "$pid" 2>/dev/null || true; done
+    fi
+  done
+  sleep 0.2
+  for ns in "$NS0" "$NS1"; do
+    ip netns del "$ns" 2>/dev/null || true  # removes the veth ends with it
+  done
+  ip link del "$IF0" 2>/dev/null || true
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# A previous run killed hard may have left them behind.
+for ns in "$NS0" "$NS1"; do ip netns del "$ns" 2>/dev/null || true; done
+ip link del "$IF0" 2>/dev/null || true
+
+ip netns add "$NS0"
+ip netns add "$NS1"
+ip link add "$IF0" type veth peer name "$IF1"
+ip link set "$IF0" netns "$NS0"
+ip link set "$IF1" netns "$NS1"
+ip -n "$NS0" addr add "$IP0/24" dev "$IF0"
+ip -n "$NS1" addr add "$IP1/24" dev "$IF1"
+for pair in "$NS0 $IF0" "$NS1 $IF1"; do
+  set -- $pair
+  ip -n "$1" link set lo up
+  ip -n "$1" link set "$2" up
+done
+
+mkdir -p "$WORK" "$(dirname "$OUT")"
+: > "$OUT"
+rm -f "$WORK"/*.budgets.json
+
+# Machine facts, into the results.
+/usr/bin/python3 - "$OUT" <<'EOF'
+import json, os, platform, subprocess, sys, time
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+import torch
+facts = {"contender": "machine", "cpu": cpu, "cores": os.cpu_count(),
+         "kernel": platform.release(), "torch": torch.__version__,
+         "loadavg_start": open("/proc/loadavg").read().split()[:3],
+         "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+open(sys.argv[1], "a").write(json.dumps(facts) + "\n")
+EOF
+
+for rate in $RATES; do
+  for pair in "$NS0 $IF0" "$NS1 $IF1"; do
+    set -- $pair
+    ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate "${rate}mbit" burst 64kb latency 50ms
+  done
+  if [ -n "$STEPS" ]; then steps=$STEPS
+  elif [ "$QUICK" -eq 1 ]; then steps=3
+  elif [ "$rate" -ge 1000 ]; then steps=8
+  else steps=5
+  fi
+  replay=$(( steps < 4 ? steps : 4 )); [ "$rate" -ge 1000 ] || replay=3
+  echo "[e2e] link ${rate} Mbit/s: models $MODELS, $steps measured steps ($DISCARD discarded)" >&2
+  /usr/bin/python3 "$ROOT/bench/e2e/driver.py" --rate "$rate" --models "$MODELS" \
+    --build "$BUILD" --workdir "$WORK" --out "$OUT" \
+    --ns0 "$NS0" --ns1 "$NS1" --if0 "$IF0" --if1 "$IF1" --ip0 "$IP0" \
+    --steps "$steps" --discard "$DISCARD" --replay-steps "$replay" &
+  DRIVER_PID=$!
+  wait "$DRIVER_PID"
+  DRIVER_PID=""
+done
+
+/usr/bin/python3 - "$OUT" <<'EOF'
+import json, sys
+open(sys.argv[1], "a").write(json.dumps({"contender": "machine-end",
+    "loadavg_end": open("/proc/loadavg").read().split()[:3]}) + "\n")
+EOF
+/usr/bin/python3 "$ROOT/bench/e2e/report.py" "$OUT"
+echo "[e2e] JSON lines: $OUT" >&2

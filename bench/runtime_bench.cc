@@ -3,6 +3,12 @@
 // Gloo on loopback, under three schedules -- gather on demand, prefetching
 // (gathers hoisted two nodes ahead) and everything persistent -- and the
 // profiler's cost (on vs off, interleaved blocks under one schedule).
+// Then offload at a memory budget that forces part of the optimizer states
+// out: the offload pass's adaptive plan (just enough states, reloads chained
+// back from the optimizer by host-link time) against offloading every
+// param's states; and ZeRO-1 (bucketed reduce-scatter, replicated params)
+// against ZeRO-3 at the same world size. Offloaded states go to the CPU host
+// tier (mmap'd files under $TANDEM_OFFLOAD_DIR or /tmp).
 // Ranks are threads of this process, each with its own process group, one
 // intra-op thread and OPENBLAS_NUM_THREADS=1 (set it in the environment).
 //
@@ -20,7 +26,15 @@
 #include "ATen/Parallel.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/models/graph_builder.h"
 #include "common/models/model_config.h"
+#include "common/sim/hardware_model.h"
+#include "common/sim/simulator.h"
+#include "coordinator/passes/offload_pass.h"
+#include "coordinator/passes/pass_pipeline.h"
+#include "coordinator/passes/planning_context.h"
+#include "coordinator/passes/prefetch_pass.h"
+#include "coordinator/passes/zero3_insert_pass.h"
 #include "torch/csrc/distributed/c10d/PrefixStore.hpp"
 #include "torch/csrc/distributed/c10d/TCPStore.hpp"
 #include "worker/data/micro_batch.h"
@@ -41,6 +55,8 @@ struct Sample {
   double exposed_s = 0;
   int64_t peak_bytes = 0;
   bool profiled = false;
+  double copy_wait_s = 0;
+  int64_t offloaded_bytes = 0;
 };
 
 double Median(std::vector<double> v) {
@@ -87,6 +103,12 @@ std::vector<Sample> Run(const ModelConfig& config, int world, int steps,
       auto graph = DeriveGraph(*program, world, 1,
                                int64_t{config.micro_batch} * config.seq_len);
       if (!graph.ok()) fail(graph.status());
+      // The planner reads the builder's time and memory estimates.
+      auto estimates = BuildModelGraph(config);
+      if (!estimates.ok()) fail(estimates.status());
+      if (absl::Status s = AnnotateEstimates(*estimates, *graph); !s.ok()) {
+        fail(s);
+      }
       auto schedule = make(*graph);
       if (!schedule.ok()) fail(schedule.status());
       auto params = ShardedParamStore::Create(*program, rank, world);
@@ -107,13 +129,173 @@ std::vector<Sample> Run(const ModelConfig& config, int world, int steps,
         if (!stats.ok()) fail(stats.status());
         if (rank == 0 && step >= 2) {
           samples.push_back({stats->iteration_s, stats->exposed_comm_s,
-                             stats->peak_bytes, profiled});
+                             stats->peak_bytes, profiled,
+                             stats->exposed_copy_s, stats->offloaded_bytes});
         }
       }
     });
   }
   for (std::thread& t : threads) t.join();
   return samples;
+}
+
+struct Summary {
+  double iteration_s = 0;
+  double exposed_s = 0;
+  double copy_wait_s = 0;
+  int64_t peak_bytes = 0;
+  int64_t offloaded_bytes = 0;
+};
+
+Summary Summarize(const std::vector<Sample>& samples) {
+  std::vector<double> it, ex, copy;
+  Summary out;
+  for (const Sample& x : samples) {
+    it.push_back(x.iteration_s);
+    ex.push_back(x.exposed_s);
+    copy.push_back(x.copy_wait_s);
+    out.peak_bytes = std::max(out.peak_bytes, x.peak_bytes);
+    out.offloaded_bytes = std::max(out.offloaded_bytes, x.offloaded_bytes);
+  }
+  out.iteration_s = Median(it);
+  out.exposed_s = Median(ex);
+  out.copy_wait_s = Median(copy);
+  return out;
+}
+
+// Offload-all against adaptive offload at a budget that forces part of the
+// states out, then ZeRO-1 against ZeRO-3.
+void RunOffloadAndZero1(const ModelConfig& config, int world, int steps) {
+  // The budget: the prefetching plan's simulated peak less a part of the
+  // optimizer states at that peak -- the largest part (of those tried) for
+  // which the adaptive plan still keeps some states on the device.
+  int64_t budget = 0;
+  double fraction = 0;
+  {
+    absl::StatusOr<Program> program = BuildModelProgram(config, 1);
+    absl::StatusOr<Graph> graph = DeriveGraph(
+        *program, world, 1, int64_t{config.micro_batch} * config.seq_len);
+    absl::StatusOr<Graph> estimates = BuildModelGraph(config);
+    if (!graph.ok() || !estimates.ok() ||
+        !AnnotateEstimates(*estimates, *graph).ok()) {
+      std::fprintf(stderr, "cannot build the graph\n");
+      std::exit(1);
+    }
+    absl::StatusOr<Schedule> base = OnDemandSchedule(*graph, 1);
+    absl::StatusOr<Schedule> prefetch = HoistGathers(*graph, *base, 2);
+    absl::StatusOr<SimResult> sim =
+        Simulate(*graph, *prefetch, HardwareModel::H100(world));
+    if (!sim.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(sim.status().message()).c_str());
+      std::exit(1);
+    }
+    for (double f : {0.5, 0.4, 0.3, 0.2, 0.1}) {
+      fraction = f;
+      budget = sim->peak_bytes -
+               static_cast<int64_t>(f * sim->peak_breakdown.optimizer_states);
+      HardwareModel hw = HardwareModel::H100(world);
+      hw.budget_bytes = budget;
+      PlanningContext context(*graph, hw);
+      PassPipeline pipeline("adaptive-offload");
+      pipeline.AddPass<Zero3InsertPass>();
+      pipeline.AddPass<OffloadPass>();
+      pipeline.AddPass<PrefetchPass>();
+      absl::StatusOr<bool> changed = pipeline.Run(context);
+      if (changed.ok() && context.schedule().offloads.size() <
+                              graph->params.size()) {
+        break;
+      }
+    }
+  }
+  auto plan_adaptive = [world, budget](const Graph& g)
+      -> absl::StatusOr<Schedule> {
+    HardwareModel hw = HardwareModel::H100(world);
+    hw.budget_bytes = budget;
+    PlanningContext context(g, hw);
+    PassPipeline pipeline("adaptive-offload");
+    pipeline.AddPass<Zero3InsertPass>();
+    pipeline.AddPass<OffloadPass>();
+    pipeline.AddPass<PrefetchPass>();
+    absl::StatusOr<bool> changed = pipeline.Run(context);
+    if (!changed.ok()) return changed.status();
+    Schedule s = context.schedule();
+    s.version = 1;
+    return s;
+  };
+  auto offload_all = [world, budget](const Graph& g)
+      -> absl::StatusOr<Schedule> {
+    // Every param's states, copied out after the first node and back
+    // during the second half of backward, on the same prefetching plan.
+    auto base = OnDemandSchedule(g, 1);
+    if (!base.ok()) return base;
+    auto prefetch = HoistGathers(g, *base, 2);
+    if (!prefetch.ok()) return prefetch;
+    std::vector<int32_t> all;
+    for (const Param& p : g.params) all.push_back(p.id);
+    const int backward = (static_cast<int>(g.nodes.size()) - 1) / 2;
+    return OffloadStates(g, *prefetch, all, backward / 2);
+  };
+  {
+    absl::StatusOr<Program> program = BuildModelProgram(config, 1);
+    absl::StatusOr<Graph> graph = DeriveGraph(
+        *program, world, 1, int64_t{config.micro_batch} * config.seq_len);
+    absl::StatusOr<Graph> estimates = BuildModelGraph(config);
+    (void)AnnotateEstimates(*estimates, *graph);
+    absl::StatusOr<Schedule> adaptive = plan_adaptive(*graph);
+    if (!adaptive.ok()) {
+      std::fprintf(stderr, "adaptive plan: %s\n",
+                   std::string(adaptive.status().message()).c_str());
+      std::exit(1);
+    }
+    int64_t moved = 0;
+    for (const OffloadEntry& o : adaptive->offloads) moved += o.bytes;
+    std::printf(
+        "\noffload at a budget of %.1f MiB per rank (simulated; the prefetch "
+        "plan peaks %.0f%% of its optimizer states above it): adaptive moves "
+        "%zu of %zu params' states (%.1f MiB per rank)\n",
+        budget / 1048576.0, 100 * fraction, adaptive->offloads.size(),
+        graph->params.size(), moved / 1048576.0);
+  }
+  std::printf("%-16s %12s %14s %12s %12s %14s\n", "schedule", "iteration_s",
+              "exposed_comm_s", "copy_wait_s", "peak_MiB", "offloaded_MiB");
+  const std::pair<const char*, MakeSchedule> offload_schedules[] = {
+      {"prefetch",
+       [](const Graph& g) -> absl::StatusOr<Schedule> {
+         auto base = OnDemandSchedule(g, 1);
+         if (!base.ok()) return base;
+         return HoistGathers(g, *base, 2);
+       }},
+      {"offload-all", offload_all},
+      {"adaptive", plan_adaptive},
+  };
+  for (const auto& [name, make] : offload_schedules) {
+    const Summary r = Summarize(
+        Run(config, world, steps, make, [](int) { return true; }));
+    std::printf("%-16s %12.4f %14.4f %12.4f %12.1f %14.1f\n", name,
+                r.iteration_s, r.exposed_s, r.copy_wait_s,
+                r.peak_bytes / 1048576.0, r.offloaded_bytes / 1048576.0);
+  }
+
+  std::printf("\nZeRO-1 against ZeRO-3, world %d\n", world);
+  std::printf("%-16s %12s %14s %12s\n", "schedule", "iteration_s",
+              "exposed_comm_s", "peak_MiB");
+  const std::pair<const char*, MakeSchedule> stages[] = {
+      {"zero3 on-demand",
+       [](const Graph& g) { return OnDemandSchedule(g, 1); }},
+      {"zero3 prefetch",
+       [](const Graph& g) -> absl::StatusOr<Schedule> {
+         auto base = OnDemandSchedule(g, 1);
+         if (!base.ok()) return base;
+         return HoistGathers(g, *base, 2);
+       }},
+      {"zero1", [](const Graph& g) { return Zero1Schedule(g, 1); }},
+  };
+  for (const auto& [name, make] : stages) {
+    const Summary r = Summarize(
+        Run(config, world, steps, make, [](int) { return true; }));
+    std::printf("%-16s %12.4f %14.4f %12.1f\n", name, r.iteration_s,
+                r.exposed_s, r.peak_bytes / 1048576.0);
+  }
 }
 
 int Main(int argc, char** argv) {
@@ -221,6 +403,7 @@ int Main(int argc, char** argv) {
       "collectives) = %.4f%% of the on-demand iteration (%.4f s)\n",
       per_iteration * 1e6, nodes, collectives, 100.0 * per_iteration / m_off,
       m_off);
+  RunOffloadAndZero1(*config, world, steps);
   return 0;
 }
 

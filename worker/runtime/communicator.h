@@ -57,6 +57,7 @@ class CollectiveWork {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  friend class HostTier;  // copies use the same handles
   bool done_ = false;
   absl::Status status_;
   SteadyTime issued_;

@@ -43,28 +43,72 @@ absl::Status CheckRunnableSchedule(const Graph& graph,
   }
   absl::Status valid = ValidateSchedule(schedule, graph);
   if (!valid.ok()) return Prefixed(schedule, "is malformed", valid);
-  if (schedule.mode != ShardingMode::kZero3) {
-    return absl::UnimplementedError(absl::StrCat(
-        "schedule v", schedule.version,
-        " is a zero1 schedule; this worker runs zero3 schedules only "
-        "(set parallel.zero_stage: 3)"));
-  }
-  const bool offload_action = std::any_of(
-      schedule.actions.begin(), schedule.actions.end(), [](const Action& a) {
-        return a.kind == ActionKind::kOffload || a.kind == ActionKind::kReload;
-      });
-  if (!schedule.offloads.empty() || offload_action) {
-    return absl::UnimplementedError(absl::StrCat(
-        "schedule v", schedule.version,
-        " offloads optimizer states, which this worker does not support "
-        "yet; plan it without the offload pass"));
-  }
   std::vector<bool> persistent(graph.params.size(), false);
   const GraphIndex index(graph);
   for (int32_t id : schedule.persistent_param_ids) {
     persistent[index.ParamPos(id)] = true;
   }
+  // Offload entries move whole params' states, each param's in one entry.
+  std::vector<int32_t> offloaded_by(graph.params.size(), -1);
+  const int world = std::max(graph.world_size, 1);
+  for (const OffloadEntry& o : schedule.offloads) {
+    int64_t states = 0;
+    for (int32_t id : o.param_ids) {
+      const Param& p = graph.params[index.ParamPos(id)];
+      states += p.shard_numel(world) * 2 * static_cast<int64_t>(sizeof(float));
+      int32_t& owner = offloaded_by[index.ParamPos(id)];
+      if (owner >= 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "schedule v", schedule.version, ": param p", id, " (", p.name,
+            ") is in offload entries o", owner, " and o", o.id,
+            "; an entry's states may move with one entry only"));
+      }
+      owner = o.id;
+    }
+    if (o.bytes < states) {
+      return absl::UnimplementedError(absl::StrCat(
+          "schedule v", schedule.version, ": offload entry o", o.id,
+          " moves ", o.bytes, " of its params' ", states,
+          " B of optimizer state; this worker moves whole params' states, "
+          "so plan entries of whole params"));
+    }
+  }
+  if (schedule.mode == ShardingMode::kZero1) {
+    // Params are replicated: all persistent, and every one re-gathered (and
+    // waited for) after the optimizer updated the shards.
+    const int optimizer = static_cast<int>(graph.nodes.size()) - 1;
+    absl::flat_hash_map<int32_t, int> gathered;  // group -> 1 issued, 2 waited
+    for (const Action& a : schedule.actions) {
+      if (index.NodePos(a.node_id) != optimizer ||
+          a.position != AnchorPosition::kAfter) {
+        continue;
+      }
+      if (a.kind == ActionKind::kAllGather) gathered[a.group_id] = 1;
+      if (a.kind == ActionKind::kWait && gathered[a.group_id] == 1) {
+        gathered[a.group_id] = 2;
+      }
+    }
+    std::vector<bool> refreshed(graph.params.size(), false);
+    for (const GatherGroup& g : schedule.groups) {
+      auto it = gathered.find(g.id);
+      if (it == gathered.end() || it->second != 2) continue;
+      for (int32_t id : g.param_ids) refreshed[index.ParamPos(id)] = true;
+    }
+    for (size_t i = 0; i < graph.params.size(); ++i) {
+      if (!persistent[i] || !refreshed[i]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "zero1 schedule v", schedule.version, ": param '",
+            graph.params[i].name, "' is ",
+            !persistent[i] ? "not persistent"
+                           : "not all-gathered and waited for after the "
+                             "optimizer",
+            "; in ZeRO-1 every param is replicated and refreshed after each "
+            "step (plan it with the zero1 pass)"));
+      }
+    }
+  }
   for (const GatherGroup& g : schedule.groups) {
+    if (schedule.mode == ShardingMode::kZero1) break;
     for (int32_t id : g.param_ids) {
       if (persistent[index.ParamPos(id)]) {
         return absl::InvalidArgumentError(
@@ -90,6 +134,7 @@ struct Executor::Prepared {
   absl::flat_hash_map<int32_t, int64_t> group_bytes;
   std::vector<int32_t> persistent;
   std::vector<bool> is_persistent;
+  absl::flat_hash_map<int32_t, std::vector<int32_t>> offload_params;
 };
 
 struct Executor::IterationState {
@@ -107,6 +152,8 @@ struct Executor::IterationState {
   std::vector<Reduce> reduces;
   double exposed_s = 0;
   double loss_sum = 0;
+  int64_t offloaded_bytes = 0;
+  int64_t max_offloaded_bytes = 0;
   SteadyTime backward_start;
   int64_t backward_memory = 0;
 };
@@ -122,8 +169,10 @@ Executor::Executor(const Program* program, Graph graph,
       meter_(meter),
       options_(options),
       num_nodes_(static_cast<int>(program->nodes.size())),
+      mode_(initial.mode),
       slot_(std::move(initial)),
-      profiler_(options.profile, static_cast<int>(graph_.nodes.size())) {}
+      profiler_(options.profile, static_cast<int>(graph_.nodes.size())),
+      step_(options.first_step) {}
 
 Executor::~Executor() { comm_->Drain().IgnoreError(); }
 
@@ -161,6 +210,13 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(
 absl::Status Executor::OfferSchedule(Schedule schedule,
                                      int64_t not_before_iteration) {
   RETURN_IF_ERROR(CheckRunnableSchedule(graph_, schedule));
+  if (schedule.mode != mode_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "schedule v", schedule.version, " is a ", ShardingModeName(schedule.mode),
+        " schedule, but this job runs ", ShardingModeName(mode_),
+        " (parallel.zero_stage is fixed for a job); plan it for ",
+        ShardingModeName(mode_)));
+  }
   return slot_.Offer(std::move(schedule), not_before_iteration);
 }
 
@@ -182,11 +238,23 @@ absl::Status Executor::Activate(const Schedule& schedule) {
   p->persistent = schedule.persistent_param_ids;
   p->is_persistent.assign(graph_.params.size(), false);
   for (int32_t id : p->persistent) p->is_persistent[id] = true;
+  for (const OffloadEntry& o : schedule.offloads) {
+    p->offload_params[o.id] = o.param_ids;
+  }
+  if (!schedule.offloads.empty() && host_ == nullptr) {
+    ASSIGN_OR_RETURN(host_,
+                     HostTier::Create(store_->device(), options_.offload_dir));
+  }
   active_ = std::move(p);
   return absl::OkStatus();
 }
 
 void Executor::RefreshPersistent(const Prepared* previous) {
+  if (mode_ == ShardingMode::kZero1 && previous != nullptr) {
+    // The schedule's own gathers after the optimizer refreshed every param.
+    persistent_refresh_ = nullptr;
+    return;
+  }
   if (previous != nullptr) {
     for (int32_t id : previous->persistent) {
       if (!active_->is_persistent[id]) store_->Release({id});
@@ -246,7 +314,10 @@ void Executor::RunActions(int pos, AnchorPosition where) {
     switch (a.kind) {
       case ActionKind::kAllGather: {
         const std::vector<int32_t>& ids = active_->group_params.at(a.group_id);
-        it_->gathers[a.group_id] = {store_->Gather(ids, *comm_), a.node_id};
+        it_->gathers[a.group_id] = {
+            store_->Gather(ids, *comm_,
+                           /*refresh=*/mode_ == ShardingMode::kZero1),
+            a.node_id};
         break;
       }
       case ActionKind::kWait: {
@@ -273,9 +344,32 @@ void Executor::RunActions(int pos, AnchorPosition where) {
                                 a.param_ids, a.node_id, bytes});
         break;
       }
-      case ActionKind::kOffload:
-      case ActionKind::kReload:
-        TORCH_CHECK(false, "offload actions are not supported");
+      case ActionKind::kOffload: {
+        const std::vector<int32_t>& ids =
+            active_->offload_params.at(a.offload_id);
+        int64_t bytes = 0;
+        for (int32_t id : ids) {
+          if (!store_->states_on_host(id)) bytes += store_->state_bytes(id);
+        }
+        absl::StatusOr<CollectiveHandle> copy =
+            store_->OffloadStates(ids, *host_);
+        TORCH_CHECK(copy.ok(), std::string(copy.status().message()));
+        it_->offloaded_bytes += bytes;
+        it_->max_offloaded_bytes =
+            std::max(it_->max_offloaded_bytes, it_->offloaded_bytes);
+        break;
+      }
+      case ActionKind::kReload: {
+        const std::vector<int32_t>& ids =
+            active_->offload_params.at(a.offload_id);
+        for (int32_t id : ids) {
+          if (store_->states_on_host(id)) {
+            it_->offloaded_bytes -= store_->state_bytes(id);
+          }
+        }
+        store_->ReloadStates(ids, *host_);
+        break;
+      }
     }
   }
 }
@@ -432,7 +526,15 @@ absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
                                          (static_cast<float>(norm) + 1e-6)),
                       1.0f);
   }
-  store_->AdamWStep(options_.adamw, factor, step_ + 1);
+  // States a schedule left on the host (or a previous schedule did) come
+  // back now; the step then waits, param by param, for what it updates.
+  std::vector<int32_t> on_host;
+  for (int id = 0; id < store_->num_params(); ++id) {
+    if (store_->states_on_host(id)) on_host.push_back(id);
+  }
+  if (!on_host.empty()) store_->ReloadStates(on_host, *host_);
+  const double copy_wait_s =
+      store_->AdamWStep(options_.adamw, factor, step_ + 1);
   RunActions(optimizer, AnchorPosition::kAfter);
   if (profiler_.enabled()) {
     profiler_.RecordNode(optimizer, Since(optimizer_start));
@@ -457,6 +559,8 @@ absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
   if (options_.budget_bytes > 0 && stats->peak_bytes > options_.budget_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "step ", stats->step, ": peak memory ", stats->peak_bytes,
+  stats->exposed_copy_s = copy_wait_s;
+  stats->offloaded_bytes = it_->max_offloaded_bytes;
         " B exceeds memory.budget_bytes ", options_.budget_bytes,
         " B under schedule v", version,
         "; raise the budget or use a schedule that keeps fewer params "

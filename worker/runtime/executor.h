@@ -8,9 +8,16 @@
 // gradient norm and the schedule agreement in one small all-gather, clips
 // and steps AdamW on this rank's shards.
 //
-// It performs exactly the schedule's ALLGATHER, WAIT, RELEASE and
-// REDUCE_SCATTER actions. Persistent params stay gathered across iterations
-// and are refreshed by one all-gather after each optimizer step. A node whose
+// It performs exactly the schedule's ALLGATHER, WAIT, RELEASE,
+// REDUCE_SCATTER, OFFLOAD and RELOAD actions. In ZeRO-3 mode persistent
+// params stay gathered across iterations and are refreshed by one all-gather
+// after each optimizer step. In ZeRO-1 mode every param is replicated
+// (persistent); the schedule's ALLGATHERs after the optimizer overwrite them
+// in place with the updated shards. OFFLOAD and RELOAD move an entry's
+// optimizer states to and from the host tier (host_tier.h) on its copy
+// thread, overlapping compute; the optimizer waits, param by param, only for
+// the reloads of the states it is updating (and reloads states a schedule
+// left on the host itself). A node whose
 // params are not gathered and waited for fails the iteration with an error
 // instead of reading freed memory; schedules are checked (hash, validity,
 // CheckScheduleSemantics) before they are accepted, so a valid schedule
@@ -26,6 +33,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -36,6 +44,7 @@
 #include "common/ir/profile.h"
 #include "common/ir/schedule.h"
 #include "worker/runtime/communicator.h"
+#include "worker/runtime/host_tier.h"
 #include "worker/runtime/memory_meter.h"
 #include "worker/runtime/profiler.h"
 #include "worker/runtime/program.h"
@@ -49,6 +58,12 @@ struct ExecutorOptions {
   // Peak bytes an iteration may reach (the meter's); 0 disables the check.
   int64_t budget_bytes = 0;
   bool profile = true;
+  // Directory of the CPU host tier's files (HostTier::Create; empty: the
+  // default). Used only by schedules that offload.
+  std::string offload_dir;
+  // Iteration number of the first RunStep: the step a checkpoint was taken
+  // after (AdamW's bias correction counts from it).
+  int64_t first_step = 0;
 };
 
 struct StepStats {
@@ -65,11 +80,18 @@ struct StepStats {
   double exposed_comm_s = 0;
   int64_t peak_bytes = 0;
   int64_t schedule_version = 0;
+  // Time the optimizer waited for optimizer states to come back from the
+  // host tier (part of iteration_s, not of exposed_comm_s).
+  double exposed_copy_s = 0;
+  // Most bytes of optimizer state on the host tier during the iteration.
+  int64_t offloaded_bytes = 0;
 };
 
 // Checks that this runtime can execute `schedule` on `graph`: the graph hash
 // matches, ValidateSchedule and CheckScheduleSemantics pass, the mode is
-// zero3, there is no offload, and no param is both persistent and grouped.
+// zero3 with no param both persistent and grouped, or zero1 with every param
+// persistent and re-gathered after the optimizer; offload entries are
+// disjoint and each moves its params' whole states.
 // Errors are InvalidArgument / FailedPrecondition / Unimplemented and say
 // what to change.
 absl::Status CheckRunnableSchedule(const Graph& graph,
@@ -88,7 +110,8 @@ class Executor {
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
-  // Thread-safe. Checks `schedule` (CheckRunnableSchedule) and queues it: it
+  // Thread-safe. Checks `schedule` (CheckRunnableSchedule; its mode must be
+  // the running one's: a job's ZeRO stage is fixed) and queues it: it
   // takes effect at the first iteration boundary at which every rank holds
   // it, and not before iteration `not_before_iteration`.
   absl::Status OfferSchedule(Schedule schedule,
@@ -144,12 +167,16 @@ class Executor {
   MemoryMeter* meter_;
   const ExecutorOptions options_;
   const int num_nodes_;  // forward nodes of one micro-batch
+  const ShardingMode mode_;  // the initial schedule's; offers must match
   ScheduleSlot slot_;
   std::unique_ptr<Prepared> active_;
   Profiler profiler_;
   // Persistent params' refresh after the last optimizer step.
   CollectiveHandle persistent_refresh_;
   std::unique_ptr<IterationState> it_;
+  // Created by the first schedule that offloads; kept for the store's
+  // copies in flight.
+  std::unique_ptr<HostTier> host_;
   int64_t step_ = 0;
   absl::Status broken_;
 };

@@ -90,7 +90,7 @@ bool ShardedParamStore::materialized(int32_t id) const {
 }
 
 CollectiveHandle ShardedParamStore::Gather(absl::Span<const int32_t> ids,
-                                           Communicator& comm) {
+                                           Communicator& comm, bool refresh) {
   struct Piece {
     at::Tensor shard;  // this rank's shard, read on the comm thread
     float* dest;       // the full storage
@@ -102,9 +102,15 @@ CollectiveHandle ShardedParamStore::Gather(absl::Span<const int32_t> ids,
   int64_t packed = 0;
   for (int32_t id : ids) {
     Entry& e = params_[id];
-    TORCH_CHECK(!allocated(id), "gather of '", e.name,
-                "' while it is still gathered");
-    ResizeStorage(e.full, static_cast<size_t>(e.numel) * sizeof(float));
+    if (refresh && allocated(id)) {
+      if (e.pending_gather != nullptr) {
+        e.pending_gather->Wait().IgnoreError();  // in order anyway
+      }
+    } else {
+      TORCH_CHECK(!allocated(id), "gather of '", e.name,
+                  "' while it is still gathered");
+      ResizeStorage(e.full, static_cast<size_t>(e.numel) * sizeof(float));
+    }
     pieces.push_back({e.shard, static_cast<float*>(e.full.storage().data()),
                       e.numel, e.shard_numel, packed});
     packed += e.shard_numel;
@@ -195,6 +201,81 @@ CollectiveHandle ShardedParamStore::ReduceScatterGrads(
       });
 }
 
+absl::StatusOr<CollectiveHandle> ShardedParamStore::OffloadStates(
+    absl::Span<const int32_t> ids, HostTier& tier) {
+  struct Piece {
+    at::Tensor avg, avg_sq, host;  // the device copies die with the copy
+  };
+  std::vector<Piece> pieces;
+  std::vector<int32_t> moved;
+  for (int32_t id : ids) {
+    Entry& e = params_[id];
+    if (e.states_on_host) continue;
+    if (!e.host_states.defined()) {
+      absl::StatusOr<at::Tensor> host = tier.Allocate(2 * e.shard_numel);
+      if (!host.ok()) return host.status();
+      e.host_states = *std::move(host);
+    }
+    pieces.push_back({std::move(e.exp_avg), std::move(e.exp_avg_sq),
+                      e.host_states});
+    e.exp_avg = at::Tensor();
+    e.exp_avg_sq = at::Tensor();
+    e.states_on_host = true;
+    moved.push_back(id);
+  }
+  if (pieces.empty()) return CollectiveHandle();
+  CollectiveHandle handle =
+      tier.Submit([pieces = std::move(pieces), &tier]() mutable {
+        for (Piece& p : pieces) {
+          const int64_t n = p.avg.numel();
+          tier.Copy(p.avg, p.host.narrow(0, 0, n));
+          tier.Copy(p.avg_sq, p.host.narrow(0, n, n));
+          p.avg = at::Tensor();  // free the device memory now
+          p.avg_sq = at::Tensor();
+        }
+      });
+  for (int32_t id : moved) params_[id].pending_copy = handle;
+  return handle;
+}
+
+CollectiveHandle ShardedParamStore::ReloadStates(absl::Span<const int32_t> ids,
+                                                 HostTier& tier) {
+  struct Piece {
+    at::Tensor host, avg, avg_sq;
+  };
+  std::vector<Piece> pieces;
+  std::vector<int32_t> moved;
+  for (int32_t id : ids) {
+    Entry& e = params_[id];
+    if (!e.states_on_host) continue;
+    e.exp_avg = at::empty_like(e.shard);
+    e.exp_avg_sq = at::empty_like(e.shard);
+    e.states_on_host = false;
+    pieces.push_back({e.host_states, e.exp_avg, e.exp_avg_sq});
+    moved.push_back(id);
+  }
+  if (pieces.empty()) return nullptr;
+  CollectiveHandle handle = tier.Submit([pieces = std::move(pieces), &tier] {
+    for (const Piece& p : pieces) {
+      const int64_t n = p.avg.numel();
+      tier.Copy(p.host.narrow(0, 0, n), p.avg);
+      tier.Copy(p.host.narrow(0, n, n), p.avg_sq);
+    }
+  });
+  for (int32_t id : moved) params_[id].pending_copy = handle;
+  return handle;
+}
+
+void ShardedParamStore::WaitStates() {
+  for (Entry& e : params_) {
+    if (e.pending_copy == nullptr) continue;
+    const absl::Status s = e.pending_copy->Wait();
+    TORCH_CHECK(s.ok(), "moving the optimizer states of '", e.name,
+                "' failed: ", std::string(s.message()));
+    e.pending_copy = nullptr;
+  }
+}
+
 double ShardedParamStore::ShardGradSquaredNorm() const {
   double sum = 0;
   for (const Entry& e : params_) {
@@ -203,14 +284,25 @@ double ShardedParamStore::ShardGradSquaredNorm() const {
   return sum;
 }
 
-void ShardedParamStore::AdamWStep(const AdamWOptions& o, float factor,
-                                  int64_t step) {
+double ShardedParamStore::AdamWStep(const AdamWOptions& o, float factor,
+                                    int64_t step) {
   // torch.optim.AdamW (1.13), operation for operation, on each shard.
   const double bias_correction1 = 1 - std::pow(o.beta1, step);
   const double bias_correction2 = 1 - std::pow(o.beta2, step);
   const double step_size = o.lr / bias_correction1;
   const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+  double waited_s = 0;
   for (Entry& e : params_) {
+    TORCH_CHECK(!e.states_on_host, "the optimizer states of '", e.name,
+                "' are on the host tier; reload them before the step");
+    if (e.pending_copy != nullptr) {
+      const double before = e.pending_copy->waited_s();
+      const absl::Status s = e.pending_copy->Wait();
+      TORCH_CHECK(s.ok(), "reloading the optimizer states of '", e.name,
+                  "' failed: ", std::string(s.message()));
+      waited_s += e.pending_copy->waited_s() - before;
+      e.pending_copy = nullptr;
+    }
     at::Tensor& g = e.shard_grad;
     if (factor != 1.0f) g.mul_(factor);
     e.shard.mul_(1 - o.lr * o.weight_decay);
@@ -221,6 +313,7 @@ void ShardedParamStore::AdamWStep(const AdamWOptions& o, float factor,
     e.shard.addcdiv_(e.exp_avg, denom, -step_size);
     g.zero_();
   }
+  return waited_s;
 }
 
 double ShardedParamStore::ShardParamSum() const {

@@ -8,11 +8,19 @@
 // through an alias of the storage, which leaves the autograd version counter
 // alone, so backward accepts the saved tensors.
 //
+// Optimizer states (the AdamW moments; the fp32 shard is the master copy)
+// can move to a host tier (host_tier.h) and back, on its copy thread:
+// OffloadStates frees their device memory once the copy is done,
+// ReloadStates allocates it again at once and fills it asynchronously, and
+// the optimizer step waits, param by param, only for the states it is about
+// to update.
+//
 // Threading: Gather/Release/ReduceScatterGrads/optimizer calls come from the
 // compute thread; the communication thread packs and unpacks the buffers
 // captured when a collective is submitted (raw storage pointers, shard
 // tensors), which the compute thread does not touch until the collective's
-// handle is done.
+// handle is done. Likewise the copy thread owns the state tensors captured
+// by a copy until its handle is done.
 #ifndef TANDEM_WORKER_RUNTIME_SHARDED_PARAM_STORE_H_
 #define TANDEM_WORKER_RUNTIME_SHARDED_PARAM_STORE_H_
 
@@ -25,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "worker/runtime/communicator.h"
+#include "worker/runtime/host_tier.h"
 #include "worker/runtime/program.h"
 
 namespace tandem {
@@ -51,6 +60,7 @@ class ShardedParamStore {
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
+  at::Device device() const { return device_; }
   int num_params() const { return static_cast<int>(params_.size()); }
   const std::string& name(int32_t id) const { return params_[id].name; }
   int64_t numel(int32_t id) const { return params_[id].numel; }
@@ -74,8 +84,11 @@ class ShardedParamStore {
 
   // Allocates the full storage of `ids` now and fills it from every rank's
   // shard with one all-gather on the communication thread. The params are
-  // usable once the handle is done. `ids` must be released.
-  CollectiveHandle Gather(absl::Span<const int32_t> ids, Communicator& comm);
+  // usable once the handle is done. `ids` must be released, unless
+  // `refresh`: then gathered params are overwritten in place (ZeRO-1's
+  // replicated params after the optimizer updated the shards).
+  CollectiveHandle Gather(absl::Span<const int32_t> ids, Communicator& comm,
+                          bool refresh = false);
   // Frees the full storage of `ids` (waiting first for a gather still in
   // flight). Releasing a released param does nothing.
   void Release(absl::Span<const int32_t> ids);
@@ -87,12 +100,39 @@ class ShardedParamStore {
   CollectiveHandle ReduceScatterGrads(absl::Span<const int32_t> ids,
                                       Communicator& comm);
 
+  // Bytes of optimizer state this rank holds for `id` (AdamW moments).
+  int64_t state_bytes(int32_t id) const {
+    return 2 * params_[id].shard_numel * static_cast<int64_t>(sizeof(float));
+  }
+  // The states of `id` are on the host tier, or on their way there.
+  bool states_on_host(int32_t id) const { return params_[id].states_on_host; }
+  // Copies the states of `ids` that are on the device to `tier` on its copy
+  // thread; their device memory is freed when the copy is done. States
+  // already on the host are left alone. The handle is null when nothing
+  // moves. Errors: the tier cannot allocate host memory.
+  absl::StatusOr<CollectiveHandle> OffloadStates(absl::Span<const int32_t> ids,
+                                                 HostTier& tier);
+  // Allocates device memory for the states of `ids` that are on the host now
+  // and copies them back on `tier`'s copy thread. Null handle when nothing
+  // moves.
+  CollectiveHandle ReloadStates(absl::Span<const int32_t> ids, HostTier& tier);
+  // Blocks until no copy of any state is in flight (checkpoints read them).
+  void WaitStates();
+  // The AdamW moments of `id`: on the device unless states_on_host(id); a
+  // copy may still be filling them (WaitStates first).
+  const at::Tensor& exp_avg(int32_t id) const { return params_[id].exp_avg; }
+  const at::Tensor& exp_avg_sq(int32_t id) const {
+    return params_[id].exp_avg_sq;
+  }
+
   // Sum of squares of this rank's shard gradients.
   double ShardGradSquaredNorm() const;
   // Multiplies every shard gradient by `factor` (clipping) and steps AdamW
   // on the shards, torch.optim.AdamW's update with `step` 1-based; then
-  // zeroes the shard gradients.
-  void AdamWStep(const AdamWOptions& options, float factor, int64_t step);
+  // zeroes the shard gradients. Before each param it waits for a reload of
+  // that param's states still in flight (none may be left on the host).
+  // Returns the seconds spent waiting for reloads.
+  double AdamWStep(const AdamWOptions& options, float factor, int64_t step);
   // float64 sum of this rank's shard values (padding is zero).
   double ShardParamSum() const;
   // The full value of `id` as a new tensor (blocking all-gather).
@@ -109,6 +149,12 @@ class ShardedParamStore {
     at::Tensor exp_avg;
     at::Tensor exp_avg_sq;
     CollectiveHandle pending_gather;
+    // Host-tier copy of the moments: [exp_avg | exp_avg_sq], allocated at the
+    // first offload and kept.
+    at::Tensor host_states;
+    bool states_on_host = false;
+    // The latest offload or reload of the states.
+    CollectiveHandle pending_copy;
   };
   ShardedParamStore(int rank, int world_size, at::Device device)
       : rank_(rank), world_size_(world_size), device_(device) {}

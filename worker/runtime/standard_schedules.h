@@ -1,14 +1,16 @@
 // Schedules the worker can run without a coordinator, built with the
 // planner's own passes so they are exactly what the coordinator would
 // publish: the ZeRO-3 baseline (gather on demand), everything persistent,
-// and a prefetching variant of a schedule made by hoisting its gathers.
-// No libtorch.
+// a prefetching variant of a schedule made by hoisting its gathers, the
+// ZeRO-1 plan, and a schedule's variant that offloads chosen optimizer
+// states. No libtorch.
 #ifndef TANDEM_WORKER_RUNTIME_STANDARD_SCHEDULES_H_
 #define TANDEM_WORKER_RUNTIME_STANDARD_SCHEDULES_H_
 
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/ir/graph.h"
 #include "common/ir/schedule.h"
 
@@ -30,6 +32,26 @@ absl::StatusOr<Schedule> AllPersistentSchedule(const Graph& graph,
 // gathers overlap the preceding nodes' compute.
 absl::StatusOr<Schedule> HoistGathers(const Graph& graph, Schedule schedule,
                                       int distance);
+
+// The zero1 pass's plan: every param replicated, gradients reduce-scattered
+// in buckets of about `bucket_bytes` during backward, updated params
+// all-gathered after the optimizer. 0: the pass's default bucket size.
+absl::StatusOr<Schedule> Zero1Schedule(const Graph& graph, int64_t version = 0,
+                                       int64_t bucket_bytes = 0);
+
+// The schedule a job starts with: Zero1Schedule for `zero_stage` 1,
+// OnDemandSchedule otherwise.
+absl::StatusOr<Schedule> BaselineSchedule(const Graph& graph, int zero_stage,
+                                          int64_t version = 0);
+
+// `schedule` with the optimizer states of `param_ids` offloaded, one entry per
+// param (bytes as the simulator counts them): each copied out after the
+// first forward node and back before the node `reload_lead` nodes before the
+// optimizer (0: right before it), in the order given. Replaces any offload
+// plan `schedule` had.
+absl::StatusOr<Schedule> OffloadStates(const Graph& graph, Schedule schedule,
+                                       absl::Span<const int32_t> param_ids,
+                                       int reload_lead = 0);
 
 }  // namespace tandem
 

@@ -21,6 +21,8 @@
 #include "common/models/graph_builder.h"
 #include "common/models/model_config.h"
 #include "coordinator/analysis/schedule_invariants.h"
+#include "common/sim/simulator.h"
+#include "coordinator/passes/offload_pass.h"
 #include "coordinator/passes/pass_pipeline.h"
 #include "coordinator/passes/planning_context.h"
 #include "coordinator/passes/prefetch_pass.h"
@@ -224,6 +226,33 @@ Schedule Persistent(const Graph& g, int64_t version = 1) {
   EXPECT_TRUE(s.ok()) << s.status();
   return *s;
 }
+// ZeRO-1 with small buckets, so backward issues several reduce-scatters
+// and the optimizer several gathers.
+Schedule Zero1(const Graph& g, int64_t version = 1) {
+  absl::StatusOr<Schedule> s = Zero1Schedule(g, version, 16 << 10);
+  EXPECT_TRUE(s.ok()) << s.status();
+  EXPECT_GT(s->groups.size(), 1u);
+  return *s;
+}
+std::vector<int32_t> AllParams(const Graph& g) {
+  std::vector<int32_t> ids;
+  for (const Param& p : g.params) ids.push_back(p.id);
+  return ids;
+}
+// Every other param: a part of the states, spread over the model.
+std::vector<int32_t> HalfTheParams(const Graph& g) {
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < g.params.size(); i += 2) ids.push_back(g.params[i].id);
+  return ids;
+}
+Schedule Offloaded(const Graph& g, Schedule base,
+                   const std::vector<int32_t>& ids, int reload_lead) {
+  absl::StatusOr<Schedule> s = OffloadStates(g, std::move(base), ids,
+                                             reload_lead);
+  EXPECT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(CheckRunnableSchedule(g, *s).ok()) << CheckRunnableSchedule(g, *s);
+  return *s;
+}
 
 double RelativeError(const at::Tensor& a, const at::Tensor& b) {
   return (a - b).norm().item<double>() /
@@ -280,6 +309,21 @@ TEST_P(NumericsTest, FiveSteps_MatchUnshardedSingleProcess) {
     initial = [](const Graph& g) { return Prefetch(g); };
   } else if (kind == "persistent") {
     initial = [](const Graph& g) { return Persistent(g); };
+  } else if (kind == "offload_all") {
+    // Reloads issued mid-backward, overlapping the last backward nodes.
+    initial = [](const Graph& g) {
+      return Offloaded(g, Prefetch(g), AllParams(g), /*reload_lead=*/3);
+    };
+  } else if (kind == "offload_part") {
+    initial = [](const Graph& g) {
+      return Offloaded(g, OnDemand(g), HalfTheParams(g), /*reload_lead=*/0);
+    };
+  } else if (kind == "zero1") {
+    initial = [](const Graph& g) { return Zero1(g); };
+  } else if (kind == "zero1_offload") {
+    initial = [](const Graph& g) {
+      return Offloaded(g, Zero1(g), HalfTheParams(g), /*reload_lead=*/2);
+    };
   } else {  // switch_at_3: on demand, then all persistent from step 3
     initial = [](const Graph& g) { return OnDemand(g); };
     hook = [](int, int step, Executor& e) {
@@ -334,8 +378,7 @@ INSTANTIATE_TEST_SUITE_P(Policies, PlannerPolicyTest,
 
 // Tandem's passes under a budget a third of the params above the on-demand
 // peak, so prefetch and unshard must choose: a mix of kept-gathered groups,
-// persistent params and hoisted, fused gathers. (Offload is left out: this
-// worker does not run offload plans yet and rejects them.)
+// persistent params and hoisted, fused gathers.
 TEST(NumericsVariantsTest, TandemPassesTightBudget_World3_MatchesUnsharded) {
   ScheduleMaker plan = [](const Graph& derived) {
     Graph graph = derived;
@@ -371,17 +414,161 @@ TEST(NumericsVariantsTest, TandemPassesTightBudget_World3_MatchesUnsharded) {
                          "tandem passes, tight budget");
 }
 
-TEST(ExecutorTest, OffloadPlan_RejectedAsUnimplemented) {
+// The planner's own offload pass under a budget that forces states out
+// (adaptive offload: entries of one param each, reloads chained back from
+// the optimizer), then prefetch: the executor runs its plan with the same
+// numerics.
+TEST(NumericsVariantsTest, AdaptiveOffloadPlan_World2_MatchesUnsharded) {
+  ScheduleMaker plan = [](const Graph& derived) {
+    Graph graph = derived;
+    absl::StatusOr<Graph> estimates =
+        BuildModelGraph(TestModel(2, kMicroBatch));
+    EXPECT_TRUE(estimates.ok());
+    EXPECT_TRUE(AnnotateEstimates(*estimates, graph).ok());
+    HardwareModel hw = HardwareModel::H100(2);
+    absl::StatusOr<SimResult> baseline = Simulate(graph, OnDemand(graph), hw);
+    EXPECT_TRUE(baseline.ok()) << baseline.status();
+    // The loosest of these budgets under which the pass moves some, not
+    // all, of the states (the pass keeps a margin below the budget), else
+    // the tightest.
+    Schedule s;
+    for (double fraction : {0.3, 0.2, 0.1, 0.05, 0.02}) {
+      hw.budget_bytes =
+          baseline->peak_bytes -
+          static_cast<int64_t>(fraction *
+                               baseline->peak_breakdown.optimizer_states);
+      PlanningContext context(graph, hw);
+      PassPipeline pipeline("offload");
+      pipeline.AddPass<Zero3InsertPass>();
+      pipeline.AddPass<OffloadPass>();
+      pipeline.AddPass<PrefetchPass>();
+      pipeline.AddInvariantChecker<GatherBeforeUseChecker>();
+      pipeline.AddInvariantChecker<ReduceOnceChecker>();
+      absl::StatusOr<bool> changed = pipeline.Run(context);
+      EXPECT_TRUE(changed.ok()) << changed.status();
+      s = context.schedule();
+      if (!s.offloads.empty() && s.offloads.size() < graph.params.size()) {
+        break;
+      }
+    }
+    s.version = 1;
+    // On this tiny model the pass's margin may take every param's states.
+    EXPECT_FALSE(s.offloads.empty());
+    std::printf("adaptive offload: %zu of %zu params' states\n",
+                s.offloads.size(), graph.params.size());
+    return s;
+  };
+  ExpectMatchesReference(2, "", plan, nullptr, std::vector<int64_t>(kSteps, 1),
+                         "adaptive offload plan");
+}
+
+// grad_accum 2 with ZeRO-1: gradients accumulate across micro-batches in the
+// replicated params and are reduced once.
+TEST(NumericsVariantsTest, GradAccum2_World2Zero1_MatchesUnsharded) {
+  ExpectMatchesReference(
+      2, "grad_accum=2", [](const Graph& g) { return Zero1(g); }, nullptr,
+      std::vector<int64_t>(kSteps, 1), "grad_accum 2 zero1");
+}
+
+TEST(ExecutorTest, PartialOffloadEntry_RejectedAsUnimplemented) {
   const ModelConfig config = TestModel(2, kMicroBatch);
   absl::StatusOr<Program> program = BuildModelProgram(config, kSeed);
   ASSERT_TRUE(program.ok());
   absl::StatusOr<Graph> graph = GraphOf(*program, config);
   ASSERT_TRUE(graph.ok());
-  Schedule schedule = OnDemand(*graph);
-  schedule.offloads.push_back({0, {1, 2}, 1024});
+  Schedule schedule = Offloaded(*graph, OnDemand(*graph), {1, 2}, 0);
+  schedule.offloads[0].bytes = 16;
   const absl::Status status = CheckRunnableSchedule(*graph, schedule);
   EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(status.message().find("offload"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("whole params' states"), std::string::npos)
+      << status;
+  schedule = Offloaded(*graph, OnDemand(*graph), {1, 2}, 0);
+  schedule.offloads[1].param_ids = {1};
+  EXPECT_EQ(CheckRunnableSchedule(*graph, schedule).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ExecutorTest, Zero1WithoutRefreshAfterOptimizer_Rejected) {
+  const ModelConfig config = TestModel(2, kMicroBatch);
+  absl::StatusOr<Program> program = BuildModelProgram(config, kSeed);
+  ASSERT_TRUE(program.ok());
+  absl::StatusOr<Graph> graph = GraphOf(*program, config);
+  ASSERT_TRUE(graph.ok());
+  Schedule schedule = Zero1(*graph);
+  ASSERT_TRUE(CheckRunnableSchedule(*graph, schedule).ok());
+  // Drop the last group's WAIT: its params would be read while stale.
+  const int32_t last = schedule.groups.back().id;
+  schedule.actions.erase(
+      std::remove_if(schedule.actions.begin(), schedule.actions.end(),
+                     [&](const Action& a) {
+                       return a.kind == ActionKind::kWait && a.group_id == last;
+                     }),
+      schedule.actions.end());
+  const absl::Status status = CheckRunnableSchedule(*graph, schedule);
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("zero1"), std::string::npos) << status;
+}
+
+TEST(ExecutorTest, OfferOfOtherMode_RefusedAndTrainingGoesOn) {
+  const ShardedRun run = TrainSharded(
+      2, 3, [](const Graph& g) { return OnDemand(g); },
+      [](int, int step, Executor& e) {
+        if (step != 0) return;
+        const absl::Status s = e.OfferSchedule(Zero1(e.graph(), 2));
+        EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+        EXPECT_NE(s.message().find("zero_stage"), std::string::npos) << s;
+      });
+  EXPECT_EQ(run.versions[0], std::vector<int64_t>({1, 1, 1}));
+}
+
+// Offloading every param's states after the first forward node and
+// reloading them right before the optimizer lowers the counted peak (in
+// backward, where activations are largest) by the states' size.
+TEST(ExecutorTest, OffloadAllStates_LowersCountedPeakByStateBytes) {
+  const ModelConfig config = TestModel(1, 32, "d_model=64 vocab=1024");
+  CountingCpuAllocator* meter = CountingCpuAllocator::Get();
+  int64_t peaks[2] = {0, 0};
+  int64_t offloaded[2] = {0, 0};
+  int64_t state_bytes = 0;
+  for (int offload = 0; offload < 2; ++offload) {
+    RunLoopbackWorld(1, [&](int rank, Communicator& comm) {
+      auto program = BuildModelProgram(config, kSeed);
+      ASSERT_TRUE(program.ok());
+      auto graph = GraphOf(*program, config);
+      ASSERT_TRUE(graph.ok());
+      auto store = ShardedParamStore::Create(*program, rank, 1);
+      ASSERT_TRUE(store.ok());
+      state_bytes = 0;
+      for (int id = 0; id < (*store)->num_params(); ++id) {
+        state_bytes += (*store)->state_bytes(id);
+      }
+      const Schedule schedule =
+          offload ? Offloaded(*graph, OnDemand(*graph), AllParams(*graph), 0)
+                  : OnDemand(*graph);
+      auto executor = Executor::Create(&*program, *graph, store->get(), &comm,
+                                       meter, schedule, {});
+      ASSERT_TRUE(executor.ok()) << executor.status();
+      auto data = MakeSyntheticTokens(kSeed, config.vocab, config.seq_len);
+      for (int step = 0; step < 3; ++step) {
+        auto batches = ReadRankBatches(*data, step, 1, 0, 1, 32);
+        ASSERT_TRUE(batches.ok());
+        auto stats = (*executor)->RunStep(*batches);
+        ASSERT_TRUE(stats.ok()) << stats.status();
+        peaks[offload] = stats->peak_bytes;
+        offloaded[offload] = stats->offloaded_bytes;
+      }
+    });
+  }
+  const int64_t lowered = peaks[0] - peaks[1];
+  std::printf("peak %lld -> %lld B: lowered by %lld, states %lld B\n",
+              static_cast<long long>(peaks[0]),
+              static_cast<long long>(peaks[1]),
+              static_cast<long long>(lowered),
+              static_cast<long long>(state_bytes));
+  EXPECT_EQ(offloaded[0], 0);
+  EXPECT_EQ(offloaded[1], state_bytes);
+  EXPECT_NEAR(static_cast<double>(lowered), static_cast<double>(state_bytes),
+              0.05 * static_cast<double>(state_bytes));
 }
 
 TEST(NumericsVariantsTest, GradAccum2_World2Prefetch_MatchesUnsharded) {
@@ -401,7 +588,9 @@ INSTANTIATE_TEST_SUITE_P(
     WorldsAndSchedules, NumericsTest,
     testing::Combine(testing::Values(1, 2, 3),
                      testing::Values("on_demand", "prefetch", "persistent",
-                                     "switch_at_3")),
+                                     "switch_at_3", "offload_all",
+                                     "offload_part", "zero1",
+                                     "zero1_offload")),
     [](const testing::TestParamInfo<NumericsTest::ParamType>& info) {
       return absl::StrCat("World", std::get<0>(info.param), "_",
                           std::get<1>(info.param));

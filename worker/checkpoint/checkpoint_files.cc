@@ -1,0 +1,393 @@
+#include "worker/checkpoint/checkpoint_files.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace tandem {
+namespace {
+
+constexpr char kMagic[8] = {'T', 'N', 'D', 'M', 'C', 'K', 'P', 'T'};
+constexpr size_t kHeaderBytes = 8 + 4 + 4 + 8;
+constexpr char kManifest[] = "MANIFEST";
+
+absl::Status Errno(absl::string_view what, const std::string& path) {
+  return absl::UnavailableError(
+      absl::StrCat(what, " '", path, "': ", std::strerror(errno)));
+}
+
+absl::Status MakeDirs(const std::string& dir) {
+  std::string prefix;
+  for (absl::string_view part : absl::StrSplit(dir, '/')) {
+    absl::StrAppend(&prefix, part, "/");
+    if (part.empty()) continue;
+    if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+      return Errno("cannot create checkpoint directory", prefix);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SyncDir(const std::string& dir) {
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return Errno("cannot open", dir);
+  const int rc = fsync(fd);
+  close(fd);
+  return rc == 0 ? absl::OkStatus() : Errno("cannot fsync", dir);
+}
+
+// temp file, fsync, rename, fsync of the directory.
+absl::Status WriteAtomically(const std::string& dir, const std::string& name,
+                             absl::string_view data) {
+  const std::string path = absl::StrCat(dir, "/", name);
+  const std::string tmp = absl::StrCat(path, ".tmp");
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return Errno("cannot create", tmp);
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      absl::Status s = Errno("cannot write", tmp);
+      close(fd);
+      return s;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (fsync(fd) != 0) {
+    absl::Status s = Errno("cannot fsync", tmp);
+    close(fd);
+    return s;
+  }
+  if (close(fd) != 0) return Errno("cannot close", tmp);
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    return Errno("cannot rename into", path);
+  }
+  return SyncDir(dir);
+}
+
+absl::StatusOr<std::string> ReadWhole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("no file '", path, "'"));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+template <typename T>
+void Put(std::string& out, T value) {
+  char bytes[sizeof(T)];
+  std::memcpy(bytes, &value, sizeof(T));  // little-endian hosts only
+  out.append(bytes, sizeof(T));
+}
+
+// Reads from a payload, failing (ok = false) instead of running past it.
+class Reader {
+ public:
+  explicit Reader(absl::string_view data) : data_(data) {}
+  template <typename T>
+  T Get() {
+    T value{};
+    if (!ok_ || data_.size() < sizeof(T)) {
+      ok_ = false;
+      return value;
+    }
+    std::memcpy(&value, data_.data(), sizeof(T));
+    data_.remove_prefix(sizeof(T));
+    return value;
+  }
+  absl::string_view Bytes(uint64_t n) {
+    if (!ok_ || data_.size() < n) {
+      ok_ = false;
+      return {};
+    }
+    absl::string_view out = data_.substr(0, n);
+    data_.remove_prefix(n);
+    return out;
+  }
+  bool ok() const { return ok_; }
+  bool done() const { return data_.empty(); }
+
+ private:
+  absl::string_view data_;
+  bool ok_ = true;
+};
+
+std::string MetaText(const CheckpointMeta& m, int32_t rank) {
+  return absl::StrCat("step=", m.step, "\nworld=", m.world_size,
+                      "\nrank=", rank, "\ngraph_hash=", m.graph_hash,
+                      "\ndata_step=", m.data_step, "\n");
+}
+
+std::string RankFileName(int32_t rank) {
+  return absl::StrCat("rank-", rank, ".ckpt");
+}
+
+}  // namespace
+
+const std::string* RankCheckpoint::Find(absl::string_view name) const {
+  for (const auto& [n, bytes] : blobs) {
+    if (n == name) return &bytes;
+  }
+  return nullptr;
+}
+
+uint64_t CheckpointChecksum(absl::string_view bytes) {
+  uint64_t h = 14695981039346656037ull ^ bytes.size();
+  size_t i = 0;
+  for (; i + 8 <= bytes.size(); i += 8) {
+    uint64_t word;
+    std::memcpy(&word, bytes.data() + i, 8);
+    h = (h ^ word) * 1099511628211ull;
+  }
+  if (i < bytes.size()) {
+    uint64_t word = 0;
+    std::memcpy(&word, bytes.data() + i, bytes.size() - i);
+    h = (h ^ word) * 1099511628211ull;
+  }
+  return h;
+}
+
+std::string CheckpointDirectory::StepDir(int64_t step) const {
+  return absl::StrFormat("%s/step-%08d", dir_, step);
+}
+
+absl::Status CheckpointDirectory::WriteRank(const RankCheckpoint& state) const {
+  std::string payload;
+  const std::string meta = MetaText(state.meta, state.rank);
+  Put<uint32_t>(payload, static_cast<uint32_t>(meta.size()));
+  payload += meta;
+  Put<uint32_t>(payload, static_cast<uint32_t>(state.blobs.size()));
+  for (const auto& [name, bytes] : state.blobs) {
+    Put<uint32_t>(payload, static_cast<uint32_t>(name.size()));
+    payload += name;
+    Put<uint64_t>(payload, bytes.size());
+    payload += bytes;
+  }
+  std::string file(kMagic, sizeof(kMagic));
+  Put<uint32_t>(file, kCheckpointFormatVersion);
+  Put<uint32_t>(file, 0);
+  Put<uint64_t>(file, payload.size());
+  file += payload;
+  Put<uint64_t>(file, CheckpointChecksum(payload));
+  const std::string dir = StepDir(state.meta.step);
+  if (absl::Status s = MakeDirs(dir); !s.ok()) return s;
+  return WriteAtomically(dir, RankFileName(state.rank), file);
+}
+
+absl::Status CheckpointDirectory::WriteManifest(
+    const CheckpointMeta& meta) const {
+  std::string text =
+      absl::StrCat("tandem-checkpoint ", kCheckpointFormatVersion, "\nstep ",
+                   meta.step, "\nworld ", meta.world_size, "\ngraph_hash ",
+                   meta.graph_hash, "\ndata_step ", meta.data_step, "\nfiles");
+  for (int32_t r = 0; r < meta.world_size; ++r) {
+    absl::StrAppend(&text, " ", RankFileName(r));
+  }
+  text += "\n";
+  absl::StrAppend(&text, "checksum ",
+                  absl::StrFormat("%016x", CheckpointChecksum(text)), "\n");
+  return WriteAtomically(StepDir(meta.step), kManifest, text);
+}
+
+std::vector<int64_t> CheckpointDirectory::ListWithManifest() const {
+  std::vector<int64_t> steps;
+  DIR* d = opendir(dir_.c_str());
+  if (d == nullptr) return steps;
+  while (dirent* e = readdir(d)) {
+    absl::string_view name = e->d_name;
+    int64_t step = 0;
+    if (!absl::ConsumePrefix(&name, "step-") ||
+        !absl::SimpleAtoi(name, &step)) {
+      continue;
+    }
+    struct stat st;
+    if (stat(absl::StrCat(StepDir(step), "/", kManifest).c_str(), &st) == 0) {
+      steps.push_back(step);
+    }
+  }
+  closedir(d);
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+absl::StatusOr<CheckpointMeta> CheckpointDirectory::ReadManifest(
+    int64_t step) const {
+  const std::string path = absl::StrCat(StepDir(step), "/", kManifest);
+  absl::StatusOr<std::string> text = ReadWhole(path);
+  if (!text.ok()) return text.status();
+  const size_t last = text->rfind("checksum ");
+  auto corrupt = [&](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat("manifest '", path, "' ", why));
+  };
+  if (last == std::string::npos) return corrupt("is truncated (no checksum)");
+  uint64_t expected = 0;
+  absl::string_view sum =
+      absl::StripAsciiWhitespace(absl::string_view(*text).substr(last + 9));
+  if (!absl::SimpleHexAtoi(sum, &expected) ||
+      expected !=
+          CheckpointChecksum(absl::string_view(*text).substr(0, last))) {
+    return corrupt("is corrupted (checksum mismatch)");
+  }
+  CheckpointMeta meta;
+  int64_t version = -1;
+  bool has_step = false, has_world = false;
+  for (absl::string_view line :
+       absl::StrSplit(absl::string_view(*text).substr(0, last), '\n')) {
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(line, absl::MaxSplits(' ', 1));
+    if (kv.first == "tandem-checkpoint") {
+      if (!absl::SimpleAtoi(kv.second, &version)) return corrupt("bad version");
+    } else if (kv.first == "step") {
+      has_step = absl::SimpleAtoi(kv.second, &meta.step);
+    } else if (kv.first == "world") {
+      has_world = absl::SimpleAtoi(kv.second, &meta.world_size);
+    } else if (kv.first == "graph_hash") {
+      meta.graph_hash = std::string(kv.second);
+    } else if (kv.first == "data_step") {
+      if (!absl::SimpleAtoi(kv.second, &meta.data_step)) {
+        return corrupt("bad data_step");
+      }
+    }
+  }
+  if (version < 0) return corrupt("has no format version");
+  if (version != kCheckpointFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", StepDir(step), " has format version ", version,
+        "; this worker reads version ", kCheckpointFormatVersion,
+        ": resume with the Tandem release that wrote it, or point "
+        "checkpoint.dir elsewhere to start afresh"));
+  }
+  if (!has_step || !has_world || meta.step != step) {
+    return corrupt("does not name this checkpoint's step and world");
+  }
+  return meta;
+}
+
+absl::StatusOr<RankCheckpoint> CheckpointDirectory::ReadRank(
+    const CheckpointMeta& meta, int32_t rank) const {
+  const std::string path =
+      absl::StrCat(StepDir(meta.step), "/", RankFileName(rank));
+  absl::StatusOr<std::string> file = ReadWhole(path);
+  if (!file.ok()) return file.status();
+  auto bad = [&](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat("'", path, "' is ", why));
+  };
+  if (file->size() < kHeaderBytes ||
+      std::memcmp(file->data(), kMagic, sizeof(kMagic)) != 0) {
+    return file->size() < kHeaderBytes ? bad("truncated (no header)")
+                                       : bad("corrupted (not a checkpoint)");
+  }
+  Reader header(absl::string_view(*file).substr(8, kHeaderBytes - 8));
+  const uint32_t version = header.Get<uint32_t>();
+  header.Get<uint32_t>();
+  const uint64_t length = header.Get<uint64_t>();
+  if (version != kCheckpointFormatVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", path, "' has format version ", version,
+                     "; this worker reads version ", kCheckpointFormatVersion));
+  }
+  if (file->size() < kHeaderBytes + length + 8) {
+    return bad(absl::StrCat("truncated (", file->size(), " of ",
+                            kHeaderBytes + length + 8, " bytes)"));
+  }
+  if (file->size() > kHeaderBytes + length + 8) {
+    return bad("corrupted (longer than its header says)");
+  }
+  const absl::string_view payload =
+      absl::string_view(*file).substr(kHeaderBytes, length);
+  uint64_t checksum = 0;
+  std::memcpy(&checksum, file->data() + kHeaderBytes + length, 8);
+  if (checksum != CheckpointChecksum(payload)) {
+    return bad("corrupted (checksum mismatch)");
+  }
+  Reader r(payload);
+  RankCheckpoint out;
+  out.rank = rank;
+  const absl::string_view meta_text = r.Bytes(r.Get<uint32_t>());
+  const uint32_t count = r.Get<uint32_t>();
+  for (uint32_t i = 0; i < count && r.ok(); ++i) {
+    std::string name(r.Bytes(r.Get<uint32_t>()));
+    std::string bytes(r.Bytes(r.Get<uint64_t>()));
+    out.blobs.emplace_back(std::move(name), std::move(bytes));
+  }
+  if (!r.ok() || !r.done()) return bad("corrupted (bad structure)");
+  int32_t file_rank = -1;
+  for (absl::string_view line : absl::StrSplit(meta_text, '\n')) {
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(line, absl::MaxSplits('=', 1));
+    if (kv.first == "step") (void)absl::SimpleAtoi(kv.second, &out.meta.step);
+    if (kv.first == "world") {
+      (void)absl::SimpleAtoi(kv.second, &out.meta.world_size);
+    }
+    if (kv.first == "rank") (void)absl::SimpleAtoi(kv.second, &file_rank);
+    if (kv.first == "graph_hash") out.meta.graph_hash = std::string(kv.second);
+    if (kv.first == "data_step") {
+      (void)absl::SimpleAtoi(kv.second, &out.meta.data_step);
+    }
+  }
+  if (out.meta.step != meta.step || out.meta.world_size != meta.world_size ||
+      out.meta.graph_hash != meta.graph_hash ||
+      out.meta.data_step != meta.data_step || file_rank != rank) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", path, "' does not match its manifest (",
+                     MetaText(out.meta, file_rank), ")"));
+  }
+  return out;
+}
+
+void CheckpointDirectory::Prune(int keep) const {
+  const std::vector<int64_t> complete = ListWithManifest();
+  if (complete.empty()) return;
+  std::vector<int64_t> doomed;
+  for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < complete.size();
+       ++i) {
+    doomed.push_back(complete[i]);
+  }
+  DIR* d = opendir(dir_.c_str());
+  if (d == nullptr) return;
+  while (dirent* e = readdir(d)) {
+    absl::string_view name = e->d_name;
+    int64_t step = 0;
+    if (absl::ConsumePrefix(&name, "step-") && absl::SimpleAtoi(name, &step) &&
+        step < complete.front() &&
+        std::find(complete.begin(), complete.end(), step) == complete.end()) {
+      doomed.push_back(step);
+    }
+  }
+  closedir(d);
+  for (int64_t step : doomed) {
+    const std::string dir = StepDir(step);
+    // The manifest first: a half-removed checkpoint is then incomplete.
+    std::remove(absl::StrCat(dir, "/", kManifest).c_str());
+    if (DIR* sd = opendir(dir.c_str())) {
+      std::vector<std::string> names;
+      while (dirent* e = readdir(sd)) {
+        if (e->d_name[0] != '.') names.push_back(e->d_name);
+      }
+      closedir(sd);
+      for (const std::string& n : names) {
+        std::remove(absl::StrCat(dir, "/", n).c_str());
+      }
+    }
+    rmdir(dir.c_str());
+  }
+}
+
+}  // namespace tandem

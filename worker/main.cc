@@ -6,6 +6,9 @@
 //   tandem-worker --standalone --spec job.yaml --rank R --world W
 //                 --rendezvous HOST:PORT [--schedule FILE]
 //                 [--profile-out FILE] [--threads N] [--timeout-s S]
+//   both modes: [--offload-dir DIR], where the host tier's files go when a
+//   schedule offloads optimizer states (default: $TANDEM_OFFLOAD_DIR,
+//   $TMPDIR or /tmp)
 //
 // Agent mode (the default) runs a rank of a coordinator's job: the spec,
 // rank and rendezvous come from the coordinator. Standalone mode trains
@@ -42,7 +45,8 @@ constexpr char kUsage[] =
     "[--health-listen HOST:PORT] [--world W]\n"
     "       tandem-worker --standalone --spec job.yaml --rank R --world W "
     "--rendezvous HOST:PORT [--schedule FILE] [--profile-out FILE] "
-    "[--threads N] [--timeout-s S]\n";
+    "[--threads N] [--timeout-s S]\n"
+    "       both modes: [--offload-dir DIR]\n";
 
 // The stop signal received in agent mode (0: none); RunAgent acts on it.
 std::atomic<int> g_stop_signal{0};
@@ -63,6 +67,7 @@ int main(int argc, char** argv) {
 
   bool standalone = false;
   std::string spec_path, rendezvous, schedule_path, profile_out;
+  std::string offload_dir;
   std::string coordinator, job_id, bind_host = "127.0.0.1", health_listen;
   int rank = -1, world = -1, threads = 0, timeout_s = 300, profile_window = 0;
   int slow_from_step = 0;
@@ -89,6 +94,8 @@ int main(int argc, char** argv) {
       ok = value(&schedule_path);
     } else if (arg == "--profile-out") {
       ok = value(&profile_out);
+    } else if (arg == "--offload-dir") {
+      ok = value(&offload_dir);
     } else if (arg == "--rank") {
       ok = int_value(&rank);
     } else if (arg == "--world") {
@@ -146,6 +153,7 @@ int main(int argc, char** argv) {
     options.hostname = host;
     options.bind_host = bind_host;
     options.threads = threads;
+    options.offload_dir = offload_dir;
     options.profile_window = profile_window;
     options.slow_node_ms = slow_node_ms;
     options.slow_from_step = slow_from_step;
@@ -193,6 +201,7 @@ int main(int argc, char** argv) {
   options.schedule_path = schedule_path;
   options.profile_out = profile_out;
   options.threads = threads;
+  options.offload_dir = offload_dir;
 
   status = tandem::RunStandalone(options, std::cout);
   if (!status.ok()) {

@@ -30,6 +30,8 @@ struct AgentTrainerOptions {
   // Address Gloo binds for this rank's connections.
   std::string bind_host = "127.0.0.1";
   int threads = 0;
+  // Host-tier directory for offloaded optimizer states (empty: the default).
+  std::string offload_dir;
   std::chrono::milliseconds heartbeat_interval{1000};
   // Iterations per profile window sent to the coordinator (0: the spec's
   // optimize.warmup_steps, at least 1).

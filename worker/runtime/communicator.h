@@ -53,11 +53,11 @@ class CollectiveWork {
 
  private:
   friend class Communicator;
+  friend class HostTier;  // copies use the same handles
   void Finish(absl::Status status);
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  friend class HostTier;  // copies use the same handles
   bool done_ = false;
   absl::Status status_;
   SteadyTime issued_;

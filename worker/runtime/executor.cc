@@ -555,12 +555,12 @@ absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
   stats->exposed_comm_s = it_->exposed_s;
   stats->peak_bytes = meter_->peak_bytes();
   stats->schedule_version = version;
+  stats->exposed_copy_s = copy_wait_s;
+  stats->offloaded_bytes = it_->max_offloaded_bytes;
   profiler_.EndIteration(stats->iteration_s, stats->peak_bytes);
   if (options_.budget_bytes > 0 && stats->peak_bytes > options_.budget_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "step ", stats->step, ": peak memory ", stats->peak_bytes,
-  stats->exposed_copy_s = copy_wait_s;
-  stats->offloaded_bytes = it_->max_offloaded_bytes;
         " B exceeds memory.budget_bytes ", options_.budget_bytes,
         " B under schedule v", version,
         "; raise the budget or use a schedule that keeps fewer params "

@@ -1,8 +1,14 @@
 #include "worker/runtime/training_job.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
+#include <mutex>
 #include <utility>
 #include <vector>
+
+#include "ATen/ATen.h"
+#include "ATen/CPUGeneratorImpl.h"
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -12,6 +18,7 @@
 #include "common/status_macros.h"
 #include "worker/data/micro_batch.h"
 #include "worker/models/builtin_models.h"
+#include "worker/runtime/torch_status.h"
 
 namespace tandem {
 namespace {
@@ -37,18 +44,90 @@ absl::Status CheckSameGraph(const Graph& graph, Communicator& comm) {
   return absl::OkStatus();
 }
 
+// Complete checkpoints kept besides the newest (a corrupted newest one
+// falls back to these).
+constexpr int kCheckpointsKept = 3;
+
+std::string ParamBlob(const ShardedParamStore& store, int32_t id,
+                      absl::string_view what) {
+  return absl::StrCat("param/", store.name(id), "/", what);
+}
+
+std::string TensorBytes(const at::Tensor& t) {
+  const at::Tensor cpu = t.to(at::kCPU).contiguous();
+  return std::string(static_cast<const char*>(cpu.data_ptr()), cpu.nbytes());
+}
+
+// Fills `state` with the shards, the AdamW moments (on the device: the
+// optimizer just used them) and the CPU RNG's state.
+void FillCheckpoint(const ShardedParamStore& store, RankCheckpoint& state) {
+  for (int32_t id = 0; id < store.num_params(); ++id) {
+    TORCH_CHECK(!store.states_on_host(id), "states of '", store.name(id),
+                "' are on the host tier at a checkpoint");
+    state.blobs.emplace_back(ParamBlob(store, id, "shard"),
+                             TensorBytes(store.shard(id)));
+    state.blobs.emplace_back(ParamBlob(store, id, "exp_avg"),
+                             TensorBytes(store.exp_avg(id)));
+    state.blobs.emplace_back(ParamBlob(store, id, "exp_avg_sq"),
+                             TensorBytes(store.exp_avg_sq(id)));
+  }
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  state.blobs.emplace_back("rng/cpu", TensorBytes(gen.get_state()));
+}
+
+// Every blob Restore needs is there with the store's sizes.
+absl::Status CheckRestorable(const RankCheckpoint& state,
+                             const ShardedParamStore& store) {
+  for (int32_t id = 0; id < store.num_params(); ++id) {
+    const size_t bytes =
+        static_cast<size_t>(store.shard_numel(id)) * sizeof(float);
+    for (const char* what : {"shard", "exp_avg", "exp_avg_sq"}) {
+      const std::string name = ParamBlob(store, id, what);
+      const std::string* blob = state.Find(name);
+      if (blob == nullptr || blob->size() != bytes) {
+        return absl::DataLossError(absl::StrCat(
+            "blob '", name, "' is ", blob == nullptr ? "missing" : "mis-sized",
+            " (expected ", bytes, " bytes)"));
+      }
+    }
+  }
+  if (state.Find("rng/cpu") == nullptr) {
+    return absl::DataLossError("blob 'rng/cpu' is missing");
+  }
+  return absl::OkStatus();
+}
+
+void CopyInto(const std::string& bytes, const at::Tensor& dst) {
+  const at::Tensor src = at::from_blob(const_cast<char*>(bytes.data()),
+                                       {dst.numel()}, dst.options().device(
+                                                          at::kCPU));
+  at::Tensor out = dst;
+  out.copy_(src);
+}
+
+void Restore(const RankCheckpoint& state, ShardedParamStore& store) {
+  for (int32_t id = 0; id < store.num_params(); ++id) {
+    CopyInto(*state.Find(ParamBlob(store, id, "shard")), store.shard(id));
+    CopyInto(*state.Find(ParamBlob(store, id, "exp_avg")), store.exp_avg(id));
+    CopyInto(*state.Find(ParamBlob(store, id, "exp_avg_sq")),
+             store.exp_avg_sq(id));
+  }
+  const std::string& rng = *state.Find("rng/cpu");
+  at::Tensor rng_state = at::empty({static_cast<int64_t>(rng.size())}, at::kByte);
+  std::memcpy(rng_state.data_ptr(), rng.data(), rng.size());
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(rng_state);
+}
+
 }  // namespace
 
 absl::StatusOr<ModelParts> PrepareModel(const v1::JobSpec& spec, int world) {
-  if (spec.parallel().zero_stage() != 3) {
+  if (spec.parallel().zero_stage() != 3 && spec.parallel().zero_stage() != 1) {
     return absl::UnimplementedError(
         absl::StrCat("parallel.zero_stage ", spec.parallel().zero_stage(),
-                     " is not supported by this worker yet; use 3"));
-  }
-  if (!spec.checkpoint().dir().empty()) {
-    std::fprintf(stderr,
-                 "tandem-worker: checkpoint.dir is set but checkpoints are "
-                 "not written yet; training continues without them\n");
+                     " is not supported by this worker; use 1 or 3"));
   }
   v1::JobSpec at_world = spec;
   at_world.mutable_parallel()->set_world_size(world);
@@ -68,7 +147,17 @@ absl::StatusOr<ModelParts> PrepareModel(const v1::JobSpec& spec, int world) {
 absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
     const v1::JobSpec& spec, const ModelParts* model, int rank, int world,
     c10::intrusive_ptr<c10d::ProcessGroup> group, Schedule initial,
-    MemoryMeter* meter) {
+    MemoryMeter* meter, const TrainingJobOptions& options) {
+  const ShardingMode mode = spec.parallel().zero_stage() == 1
+                                ? ShardingMode::kZero1
+                                : ShardingMode::kZero3;
+  if (initial.mode != mode) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "schedule v", initial.version, " is a ", ShardingModeName(initial.mode),
+        " schedule, but the job spec says parallel.zero_stage ",
+        spec.parallel().zero_stage(), "; plan the schedule for ",
+        ShardingModeName(mode)));
+  }
   std::unique_ptr<TrainingJob> job(new TrainingJob());
   job->model_ = model;
   job->rank_ = rank;
@@ -86,7 +175,15 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
   RETURN_IF_ERROR(CheckSameGraph(model->graph, *job->comm_));
   ASSIGN_OR_RETURN(job->store_,
                    ShardedParamStore::Create(model->program, rank, world));
+  if (!spec.checkpoint().dir().empty()) {
+    job->checkpoints_ =
+        std::make_unique<CheckpointDirectory>(spec.checkpoint().dir());
+    job->checkpoint_every_ = spec.checkpoint().every();
+    ASSIGN_OR_RETURN(job->first_step_, job->Resume());
+  }
   ExecutorOptions exec;
+  exec.offload_dir = options.offload_dir;
+  exec.first_step = job->first_step_;
   exec.adamw.lr = spec.train().lr();
   exec.adamw.beta1 = spec.train().beta1();
   exec.adamw.beta2 = spec.train().beta2();
@@ -102,11 +199,141 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
 }
 
 absl::StatusOr<StepStats> TrainingJob::Step(int64_t step) {
+  ASSIGN_OR_RETURN(StepStats stats, RunAndReport(step));
+  if (checkpoints_ != nullptr && (step + 1) % checkpoint_every_ == 0) {
+    RETURN_IF_ERROR(WriteCheckpoint(step + 1));
+  }
+  return stats;
+}
+
+absl::StatusOr<StepStats> TrainingJob::RunAndReport(int64_t step) {
   const ModelConfig& config = model_->config;
   ASSIGN_OR_RETURN(std::vector<MicroBatch> batches,
                    ReadRankBatches(*data_, step, config.grad_accum, rank_,
                                    world_, config.micro_batch));
   return executor_->RunStep(batches);
+}
+
+absl::StatusOr<int64_t> TrainingJob::Resume() {
+  const std::string hash = model_->graph.StructuralHash();
+  const std::vector<int64_t> steps = checkpoints_->ListWithManifest();
+  // Every rank must choose the same checkpoint: they must see one directory.
+  ASSIGN_OR_RETURN(
+      std::vector<double> seen,
+      comm_->AllGatherScalars({static_cast<double>(steps.size()),
+                               steps.empty() ? -1.0 : steps.front()}));
+  for (int r = 0; r < world_; ++r) {
+    if (seen[2 * r] != seen[0] || seen[2 * r + 1] != seen[1]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", r, " sees other checkpoints in '", checkpoints_->dir(),
+          "' than rank 0; checkpoint.dir must be one directory shared by "
+          "every rank"));
+    }
+  }
+  for (int64_t step : steps) {
+    const std::string where = checkpoints_->StepDir(step);
+    absl::Status problem;
+    RankCheckpoint state;
+    absl::StatusOr<CheckpointMeta> meta = checkpoints_->ReadManifest(step);
+    if (meta.ok()) {
+      // Every rank reads the same manifest, so all refuse together.
+      if (meta->world_size != world_) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "checkpoint ", where, " was written by ", meta->world_size,
+            " ranks, but this job runs ", world_,
+            "; resume it with parallel.world_size ", meta->world_size,
+            ", or point checkpoint.dir at an empty directory to start "
+            "afresh"));
+      }
+      if (meta->graph_hash != hash) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "checkpoint ", where, " is of another model (graph ",
+            meta->graph_hash, ", this job's is ", hash,
+            "); resume it with the job spec that wrote it, or point "
+            "checkpoint.dir at an empty directory to start afresh"));
+      }
+      absl::StatusOr<RankCheckpoint> read = checkpoints_->ReadRank(*meta, rank_);
+      if (read.ok()) {
+        state = *std::move(read);
+        problem = CheckRestorable(state, *store_);
+      } else {
+        problem = read.status();
+      }
+    } else if (meta.status().code() == absl::StatusCode::kFailedPrecondition) {
+      return meta.status();  // another format version
+    } else {
+      problem = meta.status();
+    }
+    ASSIGN_OR_RETURN(std::vector<double> usable,
+                     comm_->AllGatherScalars({problem.ok() ? 1.0 : 0.0}));
+    const bool everyone =
+        std::all_of(usable.begin(), usable.end(), [](double v) { return v; });
+    if (!problem.ok()) {
+      std::fprintf(stderr,
+                   "tandem-worker rank %d: checkpoint %s is unusable: %s; "
+                   "falling back to the previous complete checkpoint\n",
+                   rank_, where.c_str(),
+                   std::string(problem.message()).c_str());
+      continue;
+    }
+    if (!everyone) {
+      std::fprintf(stderr,
+                   "tandem-worker rank %d: checkpoint %s is unusable on "
+                   "another rank; falling back to the previous complete "
+                   "checkpoint\n",
+                   rank_, where.c_str());
+      continue;
+    }
+    RETURN_IF_ERROR(
+        TorchCall("restoring a checkpoint", [&] { Restore(state, *store_); }));
+    std::fprintf(stderr, "tandem-worker rank %d: resumed from %s (step %lld)\n",
+                 rank_, where.c_str(), static_cast<long long>(step));
+    return meta->data_step;
+  }
+  if (!steps.empty()) {
+    std::fprintf(stderr,
+                 "tandem-worker rank %d: no usable checkpoint in '%s'; "
+                 "starting from step 0\n",
+                 rank_, checkpoints_->dir().c_str());
+  }
+  return 0;
+}
+
+absl::Status TrainingJob::WriteCheckpoint(int64_t steps_done) {
+  RankCheckpoint state;
+  state.meta.step = steps_done;
+  state.meta.world_size = world_;
+  state.meta.graph_hash = model_->graph.StructuralHash();
+  state.meta.data_step = steps_done;  // batches are indexed by step
+  state.rank = rank_;
+  absl::Status written = TorchCall("checkpointing", [&] {
+    store_->WaitStates();
+    FillCheckpoint(*store_, state);
+  });
+  if (written.ok()) written = checkpoints_->WriteRank(state);
+  ASSIGN_OR_RETURN(std::vector<double> ok,
+                   comm_->AllGatherScalars({written.ok() ? 1.0 : 0.0}));
+  const std::string where = checkpoints_->StepDir(steps_done);
+  if (!written.ok()) {
+    std::fprintf(stderr, "tandem-worker rank %d: writing checkpoint %s: %s\n",
+                 rank_, where.c_str(), std::string(written.message()).c_str());
+  }
+  if (!std::all_of(ok.begin(), ok.end(), [](double v) { return v; })) {
+    std::fprintf(stderr,
+                 "tandem-worker rank %d: checkpoint %s is incomplete (a rank "
+                 "could not write its file); training goes on\n",
+                 rank_, where.c_str());
+    return absl::OkStatus();
+  }
+  if (rank_ != 0) return absl::OkStatus();
+  // Every rank's file is durable: the manifest makes the checkpoint count.
+  if (absl::Status s = checkpoints_->WriteManifest(state.meta); !s.ok()) {
+    std::fprintf(stderr, "tandem-worker rank 0: writing checkpoint %s: %s\n",
+                 where.c_str(), std::string(s.message()).c_str());
+    return absl::OkStatus();
+  }
+  checkpoints_->Prune(kCheckpointsKept);
+  return absl::OkStatus();
 }
 
 std::string StepJson(const StepStats& s, int rank) {

@@ -5,6 +5,12 @@
 //   PrepareModel(spec)  ──>  ModelParts (program, graph)   no communication
 //   StartTraining(...)  ──>  TrainingJob (store, executor)  collective
 //   job.Step(step)      ──>  StepStats                      collective
+//
+// With checkpoint.dir set, Start resumes from the newest complete checkpoint
+// there (first_step() says where training continues; a checkpoint that
+// fails verification on any rank is logged and the previous complete one is
+// used), and Step writes one every checkpoint.every steps
+// (worker/checkpoint/checkpoint_files.h).
 #ifndef TANDEM_WORKER_RUNTIME_TRAINING_JOB_H_
 #define TANDEM_WORKER_RUNTIME_TRAINING_JOB_H_
 
@@ -16,6 +22,7 @@
 #include "common/ir/schedule.h"
 #include "common/models/model_config.h"
 #include "tandem/v1/job.pb.h"
+#include "worker/checkpoint/checkpoint_files.h"
 #include "worker/data/token_source.h"
 #include "worker/runtime/communicator.h"
 #include "worker/runtime/executor.h"
@@ -36,18 +43,34 @@ struct ModelParts {
 // model is invalid, or stage/features this worker cannot run yet.
 absl::StatusOr<ModelParts> PrepareModel(const v1::JobSpec& spec, int world);
 
+// Settings of this worker process rather than of the job.
+struct TrainingJobOptions {
+  // Directory of the host tier's files when a schedule offloads (empty:
+  // $TANDEM_OFFLOAD_DIR, $TMPDIR or /tmp).
+  std::string offload_dir;
+};
+
 class TrainingJob {
  public:
   // Collective: every rank calls it with the same spec and graph. Checks
   // that all ranks built the same graph, shards the params and installs
   // `initial` (checked like Executor::Create). `model` and `meter` must
-  // outlive the job.
+  // outlive the job. `initial`'s mode must be the spec's zero_stage. Resumes
+  // from a checkpoint when there is one. Errors besides the executor's:
+  // FailedPrecondition when the newest checkpoint is of another world size,
+  // model or format version (the message says how to go on).
   static absl::StatusOr<std::unique_ptr<TrainingJob>> Start(
       const v1::JobSpec& spec, const ModelParts* model, int rank, int world,
       c10::intrusive_ptr<c10d::ProcessGroup> group, Schedule initial,
-      MemoryMeter* meter);
+      MemoryMeter* meter, const TrainingJobOptions& options = {});
 
-  // Runs iteration `step` on this rank's slice of the global batch.
+  // The first step to run: 0, or the step the resumed checkpoint was taken
+  // after.
+  int64_t first_step() const { return first_step_; }
+
+  // Runs iteration `step` on this rank's slice of the global batch and
+  // writes a checkpoint when one is due (collective). A failed checkpoint
+  // write is logged, not fatal.
   absl::StatusOr<StepStats> Step(int64_t step);
 
   Executor& executor() { return *executor_; }
@@ -55,6 +78,12 @@ class TrainingJob {
 
  private:
   TrainingJob() = default;
+  absl::StatusOr<StepStats> RunAndReport(int64_t step);
+  // Restores the newest usable checkpoint into the store; returns its step
+  // (0 when there is none).
+  absl::StatusOr<int64_t> Resume();
+  // Writes the checkpoint after `steps_done` steps (collective).
+  absl::Status WriteCheckpoint(int64_t steps_done);
 
   const ModelParts* model_ = nullptr;
   int rank_ = 0;
@@ -63,6 +92,10 @@ class TrainingJob {
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<ShardedParamStore> store_;
   std::unique_ptr<Executor> executor_;
+  // Checkpoints: null when checkpoint.dir is empty.
+  std::unique_ptr<CheckpointDirectory> checkpoints_;
+  int64_t checkpoint_every_ = 0;
+  int64_t first_step_ = 0;
 };
 
 // One step's JSON line (without the newline):

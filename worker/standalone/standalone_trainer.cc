@@ -28,8 +28,8 @@ namespace {
 std::string Json(double v) { return absl::StrFormat("%.17g", v); }
 
 absl::StatusOr<Schedule> LoadSchedule(const std::string& path,
-                                      const Graph& graph) {
-  if (path.empty()) return OnDemandSchedule(graph);
+                                      const Graph& graph, int zero_stage) {
+  if (path.empty()) return BaselineSchedule(graph, zero_stage);
   std::ifstream in(path);
   if (!in) {
     return absl::NotFoundError(
@@ -72,15 +72,17 @@ absl::Status RunStandalone(const StandaloneOptions& options,
   const int world = options.rendezvous.world_size;
   ASSIGN_OR_RETURN(ModelParts model, PrepareModel(spec, world));
   ASSIGN_OR_RETURN(Schedule schedule,
-                   LoadSchedule(options.schedule_path, model.graph));
+                   LoadSchedule(options.schedule_path, model.graph,
+                                spec.parallel().zero_stage()));
   RETURN_IF_ERROR(CheckRunnableSchedule(model.graph, schedule));
 
   ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::ProcessGroup> group,
                    CreateProcessGroup(options.rendezvous));
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingJob> job,
                    TrainingJob::Start(spec, &model, rank, world, group,
-                                      std::move(schedule), meter));
-  for (int64_t step = 0; step < spec.train().steps(); ++step) {
+                                      std::move(schedule), meter,
+                                      {options.offload_dir}));
+  for (int64_t step = job->first_step(); step < spec.train().steps(); ++step) {
     ASSIGN_OR_RETURN(StepStats s, job->Step(step));
     out << StepJson(s, rank) << "\n";
     out.flush();

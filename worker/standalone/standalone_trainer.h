@@ -6,7 +6,9 @@
 //    "peak_bytes":...,"schedule_version":...,"grad_norm":...,"rank":0}
 // and a final {"final_param_checksum":...,"steps":N,"rank":r}. The loss is
 // the global-batch mean and the checksum the float64 sum of every full
-// param; both are identical on every rank.
+// param; both are identical on every rank. With checkpoint.dir set it
+// resumes from the newest complete checkpoint and prints only the steps it
+// runs. Without --schedule it runs the baseline of the spec's zero_stage.
 #ifndef TANDEM_WORKER_STANDALONE_STANDALONE_TRAINER_H_
 #define TANDEM_WORKER_STANDALONE_STANDALONE_TRAINER_H_
 
@@ -31,6 +33,9 @@ struct StandaloneOptions {
   std::string profile_out;
   // Intra-op threads for libtorch; 0 leaves libtorch's default.
   int threads = 0;
+  // Host-tier directory for offloaded optimizer states (empty: the default,
+  // TrainingJobOptions).
+  std::string offload_dir;
 };
 
 // Errors: the first failure, with what to do next (bad spec or schedule,

@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# Checkpoints through the real CLI at world 2 (DESIGN.md, "Persistence and
+# faults"):
+#   1. an uninterrupted run of 10 steps is the reference;
+#   2. a run checkpointing every 2 steps is SIGKILLed after step k (>= 3);
+#      resumed, it prints steps from its newest complete checkpoint (<= k+1)
+#      on, and every loss equals the reference's exactly (a partial newer
+#      checkpoint is ignored);
+#   3. the newest checkpoint's rank-1 file corrupted and the previous one's
+#      rank-0 file truncated: both are detected and logged, and training
+#      resumes from the one before, again with the reference's exact losses;
+#   4. a checkpoint of another world size or model is refused with a clear
+#      error;
+#   5. ZeRO-1 (zero_stage 1) trains the same losses as ZeRO-3 (to fp32
+#      rounding).
+#   checkpoint_resume_test.sh TANDEM_WORKER RUN_STANDALONE_SH
+set -euo pipefail
+WORKER=$1
+RUNNER=$2
+TMP=$(mktemp -d -t tandem-ckpt-test.XXXXXX)
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+export TANDEM_WORKER="$WORKER" OPENBLAS_NUM_THREADS=1
+
+spec() {  # steps checkpoint_dir [zero_stage] [layers]
+  cat <<YAML
+name: ckpt-test
+model: {preset: llama, layers: ${4:-2}, d_model: 32, heads: 4, kv_heads: 2, ffn: 48, vocab: 64}
+data: {kind: synthetic, seed: 3}
+batch: {micro_batch: 2, seq_len: 16}
+train: {steps: $1, lr: 0.001, seed: 5, weight_decay: 0.1}
+parallel: {world_size: 2, zero_stage: ${3:-3}}
+checkpoint: {dir: "$2", every: 2}
+YAML
+}
+
+losses() {  # file -> "step loss" lines
+  /usr/bin/python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    d = json.loads(line)
+    if "loss" in d:
+        print(d["step"], repr(d["loss"]))' "$1"
+}
+
+# 1. Reference: 10 steps without checkpoints.
+spec 10 "" > "$TMP/ref.yaml"
+"$RUNNER" 2 "$TMP/ref.yaml" > "$TMP/ref.out"
+losses "$TMP/ref.out" > "$TMP/ref.losses"
+[ "$(wc -l < "$TMP/ref.losses")" -eq 10 ] || { cat "$TMP/ref.out"; exit 1; }
+
+# Every line of $1 ("step loss") must appear verbatim in the reference.
+same_as_reference() {
+  while read -r step loss; do
+    want=$(awk -v s="$step" '$1 == s {print $2}' "$TMP/ref.losses")
+    if [ "$want" != "$loss" ]; then
+      echo "step $step: loss $loss, uninterrupted run $want" >&2
+      return 1
+    fi
+  done < "$1"
+}
+
+# 2. Kill both ranks (SIGKILL) once rank 0 printed step 4.
+CK="$TMP/ckpt"
+spec 8 "$CK" > "$TMP/ck.yaml"
+PORT=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+for r in 0 1; do
+  "$WORKER" --standalone --spec "$TMP/ck.yaml" --rank $r --world 2 \
+    --rendezvous "127.0.0.1:$PORT" --threads 1 \
+    > "$TMP/killed.rank$r.out" 2> "$TMP/killed.rank$r.err" &
+  PIDS+=($!)
+done
+for _ in $(seq 1 3000); do
+  grep -q '"step":3,' "$TMP/killed.rank0.out" 2>/dev/null && break
+  sleep 0.01
+done
+kill -9 "${PIDS[@]}" 2>/dev/null || true
+wait "${PIDS[@]}" 2>/dev/null || true
+PIDS=()
+losses "$TMP/killed.rank0.out" > "$TMP/killed.losses"
+K=$(tail -1 "$TMP/killed.losses" | cut -d' ' -f1)
+if [ -z "$K" ] || [ "$K" -lt 3 ] || [ "$K" -ge 7 ]; then
+  echo "the run was not killed mid-way (last step '$K')" >&2
+  cat "$TMP/killed.rank0.out" "$TMP/killed.rank0.err" >&2
+  exit 1
+fi
+same_as_reference "$TMP/killed.losses"
+ls "$CK"/step-*/MANIFEST > /dev/null
+# A partial checkpoint newer than any complete one (no manifest) is ignored.
+mkdir -p "$CK/step-00000090"
+echo garbage > "$CK/step-00000090/rank-0.ckpt"
+
+TANDEM_LOG_DIR="$TMP/resume-logs" "$RUNNER" 2 "$TMP/ck.yaml" > "$TMP/resumed.out"
+losses "$TMP/resumed.out" > "$TMP/resumed.losses"
+first=$(head -1 "$TMP/resumed.losses" | cut -d' ' -f1)
+last=$(tail -1 "$TMP/resumed.losses" | cut -d' ' -f1)
+if [ "$first" -gt $((K + 1)) ] || [ "$first" -lt 2 ] || [ "$last" -ne 7 ]; then
+  echo "killed after step $K, the resumed run printed steps $first..$last" >&2
+  cat "$TMP/resumed.out" "$TMP/resume-logs/rank0.err" >&2
+  exit 1
+fi
+grep -q "resumed from $CK/step-0000000$first" "$TMP/resume-logs/rank0.err"
+same_as_reference "$TMP/resumed.losses"
+echo "killed after step $K, resumed from step $first: losses of steps $first..7 equal the uninterrupted run"
+
+# 3. Corrupt the newest complete checkpoint (step 8) on rank 1 and truncate
+# the one before (step 6) on rank 0: both ranks fall back to step 4.
+spec 10 "$CK" > "$TMP/ck10.yaml"
+f8="$CK/step-00000008/rank-1.ckpt"
+f6="$CK/step-00000006/rank-0.ckpt"
+/usr/bin/python3 - "$f8" "$f6" <<'PY'
+import os, sys
+corrupt, truncate = sys.argv[1], sys.argv[2]
+data = bytearray(open(corrupt, "rb").read())
+data[len(data) // 2] ^= 0x40
+open(corrupt, "wb").write(data)
+os.truncate(truncate, os.path.getsize(truncate) // 2)
+PY
+TANDEM_LOG_DIR="$TMP/fallback-logs" "$RUNNER" 2 "$TMP/ck10.yaml" > "$TMP/fallback.out"
+losses "$TMP/fallback.out" > "$TMP/fallback.losses"
+[ "$(head -1 "$TMP/fallback.losses" | cut -d' ' -f1)" -eq 4 ] || {
+  cat "$TMP/fallback.out" "$TMP/fallback-logs/rank0.err" >&2; exit 1; }
+[ "$(wc -l < "$TMP/fallback.losses")" -eq 6 ]
+grep -q "step-00000008 is unusable: .*corrupted" "$TMP/fallback-logs/rank1.err"
+grep -q "step-00000006 is unusable: .*truncated" "$TMP/fallback-logs/rank0.err"
+grep -q "step-00000008 is unusable on another rank" "$TMP/fallback-logs/rank0.err"
+grep -q "resumed from $CK/step-00000004" "$TMP/fallback-logs/rank0.err"
+same_as_reference "$TMP/fallback.losses"
+echo "corrupted and truncated checkpoints detected; resumed from step 4 exactly"
+
+# 4. Another world size or model is refused, naming what to do.
+spec 10 "$CK" > "$TMP/w1.yaml"
+if "$RUNNER" 1 "$TMP/w1.yaml" > /dev/null 2> "$TMP/w1.err"; then
+  echo "a world-2 checkpoint was accepted at world 1" >&2; exit 1
+fi
+grep -q "written by 2 ranks, but this job runs 1" "$TMP/w1.err" || {
+  cat "$TMP/w1.err" >&2; exit 1; }
+spec 10 "$CK" 3 3 > "$TMP/other_model.yaml"
+if TANDEM_LOG_DIR="$TMP/model-logs" "$RUNNER" 2 "$TMP/other_model.yaml" \
+    > /dev/null 2> "$TMP/model.err"; then
+  echo "a checkpoint of another model was accepted" >&2; exit 1
+fi
+grep -q "is of another model" "$TMP/model-logs/rank0.err" || {
+  cat "$TMP/model.err" "$TMP/model-logs/rank0.err" >&2; exit 1; }
+echo "other world size and other model refused"
+
+# 5. ZeRO-1 through the CLI: the same losses as ZeRO-3.
+spec 10 "" 1 > "$TMP/zero1.yaml"
+"$RUNNER" 2 "$TMP/zero1.yaml" > "$TMP/zero1.out"
+losses "$TMP/zero1.out" > "$TMP/zero1.losses"
+/usr/bin/python3 - "$TMP/zero1.losses" "$TMP/ref.losses" <<'PY'
+import sys
+z = [float(l.split()[1]) for l in open(sys.argv[1])]
+r = [float(l.split()[1]) for l in open(sys.argv[2])]
+assert len(z) == len(r) == 10, (z, r)
+for a, b in zip(z, r):
+    assert abs(a - b) <= 1e-5 * abs(b), (z, r)
+PY
+echo "zero1 losses match zero3"
+echo PASS

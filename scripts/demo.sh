@@ -5,7 +5,9 @@
 # the baseline, plans, and pushes a schedule that both ranks switch to
 # mid-run. At the end it prints the schedule versions, the measured speedup
 # of the planned schedule over the baseline iterations, and how close the
-# simulator's prediction came.
+# simulator's prediction came. Prometheus (Debian's) scrapes the coordinator
+# and both workers meanwhile, with the alert rules of dashboards/; the script
+# prints where to look.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -37,17 +39,52 @@ METRICS=$(sed -n 's/.*metrics on port \([0-9]*\).*/\1/p' "$WORK/coordinator.out"
 export TANDEM_COORDINATOR="127.0.0.1:$PORT"
 echo "coordinator on $TANDEM_COORDINATOR, metrics on http://127.0.0.1:$METRICS/metrics"
 
+# Prometheus, as dashboards/prometheus/prometheus-local.yml: config, rules and
+# the file_sd targets the workers are added to below.
+PROM_DIR="$WORK/prometheus"
+mkdir -p "$PROM_DIR/targets"
+cp "$ROOT/dashboards/prometheus/prometheus-local.yml" "$PROM_DIR/prometheus.yml"
+cp "$ROOT/dashboards/alerts/tandem-alerts.yml" "$PROM_DIR/"
+echo "[{\"targets\": [\"127.0.0.1:$METRICS\"], \"labels\": {\"component\": \"coordinator\"}}]" \
+  > "$PROM_DIR/targets/coordinator.json"
+echo "[]" > "$PROM_DIR/targets/workers.json"
+PROM_URL=""
+if [ -x /usr/bin/prometheus ]; then
+  PROM_PORT=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  /usr/bin/prometheus --config.file "$PROM_DIR/prometheus.yml" \
+    --storage.tsdb.path "$PROM_DIR/data" --log.level warn \
+    --web.listen-address "127.0.0.1:$PROM_PORT" 2> "$PROM_DIR/prometheus.log" &
+  pids+=($!)
+  PROM_URL="http://127.0.0.1:$PROM_PORT"
+  echo "prometheus on $PROM_URL (targets: $PROM_URL/targets, alerts: $PROM_URL/alerts)"
+else
+  echo "prometheus: /usr/bin/prometheus not found (Debian package prometheus); metrics are still served"
+fi
+
 tandem_cli() { (cd "$ROOT/client/python" && /usr/bin/python3 -m tandem "$@"); }
 
 JOB=$(tandem_cli submit -q "$SPEC")
 echo "submitted job $JOB"
 WORLD=$(/usr/bin/python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['parallel']['world_size'])" "$SPEC")
+worker_targets=()
 for r in $(seq 0 $((WORLD - 1))); do
   OPENBLAS_NUM_THREADS=1 "$BUILD_DIR/worker/tandem-worker" \
     --coordinator "$TANDEM_COORDINATOR" --job "$JOB" --rank "$r" --threads 1 \
+    --metrics-listen 127.0.0.1:0 \
     > "$WORK/worker$r.jsonl" 2> "$WORK/worker$r.log" &
   pids+=($!)
+  for _ in $(seq 100); do
+    grep -q "metrics on port" "$WORK/worker$r.log" 2>/dev/null && break
+    sleep 0.1
+  done
+  WPORT=$(sed -n 's/.*metrics on port \([0-9]*\).*/\1/p' "$WORK/worker$r.log" | head -1)
+  if [ -n "$WPORT" ]; then
+    echo "worker rank $r metrics on http://127.0.0.1:$WPORT/metrics"
+    worker_targets+=("{\"targets\": [\"127.0.0.1:$WPORT\"], \"labels\": {\"component\": \"worker\", \"tandem_job\": \"$JOB\", \"rank\": \"$r\"}}")
+  fi
 done
+(IFS=,; echo "[${worker_targets[*]}]") > "$PROM_DIR/targets/workers.json.tmp"
+mv "$PROM_DIR/targets/workers.json.tmp" "$PROM_DIR/targets/workers.json"
 
 status=0
 tandem_cli watch "$JOB" || status=$?
@@ -93,5 +130,23 @@ PY
 if [ -n "$METRICS" ]; then
   curl -s "http://127.0.0.1:$METRICS/metrics" 2>/dev/null \
     | grep -E "^tandem_(predicted|measured)_iteration_seconds|^tandem_replans_total" || true
+fi
+tandem_cli timeline "$JOB" -o "$WORK/timeline.json" || true
+if [ -n "$PROM_URL" ]; then
+  q() { curl -s --get "$PROM_URL/api/v1/query" --data-urlencode "query=$1" |
+        /usr/bin/python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(", ".join("%s=%s" % (s["metric"].get("rank", s["metric"].get("reason", "")), s["value"][1]) for s in r) or "-")' 2>/dev/null || echo "-"; }
+  echo
+  echo "prometheus ($PROM_URL), job $JOB (last values scraped):"
+  echo "  overlap ratio by rank:    $(q "last_over_time(tandem_worker_overlap_ratio{job=\"$JOB\"}[10m])")"
+  echo "  peak memory bytes:        $(q "last_over_time(tandem_worker_memory_bytes{job=\"$JOB\",kind=\"peak\"}[10m])")"
+  echo "  re-plans by reason:       $(q "tandem_replans_total{job=\"$JOB\"} > 0")"
+fi
+echo
+echo "where to look:"
+[ -n "$PROM_URL" ] && echo "  prometheus:  $PROM_URL/graph?g0.expr=tandem_worker_overlap_ratio  (alerts: $PROM_URL/alerts)"
+echo "  grafana:     import dashboards/grafana/*.json, with $PROM_URL as the Prometheus data source"
+echo "  timeline:    $WORK/timeline.json (open in https://ui.perfetto.dev)"
+if [ -t 0 ] && [ -n "$PROM_URL" ] && [ "${TANDEM_DEMO_WAIT:-1}" = "1" ]; then
+  read -r -p "press Enter to stop the coordinator and Prometheus " _ || true
 fi
 exit $status

@@ -30,4 +30,16 @@ echo "== e2e: Slurm (munged, slurmctld, two slurmd started by the test)"
 (cd "$ROOT/tests/e2e" && TANDEM_BUILD_DIR="$BUILD_DIR" \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider test_slurm.py) || status=1
 
+echo "== e2e: observability (Prometheus scraping a coordinator and 2 workers; promtool; dashboards tsc)"
+# The dashboards' type check installs @grafana/schema and typescript with npm.
+if ! command -v npm >/dev/null 2>&1; then
+  sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_=sudo
+  { $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+    $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends nodejs npm; } || true
+fi
+(cd "$ROOT/tests/e2e" && TANDEM_BUILD_DIR="$BUILD_DIR" \
+  /usr/bin/python3 -m pytest -q -p no:cacheprovider \
+  test_prometheus.py test_dashboards_typecheck.py) || status=1
+
 exit $status

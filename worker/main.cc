@@ -5,15 +5,18 @@
 //                 [--health-listen HOST:PORT] [--world W]
 //   tandem-worker --standalone --spec job.yaml --rank R --world W
 //                 --rendezvous HOST:PORT [--schedule FILE]
-//                 [--profile-out FILE] [--threads N] [--timeout-s S]
-//   both modes: [--offload-dir DIR], where the host tier's files go when a
-//   schedule offloads optimizer states (default: $TANDEM_OFFLOAD_DIR,
-//   $TMPDIR or /tmp)
+//                 [--profile-out FILE] [--trace-out FILE] [--threads N]
+//                 [--timeout-s S]
+//   both modes: [--metrics-listen HOST:PORT] [--offload-dir DIR]
 //
 // Agent mode (the default) runs a rank of a coordinator's job: the spec,
 // rank and rendezvous come from the coordinator. Standalone mode trains
 // without one (rank 0 hosts the rendezvous store). Both print one JSON line
 // per step on stdout. Only flag parsing and wiring live here.
+// --metrics-listen serves Prometheus metrics at /metrics (port 0 picks one;
+// stderr says which); --trace-out writes the last iteration's Chrome trace.
+// --offload-dir holds the host tier's files when a schedule offloads
+// optimizer states (default: $TANDEM_OFFLOAD_DIR, $TMPDIR or /tmp).
 //
 // In agent mode SIGTERM and SIGINT stop the rank cleanly: it tells the
 // coordinator (the job fails with "rank r stopped by signal SIGTERM") and
@@ -30,8 +33,11 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/metrics/http_exporter.h"
+#include "common/metrics/metrics_registry.h"
 #include "worker/agent/agent_trainer.h"
 #include "worker/agent/health_server.h"
+#include "worker/metrics/worker_metrics.h"
 #include "worker/runtime/memory_meter.h"
 #include "worker/runtime/process_group.h"
 #include "worker/spec/job_spec_yaml.h"
@@ -45,8 +51,8 @@ constexpr char kUsage[] =
     "[--health-listen HOST:PORT] [--world W]\n"
     "       tandem-worker --standalone --spec job.yaml --rank R --world W "
     "--rendezvous HOST:PORT [--schedule FILE] [--profile-out FILE] "
-    "[--threads N] [--timeout-s S]\n"
-    "       both modes: [--offload-dir DIR]\n";
+    "[--trace-out FILE] [--threads N] [--timeout-s S]\n"
+    "       both modes: [--metrics-listen HOST:PORT] [--offload-dir DIR]\n";
 
 // The stop signal received in agent mode (0: none); RunAgent acts on it.
 std::atomic<int> g_stop_signal{0};
@@ -56,6 +62,33 @@ void OnStopSignal(int signal) { g_stop_signal.store(signal); }
 int Fail(const std::string& message) {
   std::fprintf(stderr, "tandem-worker: %s\n", message.c_str());
   return 2;
+}
+
+// The worker's Prometheus series and their HTTP exporter.
+struct MetricsExport {
+  tandem::metrics::Registry registry;
+  std::unique_ptr<tandem::WorkerMetrics> observer;
+  std::unique_ptr<tandem::metrics::HttpExporter> exporter;
+};
+
+absl::StatusOr<std::unique_ptr<MetricsExport>> StartMetrics(
+    const std::string& listen) {
+  auto m = std::make_unique<MetricsExport>();
+  absl::StatusOr<std::unique_ptr<tandem::WorkerMetrics>> observer =
+      tandem::WorkerMetrics::Create(m->registry);
+  if (!observer.ok()) return observer.status();
+  m->observer = *std::move(observer);
+  absl::StatusOr<std::unique_ptr<tandem::metrics::HttpExporter>> exporter =
+      tandem::metrics::HttpExporter::Start(listen, &m->registry);
+  if (!exporter.ok()) {
+    return absl::Status(
+        exporter.status().code(),
+        absl::StrCat("--metrics-listen: ", exporter.status().message()));
+  }
+  m->exporter = *std::move(exporter);
+  std::fprintf(stderr, "tandem-worker: metrics on port %d\n",
+               m->exporter->port());
+  return m;
 }
 
 }  // namespace
@@ -68,6 +101,7 @@ int main(int argc, char** argv) {
   bool standalone = false;
   std::string spec_path, rendezvous, schedule_path, profile_out;
   std::string offload_dir;
+  std::string metrics_listen, trace_out;
   std::string coordinator, job_id, bind_host = "127.0.0.1", health_listen;
   int rank = -1, world = -1, threads = 0, timeout_s = 300, profile_window = 0;
   int slow_from_step = 0;
@@ -96,6 +130,10 @@ int main(int argc, char** argv) {
       ok = value(&profile_out);
     } else if (arg == "--offload-dir") {
       ok = value(&offload_dir);
+    } else if (arg == "--trace-out") {
+      ok = value(&trace_out);
+    } else if (arg == "--metrics-listen") {
+      ok = value(&metrics_listen);
     } else if (arg == "--rank") {
       ok = int_value(&rank);
     } else if (arg == "--world") {
@@ -136,6 +174,15 @@ int main(int argc, char** argv) {
                                "\n", kUsage));
     }
   }
+  std::unique_ptr<MetricsExport> metrics;
+  if (!metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsExport>> started =
+        StartMetrics(metrics_listen);
+    if (!started.ok()) return Fail(std::string(started.status().message()));
+    metrics = *std::move(started);
+  }
+  tandem::IterationObserver* observer =
+      metrics != nullptr ? metrics->observer.get() : nullptr;
   if (!standalone) {
     if (coordinator.empty() || job_id.empty()) {
       return Fail(absl::StrCat(
@@ -157,6 +204,7 @@ int main(int argc, char** argv) {
     options.profile_window = profile_window;
     options.slow_node_ms = slow_node_ms;
     options.slow_from_step = slow_from_step;
+    options.observer = observer;
     std::unique_ptr<tandem::HealthServer> health;
     if (!health_listen.empty()) {
       absl::StatusOr<std::unique_ptr<tandem::HealthServer>> started =
@@ -200,6 +248,8 @@ int main(int argc, char** argv) {
   options.rendezvous.timeout = std::chrono::seconds(timeout_s);
   options.schedule_path = schedule_path;
   options.profile_out = profile_out;
+  options.trace_out = trace_out;
+  options.observer = observer;
   options.threads = threads;
   options.offload_dir = offload_dir;
 

@@ -26,7 +26,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   worker_options.heartbeat_timeout = options.heartbeat_timeout;
   s->workers_ = std::make_unique<WorkerManager>(
       s->jobs_.get(), s->store_.get(), s->planning_.get(), &s->kv_,
-      s->metrics_.get(), worker_options);
+      s->metrics_.get(), &s->timelines_, worker_options);
   if (absl::Status st = s->workers_->Recover(); !st.ok()) return st;
 
   CoordinatorServer* self = s.get();
@@ -47,7 +47,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   s->UpdateJobGauges();
 
   s->job_service_ =
-      std::make_unique<JobServiceImpl>(s->jobs_.get(), s->planning_.get());
+      std::make_unique<JobServiceImpl>(s->jobs_.get(), s->planning_.get(),
+                                       &s->timelines_);
   s->worker_service_ =
       std::make_unique<WorkerServiceImpl>(s->workers_.get(), &s->kv_);
   // grpc.health.v1 on the same port: "" and each service are SERVING while

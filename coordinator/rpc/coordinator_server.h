@@ -58,6 +58,7 @@ class CoordinatorServer {
   KvStore kv_;
   std::unique_ptr<JobManager> jobs_;
   std::unique_ptr<PlanningManager> planning_;
+  TimelineStore timelines_;
   std::unique_ptr<WorkerManager> workers_;
   std::unique_ptr<JobServiceImpl> job_service_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;

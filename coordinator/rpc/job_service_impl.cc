@@ -142,4 +142,23 @@ grpc::Status JobServiceImpl::GetSchedule(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
+grpc::Status JobServiceImpl::GetTimeline(grpc::ServerContext*,
+                                         const v1::GetTimelineRequest* request,
+                                         v1::GetTimelineResponse* response) {
+  if (grpc::Status s = CheckJobId(request->job_id()); !s.ok()) return s;
+  if (request->ranks_size() > 4096) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "ask for at most 4096 ranks, or none for all");
+  }
+  absl::StatusOr<v1::Job> job = jobs_->Get(request->job_id());
+  if (!job.ok()) return ToGrpc(job.status());
+  absl::StatusOr<std::vector<v1::RankTimeline>> timelines = timelines_->Get(
+      request->job_id(), {request->ranks().begin(), request->ranks().end()});
+  if (!timelines.ok()) return ToGrpc(timelines.status());
+  for (v1::RankTimeline& t : *timelines) {
+    *response->add_timelines() = std::move(t);
+  }
+  return grpc::Status::OK;
+}
+
 }  // namespace tandem

@@ -5,14 +5,16 @@
 
 #include "coordinator/service/job_manager.h"
 #include "coordinator/service/planning_manager.h"
+#include "coordinator/service/timeline_store.h"
 #include "tandem/v1/job_service.grpc.pb.h"
 
 namespace tandem {
 
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  JobServiceImpl(JobManager* jobs, PlanningManager* planning)
-      : jobs_(jobs), planning_(planning) {}
+  JobServiceImpl(JobManager* jobs, PlanningManager* planning,
+                 const TimelineStore* timelines)
+      : jobs_(jobs), planning_(planning), timelines_(timelines) {}
 
   grpc::Status Submit(grpc::ServerContext* context,
                       const v1::SubmitJobRequest* request,
@@ -37,10 +39,14 @@ class JobServiceImpl final : public v1::JobService::Service {
   grpc::Status GetSchedule(grpc::ServerContext* context,
                            const v1::GetScheduleRequest* request,
                            v1::GetScheduleResponse* response) override;
+  grpc::Status GetTimeline(grpc::ServerContext* context,
+                           const v1::GetTimelineRequest* request,
+                           v1::GetTimelineResponse* response) override;
 
  private:
   JobManager* jobs_;
   PlanningManager* planning_;
+  const TimelineStore* timelines_;
 };
 
 }  // namespace tandem

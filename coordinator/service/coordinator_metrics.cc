@@ -12,6 +12,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(
   ASSIGN_OR_RETURN(m->workers_connected,
                    registry.AddGauge("tandem_workers_connected",
                                      "Workers with an open session.", {"job"}));
+  ASSIGN_OR_RETURN(m->workers_expected,
+                   registry.AddGauge("tandem_workers_expected",
+                                     "Workers a job runs with (its world "
+                                     "size).",
+                                     {"job"}));
   ASSIGN_OR_RETURN(
       m->replans,
       registry.AddCounter("tandem_replans_total",

@@ -15,8 +15,13 @@ struct CoordinatorMetrics {
   metrics::Family<metrics::Gauge>* jobs;
   // {job}
   metrics::Family<metrics::Gauge>* workers_connected;
+  // {job}: the job's world size, for "a worker is missing" alerts.
+  metrics::Family<metrics::Gauge>* workers_expected;
   // {job, reason}
   metrics::Family<metrics::Counter>* replans;
+  // The reasons a plan is made, whose series start at 0 with each job.
+  static constexpr const char* kReplanReasons[] = {"initial", "drift", "memory",
+                                                   "reoptimize"};
   // {job}
   metrics::Family<metrics::Gauge>* drift_score;
   // {pass}

@@ -128,6 +128,12 @@ PlanningManager::JobPlanning& PlanningManager::State(const std::string& job_id,
     it->second.drift =
         std::make_unique<DriftDetector>(o.drift_threshold(), o.drift_window(),
                                         job.spec().memory().budget_bytes());
+    if (metrics_ != nullptr) {
+      // Series from 0, so increase() sees the first plan.
+      for (const char* reason : CoordinatorMetrics::kReplanReasons) {
+        metrics_->replans->WithLabels({job_id, reason});
+      }
+    }
   }
   return it->second;
 }

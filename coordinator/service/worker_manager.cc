@@ -22,12 +22,14 @@ std::string RankRef(int32_t rank, const std::string& hostname) {
 
 WorkerManager::WorkerManager(JobManager* jobs, JobStore* store,
                              PlanningManager* planning, KvStore* kv,
-                             CoordinatorMetrics* metrics, Options options)
+                             CoordinatorMetrics* metrics,
+                             TimelineStore* timelines, Options options)
     : jobs_(jobs),
       store_(store),
       planning_(planning),
       kv_(kv),
       metrics_(metrics),
+      timelines_(timelines),
       options_(options) {
   watcher_ = std::thread([this] { WatchLoop(); });
 }
@@ -322,6 +324,12 @@ absl::Status WorkerManager::OnMessage(int64_t session,
       }
       return absl::OkStatus();
     }
+    case v1::WorkerMessage::kTimeline:
+      if (timelines_ == nullptr) {
+        return absl::FailedPreconditionError(
+            "this coordinator keeps no timelines");
+      }
+      return timelines_->Put(job_id, rank, message.timeline());
     case v1::WorkerMessage::kHello:
       return absl::InvalidArgumentError(
           "hello is only the first message of a session");
@@ -355,14 +363,23 @@ void WorkerManager::OnJobEnded(const std::string& job_id, v1::JobState state) {
                                         : ""));
   Broadcast(job_id, stop);
   kv_->DeletePrefix(StorePrefix(job_id));
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_workers_.find(job_id);
+  if (it != jobs_workers_.end()) it->second.ended = true;
+  if (metrics_ != nullptr) {
+    // An ended job has no workers to miss (alerts compare the two).
+    metrics_->workers_connected->Remove({job_id});
+    metrics_->workers_expected->Remove({job_id});
+  }
 }
 
 void WorkerManager::UpdateConnectedMetric(const std::string& job_id,
                                           const JobWorkers& w) {
-  if (metrics_ == nullptr) return;
+  if (metrics_ == nullptr || w.ended) return;
   int connected = 0;
   for (const auto& [_, r] : w.ranks) connected += r.session != 0;
   metrics_->workers_connected->WithLabels({job_id}).Set(connected);
+  metrics_->workers_expected->WithLabels({job_id}).Set(w.world);
 }
 
 void WorkerManager::WatchLoop() {

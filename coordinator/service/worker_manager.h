@@ -32,6 +32,7 @@
 #include "coordinator/service/job_manager.h"
 #include "coordinator/service/kv_store.h"
 #include "coordinator/service/planning_manager.h"
+#include "coordinator/service/timeline_store.h"
 #include "coordinator/store/job_store.h"
 #include "tandem/v1/worker_service.pb.h"
 
@@ -55,9 +56,11 @@ class WorkerManager {
     std::chrono::milliseconds watch_interval{250};
   };
 
-  // Every pointer must outlive the manager; `metrics` may be null.
+  // Every pointer must outlive the manager; `metrics` and `timelines` may be
+  // null (timelines are then refused).
   WorkerManager(JobManager* jobs, JobStore* store, PlanningManager* planning,
-                KvStore* kv, CoordinatorMetrics* metrics, Options options);
+                KvStore* kv, CoordinatorMetrics* metrics,
+                TimelineStore* timelines, Options options);
   ~WorkerManager();
   WorkerManager(const WorkerManager&) = delete;
   WorkerManager& operator=(const WorkerManager&) = delete;
@@ -111,6 +114,8 @@ class WorkerManager {
     int64_t total_steps = 0;
     std::map<int32_t, Rank> ranks;
     int64_t announced_version = 0;
+    // The job ended: its connection gauges are gone and stay gone.
+    bool ended = false;
   };
   struct Session {
     std::string job_id;
@@ -126,6 +131,7 @@ class WorkerManager {
   PlanningManager* planning_;
   KvStore* kv_;
   CoordinatorMetrics* metrics_;
+  TimelineStore* timelines_;
   const Options options_;
 
   std::mutex mu_;

@@ -19,6 +19,7 @@
 #include "worker/agent/coordinator_store.h"
 #include "worker/agent/grpc_coordinator_client.h"
 #include "worker/agent/worker_agent.h"
+#include "worker/runtime/iteration_timeline.h"
 #include "worker/runtime/process_group.h"
 #include "worker/runtime/standard_schedules.h"
 #include "worker/runtime/training_job.h"
@@ -121,6 +122,21 @@ absl::Status Train(const AgentTrainerOptions& options, WorkerAgent& agent,
                          MemoryMeterFor(c10::DeviceType::CPU),
                          {options.offload_dir}));
   Executor& executor = job->executor();
+  if (options.observer != nullptr) {
+    options.observer->OnStart(options.job_id, rank, world);
+    job->set_observer(options.observer);
+  }
+  // The last iteration's trace, for `tandem timeline`.
+  auto report_timeline = [&] {
+    const IterationTimeline::Iteration& last =
+        executor.profiler().timeline().last();
+    if (last.iteration < 0) return;
+    v1::TimelineReport timeline;
+    timeline.set_step(last.iteration);
+    timeline.set_schedule_version(last.schedule_version);
+    timeline.set_trace_json(ChromeTraceJson(last, rank, &model.graph));
+    agent.ReportTimeline(timeline);
+  };
   const int window =
       options.profile_window > 0
           ? options.profile_window
@@ -174,9 +190,14 @@ absl::Status Train(const AgentTrainerOptions& options, WorkerAgent& agent,
     progress.set_exposed_comm_s(s.exposed_comm_s);
     progress.set_peak_bytes(s.peak_bytes);
     progress.set_schedule_version(s.schedule_version);
+    // The last step's trace goes before its progress: once every rank's last
+    // step arrived the job ends and the coordinator reads no further.
+    const bool last_step = step + 1 == spec.train().steps();
+    if (last_step) report_timeline();
     agent.ReportProgress(progress);
     if (++in_window >= window) {
       agent.ReportProfile(ToProto(executor.ProfileSnapshot()));
+      if (!last_step) report_timeline();
       executor.profiler().Reset();
       in_window = 0;
     }

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "worker/runtime/iteration_report.h"
 
 namespace tandem {
 
@@ -40,6 +41,8 @@ struct AgentTrainerOptions {
   // every forward node sleeps `slow_node_ms` more.
   double slow_node_ms = 0;
   int64_t slow_from_step = 0;
+  // Receives every iteration's report (the worker's metrics); may be null.
+  IterationObserver* observer = nullptr;
   // Set by the process's SIGTERM/SIGINT handler (0: none, else the signal).
   // Once set, the rank tells the coordinator at once ("rank r stopped by
   // signal SIGTERM (scancel?)", a fatal error that fails the job), stops at

@@ -210,6 +210,12 @@ void WorkerAgent::ReportProfile(const v1::Profile& profile) {
   Send(m, false);
 }
 
+void WorkerAgent::ReportTimeline(const v1::TimelineReport& timeline) {
+  v1::WorkerMessage m;
+  *m.mutable_timeline() = timeline;
+  Send(m, false);
+}
+
 void WorkerAgent::ReportProgress(const v1::IterationProgress& progress) {
   {
     std::lock_guard<std::mutex> lock(mu_);

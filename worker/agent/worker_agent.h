@@ -66,6 +66,7 @@ class WorkerAgent {
   // re-sent on every reconnect).
   void ReportGraph(const v1::GraphReport& report);
   void ReportProfile(const v1::Profile& profile);
+  void ReportTimeline(const v1::TimelineReport& timeline);
   void ReportProgress(const v1::IterationProgress& progress);
   void ReportApplied(int64_t version, int64_t step);
   void ReportError(const std::string& message, bool fatal);

@@ -53,6 +53,16 @@ double CollectiveWork::run_s() const {
   return done_ ? Seconds(started_, finished_) : 0;
 }
 
+SteadyTime CollectiveWork::started_at() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return started_;
+}
+
+SteadyTime CollectiveWork::finished_at() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return finished_;
+}
+
 double CollectiveWork::waited_s() const {
   std::lock_guard<std::mutex> lock(mu_);
   return waited_s_;

@@ -50,6 +50,10 @@ class CollectiveWork {
   // Valid once done: seconds it ran on the communication thread (start to
   // completion), i.e. issue_to_done_s less the queueing.
   double run_s() const;
+  // Valid once done: when it started running and when it finished (the
+  // iteration timeline places it with these).
+  SteadyTime started_at() const;
+  SteadyTime finished_at() const;
 
  private:
   friend class Communicator;

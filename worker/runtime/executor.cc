@@ -272,6 +272,7 @@ void Executor::RefreshPersistent(const Prepared* previous) {
 void Executor::WaitCounted(const CollectiveHandle& handle,
                            CollectiveTiming timing) {
   const double waited_before = handle->waited_s();
+  const SteadyTime wait_start = Now();
   const absl::Status status = handle->Wait();
   TORCH_CHECK(status.ok(), std::string(status.message()));
   const double waited = handle->waited_s() - waited_before;
@@ -280,7 +281,8 @@ void Executor::WaitCounted(const CollectiveHandle& handle,
     timing.issue_to_done_s = handle->issue_to_done_s();
     timing.run_s = handle->run_s();
     timing.exposed_s = waited;
-    profiler_.RecordCollective(timing);
+    profiler_.RecordCollective(
+        timing, {handle->started_at(), handle->finished_at(), wait_start});
   }
 }
 
@@ -507,6 +509,8 @@ absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
                                static_cast<double>(report.pending_version),
                                static_cast<double>(report.not_before)}));
   it_->exposed_s += Since(exchange_start);
+  profiler_.RecordExchange("exchange (loss, grad norm, schedule)",
+                           exchange_start, Now());
   const int world = comm_->world_size();
   double loss = 0;
   double squares = 0;

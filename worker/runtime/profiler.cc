@@ -19,6 +19,7 @@ void Profiler::BeginIteration(int64_t iteration, int64_t schedule_version) {
   }
   if (iterations_ == 0) first_iteration_ = iteration;
   last_iteration_ = iteration;
+  timeline_.Begin(iteration, schedule_version, TimelineClock::now());
 }
 
 void Profiler::RecordNode(int32_t node_id, double seconds) {
@@ -26,6 +27,7 @@ void Profiler::RecordNode(int32_t node_id, double seconds) {
   Accumulator& a = nodes_[node_id];
   a.sum += seconds;
   ++a.samples;
+  timeline_.AddNode(node_id, TimelineClock::now(), seconds);
 }
 
 void Profiler::RecordMemory(int32_t node_id, int64_t before_bytes,
@@ -36,10 +38,13 @@ void Profiler::RecordMemory(int32_t node_id, int64_t before_bytes,
   m.before_bytes = std::max(m.before_bytes, before_bytes);
   m.after_bytes = std::max(m.after_bytes, after_bytes);
   has_memory_[node_id] = true;
+  timeline_.AddMemory(TimelineClock::now(), after_bytes);
 }
 
-void Profiler::RecordCollective(const CollectiveTiming& t) {
+void Profiler::RecordCollective(const CollectiveTiming& t,
+                                const CollectiveSpans& spans) {
   if (!enabled_) return;
+  timeline_.AddCollective(t, spans);
   CollectiveAccumulator& a = collectives_[CollectiveKey{
       static_cast<int>(t.kind), t.node_id, t.group_id, t.param_ids}];
   a.last = t;
@@ -49,8 +54,16 @@ void Profiler::RecordCollective(const CollectiveTiming& t) {
   ++a.samples;
 }
 
+void Profiler::RecordExchange(absl::string_view label,
+                              TimelineClock::time_point start,
+                              TimelineClock::time_point end) {
+  if (!enabled_) return;
+  timeline_.AddExchange(label, start, end);
+}
+
 void Profiler::EndIteration(double iteration_s, int64_t peak_bytes) {
   if (!enabled_) return;
+  timeline_.End(iteration_s, peak_bytes);
   ++iterations_;
   iteration_sum_s_ += iteration_s;
   peak_bytes_ = std::max(peak_bytes_, peak_bytes);

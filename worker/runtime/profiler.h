@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/ir/profile.h"
+#include "worker/runtime/iteration_timeline.h"
 
 namespace tandem {
 
@@ -31,7 +32,14 @@ class Profiler {
   void BeginIteration(int64_t iteration, int64_t schedule_version);
   void RecordNode(int32_t node_id, double seconds);
   void RecordMemory(int32_t node_id, int64_t before_bytes, int64_t after_bytes);
-  void RecordCollective(const CollectiveTiming& timing);
+  // `spans`, when known, also place the collective (and compute's wait for
+  // it) on the iteration timeline.
+  void RecordCollective(const CollectiveTiming& timing,
+                        const CollectiveSpans& spans = {});
+  // Communication compute blocked on outside any collective (the end-of-step
+  // exchange); timeline only.
+  void RecordExchange(absl::string_view label, TimelineClock::time_point start,
+                      TimelineClock::time_point end);
   void EndIteration(double iteration_s, int64_t peak_bytes);
 
   // The window's averages (memory: the largest seen at each boundary).
@@ -39,6 +47,9 @@ class Profiler {
   // Starts a new window at the next iteration.
   void Reset();
   int iterations() const { return iterations_; }
+  // The last complete iteration's timeline (kept across Reset()).
+  const IterationTimeline& timeline() const { return timeline_; }
+  IterationTimeline& timeline() { return timeline_; }
 
  private:
   struct Accumulator {
@@ -65,6 +76,7 @@ class Profiler {
   std::vector<MemorySample> memory_;
   std::vector<bool> has_memory_;
   std::map<CollectiveKey, CollectiveAccumulator> collectives_;
+  IterationTimeline timeline_;
 };
 
 }  // namespace tandem

@@ -9,7 +9,6 @@
 
 #include "ATen/ATen.h"
 #include "ATen/CPUGeneratorImpl.h"
-
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -195,6 +194,12 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
       job->executor_,
       Executor::Create(&model->program, model->graph, job->store_.get(),
                        job->comm_.get(), meter, std::move(initial), exec));
+  job->meter_ = meter;
+  job->budget_bytes_ = spec.memory().budget_bytes();
+  for (int32_t id = 0; id < job->store_->num_params(); ++id) {
+    job->sharded_param_bytes_ +=
+        job->store_->shard_numel(id) * static_cast<int64_t>(sizeof(float));
+  }
   return job;
 }
 
@@ -211,7 +216,43 @@ absl::StatusOr<StepStats> TrainingJob::RunAndReport(int64_t step) {
   ASSIGN_OR_RETURN(std::vector<MicroBatch> batches,
                    ReadRankBatches(*data_, step, config.grad_accum, rank_,
                                    world_, config.micro_batch));
-  return executor_->RunStep(batches);
+  if (observer_ == nullptr) return executor_->RunStep(batches);
+  // The step runs under the schedule active now.
+  const Schedule& active = executor_->active_schedule();
+  if (active.version != footprint_version_) {
+    footprint_ = ComputeScheduleFootprint(model_->graph, active);
+    footprint_version_ = active.version;
+  }
+  ASSIGN_OR_RETURN(StepStats stats, executor_->RunStep(batches));
+  const IterationTimeline::Iteration& last =
+      executor_->profiler().timeline().last();
+  IterationTimeline::Summary timeline;
+  if (last.iteration == stats.step) {
+    timeline = Summarize(last);
+  } else {  // profiling is off: no timeline
+    timeline.compute_s = stats.iteration_s - stats.exposed_comm_s;
+  }
+  IterationReport r;
+  r.step = stats.step;
+  r.loss = stats.loss;
+  r.iteration_s = stats.iteration_s;
+  // The optimizer's wait for states coming back from the host tier is copy,
+  // not compute.
+  r.compute_s = std::max(0.0, timeline.compute_s - stats.exposed_copy_s);
+  r.communication_s = timeline.communication_s;
+  r.exposed_communication_s = stats.exposed_comm_s;
+  r.tokens = int64_t{config.micro_batch} * config.seq_len * config.grad_accum;
+  r.allocated_bytes = meter_->current_bytes();
+  r.peak_bytes = stats.peak_bytes;
+  r.budget_bytes = budget_bytes_;
+  r.offloaded_bytes = stats.offloaded_bytes;
+  r.gathered_param_bytes = footprint_.peak_gathered_bytes;
+  r.persistent_param_bytes = footprint_.persistent_bytes;
+  r.sharded_param_bytes = sharded_param_bytes_;
+  r.schedule_version = stats.schedule_version;
+  r.collective_bytes = timeline.collective_bytes;
+  observer_->OnIteration(r);
+  return stats;
 }
 
 absl::StatusOr<int64_t> TrainingJob::Resume() {

@@ -26,6 +26,7 @@
 #include "worker/data/token_source.h"
 #include "worker/runtime/communicator.h"
 #include "worker/runtime/executor.h"
+#include "worker/runtime/iteration_report.h"
 #include "worker/runtime/memory_meter.h"
 #include "worker/runtime/program.h"
 #include "worker/runtime/sharded_param_store.h"
@@ -68,10 +69,14 @@ class TrainingJob {
   // after.
   int64_t first_step() const { return first_step_; }
 
-  // Runs iteration `step` on this rank's slice of the global batch and
-  // writes a checkpoint when one is due (collective). A failed checkpoint
-  // write is logged, not fatal.
+  // Runs iteration `step` on this rank's slice of the global batch, reports
+  // it to the observer, if any, and writes a checkpoint when one is due
+  // (collective). A failed checkpoint write is logged, not fatal.
   absl::StatusOr<StepStats> Step(int64_t step);
+
+  // Receives an IterationReport after every step (nullptr: none); must
+  // outlive the job.
+  void set_observer(IterationObserver* observer) { observer_ = observer; }
 
   Executor& executor() { return *executor_; }
   Communicator& comm() { return *comm_; }
@@ -92,6 +97,13 @@ class TrainingJob {
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<ShardedParamStore> store_;
   std::unique_ptr<Executor> executor_;
+  MemoryMeter* meter_ = nullptr;
+  IterationObserver* observer_ = nullptr;
+  int64_t budget_bytes_ = 0;
+  int64_t sharded_param_bytes_ = 0;
+  // The footprint of the schedule version last reported.
+  int64_t footprint_version_ = -1;
+  ScheduleFootprint footprint_;
   // Checkpoints: null when checkpoint.dir is empty.
   std::unique_ptr<CheckpointDirectory> checkpoints_;
   int64_t checkpoint_every_ = 0;

@@ -17,6 +17,7 @@
 #include "common/ir/text_format.h"
 #include "common/status_macros.h"
 #include "worker/runtime/executor.h"
+#include "worker/runtime/iteration_timeline.h"
 #include "worker/runtime/memory_meter.h"
 #include "worker/runtime/program.h"
 #include "worker/runtime/standard_schedules.h"
@@ -82,6 +83,11 @@ absl::Status RunStandalone(const StandaloneOptions& options,
                    TrainingJob::Start(spec, &model, rank, world, group,
                                       std::move(schedule), meter,
                                       {options.offload_dir}));
+  if (options.observer != nullptr) {
+    options.observer->OnStart(spec.name().empty() ? "standalone" : spec.name(),
+                              rank, world);
+    job->set_observer(options.observer);
+  }
   for (int64_t step = job->first_step(); step < spec.train().steps(); ++step) {
     ASSIGN_OR_RETURN(StepStats s, job->Step(step));
     out << StepJson(s, rank) << "\n";
@@ -94,6 +100,15 @@ absl::Status RunStandalone(const StandaloneOptions& options,
   if (!options.profile_out.empty()) {
     RETURN_IF_ERROR(
         WriteProfile(job->executor().ProfileSnapshot(), options.profile_out));
+  }
+  if (!options.trace_out.empty()) {
+    std::ofstream trace(options.trace_out, std::ios::binary);
+    trace << ChromeTraceJson(job->executor().profiler().timeline().last(), rank,
+                             &model.graph);
+    if (!trace.good()) {
+      return absl::UnavailableError(
+          absl::StrCat("--trace-out: cannot write '", options.trace_out, "'"));
+    }
   }
   return absl::OkStatus();
 }

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "tandem/v1/job.pb.h"
+#include "worker/runtime/iteration_report.h"
 #include "worker/runtime/process_group.h"
 
 namespace tandem {
@@ -36,6 +37,12 @@ struct StandaloneOptions {
   // Host-tier directory for offloaded optimizer states (empty: the default,
   // TrainingJobOptions).
   std::string offload_dir;
+  // Where to write the last iteration's Chrome trace (JSON trace events).
+  // Empty: none.
+  std::string trace_out;
+  // Receives every iteration's report (the worker's metrics); may be null.
+  // Its job label is the spec's name ("standalone" when unnamed).
+  IterationObserver* observer = nullptr;
 };
 
 // Errors: the first failure, with what to do next (bad spec or schedule,

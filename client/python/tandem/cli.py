@@ -7,6 +7,7 @@
     tandem cancel JOB [--reason R]
     tandem reoptimize JOB [--reason R]
     tandem schedule JOB [--version N]
+    tandem timeline JOB -o trace.json [--rank R]
 
 Exit status: 0 on success (for watch: the job SUCCEEDED); 1 when the
 coordinator refused or could not be reached, or a watched job FAILED or was
@@ -15,6 +16,7 @@ the JobSpec schema; 130 on Ctrl-C.
 """
 
 import argparse
+import json
 import sys
 import time
 
@@ -141,6 +143,34 @@ def cmd_schedule(client, args):
     result = client.schedule(args.job, version=args.version)
     text = result.text
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    return EXIT_OK
+
+
+def merge_timelines(timelines):
+    """One Chrome trace of every rank's latest iteration: each rank is a
+    process (pid = rank) with its compute, communication and copy
+    streams."""
+    events, ranks = [], {}
+    for t in timelines:
+        trace = json.loads(t.trace_json)
+        events.extend(trace.get("traceEvents", []))
+        info = dict(trace.get("otherData", {}))
+        info.update(step=t.step, schedule_version=t.schedule_version)
+        ranks[str(t.rank)] = info
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"ranks": ranks}}
+
+
+def cmd_timeline(client, args):
+    timelines = client.timeline(args.job, ranks=args.rank)
+    merged = merge_timelines(timelines)
+    with open(args.output, "w") as f:
+        json.dump(merged, f)
+    steps = ", ".join("rank %d: step %d (schedule v%d)" %
+                      (t.rank, t.step, t.schedule_version) for t in timelines)
+    _out("wrote %d trace events to %s (%s)" %
+         (len(merged["traceEvents"]), args.output, steps))
+    _out("  open it in https://ui.perfetto.dev or chrome://tracing")
     return EXIT_OK
 
 
@@ -277,6 +307,15 @@ def build_parser():
     sp.add_argument("job", metavar="JOB")
     sp.add_argument("--version", type=int, default=0,
                     help="schedule version (default 0: the active one)")
+
+    sp = add("timeline", cmd_timeline,
+             "write the latest iteration of each rank as a Chrome/Perfetto "
+             "trace (compute, communication and copy streams)")
+    sp.add_argument("job", metavar="JOB")
+    sp.add_argument("-o", "--output", required=True, metavar="FILE",
+                    help="trace file to write (JSON trace events)")
+    sp.add_argument("--rank", type=int, action="append", metavar="R",
+                    help="only this rank (repeat for several; default all)")
     return p
 
 

@@ -161,6 +161,15 @@ class Client:
         finally:
             call.cancel()
 
+    def timeline(self, job_id, ranks=None):
+        """The latest iteration trace of each rank (``RankTimeline``: rank,
+        step, schedule_version, trace_json), by rank; ``ranks`` limits it to
+        some. Ranks send one with each profile window."""
+        r = self._call(self._jobs.GetTimeline,
+                       job_service_pb2.GetTimelineRequest(
+                           job_id=job_id, ranks=list(ranks or [])))
+        return list(r.timelines)
+
     def schedule(self, job_id, version=0):
         """``ScheduleResult(text, schedule)`` of a version (0: the active
         one)."""

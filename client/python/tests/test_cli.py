@@ -124,6 +124,10 @@ def test_cli_server_errors_exit_1(coordinator, tmp_path):
     assert r.returncode == 1 and "has no schedule v2 yet" in r.stderr
     r = run_cli("status", "no-such-job", address=addr)
     assert r.returncode == 1 and "no job 'no-such-job'" in r.stderr
+    out = tmp_path / "trace.json"
+    r = run_cli("timeline", job_id, "-o", str(out), address=addr)
+    assert r.returncode == 1 and "no timeline of job" in r.stderr
+    assert not out.exists()
 
 
 def test_cli_watch_of_cancelled_job_exits_1(coordinator, tmp_path):
@@ -152,5 +156,5 @@ def test_cli_help_exits_0():
     r = run_cli("--help")
     assert r.returncode == 0
     for cmd in ("submit", "status", "watch", "list", "cancel", "reoptimize",
-                "schedule"):
+                "schedule", "timeline"):
         assert cmd in r.stdout

@@ -52,7 +52,8 @@ class WorkerManagerTest : public ::testing::Test {
     options.heartbeat_timeout = timeout;
     options.watch_interval = 20ms;
     workers_ = std::make_unique<WorkerManager>(
-        jobs_.get(), store_.get(), planning_.get(), &kv_, nullptr, options);
+        jobs_.get(), store_.get(), planning_.get(), &kv_, nullptr,
+        &timelines_, options);
     jobs_->SetStateListener([this](const std::string& id, v1::JobState s) {
       if (IsTerminal(s)) workers_->OnJobEnded(id, s);
     });
@@ -83,6 +84,7 @@ class WorkerManagerTest : public ::testing::Test {
   v1::JobState State() { return jobs_->Get(job_.id())->state(); }
 
   KvStore kv_;
+  TimelineStore timelines_;
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<JobManager> jobs_;
   std::unique_ptr<PlanningManager> planning_;
@@ -215,12 +217,31 @@ TEST_F(WorkerManagerTest, BadMessages_AreRejected) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_F(WorkerManagerTest, Timeline_IsKeptPerRank) {
+  ASSERT_TRUE(Register("a").ok());
+  ASSERT_TRUE(Register("b").ok());
+  const int64_t s1 = Open(1, "b", std::make_shared<RecordingSink>());
+  v1::WorkerMessage m;
+  m.mutable_timeline()->set_step(7);
+  m.mutable_timeline()->set_schedule_version(1);
+  m.mutable_timeline()->set_trace_json(R"({"traceEvents":[]})");
+  ASSERT_TRUE(workers_->OnMessage(s1, m).ok());
+  auto got = timelines_.Get(job_.id(), {});
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 1u);
+  EXPECT_EQ((*got)[0].rank(), 1);
+  EXPECT_EQ((*got)[0].step(), 7);
+  m.mutable_timeline()->set_trace_json("not json");
+  EXPECT_EQ(workers_->OnMessage(s1, m).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(WorkerManagerTest, Recover_KeepsRegistrations) {
   ASSERT_TRUE(Register("a").ok());
   ASSERT_TRUE(Register("b").ok());
   WorkerManager::Options options;
   WorkerManager restarted(jobs_.get(), store_.get(), planning_.get(), &kv_,
-                          nullptr, options);
+                          nullptr, nullptr, options);
   ASSERT_TRUE(restarted.Recover().ok());
   v1::SessionHello hello;
   hello.set_job_id(job_.id());

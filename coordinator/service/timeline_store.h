@@ -1,0 +1,54 @@
+// The latest iteration timeline (a Chrome trace of one iteration) each rank
+// of a job sent, for `tandem timeline`. Held in memory only: timelines are
+// for looking at, not for recovery. Bounded: at most kMaxJobs jobs (the one
+// least recently written is forgotten first) and kMaxTraceBytes per trace.
+// Thread-safe. No gRPC.
+#ifndef TANDEM_COORDINATOR_SERVICE_TIMELINE_STORE_H_
+#define TANDEM_COORDINATOR_SERVICE_TIMELINE_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tandem/v1/job_service.pb.h"
+#include "tandem/v1/worker_service.pb.h"
+
+namespace tandem {
+
+class TimelineStore {
+ public:
+  static constexpr size_t kMaxTraceBytes = size_t{16} << 20;
+  static constexpr size_t kMaxJobs = 64;
+
+  // `now_unix_s` stamps each timeline received (tests pass a fake clock).
+  explicit TimelineStore(std::function<double()> now_unix_s = nullptr);
+  TimelineStore(const TimelineStore&) = delete;
+  TimelineStore& operator=(const TimelineStore&) = delete;
+
+  // Keeps `report` as rank's latest. Errors (InvalidArgument, nothing
+  // kept): an empty or oversized trace, one that is not a JSON object, a
+  // negative step or rank.
+  absl::Status Put(const std::string& job_id, int32_t rank,
+                   const v1::TimelineReport& report);
+  // The latest timeline of each of `ranks` (every rank when empty) that
+  // sent one, by rank. NotFound when there is none.
+  absl::StatusOr<std::vector<v1::RankTimeline>> Get(
+      const std::string& job_id, const std::vector<int32_t>& ranks) const;
+
+ private:
+  const std::function<double()> now_unix_s_;
+  mutable std::mutex mu_;
+  std::map<std::string, std::map<int32_t, v1::RankTimeline>> jobs_;
+  // Job ids, least recently written first.
+  std::list<std::string> order_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_COORDINATOR_SERVICE_TIMELINE_STORE_H_

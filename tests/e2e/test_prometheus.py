@@ -1,0 +1,428 @@
+"""Observability against the real things: Debian's Prometheus scrapes a
+running coordinator and two agent-mode workers on loopback (1 s scrape
+interval), and every query of every Grafana dashboard panel returns data;
+promtool checks the configs, the rules and both exporters' output, and runs
+the alert rules' unit tests; the Kubernetes pod-annotation config relabels
+pods as intended."""
+
+import copy
+import json
+import math
+import os
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+import yaml
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+DASHBOARDS = REPO / "dashboards"
+PROMETHEUS = "/usr/bin/prometheus"
+PROMTOOL = "/usr/bin/promtool"
+
+
+def _build_dir():
+    env = os.environ.get("TANDEM_BUILD_DIR")
+    p = pathlib.Path(env) if env else REPO / "build"
+    return p if p.is_absolute() else REPO / p
+
+
+COORDINATOR = _build_dir() / "coordinator" / "tandem-coordinator"
+WORKER = _build_dir() / "worker" / "tandem-worker"
+
+# Small and slow enough to be scraped many times; cancelled at the end.
+SPEC = {
+    "model": {"preset": "llama", "layers": 2, "d_model": 64, "heads": 4,
+              "ffn": 128, "vocab": 256},
+    "batch": {"micro_batch": 2, "seq_len": 32},
+    "parallel": {"world_size": 2},
+    "train": {"steps": 1000000},
+    "memory": {"budget_bytes": 1 << 31},
+    "optimize": {"warmup_steps": 3, "drift_threshold": 0.5,
+                 "drift_window": 4},
+}
+# Grafana's built-in variables, as Grafana would fill them for a 1 s
+# scrape interval and a short range.
+BUILTINS = {"$__rate_interval": "5s", "$__interval": "2s", "$__range": "5m"}
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out after %gs waiting for %s" %
+                                 (timeout, what))
+        time.sleep(0.2)
+
+
+def http_get(url, timeout=10):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode()
+
+
+class Process:
+    """A child process whose stderr goes to a log file."""
+
+    def __init__(self, args, log_path, stdout=subprocess.DEVNULL, env=None):
+        self.log_path = log_path
+        self.proc = subprocess.Popen(
+            [str(a) for a in args], stdout=stdout,
+            stderr=open(log_path, "w"), env=env)
+
+    def log(self):
+        return self.log_path.read_text()[-4000:]
+
+    def wait_log(self, pattern, timeout=30):
+        def find():
+            if self.proc.poll() is not None:
+                raise AssertionError("%s exited: %s" % (self.proc.args[0],
+                                                        self.log()))
+            m = re.search(pattern, self.log_path.read_text())
+            return m
+        return wait_for(find, timeout, pattern)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class Prometheus(Process):
+    def __init__(self, config, workdir):
+        self.port = free_port()
+        super().__init__(
+            [PROMETHEUS, "--config.file", config,
+             "--storage.tsdb.path", workdir / "data",
+             "--web.listen-address", "127.0.0.1:%d" % self.port,
+             "--log.level", "warn"],
+            workdir / "prometheus.log")
+        self.url = "http://127.0.0.1:%d" % self.port
+        wait_for(self.ready, 30, "Prometheus ready")
+
+    def ready(self):
+        if self.proc.poll() is not None:
+            raise AssertionError("prometheus exited: " + self.log())
+        try:
+            return "Ready" in http_get(self.url + "/-/ready", timeout=2)
+        except OSError:
+            return False
+
+    def api(self, path, **params):
+        url = "%s/api/v1/%s?%s" % (self.url, path,
+                                   urllib.parse.urlencode(params, doseq=True))
+        body = json.loads(http_get(url))
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def query(self, expr):
+        return self.api("query", query=expr)["result"]
+
+
+def write_targets(path, targets):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(targets))
+    tmp.rename(path)
+
+
+def local_config(workdir, scrape_interval="1s"):
+    """dashboards/prometheus/prometheus-local.yml laid out as demo.sh does:
+    config, rules and targets/ in one directory."""
+    config = yaml.safe_load(
+        (DASHBOARDS / "prometheus" / "prometheus-local.yml").read_text())
+    config["global"]["scrape_interval"] = scrape_interval
+    config["global"]["evaluation_interval"] = scrape_interval
+    shutil.copy(DASHBOARDS / "alerts" / "tandem-alerts.yml", workdir)
+    path = workdir / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    for binary in (COORDINATOR, WORKER):
+        if not binary.is_file():
+            pytest.skip("%s is not built (scripts/setup.sh builds it)" %
+                        binary)
+    for tool in (PROMETHEUS, PROMTOOL):
+        if not os.access(tool, os.X_OK):
+            pytest.skip("%s is missing (Debian package prometheus)" % tool)
+    import tandem  # client/python, put on sys.path by conftest.py
+
+    work = tmp_path_factory.mktemp("prometheus-e2e")
+    procs = []
+    try:
+        coordinator = Process(
+            [COORDINATOR, "--listen", "127.0.0.1:0", "--db",
+             work / "tandem.db", "--metrics-listen", "127.0.0.1:0"],
+            work / "coordinator.log", stdout=open(work / "coordinator.out",
+                                                  "w"))
+        procs.append(coordinator)
+        out = wait_for(lambda: re.search(
+            r"listening on port (\d+), metrics on port (\d+)",
+            (work / "coordinator.out").read_text()), 20, "coordinator")
+        address = "127.0.0.1:%s" % out.group(1)
+        coordinator_metrics = "127.0.0.1:%s" % out.group(2)
+
+        client = tandem.Client(address, timeout=10)
+        spec = copy.deepcopy(SPEC)
+        spec["name"] = "e2e-prometheus"
+        job = client.submit(spec)
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+        workers = []
+        for rank in range(2):
+            w = Process([WORKER, "--coordinator", address, "--job", job.id,
+                         "--rank", rank, "--threads", "1",
+                         "--metrics-listen", "127.0.0.1:0"],
+                        work / ("worker%d.log" % rank), env=env)
+            procs.append(w)
+            port = w.wait_log(r"metrics on port (\d+)").group(1)
+            workers.append("127.0.0.1:%s" % port)
+
+        prom_dir = work / "prometheus"
+        prom_dir.mkdir()
+        config = local_config(prom_dir)
+        write_targets(prom_dir / "targets" / "coordinator.json",
+                      [{"targets": [coordinator_metrics],
+                        "labels": {"component": "coordinator"}}])
+        write_targets(prom_dir / "targets" / "workers.json",
+                      [{"targets": [t], "labels": {
+                          "component": "worker", "tandem_job": job.id,
+                          "rank": str(r)}} for r, t in enumerate(workers)])
+        prometheus = Prometheus(config, prom_dir)
+        procs.append(prometheus)
+        started = time.time()
+
+        # The loop closed (a planned schedule is running on both ranks), and
+        # Prometheus saw it: several scrapes of every target since.
+        wait_for(lambda: client.get(job.id)[0].schedule_version >= 1, 180,
+                 "schedule v1 active")
+        wait_for(lambda: prometheus.query(
+            'min(tandem_worker_schedule_version{job="%s"}) >= 1' % job.id),
+            60, "Prometheus scraped schedule v1 from both ranks")
+        # A re-plan while Prometheus watches: planning passes and re-plans
+        # move inside the dashboards' time range.
+        client.reoptimize(job.id, reason="reoptimize")
+        wait_for(lambda: prometheus.query(
+            'min(tandem_worker_schedule_version{job="%s"}) >= 2' % job.id),
+            120, "Prometheus scraped schedule v2 from both ranks")
+        wait_for(lambda: len(prometheus.query(
+            'count_over_time(up[1m]) >= 8')) == 3, 60,
+            "8 scrapes of each of the 3 targets")
+        yield {"prometheus": prometheus, "job": job.id, "client": client,
+               "coordinator_metrics": coordinator_metrics,
+               "workers": workers, "started": started, "work": work,
+               "prom_dir": prom_dir}
+        client.cancel(job.id, reason="e2e test done")
+        client.close()
+    finally:
+        for p in reversed(procs):
+            p.stop()
+
+
+def substitute(expr, job, rank_regex=".*"):
+    expr = expr.replace("$job", job).replace("$rank", rank_regex)
+    for name, value in BUILTINS.items():
+        expr = expr.replace(name, value)
+    assert "$" not in expr, expr
+    return expr
+
+
+def dashboards():
+    return sorted((DASHBOARDS / "grafana").glob("*.json"))
+
+
+def panels(dashboard):
+    for p in dashboard.get("panels", []):
+        yield p
+        yield from p.get("panels", [])
+
+
+def has_value(result):
+    for series in result:
+        values = [series["value"]] if "value" in series else series["values"]
+        if any(math.isfinite(float(v)) for _, v in values):
+            return True
+    return False
+
+
+def test_every_dashboard_panel_query_returns_data(stack):
+    prom = stack["prometheus"]
+    checked, empty = 0, []
+    for path in dashboards():
+        for panel in panels(json.loads(path.read_text())):
+            for target in panel.get("targets", []):
+                expr = substitute(target["expr"], stack["job"])
+                # Each rank on its own, and all of them.
+                for rank in ([".*", "0", "1"] if "$rank" in target["expr"]
+                             else [".*"]):
+                    e = substitute(target["expr"], stack["job"], rank)
+                    checked += 1
+                    if not has_value(prom.query(e)):
+                        empty.append("%s / %s: %s" % (path.name,
+                                                      panel["title"], e))
+                assert expr
+    assert checked >= 30
+    assert not empty, "panel queries without data:\n" + "\n".join(empty)
+
+
+def test_annotation_queries_mark_schedule_changes(stack):
+    prom = stack["prometheus"]
+    for path in dashboards():
+        for a in json.loads(path.read_text())["annotations"]["list"]:
+            if "target" not in a:
+                continue
+            expr = substitute(a["target"]["expr"], stack["job"])
+            data = prom.api("query_range", query=expr,
+                            start=stack["started"], end=time.time(), step="1s")
+            assert has_value(data["result"]), (path.name, a["name"], expr)
+
+
+def test_template_variables_list_the_job_and_ranks(stack):
+    prom = stack["prometheus"]
+    for path in dashboards():
+        for v in json.loads(path.read_text())["templating"]["list"]:
+            if v["type"] != "query":
+                continue
+            query = v["query"]["query"]
+            m = re.fullmatch(r"label_values\((.*), (\w+)\)", query)
+            assert m, query
+            selector = substitute(m.group(1), stack["job"])
+            values = prom.api("label/%s/values" % m.group(2),
+                              **{"match[]": selector})
+            expected = {"job": [stack["job"]], "rank": ["0", "1"]}[
+                m.group(2)]
+            for e in expected:
+                assert e in values, (path.name, v["name"], values)
+
+
+def test_every_target_is_up(stack):
+    targets = stack["prometheus"].api("targets")["activeTargets"]
+    assert {t["labels"]["job"] for t in targets} == {"tandem-coordinator",
+                                                     "tandem-workers"}
+    assert len(targets) == 3
+    assert all(t["health"] == "up" for t in targets), targets
+    # honor_labels: the exporters' job label (the Tandem job) wins.
+    series = stack["prometheus"].query("tandem_worker_step")
+    assert {s["metric"]["job"] for s in series} == {stack["job"]}
+    assert {s["metric"]["rank"] for s in series} == {"0", "1"}
+
+
+def promtool(*args, stdin=None, cwd=None):
+    r = subprocess.run([PROMTOOL, *args], input=stdin, cwd=cwd,
+                       capture_output=True, text=True, timeout=120)
+    return r.returncode, r.stdout + r.stderr
+
+
+def test_promtool_check_config_and_rules(stack):
+    rc, out = promtool("check", "config", str(stack["prom_dir"] /
+                                               "prometheus.yml"))
+    assert rc == 0, out
+    assert "SUCCESS" in out and "rule files found" in out, out
+    rc, out = promtool("check", "rules",
+                       str(DASHBOARDS / "alerts" / "tandem-alerts.yml"))
+    assert rc == 0, out
+
+
+def test_promtool_test_rules():
+    if not os.access(PROMTOOL, os.X_OK):
+        pytest.skip("promtool is missing")
+    rc, out = promtool("test", "rules", "tandem-alerts_test.yml",
+                       cwd=DASHBOARDS / "alerts")
+    assert rc == 0 and "SUCCESS" in out, out
+
+
+def test_promtool_check_metrics_on_both_exporters(stack):
+    for address in [stack["coordinator_metrics"]] + stack["workers"]:
+        text = http_get("http://%s/metrics" % address)
+        assert "# TYPE" in text
+        rc, out = promtool("check", "metrics", stdin=text)
+        assert rc == 0 and not out.strip(), (address, out)
+
+
+def test_k8s_pod_annotation_config_relabels_pods(stack, tmp_path):
+    """Debian's Prometheus is built without Kubernetes service discovery, so
+    the pods come from a file_sd file carrying the __meta_kubernetes_* labels
+    Kubernetes SD would set; everything else (relabelling, honor_labels, the
+    rules) is the real config, scraping the real exporters."""
+    config = yaml.safe_load(
+        (DASHBOARDS / "prometheus" / "prometheus-k8s.yml").read_text())
+    config["global"]["scrape_interval"] = "1s"
+    for sc in config["scrape_configs"]:
+        assert sc.pop("kubernetes_sd_configs") == [{"role": "pod"}]
+        sc["file_sd_configs"] = [{"files": ["pods.json"]}]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    shutil.copy(DASHBOARDS / "alerts" / "tandem-alerts.yml", tmp_path)
+
+    def pod(name, address, component, scrape="true", phase="Running",
+            index=None):
+        host, port = address.split(":")
+        labels = {
+            "__meta_kubernetes_namespace": "tandem",
+            "__meta_kubernetes_pod_name": name,
+            "__meta_kubernetes_pod_phase": phase,
+            "__meta_kubernetes_pod_label_app_kubernetes_io_name": "tandem",
+            "__meta_kubernetes_pod_label_app_kubernetes_io_component":
+                component,
+            "__meta_kubernetes_pod_annotation_prometheus_io_scrape": scrape,
+            "__meta_kubernetes_pod_annotation_prometheus_io_port": port,
+            "__meta_kubernetes_pod_annotation_prometheus_io_path": "/metrics",
+        }
+        if index is not None:
+            labels["__meta_kubernetes_pod_annotation_batch_kubernetes_io_"
+                   "job_completion_index"] = str(index)
+        # Kubernetes SD's address for a pod port nobody declared: the pod IP
+        # with another port; the annotation picks the metrics port.
+        return {"targets": ["%s:8081" % host], "labels": labels}
+
+    write_targets(tmp_path / "pods.json", [
+        pod("tandem-coordinator-0", stack["coordinator_metrics"],
+            "coordinator"),
+        pod("tandem-workers-0-abc", stack["workers"][0], "worker", index=0),
+        pod("tandem-workers-1-def", stack["workers"][1], "worker", index=1),
+        pod("unrelated", stack["workers"][1], "worker", scrape="false"),
+        pod("tandem-workers-old", stack["workers"][0], "worker",
+            phase="Succeeded", index=0),
+    ])
+    rc, out = promtool("check", "config", str(tmp_path / "prometheus.yml"))
+    assert rc == 0, out
+    prom = Prometheus(tmp_path / "prometheus.yml", tmp_path)
+    try:
+        def scraped():
+            up = prom.query("up == 1")
+            return len(up) == 3 and up
+        up = wait_for(scraped, 30, "3 pods scraped")
+        by_pod = {s["metric"]["pod"]: s["metric"] for s in up}
+        assert set(by_pod) == {"tandem-coordinator-0", "tandem-workers-0-abc",
+                               "tandem-workers-1-def"}
+        w1 = by_pod["tandem-workers-1-def"]
+        assert w1["job"] == "tandem-workers"
+        assert w1["rank"] == "1" and w1["component"] == "worker"
+        assert w1["instance"] == stack["workers"][1]
+        assert by_pod["tandem-coordinator-0"]["component"] == "coordinator"
+        steps = wait_for(lambda: prom.query("tandem_worker_step"), 30,
+                         "worker series")
+        assert {s["metric"]["job"] for s in steps} == {stack["job"]}
+    finally:
+        prom.stop()

@@ -154,6 +154,13 @@ struct Executor::IterationState {
   double loss_sum = 0;
   int64_t offloaded_bytes = 0;
   int64_t max_offloaded_bytes = 0;
+  // Host-tier copies of this iteration, for the timeline's copy stream.
+  struct Copy {
+    std::string label;
+    int64_t bytes;
+    CollectiveHandle handle;
+  };
+  std::vector<Copy> copies;
   SteadyTime backward_start;
   int64_t backward_memory = 0;
 };
@@ -356,6 +363,8 @@ void Executor::RunActions(int pos, AnchorPosition where) {
         absl::StatusOr<CollectiveHandle> copy =
             store_->OffloadStates(ids, *host_);
         TORCH_CHECK(copy.ok(), std::string(copy.status().message()));
+        it_->copies.push_back(
+            {absl::StrCat("offload o", a.offload_id), bytes, *copy});
         it_->offloaded_bytes += bytes;
         it_->max_offloaded_bytes =
             std::max(it_->max_offloaded_bytes, it_->offloaded_bytes);
@@ -364,12 +373,13 @@ void Executor::RunActions(int pos, AnchorPosition where) {
       case ActionKind::kReload: {
         const std::vector<int32_t>& ids =
             active_->offload_params.at(a.offload_id);
+        int64_t bytes = 0;
         for (int32_t id : ids) {
-          if (store_->states_on_host(id)) {
-            it_->offloaded_bytes -= store_->state_bytes(id);
-          }
+          if (store_->states_on_host(id)) bytes += store_->state_bytes(id);
         }
-        store_->ReloadStates(ids, *host_);
+        it_->offloaded_bytes -= bytes;
+        it_->copies.push_back({absl::StrCat("reload o", a.offload_id), bytes,
+                               store_->ReloadStates(ids, *host_)});
         break;
       }
     }
@@ -536,7 +546,12 @@ absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
   for (int id = 0; id < store_->num_params(); ++id) {
     if (store_->states_on_host(id)) on_host.push_back(id);
   }
-  if (!on_host.empty()) store_->ReloadStates(on_host, *host_);
+  if (!on_host.empty()) {
+    int64_t bytes = 0;
+    for (int32_t id : on_host) bytes += store_->state_bytes(id);
+    it_->copies.push_back(
+        {"reload (left on host)", bytes, store_->ReloadStates(on_host, *host_)});
+  }
   const double copy_wait_s =
       store_->AdamWStep(options_.adamw, factor, step_ + 1);
   RunActions(optimizer, AnchorPosition::kAfter);
@@ -561,6 +576,13 @@ absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
   stats->schedule_version = version;
   stats->exposed_copy_s = copy_wait_s;
   stats->offloaded_bytes = it_->max_offloaded_bytes;
+  for (const IterationState::Copy& c : it_->copies) {
+    // Copies still running (an offload issued late) belong to no span yet.
+    if (c.handle != nullptr && c.handle->done()) {
+      profiler_.RecordCopy(c.label, c.bytes, c.handle->started_at(),
+                           c.handle->finished_at());
+    }
+  }
   profiler_.EndIteration(stats->iteration_s, stats->peak_bytes);
   if (options_.budget_bytes > 0 && stats->peak_bytes > options_.budget_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(

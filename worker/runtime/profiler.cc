@@ -61,6 +61,13 @@ void Profiler::RecordExchange(absl::string_view label,
   timeline_.AddExchange(label, start, end);
 }
 
+void Profiler::RecordCopy(absl::string_view label, int64_t bytes,
+                          TimelineClock::time_point start,
+                          TimelineClock::time_point end) {
+  if (!enabled_) return;
+  timeline_.AddCopy(label, bytes, start, end);
+}
+
 void Profiler::EndIteration(double iteration_s, int64_t peak_bytes) {
   if (!enabled_) return;
   timeline_.End(iteration_s, peak_bytes);

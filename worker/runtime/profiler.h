@@ -40,6 +40,10 @@ class Profiler {
   // exchange); timeline only.
   void RecordExchange(absl::string_view label, TimelineClock::time_point start,
                       TimelineClock::time_point end);
+  // A host-tier copy (OFFLOAD/RELOAD) on the copy stream; timeline only.
+  void RecordCopy(absl::string_view label, int64_t bytes,
+                  TimelineClock::time_point start,
+                  TimelineClock::time_point end);
   void EndIteration(double iteration_s, int64_t peak_bytes);
 
   // The window's averages (memory: the largest seen at each boundary).

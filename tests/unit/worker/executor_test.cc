@@ -557,6 +557,17 @@ TEST(ExecutorTest, OffloadAllStates_LowersCountedPeakByStateBytes) {
         peaks[offload] = stats->peak_bytes;
         offloaded[offload] = stats->offloaded_bytes;
       }
+      // The timeline's copy stream shows the offload and the reload, each
+      // moving every state byte.
+      int64_t copied[2] = {0, 0};
+      for (const auto& span :
+           (*executor)->profiler().timeline().last().spans) {
+        if (span.stream != IterationTimeline::Stream::kCopy) continue;
+        EXPECT_GT(span.duration_s, 0);
+        copied[span.label.rfind("reload", 0) == 0 ? 1 : 0] += span.bytes;
+      }
+      EXPECT_EQ(copied[0], offload ? state_bytes : 0);
+      EXPECT_EQ(copied[1], offload ? state_bytes : 0);
     });
   }
   const int64_t lowered = peaks[0] - peaks[1];

@@ -46,9 +46,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       });
   s->UpdateJobGauges();
 
-  s->job_service_ =
-      std::make_unique<JobServiceImpl>(s->jobs_.get(), s->planning_.get(),
-                                       &s->timelines_);
+  s->job_service_ = std::make_unique<JobServiceImpl>(
+      s->jobs_.get(), s->planning_.get(), &s->timelines_);
   s->worker_service_ =
       std::make_unique<WorkerServiceImpl>(s->workers_.get(), &s->kv_);
   // grpc.health.v1 on the same port: "" and each service are SERVING while

@@ -113,9 +113,8 @@ absl::Status Train(const AgentTrainerOptions& options, WorkerAgent& agent,
       c10::intrusive_ptr<c10d::ProcessGroup> group,
       CreateProcessGroupFromStore(store, rank, world, CollectiveBackend::kGloo,
                                   std::chrono::minutes(5), options.bind_host));
-  ASSIGN_OR_RETURN(
-      Schedule baseline,
-      BaselineSchedule(model.graph, spec.parallel().zero_stage()));
+  ASSIGN_OR_RETURN(Schedule baseline,
+                   BaselineSchedule(model.graph, spec.parallel().zero_stage()));
   ASSIGN_OR_RETURN(
       std::unique_ptr<TrainingJob> job,
       TrainingJob::Start(spec, &model, rank, world, group, std::move(baseline),
@@ -149,8 +148,7 @@ absl::Status Train(const AgentTrainerOptions& options, WorkerAgent& agent,
     if (signal == 0) return absl::OkStatus();
     return absl::AbortedError(StoppedBySignal(rank, signal));
   };
-  for (int64_t step = job->first_step(); step < spec.train().steps();
-       ++step) {
+  for (int64_t step = job->first_step(); step < spec.train().steps(); ++step) {
     RETURN_IF_ERROR(stop_signal());
     if (std::optional<std::string> stop = agent.StopReason()) {
       return absl::FailedPreconditionError(*stop);

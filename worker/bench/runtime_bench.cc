@@ -129,8 +129,8 @@ std::vector<Sample> Run(const ModelConfig& config, int world, int steps,
         if (!stats.ok()) fail(stats.status());
         if (rank == 0 && step >= 2) {
           samples.push_back({stats->iteration_s, stats->exposed_comm_s,
-                             stats->peak_bytes, profiled,
-                             stats->exposed_copy_s, stats->offloaded_bytes});
+                             stats->peak_bytes, profiled, stats->exposed_copy_s,
+                             stats->offloaded_bytes});
         }
       }
     });
@@ -201,14 +201,14 @@ void RunOffloadAndZero1(const ModelConfig& config, int world, int steps) {
       pipeline.AddPass<OffloadPass>();
       pipeline.AddPass<PrefetchPass>();
       absl::StatusOr<bool> changed = pipeline.Run(context);
-      if (changed.ok() && context.schedule().offloads.size() <
-                              graph->params.size()) {
+      if (changed.ok() &&
+          context.schedule().offloads.size() < graph->params.size()) {
         break;
       }
     }
   }
-  auto plan_adaptive = [world, budget](const Graph& g)
-      -> absl::StatusOr<Schedule> {
+  auto plan_adaptive = [world,
+                        budget](const Graph& g) -> absl::StatusOr<Schedule> {
     HardwareModel hw = HardwareModel::H100(world);
     hw.budget_bytes = budget;
     PlanningContext context(g, hw);
@@ -222,8 +222,8 @@ void RunOffloadAndZero1(const ModelConfig& config, int world, int steps) {
     s.version = 1;
     return s;
   };
-  auto offload_all = [world, budget](const Graph& g)
-      -> absl::StatusOr<Schedule> {
+  auto offload_all = [world,
+                      budget](const Graph& g) -> absl::StatusOr<Schedule> {
     // Every param's states, copied out after the first node and back
     // during the second half of backward, on the same prefetching plan.
     auto base = OnDemandSchedule(g, 1);
@@ -269,8 +269,8 @@ void RunOffloadAndZero1(const ModelConfig& config, int world, int steps) {
       {"adaptive", plan_adaptive},
   };
   for (const auto& [name, make] : offload_schedules) {
-    const Summary r = Summarize(
-        Run(config, world, steps, make, [](int) { return true; }));
+    const Summary r =
+        Summarize(Run(config, world, steps, make, [](int) { return true; }));
     std::printf("%-16s %12.4f %14.4f %12.4f %12.1f %14.1f\n", name,
                 r.iteration_s, r.exposed_s, r.copy_wait_s,
                 r.peak_bytes / 1048576.0, r.offloaded_bytes / 1048576.0);
@@ -291,8 +291,8 @@ void RunOffloadAndZero1(const ModelConfig& config, int world, int steps) {
       {"zero1", [](const Graph& g) { return Zero1Schedule(g, 1); }},
   };
   for (const auto& [name, make] : stages) {
-    const Summary r = Summarize(
-        Run(config, world, steps, make, [](int) { return true; }));
+    const Summary r =
+        Summarize(Run(config, world, steps, make, [](int) { return true; }));
     std::printf("%-16s %12.4f %14.4f %12.1f\n", name, r.iteration_s,
                 r.exposed_s, r.peak_bytes / 1048576.0);
   }

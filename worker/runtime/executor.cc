@@ -67,8 +67,8 @@ absl::Status CheckRunnableSchedule(const Graph& graph,
     }
     if (o.bytes < states) {
       return absl::UnimplementedError(absl::StrCat(
-          "schedule v", schedule.version, ": offload entry o", o.id,
-          " moves ", o.bytes, " of its params' ", states,
+          "schedule v", schedule.version, ": offload entry o", o.id, " moves ",
+          o.bytes, " of its params' ", states,
           " B of optimizer state; this worker moves whole params' states, "
           "so plan entries of whole params"));
     }
@@ -218,11 +218,12 @@ absl::Status Executor::OfferSchedule(Schedule schedule,
                                      int64_t not_before_iteration) {
   RETURN_IF_ERROR(CheckRunnableSchedule(graph_, schedule));
   if (schedule.mode != mode_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "schedule v", schedule.version, " is a ", ShardingModeName(schedule.mode),
-        " schedule, but this job runs ", ShardingModeName(mode_),
-        " (parallel.zero_stage is fixed for a job); plan it for ",
-        ShardingModeName(mode_)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("schedule v", schedule.version, " is a ",
+                     ShardingModeName(schedule.mode),
+                     " schedule, but this job runs ", ShardingModeName(mode_),
+                     " (parallel.zero_stage is fixed for a job); plan it for ",
+                     ShardingModeName(mode_)));
   }
   return slot_.Offer(std::move(schedule), not_before_iteration);
 }
@@ -549,8 +550,8 @@ absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
   if (!on_host.empty()) {
     int64_t bytes = 0;
     for (int32_t id : on_host) bytes += store_->state_bytes(id);
-    it_->copies.push_back(
-        {"reload (left on host)", bytes, store_->ReloadStates(on_host, *host_)});
+    it_->copies.push_back({"reload (left on host)", bytes,
+                           store_->ReloadStates(on_host, *host_)});
   }
   const double copy_wait_s =
       store_->AdamWStep(options_.adamw, factor, step_ + 1);

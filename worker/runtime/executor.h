@@ -166,7 +166,7 @@ class Executor {
   Communicator* comm_;
   MemoryMeter* meter_;
   const ExecutorOptions options_;
-  const int num_nodes_;  // forward nodes of one micro-batch
+  const int num_nodes_;      // forward nodes of one micro-batch
   const ShardingMode mode_;  // the initial schedule's; offers must match
   ScheduleSlot slot_;
   std::unique_ptr<Prepared> active_;

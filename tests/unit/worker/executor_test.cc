@@ -20,8 +20,8 @@
 #include "common/ir/validate.h"
 #include "common/models/graph_builder.h"
 #include "common/models/model_config.h"
-#include "coordinator/analysis/schedule_invariants.h"
 #include "common/sim/simulator.h"
+#include "coordinator/analysis/schedule_invariants.h"
 #include "coordinator/passes/offload_pass.h"
 #include "coordinator/passes/pass_pipeline.h"
 #include "coordinator/passes/planning_context.h"
@@ -247,10 +247,11 @@ std::vector<int32_t> HalfTheParams(const Graph& g) {
 }
 Schedule Offloaded(const Graph& g, Schedule base,
                    const std::vector<int32_t>& ids, int reload_lead) {
-  absl::StatusOr<Schedule> s = OffloadStates(g, std::move(base), ids,
-                                             reload_lead);
+  absl::StatusOr<Schedule> s =
+      OffloadStates(g, std::move(base), ids, reload_lead);
   EXPECT_TRUE(s.ok()) << s.status();
-  EXPECT_TRUE(CheckRunnableSchedule(g, *s).ok()) << CheckRunnableSchedule(g, *s);
+  EXPECT_TRUE(CheckRunnableSchedule(g, *s).ok())
+      << CheckRunnableSchedule(g, *s);
   return *s;
 }
 
@@ -560,8 +561,7 @@ TEST(ExecutorTest, OffloadAllStates_LowersCountedPeakByStateBytes) {
       // The timeline's copy stream shows the offload and the reload, each
       // moving every state byte.
       int64_t copied[2] = {0, 0};
-      for (const auto& span :
-           (*executor)->profiler().timeline().last().spans) {
+      for (const auto& span : (*executor)->profiler().timeline().last().spans) {
         if (span.stream != IterationTimeline::Stream::kCopy) continue;
         EXPECT_GT(span.duration_s, 0);
         copied[span.label.rfind("reload", 0) == 0 ? 1 : 0] += span.bytes;
@@ -573,8 +573,7 @@ TEST(ExecutorTest, OffloadAllStates_LowersCountedPeakByStateBytes) {
   const int64_t lowered = peaks[0] - peaks[1];
   std::printf("peak %lld -> %lld B: lowered by %lld, states %lld B\n",
               static_cast<long long>(peaks[0]),
-              static_cast<long long>(peaks[1]),
-              static_cast<long long>(lowered),
+              static_cast<long long>(peaks[1]), static_cast<long long>(lowered),
               static_cast<long long>(state_bytes));
   EXPECT_EQ(offloaded[0], 0);
   EXPECT_EQ(offloaded[1], state_bytes);
@@ -600,8 +599,7 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Combine(testing::Values(1, 2, 3),
                      testing::Values("on_demand", "prefetch", "persistent",
                                      "switch_at_3", "offload_all",
-                                     "offload_part", "zero1",
-                                     "zero1_offload")),
+                                     "offload_part", "zero1", "zero1_offload")),
     [](const testing::TestParamInfo<NumericsTest::ParamType>& info) {
       return absl::StrCat("World", std::get<0>(info.param), "_",
                           std::get<1>(info.param));

@@ -51,9 +51,9 @@ class WorkerManagerTest : public ::testing::Test {
     WorkerManager::Options options;
     options.heartbeat_timeout = timeout;
     options.watch_interval = 20ms;
-    workers_ = std::make_unique<WorkerManager>(
-        jobs_.get(), store_.get(), planning_.get(), &kv_, nullptr,
-        &timelines_, options);
+    workers_ = std::make_unique<WorkerManager>(jobs_.get(), store_.get(),
+                                               planning_.get(), &kv_, nullptr,
+                                               &timelines_, options);
     jobs_->SetStateListener([this](const std::string& id, v1::JobState s) {
       if (IsTerminal(s)) workers_->OnJobEnded(id, s);
     });

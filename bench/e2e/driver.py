@@ -52,6 +52,7 @@ class Bench:
         self.replay = os.path.join(b, "bench", "tandem-comm-replay")
         self.ddp = os.path.join(self.root, "bench", "e2e", "ddp_reference.py")
         self.port = 30000 + (a.rate % 1000) * 20
+        self.runs = 0  # raw outputs: workdir/run<rate>-<n>.log
         self.env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
         os.makedirs(a.workdir, exist_ok=True)
 
@@ -104,7 +105,17 @@ class Bench:
                 if q.poll() is None:
                     q.kill()
                     q.wait()
+        self.runs += 1
+        with open(os.path.join(a.workdir, f"run{a.rate}-{self.runs:03d}.log"), "w") as f:
+            f.write(" ".join(make_cmd(0, rv)) + "\n")
+            for r in range(2):
+                f.write(f"--- rank {r} stdout\n{outs[r] or ''}--- rank {r} stderr\n{errs[r] or ''}")
         if failed:
+            # The rank that broke the budget says so; its peer only sees the
+            # connection close.
+            for r in range(2):
+                if errs[r] and "exceeds memory.budget_bytes" in errs[r]:
+                    failed = f"rank {r}: {errs[r].strip()[-600:]}"
             raise RuntimeError(failed)
         return outs
 
@@ -270,7 +281,7 @@ memory: {{budget_bytes: {budget}}}
                 # budget, with the planner's budget lowered by the overshoot
                 # (what the coordinator does on a memory drift); the others
                 # plan the same schedule whatever the budget.
-                attempts = 3 if policy in ("tandem", "deepcompile") else 1
+                attempts = 4 if policy in ("tandem", "deepcompile") else 1
                 for attempt in range(attempts):
                     try:
                         row.update(self.plan(m, profile, policy, plan_budget, sched),
@@ -278,6 +289,12 @@ memory: {{budget_bytes: {budget}}}
                     except RuntimeError as e:
                         row.update(error=f"planning failed: {e}", step_s=None, peak_bytes=None,
                                    predicted_s=None)
+                        # Lowered below what any plan needs: plan the
+                        # least-memory one instead (every state offloaded).
+                        least = re.search(r"smallest feasible budget is [^(]*\((\d+) B\)", str(e))
+                        if least and int(least.group(1)) > plan_budget and attempt + 1 < attempts:
+                            plan_budget = int(least.group(1))
+                            continue
                         break
                     try:
                         outs = self.run_pair(
@@ -291,7 +308,7 @@ memory: {{budget_bytes: {budget}}}
                         row.update(error=str(e), step_s=None, peak_bytes=None)
                         over = re.search(r"peak memory (\d+) B exceeds memory.budget_bytes (\d+)",
                                          str(e))
-                        if not over:
+                        if not over or attempt + 1 == attempts:
                             break
                         plan_budget -= int(over.group(1)) - int(over.group(2)) + (1 << 20)
                         log(f"{tag}: {policy} over budget by {int(over.group(1)) - bbytes} B; "

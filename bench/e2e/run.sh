@@ -55,6 +55,14 @@ if [ "$need_build" -eq 1 ]; then
   cmake --build "$BUILD" -j2 --target tandem-worker tandem-plan tandem-comm-replay >&2
 fi
 
+# A snapshot of the binaries: a rebuild during the run must not swap them.
+SNAP="$WORK/bin"
+mkdir -p "$SNAP/worker" "$SNAP/coordinator" "$SNAP/bench"
+for bin in worker/tandem-worker coordinator/tandem-plan bench/tandem-comm-replay; do
+  cp "$BUILD/$bin" "$SNAP/$bin.tmp" && mv "$SNAP/$bin.tmp" "$SNAP/$bin"
+done
+BUILD="$SNAP"
+
 NS0=tandem-e2e-0 NS1=tandem-e2e-1
 IF0=tde2e0 IF1=tde2e1
 IP0=10.231.7.1 IP1=10.231.7.2

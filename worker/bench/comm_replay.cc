@@ -94,7 +94,8 @@ std::vector<Collective> CollectivesInOrder(const Graph& graph,
                                            int world) {
   std::vector<Collective> out;
   for (const Node& node : graph.nodes) {
-    for (AnchorPosition pos : {AnchorPosition::kBefore, AnchorPosition::kAfter}) {
+    for (AnchorPosition pos :
+         {AnchorPosition::kBefore, AnchorPosition::kAfter}) {
       for (const Action& a : schedule.actions) {
         if (a.node_id != node.id || a.position != pos) continue;
         if (a.kind == ActionKind::kAllGather) {
@@ -114,8 +115,9 @@ std::vector<Collective> CollectivesInOrder(const Graph& graph,
 absl::Status Run(const Args& args) {
   ASSIGN_OR_RETURN(v1::JobSpec spec, LoadJobSpec(args.spec_path));
   ASSIGN_OR_RETURN(ModelParts model, PrepareModel(spec, args.world));
-  ASSIGN_OR_RETURN(Schedule schedule, LoadSchedule(args, model.graph,
-                                                   spec.parallel().zero_stage()));
+  ASSIGN_OR_RETURN(
+      Schedule schedule,
+      LoadSchedule(args, model.graph, spec.parallel().zero_stage()));
   RETURN_IF_ERROR(CheckRunnableSchedule(model.graph, schedule));
   const std::vector<Collective> collectives =
       CollectivesInOrder(model.graph, schedule, args.world);
@@ -153,7 +155,8 @@ absl::Status Run(const Args& args) {
         if (gather) {
           comm.AllGather(shard.narrow(0, 0, n), full.narrow(0, 0, n * w));
         } else {
-          comm.ReduceScatterSum(full.narrow(0, 0, n * w), shard.narrow(0, 0, n));
+          comm.ReduceScatterSum(full.narrow(0, 0, n * w),
+                                shard.narrow(0, 0, n));
         }
       });
     }
@@ -168,13 +171,14 @@ absl::Status Run(const Args& args) {
       });
       RETURN_IF_ERROR(comm.Drain());
     }
-    const double s = std::chrono::duration<double>(
-                         std::chrono::steady_clock::now() - start)
-                         .count();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
     if (step >= args.warmup) {
       times.push_back(s);
-      std::cout << absl::StrFormat("{\"step\":%d,\"comm_s\":%.6f,\"rank\":%d}\n",
-                                   step - args.warmup, s, args.rank);
+      std::cout << absl::StrFormat(
+          "{\"step\":%d,\"comm_s\":%.6f,\"rank\":%d}\n", step - args.warmup, s,
+          args.rank);
       std::cout.flush();
     }
   }

@@ -216,8 +216,8 @@ absl::StatusOr<CollectiveHandle> ShardedParamStore::OffloadStates(
       if (!host.ok()) return host.status();
       e.host_states = *std::move(host);
     }
-    pieces.push_back({std::move(e.exp_avg), std::move(e.exp_avg_sq),
-                      e.host_states});
+    pieces.push_back(
+        {std::move(e.exp_avg), std::move(e.exp_avg_sq), e.host_states});
     e.exp_avg = at::Tensor();
     e.exp_avg_sq = at::Tensor();
     e.states_on_host = true;

@@ -103,8 +103,8 @@ absl::StatusOr<Schedule> OffloadStates(const Graph& graph, Schedule schedule,
     return absl::InvalidArgumentError(
         "offloading needs a graph with forward nodes and an optimizer node");
   }
-  const int reload_at = std::clamp(optimizer - reload_lead, first_forward + 1,
-                                   optimizer);
+  const int reload_at =
+      std::clamp(optimizer - reload_lead, first_forward + 1, optimizer);
   schedule.offloads.clear();
   std::vector<Action> kept;
   for (const Action& a : schedule.actions) {
@@ -123,7 +123,9 @@ absl::StatusOr<Schedule> OffloadStates(const Graph& graph, Schedule schedule,
     const Param& p = graph.params[pos];
     const int32_t entry = static_cast<int32_t>(schedule.offloads.size());
     schedule.offloads.push_back(
-        {entry, {id}, p.shard_numel(world) * OptimizerStateBytesPerElement(p.dtype)});
+        {entry,
+         {id},
+         p.shard_numel(world) * OptimizerStateBytesPerElement(p.dtype)});
     Action off;
     off.kind = ActionKind::kOffload;
     off.node_id = graph.nodes[first_forward].id;

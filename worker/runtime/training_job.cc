@@ -98,9 +98,9 @@ absl::Status CheckRestorable(const RankCheckpoint& state,
 }
 
 void CopyInto(const std::string& bytes, const at::Tensor& dst) {
-  const at::Tensor src = at::from_blob(const_cast<char*>(bytes.data()),
-                                       {dst.numel()}, dst.options().device(
-                                                          at::kCPU));
+  const at::Tensor src =
+      at::from_blob(const_cast<char*>(bytes.data()), {dst.numel()},
+                    dst.options().device(at::kCPU));
   at::Tensor out = dst;
   out.copy_(src);
 }
@@ -113,7 +113,8 @@ void Restore(const RankCheckpoint& state, ShardedParamStore& store) {
              store.exp_avg_sq(id));
   }
   const std::string& rng = *state.Find("rng/cpu");
-  at::Tensor rng_state = at::empty({static_cast<int64_t>(rng.size())}, at::kByte);
+  at::Tensor rng_state =
+      at::empty({static_cast<int64_t>(rng.size())}, at::kByte);
   std::memcpy(rng_state.data_ptr(), rng.data(), rng.size());
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
@@ -293,7 +294,8 @@ absl::StatusOr<int64_t> TrainingJob::Resume() {
             "); resume it with the job spec that wrote it, or point "
             "checkpoint.dir at an empty directory to start afresh"));
       }
-      absl::StatusOr<RankCheckpoint> read = checkpoints_->ReadRank(*meta, rank_);
+      absl::StatusOr<RankCheckpoint> read =
+          checkpoints_->ReadRank(*meta, rank_);
       if (read.ok()) {
         state = *std::move(read);
         problem = CheckRestorable(state, *store_);

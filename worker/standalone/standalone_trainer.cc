@@ -79,10 +79,10 @@ absl::Status RunStandalone(const StandaloneOptions& options,
 
   ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::ProcessGroup> group,
                    CreateProcessGroup(options.rendezvous));
-  ASSIGN_OR_RETURN(std::unique_ptr<TrainingJob> job,
-                   TrainingJob::Start(spec, &model, rank, world, group,
-                                      std::move(schedule), meter,
-                                      {options.offload_dir}));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<TrainingJob> job,
+      TrainingJob::Start(spec, &model, rank, world, group, std::move(schedule),
+                         meter, {options.offload_dir}));
   if (options.observer != nullptr) {
     options.observer->OnStart(spec.name().empty() ? "standalone" : spec.name(),
                               rank, world);

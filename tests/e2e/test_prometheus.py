@@ -223,10 +223,21 @@ def stack(tmp_path_factory):
             60, "Prometheus scraped schedule v1 from both ranks")
         # A re-plan while Prometheus watches: planning passes and re-plans
         # move inside the dashboards' time range.
+        # Re-plan only once Prometheus has scraped the coordinator's counters,
+        # so the re-plan shows up as an increase (a drift re-plan may already
+        # have happened before the first scrape on a fast machine).
+        wait_for(lambda: prometheus.query(
+            'tandem_replans_total{job="%s"}' % job.id), 60,
+            "Prometheus scraped the coordinator's re-plan counters")
+        before = client.get(job.id)[0].schedule_version
         client.reoptimize(job.id, reason="reoptimize")
         wait_for(lambda: prometheus.query(
-            'min(tandem_worker_schedule_version{job="%s"}) >= 2' % job.id),
-            120, "Prometheus scraped schedule v2 from both ranks")
+            'min(tandem_worker_schedule_version{job="%s"}) >= %d'
+            % (job.id, before + 1)),
+            120, "Prometheus scraped the re-planned schedule from both ranks")
+        wait_for(lambda: prometheus.query(
+            'sum(increase(tandem_replans_total{job="%s"}[1m])) > 0' % job.id),
+            60, "Prometheus saw the re-plan counter rise")
         wait_for(lambda: len(prometheus.query(
             'count_over_time(up[1m]) >= 8')) == 3, 60,
             "8 scrapes of each of the 3 targets")

@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "common/sim/simulator.h"
 #include "common/status_macros.h"
+#include "coordinator/analysis/group_sizes.h"
 #include "coordinator/analysis/schedule_invariants.h"
 
 namespace tandem {
@@ -135,30 +136,6 @@ Layout BuildLayout(const Graph& graph, const GraphIndex& index,
   return layout;
 }
 
-int64_t GroupFullBytes(const Graph& graph, const GraphIndex& index,
-                       const GatherGroup& group) {
-  int64_t bytes = 0;
-  for (int32_t p : group.param_ids) {
-    const int pos = index.ParamPos(p);
-    if (pos >= 0) bytes += graph.params[pos].bytes();
-  }
-  return bytes;
-}
-
-// Bytes a collective of the group moves (padded shards, as the simulator).
-int64_t GroupPaddedBytes(const Graph& graph, const GraphIndex& index,
-                         const GatherGroup& group) {
-  const int world = std::max(graph.world_size, 1);
-  int64_t bytes = 0;
-  for (int32_t p : group.param_ids) {
-    const int pos = index.ParamPos(p);
-    if (pos < 0) continue;
-    const Param& param = graph.params[pos];
-    bytes += param.shard_numel(world) * world * DTypeBytes(param.dtype);
-  }
-  return bytes;
-}
-
 // Re-anchors the movable gathers of the base schedule's layout.
 class Reanchorer {
  public:
@@ -180,7 +157,7 @@ class Reanchorer {
     }
     group_full_bytes_.reserve(base.groups.size());
     for (const GatherGroup& g : base.groups) {
-      group_full_bytes_.push_back(GroupFullBytes(graph_, context.index(), g));
+      group_full_bytes_.push_back(GroupBytes(graph_, context.index(), g));
     }
   }
 

@@ -11,6 +11,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "common/sim/simulator.h"
 #include "common/status_macros.h"
+#include "coordinator/analysis/group_sizes.h"
 
 namespace tandem {
 namespace {
@@ -276,15 +277,8 @@ absl::StatusOr<bool> UnshardPass::RunImpl(PlanningContext& context) {
   }
   std::vector<double> gather_s(base.groups.size(), 0.0);
   std::vector<double> refresh_s(base.groups.size(), 0.0);
-  const int world = std::max(graph.world_size, 1);
   for (size_t g = 0; g < base.groups.size(); ++g) {
-    int64_t padded = 0;
-    for (int32_t p : base.groups[g].param_ids) {
-      const int pos = index.ParamPos(p);
-      if (pos < 0) continue;
-      const Param& param = graph.params[pos];
-      padded += param.shard_numel(world) * world * DTypeBytes(param.dtype);
-    }
+    const int64_t padded = GroupPaddedBytes(graph, index, base.groups[g]);
     gather_s[g] = gathers[g] * context.hw().AllGatherSeconds(padded);
     // A persistent param is still re-gathered once after the optimizer, in
     // one fused all-gather that nothing overlaps: its marginal cost there is

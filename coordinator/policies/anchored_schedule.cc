@@ -47,26 +47,6 @@ std::vector<PhaseSegment> PhaseSegments(const Graph& graph) {
   return segments;
 }
 
-int64_t GroupBytes(const Graph& graph, const GraphIndex& index,
-                   const GatherGroup& group) {
-  int64_t bytes = 0;
-  for (int32_t p : group.param_ids) {
-    const int pos = index.ParamPos(p);
-    if (pos >= 0) bytes += graph.params[pos].bytes();
-  }
-  return bytes;
-}
-
-int64_t GroupNumel(const Graph& graph, const GraphIndex& index,
-                   const GatherGroup& group) {
-  int64_t numel = 0;
-  for (int32_t p : group.param_ids) {
-    const int pos = index.ParamPos(p);
-    if (pos >= 0) numel += graph.params[pos].numel();
-  }
-  return numel;
-}
-
 int64_t ParamStateBytes(const Param& param, int32_t world_size) {
   return param.shard_numel(std::max(world_size, 1)) *
          OptimizerStateBytesPerElement(param.dtype);

@@ -16,6 +16,7 @@
 
 #include "common/ir/graph.h"
 #include "common/ir/schedule.h"
+#include "coordinator/analysis/group_sizes.h"
 
 namespace tandem {
 
@@ -52,12 +53,6 @@ struct PhaseSegment {
   int32_t micro_batch = 0;
 };
 std::vector<PhaseSegment> PhaseSegments(const Graph& graph);
-
-// Full (gathered) bytes and elements of a gather group.
-int64_t GroupBytes(const Graph& graph, const GraphIndex& index,
-                   const GatherGroup& group);
-int64_t GroupNumel(const Graph& graph, const GraphIndex& index,
-                   const GatherGroup& group);
 
 // Optimizer-state bytes of a param's shard on this rank.
 int64_t ParamStateBytes(const Param& param, int32_t world_size);

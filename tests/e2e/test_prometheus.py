@@ -305,9 +305,23 @@ def test_annotation_queries_mark_schedule_changes(stack):
             if "target" not in a:
                 continue
             expr = substitute(a["target"]["expr"], stack["job"])
+            end = time.time()
             data = prom.api("query_range", query=expr,
-                            start=stack["started"], end=time.time(), step="1s")
-            assert has_value(data["result"]), (path.name, a["name"], expr)
+                            start=stack["started"], end=end, step="1s")
+            if has_value(data["result"]):
+                continue
+            # Say what Prometheus saw: the versions and the failed scrapes.
+            seen = prom.api(
+                "query_range", start=stack["started"], end=end, step="1s",
+                query='tandem_worker_schedule_version{job="%s"}'
+                % stack["job"])["result"]
+            failed = prom.query('count_over_time((up == 0)[10m:1s])')
+            raise AssertionError("%s / %s: no annotation from %s\n"
+                                 "versions: %s\nfailed scrapes: %s" % (
+                                     path.name, a["name"], expr,
+                                     [(s["metric"].get("rank"),
+                                       sorted({v for _, v in s["values"]}))
+                                      for s in seen], failed))
 
 
 def test_template_variables_list_the_job_and_ranks(stack):

@@ -99,6 +99,12 @@ void ApplyJobSpecDefaults(v1::JobSpec& spec) {
   if (o.warmup_steps() == 0) o.set_warmup_steps(3);
   if (o.drift_threshold() == 0) o.set_drift_threshold(0.1);
   if (o.drift_window() == 0) o.set_drift_window(5);
+
+  v1::CommSpec& comm = *spec.mutable_comm();
+  if (comm.chunk_bytes() == 0) comm.set_chunk_bytes(kDefaultCommChunkBytes);
+  if (comm.max_in_flight() == 0) {
+    comm.set_max_in_flight(kDefaultCommMaxInFlight);
+  }
 }
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
@@ -201,6 +207,16 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
         "checkpoint.every must be >= 1 when checkpoint.dir is set, "
         "got ",
         c.every());
+  }
+
+  const v1::CommSpec& comm = spec.comm();
+  if (comm.chunk_bytes() != 0) {
+    AtLeast<int64_t>(errors, "comm.chunk_bytes", comm.chunk_bytes(), 4096);
+  }
+  if (comm.max_in_flight() != 0 &&
+      (comm.max_in_flight() < 1 || comm.max_in_flight() > 64)) {
+    errors.Add("comm.max_in_flight must be between 1 and 64, got ",
+               comm.max_in_flight());
   }
 
   if (absl::Status s = errors.ToStatus(); !s.ok()) return s;

@@ -130,7 +130,7 @@ absl::Status Run(const Args& args) {
   rv.world_size = args.world;
   ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::ProcessGroup> group,
                    CreateProcessGroup(rv));
-  Communicator comm(group);
+  Communicator comm(group, CommOptionsFromSpec(spec));
 
   // Buffers sized for the largest collective, reused (contents do not
   // matter; the bytes on the wire do).

@@ -2,7 +2,9 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <chrono>
+#include <deque>
 #include <utility>
 #include <vector>
 
@@ -15,6 +17,34 @@ namespace {
 
 double Seconds(SteadyTime from, SteadyTime to) {
   return std::chrono::duration<double>(to - from).count();
+}
+
+// Runs a collective over elements [0, n) in pieces of at most `piece`:
+// issue(offset, length) starts one and returns its work; at most
+// `max_in_flight` are outstanding; done(offset, length) runs for each after
+// it completed, in issue order. Every rank cuts the same n the same way, so
+// the pieces match across ranks.
+template <typename IssueFn, typename DoneFn>
+void InPieces(int64_t n, int64_t piece, int max_in_flight, IssueFn issue,
+              DoneFn done) {
+  struct Piece {
+    c10::intrusive_ptr<c10d::Work> work;
+    int64_t offset;
+    int64_t length;
+  };
+  std::deque<Piece> in_flight;
+  auto retire = [&] {
+    Piece p = std::move(in_flight.front());
+    in_flight.pop_front();
+    p.work->wait();
+    done(p.offset, p.length);
+  };
+  for (int64_t offset = 0; offset < n; offset += piece) {
+    const int64_t length = std::min(piece, n - offset);
+    in_flight.push_back({issue(offset, length), offset, length});
+    if (static_cast<int>(in_flight.size()) >= max_in_flight) retire();
+  }
+  while (!in_flight.empty()) retire();
 }
 
 }  // namespace
@@ -78,11 +108,14 @@ void CollectiveWork::Finish(absl::Status status) {
   cv_.notify_all();
 }
 
-Communicator::Communicator(c10::intrusive_ptr<c10d::ProcessGroup> group)
+Communicator::Communicator(c10::intrusive_ptr<c10d::ProcessGroup> group,
+                           CommOptions options)
     : group_(std::move(group)),
       rank_(group_->getRank()),
       world_size_(group_->getSize()),
       native_collectives_(group_->getBackendName() == "nccl"),
+      options_{std::max<int64_t>(options.chunk_bytes, 1),
+               std::max(options.max_in_flight, 1)},
       thread_([this] { Loop(); }) {}
 
 Communicator::~Communicator() {
@@ -141,6 +174,22 @@ void Communicator::Loop() {
   }
 }
 
+CommOptions CommOptionsFromSpec(const v1::JobSpec& spec) {
+  CommOptions options;
+  // Zero: a spec stored before the field existed, or defaults not applied.
+  if (spec.comm().chunk_bytes() > 0) {
+    options.chunk_bytes = spec.comm().chunk_bytes();
+  }
+  if (spec.comm().max_in_flight() > 0) {
+    options.max_in_flight = spec.comm().max_in_flight();
+  }
+  return options;
+}
+
+int64_t Communicator::PieceElements(const at::Tensor& t) const {
+  return std::max<int64_t>(1, options_.chunk_bytes / t.element_size());
+}
+
 void Communicator::AllGather(const at::Tensor& input,
                              const at::Tensor& output) {
   TORCH_CHECK(output.numel() == input.numel() * world_size_,
@@ -151,13 +200,18 @@ void Communicator::AllGather(const at::Tensor& input,
     group_->_allgather_base(out, in)->wait();
     return;
   }
-  std::vector<at::Tensor> inputs{in};
-  std::vector<std::vector<at::Tensor>> outputs(1);
+  // Rank j's elements [offset, offset + length) land at j * n + offset.
   const int64_t n = input.numel();
-  for (int j = 0; j < world_size_; ++j) {
-    outputs[0].push_back(output.narrow(0, j * n, n));
-  }
-  group_->allgather(outputs, inputs)->wait();
+  auto issue = [&](int64_t offset, int64_t length) {
+    std::vector<at::Tensor> inputs{in.narrow(0, offset, length)};
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int j = 0; j < world_size_; ++j) {
+      outputs[0].push_back(output.narrow(0, j * n + offset, length));
+    }
+    return group_->allgather(outputs, inputs);
+  };
+  InPieces(n, PieceElements(input), options_.max_in_flight, issue,
+           [](int64_t, int64_t) {});
 }
 
 void Communicator::ReduceScatterSum(const at::Tensor& input,
@@ -171,15 +225,29 @@ void Communicator::ReduceScatterSum(const at::Tensor& input,
     group_->_reduce_scatter_base(out, in)->wait();
     return;
   }
-  // Chunk j of `input` goes to rank j; chunk j of `received` is rank j's
-  // contribution to this rank's chunk.
-  at::Tensor received = at::empty_like(in);
+  // Per piece [offset, offset + length) of each rank's chunk: row j of `send`
+  // goes to rank j, row j of `received` is rank j's contribution to this
+  // rank's chunk, summed in rank order once the piece arrived.
+  const at::Tensor rows = in.reshape({world_size_, n});
+  std::deque<at::Tensor> received;
   std::vector<int64_t> equal_splits;
-  group_->alltoall_base(received, in, equal_splits, equal_splits)->wait();
-  out.copy_(received.narrow(0, 0, n));
-  for (int j = 1; j < world_size_; ++j) {
-    out.add_(received.narrow(0, j * n, n));
-  }
+  auto issue = [&](int64_t offset, int64_t length) {
+    at::Tensor send =
+        length == n ? in : rows.narrow(1, offset, length).contiguous().view(-1);
+    received.push_back(at::empty_like(send));
+    return group_->alltoall_base(received.back(), send, equal_splits,
+                                 equal_splits);
+  };
+  auto sum = [&](int64_t offset, int64_t length) {
+    const at::Tensor got = std::move(received.front());
+    received.pop_front();
+    at::Tensor o = out.narrow(0, offset, length);
+    o.copy_(got.narrow(0, 0, length));
+    for (int j = 1; j < world_size_; ++j) {
+      o.add_(got.narrow(0, j * length, length));
+    }
+  };
+  InPieces(n, PieceElements(output), options_.max_in_flight, issue, sum);
 }
 
 absl::StatusOr<std::vector<double>> Communicator::AllGatherScalars(

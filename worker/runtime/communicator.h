@@ -9,7 +9,9 @@
 //
 // On Gloo, reduce-scatter is an alltoall followed by a local sum in rank order
 // (libtorch 1.13's Gloo has no reduce_scatter; each rank sends (n-1)/n of the
-// bytes, unlike an allreduce). On NCCL the native collectives are used.
+// bytes, unlike an allreduce), and a collective whose message to one peer is
+// larger than CommOptions::chunk_bytes goes in pieces, pipelined (see
+// CommOptions). On NCCL the native collectives are used, whole.
 #ifndef TANDEM_WORKER_RUNTIME_COMMUNICATOR_H_
 #define TANDEM_WORKER_RUNTIME_COMMUNICATOR_H_
 
@@ -26,11 +28,28 @@
 #include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/job/job_spec.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 
 namespace tandem {
 
 using SteadyTime = std::chrono::steady_clock::time_point;
+
+// How collectives are cut into transport calls (the job spec's `comm`; every
+// rank of a job must use the same values, since the ranks' calls must match).
+struct CommOptions {
+  // Gloo: a collective whose message to one peer exceeds this many bytes is
+  // sent in pieces of at most this size, in order. On a link with deep
+  // buffers, one whole message per direction fills the queue that the other
+  // direction's acknowledgements wait in, and halves the rate.
+  int64_t chunk_bytes = kDefaultCommChunkBytes;
+  // Pieces outstanding at once (>= 1): the next is issued while earlier ones
+  // are on the wire, and a reduce-scatter sums each finished piece meanwhile.
+  int max_in_flight = kDefaultCommMaxInFlight;
+};
+
+// The spec's `comm` section; fields left at zero take the defaults.
+CommOptions CommOptionsFromSpec(const v1::JobSpec& spec);
 
 // One submission in flight. Completed by the communication thread; any
 // thread may wait for it.
@@ -74,7 +93,8 @@ using CollectiveHandle = std::shared_ptr<CollectiveWork>;
 class Communicator {
  public:
   // `group` must be live for the communicator's lifetime.
-  explicit Communicator(c10::intrusive_ptr<c10d::ProcessGroup> group);
+  explicit Communicator(c10::intrusive_ptr<c10d::ProcessGroup> group,
+                        CommOptions options = {});
   // Runs what was submitted, then joins the thread.
   ~Communicator();
   Communicator(const Communicator&) = delete;
@@ -115,11 +135,14 @@ class Communicator {
     std::function<void()> body;
   };
   void Loop();
+  // Elements of `t`'s dtype in one piece of options_.chunk_bytes.
+  int64_t PieceElements(const at::Tensor& t) const;
 
   const c10::intrusive_ptr<c10d::ProcessGroup> group_;
   const int rank_;
   const int world_size_;
   const bool native_collectives_;  // NCCL: _allgather_base et al.
+  const CommOptions options_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

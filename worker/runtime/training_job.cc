@@ -171,7 +171,8 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
     job->data_ =
         MakeSyntheticTokens(spec.data().seed(), config.vocab, config.seq_len);
   }
-  job->comm_ = std::make_unique<Communicator>(std::move(group));
+  job->comm_ = std::make_unique<Communicator>(std::move(group),
+                                              CommOptionsFromSpec(spec));
   RETURN_IF_ERROR(CheckSameGraph(model->graph, *job->comm_));
   ASSIGN_OR_RETURN(job->store_,
                    ShardedParamStore::Create(model->program, rank, world));

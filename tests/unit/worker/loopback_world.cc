@@ -32,7 +32,8 @@ c10::intrusive_ptr<c10d::TCPStore>& Server() {
 }  // namespace
 
 void RunLoopbackWorld(
-    int world, const std::function<void(int rank, Communicator& comm)>& body) {
+    int world, const std::function<void(int rank, Communicator& comm)>& body,
+    CommOptions options) {
   static std::atomic<int> run{0};
   const std::string prefix = absl::StrCat("run", run++);
   const uint16_t port = Server()->getPort();
@@ -52,7 +53,7 @@ void RunLoopbackWorld(
         ADD_FAILURE() << "rank " << r << ": " << group.status();
         return;
       }
-      Communicator comm(*group);
+      Communicator comm(*group, options);
       body(r, comm);
     });
   }

@@ -11,9 +11,11 @@
 namespace tandem {
 
 // Calls body(rank, comm) on `world` threads and joins them. Failures inside
-// body are reported with gtest's ADD_FAILURE/EXPECT (thread-safe).
+// body are reported with gtest's ADD_FAILURE/EXPECT (thread-safe). Every
+// rank's communicator gets `options`.
 void RunLoopbackWorld(
-    int world, const std::function<void(int rank, Communicator& comm)>& body);
+    int world, const std::function<void(int rank, Communicator& comm)>& body,
+    CommOptions options = {});
 
 }  // namespace tandem
 

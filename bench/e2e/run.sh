@@ -5,6 +5,7 @@
 #
 #   sudo bench/e2e/run.sh [--rates "2000 200"] [--models tiny-llama,wide-short]
 #                         [--steps 8] [--discard 2] [--out FILE] [--quick]
+#                         [--comm "chunk_bytes: 64KiB, max_in_flight: 4"]
 #
 # For each link rate and model it runs, in one run: the compute-alone and
 # communication-alone lower bound, Tandem's on-demand warm-up with a profile,
@@ -13,6 +14,8 @@
 # of it). JSON lines go to --out (default $TMPDIR/tandem-e2e/results.jsonl);
 # the table is printed at the end (bench/e2e/report.py). The namespaces
 # (tandem-e2e-0/1) and the veth pair are removed on exit, failure included.
+# --comm sets the job spec's `comm` section for every Tandem run (default:
+# the spec's defaults).
 # Environment: TANDEM_BUILD_DIR (default build/): the binaries are built
 # there (-j2) when missing.
 set -euo pipefail
@@ -20,7 +23,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 RATES="2000 200"
 MODELS="tiny-llama,wide-short"
-STEPS="" DISCARD=2 QUICK=0
+STEPS="" DISCARD=2 QUICK=0 COMM=""
 WORK="${TMPDIR:-/tmp}/tandem-e2e"
 OUT=""
 while [ $# -gt 0 ]; do
@@ -31,7 +34,8 @@ while [ $# -gt 0 ]; do
     --discard) DISCARD="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     --quick) QUICK=1; shift ;;
-    -h|--help) sed -n 2,18p "$0"; exit 0 ;;
+    --comm) COMM="$2"; shift 2 ;;
+    -h|--help) sed -n 2,21p "$0"; exit 0 ;;
     *) echo "$0: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -109,14 +113,15 @@ mkdir -p "$WORK" "$(dirname "$OUT")"
 rm -f "$WORK"/*.budgets.json
 
 # Machine facts, into the results.
-/usr/bin/python3 - "$OUT" <<'EOF'
+/usr/bin/python3 - "$OUT" "$COMM" <<'EOF'
 import json, os, platform, subprocess, sys, time
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 import torch
 facts = {"contender": "machine", "cpu": cpu, "cores": os.cpu_count(),
          "kernel": platform.release(), "torch": torch.__version__,
          "loadavg_start": open("/proc/loadavg").read().split()[:3],
-         "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+         "comm": sys.argv[2] or "spec defaults"}
 open(sys.argv[1], "a").write(json.dumps(facts) + "\n")
 EOF
 
@@ -135,7 +140,8 @@ for rate in $RATES; do
   /usr/bin/python3 "$ROOT/bench/e2e/driver.py" --rate "$rate" --models "$MODELS" \
     --build "$BUILD" --workdir "$WORK" --out "$OUT" \
     --ns0 "$NS0" --ns1 "$NS1" --if0 "$IF0" --if1 "$IF1" --ip0 "$IP0" \
-    --steps "$steps" --discard "$DISCARD" --replay-steps "$replay" &
+    --steps "$steps" --discard "$DISCARD" --replay-steps "$replay" \
+    ${COMM:+--comm "$COMM"} &
   DRIVER_PID=$!
   wait "$DRIVER_PID"
   DRIVER_PID=""

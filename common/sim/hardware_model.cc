@@ -105,7 +105,7 @@ namespace {
 
 constexpr absl::string_view kHardwareKeys =
     "world, ranks_per_node, intra_gbps, inter_gbps, latency_us, host_gbps, "
-    "memory, budget";
+    "memory, budget, unmodeled";
 
 absl::Status FieldError(absl::string_view key, absl::string_view value,
                         absl::string_view expected) {
@@ -215,6 +215,10 @@ absl::StatusOr<HardwareModel> ParseHardwareModel(absl::string_view text) {
         return FieldError(key, value, "a byte count > 0");
       }
       (key == "memory" ? hw.device_memory_bytes : hw.budget_bytes) = *bytes;
+    } else if (key == "unmodeled") {
+      auto bytes = ParseBytes(key, value);
+      if (!bytes.ok()) return bytes.status();
+      hw.unmodeled_bytes = *bytes;
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat("hardware model: unknown key '", key,

@@ -57,6 +57,10 @@ struct HardwareModel {
   int64_t device_memory_bytes = int64_t{80} << 30;
   // Budget the plan must fit (<= device memory); 0 means device memory.
   int64_t budget_bytes = 0;
+  // Bytes the runtime holds beyond what the simulator models (autograd
+  // temporaries, the loss's buffers, collective staging), counted at every
+  // instant. 0 until measured: CalibrateMemory sets it from a profile.
+  int64_t unmodeled_bytes = 0;
 
   // Fitted from the job's measurements; override the analytic model.
   PiecewiseLinear allgather_fit;

@@ -70,6 +70,7 @@ enum MemoryKind : uint8_t {
   kActivations,
   kGradients,
   kOptimizerStates,
+  kUnmodeled,
   kNumMemoryKinds,
 };
 
@@ -186,6 +187,7 @@ class Replay {
       base_[kGradients] += info.shard_bytes;
       base_[kOptimizerStates] += info.state_bytes;
     }
+    base_[kUnmodeled] = std::max<int64_t>(hw_.unmodeled_bytes, 0);
     std::vector<bool> persistent(graph_.params.size(), false);
     for (int32_t id : schedule_.persistent_param_ids) {
       const int pos = param_index_.Find(id);
@@ -569,6 +571,7 @@ class Replay {
     b.activations = peak_by_kind[kActivations];
     b.gradients = peak_by_kind[kGradients];
     b.optimizer_states = peak_by_kind[kOptimizerStates];
+    b.unmodeled = peak_by_kind[kUnmodeled];
     if (!nodes.empty()) {
       result_.peak_node_id =
           nodes[peak_started > 0 ? peak_started - 1 : 0].node_id;

@@ -54,7 +54,10 @@
 //     OFFLOAD's end until its RELOAD's start. An entry moves
 //     min(OffloadEntry::bytes, its params' states) each way (entries are
 //     assumed disjoint); an OFFLOAD of an entry already on the host or a
-//     RELOAD of one on the device costs copy time and moves no memory.
+//     RELOAD of one on the device costs copy time and moves no memory;
+//   - unmodeled: hw.unmodeled_bytes, always (what the runtime was measured to
+//     hold beyond the rules above: autograd temporaries, the loss's buffers,
+//     collective staging; see CalibrateMemory in coordinator/planner).
 // At one instant the compute stream's own events (a node's start and end,
 // the actions anchored around it) count in program order, so "release g0,
 // then gather g1" never holds both; events of the other streams at that
@@ -109,9 +112,12 @@ struct MemoryBreakdown {
   int64_t activations = 0;
   int64_t gradients = 0;
   int64_t optimizer_states = 0;
+  // HardwareModel::unmodeled_bytes: what the runtime was measured to hold
+  // beyond this model.
+  int64_t unmodeled = 0;
   int64_t total() const {
     return sharded_params + persistent_params + gathered_params + activations +
-           gradients + optimizer_states;
+           gradients + optimizer_states + unmodeled;
   }
 };
 

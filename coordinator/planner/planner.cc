@@ -263,6 +263,38 @@ absl::Status FitCollectives(const Profile& profile, HardwareModel& hw) {
   return absl::OkStatus();
 }
 
+absl::Status CalibrateMemory(const Graph& timed, const Schedule& profiled,
+                             const Profile& profile, HardwareModel& hw) {
+  hw.unmodeled_bytes = 0;
+  if (profile.peak_bytes <= 0) return absl::OkStatus();
+  absl::StatusOr<SimResult> sim = Simulate(timed, profiled, hw);
+  if (!sim.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the schedule the profile was measured under (v",
+                     profiled.version, ") does not replay on the graph: ",
+                     sim.status().message()));
+  }
+  hw.unmodeled_bytes = std::max<int64_t>(0, profile.peak_bytes - sim->peak_bytes);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Schedule> StartingSchedule(const Graph& graph,
+                                          ShardingMode mode) {
+  PlanningContext context(graph, HardwareModel::H100(graph.world_size));
+  context.schedule().mode = mode;
+  const bool zero1 = mode == ShardingMode::kZero1;
+  if (zero1) {
+    RETURN_IF_ERROR(Zero1Pass().Run(context).status());
+  } else {
+    RETURN_IF_ERROR(Zero3InsertPass().Run(context).status());
+  }
+  Schedule schedule = context.schedule();
+  schedule.version = 0;
+  schedule.provenance.passes = {zero1 ? "zero1" : "zero3-insert"};
+  schedule.provenance.reason = "baseline";
+  return schedule;
+}
+
 absl::StatusOr<PlanResult> Plan(const Graph& graph, const HardwareModel& hw,
                                 const PlanOptions& options) {
   const auto start = std::chrono::steady_clock::now();

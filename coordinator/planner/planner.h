@@ -50,6 +50,20 @@ absl::StatusOr<Graph> ApplyProfile(const Graph& graph, const Profile& profile);
 // a kind with no samples.
 absl::Status FitCollectives(const Profile& profile, HardwareModel& hw);
 
+// Sets hw.unmodeled_bytes to what the runtime held beyond the simulator's
+// memory model while it ran `profiled`, the schedule the profile was measured
+// under: the profile's peak less the simulated peak of `profiled` on `timed`
+// (ApplyProfile's graph), or 0 when the model over-counts or the profile has
+// no peak. Every plan made with `hw` then counts those bytes at every instant,
+// so a plan the simulator fits in the budget fits in the runtime's too.
+absl::Status CalibrateMemory(const Graph& timed, const Schedule& profiled,
+                             const Profile& profile, HardwareModel& hw);
+
+// The schedule a job starts with, before any profile: zero3-insert alone for
+// ZeRO-3, the zero1 pass for ZeRO-1 (the worker's BaselineSchedule).
+absl::StatusOr<Schedule> StartingSchedule(const Graph& graph,
+                                          ShardingMode mode);
+
 struct PlanOptions {
   Policy policy = Policy::kTandem;
   ShardingMode mode = ShardingMode::kZero3;

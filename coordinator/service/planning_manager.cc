@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -430,6 +431,9 @@ void PlanningManager::PlanOne(const std::string& job_id,
   Profile profile;
   v1::JobSpec spec;
   int64_t version = 0;
+  // The schedule the profile was measured under (none for version 0: the
+  // starting schedule).
+  std::optional<v1::Schedule> profiled;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = state_.find(job_id);
@@ -438,6 +442,11 @@ void PlanningManager::PlanOne(const std::string& job_id,
     profile = *it->second.latest;
     spec = it->second.spec;
     version = static_cast<int64_t>(it->second.schedules.size()) + 1;
+    for (const StoredSchedule& s : it->second.schedules) {
+      if (s.schedule.version() == profile.schedule_version) {
+        profiled = s.schedule;
+      }
+    }
   }
   absl::StatusOr<v1::Job> job = jobs_->Get(job_id);
   if (!job.ok() || IsTerminal(job->state())) return;
@@ -454,6 +463,18 @@ void PlanningManager::PlanOne(const std::string& job_id,
           std::max(hw.device_memory_bytes, spec.memory().budget_bytes());
     }
     if (absl::Status s = FitCollectives(profile, hw); !s.ok()) return s;
+    // Count what the runtime held beyond the simulator's model under the
+    // measured schedule, so the plan fits the budget for real.
+    absl::StatusOr<Schedule> ran =
+        profiled.has_value()
+            ? FromProto(*profiled)
+            : StartingSchedule(*timed, spec.parallel().zero_stage() == 1
+                                           ? ShardingMode::kZero1
+                                           : ShardingMode::kZero3);
+    if (!ran.ok()) return ran.status();
+    if (absl::Status s = CalibrateMemory(*timed, *ran, profile, hw); !s.ok()) {
+      return s;
+    }
     MetricsSink sink(metrics_);
     absl::StatusOr<std::unique_ptr<PassPipeline>> pipeline =
         BuildPipelineFromNames(

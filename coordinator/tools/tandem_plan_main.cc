@@ -4,7 +4,7 @@
 //   tandem-plan (--graph FILE | --model "preset=... key=value ...")
 //               [--profile FILE] [--hw "key=value ..."] [--budget BYTES]
 //               [--policy NAME] [--zero1] [--schedule FILE] [--compare]
-//               [--summary]
+//               [--summary] [--profiled-schedule FILE]
 //
 // The graph comes from its text form or from the model builder; a profile
 // (text form) replaces node times with measurements and fits the collective
@@ -12,6 +12,10 @@
 // the H100 defaults; its world defaults to the graph's. --budget overrides
 // the hardware's budget (suffixes B, KiB, MiB, GiB, TiB and KB, MB, GB, TB).
 // --schedule evaluates a given schedule (text form) instead of planning one.
+// With a profile, the memory the runtime held beyond the simulator's model
+// (the profile's peak less the simulated peak of the schedule it was measured
+// under) is counted in every plan (CalibrateMemory): that schedule is
+// --profiled-schedule, or the starting schedule for a profile of version 0.
 // Exit status: 0 on success, 2 on bad input (unknown flag, unreadable file,
 // parse error, invalid graph, profile or schedule, infeasible budget).
 #include <cmath>
@@ -33,6 +37,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "common/status_macros.h"
 #include "common/ir/graph.h"
 #include "common/ir/profile.h"
 #include "common/ir/schedule.h"
@@ -57,6 +62,7 @@ constexpr char kUsage[] =
     "BYTES]\n"
     "                   [--policy NAME] [--zero1] [--schedule FILE] "
     "[--compare] [--summary]\n"
+    "                   [--profiled-schedule FILE]\n"
     "  --graph FILE     iteration graph, text form\n"
     "  --model TEXT     build the graph of a model, e.g. \"preset=llama3-70b "
     "world=32\n"
@@ -74,7 +80,14 @@ constexpr char kUsage[] =
     "  --schedule FILE  evaluate this schedule (text form) instead of "
     "planning\n"
     "  --compare        one row per policy instead of a schedule\n"
-    "  --summary        print the predictions without the schedule\n";
+    "  --summary        print the predictions without the schedule\n"
+    "  --profiled-schedule FILE\n"
+    "                   the schedule the profile was measured under (default "
+    "for a\n"
+    "                   version-0 profile: the starting schedule); the memory "
+    "the\n"
+    "                   runtime held beyond the model is then counted in "
+    "every plan\n";
 
 struct Args {
   std::string graph_path;
@@ -84,6 +97,7 @@ struct Args {
   std::string budget;
   std::string policy = "tandem";
   std::string schedule_path;
+  std::string profiled_schedule_path;
   bool zero1 = false;
   bool compare = false;
   bool summary = false;
@@ -111,6 +125,7 @@ std::string ParseArgs(int argc, char** argv, Args& args) {
       {"--profile", &args.profile_path},   {"--hw", &args.hw},
       {"--budget", &args.budget},          {"--policy", &args.policy},
       {"--schedule", &args.schedule_path},
+      {"--profiled-schedule", &args.profiled_schedule_path},
   };
   struct Switch {
     absl::string_view name;
@@ -287,29 +302,56 @@ void PrintPredictions(absl::string_view title, const SimResult& sim,
                                 static_cast<double>(budget)
                           : 0.0,
                feasible ? "" : "  OVER BUDGET");
+  if (sim.peak_breakdown.unmodeled > 0) {
+    absl::PrintF("unmodeled_bytes %d\n", sim.peak_breakdown.unmodeled);
+  }
   absl::PrintF("lower_bound_s   %.6f\n", sim.lower_bound_s);
   absl::PrintF("ratio           %.4f\n", ratio);
   absl::PrintF("plan_wall_s     %.6f\n", plan_wall_s);
+}
+
+// Reads a schedule (text form) and checks it against the graph; errors name
+// the file.
+absl::StatusOr<Schedule> LoadScheduleFile(const std::string& path,
+                                          const Graph& graph) {
+  ASSIGN_OR_RETURN(std::string text, ReadFile(path, "schedule"));
+  absl::StatusOr<Schedule> schedule = ParseSchedule(text);
+  if (!schedule.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", schedule.status().message()));
+  }
+  for (absl::Status status : {ValidateSchedule(*schedule, graph),
+                              CheckScheduleSemantics(graph, *schedule)}) {
+    if (!status.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": invalid schedule: ", status.message()));
+    }
+  }
+  return schedule;
+}
+
+// The schedule `profile` was measured under: --profiled-schedule, else the
+// starting schedule for a version-0 profile, else none.
+absl::StatusOr<std::optional<Schedule>> ProfiledSchedule(
+    const Args& args, const Graph& graph, const Profile& profile,
+    ShardingMode mode) {
+  if (!args.profiled_schedule_path.empty()) {
+    ASSIGN_OR_RETURN(Schedule s,
+                     LoadScheduleFile(args.profiled_schedule_path, graph));
+    return std::optional<Schedule>(std::move(s));
+  }
+  if (profile.schedule_version != 0) return std::optional<Schedule>();
+  ASSIGN_OR_RETURN(Schedule s, StartingSchedule(graph, mode));
+  return std::optional<Schedule>(std::move(s));
 }
 
 // Evaluates a given schedule: validates it against the graph, checks its
 // semantics and simulates it.
 int EvaluateSchedule(const Args& args, const Graph& graph,
                      const HardwareModel& hw) {
-  absl::StatusOr<std::string> text = ReadFile(args.schedule_path, "schedule");
-  if (!text.ok()) return Fail(text.status().message());
-  absl::StatusOr<Schedule> schedule = ParseSchedule(*text);
-  if (!schedule.ok()) {
-    return Fail(
-        absl::StrCat(args.schedule_path, ": ", schedule.status().message()));
-  }
-  for (absl::Status status : {ValidateSchedule(*schedule, graph),
-                              CheckScheduleSemantics(graph, *schedule)}) {
-    if (!status.ok()) {
-      return Fail(absl::StrCat(args.schedule_path,
-                               ": invalid schedule: ", status.message()));
-    }
-  }
+  absl::StatusOr<Schedule> schedule =
+      LoadScheduleFile(args.schedule_path, graph);
+  if (!schedule.ok()) return Fail(schedule.status().message());
   absl::StatusOr<SimResult> sim = Simulate(graph, *schedule, hw);
   if (!sim.ok()) {
     return Fail(absl::StrCat(args.schedule_path, ": ", sim.status().message()));
@@ -378,6 +420,8 @@ int Main(int argc, char** argv) {
                                   absl::StrJoin(names, ", "), ")"));
   }
 
+  const ShardingMode mode =
+      args.zero1 ? ShardingMode::kZero1 : ShardingMode::kZero3;
   absl::StatusOr<Graph> graph = LoadGraph(args);
   if (!graph.ok()) return Fail(graph.status().message());
   absl::StatusOr<HardwareModel> hw = LoadHardware(args, *graph);
@@ -399,9 +443,25 @@ int Main(int argc, char** argv) {
     if (absl::Status fit = FitCollectives(*profile, *hw); !fit.ok()) {
       return Fail(absl::StrCat(args.profile_path, ": ", fit.message()));
     }
+    absl::StatusOr<std::optional<Schedule>> ran =
+        ProfiledSchedule(args, *graph, *profile, mode);
+    if (!ran.ok()) return Fail(ran.status().message());
+    if (ran->has_value()) {
+      if (absl::Status s = CalibrateMemory(*graph, **ran, *profile, *hw);
+          !s.ok()) {
+        return Fail(absl::StrCat(args.profile_path, ": ", s.message()));
+      }
+    } else {
+      absl::FPrintF(stderr,
+                    "tandem-plan: note: memory not calibrated: the profile "
+                    "was measured under schedule v%d; pass "
+                    "--profiled-schedule FILE to count what the runtime held "
+                    "beyond the model\n",
+                    profile->schedule_version);
+    }
+  } else if (!args.profiled_schedule_path.empty()) {
+    return FailUsage("--profiled-schedule needs --profile");
   }
-  const ShardingMode mode =
-      args.zero1 ? ShardingMode::kZero1 : ShardingMode::kZero3;
 
   if (!args.schedule_path.empty()) return EvaluateSchedule(args, *graph, *hw);
   if (args.compare) return Compare(*graph, *hw, mode);

@@ -11,6 +11,7 @@
 #include "coordinator/analysis/schedule_invariants.h"
 #include "coordinator/passes/planning_context.h"
 #include "coordinator/passes/zero1_pass.h"
+#include "coordinator/planner/planner.h"
 #include "coordinator/passes/zero3_insert_pass.h"
 
 namespace tandem {
@@ -82,8 +83,12 @@ absl::StatusOr<Schedule> Zero1Schedule(const Graph& graph, int64_t version,
 
 absl::StatusOr<Schedule> BaselineSchedule(const Graph& graph, int zero_stage,
                                           int64_t version) {
-  if (zero_stage == 1) return Zero1Schedule(graph, version);
-  return OnDemandSchedule(graph, version);
+  ASSIGN_OR_RETURN(Schedule schedule,
+                   StartingSchedule(graph, zero_stage == 1
+                                               ? ShardingMode::kZero1
+                                               : ShardingMode::kZero3));
+  schedule.version = version;
+  return schedule;
 }
 
 absl::StatusOr<Schedule> OffloadStates(const Graph& graph, Schedule schedule,

@@ -236,6 +236,85 @@ TEST(PlanTest, SmallestFeasibleBudget_TandemPlanFits) {
   EXPECT_TRUE(CheckScheduleSemantics(graph, result->schedule).ok());
 }
 
+TEST(StartingScheduleTest, Zero3IsOnDemand_Zero1IsTheZeroOnePass) {
+  const Graph graph = TinyLlama(4);
+  const HardwareModel hw = HardwareModel::H100(4);
+  absl::StatusOr<Schedule> zero3 = StartingSchedule(graph, ShardingMode::kZero3);
+  ASSERT_TRUE(zero3.ok()) << zero3.status();
+  PlanOptions on_demand;
+  on_demand.policy = Policy::kOnDemand;
+  absl::StatusOr<PlanResult> planned = Plan(graph, hw, on_demand);
+  ASSERT_TRUE(planned.ok());
+  EXPECT_EQ(zero3->actions, planned->schedule.actions);
+  EXPECT_EQ(zero3->version, 0);
+  EXPECT_EQ(zero3->provenance.reason, "baseline");
+  absl::StatusOr<Schedule> zero1 = StartingSchedule(graph, ShardingMode::kZero1);
+  ASSERT_TRUE(zero1.ok()) << zero1.status();
+  EXPECT_EQ(zero1->mode, ShardingMode::kZero1);
+  EXPECT_TRUE(CheckScheduleSemantics(graph, *zero1).ok());
+}
+
+// The runtime measured 40 MB more than the simulator says for the schedule it
+// ran: every later plan counts those bytes, and a budget the uncalibrated
+// plan just fits makes the calibrated planner choose differently (or say it
+// cannot), never a plan that would overrun by 40 MB.
+TEST(CalibrateMemoryTest, MeasuredPeakAboveModel_CountedInEveryPlan) {
+  const Graph graph = TinyLlama(4);
+  HardwareModel hw = HardwareModel::H100(4);
+  absl::StatusOr<Schedule> ran = StartingSchedule(graph, ShardingMode::kZero3);
+  ASSERT_TRUE(ran.ok());
+  absl::StatusOr<SimResult> model = Simulate(graph, *ran, hw);
+  ASSERT_TRUE(model.ok());
+  constexpr int64_t kExtra = 40 << 20;
+  Profile profile;
+  profile.peak_bytes = model->peak_bytes + kExtra;
+  ASSERT_TRUE(CalibrateMemory(graph, *ran, profile, hw).ok());
+  EXPECT_EQ(hw.unmodeled_bytes, kExtra);
+  absl::StatusOr<SimResult> calibrated = Simulate(graph, *ran, hw);
+  ASSERT_TRUE(calibrated.ok());
+  EXPECT_EQ(calibrated->peak_bytes, profile.peak_bytes);
+  EXPECT_EQ(calibrated->peak_breakdown.unmodeled, kExtra);
+  EXPECT_EQ(calibrated->peak_breakdown.total(), calibrated->peak_bytes);
+
+  // A budget the uncalibrated Tandem plan fits with less than 40 MB to spare.
+  HardwareModel plain = HardwareModel::H100(4);
+  absl::StatusOr<PlanResult> uncalibrated = Plan(graph, plain, PlanOptions());
+  ASSERT_TRUE(uncalibrated.ok());
+  plain.budget_bytes = uncalibrated->sim.peak_bytes + kExtra / 2;
+  hw.budget_bytes = plain.budget_bytes;
+  absl::StatusOr<PlanResult> result = Plan(graph, hw, PlanOptions());
+  if (result.ok()) {
+    EXPECT_LE(result->sim.peak_bytes, hw.budget_bytes);
+    absl::StatusOr<SimResult> real = Simulate(graph, result->schedule, hw);
+    ASSERT_TRUE(real.ok());
+    EXPECT_LE(real->peak_bytes, hw.budget_bytes);
+  } else {
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted);
+  }
+
+  // The model over-counting, or no peak measured: nothing added.
+  profile.peak_bytes = model->peak_bytes / 2;
+  ASSERT_TRUE(CalibrateMemory(graph, *ran, profile, hw).ok());
+  EXPECT_EQ(hw.unmodeled_bytes, 0);
+  profile.peak_bytes = 0;
+  ASSERT_TRUE(CalibrateMemory(graph, *ran, profile, hw).ok());
+  EXPECT_EQ(hw.unmodeled_bytes, 0);
+}
+
+TEST(CalibrateMemoryTest, ScheduleNotOfThisGraph_InvalidArgument) {
+  const Graph graph = TinyLlama(4);
+  HardwareModel hw = HardwareModel::H100(4);
+  absl::StatusOr<Schedule> ran = StartingSchedule(graph, ShardingMode::kZero3);
+  ASSERT_TRUE(ran.ok());
+  ASSERT_FALSE(ran->actions.empty());
+  ran->actions.front().node_id = 999999;
+  Profile profile;
+  profile.peak_bytes = 1 << 30;
+  absl::Status status = CalibrateMemory(graph, *ran, profile, hw);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("does not replay"));
+}
+
 TEST(PlanTest, HardwareForOtherWorld_InvalidArgument) {
   absl::StatusOr<PlanResult> result =
       Plan(TinyLlama(4), HardwareModel::H100(8), PlanOptions());

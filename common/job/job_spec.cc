@@ -100,8 +100,8 @@ void ApplyJobSpecDefaults(v1::JobSpec& spec) {
   if (o.drift_threshold() == 0) o.set_drift_threshold(0.1);
   if (o.drift_window() == 0) o.set_drift_window(5);
 
+  // comm.chunk_bytes stays 0: automatic.
   v1::CommSpec& comm = *spec.mutable_comm();
-  if (comm.chunk_bytes() == 0) comm.set_chunk_bytes(kDefaultCommChunkBytes);
   if (comm.max_in_flight() == 0) {
     comm.set_max_in_flight(kDefaultCommMaxInFlight);
   }
@@ -211,7 +211,10 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
 
   const v1::CommSpec& comm = spec.comm();
   if (comm.chunk_bytes() != 0) {
-    AtLeast<int64_t>(errors, "comm.chunk_bytes", comm.chunk_bytes(), 4096);
+    if (comm.chunk_bytes() < 4096) {
+      errors.Add("comm.chunk_bytes must be 0 (automatic) or >= 4096, got ",
+                 comm.chunk_bytes());
+    }
   }
   if (comm.max_in_flight() != 0 &&
       (comm.max_in_flight() < 1 || comm.max_in_flight() > 64)) {

@@ -13,11 +13,11 @@
 
 namespace tandem {
 
-// comm.chunk_bytes and comm.max_in_flight when the spec leaves them at zero:
-// on a link shaped to 200 Mbit/s (tbf, 50 ms of queue), two-way Gloo
-// collectives sent whole ran at 12-17 MB/s per direction; in 64 KiB pieces,
-// 4 in flight, at 23.5 (the link carries 25); at 2 Gbit/s the pieces were as
-// fast as whole messages.
+// Collective pieces (the spec's `comm`). On a link shaped to 200 Mbit/s (tbf,
+// 50 ms of queue), two-way Gloo collectives sent whole ran at 12-17 MB/s per
+// direction, in 64 KiB pieces 4 in flight at 23.5 (the link carries 25); at
+// 2 Gbit/s whole messages were faster. comm.chunk_bytes 0 (the default) lets
+// the workers measure both at start and keep the faster.
 inline constexpr int64_t kDefaultCommChunkBytes = 64 << 10;
 inline constexpr int32_t kDefaultCommMaxInFlight = 4;
 
@@ -25,7 +25,7 @@ inline constexpr int32_t kDefaultCommMaxInFlight = 4;
 // batch.grad_accum 1, train.{lr 1e-3, weight_decay 0, beta1 0.9, beta2 0.95,
 // eps 1e-8, grad_clip 1.0}, parallel.{world_size 1, zero_stage 3},
 // optimize.{passes [tandem pipeline], warmup_steps 3, drift_threshold 0.1,
-// drift_window 5}, comm.{chunk_bytes 64 KiB, max_in_flight 4},
+// drift_window 5}, comm.max_in_flight 4 (comm.chunk_bytes 0: automatic),
 // data.token_bytes 2, model.dtype f32 and, for presets with a known shape,
 // model sizes. Idempotent.
 void ApplyJobSpecDefaults(v1::JobSpec& spec);

@@ -61,6 +61,11 @@ struct HardwareModel {
   // temporaries, the loss's buffers, collective staging), counted at every
   // instant. 0 until measured: CalibrateMemory sets it from a profile.
   int64_t unmodeled_bytes = 0;
+  // Count each collective's flat buffer while it runs (the Tandem worker
+  // packs every collective into one; see the simulator's memory rules). Off
+  // in the analytic model; CalibrateMemory turns it on, since a profile comes
+  // from that runtime.
+  bool collective_buffers = false;
 
   // Fitted from the job's measurements; override the analytic model.
   PiecewiseLinear allgather_fit;

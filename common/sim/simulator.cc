@@ -70,6 +70,7 @@ enum MemoryKind : uint8_t {
   kActivations,
   kGradients,
   kOptimizerStates,
+  kCollectiveBuffers,
   kUnmodeled,
   kNumMemoryKinds,
 };
@@ -80,6 +81,10 @@ enum MemoryKind : uint8_t {
 // known; how another stream's event interleaves with it is not, so it gets
 // the order that never underestimates the peak.
 enum EventOrder : uint8_t {
+  // A collective's buffer freed as it ends: what starts at that instant on
+  // the communication stream (the next collective) or waited for it on the
+  // compute stream (a WAIT) comes after.
+  kCollectiveBufferFree,
   kAsyncAllocation,
   kProgramOrder,
   kAsyncFree,
@@ -342,15 +347,24 @@ class Replay {
     Record(time, -bytes, kind);
   }
 
-  // Issues a collective at the compute clock; returns its end.
-  double IssueCollective(int index, ActionKind kind, int64_t bytes,
-                         double seconds) {
+  // Issues a collective at the compute clock; returns it. While it runs it
+  // holds its flat buffer: the padded full bytes and this rank's shard.
+  const CollectiveTimelineEntry& IssueCollective(int index, ActionKind kind,
+                                                 int64_t bytes,
+                                                 double seconds) {
     const double start = std::max(now_, comm_free_);
     comm_free_ = start + seconds;
     result_.comm_s += seconds;
     result_.collectives.push_back(
         {index, kind, now_, start, comm_free_, bytes});
-    return comm_free_;
+    if (hw_.collective_buffers && comm_free_ > start) {
+      const int64_t staging = bytes + bytes / std::max(graph_.world_size, 1);
+      Allocate(start, staging, kCollectiveBuffers);
+      events_.push_back({comm_free_, -staging,
+                         static_cast<uint32_t>(events_.size()),
+                         kCollectiveBufferFree, kCollectiveBuffers});
+    }
+    return result_.collectives.back();
   }
 
   CollectiveTimelineEntry& IssueCopy(int index, ActionKind kind,
@@ -373,7 +387,8 @@ class Replay {
           GroupState& g = group_state_[target];
           const int64_t bytes = groups_[target].padded_bytes;
           g.done_s =
-              IssueCollective(i, a.kind, bytes, hw_.AllGatherSeconds(bytes));
+              IssueCollective(i, a.kind, bytes, hw_.AllGatherSeconds(bytes))
+                  .end_s;
           ++g.outstanding;
           if (!zero1_) {
             Allocate(now_, groups_[target].full_bytes, kGatheredParams);
@@ -407,14 +422,18 @@ class Replay {
           break;
         }
         case ActionKind::kReduceScatter: {
-          const double done = IssueCollective(
+          const CollectiveTimelineEntry& rs = IssueCollective(
               i, a.kind, rs_bytes_[i], hw_.ReduceScatterSeconds(rs_bytes_[i]));
-          rs_done_s_ = done;
+          rs_done_s_ = rs.end_s;
+          // With collective buffers, the gradients are copied into the
+          // buffer when the collective starts, and freed then.
+          const double grads_freed =
+              hw_.collective_buffers ? rs.start_s : rs.end_s;
           for (int32_t id : a.param_ids) {
             const int pos = param_index_.Find(id);
             if (!grad_live_[pos]) continue;
             grad_live_[pos] = false;
-            Free(done, params_[pos].full_bytes, kGradients);
+            Free(grads_freed, params_[pos].full_bytes, kGradients);
           }
           break;
         }
@@ -571,6 +590,7 @@ class Replay {
     b.activations = peak_by_kind[kActivations];
     b.gradients = peak_by_kind[kGradients];
     b.optimizer_states = peak_by_kind[kOptimizerStates];
+    b.collective_buffers = peak_by_kind[kCollectiveBuffers];
     b.unmodeled = peak_by_kind[kUnmodeled];
     if (!nodes.empty()) {
       result_.peak_node_id =

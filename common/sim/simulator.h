@@ -44,7 +44,9 @@
 //   - gradients (param dtype): a gradient shard per param (shard_numel·dtype)
 //     always, and a full-size gradient (full bytes) from the start of the
 //     first backward node that produces it since its last REDUCE_SCATTER was
-//     issued, until that REDUCE_SCATTER is done. With gradient accumulation
+//     issued, until that REDUCE_SCATTER is done (with hw.collective_buffers:
+//     until it starts, when the worker copies it into the collective's
+//     buffer and frees it). With gradient accumulation
 //     it therefore lives across micro-batches until reduced; one never
 //     reduced lives to the end of the iteration. A REDUCE_SCATTER of a param
 //     with no live full gradient frees nothing (it still costs time);
@@ -55,6 +57,11 @@
 //     min(OffloadEntry::bytes, its params' states) each way (entries are
 //     assumed disjoint); an OFFLOAD of an entry already on the host or a
 //     RELOAD of one on the device costs copy time and moves no memory;
+//   - collective buffers, with hw.collective_buffers (the Tandem worker's
+//     runtime): a collective runs on one flat buffer, its padded
+//     full bytes plus this rank's shard of them, from its start to its end
+//     (for a REDUCE_SCATTER starting at the instant its gradients are freed,
+//     both count: the copy holds both for a moment);
 //   - unmodeled: hw.unmodeled_bytes, always (what the runtime was measured to
 //     hold beyond the rules above: autograd temporaries, the loss's buffers,
 //     collective staging; see CalibrateMemory in coordinator/planner).
@@ -112,12 +119,14 @@ struct MemoryBreakdown {
   int64_t activations = 0;
   int64_t gradients = 0;
   int64_t optimizer_states = 0;
+  // Flat buffers of the collectives running.
+  int64_t collective_buffers = 0;
   // HardwareModel::unmodeled_bytes: what the runtime was measured to hold
   // beyond this model.
   int64_t unmodeled = 0;
   int64_t total() const {
     return sharded_params + persistent_params + gathered_params + activations +
-           gradients + optimizer_states + unmodeled;
+           gradients + optimizer_states + collective_buffers + unmodeled;
   }
 };
 

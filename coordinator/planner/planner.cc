@@ -267,6 +267,8 @@ absl::Status CalibrateMemory(const Graph& timed, const Schedule& profiled,
                              const Profile& profile, HardwareModel& hw) {
   hw.unmodeled_bytes = 0;
   if (profile.peak_bytes <= 0) return absl::OkStatus();
+  // The profile comes from the Tandem worker, which packs collectives.
+  hw.collective_buffers = true;
   absl::StatusOr<SimResult> sim = Simulate(timed, profiled, hw);
   if (!sim.ok()) {
     return absl::InvalidArgumentError(

@@ -54,8 +54,10 @@ absl::Status FitCollectives(const Profile& profile, HardwareModel& hw);
 // memory model while it ran `profiled`, the schedule the profile was measured
 // under: the profile's peak less the simulated peak of `profiled` on `timed`
 // (ApplyProfile's graph), or 0 when the model over-counts or the profile has
-// no peak. Every plan made with `hw` then counts those bytes at every instant,
-// so a plan the simulator fits in the budget fits in the runtime's too.
+// no peak. It also turns on hw.collective_buffers (the worker's flat
+// collective buffers), measuring the gap with them counted. Every plan made
+// with `hw` then counts those bytes at every instant, so a plan the simulator
+// fits in the budget fits in the runtime's too.
 absl::Status CalibrateMemory(const Graph& timed, const Schedule& profiled,
                              const Profile& profile, HardwareModel& hw);
 

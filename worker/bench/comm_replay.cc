@@ -131,6 +131,7 @@ absl::Status Run(const Args& args) {
   ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::ProcessGroup> group,
                    CreateProcessGroup(rv));
   Communicator comm(group, CommOptionsFromSpec(spec));
+  RETURN_IF_ERROR(comm.TuneChunkBytes().status());
 
   // Buffers sized for the largest collective, reused (contents do not
   // matter; the bytes on the wire do).

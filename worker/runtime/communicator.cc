@@ -10,6 +10,7 @@
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "worker/runtime/torch_status.h"
 
 namespace tandem {
@@ -114,7 +115,7 @@ Communicator::Communicator(c10::intrusive_ptr<c10d::ProcessGroup> group,
       rank_(group_->getRank()),
       world_size_(group_->getSize()),
       native_collectives_(group_->getBackendName() == "nccl"),
-      options_{std::max<int64_t>(options.chunk_bytes, 1),
+      options_{std::max<int64_t>(options.chunk_bytes, 0),
                std::max(options.max_in_flight, 1)},
       thread_([this] { Loop(); }) {}
 
@@ -176,10 +177,8 @@ void Communicator::Loop() {
 
 CommOptions CommOptionsFromSpec(const v1::JobSpec& spec) {
   CommOptions options;
+  options.chunk_bytes = std::max<int64_t>(spec.comm().chunk_bytes(), 0);
   // Zero: a spec stored before the field existed, or defaults not applied.
-  if (spec.comm().chunk_bytes() > 0) {
-    options.chunk_bytes = spec.comm().chunk_bytes();
-  }
   if (spec.comm().max_in_flight() > 0) {
     options.max_in_flight = spec.comm().max_in_flight();
   }
@@ -187,7 +186,55 @@ CommOptions CommOptionsFromSpec(const v1::JobSpec& spec) {
 }
 
 int64_t Communicator::PieceElements(const at::Tensor& t) const {
-  return std::max<int64_t>(1, options_.chunk_bytes / t.element_size());
+  // 0 (automatic, before or without tuning): the default pieces.
+  const int64_t bytes = options_.chunk_bytes > 0 ? options_.chunk_bytes
+                                                 : kDefaultCommChunkBytes;
+  return std::max<int64_t>(1, bytes / t.element_size());
+}
+
+absl::StatusOr<ChunkTuning> Communicator::TuneChunkBytes() {
+  ChunkTuning tuning;
+  if (options_.chunk_bytes > 0 || world_size_ == 1 || native_collectives_) {
+    CollectiveHandle read = Submit([&] {
+      tuning.chunk_bytes = options_.chunk_bytes > 0 ? options_.chunk_bytes
+                                                    : kDefaultCommChunkBytes;
+    });
+    RETURN_IF_ERROR(read->Wait());
+    return tuning;
+  }
+  // About 8 MiB leaves each rank in all: enough for a deep queue to fill.
+  constexpr int64_t kProbeBytes = int64_t{8} << 20;
+  const int64_t n = std::max<int64_t>(
+      1, kProbeBytes / static_cast<int64_t>(sizeof(float)) / (world_size_ - 1));
+  std::vector<double> seconds = {1e30, 1e30};  // pieces, whole
+  CollectiveHandle probe = Submit([&] {
+    const at::Tensor in = at::zeros({n}, at::kFloat);
+    const at::Tensor out = at::empty({n * world_size_}, at::kFloat);
+    const int64_t candidates[] = {kDefaultCommChunkBytes, kWholeMessages};
+    for (int rep = 0; rep < 2; ++rep) {
+      for (int c = 0; c < 2; ++c) {
+        options_.chunk_bytes = candidates[c];
+        const SteadyTime start = std::chrono::steady_clock::now();
+        AllGather(in, out);
+        seconds[c] = std::min(
+            seconds[c], Seconds(start, std::chrono::steady_clock::now()));
+      }
+    }
+    options_.chunk_bytes = 0;
+  });
+  RETURN_IF_ERROR(probe->Wait());
+  ASSIGN_OR_RETURN(std::vector<double> all, AllGatherScalars(seconds));
+  for (int r = 0; r < world_size_; ++r) {
+    tuning.pieces_s = std::max(tuning.pieces_s, all[2 * r]);
+    tuning.whole_s = std::max(tuning.whole_s, all[2 * r + 1]);
+  }
+  const int64_t chosen = tuning.pieces_s < 0.95 * tuning.whole_s
+                             ? kDefaultCommChunkBytes
+                             : kWholeMessages;
+  tuning.chunk_bytes = chosen;
+  CollectiveHandle set = Submit([this, chosen] { options_.chunk_bytes = chosen; });
+  RETURN_IF_ERROR(set->Wait());
+  return tuning;
 }
 
 void Communicator::AllGather(const at::Tensor& input,

@@ -41,8 +41,9 @@ struct CommOptions {
   // Gloo: a collective whose message to one peer exceeds this many bytes is
   // sent in pieces of at most this size, in order. On a link with deep
   // buffers, one whole message per direction fills the queue that the other
-  // direction's acknowledgements wait in, and halves the rate.
-  int64_t chunk_bytes = kDefaultCommChunkBytes;
+  // direction's acknowledgements wait in, and halves the rate; on a fast
+  // link, pieces cost CPU and time. 0: automatic (TuneChunkBytes).
+  int64_t chunk_bytes = 0;
   // Pieces outstanding at once (>= 1): the next is issued while earlier ones
   // are on the wire, and a reduce-scatter sums each finished piece meanwhile.
   int max_in_flight = kDefaultCommMaxInFlight;
@@ -50,6 +51,18 @@ struct CommOptions {
 
 // The spec's `comm` section; fields left at zero take the defaults.
 CommOptions CommOptionsFromSpec(const v1::JobSpec& spec);
+
+// What TuneChunkBytes measured and chose.
+struct ChunkTuning {
+  // The piece size in use; kWholeMessages when collectives go whole.
+  int64_t chunk_bytes = 0;
+  // Seconds of the probe all-gather on the slowest rank, in pieces of
+  // kDefaultCommChunkBytes and whole (0: not measured).
+  double pieces_s = 0;
+  double whole_s = 0;
+  bool tuned() const { return pieces_s > 0; }
+};
+inline constexpr int64_t kWholeMessages = int64_t{1} << 50;
 
 // One submission in flight. Completed by the communication thread; any
 // thread may wait for it.
@@ -123,6 +136,16 @@ class Communicator {
   absl::StatusOr<std::vector<double>> AllGatherScalars(
       const std::vector<double>& values);
 
+  // When CommOptions::chunk_bytes is 0 (automatic), times an all-gather of
+  // about 8 MiB per direction in pieces of kDefaultCommChunkBytes and whole
+  // (twice each, interleaved), takes the slowest rank's time for each, and
+  // keeps pieces if they are at least 5% faster, whole messages otherwise.
+  // Every rank decides from the same all-gathered times, so all agree. Call
+  // it on every rank, before other submissions; a no-op (returning the
+  // current choice, not tuned) when the size is fixed, at world size 1 or on
+  // NCCL.
+  absl::StatusOr<ChunkTuning> TuneChunkBytes();
+
   // Blocks until every submission so far finished; the first failure.
   absl::Status Drain();
   // The first collective that failed (a peer lost, a transport error), or OK.
@@ -142,7 +165,8 @@ class Communicator {
   const int rank_;
   const int world_size_;
   const bool native_collectives_;  // NCCL: _allgather_base et al.
-  const CommOptions options_;
+  // Changed only by TuneChunkBytes, on the communication thread.
+  CommOptions options_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -36,7 +36,7 @@ TEST(JobSpecTest, Defaults_FillUnsetFields) {
   EXPECT_EQ(spec.parallel().zero_stage(), 3);
   EXPECT_DOUBLE_EQ(spec.optimize().drift_threshold(), 0.1);
   EXPECT_EQ(spec.optimize().drift_window(), 5);
-  EXPECT_EQ(spec.comm().chunk_bytes(), 65536);
+  EXPECT_EQ(spec.comm().chunk_bytes(), 0);  // automatic
   EXPECT_EQ(spec.comm().max_in_flight(), 4);
   ASSERT_GT(spec.optimize().passes_size(), 0);
   EXPECT_EQ(spec.optimize().passes(0), "zero3-insert");
@@ -153,7 +153,7 @@ INSTANTIATE_TEST_SUITE_P(
                  "checkpoint.every must be >= 1 when checkpoint.dir is set"},
         SpecCase{"chunk",
                  [](v1::JobSpec& s) { s.mutable_comm()->set_chunk_bytes(100); },
-                 "comm.chunk_bytes must be >= 4096, got 100"},
+                 "comm.chunk_bytes must be 0 (automatic) or >= 4096, got 100"},
         SpecCase{
             "inflight",
             [](v1::JobSpec& s) { s.mutable_comm()->set_max_in_flight(65); },

@@ -263,13 +263,16 @@ TEST(CalibrateMemoryTest, MeasuredPeakAboveModel_CountedInEveryPlan) {
   HardwareModel hw = HardwareModel::H100(4);
   absl::StatusOr<Schedule> ran = StartingSchedule(graph, ShardingMode::kZero3);
   ASSERT_TRUE(ran.ok());
-  absl::StatusOr<SimResult> model = Simulate(graph, *ran, hw);
+  HardwareModel with_buffers = hw;
+  with_buffers.collective_buffers = true;  // CalibrateMemory's model
+  absl::StatusOr<SimResult> model = Simulate(graph, *ran, with_buffers);
   ASSERT_TRUE(model.ok());
   constexpr int64_t kExtra = 40 << 20;
   Profile profile;
   profile.peak_bytes = model->peak_bytes + kExtra;
   ASSERT_TRUE(CalibrateMemory(graph, *ran, profile, hw).ok());
   EXPECT_EQ(hw.unmodeled_bytes, kExtra);
+  EXPECT_TRUE(hw.collective_buffers);
   absl::StatusOr<SimResult> calibrated = Simulate(graph, *ran, hw);
   ASSERT_TRUE(calibrated.ok());
   EXPECT_EQ(calibrated->peak_bytes, profile.peak_bytes);

@@ -106,6 +106,47 @@ TEST(CommunicatorTest, InPieces_SameBitsAsWhole_World3) {
   EXPECT_TRUE(at::equal(whole[0].reduced[1], sum));
 }
 
+// Automatic piece size: every rank measures, and all choose the same; a fixed
+// size or a world of one is kept without measuring.
+TEST(CommunicatorTest, TuneChunkBytes_RanksAgree_FixedSizeKept) {
+  std::vector<ChunkTuning> tunings(2);
+  RunLoopbackWorld(2, [&](int rank, Communicator& comm) {
+    absl::StatusOr<ChunkTuning> t = comm.TuneChunkBytes();
+    ASSERT_TRUE(t.ok()) << t.status();
+    tunings[rank] = *t;
+    // Collectives still right after the probe.
+    at::Tensor in = at::full({5}, static_cast<float>(rank));
+    at::Tensor out = at::empty({10});
+    ASSERT_TRUE(comm.Submit([&] { comm.AllGather(in, out); })->Wait().ok());
+    EXPECT_EQ(out[7].item<float>(), 1.0f);
+  });
+  for (const ChunkTuning& t : tunings) {
+    EXPECT_TRUE(t.tuned());
+    EXPECT_GT(t.pieces_s, 0);
+    EXPECT_GT(t.whole_s, 0);
+    EXPECT_TRUE(t.chunk_bytes == kDefaultCommChunkBytes ||
+                t.chunk_bytes == kWholeMessages)
+        << t.chunk_bytes;
+  }
+  EXPECT_EQ(tunings[0].chunk_bytes, tunings[1].chunk_bytes);
+  EXPECT_EQ(tunings[0].pieces_s, tunings[1].pieces_s);
+
+  RunLoopbackWorld(
+      2,
+      [&](int rank, Communicator& comm) {
+        absl::StatusOr<ChunkTuning> t = comm.TuneChunkBytes();
+        ASSERT_TRUE(t.ok());
+        EXPECT_FALSE(t->tuned());
+        EXPECT_EQ(t->chunk_bytes, 8192);
+      },
+      CommOptions{8192, 2});
+  RunLoopbackWorld(1, [&](int, Communicator& comm) {
+    absl::StatusOr<ChunkTuning> t = comm.TuneChunkBytes();
+    ASSERT_TRUE(t.ok());
+    EXPECT_FALSE(t->tuned());
+  });
+}
+
 TEST(CommunicatorTest, FailedBody_ReportsStatusAndFailsLaterSubmissions) {
   RunLoopbackWorld(1, [](int, Communicator& comm) {
     CollectiveHandle bad = comm.Submit([] { TORCH_CHECK(false, "boom"); });

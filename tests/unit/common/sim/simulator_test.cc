@@ -142,6 +142,29 @@ TEST_F(TwoLayerTest, Simulate_OnDemandGathers_ExposesEveryGather) {
   EXPECT_EQ(r.nodes[4].memory_after_bytes, kTwoLayerStatic);
 }
 
+// The worker's flat collective buffers: 2000 padded bytes plus the 1000-byte
+// shard while each collective runs; a reduce-scatter's gradient is freed as
+// it starts. Peak while g1 is gathered again for backward, [6,7]: static,
+// both activations (300), g1 and its buffer; 13300.
+TEST_F(TwoLayerTest, Simulate_CollectiveBuffers_CountedWhileRunning) {
+  HardwareModel hw = TestHardware();
+  hw.collective_buffers = true;
+  const Schedule schedule = Load("sim_two_layer_on_demand.txt");
+  SimResult r = MustSimulate(graph_, schedule, hw);
+  EXPECT_EQ(r.peak_bytes, kTwoLayerStatic + 300 + 2000 + 3000);
+  EXPECT_EQ(r.peak_node_id, 1);
+  EXPECT_EQ(r.peak_breakdown.collective_buffers, 3000);
+  EXPECT_EQ(r.peak_breakdown.total(), r.peak_bytes);
+  // Times are unchanged. After n2 and its actions (release g1, RS p1
+  // starting at once): RS p1's buffer instead of p1's gradient. After n3: RS p0 started as n3 ended, its buffer instead of p0's
+  // gradient.
+  SimResult plain = MustSimulate(graph_, schedule, TestHardware());
+  EXPECT_NEAR(r.iteration_s, plain.iteration_s, kTolerance);
+  EXPECT_EQ(r.nodes[2].memory_after_bytes, kTwoLayerStatic + 100 + 3000);
+  EXPECT_EQ(r.nodes[3].memory_after_bytes, kTwoLayerStatic + 3000);
+  EXPECT_EQ(r.nodes[4].memory_after_bytes, kTwoLayerStatic);
+}
+
 TEST_F(TwoLayerTest, Simulate_PrefetchedGathers_OverlapWithCompute) {
   // AG g0 [0,1], AG g1 [1,2] | n0 [1,3] | n1 [3,5] (g1 ready at 2)
   // AG g0 [5,6] during n2 [5,9] | RS p1 [9,10] | n3 [9,13] (g0 ready at 6)

@@ -271,12 +271,12 @@ absl::Status CalibrateMemory(const Graph& timed, const Schedule& profiled,
   hw.collective_buffers = true;
   absl::StatusOr<SimResult> sim = Simulate(timed, profiled, hw);
   if (!sim.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the schedule the profile was measured under (v",
-                     profiled.version, ") does not replay on the graph: ",
-                     sim.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the schedule the profile was measured under (v", profiled.version,
+        ") does not replay on the graph: ", sim.status().message()));
   }
-  hw.unmodeled_bytes = std::max<int64_t>(0, profile.peak_bytes - sim->peak_bytes);
+  hw.unmodeled_bytes =
+      std::max<int64_t>(0, profile.peak_bytes - sim->peak_bytes);
   return absl::OkStatus();
 }
 

@@ -37,7 +37,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "common/status_macros.h"
 #include "common/ir/graph.h"
 #include "common/ir/profile.h"
 #include "common/ir/schedule.h"
@@ -47,6 +46,7 @@
 #include "common/models/model_config.h"
 #include "common/sim/hardware_model.h"
 #include "common/sim/simulator.h"
+#include "common/status_macros.h"
 #include "coordinator/analysis/schedule_invariants.h"
 #include "coordinator/planner/planner.h"
 
@@ -121,9 +121,12 @@ std::string ParseArgs(int argc, char** argv, Args& args) {
     std::string* value;
   };
   const Flag valued[] = {
-      {"--graph", &args.graph_path},       {"--model", &args.model},
-      {"--profile", &args.profile_path},   {"--hw", &args.hw},
-      {"--budget", &args.budget},          {"--policy", &args.policy},
+      {"--graph", &args.graph_path},
+      {"--model", &args.model},
+      {"--profile", &args.profile_path},
+      {"--hw", &args.hw},
+      {"--budget", &args.budget},
+      {"--policy", &args.policy},
       {"--schedule", &args.schedule_path},
       {"--profiled-schedule", &args.profiled_schedule_path},
   };
@@ -332,9 +335,10 @@ absl::StatusOr<Schedule> LoadScheduleFile(const std::string& path,
 
 // The schedule `profile` was measured under: --profiled-schedule, else the
 // starting schedule for a version-0 profile, else none.
-absl::StatusOr<std::optional<Schedule>> ProfiledSchedule(
-    const Args& args, const Graph& graph, const Profile& profile,
-    ShardingMode mode) {
+absl::StatusOr<std::optional<Schedule>> ProfiledSchedule(const Args& args,
+                                                         const Graph& graph,
+                                                         const Profile& profile,
+                                                         ShardingMode mode) {
   if (!args.profiled_schedule_path.empty()) {
     ASSIGN_OR_RETURN(Schedule s,
                      LoadScheduleFile(args.profiled_schedule_path, graph));

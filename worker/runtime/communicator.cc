@@ -187,8 +187,8 @@ CommOptions CommOptionsFromSpec(const v1::JobSpec& spec) {
 
 int64_t Communicator::PieceElements(const at::Tensor& t) const {
   // 0 (automatic, before or without tuning): the default pieces.
-  const int64_t bytes = options_.chunk_bytes > 0 ? options_.chunk_bytes
-                                                 : kDefaultCommChunkBytes;
+  const int64_t bytes =
+      options_.chunk_bytes > 0 ? options_.chunk_bytes : kDefaultCommChunkBytes;
   return std::max<int64_t>(1, bytes / t.element_size());
 }
 
@@ -216,8 +216,8 @@ absl::StatusOr<ChunkTuning> Communicator::TuneChunkBytes() {
         options_.chunk_bytes = candidates[c];
         const SteadyTime start = std::chrono::steady_clock::now();
         AllGather(in, out);
-        seconds[c] = std::min(
-            seconds[c], Seconds(start, std::chrono::steady_clock::now()));
+        seconds[c] = std::min(seconds[c],
+                              Seconds(start, std::chrono::steady_clock::now()));
       }
     }
     options_.chunk_bytes = 0;
@@ -232,7 +232,8 @@ absl::StatusOr<ChunkTuning> Communicator::TuneChunkBytes() {
                              ? kDefaultCommChunkBytes
                              : kWholeMessages;
   tuning.chunk_bytes = chosen;
-  CollectiveHandle set = Submit([this, chosen] { options_.chunk_bytes = chosen; });
+  CollectiveHandle set =
+      Submit([this, chosen] { options_.chunk_bytes = chosen; });
   RETURN_IF_ERROR(set->Wait());
   return tuning;
 }

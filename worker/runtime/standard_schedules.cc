@@ -11,8 +11,8 @@
 #include "coordinator/analysis/schedule_invariants.h"
 #include "coordinator/passes/planning_context.h"
 #include "coordinator/passes/zero1_pass.h"
-#include "coordinator/planner/planner.h"
 #include "coordinator/passes/zero3_insert_pass.h"
+#include "coordinator/planner/planner.h"
 
 namespace tandem {
 namespace {
@@ -83,10 +83,10 @@ absl::StatusOr<Schedule> Zero1Schedule(const Graph& graph, int64_t version,
 
 absl::StatusOr<Schedule> BaselineSchedule(const Graph& graph, int zero_stage,
                                           int64_t version) {
-  ASSIGN_OR_RETURN(Schedule schedule,
-                   StartingSchedule(graph, zero_stage == 1
-                                               ? ShardingMode::kZero1
-                                               : ShardingMode::kZero3));
+  ASSIGN_OR_RETURN(
+      Schedule schedule,
+      StartingSchedule(graph, zero_stage == 1 ? ShardingMode::kZero1
+                                              : ShardingMode::kZero3));
   schedule.version = version;
   return schedule;
 }

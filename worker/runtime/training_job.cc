@@ -176,14 +176,15 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
   RETURN_IF_ERROR(CheckSameGraph(model->graph, *job->comm_));
   ASSIGN_OR_RETURN(const ChunkTuning tuning, job->comm_->TuneChunkBytes());
   if (tuning.tuned()) {
-    absl::FPrintF(stderr,
-                  "rank %d: collectives %s (8 MiB all-gather: %.3f s in "
-                  "64 KiB pieces, %.3f s whole)\n",
-                  rank, tuning.chunk_bytes == kWholeMessages
-                            ? std::string("whole")
-                            : absl::StrCat("in ", tuning.chunk_bytes >> 10,
-                                           " KiB pieces"),
-                  tuning.pieces_s, tuning.whole_s);
+    absl::FPrintF(
+        stderr,
+        "rank %d: collectives %s (8 MiB all-gather: %.3f s in "
+        "64 KiB pieces, %.3f s whole)\n",
+        rank,
+        tuning.chunk_bytes == kWholeMessages
+            ? std::string("whole")
+            : absl::StrCat("in ", tuning.chunk_bytes >> 10, " KiB pieces"),
+        tuning.pieces_s, tuning.whole_s);
   }
   ASSIGN_OR_RETURN(job->store_,
                    ShardedParamStore::Create(model->program, rank, world));

@@ -239,7 +239,8 @@ TEST(PlanTest, SmallestFeasibleBudget_TandemPlanFits) {
 TEST(StartingScheduleTest, Zero3IsOnDemand_Zero1IsTheZeroOnePass) {
   const Graph graph = TinyLlama(4);
   const HardwareModel hw = HardwareModel::H100(4);
-  absl::StatusOr<Schedule> zero3 = StartingSchedule(graph, ShardingMode::kZero3);
+  absl::StatusOr<Schedule> zero3 =
+      StartingSchedule(graph, ShardingMode::kZero3);
   ASSERT_TRUE(zero3.ok()) << zero3.status();
   PlanOptions on_demand;
   on_demand.policy = Policy::kOnDemand;
@@ -248,7 +249,8 @@ TEST(StartingScheduleTest, Zero3IsOnDemand_Zero1IsTheZeroOnePass) {
   EXPECT_EQ(zero3->actions, planned->schedule.actions);
   EXPECT_EQ(zero3->version, 0);
   EXPECT_EQ(zero3->provenance.reason, "baseline");
-  absl::StatusOr<Schedule> zero1 = StartingSchedule(graph, ShardingMode::kZero1);
+  absl::StatusOr<Schedule> zero1 =
+      StartingSchedule(graph, ShardingMode::kZero1);
   ASSERT_TRUE(zero1.ok()) << zero1.status();
   EXPECT_EQ(zero1->mode, ShardingMode::kZero1);
   EXPECT_TRUE(CheckScheduleSemantics(graph, *zero1).ok());

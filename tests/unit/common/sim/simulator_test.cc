@@ -156,8 +156,8 @@ TEST_F(TwoLayerTest, Simulate_CollectiveBuffers_CountedWhileRunning) {
   EXPECT_EQ(r.peak_breakdown.collective_buffers, 3000);
   EXPECT_EQ(r.peak_breakdown.total(), r.peak_bytes);
   // Times are unchanged. After n2 and its actions (release g1, RS p1
-  // starting at once): RS p1's buffer instead of p1's gradient. After n3: RS p0 started as n3 ended, its buffer instead of p0's
-  // gradient.
+  // starting at once): RS p1's buffer instead of p1's gradient. After n3: RS p0
+  // started as n3 ended, its buffer instead of p0's gradient.
   SimResult plain = MustSimulate(graph_, schedule, TestHardware());
   EXPECT_NEAR(r.iteration_s, plain.iteration_s, kTolerance);
   EXPECT_EQ(r.nodes[2].memory_after_bytes, kTwoLayerStatic + 100 + 3000);

@@ -202,33 +202,28 @@ absl::StatusOr<ChunkTuning> Communicator::TuneChunkBytes() {
     RETURN_IF_ERROR(read->Wait());
     return tuning;
   }
-  // About 8 MiB leaves each rank in all: enough for a deep queue to fill.
   constexpr int64_t kProbeBytes = int64_t{8} << 20;
   const int64_t n = std::max<int64_t>(
       1, kProbeBytes / static_cast<int64_t>(sizeof(float)) / (world_size_ - 1));
-  std::vector<double> seconds = {1e30, 1e30};  // pieces, whole
+  double seconds = 1e30;
   CollectiveHandle probe = Submit([&] {
     const at::Tensor in = at::zeros({n}, at::kFloat);
     const at::Tensor out = at::empty({n * world_size_}, at::kFloat);
-    const int64_t candidates[] = {kDefaultCommChunkBytes, kWholeMessages};
+    options_.chunk_bytes = kDefaultCommChunkBytes;
     for (int rep = 0; rep < 2; ++rep) {
-      for (int c = 0; c < 2; ++c) {
-        options_.chunk_bytes = candidates[c];
-        const SteadyTime start = std::chrono::steady_clock::now();
-        AllGather(in, out);
-        seconds[c] = std::min(seconds[c],
-                              Seconds(start, std::chrono::steady_clock::now()));
-      }
+      const SteadyTime start = std::chrono::steady_clock::now();
+      AllGather(in, out);
+      seconds =
+          std::min(seconds, Seconds(start, std::chrono::steady_clock::now()));
     }
     options_.chunk_bytes = 0;
   });
   RETURN_IF_ERROR(probe->Wait());
-  ASSIGN_OR_RETURN(std::vector<double> all, AllGatherScalars(seconds));
-  for (int r = 0; r < world_size_; ++r) {
-    tuning.pieces_s = std::max(tuning.pieces_s, all[2 * r]);
-    tuning.whole_s = std::max(tuning.whole_s, all[2 * r + 1]);
-  }
-  const int64_t chosen = tuning.pieces_s < 0.95 * tuning.whole_s
+  ASSIGN_OR_RETURN(std::vector<double> all, AllGatherScalars({seconds}));
+  tuning.probe_s = *std::max_element(all.begin(), all.end());
+  tuning.probe_bytes =
+      n * static_cast<int64_t>(sizeof(float)) * (world_size_ - 1);
+  const int64_t chosen = tuning.rate() < kPiecesBelowBytesPerS
                              ? kDefaultCommChunkBytes
                              : kWholeMessages;
   tuning.chunk_bytes = chosen;

@@ -56,12 +56,19 @@ CommOptions CommOptionsFromSpec(const v1::JobSpec& spec);
 struct ChunkTuning {
   // The piece size in use; kWholeMessages when collectives go whole.
   int64_t chunk_bytes = 0;
-  // Seconds of the probe all-gather on the slowest rank, in pieces of
-  // kDefaultCommChunkBytes and whole (0: not measured).
-  double pieces_s = 0;
-  double whole_s = 0;
-  bool tuned() const { return pieces_s > 0; }
+  // The probe: seconds of an all-gather moving probe_bytes out of each rank
+  // in kDefaultCommChunkBytes pieces, on the slowest rank (0: not measured).
+  double probe_s = 0;
+  int64_t probe_bytes = 0;
+  bool tuned() const { return probe_s > 0; }
+  // Bytes per second leaving each rank during the probe.
+  double rate() const { return tuned() ? probe_bytes / probe_s : 0; }
 };
+// Links slower than this per direction get pieces. Measured on a tbf-shaped
+// veth (bench/e2e): at 200 Mbit/s (23 MB/s in pieces) whole messages ran at
+// 12-17 MB/s once traffic was sustained; at 2 Gbit/s (120-170 MB/s) whole
+// messages were as fast or faster and cost less CPU than pieces.
+inline constexpr double kPiecesBelowBytesPerS = 64e6;
 inline constexpr int64_t kWholeMessages = int64_t{1} << 50;
 
 // One submission in flight. Completed by the communication thread; any
@@ -137,9 +144,11 @@ class Communicator {
       const std::vector<double>& values);
 
   // When CommOptions::chunk_bytes is 0 (automatic), times an all-gather of
-  // about 8 MiB per direction in pieces of kDefaultCommChunkBytes and whole
-  // (twice each, interleaved), takes the slowest rank's time for each, and
-  // keeps pieces if they are at least 5% faster, whole messages otherwise.
+  // 8 MiB out of each rank in kDefaultCommChunkBytes pieces (the better of
+  // two), takes the slowest rank's time, and keeps the pieces on a link
+  // slower than kPiecesBelowBytesPerS, whole messages otherwise. (A one-off
+  // whole-message probe is no guide: the queue that slows whole messages
+  // fills only under sustained traffic, and did not always fill in 8 MiB.)
   // Every rank decides from the same all-gathered times, so all agree. Call
   // it on every rank, before other submissions; a no-op (returning the
   // current choice, not tuned) when the size is fixed, at world size 1 or on

@@ -178,13 +178,12 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
   if (tuning.tuned()) {
     absl::FPrintF(
         stderr,
-        "rank %d: collectives %s (8 MiB all-gather: %.3f s in "
-        "64 KiB pieces, %.3f s whole)\n",
-        rank,
+        "rank %d: link %.1f MB/s out of each rank (8 MiB all-gather "
+        "in 64 KiB pieces: %.3f s): collectives %s\n",
+        rank, tuning.rate() / 1e6, tuning.probe_s,
         tuning.chunk_bytes == kWholeMessages
             ? std::string("whole")
-            : absl::StrCat("in ", tuning.chunk_bytes >> 10, " KiB pieces"),
-        tuning.pieces_s, tuning.whole_s);
+            : absl::StrCat("in ", tuning.chunk_bytes >> 10, " KiB pieces"));
   }
   ASSIGN_OR_RETURN(job->store_,
                    ShardedParamStore::Create(model->program, rank, world));

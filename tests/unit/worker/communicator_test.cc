@@ -122,14 +122,14 @@ TEST(CommunicatorTest, TuneChunkBytes_RanksAgree_FixedSizeKept) {
   });
   for (const ChunkTuning& t : tunings) {
     EXPECT_TRUE(t.tuned());
-    EXPECT_GT(t.pieces_s, 0);
-    EXPECT_GT(t.whole_s, 0);
-    EXPECT_TRUE(t.chunk_bytes == kDefaultCommChunkBytes ||
-                t.chunk_bytes == kWholeMessages)
-        << t.chunk_bytes;
+    EXPECT_GT(t.probe_s, 0);
+    EXPECT_EQ(t.probe_bytes, 8 << 20);
+    EXPECT_EQ(t.chunk_bytes, t.rate() < kPiecesBelowBytesPerS
+                                 ? kDefaultCommChunkBytes
+                                 : kWholeMessages);
   }
   EXPECT_EQ(tunings[0].chunk_bytes, tunings[1].chunk_bytes);
-  EXPECT_EQ(tunings[0].pieces_s, tunings[1].pieces_s);
+  EXPECT_EQ(tunings[0].probe_s, tunings[1].probe_s);
 
   RunLoopbackWorld(
       2,

@@ -115,7 +115,9 @@ class Bench:
             # connection close.
             for r in range(2):
                 if errs[r] and "exceeds memory.budget_bytes" in errs[r]:
-                    failed = f"rank {r}: {errs[r].strip()[-600:]}"
+                    line = next(l for l in reversed(errs[r].splitlines())
+                                if "exceeds memory.budget_bytes" in l)
+                    failed = f"rank {r}: {line.strip()[-600:]}"
             raise RuntimeError(failed)
         return outs
 

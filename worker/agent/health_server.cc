@@ -70,9 +70,13 @@ grpc::Status HealthService::Watch(
       lock.lock();
       if (!written) break;
     }
-    if (shutdown_) break;
-    // Wakes on a change; the timeout notices a cancelled call.
-    changed_.wait_for(lock, std::chrono::milliseconds(500));
+    // After shutdown, end the stream once the final status (NOT_SERVING) is
+    // out: shutdown may land while the previous status is being written.
+    if (shutdown_ && StatusLocked(request->service()) == sent) break;
+    // Wakes on a change, including one made while the lock was released for
+    // the write; the timeout notices a cancelled call.
+    changed_.wait_for(lock, std::chrono::milliseconds(500),
+                      [&] { return StatusLocked(request->service()) != sent; });
   }
   return grpc::Status::OK;
 }

@@ -83,12 +83,16 @@ TEST_F(HealthServerTest, Watch_ReadinessChanges_StreamsEachStatus) {
   server_->SetReady(true);
   ASSERT_TRUE(reader->Read(&response));
   EXPECT_EQ(response.status(), HealthCheckResponse::SERVING);
-  // Shutdown: NOT_SERVING, then the stream ends.
+  // Shutdown: NOT_SERVING, then the stream ends. (Join before asserting: a
+  // failed ASSERT must not leave the thread joinable.)
   std::thread stopper([&] { server_->Shutdown(); });
-  ASSERT_TRUE(reader->Read(&response));
-  EXPECT_EQ(response.status(), HealthCheckResponse::NOT_SERVING);
-  EXPECT_FALSE(reader->Read(&response));
+  const bool got_last = reader->Read(&response);
+  const auto last = response.status();
+  const bool got_more = got_last && reader->Read(&response);
   stopper.join();
+  ASSERT_TRUE(got_last);
+  EXPECT_EQ(last, HealthCheckResponse::NOT_SERVING);
+  EXPECT_FALSE(got_more);
 }
 
 TEST_F(HealthServerTest, Watch_UnknownService_ServiceUnknown) {

@@ -8,6 +8,8 @@
 #include "common/ir/proto_convert.h"
 #include "common/job/job_spec.h"
 #include "common/models/graph_builder.h"
+#include "common/sim/simulator.h"
+#include "coordinator/planner/planner.h"
 
 namespace tandem {
 namespace {
@@ -56,8 +58,10 @@ class PlanningManagerTest : public ::testing::Test {
   }
 
   v1::Profile MakeProfile(int rank, int64_t first, int64_t last,
-                          int64_t version, double scale = 1.0) {
+                          int64_t version, double scale = 1.0,
+                          int64_t peak_bytes = 0) {
     Profile p;
+    p.peak_bytes = peak_bytes;
     p.graph_hash = graph_.StructuralHash();
     p.rank = rank;
     p.schedule_version = version;
@@ -71,11 +75,12 @@ class PlanningManagerTest : public ::testing::Test {
   }
 
   void SendWindow(int64_t first, int64_t last, int64_t version,
-                  double scale = 1.0) {
+                  double scale = 1.0, int64_t peak_bytes = 0) {
     for (int r = 0; r < 2; ++r) {
       ASSERT_TRUE(planning_
                       ->OnProfile(job_.id(), r,
-                                  MakeProfile(r, first, last, version, scale))
+                                  MakeProfile(r, first, last, version, scale,
+                                              peak_bytes))
                       .ok());
     }
     planning_->Drain();
@@ -110,6 +115,38 @@ TEST_F(PlanningManagerTest, FirstWindowAfterWarmup_PlansAndPublishesV1) {
   EXPECT_EQ(got->schedule.version(), 1);
   auto events = jobs_->Events(job_.id(), 0);
   EXPECT_THAT(events->back().message(), HasSubstr("v1 (initial)"));
+}
+
+// The workers measured 3 MiB more than the simulator says for the starting
+// schedule they ran: the published plan's predicted peak counts those bytes
+// (and the collectives' flat buffers), as CalibrateMemory defines.
+TEST_F(PlanningManagerTest, MeasuredPeakAboveModel_CountedInThePrediction) {
+  constexpr int64_t kExtra = 3 << 20;
+  absl::StatusOr<Profile> measured = FromProto(MakeProfile(0, 0, 1, 0));
+  ASSERT_TRUE(measured.ok());
+  absl::StatusOr<Graph> timed = ApplyProfile(graph_, *measured);
+  ASSERT_TRUE(timed.ok());
+  HardwareModel hw = HardwareModel::H100(2);
+  hw.ranks_per_node = 2;
+  hw.collective_buffers = true;
+  absl::StatusOr<Schedule> start =
+      StartingSchedule(*timed, ShardingMode::kZero3);
+  ASSERT_TRUE(start.ok());
+  absl::StatusOr<SimResult> model = Simulate(*timed, *start, hw);
+  ASSERT_TRUE(model.ok());
+
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 1, Report(false)).ok());
+  SendWindow(0, 1, 0, 1.0, model->peak_bytes + kExtra);
+  ASSERT_EQ(published_.size(), 1u);
+  absl::StatusOr<Schedule> planned = FromProto(published_[0].schedule());
+  ASSERT_TRUE(planned.ok());
+  hw.unmodeled_bytes = kExtra;
+  absl::StatusOr<SimResult> expected = Simulate(*timed, *planned, hw);
+  ASSERT_TRUE(expected.ok());
+  EXPECT_EQ(published_[0].schedule().prediction().peak_bytes(),
+            expected->peak_bytes);
+  EXPECT_EQ(expected->peak_breakdown.unmodeled, kExtra);
 }
 
 TEST_F(PlanningManagerTest, ProfilesBeforeGraph_AreHeldThenPlanned) {

@@ -71,7 +71,7 @@ constexpr char kUsage[] =
     "collective fits\n"
     "  --hw TEXT        hardware overrides: world ranks_per_node intra_gbps "
     "inter_gbps\n"
-    "                   host_gbps latency_us memory budget (world defaults to "
+    "                   host_gbps latency_us memory budget unmodeled (world defaults to "
     "the graph's)\n"
     "  --budget BYTES   memory budget per rank, e.g. 70GiB\n"
     "  --policy NAME    on-demand, deepspeed-zero3, fsdp, deepcompile or "

@@ -210,11 +210,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   }
 
   const v1::CommSpec& comm = spec.comm();
-  if (comm.chunk_bytes() != 0) {
-    if (comm.chunk_bytes() < 4096) {
-      errors.Add("comm.chunk_bytes must be 0 (automatic) or >= 4096, got ",
-                 comm.chunk_bytes());
-    }
+  if (comm.chunk_bytes() != 0 && comm.chunk_bytes() < 4096) {
+    errors.Add("comm.chunk_bytes must be 0 (automatic) or >= 4096, got ",
+               comm.chunk_bytes());
   }
   if (comm.max_in_flight() != 0 &&
       (comm.max_in_flight() < 1 || comm.max_in_flight() > 64)) {

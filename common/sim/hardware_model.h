@@ -58,7 +58,7 @@ struct HardwareModel {
   // Budget the plan must fit (<= device memory); 0 means device memory.
   int64_t budget_bytes = 0;
   // Bytes the runtime holds beyond what the simulator models (autograd
-  // temporaries, the loss's buffers, collective staging), counted at every
+  // temporaries, the loss's buffers), counted at every
   // instant. 0 until measured: CalibrateMemory sets it from a profile.
   int64_t unmodeled_bytes = 0;
   // Count each collective's flat buffer while it runs (the Tandem worker

@@ -63,8 +63,8 @@
 //     (for a REDUCE_SCATTER starting at the instant its gradients are freed,
 //     both count: the copy holds both for a moment);
 //   - unmodeled: hw.unmodeled_bytes, always (what the runtime was measured to
-//     hold beyond the rules above: autograd temporaries, the loss's buffers,
-//     collective staging; see CalibrateMemory in coordinator/planner).
+//     hold beyond the rules above: autograd temporaries, the loss's buffers;
+//     see CalibrateMemory in coordinator/planner).
 // At one instant the compute stream's own events (a node's start and end,
 // the actions anchored around it) count in program order, so "release g0,
 // then gather g1" never holds both; events of the other streams at that

@@ -194,12 +194,11 @@ int64_t Communicator::PieceElements(const at::Tensor& t) const {
 
 absl::StatusOr<ChunkTuning> Communicator::TuneChunkBytes() {
   ChunkTuning tuning;
+  // options_ changes only below, through the communication thread and
+  // waited for, so reading it here is safe.
   if (options_.chunk_bytes > 0 || world_size_ == 1 || native_collectives_) {
-    CollectiveHandle read = Submit([&] {
-      tuning.chunk_bytes = options_.chunk_bytes > 0 ? options_.chunk_bytes
-                                                    : kDefaultCommChunkBytes;
-    });
-    RETURN_IF_ERROR(read->Wait());
+    tuning.chunk_bytes = options_.chunk_bytes > 0 ? options_.chunk_bytes
+                                                  : kDefaultCommChunkBytes;
     return tuning;
   }
   constexpr int64_t kProbeBytes = int64_t{8} << 20;
@@ -209,14 +208,13 @@ absl::StatusOr<ChunkTuning> Communicator::TuneChunkBytes() {
   CollectiveHandle probe = Submit([&] {
     const at::Tensor in = at::zeros({n}, at::kFloat);
     const at::Tensor out = at::empty({n * world_size_}, at::kFloat);
-    options_.chunk_bytes = kDefaultCommChunkBytes;
+    // chunk_bytes is still 0 here: default pieces.
     for (int rep = 0; rep < 2; ++rep) {
       const SteadyTime start = std::chrono::steady_clock::now();
       AllGather(in, out);
       seconds =
           std::min(seconds, Seconds(start, std::chrono::steady_clock::now()));
     }
-    options_.chunk_bytes = 0;
   });
   RETURN_IF_ERROR(probe->Wait());
   ASSIGN_OR_RETURN(std::vector<double> all, AllGatherScalars({seconds}));

@@ -178,9 +178,10 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
   if (tuning.tuned()) {
     absl::FPrintF(
         stderr,
-        "rank %d: link %.1f MB/s out of each rank (8 MiB all-gather "
-        "in 64 KiB pieces: %.3f s): collectives %s\n",
-        rank, tuning.rate() / 1e6, tuning.probe_s,
+        "rank %d: link %.1f MB/s out of each rank (%d MiB all-gather "
+        "in %d KiB pieces: %.3f s): collectives %s\n",
+        rank, tuning.rate() / 1e6, tuning.probe_bytes >> 20,
+        kDefaultCommChunkBytes >> 10, tuning.probe_s,
         tuning.chunk_bytes == kWholeMessages
             ? std::string("whole")
             : absl::StrCat("in ", tuning.chunk_bytes >> 10, " KiB pieces"));

@@ -1,6 +1,7 @@
 #include "common/job/job_spec.h"
 
 #include <cmath>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -13,9 +14,6 @@ namespace {
 
 constexpr size_t kMaxListed = 8;
 constexpr int32_t kMaxWorldSize = 4096;
-
-const char* const kPassNames[] = {"zero3-insert", "prefetch", "unshard",
-                                  "offload", "zero1"};
 
 bool IsNamedPreset(const std::string& preset) {
   return preset != "llama" && preset != "moe" && ModelPreset(preset).ok();
@@ -86,16 +84,8 @@ void ApplyJobSpecDefaults(v1::JobSpec& spec) {
   if (par.zero_stage() == 0) par.set_zero_stage(3);
 
   v1::OptimizeSpec& o = *spec.mutable_optimize();
-  if (o.passes().empty()) {
-    if (par.zero_stage() == 1) {
-      o.add_passes("zero1");
-    } else {
-      for (const char* p :
-           {"zero3-insert", "offload", "prefetch", "unshard", "prefetch"}) {
-        o.add_passes(p);
-      }
-    }
-  }
+  // The pipeline the benchmarks measure, unless the job names its own.
+  if (o.passes().empty() && o.policy().empty()) o.set_policy("tandem");
   if (o.warmup_steps() == 0) o.set_warmup_steps(3);
   if (o.drift_threshold() == 0) o.set_drift_threshold(0.1);
   if (o.drift_window() == 0) o.set_drift_window(5);
@@ -107,7 +97,8 @@ void ApplyJobSpecDefaults(v1::JobSpec& spec) {
   }
 }
 
-absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
+absl::Status ValidateJobSpec(const v1::JobSpec& spec,
+                             const PlanSpecCheck& plan_check) {
   FieldErrors errors;
   if (spec.name().empty()) {
     errors.Add("name must be set (letters, digits, '.', '_' or '-')");
@@ -185,12 +176,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
                    0);
 
   const v1::OptimizeSpec& o = spec.optimize();
-  for (int i = 0; i < o.passes_size(); ++i) {
-    bool known = false;
-    for (const char* p : kPassNames) known = known || o.passes(i) == p;
-    if (!known) {
-      errors.Add("optimize.passes[", i, "] '", o.passes(i),
-                 "' is not a pass; use ", absl::StrJoin(kPassNames, ", "));
+  if (plan_check) {
+    for (const std::string& problem : plan_check(o, par.zero_stage())) {
+      errors.Add(problem);
     }
   }
   AtLeast(errors, "optimize.warmup_steps", o.warmup_steps(), 0);
@@ -199,6 +187,27 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
                o.drift_threshold());
   }
   AtLeast(errors, "optimize.drift_window", o.drift_window(), 1);
+
+  const v1::HardwareSpec& hw = spec.hardware();
+  AtLeast(errors, "hardware.ranks_per_node", hw.ranks_per_node(), 0);
+  for (const auto& [path, value] :
+       {std::pair<const char*, double>{"hardware.intra_node_gbps",
+                                       hw.intra_node_gbps()},
+        {"hardware.inter_node_gbps", hw.inter_node_gbps()},
+        {"hardware.host_gbps", hw.host_gbps()},
+        {"hardware.collective_latency_us", hw.collective_latency_us()}}) {
+    if (!(std::isfinite(value) && value >= 0)) {
+      errors.Add(path, " must be >= 0 (0: measured), got ", value);
+    }
+  }
+  AtLeast<int64_t>(errors, "hardware.device_memory_bytes",
+                   hw.device_memory_bytes(), 0);
+  if (hw.device_memory_bytes() > 0 &&
+      spec.memory().budget_bytes() > hw.device_memory_bytes()) {
+    errors.Add("memory.budget_bytes (", spec.memory().budget_bytes(),
+               ") must not exceed hardware.device_memory_bytes (",
+               hw.device_memory_bytes(), ")");
+  }
 
   const v1::CheckpointSpec& c = spec.checkpoint();
   AtLeast<int64_t>(errors, "checkpoint.every", c.every(), 0);

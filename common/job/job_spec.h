@@ -5,6 +5,9 @@
 #define TANDEM_COMMON_JOB_JOB_SPEC_H_
 
 #include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -25,16 +28,24 @@ inline constexpr int32_t kDefaultCommMaxInFlight = 4;
 // Fills fields left at zero with their defaults: data.kind "synthetic",
 // batch.grad_accum 1, train.{lr 1e-3, weight_decay 0, beta1 0.9, beta2 0.95,
 // eps 1e-8, grad_clip 1.0}, parallel.{world_size 1, zero_stage 3},
-// optimize.{passes [tandem pipeline], warmup_steps 3, drift_threshold 0.1,
+// optimize.{policy tandem unless passes are given, warmup_steps 3, drift_threshold 0.1,
 // drift_window 5}, comm.max_in_flight 4 (comm.chunk_bytes 0: automatic),
 // data.token_bytes 2, model.dtype f32 and, for presets with a known shape,
 // model sizes. Idempotent.
 void ApplyJobSpecDefaults(v1::JobSpec& spec);
 
+// Checks optimize.policy and optimize.passes against the planner's pass
+// registry, one message per problem, each starting with the field's path.
+// The coordinator supplies it (coordinator/planner/job_plan.h); the worker,
+// which does not plan, validates without one.
+using PlanSpecCheck = std::function<std::vector<std::string>(
+    const v1::OptimizeSpec& optimize, int32_t zero_stage)>;
+
 // Checks every field and returns InvalidArgument listing each problem by its
 // path, e.g. "parallel.world_size must be >= 1, got 0; batch.seq_len must be
 // >= 1, got -4". Call after ApplyJobSpecDefaults.
-absl::Status ValidateJobSpec(const v1::JobSpec& spec);
+absl::Status ValidateJobSpec(const v1::JobSpec& spec,
+                             const PlanSpecCheck& plan_check = nullptr);
 
 // The model the spec describes, at the spec's world size, micro-batch and
 // sequence length. Fails like ValidateJobSpec.

@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "common/lowering/anchored_schedule.h"
 #include "common/sim/simulator.h"
 #include "common/status_macros.h"
 
@@ -55,20 +56,8 @@ class OffloadPlanner {
         break;
       }
     }
-    // The base without any earlier offload plan.
-    base_.offloads.clear();
-    std::vector<Action> kept;
-    for (const Action& a : base.actions) {
-      if (a.kind != ActionKind::kOffload && a.kind != ActionKind::kReload) {
-        kept.push_back(a);
-      }
-    }
-    base_.actions = std::move(kept);
-
-    const int world = std::max(graph_.world_size, 1);
     for (const Param& p : graph_.params) {
-      const int64_t bytes =
-          p.shard_numel(world) * OptimizerStateBytesPerElement(p.dtype);
+      const int64_t bytes = ParamStateBytes(p, graph_.world_size);
       if (bytes > 0) candidates_.push_back({p.id, bytes});
     }
     std::stable_sort(candidates_.begin(), candidates_.end(), LargerFirst);
@@ -114,49 +103,15 @@ class OffloadPlanner {
   Schedule Build(const std::vector<Candidate>& chosen,
                  const std::vector<int>& reload_before) const {
     Schedule out = base_;
-    const int n = static_cast<int>(graph_.nodes.size());
+    std::vector<StateCopy> copies;
+    copies.reserve(chosen.size());
     for (size_t i = 0; i < chosen.size(); ++i) {
-      out.offloads.push_back(
-          {static_cast<int32_t>(i), {chosen[i].param_id}, chosen[i].bytes});
+      copies.push_back({{chosen[i].param_id},
+                        chosen[i].bytes,
+                        AnchoredSchedule::AfterSlot(first_forward_),
+                        AnchoredSchedule::BeforeSlot(reload_before[i])});
     }
-    std::vector<std::vector<Action>> before(n);
-    std::vector<Action> after_first;
-    for (size_t i = 0; i < chosen.size(); ++i) {
-      Action off;
-      off.kind = ActionKind::kOffload;
-      off.node_id = graph_.nodes[first_forward_].id;
-      off.position = AnchorPosition::kAfter;
-      off.offload_id = static_cast<int32_t>(i);
-      after_first.push_back(off);
-      Action re;
-      re.kind = ActionKind::kReload;
-      re.node_id = graph_.nodes[reload_before[i]].id;
-      re.position = AnchorPosition::kBefore;
-      re.offload_id = static_cast<int32_t>(i);
-      before[reload_before[i]].push_back(re);
-    }
-    // Splice: reloads first in their slot (before its WAITs, so a stall does
-    // not delay the copy), offloads last after the first forward node.
-    std::vector<Action> actions;
-    actions.reserve(base_.actions.size() + 2 * chosen.size());
-    const GraphIndex& index = context_.index();
-    std::vector<std::vector<Action>> slot(2 * n);
-    for (const Action& a : base_.actions) {
-      const int pos = index.NodePos(a.node_id);
-      if (pos < 0) continue;
-      slot[2 * pos + (a.position == AnchorPosition::kAfter ? 1 : 0)].push_back(
-          a);
-    }
-    for (int j = 0; j < n; ++j) {
-      actions.insert(actions.end(), before[j].begin(), before[j].end());
-      actions.insert(actions.end(), slot[2 * j].begin(), slot[2 * j].end());
-      actions.insert(actions.end(), slot[2 * j + 1].begin(),
-                     slot[2 * j + 1].end());
-      if (j == first_forward_) {
-        actions.insert(actions.end(), after_first.begin(), after_first.end());
-      }
-    }
-    out.actions = std::move(actions);
+    SpliceStateOffloads(graph_, context_.index(), copies, out);
     return out;
   }
 

@@ -45,6 +45,9 @@ class PassPipeline : public PlanningPass {
     passes_.push_back(std::move(pass));
     return ref;
   }
+  void AddPass(std::unique_ptr<PlanningPass> pass) {
+    passes_.push_back(std::move(pass));
+  }
   template <typename T, typename... Args>
   void AddInvariantChecker(Args&&... args) {
     checkers_.push_back(std::make_unique<T>(std::forward<Args>(args)...));

@@ -11,7 +11,7 @@
 #include "common/sim/simulator.h"
 #include "common/status_macros.h"
 #include "coordinator/analysis/group_sizes.h"
-#include "coordinator/analysis/schedule_invariants.h"
+#include "common/lowering/schedule_semantics.h"
 
 namespace tandem {
 namespace {

@@ -3,28 +3,22 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/bytes.h"
 #include "common/ir/validate.h"
+#include "common/lowering/anchored_schedule.h"
 #include "common/status_macros.h"
-#include "coordinator/analysis/schedule_invariants.h"
-#include "coordinator/passes/offload_pass.h"
-#include "coordinator/passes/prefetch_pass.h"
-#include "coordinator/passes/unshard_pass.h"
+#include "coordinator/passes/invariant_checkers.h"
 #include "coordinator/passes/zero1_pass.h"
 #include "coordinator/passes/zero3_insert_pass.h"
-#include "coordinator/policies/anchored_schedule.h"
-#include "coordinator/policies/deepspeed_persistence_pass.h"
-#include "coordinator/policies/deepspeed_prefetch_pass.h"
-#include "coordinator/policies/fsdp_prefetch_pass.h"
-#include "coordinator/policies/greedy_prefetch_pass.h"
-#include "coordinator/policies/greedy_unshard_pass.h"
-#include "coordinator/policies/memory_only_offload_pass.h"
-#include "coordinator/policies/split_gather_groups_pass.h"
+#include "coordinator/planner/pass_registry.h"
 
 namespace tandem {
 namespace {
@@ -33,58 +27,17 @@ constexpr Policy kAllPolicies[] = {Policy::kOnDemand, Policy::kDeepSpeedZero3,
                                    Policy::kFsdp, Policy::kDeepCompile,
                                    Policy::kTandem};
 
-// The policy's passes, in order, with the four invariant checkers; the
-// memory checker is left out when `check_memory` is false.
-std::unique_ptr<PassPipeline> BuildPipeline(Policy policy, ShardingMode mode,
-                                            PassRecordSink* sink,
-                                            bool check_memory) {
-  auto pipeline =
-      std::make_unique<PassPipeline>(std::string(PolicyName(policy)), sink);
+// The passes, in order, with the four invariant checkers; the memory checker
+// is left out when `check_memory` is false.
+absl::StatusOr<std::unique_ptr<PassPipeline>> BuildPipeline(
+    absl::string_view name, const std::vector<std::string>& passes,
+    PassRecordSink* sink, bool check_memory) {
+  auto pipeline = std::make_unique<PassPipeline>(std::string(name), sink);
   pipeline->AddInvariantChecker<GatherBeforeUseChecker>();
   pipeline->AddInvariantChecker<NoUseAfterReleaseChecker>();
   pipeline->AddInvariantChecker<ReduceOnceChecker>();
   if (check_memory) pipeline->AddInvariantChecker<MemoryBudgetChecker>();
-  switch (policy) {
-    case Policy::kOnDemand:
-      pipeline->AddPass<Zero3InsertPass>();
-      break;
-    case Policy::kDeepSpeedZero3:
-      pipeline->AddPass<DeepSpeedPersistencePass>();
-      pipeline->AddPass<Zero3InsertPass>();
-      pipeline->AddPass<SplitGatherGroupsPass>();
-      pipeline->AddPass<DeepSpeedPrefetchPass>();
-      break;
-    case Policy::kFsdp:
-      pipeline->AddPass<Zero3InsertPass>(Zero3InsertPass::Grouping::kPerUnit);
-      pipeline->AddPass<FsdpPrefetchPass>();
-      break;
-    case Policy::kDeepCompile:
-      // DeepCompile runs on ZeRO-3 (small params persistent), gathers param
-      // by param, and schedules offloading before profiling the passes that
-      // follow.
-      pipeline->AddPass<DeepSpeedPersistencePass>();
-      pipeline->AddPass<Zero3InsertPass>();
-      pipeline->AddPass<SplitGatherGroupsPass>();
-      pipeline->AddPass<MemoryOnlyOffloadPass>();
-      pipeline->AddPass<GreedyPrefetchPass>();
-      pipeline->AddPass<GreedyUnshardPass>();
-      break;
-    case Policy::kTandem:
-      // coordinator/passes/README.md.
-      if (mode == ShardingMode::kZero1) {
-        pipeline->AddPass<Zero1Pass>();
-        pipeline->AddPass<OffloadPass>();
-      } else {
-        pipeline->AddPass<Zero3InsertPass>();
-        pipeline->AddPass<OffloadPass>();
-        pipeline->AddPass<PrefetchPass>();
-        pipeline->AddPass<OffloadPass>(OffloadPass::Role::kLend);
-        pipeline->AddPass<UnshardPass>();
-        pipeline->AddPass<OffloadPass>(OffloadPass::Role::kReturn);
-        pipeline->AddPass<PrefetchPass>();
-      }
-      break;
-  }
+  RETURN_IF_ERROR(PassRegistry::Default().AddTo(passes, *pipeline));
   return pipeline;
 }
 
@@ -132,8 +85,9 @@ absl::StatusOr<PlanResult> LeastMemoryPlan(const Graph& graph,
     RETURN_IF_ERROR(baseline.Run(context).status());
   }
   Schedule& schedule = context.schedule();
-  schedule.provenance.passes = {"zero3-insert", "offload-all-states"};
-  if (mode == ShardingMode::kZero1) schedule.provenance.passes[0] = "zero1";
+  schedule.provenance.passes = {
+      mode == ShardingMode::kZero1 ? "zero1" : "zero3-insert",
+      "offload-all-states"};
   int last_backward = -1;
   for (size_t i = 0; i < graph.nodes.size(); ++i) {
     if (graph.nodes[i].phase == Phase::kBackward) {
@@ -141,31 +95,21 @@ absl::StatusOr<PlanResult> LeastMemoryPlan(const Graph& graph,
     }
   }
   if (!graph.nodes.empty()) {
-    AnchoredSchedule plan(graph, context.index(), schedule);
-    std::vector<Action> offloads;
-    for (const Param& param : graph.params) {
-      const int64_t bytes = ParamStateBytes(param, graph.world_size);
-      if (bytes <= 0) continue;
-      const int32_t id = static_cast<int32_t>(schedule.offloads.size());
-      schedule.offloads.push_back({id, {param.id}, bytes});
-      Action offload;
-      offload.kind = ActionKind::kOffload;
-      offload.offload_id = id;
-      offloads.push_back(offload);
-    }
-    std::vector<Action>& first = plan.slot(AnchoredSchedule::BeforeSlot(0));
-    first.insert(first.begin(), offloads.begin(), offloads.end());
-    // Without a backward the states come back after the last node.
+    // Out before the first node, back after the last backward node (after
+    // the last node without a backward).
     const int reload_at = last_backward >= 0
                               ? last_backward
                               : static_cast<int>(graph.nodes.size()) - 1;
-    for (const OffloadEntry& entry : schedule.offloads) {
-      Action reload;
-      reload.kind = ActionKind::kReload;
-      reload.offload_id = entry.id;
-      plan.slot(AnchoredSchedule::AfterSlot(reload_at)).push_back(reload);
+    std::vector<StateCopy> copies;
+    for (const Param& param : graph.params) {
+      const int64_t bytes = ParamStateBytes(param, graph.world_size);
+      if (bytes <= 0) continue;
+      copies.push_back({{param.id},
+                        bytes,
+                        AnchoredSchedule::BeforeSlot(0),
+                        AnchoredSchedule::AfterSlot(reload_at)});
     }
-    plan.WriteTo(schedule);
+    SpliceStateOffloads(graph, context.index(), copies, schedule);
   }
   RETURN_IF_ERROR(context.Resimulate());
   PlanResult result;
@@ -173,6 +117,35 @@ absl::StatusOr<PlanResult> LeastMemoryPlan(const Graph& graph,
   result.sim = context.sim();
   result.feasible = result.sim.peak_bytes <= hw.budget();
   return result;
+}
+
+// What would fit, from what fills the least-memory plan's peak.
+std::string WhatWouldFit(const Graph& graph, const SimResult& least,
+                         ShardingMode mode) {
+  const MemoryBreakdown& b = least.peak_breakdown;
+  const int64_t sharded = b.sharded_params + b.gradients;
+  bool checkpointed = false;
+  for (const Node& node : graph.nodes) {
+    checkpointed = checkpointed || node.recompute;
+  }
+  std::vector<std::string> ways;
+  ways.push_back("raise memory.budget_bytes to at least that");
+  if (mode == ShardingMode::kZero1) {
+    ways.push_back(
+        "use parallel.zero_stage 3, which shards params and gradients too");
+  } else if (sharded > 0) {
+    ways.push_back(absl::StrCat("shard over more ranks (sharded params and ",
+                                "gradients hold ", FormatBytes(sharded),
+                                " at the peak and shrink with the world)"));
+  }
+  if (b.activations > 0) {
+    ways.push_back(absl::StrCat(
+        checkpointed ? "use a smaller batch.micro_batch or batch.seq_len"
+                     : "turn on model.activation_checkpointing or use a "
+                       "smaller batch.micro_batch",
+        " (activations hold ", FormatBytes(b.activations), " at the peak)"));
+  }
+  return absl::StrJoin(ways, "; or ");
 }
 
 absl::Status Infeasible(const Graph& graph, const HardwareModel& hw,
@@ -186,8 +159,7 @@ absl::Status Infeasible(const Graph& graph, const HardwareModel& hw,
       mode == ShardingMode::kZero1
           ? " (the ZeRO-1 plan with every optimizer state offloaded). "
           : " (the on-demand baseline with every optimizer state offloaded). ",
-      "Raise the budget to at least that, or shard over more ranks. (", why,
-      ")"));
+      "To fit: ", WhatWouldFit(graph, least->sim, mode), ". (", why, ")"));
 }
 
 }  // namespace
@@ -280,21 +252,28 @@ absl::Status CalibrateMemory(const Graph& timed, const Schedule& profiled,
   return absl::OkStatus();
 }
 
-absl::StatusOr<Schedule> StartingSchedule(const Graph& graph,
-                                          ShardingMode mode) {
-  PlanningContext context(graph, HardwareModel::H100(graph.world_size));
-  context.schedule().mode = mode;
-  const bool zero1 = mode == ShardingMode::kZero1;
-  if (zero1) {
-    RETURN_IF_ERROR(Zero1Pass().Run(context).status());
-  } else {
-    RETURN_IF_ERROR(Zero3InsertPass().Run(context).status());
+std::vector<std::string> PolicyPasses(Policy policy, ShardingMode mode) {
+  switch (policy) {
+    case Policy::kOnDemand:
+      return {"zero3-insert"};
+    case Policy::kDeepSpeedZero3:
+      return {"deepspeed-persistence", "zero3-insert", "split-groups",
+              "deepspeed-prefetch"};
+    case Policy::kFsdp:
+      return {"zero3-insert:grouping=unit", "fsdp-prefetch"};
+    case Policy::kDeepCompile:
+      // DeepCompile runs on ZeRO-3 (small params persistent), gathers param
+      // by param, and schedules offloading before profiling the passes that
+      // follow.
+      return {"deepspeed-persistence", "zero3-insert",   "split-groups",
+              "memory-only-offload",   "greedy-prefetch", "greedy-unshard"};
+    case Policy::kTandem:
+      // coordinator/passes/README.md.
+      if (mode == ShardingMode::kZero1) return {"zero1", "offload"};
+      return {"zero3-insert", "offload",        "prefetch", "offload-lend",
+              "unshard",      "offload-return", "prefetch"};
   }
-  Schedule schedule = context.schedule();
-  schedule.version = 0;
-  schedule.provenance.passes = {zero1 ? "zero1" : "zero3-insert"};
-  schedule.provenance.reason = "baseline";
-  return schedule;
+  return {};
 }
 
 absl::StatusOr<PlanResult> Plan(const Graph& graph, const HardwareModel& hw,
@@ -307,8 +286,10 @@ absl::StatusOr<PlanResult> Plan(const Graph& graph, const HardwareModel& hw,
         graph.name, "' for ", graph.world_size,
         "; set the hardware's world=", graph.world_size));
   }
-  if (options.policy != Policy::kTandem &&
-      options.mode != ShardingMode::kZero3) {
+  // A job's own passes are planned like Tandem's.
+  const bool tandem_like =
+      options.policy == Policy::kTandem || !options.passes.empty();
+  if (!tandem_like && options.mode != ShardingMode::kZero3) {
     return absl::InvalidArgumentError(
         absl::StrCat("policy ", PolicyName(options.policy),
                      " plans ZeRO-3 jobs only; use the tandem policy for "
@@ -317,13 +298,20 @@ absl::StatusOr<PlanResult> Plan(const Graph& graph, const HardwareModel& hw,
 
   ASSIGN_OR_RETURN(std::unique_ptr<PlanningContext> context,
                    SeededContext(graph, hw, options));
+  const std::vector<std::string> passes =
+      options.passes.empty() ? PolicyPasses(options.policy, options.mode)
+                             : options.passes;
+  const std::string name = options.passes.empty()
+                               ? std::string(PolicyName(options.policy))
+                               : "job";
   BufferedSink records;
-  std::unique_ptr<PassPipeline> pipeline = BuildPipeline(
-      options.policy, options.mode, &records, /*check_memory=*/true);
+  ASSIGN_OR_RETURN(std::unique_ptr<PassPipeline> pipeline,
+                   BuildPipeline(name, passes, &records,
+                                 /*check_memory=*/true));
   absl::Status status = pipeline->Run(*context).status();
 
   PlanResult result;
-  if (options.policy == Policy::kTandem) {
+  if (tandem_like) {
     if (status.ok() && context->sim().peak_bytes > hw.budget()) {
       status = absl::ResourceExhaustedError(
           absl::StrCat("the plan's simulated peak is ",
@@ -339,6 +327,7 @@ absl::StatusOr<PlanResult> Plan(const Graph& graph, const HardwareModel& hw,
         return Infeasible(graph, hw, options.mode, status.message());
       }
       result = std::move(least);
+      result.least_memory_fallback = true;
       records.Clear();
     } else if (!status.ok()) {
       return status;
@@ -352,8 +341,8 @@ absl::StatusOr<PlanResult> Plan(const Graph& graph, const HardwareModel& hw,
       // memory, and report it infeasible.
       ASSIGN_OR_RETURN(context, SeededContext(graph, hw, options));
       records.Clear();
-      pipeline = BuildPipeline(options.policy, options.mode, &records,
-                               /*check_memory=*/false);
+      ASSIGN_OR_RETURN(pipeline, BuildPipeline(name, passes, &records,
+                                               /*check_memory=*/false));
       status = pipeline->Run(*context).status();
     }
     RETURN_IF_ERROR(status);
@@ -367,6 +356,57 @@ absl::StatusOr<PlanResult> Plan(const Graph& graph, const HardwareModel& hw,
           .count();
   result.schedule.budget_bytes = hw.budget();
   result.schedule.provenance.plan_wall_s = result.plan_wall_s;
+  result.hw = hw;
+  return result;
+}
+
+absl::StatusOr<Calibrated> CalibrateToMeasurements(const Graph& graph,
+                                                   HardwareModel hw,
+                                                   const Profile* profile,
+                                                   const Schedule* profiled,
+                                                   ShardingMode mode) {
+  Calibrated out{graph, std::move(hw), false};
+  if (profile == nullptr) return out;
+  absl::StatusOr<Graph> timed = ApplyProfile(graph, *profile);
+  if (!timed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid profile: ", timed.status().message()));
+  }
+  out.graph = *std::move(timed);
+  RETURN_IF_ERROR(FitCollectives(*profile, out.hw));
+  std::optional<Schedule> ran;
+  if (profiled != nullptr) {
+    ran = *profiled;
+  } else if (profile->schedule_version == 0) {
+    ASSIGN_OR_RETURN(ran, StartingSchedule(out.graph, mode));
+  }
+  if (ran.has_value()) {
+    absl::Status calibrated = CalibrateMemory(out.graph, *ran, *profile, out.hw);
+    if (!calibrated.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("profile: ", calibrated.message()));
+    }
+    out.memory_calibrated = true;
+  }
+  return out;
+}
+
+absl::StatusOr<PlanResult> PlanFromMeasurements(const Graph& graph,
+                                                HardwareModel hw,
+                                                const Profile* profile,
+                                                const Schedule* profiled,
+                                                const PlanOptions& options) {
+  ASSIGN_OR_RETURN(Calibrated calibrated,
+                   CalibrateToMeasurements(graph, std::move(hw), profile,
+                                           profiled, options.mode));
+  ASSIGN_OR_RETURN(PlanResult result,
+                   Plan(calibrated.graph, calibrated.hw, options));
+  result.memory_calibrated = calibrated.memory_calibrated;
+  if (profile != nullptr) {
+    result.schedule.provenance.window_first_iteration =
+        profile->first_iteration;
+    result.schedule.provenance.window_last_iteration = profile->last_iteration;
+  }
   return result;
 }
 

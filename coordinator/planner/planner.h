@@ -1,6 +1,9 @@
 // The planner's entry point, shared by the coordinator, `tandem-plan` and
-// `bench/plan_bench`: apply a profile to a graph, build a policy's pipeline,
-// run it, and return the schedule with its simulation.
+// `bench/plan_bench`: PlanFromMeasurements turns (graph, profile, the
+// schedule the profile was measured under, hardware, budget) into a plan:
+// node times from the profile, collective rates fitted, the memory model
+// calibrated to the runtime, the pipeline (a policy's, or passes a job
+// names, both from the pass registry), and the least-memory fallback.
 //
 // Policies (each a schedule built from the same IR):
 //   on-demand        zero3-insert alone.
@@ -13,8 +16,8 @@
 //                    as memory allows (10% margin, 1e9/4e9-byte caps, 1.2
 //                    fusion factor), unshard by gather time per byte stopping
 //                    at the first misfit, offload by memory alone.
-//   tandem           Tandem's own pipeline (zero3-insert, prefetch, unshard,
-//                    offload; zero1 for ZeRO-1 jobs).
+//   tandem           Tandem's own pipeline (coordinator/passes/README.md;
+//                    zero1 and offload for ZeRO-1 jobs).
 #ifndef TANDEM_COORDINATOR_PLANNER_PLANNER_H_
 #define TANDEM_COORDINATOR_PLANNER_PLANNER_H_
 
@@ -31,6 +34,7 @@
 #include "common/sim/simulator.h"
 #include "coordinator/passes/pass_pipeline.h"
 #include "coordinator/passes/planning_context.h"
+#include "common/lowering/lowering.h"
 
 namespace tandem {
 
@@ -61,13 +65,16 @@ absl::Status FitCollectives(const Profile& profile, HardwareModel& hw);
 absl::Status CalibrateMemory(const Graph& timed, const Schedule& profiled,
                              const Profile& profile, HardwareModel& hw);
 
-// The schedule a job starts with, before any profile: zero3-insert alone for
-// ZeRO-3, the zero1 pass for ZeRO-1 (the worker's BaselineSchedule).
-absl::StatusOr<Schedule> StartingSchedule(const Graph& graph,
-                                          ShardingMode mode);
+// The policy's pipeline for `mode`, as pass-registry specs
+// (coordinator/planner/pass_registry.h).
+std::vector<std::string> PolicyPasses(Policy policy, ShardingMode mode);
 
 struct PlanOptions {
   Policy policy = Policy::kTandem;
+  // When not empty, this pipeline (pass-registry specs, e.g. from a job's
+  // optimize.passes) instead of the policy's; it is planned like Tandem's
+  // (least-memory fallback, ResourceExhausted when nothing fits).
+  std::vector<std::string> passes;
   ShardingMode mode = ShardingMode::kZero3;
   PlannerOptions planner;
   // Receives one record per pass; may be null.
@@ -81,14 +88,53 @@ struct PlanResult {
   double plan_wall_s = 0;
   // peak <= budget.
   bool feasible = false;
+  // The pipeline found no plan within the budget and the least-memory plan
+  // (every optimizer state offloaded) was returned instead.
+  bool least_memory_fallback = false;
+  // The hardware model the plan was made with (fits and calibration
+  // included), for predictions and for printing what was assumed.
+  HardwareModel hw;
+  // The memory model counted what the runtime held beyond it (a profile and
+  // the schedule it ran under were given).
+  bool memory_calibrated = false;
 };
 
-// Runs the policy's pipeline over `graph` (validated first). Tandem's policy
-// fails with ResourceExhausted when no plan fits the budget, naming the
-// smallest feasible budget; reference policies return their plan with
-// feasible=false instead, as the real frameworks would run out of memory.
+// Runs the pipeline over `graph` (validated first) with its node times as
+// they are. Tandem's policy (and a job's own passes) fails with
+// ResourceExhausted when no plan fits the budget, naming the smallest
+// feasible budget and what would fit; reference policies return their plan
+// with feasible=false instead, as the real frameworks would run out of
+// memory.
 absl::StatusOr<PlanResult> Plan(const Graph& graph, const HardwareModel& hw,
                                 const PlanOptions& options);
+
+// A graph and hardware model fitted to a job's measurements: node times
+// from `profile`, collective rates fitted to its collectives, and the memory
+// model calibrated to the runtime (CalibrateMemory) against `profiled`, the
+// schedule the profile was measured under; when `profiled` is null, the
+// starting schedule of `mode` for a profile of version 0, else the memory
+// stays uncalibrated. With no profile, the inputs as they are.
+struct Calibrated {
+  Graph graph;
+  HardwareModel hw;
+  bool memory_calibrated = false;
+};
+absl::StatusOr<Calibrated> CalibrateToMeasurements(const Graph& graph,
+                                                   HardwareModel hw,
+                                                   const Profile* profile,
+                                                   const Schedule* profiled,
+                                                   ShardingMode mode);
+
+// The one path from a job's measurements to a plan:
+// CalibrateToMeasurements, then Plan. `profile` may be null
+// (plan on the graph's estimates). `hw` holds what is declared (links,
+// device memory, budget); the profile refines it. Errors name the input at
+// fault ("invalid profile: ...").
+absl::StatusOr<PlanResult> PlanFromMeasurements(const Graph& graph,
+                                                HardwareModel hw,
+                                                const Profile* profile,
+                                                const Schedule* profiled,
+                                                const PlanOptions& options);
 
 // The smallest budget any plan fits: the on-demand baseline with every
 // optimizer state offloaded.

@@ -2,7 +2,7 @@
 
 #include <vector>
 
-#include "coordinator/policies/anchored_schedule.h"
+#include "coordinator/policies/program_memory.h"
 
 namespace tandem {
 

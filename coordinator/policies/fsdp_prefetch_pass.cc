@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
-#include "coordinator/policies/anchored_schedule.h"
+#include "coordinator/policies/program_memory.h"
 
 namespace tandem {
 namespace {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "coordinator/policies/anchored_schedule.h"
+#include "coordinator/policies/program_memory.h"
 
 namespace tandem {
 namespace {

@@ -6,7 +6,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "common/status_macros.h"
-#include "coordinator/policies/anchored_schedule.h"
+#include "coordinator/policies/program_memory.h"
 
 namespace tandem {
 

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "coordinator/policies/anchored_schedule.h"
+#include "coordinator/policies/program_memory.h"
 
 namespace tandem {
 

@@ -4,7 +4,8 @@
 //   tandem-plan (--graph FILE | --model "preset=... key=value ...")
 //               [--profile FILE] [--hw "key=value ..."] [--budget BYTES]
 //               [--policy NAME] [--zero1] [--schedule FILE] [--compare]
-//               [--summary] [--profiled-schedule FILE]
+//               [--summary] [--profiled-schedule FILE] [--passes LIST]
+//   tandem-plan --list-passes
 //
 // The graph comes from its text form or from the model builder; a profile
 // (text form) replaces node times with measurements and fits the collective
@@ -47,7 +48,10 @@
 #include "common/sim/hardware_model.h"
 #include "common/sim/simulator.h"
 #include "common/status_macros.h"
-#include "coordinator/analysis/schedule_invariants.h"
+#include "common/lowering/schedule_semantics.h"
+#include "common/bytes.h"
+#include "coordinator/planner/job_plan.h"
+#include "coordinator/planner/pass_registry.h"
 #include "coordinator/planner/planner.h"
 
 namespace tandem {
@@ -62,7 +66,8 @@ constexpr char kUsage[] =
     "BYTES]\n"
     "                   [--policy NAME] [--zero1] [--schedule FILE] "
     "[--compare] [--summary]\n"
-    "                   [--profiled-schedule FILE]\n"
+    "                   [--profiled-schedule FILE] [--passes LIST]\n"
+    "       tandem-plan --list-passes\n"
     "  --graph FILE     iteration graph, text form\n"
     "  --model TEXT     build the graph of a model, e.g. \"preset=llama3-70b "
     "world=32\n"
@@ -77,6 +82,9 @@ constexpr char kUsage[] =
     "  --budget BYTES   memory budget per rank, e.g. 70GiB\n"
     "  --policy NAME    on-demand, deepspeed-zero3, fsdp, deepcompile or "
     "tandem (default)\n"
+    "  --passes LIST    run these passes (comma-separated pass-registry names,\n"
+    "                   as a job's optimize.passes) instead of the policy\n"
+    "  --list-passes    print every pass with its parameters\n"
     "  --zero1          plan a ZeRO-1 job (tandem only)\n"
     "  --schedule FILE  evaluate this schedule (text form) instead of "
     "planning\n"
@@ -97,12 +105,14 @@ struct Args {
   std::string hw;
   std::string budget;
   std::string policy = "tandem";
+  std::string passes;
   std::string schedule_path;
   std::string profiled_schedule_path;
   bool zero1 = false;
   bool compare = false;
   bool summary = false;
   bool help = false;
+  bool list_passes = false;
 };
 
 int Fail(absl::string_view message) {
@@ -128,6 +138,7 @@ std::string ParseArgs(int argc, char** argv, Args& args) {
       {"--hw", &args.hw},
       {"--budget", &args.budget},
       {"--policy", &args.policy},
+      {"--passes", &args.passes},
       {"--schedule", &args.schedule_path},
       {"--profiled-schedule", &args.profiled_schedule_path},
   };
@@ -138,6 +149,7 @@ std::string ParseArgs(int argc, char** argv, Args& args) {
   const Switch switches[] = {{"--zero1", &args.zero1},
                              {"--compare", &args.compare},
                              {"--summary", &args.summary},
+                             {"--list-passes", &args.list_passes},
                              {"--help", &args.help},
                              {"-h", &args.help}};
   for (int i = 1; i < argc; ++i) {
@@ -168,9 +180,12 @@ std::string ParseArgs(int argc, char** argv, Args& args) {
     }
     if (!known) return absl::StrCat("unknown argument '", arg, "'");
   }
-  if (args.help) return "";
+  if (args.help || args.list_passes) return "";
   if (args.graph_path.empty() == args.model.empty()) {
     return "give exactly one of --graph FILE and --model TEXT";
+  }
+  if (args.compare && !args.passes.empty()) {
+    return "--compare plans every policy; it does not take --passes";
   }
   if (args.compare && !args.schedule_path.empty()) {
     return "--compare plans every policy; it does not take --schedule";
@@ -192,44 +207,6 @@ absl::StatusOr<std::string> ReadFile(const std::string& path,
         absl::StrCat("error reading ", what, " file '", path, "'"));
   }
   return buffer.str();
-}
-
-// A byte count: a non-negative number with an optional suffix.
-absl::StatusOr<int64_t> ParseByteCount(absl::string_view text) {
-  const std::string trimmed(absl::StripAsciiWhitespace(text));
-  struct Suffix {
-    absl::string_view name;
-    double scale;
-  };
-  static constexpr Suffix kSuffixes[] = {
-      {"TiB", 1099511627776.0},
-      {"GiB", 1073741824.0},
-      {"MiB", 1048576.0},
-      {"KiB", 1024.0},
-      {"TB", 1e12},
-      {"GB", 1e9},
-      {"MB", 1e6},
-      {"KB", 1e3},
-      {"B", 1.0},
-  };
-  absl::string_view number = trimmed;
-  double scale = 1;
-  for (const Suffix& s : kSuffixes) {
-    if (absl::EndsWith(number, s.name)) {
-      number.remove_suffix(s.name.size());
-      scale = s.scale;
-      break;
-    }
-  }
-  double value = 0;
-  if (number.empty() || !absl::SimpleAtod(number, &value) ||
-      !std::isfinite(value) || value <= 0 || value * scale > 9e18) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--budget: expected a positive byte count such as 70GiB, 64GB or "
-        "75161927680, got '",
-        text, "'"));
-  }
-  return static_cast<int64_t>(std::llround(value * scale));
 }
 
 absl::StatusOr<Graph> LoadGraph(const Args& args) {
@@ -276,7 +253,7 @@ absl::StatusOr<HardwareModel> LoadHardware(const Args& args,
         absl::StrCat("--hw: ", hw.status().message()));
   }
   if (!args.budget.empty()) {
-    absl::StatusOr<int64_t> budget = ParseByteCount(args.budget);
+    absl::StatusOr<int64_t> budget = ParseByteCount(args.budget, "--budget");
     if (!budget.ok()) return budget.status();
     if (*budget > hw->device_memory_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -332,22 +309,6 @@ absl::StatusOr<Schedule> LoadScheduleFile(const std::string& path,
     }
   }
   return schedule;
-}
-
-// The schedule `profile` was measured under: --profiled-schedule, else the
-// starting schedule for a version-0 profile, else none.
-absl::StatusOr<std::optional<Schedule>> ProfiledSchedule(const Args& args,
-                                                         const Graph& graph,
-                                                         const Profile& profile,
-                                                         ShardingMode mode) {
-  if (!args.profiled_schedule_path.empty()) {
-    ASSIGN_OR_RETURN(Schedule s,
-                     LoadScheduleFile(args.profiled_schedule_path, graph));
-    return std::optional<Schedule>(std::move(s));
-  }
-  if (profile.schedule_version != 0) return std::optional<Schedule>();
-  ASSIGN_OR_RETURN(Schedule s, StartingSchedule(graph, mode));
-  return std::optional<Schedule>(std::move(s));
 }
 
 // Evaluates a given schedule: validates it against the graph, checks its
@@ -416,6 +377,17 @@ int Main(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
+  if (args.list_passes) {
+    std::fputs(PassRegistry::Default().Describe().c_str(), stdout);
+    return 0;
+  }
+  const std::vector<std::string> passes =
+      absl::StrSplit(args.passes, ',', absl::SkipWhitespace());
+  for (const std::string& pass : passes) {
+    if (absl::Status s = PassRegistry::Default().Check(pass); !s.ok()) {
+      return FailUsage(absl::StrCat("--passes: ", s.message()));
+    }
+  }
   const std::optional<Policy> policy = ParsePolicy(args.policy);
   if (!policy.has_value()) {
     std::vector<std::string> names;
@@ -431,42 +403,45 @@ int Main(int argc, char** argv) {
   if (!graph.ok()) return Fail(graph.status().message());
   absl::StatusOr<HardwareModel> hw = LoadHardware(args, *graph);
   if (!hw.ok()) return Fail(hw.status().message());
+  std::optional<Profile> profile;
+  std::optional<Schedule> profiled;
   if (!args.profile_path.empty()) {
     absl::StatusOr<std::string> text = ReadFile(args.profile_path, "profile");
     if (!text.ok()) return Fail(text.status().message());
-    absl::StatusOr<Profile> profile = ParseProfile(*text);
-    if (!profile.ok()) {
+    absl::StatusOr<Profile> parsed = ParseProfile(*text);
+    if (!parsed.ok()) {
       return Fail(
-          absl::StrCat(args.profile_path, ": ", profile.status().message()));
+          absl::StrCat(args.profile_path, ": ", parsed.status().message()));
     }
-    absl::StatusOr<Graph> profiled = ApplyProfile(*graph, *profile);
-    if (!profiled.ok()) {
-      return Fail(absl::StrCat(args.profile_path, ": invalid profile: ",
-                               profiled.status().message()));
-    }
-    *graph = *std::move(profiled);
-    if (absl::Status fit = FitCollectives(*profile, *hw); !fit.ok()) {
-      return Fail(absl::StrCat(args.profile_path, ": ", fit.message()));
-    }
-    absl::StatusOr<std::optional<Schedule>> ran =
-        ProfiledSchedule(args, *graph, *profile, mode);
-    if (!ran.ok()) return Fail(ran.status().message());
-    if (ran->has_value()) {
-      if (absl::Status s = CalibrateMemory(*graph, **ran, *profile, *hw);
-          !s.ok()) {
-        return Fail(absl::StrCat(args.profile_path, ": ", s.message()));
-      }
-    } else {
-      absl::FPrintF(stderr,
-                    "tandem-plan: note: memory not calibrated: the profile "
-                    "was measured under schedule v%d; pass "
-                    "--profiled-schedule FILE to count what the runtime held "
-                    "beyond the model\n",
-                    profile->schedule_version);
+    profile = *std::move(parsed);
+    if (!args.profiled_schedule_path.empty()) {
+      absl::StatusOr<Schedule> ran =
+          LoadScheduleFile(args.profiled_schedule_path, *graph);
+      if (!ran.ok()) return Fail(ran.status().message());
+      profiled = *std::move(ran);
     }
   } else if (!args.profiled_schedule_path.empty()) {
     return FailUsage("--profiled-schedule needs --profile");
   }
+  // The planner's own calibration: what the coordinator does with a profile.
+  absl::StatusOr<Calibrated> calibrated = CalibrateToMeasurements(
+      *graph, *hw, profile ? &*profile : nullptr,
+      profiled ? &*profiled : nullptr, mode);
+  if (!calibrated.ok()) {
+    return Fail(absl::StrCat(args.profile_path, ": ",
+                             calibrated.status().message()));
+  }
+  if (profile.has_value() && !calibrated->memory_calibrated) {
+    absl::FPrintF(stderr,
+                  "tandem-plan: note: memory not calibrated: the profile "
+                  "was measured under schedule v%d; pass "
+                  "--profiled-schedule FILE to count what the runtime held "
+                  "beyond the model\n",
+                  profile->schedule_version);
+  }
+  *graph = std::move(calibrated->graph);
+  *hw = std::move(calibrated->hw);
+  absl::PrintF("# hardware: %s\n", DescribeHardware(*hw));
 
   if (!args.schedule_path.empty()) return EvaluateSchedule(args, *graph, *hw);
   if (args.compare) return Compare(*graph, *hw, mode);
@@ -474,13 +449,18 @@ int Main(int argc, char** argv) {
   PlanOptions options;
   options.policy = *policy;
   options.mode = mode;
+  options.passes = passes;
   absl::StatusOr<PlanResult> result = Plan(*graph, *hw, options);
   if (!result.ok()) return Fail(result.status().message());
   if (!args.summary) {
     std::fputs(PrintSchedule(result->schedule).c_str(), stdout);
   }
   PrintPredictions(
-      absl::StrCat("predictions (policy ", PolicyName(*policy), ", graph ",
+      absl::StrCat("predictions (",
+                   passes.empty()
+                       ? absl::StrCat("policy ", PolicyName(*policy))
+                       : absl::StrCat("passes ", absl::StrJoin(passes, " ")),
+                   ", graph ",
                    graph->name, ", ", graph->world_size, " ranks)"),
       result->sim, hw->budget(), result->plan_wall_s, result->feasible);
   return 0;

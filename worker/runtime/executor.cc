@@ -12,7 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "common/ir/validate.h"
 #include "common/status_macros.h"
-#include "coordinator/analysis/schedule_invariants.h"
+#include "common/lowering/schedule_semantics.h"
 #include "worker/runtime/torch_status.h"
 
 namespace tandem {

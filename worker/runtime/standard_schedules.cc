@@ -5,29 +5,21 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/sim/hardware_model.h"
-#include "common/sim/simulator.h"
+#include "common/lowering/anchored_schedule.h"
+#include "common/lowering/lowering.h"
+#include "common/lowering/schedule_semantics.h"
 #include "common/status_macros.h"
-#include "coordinator/analysis/schedule_invariants.h"
-#include "coordinator/passes/planning_context.h"
-#include "coordinator/passes/zero1_pass.h"
-#include "coordinator/passes/zero3_insert_pass.h"
-#include "coordinator/planner/planner.h"
 
 namespace tandem {
 namespace {
 
 absl::StatusOr<Schedule> Zero3(const Graph& graph, bool all_persistent,
                                int64_t version) {
-  PlanningContext context(graph, HardwareModel::H100(graph.world_size));
+  std::vector<int32_t> persistent;
   if (all_persistent) {
-    for (const Param& p : graph.params) {
-      context.schedule().persistent_param_ids.push_back(p.id);
-    }
+    for (const Param& p : graph.params) persistent.push_back(p.id);
   }
-  Zero3InsertPass pass(Zero3InsertPass::Grouping::kPerNode);
-  RETURN_IF_ERROR(pass.Run(context).status());
-  Schedule schedule = context.schedule();
+  Schedule schedule = LowerZero3(graph, persistent);
   schedule.version = version;
   schedule.provenance.passes = {"zero3-insert"};
   schedule.provenance.reason = all_persistent ? "all-persistent" : "baseline";
@@ -71,10 +63,7 @@ absl::StatusOr<Schedule> HoistGathers(const Graph& graph, Schedule schedule,
 
 absl::StatusOr<Schedule> Zero1Schedule(const Graph& graph, int64_t version,
                                        int64_t bucket_bytes) {
-  PlanningContext context(graph, HardwareModel::H100(graph.world_size));
-  Zero1Pass pass(bucket_bytes);
-  RETURN_IF_ERROR(pass.Run(context).status());
-  Schedule schedule = context.schedule();
+  Schedule schedule = LowerZero1(graph, bucket_bytes);
   schedule.version = version;
   schedule.provenance.passes = {"zero1"};
   schedule.provenance.reason = "baseline";
@@ -110,56 +99,18 @@ absl::StatusOr<Schedule> OffloadStates(const Graph& graph, Schedule schedule,
   }
   const int reload_at =
       std::clamp(optimizer - reload_lead, first_forward + 1, optimizer);
-  schedule.offloads.clear();
-  std::vector<Action> kept;
-  for (const Action& a : schedule.actions) {
-    if (a.kind != ActionKind::kOffload && a.kind != ActionKind::kReload) {
-      kept.push_back(a);
-    }
-  }
-  std::vector<Action> offloads;
-  std::vector<Action> reloads;
-  const int world = std::max(graph.world_size, 1);
+  std::vector<StateCopy> copies;
   for (int32_t id : param_ids) {
     const int pos = index.ParamPos(id);
     if (pos < 0) {
       return absl::InvalidArgumentError(absl::StrCat("no param p", id));
     }
-    const Param& p = graph.params[pos];
-    const int32_t entry = static_cast<int32_t>(schedule.offloads.size());
-    schedule.offloads.push_back(
-        {entry,
-         {id},
-         p.shard_numel(world) * OptimizerStateBytesPerElement(p.dtype)});
-    Action off;
-    off.kind = ActionKind::kOffload;
-    off.node_id = graph.nodes[first_forward].id;
-    off.position = AnchorPosition::kAfter;
-    off.offload_id = entry;
-    offloads.push_back(off);
-    Action re = off;
-    re.kind = ActionKind::kReload;
-    re.node_id = graph.nodes[reload_at].id;
-    re.position = AnchorPosition::kBefore;
-    reloads.push_back(re);
+    copies.push_back({{id},
+                      ParamStateBytes(graph.params[pos], graph.world_size),
+                      AnchoredSchedule::AfterSlot(first_forward),
+                      AnchoredSchedule::BeforeSlot(reload_at)});
   }
-  // Offloads after the first forward node's own actions; reloads first in
-  // their slot, so a wait there does not delay the copies.
-  std::vector<std::vector<Action>> slots(2 * n);
-  for (const Action& a : kept) {
-    const int pos = index.NodePos(a.node_id);
-    slots[2 * pos + (a.position == AnchorPosition::kAfter ? 1 : 0)].push_back(
-        a);
-  }
-  std::vector<Action>& after_first = slots[2 * first_forward + 1];
-  after_first.insert(after_first.end(), offloads.begin(), offloads.end());
-  std::vector<Action>& before_reload = slots[2 * reload_at];
-  before_reload.insert(before_reload.begin(), reloads.begin(), reloads.end());
-  std::vector<Action> actions;
-  for (const std::vector<Action>& slot : slots) {
-    actions.insert(actions.end(), slot.begin(), slot.end());
-  }
-  schedule.actions = std::move(actions);
+  SpliceStateOffloads(graph, index, copies, schedule);
   schedule.provenance.passes.push_back("offload-states");
   return schedule;
 }

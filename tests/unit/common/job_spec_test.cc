@@ -4,10 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 
 namespace tandem {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 v1::JobSpec TinySpec() {
@@ -38,8 +43,9 @@ TEST(JobSpecTest, Defaults_FillUnsetFields) {
   EXPECT_EQ(spec.optimize().drift_window(), 5);
   EXPECT_EQ(spec.comm().chunk_bytes(), 0);  // automatic
   EXPECT_EQ(spec.comm().max_in_flight(), 4);
-  ASSERT_GT(spec.optimize().passes_size(), 0);
-  EXPECT_EQ(spec.optimize().passes(0), "zero3-insert");
+  // The benchmarked pipeline: the tandem policy, not a pass list.
+  EXPECT_EQ(spec.optimize().policy(), "tandem");
+  EXPECT_EQ(spec.optimize().passes_size(), 0);
   EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
 }
 
@@ -55,12 +61,29 @@ TEST(JobSpecTest, Defaults_NamedPreset_FillsSizes) {
   EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
 }
 
-TEST(JobSpecTest, Defaults_ZeroOne_UsesZeroOnePass) {
+TEST(JobSpecTest, Defaults_OwnPasses_KeepThemWithoutPolicy) {
   v1::JobSpec spec;
-  spec.mutable_parallel()->set_zero_stage(1);
+  spec.mutable_optimize()->add_passes("zero3-insert");
   ApplyJobSpecDefaults(spec);
+  EXPECT_EQ(spec.optimize().policy(), "");
   ASSERT_EQ(spec.optimize().passes_size(), 1);
-  EXPECT_EQ(spec.optimize().passes(0), "zero1");
+}
+
+TEST(JobSpecTest, Validate_PlanCheck_ReportsItsProblemsWithTheOthers) {
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_train()->set_steps(0);
+  const PlanSpecCheck check = [](const v1::OptimizeSpec& o, int32_t stage) {
+    return std::vector<std::string>{
+        absl::StrCat("optimize.policy '", o.policy(), "' at stage ", stage)};
+  };
+  const absl::Status status = ValidateJobSpec(spec, check);
+  EXPECT_THAT(std::string(status.message()),
+              AllOf(HasSubstr("train.steps must be >= 1"),
+                    HasSubstr("optimize.policy 'tandem' at stage 3")));
+  // Without a check (the worker), optimize.passes is not looked at.
+  spec.mutable_train()->set_steps(1);
+  spec.mutable_optimize()->add_passes("no-such-pass");
+  EXPECT_TRUE(ValidateJobSpec(spec).ok());
 }
 
 TEST(JobSpecTest, ModelConfig_MatchesSpec) {
@@ -137,9 +160,18 @@ INSTANTIATE_TEST_SUITE_P(
             "budget",
             [](v1::JobSpec& s) { s.mutable_memory()->set_budget_bytes(-5); },
             "memory.budget_bytes must be >= 0, got -5"},
-        SpecCase{"pass",
-                 [](v1::JobSpec& s) { s.mutable_optimize()->add_passes("x"); },
-                 "optimize.passes[5] 'x' is not a pass"},
+        SpecCase{"hardware",
+                 [](v1::JobSpec& s) {
+                   s.mutable_hardware()->set_inter_node_gbps(-1);
+                 },
+                 "hardware.inter_node_gbps must be >= 0 (0: measured)"},
+        SpecCase{"device_memory",
+                 [](v1::JobSpec& s) {
+                   s.mutable_hardware()->set_device_memory_bytes(1000);
+                   s.mutable_memory()->set_budget_bytes(2000);
+                 },
+                 "memory.budget_bytes (2000) must not exceed "
+                 "hardware.device_memory_bytes (1000)"},
         SpecCase{"drift",
                  [](v1::JobSpec& s) {
                    s.mutable_optimize()->set_drift_threshold(-0.1);

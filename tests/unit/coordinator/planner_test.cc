@@ -12,7 +12,8 @@
 #include "common/ir/validate.h"
 #include "common/models/graph_builder.h"
 #include "common/models/model_config.h"
-#include "coordinator/analysis/schedule_invariants.h"
+#include "common/lowering/schedule_semantics.h"
+#include "common/bytes.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -12,10 +12,10 @@
 #include "common/ir/text_format.h"
 #include "common/ir/validate.h"
 #include "common/sim/hardware_model.h"
-#include "coordinator/analysis/schedule_invariants.h"
+#include "common/lowering/schedule_semantics.h"
 #include "coordinator/passes/planning_context.h"
 #include "coordinator/passes/zero3_insert_pass.h"
-#include "coordinator/policies/anchored_schedule.h"
+#include "coordinator/policies/program_memory.h"
 #include "coordinator/policies/deepspeed_persistence_pass.h"
 #include "coordinator/policies/deepspeed_prefetch_pass.h"
 #include "coordinator/policies/fsdp_prefetch_pass.h"
@@ -183,7 +183,7 @@ TEST(FsdpPrefetchPassTest, Run_TwoLayerGraph_MatchesExpectedSchedule) {
   const Graph graph = TwoLayerGraph();
   auto context =
       RunPasses(graph, Hardware("world=4"),
-                Passes(Zero3InsertPass(Zero3InsertPass::Grouping::kPerUnit),
+                Passes(Zero3InsertPass(GatherGrouping::kPerUnit),
                        FsdpPrefetchPass()));
   ExpectSchedule(graph, context->schedule(), "fsdp_expected.txt");
 }
@@ -192,7 +192,7 @@ TEST(FsdpPrefetchPassTest, Run_OneUnitAtATime_KeepsGathersOnDemand) {
   const Graph graph = TwoLayerGraph();
   auto context =
       RunPasses(graph, Hardware("world=4"),
-                Passes(Zero3InsertPass(Zero3InsertPass::Grouping::kPerUnit)));
+                Passes(Zero3InsertPass(GatherGrouping::kPerUnit)));
   EXPECT_FALSE(
       FsdpPrefetchPass(/*max_gathered_units=*/1).Run(*context).value());
 }

@@ -21,7 +21,7 @@
 #include "common/models/graph_builder.h"
 #include "common/models/model_config.h"
 #include "common/sim/simulator.h"
-#include "coordinator/analysis/schedule_invariants.h"
+#include "coordinator/passes/invariant_checkers.h"
 #include "coordinator/passes/offload_pass.h"
 #include "coordinator/passes/pass_pipeline.h"
 #include "coordinator/passes/planning_context.h"

@@ -4,7 +4,7 @@
 #include <memory>
 
 #include "absl/strings/match.h"
-#include "coordinator/analysis/schedule_invariants.h"
+#include "common/lowering/schedule_semantics.h"
 #include "coordinator/passes/planning_context.h"
 #include "coordinator/passes/unshard_pass.h"
 #include "coordinator/passes/zero1_pass.h"

@@ -5,7 +5,7 @@
 #include <memory>
 #include <vector>
 
-#include "coordinator/analysis/schedule_invariants.h"
+#include "common/lowering/schedule_semantics.h"
 #include "coordinator/passes/planning_context.h"
 #include "coordinator/passes/zero3_insert_pass.h"
 #include "gtest/gtest.h"

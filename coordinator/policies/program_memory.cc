@@ -1,4 +1,4 @@
-#include "coordinator/policies/anchored_schedule.h"
+#include "coordinator/policies/program_memory.h"
 
 #include <algorithm>
 
@@ -7,30 +7,6 @@
 #include "common/sim/simulator.h"
 
 namespace tandem {
-
-AnchoredSchedule::AnchoredSchedule(const Graph& graph, const GraphIndex& index,
-                                   const Schedule& schedule)
-    : graph_(&graph), slots_(2 * graph.nodes.size()) {
-  for (const Action& action : schedule.actions) {
-    const int pos = index.NodePos(action.node_id);
-    if (pos < 0) continue;
-    slots_[action.position == AnchorPosition::kBefore ? BeforeSlot(pos)
-                                                      : AfterSlot(pos)]
-        .push_back(action);
-  }
-}
-
-void AnchoredSchedule::WriteTo(Schedule& schedule) const {
-  schedule.actions.clear();
-  for (size_t s = 0; s < slots_.size(); ++s) {
-    for (Action action : slots_[s]) {
-      action.node_id = graph_->nodes[s / 2].id;
-      action.position =
-          s % 2 == 0 ? AnchorPosition::kBefore : AnchorPosition::kAfter;
-      schedule.actions.push_back(std::move(action));
-    }
-  }
-}
 
 std::vector<PhaseSegment> PhaseSegments(const Graph& graph) {
   std::vector<PhaseSegment> segments;
@@ -45,11 +21,6 @@ std::vector<PhaseSegment> PhaseSegments(const Graph& graph) {
                         node.micro_batch});
   }
   return segments;
-}
-
-int64_t ParamStateBytes(const Param& param, int32_t world_size) {
-  return param.shard_numel(std::max(world_size, 1)) *
-         OptimizerStateBytesPerElement(param.dtype);
 }
 
 bool MakePersistent(const std::vector<int32_t>& param_ids, Schedule& schedule) {

@@ -1,6 +1,6 @@
-// What the reference policies share: a schedule's actions bucketed by anchor,
-// so a pass can move them around and write them back in program order, and
-// the program-order memory estimate the real frameworks decide by.
+// What the reference policies share: phase segments, the persistent-set edit,
+// and the program-order memory estimate the real frameworks decide by (they
+// move actions with common/lowering/anchored_schedule.h).
 //
 // DeepSpeed, FSDP and DeepCompile never see a simulator. They decide from a
 // memory profile measured under the previous schedule, node by node, and
@@ -8,41 +8,18 @@
 // for that profile: it walks the schedule in program order, with no clock,
 // so a collective's or a copy's memory changes at the anchor it is issued
 // from. The simulator, which times every stream, judges the result.
-#ifndef TANDEM_COORDINATOR_POLICIES_ANCHORED_SCHEDULE_H_
-#define TANDEM_COORDINATOR_POLICIES_ANCHORED_SCHEDULE_H_
+#ifndef TANDEM_COORDINATOR_POLICIES_PROGRAM_MEMORY_H_
+#define TANDEM_COORDINATOR_POLICIES_PROGRAM_MEMORY_H_
 
 #include <cstdint>
 #include <vector>
 
 #include "common/ir/graph.h"
 #include "common/ir/schedule.h"
+#include "common/lowering/anchored_schedule.h"
 #include "coordinator/analysis/group_sizes.h"
 
 namespace tandem {
-
-// Actions by slot: slot 2·i holds the actions anchored before the node at
-// position i, slot 2·i + 1 those after it, each in list order.
-class AnchoredSchedule {
- public:
-  // Actions naming an unknown node are dropped (ValidateSchedule first).
-  AnchoredSchedule(const Graph& graph, const GraphIndex& index,
-                   const Schedule& schedule);
-
-  static int BeforeSlot(int node_pos) { return 2 * node_pos; }
-  static int AfterSlot(int node_pos) { return 2 * node_pos + 1; }
-  int num_slots() const { return static_cast<int>(slots_.size()); }
-
-  std::vector<Action>& slot(int s) { return slots_[s]; }
-  const std::vector<Action>& slot(int s) const { return slots_[s]; }
-
-  // Replaces schedule.actions with the slots' actions in program order,
-  // re-anchoring each to its slot's node and position.
-  void WriteTo(Schedule& schedule) const;
-
- private:
-  const Graph* graph_;
-  std::vector<std::vector<Action>> slots_;
-};
 
 // A maximal run of nodes of one phase and micro-batch: what the frameworks
 // trace as one forward or one backward graph.
@@ -53,9 +30,6 @@ struct PhaseSegment {
   int32_t micro_batch = 0;
 };
 std::vector<PhaseSegment> PhaseSegments(const Graph& graph);
-
-// Optimizer-state bytes of a param's shard on this rank.
-int64_t ParamStateBytes(const Param& param, int32_t world_size);
 
 // Adds `param_ids` to the persistent set (kept sorted, without duplicates)
 // and takes them out of their gather groups; a group left empty is dropped
@@ -82,4 +56,4 @@ ProgramMemory EstimateProgramMemory(const Graph& graph,
 
 }  // namespace tandem
 
-#endif  // TANDEM_COORDINATOR_POLICIES_ANCHORED_SCHEDULE_H_
+#endif  // TANDEM_COORDINATOR_POLICIES_PROGRAM_MEMORY_H_

@@ -1,5 +1,6 @@
-// The invariants every schedule keeps (DESIGN.md, "Passes"), as read-only
-// analyses and as the pipeline's checkers:
+// What makes a schedule runnable: the contract the planner and the worker
+// share (the planner's invariant checkers run these after every pass; the
+// worker runs CheckScheduleSemantics before executing a schedule):
 //   - gather-before-use: every use of a non-persistent param happens while
 //     its group is gathered and waited for (ALLGATHER, then WAIT), no group is
 //     waited for without a gather, released while in flight, gathered twice or
@@ -7,14 +8,11 @@
 //   - no-use-after-release: no param is used after its group's RELEASE
 //     unless it is gathered again;
 //   - reduce-once: every param that gets a gradient is reduce-scattered
-//     exactly once per iteration, after the last backward node producing it;
-//   - memory-budget: the simulated peak is within the budget (a pass that
-//     starts over budget may not raise the peak; the plan as a whole must end
-//     within it).
+//     exactly once per iteration, after the last backward node producing it.
 // Program order is what counts: actions before a node, the node, actions
 // after it. The simulator checks timing; these check meaning.
-#ifndef TANDEM_COORDINATOR_ANALYSIS_SCHEDULE_INVARIANTS_H_
-#define TANDEM_COORDINATOR_ANALYSIS_SCHEDULE_INVARIANTS_H_
+#ifndef TANDEM_COMMON_LOWERING_SCHEDULE_SEMANTICS_H_
+#define TANDEM_COMMON_LOWERING_SCHEDULE_SEMANTICS_H_
 
 #include <string>
 #include <vector>
@@ -22,7 +20,6 @@
 #include "absl/status/status.h"
 #include "common/ir/graph.h"
 #include "common/ir/schedule.h"
-#include "coordinator/passes/pass_interface.h"
 
 namespace tandem {
 
@@ -50,33 +47,13 @@ std::vector<Violation> FindReduceViolations(const Graph& graph,
 absl::Status CheckScheduleSemantics(const Graph& graph,
                                     const Schedule& schedule);
 
-class GatherBeforeUseChecker : public InvariantChecker {
- public:
-  absl::string_view name() const override { return "gather-before-use"; }
-  absl::Status Check(const PlanningContext& context) const override;
-};
-
-class NoUseAfterReleaseChecker : public InvariantChecker {
- public:
-  absl::string_view name() const override { return "no-use-after-release"; }
-  absl::Status Check(const PlanningContext& context) const override;
-};
-
-class ReduceOnceChecker : public InvariantChecker {
- public:
-  absl::string_view name() const override { return "reduce-once"; }
-  absl::Status Check(const PlanningContext& context) const override;
-};
-
-class MemoryBudgetChecker : public InvariantChecker {
- public:
-  absl::string_view name() const override { return "memory-budget"; }
-  absl::Status Check(const PlanningContext& context) const override;
-};
-
-// Describes a byte count for messages, e.g. "81.3 GiB (87294562304 B)".
-std::string FormatBytes(int64_t bytes);
+// One invariant each, as a status (InvalidArgument naming the first few
+// violations and what to fix): the planner's invariant checkers run these.
+absl::Status CheckGatherBeforeUse(const Graph& graph, const Schedule& schedule);
+absl::Status CheckNoUseAfterRelease(const Graph& graph,
+                                    const Schedule& schedule);
+absl::Status CheckReduceOnce(const Graph& graph, const Schedule& schedule);
 
 }  // namespace tandem
 
-#endif  // TANDEM_COORDINATOR_ANALYSIS_SCHEDULE_INVARIANTS_H_
+#endif  // TANDEM_COMMON_LOWERING_SCHEDULE_SEMANTICS_H_

@@ -1,4 +1,4 @@
-#include "coordinator/analysis/schedule_invariants.h"
+#include "common/lowering/schedule_semantics.h"
 
 #include <algorithm>
 
@@ -256,50 +256,26 @@ absl::Status CheckScheduleSemantics(const Graph& graph,
                   "one REDUCE_SCATTER after its last backward node.");
 }
 
-absl::Status GatherBeforeUseChecker::Check(
-    const PlanningContext& context) const {
+absl::Status CheckGatherBeforeUse(const Graph& graph,
+                                  const Schedule& schedule) {
   return ToStatus(
-      Only(FindGatherViolations(context.graph(), context.schedule()),
+      Only(FindGatherViolations(graph, schedule),
            {ViolationKind::kUseBeforeGather, ViolationKind::kGatherMisuse}),
       "Issue ALLGATHER and WAIT of a param's group before every use.");
 }
 
-absl::Status NoUseAfterReleaseChecker::Check(
-    const PlanningContext& context) const {
-  return ToStatus(
-      Only(FindGatherViolations(context.graph(), context.schedule()),
-           {ViolationKind::kUseAfterRelease}),
-      "Release a group only after the last use in its phase, or gather it "
-      "again.");
+absl::Status CheckNoUseAfterRelease(const Graph& graph,
+                                    const Schedule& schedule) {
+  return ToStatus(Only(FindGatherViolations(graph, schedule),
+                       {ViolationKind::kUseAfterRelease}),
+                  "Release a group only after the last use in its phase, or "
+                  "gather it again.");
 }
 
-absl::Status ReduceOnceChecker::Check(const PlanningContext& context) const {
-  return ToStatus(FindReduceViolations(context.graph(), context.schedule()),
+absl::Status CheckReduceOnce(const Graph& graph, const Schedule& schedule) {
+  return ToStatus(FindReduceViolations(graph, schedule),
                   "Reduce-scatter each gradient exactly once, after the last "
                   "backward node that produces it.");
-}
-
-absl::Status MemoryBudgetChecker::Check(const PlanningContext& context) const {
-  const int64_t peak = context.sim().peak_bytes;
-  const int64_t budget = context.budget();
-  if (peak <= budget || peak <= context.peak_at_pass_start()) {
-    return absl::OkStatus();
-  }
-  const MemoryBreakdown& b = context.sim().peak_breakdown;
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "simulated peak ", FormatBytes(peak), " exceeds the budget ",
-      FormatBytes(budget), " at n", context.sim().peak_node_id, " (params ",
-      FormatBytes(b.sharded_params + b.persistent_params), ", gathered ",
-      FormatBytes(b.gathered_params), ", activations ",
-      FormatBytes(b.activations), ", gradients ", FormatBytes(b.gradients),
-      ", optimizer states ", FormatBytes(b.optimizer_states),
-      ") and the pass raised it from ",
-      FormatBytes(context.peak_at_pass_start())));
-}
-
-std::string FormatBytes(int64_t bytes) {
-  return absl::StrFormat("%.2f GiB (%d B)",
-                         static_cast<double>(bytes) / (1 << 30), bytes);
 }
 
 }  // namespace tandem

@@ -1,4 +1,5 @@
-#include "coordinator/analysis/schedule_invariants.h"
+#include "coordinator/passes/invariant_checkers.h"
+#include "common/lowering/schedule_semantics.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,0 +1,26 @@
+// Byte counts as people read and write them: "81.30 GiB (87294562304 B)" in
+// messages, "70GiB" or "64GB" in flags and specs.
+#ifndef TANDEM_COMMON_BYTES_H_
+#define TANDEM_COMMON_BYTES_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace tandem {
+
+// E.g. "81.30 GiB (87294562304 B)": readable, and exact for copying.
+std::string FormatBytes(int64_t bytes);
+
+// A positive byte count with an optional suffix: B, KiB, MiB, GiB, TiB
+// (powers of 1024) or KB, MB, GB, TB (powers of 1000); fractions are allowed
+// before a suffix ("1.5GiB"). InvalidArgument otherwise, naming `what` (the
+// flag or field) and showing the accepted forms.
+absl::StatusOr<int64_t> ParseByteCount(absl::string_view text,
+                                       absl::string_view what);
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_BYTES_H_

@@ -1,0 +1,156 @@
+#include "coordinator/planner/job_plan.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/bytes.h"
+#include "coordinator/planner/pass_registry.h"
+
+namespace tandem {
+
+std::vector<std::string> CheckOptimizeSpec(const v1::OptimizeSpec& optimize,
+                                           int32_t zero_stage) {
+  std::vector<std::string> problems;
+  if (!optimize.policy().empty() && optimize.passes_size() > 0) {
+    problems.push_back(absl::StrCat(
+        "optimize.policy '", optimize.policy(),
+        "' and optimize.passes are both set; set the policy to run its "
+        "pipeline, or only passes to run your own"));
+  }
+  if (!optimize.policy().empty()) {
+    const std::optional<Policy> policy = ParsePolicy(optimize.policy());
+    if (!policy.has_value()) {
+      std::vector<std::string> names;
+      for (Policy p : AllPolicies()) names.emplace_back(PolicyName(p));
+      problems.push_back(absl::StrCat("optimize.policy '", optimize.policy(),
+                                      "' is not a policy; use ",
+                                      absl::StrJoin(names, ", ")));
+    } else if (*policy != Policy::kTandem && zero_stage == 1) {
+      problems.push_back(absl::StrCat(
+          "optimize.policy '", optimize.policy(),
+          "' plans ZeRO-3 jobs only; use tandem with parallel.zero_stage 1"));
+    }
+  }
+  for (int i = 0; i < optimize.passes_size(); ++i) {
+    absl::Status status = PassRegistry::Default().Check(optimize.passes(i));
+    if (!status.ok()) {
+      problems.push_back(
+          absl::StrCat("optimize.passes[", i, "]: ", status.message()));
+    }
+  }
+  return problems;
+}
+
+PlanOptions PlanOptionsFromSpec(const v1::JobSpec& spec) {
+  PlanOptions options;
+  options.mode = spec.parallel().zero_stage() == 1 ? ShardingMode::kZero1
+                                                   : ShardingMode::kZero3;
+  options.passes.assign(spec.optimize().passes().begin(),
+                        spec.optimize().passes().end());
+  if (options.passes.empty()) {
+    options.policy =
+        ParsePolicy(spec.optimize().policy()).value_or(Policy::kTandem);
+  }
+  return options;
+}
+
+JobHardware HardwareForJob(const v1::JobSpec& spec,
+                           const std::vector<RankDevice>& ranks) {
+  JobHardware out;
+  HardwareModel& hw = out.hw;
+  const v1::HardwareSpec& declared = spec.hardware();
+  hw.world_size = std::max(spec.parallel().world_size(), 1);
+
+  std::map<std::string, int> per_host;
+  bool any_gpu = false;
+  for (const RankDevice& r : ranks) {
+    ++per_host[r.hostname];
+    any_gpu = any_gpu || absl::StartsWith(r.device, "cuda");
+  }
+  if (declared.ranks_per_node() > 0) {
+    hw.ranks_per_node = declared.ranks_per_node();
+  } else if (!per_host.empty()) {
+    int most = 0;
+    for (const auto& [host, n] : per_host) most = std::max(most, n);
+    hw.ranks_per_node = most;
+  } else {
+    hw.ranks_per_node = hw.world_size;
+    out.assumptions.push_back("all ranks on one node (none reported a host)");
+  }
+
+  // Links: the profile's collectives replace these with fits; until then a
+  // declared rate, or the analytic defaults.
+  if (declared.intra_node_gbps() > 0) {
+    hw.intra_node_bytes_per_s = declared.intra_node_gbps() * 1e9;
+  }
+  if (declared.inter_node_gbps() > 0) {
+    hw.inter_node_bytes_per_s = declared.inter_node_gbps() * 1e9;
+  }
+  if (declared.collective_latency_us() > 0) {
+    hw.collective_latency_s = declared.collective_latency_us() * 1e-6;
+  }
+  if (declared.host_gbps() > 0) {
+    hw.host_bytes_per_s = declared.host_gbps() * 1e9;
+  } else {
+    hw.host_bytes_per_s =
+        any_gpu ? kAssumedGpuHostBytesPerS : kAssumedCpuHostBytesPerS;
+    out.assumptions.push_back(absl::StrFormat(
+        "host link %.0f GB/s (%s; declare hardware.host_gbps)",
+        hw.host_bytes_per_s / 1e9,
+        any_gpu ? "PCIe 4.0 x16" : "a memcpy into the memory-mapped tier"));
+  }
+
+  // Memory per rank: declared, else the smallest share a device reports.
+  int64_t memory = declared.device_memory_bytes();
+  if (memory <= 0) {
+    for (const RankDevice& r : ranks) {
+      if (r.memory_bytes <= 0) continue;
+      const bool shared = !absl::StartsWith(r.device, "cuda");
+      const int64_t share =
+          shared ? r.memory_bytes / std::max(per_host[r.hostname], 1)
+                 : r.memory_bytes;
+      memory = memory <= 0 ? share : std::min(memory, share);
+    }
+  }
+  if (memory <= 0) {
+    memory = std::numeric_limits<int64_t>::max() / 4;
+    if (spec.memory().budget_bytes() <= 0) {
+      out.assumptions.push_back(
+          "no memory limit (no rank reported its device memory; set "
+          "memory.budget_bytes or hardware.device_memory_bytes)");
+    }
+  }
+  hw.device_memory_bytes = std::max(memory, spec.memory().budget_bytes());
+  hw.budget_bytes = spec.memory().budget_bytes();
+  return out;
+}
+
+std::string DescribeHardware(const HardwareModel& hw) {
+  auto link = [](const PiecewiseLinear& fit, double rate) {
+    return fit.empty() ? absl::StrFormat("%.3g GB/s (analytic)", rate / 1e9)
+                       : absl::StrCat("fitted (", fit.points().size(),
+                                      " sizes)");
+  };
+  const double link_rate = hw.world_size <= hw.ranks_per_node
+                               ? hw.intra_node_bytes_per_s
+                               : hw.inter_node_bytes_per_s;
+  std::string out = absl::StrFormat(
+      "%d ranks, %d per node; all-gather %s, reduce-scatter %s, latency "
+      "%.3g us; host link %.3g GB/s; device memory %s, budget %s",
+      hw.world_size, hw.ranks_per_node, link(hw.allgather_fit, link_rate),
+      link(hw.reduce_scatter_fit, link_rate), hw.collective_latency_s * 1e6,
+      hw.host_bytes_per_s / 1e9, FormatBytes(hw.device_memory_bytes),
+      FormatBytes(hw.budget()));
+  if (hw.unmodeled_bytes > 0) {
+    absl::StrAppend(&out, "; runtime holds ", FormatBytes(hw.unmodeled_bytes),
+                    " beyond the memory model");
+  }
+  return out;
+}
+
+}  // namespace tandem

@@ -1,0 +1,66 @@
+// From a job spec to the planner's inputs: which pipeline the job runs
+// (optimize.policy or optimize.passes, checked against the pass registry at
+// submit) and the hardware model, built from what the spec declares and what
+// the workers report about their devices. Nothing here assumes a particular
+// accelerator: link rates are fitted from the job's profiles
+// (CalibrateToMeasurements), memory comes from the devices themselves.
+#ifndef TANDEM_COORDINATOR_PLANNER_JOB_PLAN_H_
+#define TANDEM_COORDINATOR_PLANNER_JOB_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/sim/hardware_model.h"
+#include "coordinator/planner/planner.h"
+#include "tandem/v1/job.pb.h"
+
+namespace tandem {
+
+// optimize.policy and optimize.passes against the registry, one message per
+// problem with its field path (common/job/job_spec.h's PlanSpecCheck).
+std::vector<std::string> CheckOptimizeSpec(const v1::OptimizeSpec& optimize,
+                                           int32_t zero_stage);
+
+// The pipeline a (validated) spec runs.
+PlanOptions PlanOptionsFromSpec(const v1::JobSpec& spec);
+
+// What one rank said about its device when it registered.
+struct RankDevice {
+  std::string hostname;
+  // "cpu" or "cuda:<n>".
+  std::string device;
+  // A GPU's memory, or on CPU the host's available memory (all ranks on the
+  // host share it); 0: not reported.
+  int64_t memory_bytes = 0;
+};
+
+// Host-link rates assumed until measured, bytes/s: on CPU the host tier is
+// memory-mapped files (a memcpy), on a GPU a PCIe 4.0 x16 link.
+inline constexpr double kAssumedCpuHostBytesPerS = 5e9;
+inline constexpr double kAssumedGpuHostBytesPerS = 25e9;
+
+struct JobHardware {
+  HardwareModel hw;
+  // One line per assumption made (what was neither declared nor reported),
+  // for the schedule's event.
+  std::vector<std::string> assumptions;
+};
+
+// The job's hardware: spec.hardware where declared; else ranks_per_node
+// from the hostnames, device memory from the reports (the smallest rank's
+// share: a CPU host's memory divided among its ranks), the host link by
+// device kind. The budget is memory.budget_bytes, or the device memory when
+// 0. With neither declared nor reported memory, the budget is unlimited and
+// the assumptions say so.
+JobHardware HardwareForJob(const v1::JobSpec& spec,
+                           const std::vector<RankDevice>& ranks);
+
+// One line describing a hardware model, e.g. for tandem-plan and events:
+// "2 ranks, 2 per node; links: fitted all-gather (5 points), ...".
+std::string DescribeHardware(const HardwareModel& hw);
+
+}  // namespace tandem
+
+#endif  // TANDEM_COORDINATOR_PLANNER_JOB_PLAN_H_

@@ -9,8 +9,11 @@
 //   - every tandem schedule within budget;
 //   - a Llama-3 70B graph planned in under 1 s.
 //
-//   plan_bench [--json] [--model PRESET]
+//   plan_bench [--json] [--model PRESET] [--quick]
 //
+// Exits 1 when a target is missed (2 on bad arguments). --quick prints only
+// the targets (the whole grid plans in well under a second): ctest runs it,
+// so a change that misses a target fails the suite.
 // Grid: Llama-3 70B and Mixtral 8x7B on 32 ranks (4 nodes x 8 H100 80 GiB),
 // micro-batch 1/2/4 x sequence 512/1024/2048, activation checkpointing on;
 // and Llama-3 70B on 16 ranks at micro-batch 4, sequence 2048, where the
@@ -216,8 +219,9 @@ void PrintTableRow(const Row& r) {
                GiB(r.peak_bytes), r.feasible ? "yes" : "NO", r.plan_wall_s);
 }
 
-// Checks the targets over all rows; prints one line each.
-void PrintSummary(const std::vector<Row>& rows) {
+// Checks the targets over all rows; prints one line each. Returns whether
+// every target was met.
+bool PrintSummary(const std::vector<Row>& rows) {
   std::map<std::string, std::map<Policy, const Row*>> by_config;
   std::vector<std::string> order;
   for (const Row& r : rows) {
@@ -315,6 +319,9 @@ void PrintSummary(const std::vector<Row>& rows) {
                tandem_total);
   absl::PrintF("  llama3-70b planned in < 1 s: %s (slowest %.3f s)\n",
                verdict(max_wall_70b < 1.0), max_wall_70b);
+  const bool all_met = worst_ratio <= 1.10 && slower.empty() &&
+                       geo_dc >= 1.05 && geo_fsdp >= 1.3 &&
+                       tandem_feasible == tandem_total && max_wall_70b < 1.0;
   if (!over_budget.empty()) {
     absl::PrintF("  reference plans over budget (left out of comparisons):\n");
     for (const auto& [policy, configs] : over_budget) {
@@ -322,31 +329,35 @@ void PrintSummary(const std::vector<Row>& rows) {
                    absl::StrJoin(configs, ", "));
     }
   }
+  return all_met;
 }
 
 int Main(int argc, char** argv) {
   bool json = false;
+  bool quick = false;
   std::string only;
   for (int i = 1; i < argc; ++i) {
     const absl::string_view arg = argv[i];
     if (arg == "--json") {
       json = true;
+    } else if (arg == "--quick") {
+      quick = true;
     } else if (arg == "--model" && i + 1 < argc) {
       only = argv[++i];
     } else if (arg == "--help" || arg == "-h") {
-      absl::PrintF("usage: plan_bench [--json] [--model PRESET]\n");
+      absl::PrintF("usage: plan_bench [--json] [--model PRESET] [--quick]\n");
       return 0;
     } else {
       absl::FPrintF(stderr,
                     "plan_bench: unknown argument '%s'\nusage: plan_bench "
-                    "[--json] [--model PRESET]\n",
+                    "[--json] [--model PRESET] [--quick]\n",
                     arg);
       return 2;
     }
   }
 
   std::vector<Row> rows;
-  if (!json) PrintTableHeader();
+  if (!json && !quick) PrintTableHeader();
   for (const BenchConfig& config : Grid()) {
     if (!only.empty() && config.preset != only) continue;
     absl::StatusOr<Graph> graph = BuildGraph(config);
@@ -359,15 +370,15 @@ int Main(int argc, char** argv) {
       rows.push_back(PlanOne(config, *graph, policy));
       if (json) {
         PrintJson(rows.back());
-      } else {
+      } else if (!quick) {
         PrintTableRow(rows.back());
       }
       std::fflush(stdout);
     }
-    if (!json) absl::PrintF("\n");
+    if (!json && !quick) absl::PrintF("\n");
   }
-  if (!json) PrintSummary(rows);
-  return 0;
+  if (json) return 0;
+  return PrintSummary(rows) ? 0 : 1;
 }
 
 }  // namespace

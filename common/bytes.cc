@@ -23,9 +23,15 @@ absl::StatusOr<int64_t> ParseByteCount(absl::string_view text,
   };
   // Longest first, so "GiB" is not read as "B".
   static constexpr Suffix kSuffixes[] = {
-      {"TiB", 1099511627776.0}, {"GiB", 1073741824.0}, {"MiB", 1048576.0},
-      {"KiB", 1024.0},          {"TB", 1e12},          {"GB", 1e9},
-      {"MB", 1e6},              {"KB", 1e3},           {"B", 1.0},
+      {"TiB", 1099511627776.0},
+      {"GiB", 1073741824.0},
+      {"MiB", 1048576.0},
+      {"KiB", 1024.0},
+      {"TB", 1e12},
+      {"GB", 1e9},
+      {"MB", 1e6},
+      {"KB", 1e3},
+      {"B", 1.0},
   };
   absl::string_view number = absl::StripAsciiWhitespace(text);
   double scale = 1;
@@ -40,11 +46,11 @@ absl::StatusOr<int64_t> ParseByteCount(absl::string_view text,
   double value = 0;
   if (number.empty() || !absl::SimpleAtod(number, &value) ||
       !std::isfinite(value) || value <= 0 || value * scale > 9e18) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what,
-        ": expected a positive byte count such as 70GiB, 64GB or "
-        "75161927680, got '",
-        text, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what,
+                     ": expected a positive byte count such as 70GiB, 64GB or "
+                     "75161927680, got '",
+                     text, "'"));
   }
   return static_cast<int64_t>(std::llround(value * scale));
 }

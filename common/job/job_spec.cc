@@ -1,8 +1,8 @@
 #include "common/job/job_spec.h"
 
 #include <cmath>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"

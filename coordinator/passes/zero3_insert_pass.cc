@@ -6,12 +6,11 @@ namespace tandem {
 
 absl::StatusOr<bool> Zero3InsertPass::RunImpl(PlanningContext& context) {
   Schedule& schedule = context.schedule();
-  Schedule lowered = LowerZero3(context.graph(),
-                                schedule.persistent_param_ids, grouping_);
-  const bool changed = schedule.mode != lowered.mode ||
-                       !(schedule.groups == lowered.groups) ||
-                       !(schedule.actions == lowered.actions) ||
-                       !schedule.offloads.empty();
+  Schedule lowered =
+      LowerZero3(context.graph(), schedule.persistent_param_ids, grouping_);
+  const bool changed =
+      schedule.mode != lowered.mode || !(schedule.groups == lowered.groups) ||
+      !(schedule.actions == lowered.actions) || !schedule.offloads.empty();
   schedule.mode = lowered.mode;
   schedule.groups = std::move(lowered.groups);
   schedule.actions = std::move(lowered.actions);

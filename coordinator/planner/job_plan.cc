@@ -132,9 +132,9 @@ JobHardware HardwareForJob(const v1::JobSpec& spec,
 
 std::string DescribeHardware(const HardwareModel& hw) {
   auto link = [](const PiecewiseLinear& fit, double rate) {
-    return fit.empty() ? absl::StrFormat("%.3g GB/s (analytic)", rate / 1e9)
-                       : absl::StrCat("fitted (", fit.points().size(),
-                                      " sizes)");
+    return fit.empty()
+               ? absl::StrFormat("%.3g GB/s (analytic)", rate / 1e9)
+               : absl::StrCat("fitted (", fit.points().size(), " sizes)");
   };
   const double link_rate = hw.world_size <= hw.ranks_per_node
                                ? hw.intra_node_bytes_per_s

@@ -34,13 +34,19 @@ std::function<std::unique_ptr<PlanningPass>(const PassArgs&)> Plain(
 }
 
 PassParam Count(std::string key, int64_t default_value, std::string help) {
-  return {std::move(key), PassParam::Kind::kCount,
-          absl::StrCat(default_value), {}, std::move(help)};
+  return {std::move(key),
+          PassParam::Kind::kCount,
+          absl::StrCat(default_value),
+          {},
+          std::move(help)};
 }
 
 PassParam Bytes(std::string key, int64_t default_value, std::string help) {
-  return {std::move(key), PassParam::Kind::kBytes,
-          absl::StrCat(default_value), {}, std::move(help)};
+  return {std::move(key),
+          PassParam::Kind::kBytes,
+          absl::StrCat(default_value),
+          {},
+          std::move(help)};
 }
 
 }  // namespace
@@ -114,8 +120,10 @@ PassRegistry::PassRegistry() {
          return std::make_unique<DeepSpeedPersistencePass>(
              args.Int("threshold_numel"));
        }},
-      {"split-groups", "gather param by param, as DeepSpeed and DeepCompile do",
-       {}, Plain<SplitGatherGroupsPass>()},
+      {"split-groups",
+       "gather param by param, as DeepSpeed and DeepCompile do",
+       {},
+       Plain<SplitGatherGroupsPass>()},
       {"deepspeed-prefetch",
        "DeepSpeed: prefetch buckets of the next params in trace order",
        {Count("bucket_numel", DeepSpeedPrefetchPass::kDefaultBucketNumel,
@@ -209,13 +217,14 @@ absl::StatusOr<std::pair<const RegisteredPass*, PassArgs>> PassRegistry::Parse(
   }
   for (const PassParam& param : pass->params) {
     const std::string& value = args.text_[param.key];
-    const std::string where = absl::StrCat("pass ", pass->name, ": ", param.key);
+    const std::string where =
+        absl::StrCat("pass ", pass->name, ": ", param.key);
     switch (param.kind) {
       case PassParam::Kind::kCount: {
         int64_t n = 0;
         if (!absl::SimpleAtoi(value, &n) || n < 1) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              where, "='", value, "': expected an integer >= 1"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, "='", value, "': expected an integer >= 1"));
         }
         args.ints_[param.key] = n;
         break;
@@ -263,13 +272,12 @@ std::string PassRegistry::Describe() const {
   for (const RegisteredPass& pass : passes_) {
     absl::StrAppend(&out, "  ", pass.name, "\n      ", pass.summary, "\n");
     for (const PassParam& p : pass.params) {
-      absl::StrAppend(&out, "      ", p.key, "=", p.default_value, "  ",
-                      p.help,
-                      p.choices.empty()
-                          ? ""
-                          : absl::StrCat(" (", absl::StrJoin(p.choices, "|"),
-                                         ")"),
-                      "\n");
+      absl::StrAppend(
+          &out, "      ", p.key, "=", p.default_value, "  ", p.help,
+          p.choices.empty()
+              ? ""
+              : absl::StrCat(" (", absl::StrJoin(p.choices, "|"), ")"),
+          "\n");
     }
   }
   return out;

@@ -26,9 +26,9 @@ namespace tandem {
 
 struct PassParam {
   enum class Kind {
-    kCount,  // an integer >= 1
-    kBytes,  // a byte count, suffixes allowed (70GiB, 64MB)
-    kChoice, // one of `choices`
+    kCount,   // an integer >= 1
+    kBytes,   // a byte count, suffixes allowed (70GiB, 64MB)
+    kChoice,  // one of `choices`
   };
   std::string key;
   Kind kind = Kind::kCount;

@@ -265,7 +265,7 @@ std::vector<std::string> PolicyPasses(Policy policy, ShardingMode mode) {
       // DeepCompile runs on ZeRO-3 (small params persistent), gathers param
       // by param, and schedules offloading before profiling the passes that
       // follow.
-      return {"deepspeed-persistence", "zero3-insert",   "split-groups",
+      return {"deepspeed-persistence", "zero3-insert",    "split-groups",
               "memory-only-offload",   "greedy-prefetch", "greedy-unshard"};
     case Policy::kTandem:
       // coordinator/passes/README.md.
@@ -301,9 +301,8 @@ absl::StatusOr<PlanResult> Plan(const Graph& graph, const HardwareModel& hw,
   const std::vector<std::string> passes =
       options.passes.empty() ? PolicyPasses(options.policy, options.mode)
                              : options.passes;
-  const std::string name = options.passes.empty()
-                               ? std::string(PolicyName(options.policy))
-                               : "job";
+  const std::string name =
+      options.passes.empty() ? std::string(PolicyName(options.policy)) : "job";
   BufferedSink records;
   ASSIGN_OR_RETURN(std::unique_ptr<PassPipeline> pipeline,
                    BuildPipeline(name, passes, &records,
@@ -381,7 +380,8 @@ absl::StatusOr<Calibrated> CalibrateToMeasurements(const Graph& graph,
     ASSIGN_OR_RETURN(ran, StartingSchedule(out.graph, mode));
   }
   if (ran.has_value()) {
-    absl::Status calibrated = CalibrateMemory(out.graph, *ran, *profile, out.hw);
+    absl::Status calibrated =
+        CalibrateMemory(out.graph, *ran, *profile, out.hw);
     if (!calibrated.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("profile: ", calibrated.message()));

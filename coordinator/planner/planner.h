@@ -30,11 +30,11 @@
 #include "common/ir/graph.h"
 #include "common/ir/profile.h"
 #include "common/ir/schedule.h"
+#include "common/lowering/lowering.h"
 #include "common/sim/hardware_model.h"
 #include "common/sim/simulator.h"
 #include "coordinator/passes/pass_pipeline.h"
 #include "coordinator/passes/planning_context.h"
-#include "common/lowering/lowering.h"
 
 namespace tandem {
 

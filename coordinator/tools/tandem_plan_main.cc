@@ -5,6 +5,7 @@
 //               [--profile FILE] [--hw "key=value ..."] [--budget BYTES]
 //               [--policy NAME] [--zero1] [--schedule FILE] [--compare]
 //               [--summary] [--profiled-schedule FILE] [--passes LIST]
+//               [--schedule-out FILE]
 //   tandem-plan --list-passes
 //
 // The graph comes from its text form or from the model builder; a profile
@@ -38,18 +39,18 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "common/bytes.h"
 #include "common/ir/graph.h"
 #include "common/ir/profile.h"
 #include "common/ir/schedule.h"
 #include "common/ir/text_format.h"
 #include "common/ir/validate.h"
+#include "common/lowering/schedule_semantics.h"
 #include "common/models/graph_builder.h"
 #include "common/models/model_config.h"
 #include "common/sim/hardware_model.h"
 #include "common/sim/simulator.h"
 #include "common/status_macros.h"
-#include "common/lowering/schedule_semantics.h"
-#include "common/bytes.h"
 #include "coordinator/planner/job_plan.h"
 #include "coordinator/planner/pass_registry.h"
 #include "coordinator/planner/planner.h"
@@ -82,9 +83,12 @@ constexpr char kUsage[] =
     "  --budget BYTES   memory budget per rank, e.g. 70GiB\n"
     "  --policy NAME    on-demand, deepspeed-zero3, fsdp, deepcompile or "
     "tandem (default)\n"
-    "  --passes LIST    run these passes (comma-separated pass-registry names,\n"
+    "  --passes LIST    run these passes (comma-separated pass-registry "
+    "names,\n"
     "                   as a job's optimize.passes) instead of the policy\n"
     "  --list-passes    print every pass with its parameters\n"
+    "  --schedule-out FILE\n"
+    "                   also write the planned schedule (text form) to FILE\n"
     "  --zero1          plan a ZeRO-1 job (tandem only)\n"
     "  --schedule FILE  evaluate this schedule (text form) instead of "
     "planning\n"
@@ -106,6 +110,7 @@ struct Args {
   std::string budget;
   std::string policy = "tandem";
   std::string passes;
+  std::string schedule_out;
   std::string schedule_path;
   std::string profiled_schedule_path;
   bool zero1 = false;
@@ -139,6 +144,7 @@ std::string ParseArgs(int argc, char** argv, Args& args) {
       {"--budget", &args.budget},
       {"--policy", &args.policy},
       {"--passes", &args.passes},
+      {"--schedule-out", &args.schedule_out},
       {"--schedule", &args.schedule_path},
       {"--profiled-schedule", &args.profiled_schedule_path},
   };
@@ -146,12 +152,10 @@ std::string ParseArgs(int argc, char** argv, Args& args) {
     absl::string_view name;
     bool* value;
   };
-  const Switch switches[] = {{"--zero1", &args.zero1},
-                             {"--compare", &args.compare},
-                             {"--summary", &args.summary},
-                             {"--list-passes", &args.list_passes},
-                             {"--help", &args.help},
-                             {"-h", &args.help}};
+  const Switch switches[] = {
+      {"--zero1", &args.zero1},     {"--compare", &args.compare},
+      {"--summary", &args.summary}, {"--list-passes", &args.list_passes},
+      {"--help", &args.help},       {"-h", &args.help}};
   for (int i = 1; i < argc; ++i) {
     const absl::string_view arg = argv[i];
     absl::string_view name = arg;
@@ -424,12 +428,12 @@ int Main(int argc, char** argv) {
     return FailUsage("--profiled-schedule needs --profile");
   }
   // The planner's own calibration: what the coordinator does with a profile.
-  absl::StatusOr<Calibrated> calibrated = CalibrateToMeasurements(
-      *graph, *hw, profile ? &*profile : nullptr,
-      profiled ? &*profiled : nullptr, mode);
+  absl::StatusOr<Calibrated> calibrated =
+      CalibrateToMeasurements(*graph, *hw, profile ? &*profile : nullptr,
+                              profiled ? &*profiled : nullptr, mode);
   if (!calibrated.ok()) {
-    return Fail(absl::StrCat(args.profile_path, ": ",
-                             calibrated.status().message()));
+    return Fail(
+        absl::StrCat(args.profile_path, ": ", calibrated.status().message()));
   }
   if (profile.has_value() && !calibrated->memory_calibrated) {
     absl::FPrintF(stderr,
@@ -455,13 +459,20 @@ int Main(int argc, char** argv) {
   if (!args.summary) {
     std::fputs(PrintSchedule(result->schedule).c_str(), stdout);
   }
+  if (!args.schedule_out.empty()) {
+    std::ofstream out(args.schedule_out, std::ios::binary | std::ios::trunc);
+    out << PrintSchedule(result->schedule);
+    if (!out.flush()) {
+      return Fail(absl::StrCat("cannot write --schedule-out file '",
+                               args.schedule_out, "'"));
+    }
+  }
   PrintPredictions(
       absl::StrCat("predictions (",
                    passes.empty()
                        ? absl::StrCat("policy ", PolicyName(*policy))
                        : absl::StrCat("passes ", absl::StrJoin(passes, " ")),
-                   ", graph ",
-                   graph->name, ", ", graph->world_size, " ranks)"),
+                   ", graph ", graph->name, ", ", graph->world_size, " ranks)"),
       result->sim, hw->budget(), result->plan_wall_s, result->feasible);
   return 0;
 }

@@ -13,12 +13,16 @@
 // intra-op thread and OPENBLAS_NUM_THREADS=1 (set it in the environment).
 //
 //   build/bench/runtime_bench [--steps N] [--layers L] [--world W]
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,15 +30,11 @@
 #include "ATen/Parallel.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/ir/text_format.h"
 #include "common/models/graph_builder.h"
 #include "common/models/model_config.h"
 #include "common/sim/hardware_model.h"
 #include "common/sim/simulator.h"
-#include "coordinator/passes/offload_pass.h"
-#include "coordinator/passes/pass_pipeline.h"
-#include "coordinator/passes/planning_context.h"
-#include "coordinator/passes/prefetch_pass.h"
-#include "coordinator/passes/zero3_insert_pass.h"
 #include "torch/csrc/distributed/c10d/PrefixStore.hpp"
 #include "torch/csrc/distributed/c10d/TCPStore.hpp"
 #include "worker/data/micro_batch.h"
@@ -163,6 +163,49 @@ Summary Summarize(const std::vector<Sample>& samples) {
   return out;
 }
 
+// The planner's binary, built next to this one: the bench plans with the
+// exact planner a job runs, and the worker never includes the coordinator.
+std::string TandemPlanPath() {
+  if (const char* path = std::getenv("TANDEM_PLAN")) return path;
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return "tandem-plan";
+  std::string dir(self, static_cast<size_t>(n));
+  dir.resize(dir.rfind('/'));
+  return dir + "/../coordinator/tandem-plan";
+}
+
+// Tandem's adaptive offload (zero3-insert, offload, prefetch) at `budget`,
+// planned by tandem-plan on the H100 analytic links.
+absl::StatusOr<Schedule> PlanAdaptiveOffload(const Graph& graph, int world,
+                                             int64_t budget) {
+  const std::string base =
+      absl::StrCat("/tmp/runtime_bench_", getpid(), "_", world);
+  {
+    std::ofstream out(base + ".graph");
+    out << PrintGraph(graph);
+  }
+  const std::string command = absl::StrCat(
+      TandemPlanPath(), " --graph ", base, ".graph --hw world=", world,
+      " --budget ", budget,
+      " --passes zero3-insert,offload,prefetch --summary --schedule-out ", base,
+      ".schedule > /dev/null");
+  const int rc = std::system(command.c_str());
+  std::ifstream in(base + ".schedule");
+  std::stringstream text;
+  text << in.rdbuf();
+  std::remove((base + ".graph").c_str());
+  std::remove((base + ".schedule").c_str());
+  if (rc != 0) {
+    return absl::InternalError(
+        absl::StrCat("'", command, "' failed (exit ", rc,
+                     "); build tandem-plan or set TANDEM_PLAN"));
+  }
+  absl::StatusOr<Schedule> schedule = ParseSchedule(text.str());
+  if (schedule.ok()) schedule->version = 1;
+  return schedule;
+}
+
 // Offload-all against adaptive offload at a budget that forces part of the
 // states out, then ZeRO-1 against ZeRO-3.
 void RunOffloadAndZero1(const ModelConfig& config, int world, int steps) {
@@ -193,34 +236,14 @@ void RunOffloadAndZero1(const ModelConfig& config, int world, int steps) {
       fraction = f;
       budget = sim->peak_bytes -
                static_cast<int64_t>(f * sim->peak_breakdown.optimizer_states);
-      HardwareModel hw = HardwareModel::H100(world);
-      hw.budget_bytes = budget;
-      PlanningContext context(*graph, hw);
-      PassPipeline pipeline("adaptive-offload");
-      pipeline.AddPass<Zero3InsertPass>();
-      pipeline.AddPass<OffloadPass>();
-      pipeline.AddPass<PrefetchPass>();
-      absl::StatusOr<bool> changed = pipeline.Run(context);
-      if (changed.ok() &&
-          context.schedule().offloads.size() < graph->params.size()) {
-        break;
-      }
+      absl::StatusOr<Schedule> plan =
+          PlanAdaptiveOffload(*graph, world, budget);
+      if (plan.ok() && plan->offloads.size() < graph->params.size()) break;
     }
   }
   auto plan_adaptive = [world,
                         budget](const Graph& g) -> absl::StatusOr<Schedule> {
-    HardwareModel hw = HardwareModel::H100(world);
-    hw.budget_bytes = budget;
-    PlanningContext context(g, hw);
-    PassPipeline pipeline("adaptive-offload");
-    pipeline.AddPass<Zero3InsertPass>();
-    pipeline.AddPass<OffloadPass>();
-    pipeline.AddPass<PrefetchPass>();
-    absl::StatusOr<bool> changed = pipeline.Run(context);
-    if (!changed.ok()) return changed.status();
-    Schedule s = context.schedule();
-    s.version = 1;
-    return s;
+    return PlanAdaptiveOffload(g, world, budget);
   };
   auto offload_all = [world,
                       budget](const Graph& g) -> absl::StatusOr<Schedule> {

@@ -1,9 +1,9 @@
 // Schedules the worker can run without a coordinator, built from the
 // lowering both sides share (common/lowering), so they are exactly what the
-// coordinator's baseline passes produce: the ZeRO-3 baseline (gather on demand), everything persistent,
-// a prefetching variant of a schedule made by hoisting its gathers, the
-// ZeRO-1 plan, and a schedule's variant that offloads chosen optimizer
-// states. No libtorch.
+// coordinator's baseline passes produce: the ZeRO-3 baseline (gather on
+// demand), everything persistent, a prefetching variant of a schedule made by
+// hoisting its gathers, the ZeRO-1 plan, and a schedule's variant that offloads
+// chosen optimizer states. No libtorch.
 #ifndef TANDEM_WORKER_RUNTIME_STANDARD_SCHEDULES_H_
 #define TANDEM_WORKER_RUNTIME_STANDARD_SCHEDULES_H_
 

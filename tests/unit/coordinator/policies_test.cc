@@ -11,17 +11,17 @@
 
 #include "common/ir/text_format.h"
 #include "common/ir/validate.h"
-#include "common/sim/hardware_model.h"
 #include "common/lowering/schedule_semantics.h"
+#include "common/sim/hardware_model.h"
 #include "coordinator/passes/planning_context.h"
 #include "coordinator/passes/zero3_insert_pass.h"
-#include "coordinator/policies/program_memory.h"
 #include "coordinator/policies/deepspeed_persistence_pass.h"
 #include "coordinator/policies/deepspeed_prefetch_pass.h"
 #include "coordinator/policies/fsdp_prefetch_pass.h"
 #include "coordinator/policies/greedy_prefetch_pass.h"
 #include "coordinator/policies/greedy_unshard_pass.h"
 #include "coordinator/policies/memory_only_offload_pass.h"
+#include "coordinator/policies/program_memory.h"
 #include "coordinator/policies/split_gather_groups_pass.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -181,18 +181,16 @@ TEST(DeepSpeedPrefetchPassTest, Run_NoLiveHeadroom_LeavesPlanUnchanged) {
 
 TEST(FsdpPrefetchPassTest, Run_TwoLayerGraph_MatchesExpectedSchedule) {
   const Graph graph = TwoLayerGraph();
-  auto context =
-      RunPasses(graph, Hardware("world=4"),
-                Passes(Zero3InsertPass(GatherGrouping::kPerUnit),
-                       FsdpPrefetchPass()));
+  auto context = RunPasses(
+      graph, Hardware("world=4"),
+      Passes(Zero3InsertPass(GatherGrouping::kPerUnit), FsdpPrefetchPass()));
   ExpectSchedule(graph, context->schedule(), "fsdp_expected.txt");
 }
 
 TEST(FsdpPrefetchPassTest, Run_OneUnitAtATime_KeepsGathersOnDemand) {
   const Graph graph = TwoLayerGraph();
-  auto context =
-      RunPasses(graph, Hardware("world=4"),
-                Passes(Zero3InsertPass(GatherGrouping::kPerUnit)));
+  auto context = RunPasses(graph, Hardware("world=4"),
+                           Passes(Zero3InsertPass(GatherGrouping::kPerUnit)));
   EXPECT_FALSE(
       FsdpPrefetchPass(/*max_gathered_units=*/1).Run(*context).value());
 }

@@ -10,13 +10,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/bytes.h"
 #include "common/ir/text_format.h"
 #include "common/ir/validate.h"
+#include "common/lowering/schedule_semantics.h"
 #include "common/models/graph_builder.h"
 #include "common/models/model_config.h"
 #include "common/sim/simulator.h"
-#include "common/lowering/schedule_semantics.h"
-#include "common/bytes.h"
 #include "coordinator/planner/planner.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -1,11 +1,11 @@
 #include "coordinator/passes/invariant_checkers.h"
-#include "common/lowering/schedule_semantics.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <functional>
 
+#include "common/lowering/schedule_semantics.h"
 #include "common/models/graph_builder.h"
 #include "coordinator/passes/pass_pipeline.h"
 #include "coordinator/passes/zero3_insert_pass.h"

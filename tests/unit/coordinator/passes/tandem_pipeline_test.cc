@@ -6,10 +6,10 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/lowering/schedule_semantics.h"
 #include "common/models/graph_builder.h"
 #include "common/models/model_config.h"
 #include "coordinator/passes/invariant_checkers.h"
-#include "common/lowering/schedule_semantics.h"
 #include "coordinator/passes/offload_pass.h"
 #include "coordinator/passes/pass_pipeline.h"
 #include "coordinator/passes/planning_context.h"

@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   std::thread waiter([&] { (*server)->Wait(); });
   while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  (*server)->Shutdown();
+  (*server)->Stop();
   waiter.join();
   return 0;
 }

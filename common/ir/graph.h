@@ -1,5 +1,5 @@
 // The iteration graph IR: one training iteration as an ordered list of nodes
-// and the params they use (DESIGN.md, "The IR"). Plain value types; see
+// and the params they use (common/README.md, "The IR"). Plain value types; see
 // validate.h for the rules a well-formed graph keeps, text_format.h for the
 // readable form and proto_convert.h for tandem.v1.Graph.
 #ifndef TANDEM_COMMON_IR_GRAPH_H_

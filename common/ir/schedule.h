@@ -1,5 +1,6 @@
-// The schedule IR: the plan for one graph (DESIGN.md, "Schedule"). Actions are
-// anchored before or after a node; at one anchor they run in list order.
+// The schedule IR: the plan for one graph (common/README.md, "Schedule").
+// Actions are anchored before or after a node; at one anchor they run in list
+// order.
 #ifndef TANDEM_COMMON_IR_SCHEDULE_H_
 #define TANDEM_COMMON_IR_SCHEDULE_H_
 

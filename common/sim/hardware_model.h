@@ -71,7 +71,8 @@ struct HardwareModel {
   PiecewiseLinear allgather_fit;
   PiecewiseLinear reduce_scatter_fit;
 
-  // The H100 defaults of DESIGN.md for `world_size` ranks, 8 per node.
+  // The H100 defaults (common/README.md, "Hardware model") for `world_size`
+  // ranks, 8 per node.
   static HardwareModel H100(int32_t world_size);
 
   int64_t budget() const {

@@ -1,5 +1,5 @@
 // Replays a schedule against a graph's node times and a hardware model, on
-// three streams, and reports time and memory (DESIGN.md, "Simulator").
+// three streams, and reports time and memory (common/README.md, "Simulator").
 //
 // Streams and timing rules, walking the nodes in order:
 //   - compute runs the nodes back to back; a node starts when compute is free

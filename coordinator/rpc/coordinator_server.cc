@@ -5,6 +5,41 @@
 #include "absl/strings/str_cat.h"
 
 namespace tandem {
+namespace {
+
+// What workers report that planning needs. Registrations carry nothing the
+// planner uses yet.
+class PlanningFeed final : public WorkerEventListener {
+ public:
+  explicit PlanningFeed(PlanningManager* planning) : planning_(planning) {}
+
+  absl::Status OnGraph(const std::string& job_id, int32_t rank,
+                       const v1::GraphReport& report) override {
+    return planning_->OnGraph(job_id, rank, report);
+  }
+  absl::Status OnProfile(const std::string& job_id, int32_t rank,
+                         const v1::Profile& profile) override {
+    return planning_->OnProfile(job_id, rank, profile);
+  }
+  void OnProgress(const std::string& job_id, int32_t rank,
+                  const v1::IterationProgress& progress) override {
+    planning_->OnProgress(job_id, rank, progress);
+  }
+  void OnScheduleActive(const std::string& job_id, int64_t version) override {
+    planning_->OnScheduleActive(job_id, version);
+  }
+  void OnRankRegistered(const std::string& job_id, int32_t rank,
+                        const std::string& hostname, const std::string& device,
+                        int64_t device_memory_bytes) override {
+    planning_->OnRankRegistered(job_id, rank,
+                                {hostname, device, device_memory_bytes});
+  }
+
+ private:
+  PlanningManager* planning_;
+};
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const CoordinatorOptions& options) {
@@ -19,29 +54,35 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   s->store_ = *std::move(store);
   s->jobs_ = std::make_unique<JobManager>(s->store_.get());
   if (absl::Status st = s->jobs_->Recover(); !st.ok()) return st;
+  WorkerManager::Options worker_options;
+  worker_options.heartbeat_timeout = options.heartbeat_timeout;
+  s->workers_ = std::make_unique<WorkerManager>(s->jobs_.get(), s->store_.get(),
+                                                &s->kv_, s->metrics_.get(),
+                                                &s->timelines_, worker_options);
+  if (absl::Status st = s->workers_->Recover(); !st.ok()) return st;
   s->planning_ = std::make_unique<PlanningManager>(
       s->jobs_.get(), s->store_.get(), s->metrics_.get());
   if (absl::Status st = s->planning_->Recover(); !st.ok()) return st;
-  WorkerManager::Options worker_options;
-  worker_options.heartbeat_timeout = options.heartbeat_timeout;
-  s->workers_ = std::make_unique<WorkerManager>(
-      s->jobs_.get(), s->store_.get(), s->planning_.get(), &s->kv_,
-      s->metrics_.get(), &s->timelines_, worker_options);
-  if (absl::Status st = s->workers_->Recover(); !st.ok()) return st;
 
+  // The managers report to each other only through these hooks; each
+  // captures just what it reaches.
   CoordinatorServer* self = s.get();
-  s->planning_->SetPublisher(
-      [self](const std::string& job_id, const v1::ScheduleUpdate& update) {
+  WorkerManager* workers = s->workers_.get();
+  PlanningManager* planning = s->planning_.get();
+  s->worker_events_ = std::make_unique<PlanningFeed>(planning);
+  workers->SetListener(s->worker_events_.get());
+  workers->SetScheduleLookup([planning](const std::string& job_id) {
+    return planning->GetSchedule(job_id, 0);
+  });
+  planning->SetPublisher(
+      [workers](const std::string& job_id, const v1::ScheduleUpdate& update) {
         v1::CoordinatorMessage message;
         *message.mutable_schedule() = update;
-        self->workers_->Broadcast(job_id, message);
+        workers->Broadcast(job_id, message);
       });
   s->jobs_->SetStateListener(
-      [self](const std::string& job_id, v1::JobState state) {
-        if (IsTerminal(state)) {
-          self->workers_->OnJobEnded(job_id, state);
-          self->planning_->Forget(job_id);
-        }
+      [self, workers](const std::string& job_id, v1::JobState state) {
+        if (IsTerminal(state)) workers->OnJobEnded(job_id, state);
         self->UpdateJobGauges();
       });
   s->UpdateJobGauges();
@@ -83,23 +124,29 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
           absl::StrCat("--metrics-listen: ", exporter.status().message()));
     }
     s->exporter_ = *std::move(exporter);
+    s->metrics_port_ = s->exporter_->port();
   }
   return s;
 }
 
-CoordinatorServer::~CoordinatorServer() { Shutdown(); }
+CoordinatorServer::~CoordinatorServer() { Stop(); }
 
-void CoordinatorServer::Shutdown() {
-  if (server_ != nullptr) {
-    // NOT_SERVING from now on, so that probes see the stop before the port
-    // closes.
-    if (grpc::HealthCheckServiceInterface* health =
-            server_->GetHealthCheckService()) {
-      health->Shutdown();
+void CoordinatorServer::Stop() {
+  std::call_once(stopped_, [this] {
+    if (server_ != nullptr) {
+      // NOT_SERVING from now on, so that probes see the stop before the port
+      // closes.
+      if (grpc::HealthCheckServiceInterface* health =
+              server_->GetHealthCheckService()) {
+        health->Shutdown();
+      }
+      server_->Shutdown(std::chrono::system_clock::now() +
+                        std::chrono::seconds(2));
     }
-    server_->Shutdown(std::chrono::system_clock::now() +
-                      std::chrono::seconds(2));
-  }
+    if (planning_ != nullptr) planning_->Stop();
+    if (workers_ != nullptr) workers_->Stop();
+    exporter_.reset();
+  });
 }
 
 void CoordinatorServer::Wait() {

@@ -1,6 +1,9 @@
 // The coordinator daemon: owns the store, the managers, the metrics and the
-// gRPC server, in dependency order, and wires them together. main.cc only
-// parses flags and calls Start/Wait.
+// gRPC server, in dependency order, and wires them together: the managers do
+// not hold each other, they report to listeners set here (what workers send
+// goes to the planning manager; new schedules go to the workers; ended jobs
+// stop their workers). main.cc only parses flags and calls Start, Wait and
+// Stop.
 #ifndef TANDEM_COORDINATOR_RPC_COORDINATOR_SERVER_H_
 #define TANDEM_COORDINATOR_RPC_COORDINATOR_SERVER_H_
 
@@ -8,6 +11,7 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -38,33 +42,54 @@ class CoordinatorServer {
   // the flag to change (--db, --listen, --metrics-listen).
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
       const CoordinatorOptions& options);
+  // Stop().
   ~CoordinatorServer();
   CoordinatorServer(const CoordinatorServer&) = delete;
   CoordinatorServer& operator=(const CoordinatorServer&) = delete;
 
   // Ports actually bound (port 0 in the options picks a free one).
   int port() const { return port_; }
-  int metrics_port() const { return exporter_ ? exporter_->port() : 0; }
-  void Shutdown();
+  int metrics_port() const { return metrics_port_; }
+
+  // Stops, in this order: the gRPC server (health first turns NOT_SERVING;
+  // RPCs in flight get 2 s, then are cancelled, and every handler has
+  // returned), the planner (a plan in flight is persisted or abandoned, and
+  // not published), the heartbeat watcher, then the metrics endpoint. Each
+  // stage only reaches the ones after it, so no thread calls into a stopped
+  // part. Idempotent and safe from any thread but the server's own (an RPC
+  // handler, the planner, the watcher); concurrent calls all return once it
+  // is done.
+  void Stop();
+  // Blocks until Stop() (from another thread) has shut the gRPC server down.
   void Wait();
 
  private:
   CoordinatorServer() = default;
   void UpdateJobGauges();
 
+  // Members in dependency order: each is used by those declared after it
+  // (and their threads), never by those before, so that destruction, which
+  // runs in reverse, is safe even without Stop().
   metrics::Registry registry_;
   std::unique_ptr<CoordinatorMetrics> metrics_;
   std::unique_ptr<JobStore> store_;
   KvStore kv_;
-  std::unique_ptr<JobManager> jobs_;
-  std::unique_ptr<PlanningManager> planning_;
   TimelineStore timelines_;
+  // Its state listener runs on whichever thread changes a job's state (RPC
+  // handlers, the planner, the watcher) and reaches workers_ and the gauges.
+  std::unique_ptr<JobManager> jobs_;
   std::unique_ptr<WorkerManager> workers_;
+  // Its planner thread publishes schedules through workers_.
+  std::unique_ptr<PlanningManager> planning_;
+  // workers_' listener, forwarding to planning_; called on RPC threads only.
+  std::unique_ptr<WorkerEventListener> worker_events_;
   std::unique_ptr<JobServiceImpl> job_service_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<metrics::HttpExporter> exporter_;
   int port_ = 0;
+  int metrics_port_ = 0;
+  std::once_flag stopped_;
 };
 
 }  // namespace tandem

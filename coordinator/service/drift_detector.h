@@ -1,5 +1,6 @@
 // Decides when a running job has left what its active schedule predicted, so
-// the coordinator re-plans (DESIGN.md, step 7). Pure logic, one per job:
+// the coordinator re-plans (coordinator/README.md, "Drift and re-planning").
+// Pure logic, one per job:
 //   - "drift": the measured iteration time deviates from the prediction by
 //     more than `threshold` (relative) for `window` iterations in a row;
 //   - "memory": the measured peak comes within 5% of the budget.

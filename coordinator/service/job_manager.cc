@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/job/job_spec.h"
+#include "coordinator/planner/job_plan.h"
 
 namespace tandem {
 namespace {
@@ -106,7 +107,10 @@ absl::Status JobManager::AppendLocked(Record& record, absl::string_view kind,
 
 absl::StatusOr<v1::Job> JobManager::Submit(v1::JobSpec spec) {
   ApplyJobSpecDefaults(spec);
-  if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
+  // The pipeline it names is checked against the planner's pass registry.
+  if (absl::Status s = ValidateJobSpec(spec, CheckOptimizeSpec); !s.ok()) {
+    return s;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   Record record;
   record.job.set_id(NewJobId(spec.name()));

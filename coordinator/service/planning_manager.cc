@@ -7,17 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/bytes.h"
 #include "common/ir/proto_convert.h"
-#include "common/ir/validate.h"
-#include "common/sim/hardware_model.h"
-#include "coordinator/analysis/schedule_invariants.h"
-#include "coordinator/passes/offload_pass.h"
 #include "coordinator/passes/pass_pipeline.h"
-#include "coordinator/passes/planning_context.h"
-#include "coordinator/passes/prefetch_pass.h"
-#include "coordinator/passes/unshard_pass.h"
-#include "coordinator/passes/zero1_pass.h"
-#include "coordinator/passes/zero3_insert_pass.h"
 #include "coordinator/planner/planner.h"
 
 namespace tandem {
@@ -37,67 +29,13 @@ class MetricsSink : public PassRecordSink {
   CoordinatorMetrics* metrics_;
 };
 
-// Time: the slowest rank; memory: the largest.
-Profile Aggregate(const std::map<int32_t, Profile>& by_rank) {
-  Profile out = by_rank.begin()->second;
-  out.rank = Profile::kAggregateRank;
-  for (const auto& [rank, p] : by_rank) {
-    out.iteration_s = std::max(out.iteration_s, p.iteration_s);
-    out.peak_bytes = std::max(out.peak_bytes, p.peak_bytes);
-    std::map<int32_t, double> times;
-    for (const NodeTiming& t : out.nodes) times[t.node_id] = t.time_s;
-    for (const NodeTiming& t : p.nodes) {
-      times[t.node_id] = std::max(times[t.node_id], t.time_s);
-    }
-    for (NodeTiming& t : out.nodes) t.time_s = times[t.node_id];
-    if (p.collectives.size() == out.collectives.size()) {
-      for (size_t i = 0; i < p.collectives.size(); ++i) {
-        out.collectives[i].issue_to_done_s =
-            std::max(out.collectives[i].issue_to_done_s,
-                     p.collectives[i].issue_to_done_s);
-        out.collectives[i].exposed_s =
-            std::max(out.collectives[i].exposed_s, p.collectives[i].exposed_s);
-      }
-    }
-    if (p.memory.size() == out.memory.size()) {
-      for (size_t i = 0; i < p.memory.size(); ++i) {
-        out.memory[i].before_bytes =
-            std::max(out.memory[i].before_bytes, p.memory[i].before_bytes);
-        out.memory[i].after_bytes =
-            std::max(out.memory[i].after_bytes, p.memory[i].after_bytes);
-      }
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PassPipeline>> BuildPipelineFromNames(
-    const std::vector<std::string>& names, PassRecordSink* sink) {
-  auto pipeline = std::make_unique<PassPipeline>("job", sink);
-  for (const std::string& name : names) {
-    if (name == "zero3-insert") {
-      pipeline->AddPass<Zero3InsertPass>();
-    } else if (name == "prefetch") {
-      pipeline->AddPass<PrefetchPass>();
-    } else if (name == "unshard") {
-      pipeline->AddPass<UnshardPass>();
-    } else if (name == "offload") {
-      pipeline->AddPass<OffloadPass>();
-    } else if (name == "zero1") {
-      pipeline->AddPass<Zero1Pass>();
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown pass '", name,
-          "'; use zero3-insert, prefetch, unshard, offload or zero1"));
-    }
-  }
-  pipeline->AddInvariantChecker<GatherBeforeUseChecker>();
-  pipeline->AddInvariantChecker<NoUseAfterReleaseChecker>();
-  pipeline->AddInvariantChecker<ReduceOnceChecker>();
-  pipeline->AddInvariantChecker<MemoryBudgetChecker>();
-  return pipeline;
+PlanningManager::JobPlanning::JobPlanning(const v1::JobSpec& job_spec)
+    : spec(job_spec), profiles(job_spec.parallel().world_size()) {
+  const v1::OptimizeSpec& o = job_spec.optimize();
+  drift = std::make_unique<DriftDetector>(o.drift_threshold(), o.drift_window(),
+                                          job_spec.memory().budget_bytes());
 }
 
 PlanningManager::PlanningManager(JobManager* jobs, JobStore* store,
@@ -106,13 +44,18 @@ PlanningManager::PlanningManager(JobManager* jobs, JobStore* store,
   planner_ = std::thread([this] { PlannerLoop(); });
 }
 
-PlanningManager::~PlanningManager() {
+PlanningManager::~PlanningManager() { Stop(); }
+
+void PlanningManager::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    queue_.clear();
+    for (auto& [_, state] : state_) state.queued = false;
   }
   work_.notify_all();
-  planner_.join();
+  // Concurrent callers all return after the join.
+  std::call_once(joined_, [this] { planner_.join(); });
 }
 
 void PlanningManager::SetPublisher(Publisher publisher) {
@@ -122,21 +65,28 @@ void PlanningManager::SetPublisher(Publisher publisher) {
 
 PlanningManager::JobPlanning& PlanningManager::State(const std::string& job_id,
                                                      const v1::Job& job) {
-  auto [it, inserted] = state_.try_emplace(job_id);
-  if (inserted) {
-    it->second.spec = job.spec();
-    const v1::OptimizeSpec& o = job.spec().optimize();
-    it->second.drift =
-        std::make_unique<DriftDetector>(o.drift_threshold(), o.drift_window(),
-                                        job.spec().memory().budget_bytes());
-    if (metrics_ != nullptr) {
-      // Series from 0, so increase() sees the first plan.
-      for (const char* reason : CoordinatorMetrics::kReplanReasons) {
-        metrics_->replans->WithLabels({job_id, reason});
-      }
+  auto it = state_.find(job_id);
+  if (it != state_.end()) return it->second;
+  ForgetEndedLocked();
+  it = state_.try_emplace(job_id, job.spec()).first;
+  if (metrics_ != nullptr) {
+    // Series from 0, so increase() sees the first plan.
+    for (const char* reason : CoordinatorMetrics::kReplanReasons) {
+      metrics_->replans->WithLabels({job_id, reason});
     }
   }
   return it->second;
+}
+
+void PlanningManager::ForgetEndedLocked() {
+  for (auto it = state_.begin(); it != state_.end();) {
+    absl::StatusOr<v1::Job> job = jobs_->Get(it->first);
+    if (!job.ok() || IsTerminal(job->state())) {
+      it = state_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 absl::Status PlanningManager::Recover() {
@@ -148,13 +98,17 @@ absl::Status PlanningManager::Recover() {
     absl::StatusOr<std::vector<StoredSchedule>> schedules =
         store_->LoadSchedules(job.id());
     if (!schedules.ok()) return schedules.status();
+    absl::StatusOr<Graph> ir;
+    if (graph->has_value()) {
+      ir = FromProto(**graph);
+      if (!ir.ok()) return ir.status();
+    }
     std::lock_guard<std::mutex> lock(mu_);
     JobPlanning& state = State(job.id(), job);
     if (graph->has_value()) {
-      absl::StatusOr<Graph> ir = FromProto(**graph);
-      if (!ir.ok()) return ir.status();
-      state.graph_hash = ir->StructuralHash();
-      state.graph = *std::move(ir);
+      absl::StatusOr<ProfileAggregator::GraphAccepted> accepted =
+          state.profiles.SetGraph(*std::move(ir));
+      if (!accepted.ok()) return accepted.status();
     }
     state.schedules = *std::move(schedules);
     if (!state.schedules.empty()) {
@@ -175,81 +129,60 @@ absl::Status PlanningManager::OnGraph(const std::string& job_id, int32_t rank,
                                       const v1::GraphReport& report) {
   absl::StatusOr<v1::Job> job = jobs_->Get(job_id);
   if (!job.ok()) return job.status();
+  if (IsTerminal(job->state())) return Ended(*job);
   std::optional<Graph> graph;
   if (report.has_graph()) {
     absl::StatusOr<Graph> ir = FromProto(report.graph());
     if (!ir.ok()) return ir.status();
-    if (absl::Status s = ValidateGraph(*ir); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, " sent a malformed graph: ", s.message()));
-    }
     graph = *std::move(ir);
   }
-  std::string mismatch;
-  std::string early_errors;
-  bool store_graph = false;
+  // Rank 0's graph is the reference; every other report is checked by hash.
+  const bool reference = rank == 0 && graph.has_value();
+  const std::string hash = reference           ? std::string()
+                           : graph.has_value() ? graph->StructuralHash()
+                                               : report.graph_hash();
+  absl::Status agreement;
+  std::optional<v1::Graph> new_graph;
+  std::vector<std::string> dropped;
   {
     std::lock_guard<std::mutex> lock(mu_);
     JobPlanning& state = State(job_id, *job);
-    const std::string hash =
-        graph.has_value() ? graph->StructuralHash() : report.graph_hash();
-    if (rank == 0 && graph.has_value()) {
-      if (state.graph.has_value() && state.graph_hash != hash) {
-        mismatch = absl::StrCat("rank 0 reported graph ", hash, " after graph ",
-                                state.graph_hash);
-      } else if (!state.graph.has_value()) {
-        state.graph_hash = hash;
-        state.graph = std::move(graph);
-        store_graph = true;
-        for (const auto& [r, h] : state.early_hashes) {
-          if (h != hash && mismatch.empty()) {
-            mismatch = absl::StrCat("rank ", r, " built graph ", h,
-                                    " but rank 0 built ", hash);
-          }
+    if (reference) {
+      absl::StatusOr<ProfileAggregator::GraphAccepted> accepted =
+          state.profiles.SetGraph(*std::move(graph));
+      if (accepted.ok()) {
+        if (accepted->is_new) new_graph = ToProto(*state.profiles.graph());
+        for (Profile& aggregate : accepted->completed) {
+          OnWindowLocked(job_id, state, std::move(aggregate));
         }
-        state.early_hashes.clear();
-        for (auto& [r, early] : state.early_profiles) {
-          absl::Status s =
-              AcceptProfileLocked(job_id, state, r, std::move(early));
-          if (!s.ok() && early_errors.empty()) {
-            early_errors = std::string(s.message());
-          }
-        }
-        state.early_profiles.clear();
-      }
-    } else if (state.graph.has_value()) {
-      if (hash != state.graph_hash) {
-        mismatch = absl::StrCat("rank ", rank, " built graph ", hash,
-                                " but rank 0 built ", state.graph_hash);
+        dropped = std::move(accepted->dropped);
+      } else {
+        agreement = accepted.status();
       }
     } else {
-      state.early_hashes[rank] = hash;
+      agreement = state.profiles.CheckHash(rank, hash);
     }
   }
-  if (!mismatch.empty()) {
-    const std::string msg = absl::StrCat(
-        "graph hash mismatch: ", mismatch,
-        "; every rank must build the same model from the same spec");
-    Fail(job_id, msg);
-    return absl::FailedPreconditionError(msg);
+  if (agreement.code() == absl::StatusCode::kFailedPrecondition) {
+    Fail(job_id, std::string(agreement.message()));
   }
-  if (store_graph) {
-    v1::Graph proto;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      proto = ToProto(*state_[job_id].graph);
+  if (!agreement.ok()) return agreement;
+  if (new_graph.has_value()) {
+    if (absl::Status s = store_->PutGraph(job_id, *new_graph); !s.ok()) {
+      return s;
     }
-    if (absl::Status s = store_->PutGraph(job_id, proto); !s.ok()) return s;
     (void)jobs_->RecordEvent(
         job_id, "graph",
-        absl::StrCat("graph ", proto.hash(), ": ", proto.nodes_size(),
-                     " nodes, ", proto.params_size(), " params"));
-    if (!early_errors.empty()) {
-      (void)jobs_->RecordEvent(
-          job_id, "worker",
-          absl::StrCat("a profile sent before the graph was dropped: ",
-                       early_errors));
-    }
+        absl::StrCat("graph ", new_graph->hash(), ": ", new_graph->nodes_size(),
+                     " nodes, ", new_graph->params_size(), " params"));
+  }
+  if (!dropped.empty()) {
+    (void)jobs_->RecordEvent(
+        job_id, "worker",
+        absl::StrCat(dropped.size(),
+                     " profile(s) sent before the graph were dropped; the "
+                     "first: ",
+                     dropped.front()));
   }
   return absl::OkStatus();
 }
@@ -266,62 +199,46 @@ absl::Status PlanningManager::OnProfile(const std::string& job_id, int32_t rank,
   }
   absl::StatusOr<v1::Job> job = jobs_->Get(job_id);
   if (!job.ok()) return job.status();
+  if (IsTerminal(job->state())) return Ended(*job);
   absl::StatusOr<Profile> profile = FromProto(proto);
   if (!profile.ok()) return profile.status();
   std::lock_guard<std::mutex> lock(mu_);
   JobPlanning& state = State(job_id, *job);
-  if (!state.graph.has_value()) {
-    // Rank 0's graph may still be on its way: hold a few profiles until it
-    // arrives (they are checked then).
-    if (static_cast<int>(state.early_profiles.size()) >=
-        kMaxEarlyProfilesPerRank * state.spec.parallel().world_size()) {
-      return absl::FailedPreconditionError(
-          "profiles before the graph: rank 0 must report the graph first");
-    }
-    state.early_profiles.emplace_back(rank, *std::move(profile));
-    return absl::OkStatus();
+  absl::StatusOr<std::optional<Profile>> aggregate =
+      state.profiles.AddProfile(rank, *std::move(profile));
+  if (!aggregate.ok()) return aggregate.status();
+  if (aggregate->has_value()) {
+    OnWindowLocked(job_id, state, **std::move(aggregate));
   }
-  return AcceptProfileLocked(job_id, state, rank, *std::move(profile));
+  return absl::OkStatus();
 }
 
-absl::Status PlanningManager::AcceptProfileLocked(const std::string& job_id,
-                                                  JobPlanning& state,
-                                                  int32_t rank,
-                                                  Profile profile) {
-  if (absl::Status s = ValidateProfile(profile, *state.graph); !s.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("profile from rank ", rank, ": ", s.message()));
-  }
-  const auto key =
-      std::make_pair(profile.first_iteration, profile.last_iteration);
-  auto& window = state.windows[key];
-  window[rank] = std::move(profile);
-  if (static_cast<int>(window.size()) < state.spec.parallel().world_size()) {
-    return absl::OkStatus();
-  }
-  Profile aggregate = Aggregate(window);
-  state.windows.erase(state.windows.begin(),
-                      std::next(state.windows.find(key)));
-  state.latest = aggregate;
+void PlanningManager::OnWindowLocked(const std::string& job_id,
+                                     JobPlanning& state, Profile aggregate) {
   (void)store_->PutProfile(job_id, ToProto(aggregate));
+  state.latest = std::move(aggregate);
+  const Profile& latest = *state.latest;
 
   const int64_t active_version =
       state.schedules.empty() ? 0 : state.schedules.back().schedule.version();
   if (state.schedules.empty() &&
-      aggregate.last_iteration + 1 >= state.spec.optimize().warmup_steps()) {
+      latest.last_iteration + 1 >= state.spec.optimize().warmup_steps()) {
     QueueLocked(job_id, state, "initial");
   } else if (!state.pending_reason.empty() &&
-             aggregate.schedule_version == active_version) {
+             latest.schedule_version == active_version) {
     QueueLocked(job_id, state, state.pending_reason);
     state.pending_reason.clear();
   }
-  return absl::OkStatus();
 }
 
 void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
                                  const v1::IterationProgress& progress) {
   absl::StatusOr<v1::Job> job = jobs_->Get(job_id);
   if (!job.ok()) return;
+  if (IsTerminal(job->state())) {
+    Forget(job_id);
+    return;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   JobPlanning& state = State(job_id, *job);
   state.max_step = std::max(state.max_step, progress.step());
@@ -361,6 +278,19 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
   }
 }
 
+void PlanningManager::OnRankRegistered(const std::string& job_id, int32_t rank,
+                                       RankDevice device) {
+  absl::StatusOr<v1::Job> job = jobs_->Get(job_id);
+  if (!job.ok() || IsTerminal(job->state()) || rank < 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  JobPlanning& state = State(job_id, *job);
+  if (rank >= job->spec().parallel().world_size()) return;
+  if (state.devices.size() <= static_cast<size_t>(rank)) {
+    state.devices.resize(rank + 1);
+  }
+  state.devices[rank] = std::move(device);
+}
+
 void PlanningManager::OnScheduleActive(const std::string& job_id,
                                        int64_t version) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -383,11 +313,12 @@ absl::StatusOr<int64_t> PlanningManager::RequestReplan(
     const std::string& job_id, const std::string& reason) {
   absl::StatusOr<v1::Job> job = jobs_->Get(job_id);
   if (!job.ok()) return job.status();
-  if (IsTerminal(job->state())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", job_id, " already ended ", JobStateName(job->state())));
-  }
+  if (IsTerminal(job->state())) return Ended(*job);
   std::lock_guard<std::mutex> lock(mu_);
+  if (stop_) {
+    return absl::UnavailableError(
+        "the coordinator is shutting down; re-optimize once it is back");
+  }
   JobPlanning& state = State(job_id, *job);
   if (!state.latest.has_value()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -400,7 +331,7 @@ absl::StatusOr<int64_t> PlanningManager::RequestReplan(
 
 void PlanningManager::QueueLocked(const std::string& job_id, JobPlanning& state,
                                   const std::string& reason) {
-  if (state.queued) return;
+  if (state.queued || stop_) return;
   state.queued = true;
   queue_.emplace_back(job_id, reason);
   work_.notify_one();
@@ -410,7 +341,7 @@ void PlanningManager::PlannerLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     work_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-    if (stop_) return;
+    if (stop_) break;
     auto [job_id, reason] = queue_.front();
     queue_.pop_front();
     busy_ = true;
@@ -422,6 +353,8 @@ void PlanningManager::PlannerLoop() {
     if (it != state_.end()) it->second.queued = false;
     if (queue_.empty()) idle_.notify_all();
   }
+  // Stop() emptied the queue: wake Drain().
+  idle_.notify_all();
 }
 
 void PlanningManager::PlanOne(const std::string& job_id,
@@ -430,6 +363,7 @@ void PlanningManager::PlanOne(const std::string& job_id,
   Graph graph;
   Profile profile;
   v1::JobSpec spec;
+  std::vector<RankDevice> devices;
   int64_t version = 0;
   // The schedule the profile was measured under (none for version 0: the
   // starting schedule).
@@ -437,10 +371,14 @@ void PlanningManager::PlanOne(const std::string& job_id,
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = state_.find(job_id);
-    if (it == state_.end() || !it->second.graph || !it->second.latest) return;
-    graph = *it->second.graph;
+    if (stop_ || it == state_.end() || it->second.profiles.graph() == nullptr ||
+        !it->second.latest) {
+      return;
+    }
+    graph = *it->second.profiles.graph();
     profile = *it->second.latest;
     spec = it->second.spec;
+    devices = it->second.devices;
     version = static_cast<int64_t>(it->second.schedules.size()) + 1;
     for (const StoredSchedule& s : it->second.schedules) {
       if (s.schedule.version() == profile.schedule_version) {
@@ -449,48 +387,40 @@ void PlanningManager::PlanOne(const std::string& job_id,
     }
   }
   absl::StatusOr<v1::Job> job = jobs_->Get(job_id);
-  if (!job.ok() || IsTerminal(job->state())) return;
+  if (!job.ok() || IsTerminal(job->state())) {
+    Forget(job_id);
+    return;
+  }
 
   const auto start = std::chrono::steady_clock::now();
+  std::string assumed;
   absl::StatusOr<Schedule> planned = [&]() -> absl::StatusOr<Schedule> {
-    absl::StatusOr<Graph> timed = ApplyProfile(graph, profile);
-    if (!timed.ok()) return timed.status();
-    HardwareModel hw = HardwareModel::H100(spec.parallel().world_size());
-    hw.ranks_per_node = spec.parallel().world_size();
-    if (spec.memory().budget_bytes() > 0) {
-      hw.budget_bytes = spec.memory().budget_bytes();
-      hw.device_memory_bytes =
-          std::max(hw.device_memory_bytes, spec.memory().budget_bytes());
+    std::optional<Schedule> ran;
+    if (profiled.has_value()) {
+      absl::StatusOr<Schedule> s = FromProto(*profiled);
+      if (!s.ok()) return s.status();
+      ran = *std::move(s);
     }
-    if (absl::Status s = FitCollectives(profile, hw); !s.ok()) return s;
-    // Count what the runtime held beyond the simulator's model under the
-    // measured schedule, so the plan fits the budget for real.
-    absl::StatusOr<Schedule> ran =
-        profiled.has_value()
-            ? FromProto(*profiled)
-            : StartingSchedule(*timed, spec.parallel().zero_stage() == 1
-                                           ? ShardingMode::kZero1
-                                           : ShardingMode::kZero3);
-    if (!ran.ok()) return ran.status();
-    if (absl::Status s = CalibrateMemory(*timed, *ran, profile, hw); !s.ok()) {
-      return s;
-    }
+    const JobHardware hardware = HardwareForJob(spec, devices);
+    assumed = absl::StrJoin(hardware.assumptions, "; ");
+    PlanOptions options = PlanOptionsFromSpec(spec);
     MetricsSink sink(metrics_);
-    absl::StatusOr<std::unique_ptr<PassPipeline>> pipeline =
-        BuildPipelineFromNames(
-            {spec.optimize().passes().begin(), spec.optimize().passes().end()},
-            &sink);
-    if (!pipeline.ok()) return pipeline.status();
-    PlanningContext context(*timed, hw);
-    if (absl::Status s = (*pipeline)->Run(context).status(); !s.ok()) return s;
-    if (context.sim().peak_bytes > context.budget()) {
+    options.sink = &sink;
+    absl::StatusOr<PlanResult> result =
+        PlanFromMeasurements(graph, hardware.hw, &profile,
+                             ran.has_value() ? &*ran : nullptr, options);
+    if (!result.ok()) return result.status();
+    if (!result->feasible) {
+      // A reference policy's plan that would run out of memory, as the real
+      // framework would: not published.
       return absl::ResourceExhaustedError(absl::StrCat(
-          "the plan peaks at ", FormatBytes(context.sim().peak_bytes),
-          ", over the budget of ", FormatBytes(context.budget()),
-          "; add the offload pass to optimize.passes or raise "
-          "memory.budget_bytes"));
+          "policy ", spec.optimize().policy(), "'s plan peaks at ",
+          FormatBytes(result->sim.peak_bytes), ", over the budget of ",
+          FormatBytes(result->hw.budget()),
+          "; raise memory.budget_bytes or use the tandem policy, which "
+          "offloads to fit"));
     }
-    return context.schedule();
+    return result->schedule;
   }();
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
@@ -511,16 +441,15 @@ void PlanningManager::PlanOne(const std::string& job_id,
 
   v1::ScheduleUpdate update;
   *update.mutable_schedule() = ToProto(*planned);
-  Publisher publisher;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = state_.find(job_id);
-    if (it == state_.end()) return;
+    // Abandoned: Stop() came while planning, or the job ended.
+    if (stop_ || it == state_.end()) return;
     update.set_effective_step(it->second.max_step + kSwitchLeadSteps);
-    it->second.schedules.push_back(
-        {update.schedule(), update.effective_step()});
-    publisher = publisher_;
   }
+  // Stored before any rank sees it, so that a restarted coordinator knows
+  // every version a worker may be running.
   if (absl::Status s = store_->PutSchedule(job_id, update.schedule(),
                                            update.effective_step());
       !s.ok()) {
@@ -528,26 +457,46 @@ void PlanningManager::PlanOne(const std::string& job_id,
          absl::StrCat("cannot persist schedule v", version, ": ", s.message()));
     return;
   }
+  Publisher publisher;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = state_.find(job_id);
+    if (it != state_.end()) {
+      it->second.schedules.push_back(
+          {update.schedule(), update.effective_step()});
+    }
+    // After Stop() the workers hear of it from the next coordinator, which
+    // sends the newest stored schedule when they reconnect.
+    if (!stop_) publisher = publisher_;
+  }
   if (metrics_ != nullptr) {
     metrics_->replans->WithLabels({job_id, reason}).Increment();
   }
   (void)jobs_->RecordEvent(
       job_id, "schedule",
-      absl::StrFormat("v%d (%s) from step %d: predicted %.4f s/iter "
-                      "(measured %.4f), exposed comm %.4f s, peak %s; "
-                      "passes %s; planned in %.1f ms",
-                      version, reason, update.effective_step(),
-                      planned->prediction.iteration_s, profile.iteration_s,
-                      planned->prediction.exposed_comm_s,
-                      FormatBytes(planned->prediction.peak_bytes),
-                      absl::StrJoin(planned->provenance.passes, ","),
-                      wall * 1e3));
+      absl::StrFormat(
+          "v%d (%s) from step %d: predicted %.4f s/iter "
+          "(measured %.4f), exposed comm %.4f s, peak %s; "
+          "passes %s; planned in %.1f ms%s",
+          version, reason, update.effective_step(),
+          planned->prediction.iteration_s, profile.iteration_s,
+          planned->prediction.exposed_comm_s,
+          FormatBytes(planned->prediction.peak_bytes),
+          absl::StrJoin(planned->provenance.passes, ","), wall * 1e3,
+          assumed.empty() ? "" : absl::StrCat("; assumed: ", assumed)));
   if (publisher) publisher(job_id, update);
 }
 
 void PlanningManager::Forget(const std::string& job_id) {
   std::lock_guard<std::mutex> lock(mu_);
   state_.erase(job_id);
+}
+
+absl::Status PlanningManager::Ended(const v1::Job& job) {
+  Forget(job.id());
+  return absl::FailedPreconditionError(
+      absl::StrCat("job ", job.id(), " already ended ",
+                   JobStateName(job.state()), "; its workers should exit"));
 }
 
 void PlanningManager::Drain() {

@@ -1,9 +1,9 @@
-// Turns what workers measure into schedules: collects each rank's profile
-// windows, aggregates them across ranks (time: the slowest rank; memory: the
-// largest), plans on its own thread (never on an RPC thread), persists every
-// schedule version and hands it to a publisher that pushes it to all ranks.
-// It also watches each iteration for drift (DriftDetector) and re-plans on
-// drift, memory pressure or a Reoptimize call, recording the reason.
+// Turns what workers measure into schedules: hands each rank's graph and
+// profile windows to the job's ProfileAggregator, plans from the aggregates
+// on its own thread (never on an RPC thread), persists every schedule version
+// and hands it to a publisher, which the server wires to the workers. It also
+// watches each iteration for drift (DriftDetector) and re-plans on drift,
+// memory pressure or a Reoptimize call, recording the reason.
 //
 // When a plan is made:
 //   - "initial": the first complete window after the job's warm-up steps;
@@ -11,6 +11,11 @@
 //     fired (measured under the schedule that drifted);
 //   - "reoptimize": right away, from the latest aggregated window.
 // A failed plan is an event; the job keeps its current schedule.
+//
+// A job's state is dropped once the job has ended: as its late messages
+// arrive, when it is planned, and when another job starts. Nothing has to
+// call in when a job ends, so the threads that end jobs (the worker
+// manager's heartbeat watcher) never reach into this manager.
 #ifndef TANDEM_COORDINATOR_SERVICE_PLANNING_MANAGER_H_
 #define TANDEM_COORDINATOR_SERVICE_PLANNING_MANAGER_H_
 
@@ -31,9 +36,11 @@
 #include "absl/status/statusor.h"
 #include "common/ir/graph.h"
 #include "common/ir/profile.h"
+#include "coordinator/planner/job_plan.h"
 #include "coordinator/service/coordinator_metrics.h"
 #include "coordinator/service/drift_detector.h"
 #include "coordinator/service/job_manager.h"
+#include "coordinator/service/profile_aggregator.h"
 #include "coordinator/store/job_store.h"
 #include "tandem/v1/worker_service.pb.h"
 
@@ -41,14 +48,13 @@ namespace tandem {
 
 class PlanningManager {
  public:
-  // Pushes a new schedule to every rank of a job.
+  // Pushes a new schedule to every rank of a job. Called on the planner
+  // thread, never after Stop() has returned.
   using Publisher = std::function<void(const std::string& job_id,
                                        const v1::ScheduleUpdate& update)>;
 
   // Bounds on what one profile may hold, against oversized messages.
   static constexpr int kMaxProfileEntries = 200000;
-  // Profiles held per rank while rank 0's graph is on its way.
-  static constexpr int kMaxEarlyProfilesPerRank = 4;
   // Steps between the newest step any rank reported and the step a new
   // schedule takes effect: time for it to reach every rank.
   static constexpr int64_t kSwitchLeadSteps = 2;
@@ -56,54 +62,64 @@ class PlanningManager {
   // `jobs`, `store` and `metrics` (nullable) must outlive the manager.
   PlanningManager(JobManager* jobs, JobStore* store,
                   CoordinatorMetrics* metrics);
+  // Stop().
   ~PlanningManager();
   PlanningManager(const PlanningManager&) = delete;
   PlanningManager& operator=(const PlanningManager&) = delete;
 
+  // Set before the first report; the publisher must stay callable until
+  // Stop() returns.
   void SetPublisher(Publisher publisher);
+  // No new plans from now on: queued ones are dropped, a running one finishes
+  // and is persisted, or is abandoned when Stop() came first, and it is not
+  // published. Returns once the planner thread has exited, so nothing is
+  // published after it returns. Idempotent; not from the publisher.
+  void Stop();
   // Reloads graphs and schedules of unfinished jobs after a restart.
   absl::Status Recover();
 
-  // Rank 0 reports the graph; every rank its hash. Errors:
-  // InvalidArgument for a malformed graph (the message says what is wrong),
-  // FailedPrecondition for a hash that differs from rank 0's (the job is
-  // failed: its ranks run different models).
+  // Rank 0 reports the graph; every rank its hash. Errors: NotFound (unknown
+  // job), InvalidArgument for a malformed graph (the message says what is
+  // wrong), FailedPrecondition for a hash that differs from rank 0's (the job
+  // is failed: its ranks run different models) or a job that ended.
   absl::Status OnGraph(const std::string& job_id, int32_t rank,
                        const v1::GraphReport& report);
-  // Errors: InvalidArgument for a profile that is too large, not for this
-  // job's graph, or has negative/NaN values; FailedPrecondition when more
-  // profiles than kMaxEarlyProfilesPerRank per rank arrive before the graph
-  // (they are held until it comes, then checked). Nothing is recorded on
-  // error.
+  // Errors: NotFound (unknown job); InvalidArgument for a profile that is too
+  // large, not for this job's graph, or has negative/NaN values;
+  // FailedPrecondition for a job that ended, or when a rank sends more than
+  // ProfileAggregator::kMaxEarlyProfilesPerRank before the graph (they are
+  // held until it comes, then checked). Nothing is recorded on error.
   absl::Status OnProfile(const std::string& job_id, int32_t rank,
                          const v1::Profile& profile);
   void OnProgress(const std::string& job_id, int32_t rank,
                   const v1::IterationProgress& progress);
   // All ranks switched to `version`.
   void OnScheduleActive(const std::string& job_id, int64_t version);
+  // A rank registered: its device counts in the job's hardware model
+  // (HardwareForJob). Unknown or ended jobs are ignored.
+  void OnRankRegistered(const std::string& job_id, int32_t rank,
+                        RankDevice device);
   // Plans now (reason "reoptimize" unless given); returns the version that
-  // will be planned. FailedPrecondition when the job has no profile yet.
+  // will be planned. FailedPrecondition when the job has no profile yet or
+  // ended; Unavailable after Stop().
   absl::StatusOr<int64_t> RequestReplan(const std::string& job_id,
                                         const std::string& reason);
 
   // The schedule `version` of a job (0: the newest). NotFound when none.
   absl::StatusOr<StoredSchedule> GetSchedule(const std::string& job_id,
                                              int64_t version) const;
-  // Forgets a finished job's in-memory state.
-  void Forget(const std::string& job_id);
-  // Blocks until no plan is queued or running (tests, shutdown).
+  // Blocks until no plan is queued or running (tests).
   void Drain();
 
  private:
   struct JobPlanning {
+    explicit JobPlanning(const v1::JobSpec& job_spec);
+
     v1::JobSpec spec;
-    std::optional<Graph> graph;
-    std::string graph_hash;
-    // Hashes and profiles reported before rank 0's graph arrived.
-    std::map<int32_t, std::string> early_hashes;
-    std::vector<std::pair<int32_t, Profile>> early_profiles;
-    // (first, last) -> rank -> profile.
-    std::map<std::pair<int64_t, int64_t>, std::map<int32_t, Profile>> windows;
+    // What each rank reported about its device, by rank.
+    std::vector<RankDevice> devices;
+    ProfileAggregator profiles;
+    // The newest complete window's aggregate: what the next plan reads.
     std::optional<Profile> latest;
     std::vector<StoredSchedule> schedules;
     std::unique_ptr<DriftDetector> drift;
@@ -114,18 +130,25 @@ class PlanningManager {
     bool queued = false;
   };
 
+  // The job's state, created on first use (when ended jobs are dropped).
+  // Requires mu_.
   JobPlanning& State(const std::string& job_id, const v1::Job& job);
-  // Validates `profile` against the job's graph and adds it to its window,
-  // planning when the window completes. Requires mu_ and the graph.
-  absl::Status AcceptProfileLocked(const std::string& job_id,
-                                   JobPlanning& state, int32_t rank,
-                                   Profile profile);
+  // Drops the state of every job that has ended. Requires mu_.
+  void ForgetEndedLocked();
+  // A window completed: keeps its aggregate and queues the plan it calls
+  // for. Requires mu_.
+  void OnWindowLocked(const std::string& job_id, JobPlanning& state,
+                      Profile aggregate);
   // Queues a plan for the job. Requires mu_.
   void QueueLocked(const std::string& job_id, JobPlanning& state,
                    const std::string& reason);
   void PlannerLoop();
   void PlanOne(const std::string& job_id, const std::string& reason);
   void Fail(const std::string& job_id, const std::string& message);
+  // Drops the job's state.
+  void Forget(const std::string& job_id);
+  // Drops the state of `job`, which ended, and says so (FailedPrecondition).
+  absl::Status Ended(const v1::Job& job);
 
   JobManager* jobs_;
   JobStore* store_;
@@ -139,14 +162,11 @@ class PlanningManager {
   std::deque<std::pair<std::string, std::string>> queue_;  // job, reason
   bool busy_ = false;
   bool stop_ = false;
-  // "planner": runs the pass pipelines so RPC threads never wait on them.
+  std::once_flag joined_;
+  // "planner": runs the pass pipelines so RPC threads never wait on them;
+  // from the constructor until Stop().
   std::thread planner_;
 };
-
-// The pipeline named by a job's optimize.passes, with every invariant
-// checker. InvalidArgument for an unknown pass name.
-absl::StatusOr<std::unique_ptr<class PassPipeline>> BuildPipelineFromNames(
-    const std::vector<std::string>& names, class PassRecordSink* sink);
 
 }  // namespace tandem
 

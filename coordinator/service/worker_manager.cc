@@ -20,13 +20,11 @@ std::string RankRef(int32_t rank, const std::string& hostname) {
 
 }  // namespace
 
-WorkerManager::WorkerManager(JobManager* jobs, JobStore* store,
-                             PlanningManager* planning, KvStore* kv,
+WorkerManager::WorkerManager(JobManager* jobs, JobStore* store, KvStore* kv,
                              CoordinatorMetrics* metrics,
                              TimelineStore* timelines, Options options)
     : jobs_(jobs),
       store_(store),
-      planning_(planning),
       kv_(kv),
       metrics_(metrics),
       timelines_(timelines),
@@ -34,13 +32,31 @@ WorkerManager::WorkerManager(JobManager* jobs, JobStore* store,
   watcher_ = std::thread([this] { WatchLoop(); });
 }
 
-WorkerManager::~WorkerManager() {
+WorkerManager::~WorkerManager() { Stop(); }
+
+void WorkerManager::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   stop_cv_.notify_all();
-  watcher_.join();
+  // Concurrent callers all return after the join.
+  std::call_once(joined_, [this] { watcher_.join(); });
+}
+
+void WorkerManager::SetListener(WorkerEventListener* listener) {
+  std::lock_guard<std::mutex> lock(mu_);
+  listener_ = listener != nullptr ? listener : &ignore_all_;
+}
+
+void WorkerManager::SetScheduleLookup(ScheduleLookup lookup) {
+  std::lock_guard<std::mutex> lock(mu_);
+  schedule_lookup_ = std::move(lookup);
+}
+
+WorkerEventListener& WorkerManager::Listener() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return *listener_;
 }
 
 std::string WorkerManager::StorePrefix(const std::string& job_id) {
@@ -156,6 +172,8 @@ absl::StatusOr<v1::RegisterResponse> WorkerManager::Register(
       !s.ok()) {
     return s;
   }
+  Listener().OnRankRegistered(job->id(), rank, request.hostname(),
+                              request.device(), request.device_memory_bytes());
   if (all_registered && job->state() == v1::JOB_STATE_PENDING) {
     (void)jobs_->Transition(job->id(), v1::JOB_STATE_RUNNING,
                             absl::StrCat("all ", world, " workers registered"));
@@ -174,8 +192,10 @@ absl::StatusOr<int64_t> WorkerManager::OpenSession(
   absl::StatusOr<v1::Job> job = jobs_->Get(hello.job_id());
   if (!job.ok()) return job.status();
   int64_t id = 0;
+  ScheduleLookup lookup;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    lookup = schedule_lookup_;
     JobWorkers& w = Workers(*job);
     auto it = w.ranks.find(hello.rank());
     if (it == w.ranks.end() || it->second.incarnation != hello.incarnation()) {
@@ -204,7 +224,8 @@ absl::StatusOr<int64_t> WorkerManager::OpenSession(
     return id;
   }
   // A worker that missed schedules while away gets the newest one.
-  absl::StatusOr<StoredSchedule> latest = planning_->GetSchedule(job->id(), 0);
+  if (!lookup) return id;
+  absl::StatusOr<StoredSchedule> latest = lookup(job->id());
   if (latest.ok() && latest->schedule.version() > hello.schedule_version()) {
     v1::CoordinatorMessage update;
     *update.mutable_schedule()->mutable_schedule() = latest->schedule;
@@ -254,9 +275,9 @@ absl::Status WorkerManager::OnMessage(int64_t session,
     case v1::WorkerMessage::kHeartbeat:
       return absl::OkStatus();
     case v1::WorkerMessage::kGraph:
-      return planning_->OnGraph(job_id, rank, message.graph());
+      return Listener().OnGraph(job_id, rank, message.graph());
     case v1::WorkerMessage::kProfile:
-      return planning_->OnProfile(job_id, rank, message.profile());
+      return Listener().OnProfile(job_id, rank, message.profile());
     case v1::WorkerMessage::kProgress: {
       const v1::IterationProgress& p = message.progress();
       if (!std::isfinite(p.iteration_s()) || p.iteration_s() < 0 ||
@@ -282,7 +303,7 @@ absl::Status WorkerManager::OnMessage(int64_t session,
         (void)jobs_->UpdateProgress(job_id, p.step(), p.loss(),
                                     p.schedule_version());
       }
-      planning_->OnProgress(job_id, rank, p);
+      Listener().OnProgress(job_id, rank, p);
       if (all_done) {
         (void)jobs_->Transition(
             job_id, v1::JOB_STATE_SUCCEEDED,
@@ -309,7 +330,7 @@ absl::Status WorkerManager::OnMessage(int64_t session,
             job_id, "schedule",
             absl::StrCat("v", a.version(), " active on all ", world,
                          " ranks from step ", a.step()));
-        planning_->OnScheduleActive(job_id, a.version());
+        Listener().OnScheduleActive(job_id, a.version());
       }
       return absl::OkStatus();
     }

@@ -1,6 +1,9 @@
 // Workers of every job: registration (ranks and incarnations), one session
-// per worker, heartbeats, and routing of what workers send (graphs, profiles,
-// progress, schedule switches, errors) to the job and planning managers.
+// per worker, and heartbeats. Job lifecycle (RUNNING, SUCCEEDED, FAILED on a
+// fatal error or a silent worker) goes to the job manager; what concerns
+// planning (registrations, graphs, profiles, progress, schedule switches) is
+// reported to a WorkerEventListener, which the server wires to the planning
+// manager: the two managers never hold each other.
 //
 // A worker's life as the coordinator sees it:
 //
@@ -20,6 +23,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,7 +35,6 @@
 #include "coordinator/service/coordinator_metrics.h"
 #include "coordinator/service/job_manager.h"
 #include "coordinator/service/kv_store.h"
-#include "coordinator/service/planning_manager.h"
 #include "coordinator/service/timeline_store.h"
 #include "coordinator/store/job_store.h"
 #include "tandem/v1/worker_service.pb.h"
@@ -47,8 +50,42 @@ class SessionSink {
   virtual bool Send(const v1::CoordinatorMessage& message) = 0;
 };
 
+// What the worker manager reports about a job's workers. Called on RPC
+// threads, outside the manager's lock, for ranks that registered; a listener
+// overrides what it uses (the defaults accept and ignore). An error from
+// OnGraph or OnProfile is the worker's message being rejected: it goes back
+// to that worker, and the session goes on.
+class WorkerEventListener {
+ public:
+  virtual ~WorkerEventListener() = default;
+  // A rank registered (again, after a reconnect) on `hostname` with
+  // `device`, which has `device_memory_bytes` for it (0: unknown).
+  virtual void OnRankRegistered(const std::string& job_id, int32_t rank,
+                                const std::string& hostname,
+                                const std::string& device,
+                                int64_t device_memory_bytes) {}
+  // Rank 0 sends the graph, every rank its hash.
+  virtual absl::Status OnGraph(const std::string& job_id, int32_t rank,
+                               const v1::GraphReport& report) {
+    return absl::OkStatus();
+  }
+  virtual absl::Status OnProfile(const std::string& job_id, int32_t rank,
+                                 const v1::Profile& profile) {
+    return absl::OkStatus();
+  }
+  // A finished iteration (already checked: finite, non-negative).
+  virtual void OnProgress(const std::string& job_id, int32_t rank,
+                          const v1::IterationProgress& progress) {}
+  // Every rank switched to schedule `version` (once per version).
+  virtual void OnScheduleActive(const std::string& job_id, int64_t version) {}
+};
+
 class WorkerManager {
  public:
+  // The newest schedule of a job; NotFound when it has none.
+  using ScheduleLookup =
+      std::function<absl::StatusOr<StoredSchedule>(const std::string& job_id)>;
+
   struct Options {
     // A running job whose worker stays silent this long is failed.
     std::chrono::milliseconds heartbeat_timeout{15000};
@@ -58,12 +95,23 @@ class WorkerManager {
 
   // Every pointer must outlive the manager; `metrics` and `timelines` may be
   // null (timelines are then refused).
-  WorkerManager(JobManager* jobs, JobStore* store, PlanningManager* planning,
-                KvStore* kv, CoordinatorMetrics* metrics,
-                TimelineStore* timelines, Options options);
+  WorkerManager(JobManager* jobs, JobStore* store, KvStore* kv,
+                CoordinatorMetrics* metrics, TimelineStore* timelines,
+                Options options);
+  // Stop().
   ~WorkerManager();
   WorkerManager(const WorkerManager&) = delete;
   WorkerManager& operator=(const WorkerManager&) = delete;
+
+  // Set both before the first RPC; each must stay callable while RPCs are
+  // served. Without a listener, reports are accepted and dropped; without a
+  // lookup, a reconnecting worker is sent no schedule.
+  void SetListener(WorkerEventListener* listener);
+  void SetScheduleLookup(ScheduleLookup lookup);
+  // Stops the heartbeat watcher: no job fails for silence from now on.
+  // Returns once the thread has exited. Idempotent; not from the job
+  // manager's state listener.
+  void Stop();
 
   // Reloads registrations after a restart; silent workers get a full
   // heartbeat timeout from now to reconnect.
@@ -126,9 +174,10 @@ class WorkerManager {
   void WatchLoop();
   void UpdateConnectedMetric(const std::string& job_id, const JobWorkers& w);
 
+  WorkerEventListener& Listener();
+
   JobManager* jobs_;
   JobStore* store_;
-  PlanningManager* planning_;
   KvStore* kv_;
   CoordinatorMetrics* metrics_;
   TimelineStore* timelines_;
@@ -137,10 +186,16 @@ class WorkerManager {
   std::mutex mu_;
   std::condition_variable stop_cv_;
   bool stop_ = false;
+  WorkerEventListener ignore_all_;
+  WorkerEventListener* listener_ = &ignore_all_;
+  ScheduleLookup schedule_lookup_;
   std::map<std::string, JobWorkers> jobs_workers_;
   std::map<int64_t, Session> sessions_;
   int64_t next_session_ = 1;
-  // "heartbeat-watch": fails running jobs whose workers went silent.
+  std::once_flag joined_;
+  // "heartbeat-watch": fails running jobs whose workers went silent (through
+  // the job manager, whose state listener runs on this thread); from the
+  // constructor until Stop().
   std::thread watcher_;
 };
 

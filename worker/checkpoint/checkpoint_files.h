@@ -1,5 +1,5 @@
-// Checkpoint files on disk (DESIGN.md, "Persistence and faults"): each rank
-// writes its own file, and a manifest written last marks a checkpoint
+// Checkpoint files on disk (worker/README.md, "Persistence and faults"): each
+// rank writes its own file, and a manifest written last marks a checkpoint
 // complete. No libtorch: the runtime fills a RankCheckpoint with its shards,
 // optimizer states and RNG state, and restores from one.
 //

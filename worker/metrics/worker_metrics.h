@@ -1,4 +1,4 @@
-// The worker's Prometheus series (DESIGN.md, "Metrics"), fed by the
+// The worker's Prometheus series (dashboards/README.md, "Series"), fed by the
 // IterationObserver interface the runtime reports through: the runtime never
 // sees the registry, and the worker's main wires the two together. Labels are
 // job and rank; one worker process runs one rank of one job, so each family

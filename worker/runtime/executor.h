@@ -1,11 +1,11 @@
 // The executor: runs one training iteration of a program under a schedule
-// (DESIGN.md, "Runtime rules"). Forward runs the program's nodes in order,
-// performing the schedule's actions anchored before and after each; backward
-// is one autograd pass per micro-batch, with the actions anchored at backward
-// nodes fired from hooks on the forward outputs (the hook on node i's output
-// runs when node i+1's backward has finished and node i's is about to start).
-// The optimizer node drains the reduce-scatters, exchanges the loss, the
-// gradient norm and the schedule agreement in one small all-gather, clips
+// (worker/README.md, "Runtime rules"). Forward runs the program's nodes in
+// order, performing the schedule's actions anchored before and after each;
+// backward is one autograd pass per micro-batch, with the actions anchored at
+// backward nodes fired from hooks on the forward outputs (the hook on node i's
+// output runs when node i+1's backward has finished and node i's is about to
+// start). The optimizer node drains the reduce-scatters, exchanges the loss,
+// the gradient norm and the schedule agreement in one small all-gather, clips
 // and steps AdamW on this rank's shards.
 //
 // It performs exactly the schedule's ALLGATHER, WAIT, RELEASE,

@@ -1,5 +1,6 @@
-// The host tier for optimizer-state offload (DESIGN.md, "Runtime rules"):
-// the memory offloaded states live in, and the copy thread that moves them.
+// The host tier for optimizer-state offload (worker/README.md,
+// "Runtime rules"): the memory offloaded states live in, and the copy thread
+// that moves them.
 //   - CPU: memory mapped from a file under a directory (unlinked as soon as
 //     it is created, so nothing outlives the process). It is not allocated
 //     by libtorch's allocator, so bytes moved here leave the counted memory,

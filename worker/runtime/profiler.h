@@ -1,4 +1,4 @@
-// The worker's profiler (DESIGN.md, loop step 4): per node forward and
+// The worker's profiler (worker/README.md, "Profiling"): per node forward and
 // backward time, per collective issue→done time and the part compute waited
 // for, memory at node boundaries; averaged over a window of iterations under
 // one schedule version and emitted as the Profile IR (text or tandem.v1

@@ -1,5 +1,5 @@
 // What the executor runs: a program of ordered nodes, each a callable with
-// the params it uses declared (DESIGN.md, "Runtime rules"). The built-in
+// the params it uses declared (worker/README.md, "Runtime rules"). The built-in
 // models (worker/models) produce programs; a TorchScript front end will later.
 // The executor is blind to where a program comes from: it sees names,
 // shapes, declared params and callables.

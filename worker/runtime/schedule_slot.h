@@ -1,7 +1,7 @@
 // The active schedule and the one waiting to take effect, with the rule by
-// which all ranks agree on the iteration where it does (DESIGN.md: "A new
-// schedule takes effect at an iteration boundary that every rank agrees on;
-// no rank mixes two schedules in one iteration").
+// which all ranks agree on the iteration where it does (worker/README.md,
+// "Runtime rules": "A new schedule takes effect at an iteration boundary that
+// every rank agrees on; no rank mixes two schedules in one iteration").
 //
 // Every iteration ends with one small all-gather of each rank's Report() (the
 // executor folds it into the loss and gradient-norm exchange, so agreement

@@ -1,5 +1,5 @@
-// The sharded parameter store (DESIGN.md, "Runtime rules"): each param is
-// flattened and zero-padded to a multiple of the world size; rank r owns
+// The sharded parameter store (worker/README.md, "Runtime rules"): each param
+// is flattened and zero-padded to a multiple of the world size; rank r owns
 // slice r, with its fp32 gradient and AdamW moments. A param's full tensor is
 // an autograd leaf whose storage is allocated on gather and freed on release:
 // autograd keeps references to the full tensors it saved, so releasing frees

@@ -240,5 +240,75 @@ TEST_F(PlanningManagerTest, MalformedProfiles_AreRejectedAndChangeNothing) {
   EXPECT_TRUE(published_.empty());
 }
 
+TEST_F(PlanningManagerTest, ProfilesBeforeGraph_OverPerRankBound_Refused) {
+  for (int i = 0; i < ProfileAggregator::kMaxEarlyProfilesPerRank; ++i) {
+    ASSERT_TRUE(
+        planning_->OnProfile(job_.id(), 1, MakeProfile(1, 2 * i, 2 * i + 1, 0))
+            .ok());
+  }
+  const absl::Status s =
+      planning_->OnProfile(job_.id(), 1, MakeProfile(1, 20, 21, 0));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("rank 0 must report the graph first"));
+  EXPECT_TRUE(planning_->OnProfile(job_.id(), 0, MakeProfile(0, 0, 1, 0)).ok());
+}
+
+// Rank 1's hash came first and differs: the mismatch shows when rank 0's
+// graph arrives, and fails the job.
+TEST_F(PlanningManagerTest, EarlyHashMismatch_FailsJobWhenGraphComes) {
+  v1::GraphReport other;
+  other.set_graph_hash("00000000deadbeef");
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 1, other).ok());
+  const absl::Status s = planning_->OnGraph(job_.id(), 0, Report(true));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(
+      std::string(s.message()),
+      HasSubstr("rank 1 built graph 00000000deadbeef but rank 0 built " +
+                graph_.StructuralHash()));
+  EXPECT_EQ(jobs_->Get(job_.id())->state(), v1::JOB_STATE_FAILED);
+}
+
+TEST_F(PlanningManagerTest, EndedJob_ReportsRefusedAndNothingPlanned) {
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  ASSERT_TRUE(planning_->OnProfile(job_.id(), 0, MakeProfile(0, 0, 1, 0)).ok());
+  ASSERT_TRUE(
+      jobs_->Transition(job_.id(), v1::JOB_STATE_CANCELLED, "by the test")
+          .ok());
+  const absl::Status s =
+      planning_->OnProfile(job_.id(), 1, MakeProfile(1, 0, 1, 0));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("already ended CANCELLED"));
+  planning_->Drain();
+  EXPECT_TRUE(published_.empty());
+  EXPECT_EQ(planning_->RequestReplan(job_.id(), "").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// Stop() right after a window completes: the plan is either abandoned or
+// stored, never published after Stop() returns, and nothing is planned
+// after.
+TEST_F(PlanningManagerTest, Stop_WhilePlanQueued_NoPublishAfterStop) {
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(
+        planning_->OnProfile(job_.id(), r, MakeProfile(r, 0, 1, 0)).ok());
+  }
+  planning_->Stop();
+  const size_t published = published_.size();
+  EXPECT_LE(published, 1u);
+  EXPECT_LE(store_->LoadSchedules(job_.id())->size(), 1u);
+  planning_->Stop();   // idempotent
+  planning_->Drain();  // returns: nothing queued or running
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(
+        planning_->OnProfile(job_.id(), r, MakeProfile(r, 2, 3, 0)).ok());
+  }
+  EXPECT_EQ(planning_->RequestReplan(job_.id(), "").status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(published_.size(), published);
+  EXPECT_LE(store_->LoadSchedules(job_.id())->size(), 1u);
+}
+
 }  // namespace
 }  // namespace tandem

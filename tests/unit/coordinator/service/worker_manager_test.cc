@@ -9,6 +9,7 @@ namespace tandem {
 namespace {
 
 using namespace std::chrono_literals;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 class RecordingSink : public SessionSink {
@@ -24,6 +25,55 @@ class RecordingSink : public SessionSink {
   }
   std::mutex mu;
   std::vector<v1::CoordinatorMessage> messages;
+};
+
+// Records what the worker manager reports; OnGraph and OnProfile answer
+// with `reply`.
+class RecordingListener : public WorkerEventListener {
+ public:
+  struct Registered {
+    std::string job_id;
+    int32_t rank;
+    std::string hostname;
+    std::string device;
+    int64_t device_memory_bytes;
+  };
+
+  void OnRankRegistered(const std::string& job_id, int32_t rank,
+                        const std::string& hostname, const std::string& device,
+                        int64_t device_memory_bytes) override {
+    std::lock_guard<std::mutex> lock(mu);
+    registered.push_back({job_id, rank, hostname, device, device_memory_bytes});
+  }
+  absl::Status OnGraph(const std::string& job_id, int32_t rank,
+                       const v1::GraphReport& report) override {
+    std::lock_guard<std::mutex> lock(mu);
+    graphs.emplace_back(rank, report.graph_hash());
+    return reply;
+  }
+  absl::Status OnProfile(const std::string& job_id, int32_t rank,
+                         const v1::Profile& profile) override {
+    std::lock_guard<std::mutex> lock(mu);
+    profiles.emplace_back(rank, profile.first_iteration());
+    return reply;
+  }
+  void OnProgress(const std::string& job_id, int32_t rank,
+                  const v1::IterationProgress& progress) override {
+    std::lock_guard<std::mutex> lock(mu);
+    progress_steps.emplace_back(rank, progress.step());
+  }
+  void OnScheduleActive(const std::string& job_id, int64_t version) override {
+    std::lock_guard<std::mutex> lock(mu);
+    active_versions.push_back(version);
+  }
+
+  std::mutex mu;
+  absl::Status reply;
+  std::vector<Registered> registered;
+  std::vector<std::pair<int32_t, std::string>> graphs;
+  std::vector<std::pair<int32_t, int64_t>> profiles;
+  std::vector<std::pair<int32_t, int64_t>> progress_steps;
+  std::vector<int64_t> active_versions;
 };
 
 v1::JobSpec Spec() {
@@ -42,18 +92,15 @@ class WorkerManagerTest : public ::testing::Test {
   void SetUp() override { Start(15000ms); }
   void Start(std::chrono::milliseconds timeout) {
     workers_.reset();
-    planning_.reset();
     jobs_.reset();
     store_ = *JobStore::Open(":memory:");
     jobs_ = std::make_unique<JobManager>(store_.get());
-    planning_ =
-        std::make_unique<PlanningManager>(jobs_.get(), store_.get(), nullptr);
     WorkerManager::Options options;
     options.heartbeat_timeout = timeout;
     options.watch_interval = 20ms;
-    workers_ = std::make_unique<WorkerManager>(jobs_.get(), store_.get(),
-                                               planning_.get(), &kv_, nullptr,
-                                               &timelines_, options);
+    workers_ = std::make_unique<WorkerManager>(jobs_.get(), store_.get(), &kv_,
+                                               nullptr, &timelines_, options);
+    workers_->SetListener(&listener_);
     jobs_->SetStateListener([this](const std::string& id, v1::JobState s) {
       if (IsTerminal(s)) workers_->OnJobEnded(id, s);
     });
@@ -67,6 +114,8 @@ class WorkerManagerTest : public ::testing::Test {
     req.set_incarnation(inc);
     req.set_hostname("host-" + inc);
     req.set_requested_rank(rank);
+    req.set_device("cpu");
+    req.set_device_memory_bytes(int64_t{16} << 30);
     return workers_->Register(req);
   }
 
@@ -85,9 +134,9 @@ class WorkerManagerTest : public ::testing::Test {
 
   KvStore kv_;
   TimelineStore timelines_;
+  RecordingListener listener_;
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<JobManager> jobs_;
-  std::unique_ptr<PlanningManager> planning_;
   std::unique_ptr<WorkerManager> workers_;
   v1::Job job_;
 };
@@ -204,14 +253,7 @@ TEST_F(WorkerManagerTest, BadMessages_AreRejected) {
   bad.mutable_progress()->set_iteration_s(-1);
   EXPECT_EQ(workers_->OnMessage(s0, bad).code(),
             absl::StatusCode::kInvalidArgument);
-  // Profiles before the graph are held (a few per rank), then refused.
-  v1::WorkerMessage profile;
-  profile.mutable_profile()->set_graph_hash("x");
-  for (int i = 0; i < 2 * PlanningManager::kMaxEarlyProfilesPerRank; ++i) {
-    EXPECT_TRUE(workers_->OnMessage(s0, profile).ok());
-  }
-  EXPECT_EQ(workers_->OnMessage(s0, profile).code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(listener_.progress_steps.empty());
   workers_->CloseSession(s0);
   EXPECT_EQ(workers_->OnMessage(s0, empty).code(),
             absl::StatusCode::kFailedPrecondition);
@@ -240,8 +282,8 @@ TEST_F(WorkerManagerTest, Recover_KeepsRegistrations) {
   ASSERT_TRUE(Register("a").ok());
   ASSERT_TRUE(Register("b").ok());
   WorkerManager::Options options;
-  WorkerManager restarted(jobs_.get(), store_.get(), planning_.get(), &kv_,
-                          nullptr, nullptr, options);
+  WorkerManager restarted(jobs_.get(), store_.get(), &kv_, nullptr, nullptr,
+                          options);
   ASSERT_TRUE(restarted.Recover().ok());
   v1::SessionHello hello;
   hello.set_job_id(job_.id());
@@ -249,6 +291,112 @@ TEST_F(WorkerManagerTest, Recover_KeepsRegistrations) {
   hello.set_incarnation("b");
   EXPECT_TRUE(
       restarted.OpenSession(hello, std::make_shared<RecordingSink>()).ok());
+}
+
+TEST_F(WorkerManagerTest, Register_ReportsRankToListener) {
+  ASSERT_TRUE(Register("a").ok());
+  ASSERT_TRUE(Register("b").ok());
+  ASSERT_EQ(listener_.registered.size(), 2u);
+  const RecordingListener::Registered& b = listener_.registered[1];
+  EXPECT_EQ(b.job_id, job_.id());
+  EXPECT_EQ(b.rank, 1);
+  EXPECT_EQ(b.hostname, "host-b");
+  EXPECT_EQ(b.device, "cpu");
+  EXPECT_EQ(b.device_memory_bytes, int64_t{16} << 30);
+  // Refused registrations are not reported.
+  EXPECT_FALSE(Register("c").ok());
+  EXPECT_EQ(listener_.registered.size(), 2u);
+}
+
+TEST_F(WorkerManagerTest, OnMessage_Reports_GoToListenerWithSessionRank) {
+  ASSERT_TRUE(Register("a").ok());
+  ASSERT_TRUE(Register("b").ok());
+  const int64_t s1 = Open(1, "b", std::make_shared<RecordingSink>());
+  v1::WorkerMessage graph;
+  graph.mutable_graph()->set_graph_hash("0123456789abcdef");
+  ASSERT_TRUE(workers_->OnMessage(s1, graph).ok());
+  v1::WorkerMessage profile;
+  profile.mutable_profile()->set_first_iteration(4);
+  ASSERT_TRUE(workers_->OnMessage(s1, profile).ok());
+  v1::WorkerMessage progress;
+  progress.mutable_progress()->set_step(2);
+  ASSERT_TRUE(workers_->OnMessage(s1, progress).ok());
+  EXPECT_THAT(listener_.graphs,
+              ElementsAre(std::make_pair(1, std::string("0123456789abcdef"))));
+  EXPECT_THAT(listener_.profiles, ElementsAre(std::make_pair(1, int64_t{4})));
+  EXPECT_THAT(listener_.progress_steps,
+              ElementsAre(std::make_pair(1, int64_t{2})));
+}
+
+// The listener refusing a report refuses the worker's message, which the
+// RPC layer sends back to that worker.
+TEST_F(WorkerManagerTest, OnMessage_ListenerRefuses_ErrorComesBack) {
+  ASSERT_TRUE(Register("a").ok());
+  const int64_t s0 = Open(0, "a", std::make_shared<RecordingSink>());
+  listener_.reply = absl::FailedPreconditionError("rank 0 must report first");
+  v1::WorkerMessage profile;
+  profile.mutable_profile()->set_graph_hash("x");
+  const absl::Status s = workers_->OnMessage(s0, profile);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(), "rank 0 must report first");
+}
+
+TEST_F(WorkerManagerTest, Applied_AllRanks_ReportsActiveOnce) {
+  ASSERT_TRUE(Register("a").ok());
+  ASSERT_TRUE(Register("b").ok());
+  const int64_t s0 = Open(0, "a", std::make_shared<RecordingSink>());
+  const int64_t s1 = Open(1, "b", std::make_shared<RecordingSink>());
+  v1::WorkerMessage applied;
+  applied.mutable_applied()->set_version(1);
+  applied.mutable_applied()->set_step(5);
+  ASSERT_TRUE(workers_->OnMessage(s0, applied).ok());
+  EXPECT_TRUE(listener_.active_versions.empty());
+  ASSERT_TRUE(workers_->OnMessage(s1, applied).ok());
+  ASSERT_TRUE(workers_->OnMessage(s1, applied).ok());  // a repeat
+  EXPECT_THAT(listener_.active_versions, ElementsAre(1));
+  EXPECT_THAT(jobs_->Events(job_.id(), 0)->back().message(),
+              HasSubstr("v1 active on all 2 ranks from step 5"));
+}
+
+TEST_F(WorkerManagerTest, OpenSession_BehindLatestSchedule_SendsIt) {
+  StoredSchedule latest;
+  latest.schedule.set_version(3);
+  latest.effective_step = 12;
+  std::vector<std::string> asked;
+  workers_->SetScheduleLookup(
+      [&](const std::string& job_id) -> absl::StatusOr<StoredSchedule> {
+        asked.push_back(job_id);
+        return latest;
+      });
+  ASSERT_TRUE(Register("a").ok());
+  ASSERT_TRUE(Register("b").ok());
+  auto behind = std::make_shared<RecordingSink>();
+  v1::SessionHello hello;
+  hello.set_job_id(job_.id());
+  hello.set_rank(0);
+  hello.set_incarnation("a");
+  hello.set_schedule_version(2);
+  ASSERT_TRUE(workers_->OpenSession(hello, behind).ok());
+  ASSERT_EQ(behind->Take().size(), 1u);
+  EXPECT_EQ(behind->Take()[0].schedule().schedule().version(), 3);
+  EXPECT_EQ(behind->Take()[0].schedule().effective_step(), 12);
+  auto current = std::make_shared<RecordingSink>();
+  hello.set_rank(1);
+  hello.set_incarnation("b");
+  hello.set_schedule_version(3);
+  ASSERT_TRUE(workers_->OpenSession(hello, current).ok());
+  EXPECT_TRUE(current->Take().empty());
+  EXPECT_THAT(asked, ElementsAre(job_.id(), job_.id()));
+}
+
+TEST_F(WorkerManagerTest, Stop_Twice_WatcherFailsNoJobAfter) {
+  Start(50ms);
+  ASSERT_TRUE(Register("a").ok());
+  ASSERT_TRUE(Register("b").ok());
+  workers_->Stop();
+  workers_->Stop();
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(State(), v1::JOB_STATE_RUNNING);
 }
 
 }  // namespace

@@ -1,0 +1,166 @@
+#include "coordinator/service/profile_aggregator.h"
+
+#include <algorithm>
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
+#include "common/ir/validate.h"
+
+namespace tandem {
+
+absl::StatusOr<Profile> AggregateProfiles(
+    const std::map<int32_t, Profile>& by_rank) {
+  if (by_rank.empty()) {
+    return absl::InvalidArgumentError("no profiles to aggregate");
+  }
+  Profile out = by_rank.begin()->second;
+  out.rank = Profile::kAggregateRank;
+  // Node id -> index in out.nodes, for the per-node maxima.
+  std::map<int32_t, size_t> node_index;
+  for (size_t i = 0; i < out.nodes.size(); ++i) {
+    node_index.emplace(out.nodes[i].node_id, i);
+  }
+  for (const auto& [rank, p] : by_rank) {
+    out.iteration_s = std::max(out.iteration_s, p.iteration_s);
+    out.peak_bytes = std::max(out.peak_bytes, p.peak_bytes);
+    for (const NodeTiming& t : p.nodes) {
+      auto [it, inserted] = node_index.emplace(t.node_id, out.nodes.size());
+      if (inserted) {
+        out.nodes.push_back(t);
+      } else {
+        out.nodes[it->second].time_s =
+            std::max(out.nodes[it->second].time_s, t.time_s);
+      }
+    }
+    if (p.collectives.size() == out.collectives.size()) {
+      for (size_t i = 0; i < p.collectives.size(); ++i) {
+        CollectiveTiming& c = out.collectives[i];
+        c.issue_to_done_s =
+            std::max(c.issue_to_done_s, p.collectives[i].issue_to_done_s);
+        c.exposed_s = std::max(c.exposed_s, p.collectives[i].exposed_s);
+      }
+    }
+    if (p.memory.size() == out.memory.size()) {
+      for (size_t i = 0; i < p.memory.size(); ++i) {
+        MemorySample& m = out.memory[i];
+        m.before_bytes = std::max(m.before_bytes, p.memory[i].before_bytes);
+        m.after_bytes = std::max(m.after_bytes, p.memory[i].after_bytes);
+      }
+    }
+  }
+  // Duplicate node ids within one profile all carry the node's maximum.
+  for (NodeTiming& t : out.nodes) {
+    t.time_s = std::max(t.time_s, out.nodes[node_index[t.node_id]].time_s);
+  }
+  return out;
+}
+
+std::string ProfileAggregator::Mismatch(int32_t rank, const std::string& hash,
+                                        const std::string& reference) {
+  return absl::StrCat(
+      "graph hash mismatch: rank ", rank, " built graph ", hash,
+      " but rank 0 built ", reference,
+      "; every rank must build the same model from the same spec");
+}
+
+absl::StatusOr<ProfileAggregator::GraphAccepted> ProfileAggregator::SetGraph(
+    Graph graph) {
+  if (absl::Status s = ValidateGraph(graph); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank 0 sent a malformed graph: ", s.message()));
+  }
+  const std::string hash = graph.StructuralHash();
+  GraphAccepted accepted;
+  if (graph_.has_value()) {
+    if (hash != graph_hash_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "graph hash mismatch: rank 0 reported graph ", hash, " after graph ",
+          graph_hash_,
+          "; every rank must build the same model from the same spec"));
+    }
+    return accepted;
+  }
+  graph_hash_ = hash;
+  graph_ = std::move(graph);
+  accepted.is_new = true;
+  std::map<int32_t, std::string> hashes = std::move(early_hashes_);
+  std::vector<std::pair<int32_t, Profile>> held = std::move(early_profiles_);
+  early_hashes_.clear();
+  early_profiles_.clear();
+  for (const auto& [rank, h] : hashes) {
+    if (h != graph_hash_) {
+      return absl::FailedPreconditionError(Mismatch(rank, h, graph_hash_));
+    }
+  }
+  for (auto& [rank, profile] : held) {
+    absl::StatusOr<std::optional<Profile>> aggregate =
+        AddProfile(rank, std::move(profile));
+    if (!aggregate.ok()) {
+      accepted.dropped.emplace_back(aggregate.status().message());
+    } else if (aggregate->has_value()) {
+      accepted.completed.push_back(**std::move(aggregate));
+    }
+  }
+  return accepted;
+}
+
+absl::Status ProfileAggregator::CheckHash(int32_t rank,
+                                          const std::string& hash) {
+  if (!graph_.has_value()) {
+    early_hashes_[rank] = hash;
+    return absl::OkStatus();
+  }
+  if (hash != graph_hash_) {
+    return absl::FailedPreconditionError(Mismatch(rank, hash, graph_hash_));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<Profile>> ProfileAggregator::AddProfile(
+    int32_t rank, Profile profile) {
+  if (rank < 0 || rank >= world_size_) {
+    return absl::InvalidArgumentError(absl::StrCat("profile from rank ", rank,
+                                                   ": the job's ranks are 0..",
+                                                   world_size_ - 1));
+  }
+  if (!graph_.has_value()) {
+    const int held = static_cast<int>(
+        std::count_if(early_profiles_.begin(), early_profiles_.end(),
+                      [rank](const auto& e) { return e.first == rank; }));
+    if (held >= kMaxEarlyProfilesPerRank) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", rank, " sent more than ", kMaxEarlyProfilesPerRank,
+          " profiles before the graph: rank 0 must report the graph first"));
+    }
+    early_profiles_.emplace_back(rank, std::move(profile));
+    return std::nullopt;
+  }
+  if (absl::Status s = ValidateProfile(profile, *graph_); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("profile from rank ", rank, ": ", s.message()));
+  }
+  const WindowKey key(profile.first_iteration, profile.last_iteration);
+  if (last_completed_.has_value() && key <= *last_completed_) {
+    return std::nullopt;
+  }
+  auto window = windows_.find(key);
+  if (window == windows_.end()) {
+    if (static_cast<int>(windows_.size()) >= kMaxOpenWindows) {
+      // Full: the oldest window goes, which may be this one.
+      if (key < windows_.begin()->first) return std::nullopt;
+      windows_.erase(windows_.begin());
+    }
+    window = windows_.emplace(key, std::map<int32_t, Profile>()).first;
+  }
+  window->second[rank] = std::move(profile);
+  if (static_cast<int32_t>(window->second.size()) < world_size_) {
+    return std::nullopt;
+  }
+  absl::StatusOr<Profile> aggregate = AggregateProfiles(window->second);
+  windows_.erase(windows_.begin(), std::next(window));
+  last_completed_ = key;
+  if (!aggregate.ok()) return aggregate.status();
+  return std::optional<Profile>(*std::move(aggregate));
+}
+
+}  // namespace tandem

@@ -1,0 +1,400 @@
+#include "coordinator/service/profile_aggregator.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "common/ir/text_format.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+std::string ReadTestData(const std::string& name) {
+  const std::string path = std::string(TANDEM_TESTDATA_DIR) + "/" + name;
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << "cannot read " << path;
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+class ProfileAggregatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<Graph> graph = ParseGraph(ReadTestData("tiny_graph.txt"));
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    graph_ = *std::move(graph);
+    hash_ = graph_.StructuralHash();
+  }
+
+  // A profile in text form, measured on tiny_graph.txt ($hash).
+  Profile P(const std::string& text) {
+    absl::StatusOr<Profile> p =
+        ParseProfile(absl::StrReplaceAll(text, {{"$hash", hash_}}));
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.value_or(Profile());
+  }
+
+  // Rank `rank`'s profile of window first..last: its iteration time and one
+  // node time, both in ms.
+  Profile Window(int rank, int first, int last, double iteration_ms,
+                 double n1_ms = 0.5) {
+    return P(absl::StrCat("profile graph=$hash rank=", rank,
+                          " version=0 window=", first, "..", last,
+                          " iteration=", iteration_ms, "ms peak=1MiB\n",
+                          "time n1 ", n1_ms, "ms samples=2\n"));
+  }
+
+  Graph graph_;
+  std::string hash_;
+};
+
+TEST_F(ProfileAggregatorTest,
+       AggregateProfiles_ThreeRanks_SlowestTimeLargestMemory) {
+  std::map<int32_t, Profile> by_rank;
+  by_rank[0] = P(R"(
+profile graph=$hash rank=0 version=1 window=10..19 iteration=10ms peak=4MiB
+time n0 0.2ms samples=10
+time n1 0.5ms samples=10
+collective allgather g0 at=n0 bytes=1KiB issue_to_done=0.3ms exposed=0.1ms
+collective reduce_scatter p0 at=n7 bytes=1KiB issue_to_done=0.4ms exposed=0
+memory n0 before=1MiB after=2MiB
+)");
+  by_rank[1] = P(R"(
+profile graph=$hash rank=1 version=1 window=10..19 iteration=12ms peak=3MiB
+time n0 0.3ms samples=10
+time n1 0.4ms samples=10
+collective allgather g0 at=n0 bytes=1KiB issue_to_done=0.2ms exposed=0.15ms
+collective reduce_scatter p0 at=n7 bytes=1KiB issue_to_done=0.6ms exposed=0
+memory n0 before=1.5MiB after=1MiB
+)");
+  by_rank[2] = P(R"(
+profile graph=$hash rank=2 version=1 window=10..19 iteration=11ms peak=5MiB
+time n0 0.1ms samples=10
+time n1 0.7ms samples=10
+collective allgather g0 at=n0 bytes=1KiB issue_to_done=0.1ms exposed=0
+collective reduce_scatter p0 at=n7 bytes=1KiB issue_to_done=0.5ms exposed=0.2ms
+memory n0 before=1MiB after=3MiB
+)");
+  absl::StatusOr<Profile> out = AggregateProfiles(by_rank);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->rank, Profile::kAggregateRank);
+  EXPECT_EQ(out->schedule_version, 1);
+  EXPECT_EQ(out->first_iteration, 10);
+  EXPECT_EQ(out->last_iteration, 19);
+  EXPECT_DOUBLE_EQ(out->iteration_s, 12e-3);
+  EXPECT_EQ(out->peak_bytes, 5 << 20);
+  ASSERT_EQ(out->nodes.size(), 2u);
+  EXPECT_EQ(out->nodes[0].node_id, 0);
+  EXPECT_DOUBLE_EQ(out->nodes[0].time_s, 0.3e-3);
+  EXPECT_EQ(out->nodes[1].node_id, 1);
+  EXPECT_DOUBLE_EQ(out->nodes[1].time_s, 0.7e-3);
+  ASSERT_EQ(out->collectives.size(), 2u);
+  EXPECT_DOUBLE_EQ(out->collectives[0].issue_to_done_s, 0.3e-3);
+  EXPECT_DOUBLE_EQ(out->collectives[0].exposed_s, 0.15e-3);
+  EXPECT_DOUBLE_EQ(out->collectives[1].issue_to_done_s, 0.6e-3);
+  EXPECT_DOUBLE_EQ(out->collectives[1].exposed_s, 0.2e-3);
+  ASSERT_EQ(out->memory.size(), 1u);
+  EXPECT_EQ(out->memory[0].before_bytes, 3 << 19);
+  EXPECT_EQ(out->memory[0].after_bytes, 3 << 20);
+}
+
+// A rank that recorded another sequence of collectives (or memory samples)
+// cannot be matched entry by entry: its entries are left out, the other
+// ranks' still count.
+TEST_F(ProfileAggregatorTest,
+       AggregateProfiles_ListLengthsDiffer_MatchesOnlyEqualLengths) {
+  std::map<int32_t, Profile> by_rank;
+  by_rank[0] = P(R"(
+profile graph=$hash rank=0 window=0..1 iteration=1ms
+collective allgather g0 at=n0 bytes=1KiB issue_to_done=1ms exposed=0
+memory n0 before=1MiB after=1MiB
+)");
+  by_rank[1] = P(R"(
+profile graph=$hash rank=1 window=0..1 iteration=1ms
+collective allgather g0 at=n0 bytes=1KiB issue_to_done=9ms exposed=9ms
+collective allgather g1 at=n1 bytes=1KiB issue_to_done=9ms exposed=9ms
+memory n0 before=9MiB after=9MiB
+memory n1 before=9MiB after=9MiB
+)");
+  by_rank[2] = P(R"(
+profile graph=$hash rank=2 window=0..1 iteration=1ms
+collective allgather g0 at=n0 bytes=1KiB issue_to_done=2ms exposed=0.5ms
+memory n0 before=2MiB after=3MiB
+)");
+  absl::StatusOr<Profile> out = AggregateProfiles(by_rank);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->collectives.size(), 1u);
+  EXPECT_DOUBLE_EQ(out->collectives[0].issue_to_done_s, 2e-3);
+  EXPECT_DOUBLE_EQ(out->collectives[0].exposed_s, 0.5e-3);
+  ASSERT_EQ(out->memory.size(), 1u);
+  EXPECT_EQ(out->memory[0].before_bytes, 2 << 20);
+  EXPECT_EQ(out->memory[0].after_bytes, 3 << 20);
+}
+
+TEST_F(ProfileAggregatorTest, AggregateProfiles_NodeOnlyOnLaterRank_IsKept) {
+  std::map<int32_t, Profile> by_rank;
+  by_rank[0] =
+      P("profile graph=$hash rank=0 window=0..1 iteration=1ms\n"
+        "time n1 1ms samples=2\n");
+  by_rank[1] =
+      P("profile graph=$hash rank=1 window=0..1 iteration=1ms\n"
+        "time n1 2ms samples=2\ntime n8 3ms samples=2\n");
+  absl::StatusOr<Profile> out = AggregateProfiles(by_rank);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->nodes.size(), 2u);
+  EXPECT_EQ(out->nodes[0].node_id, 1);
+  EXPECT_DOUBLE_EQ(out->nodes[0].time_s, 2e-3);
+  EXPECT_EQ(out->nodes[1].node_id, 8);
+  EXPECT_DOUBLE_EQ(out->nodes[1].time_s, 3e-3);
+}
+
+TEST_F(ProfileAggregatorTest, AggregateProfiles_NoProfiles_InvalidArgument) {
+  EXPECT_EQ(AggregateProfiles({}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ProfileAggregatorTest, AddProfile_AllRanksReported_WindowCompletes) {
+  ProfileAggregator agg(3);
+  ASSERT_TRUE(agg.SetGraph(graph_).ok());
+  for (int rank : {0, 2}) {
+    absl::StatusOr<std::optional<Profile>> r =
+        agg.AddProfile(rank, Window(rank, 0, 4, 10 + rank, 1.0 + rank));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(r->has_value()) << "rank " << rank << " completed the window";
+  }
+  EXPECT_EQ(agg.open_windows(), 1);
+  absl::StatusOr<std::optional<Profile>> r =
+      agg.AddProfile(1, Window(1, 0, 4, 11, 5.0));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->has_value());
+  const Profile& aggregate = **r;
+  EXPECT_EQ(aggregate.rank, Profile::kAggregateRank);
+  EXPECT_EQ(aggregate.first_iteration, 0);
+  EXPECT_EQ(aggregate.last_iteration, 4);
+  EXPECT_DOUBLE_EQ(aggregate.iteration_s, 12e-3);
+  ASSERT_EQ(aggregate.nodes.size(), 1u);
+  EXPECT_DOUBLE_EQ(aggregate.nodes[0].time_s, 5e-3);
+  EXPECT_EQ(agg.open_windows(), 0);
+}
+
+TEST_F(ProfileAggregatorTest, AddProfile_OutOfOrderWindows_EachCompletes) {
+  ProfileAggregator agg(2);
+  ASSERT_TRUE(agg.SetGraph(graph_).ok());
+  ASSERT_FALSE(agg.AddProfile(0, Window(0, 2, 3, 20))->has_value());
+  ASSERT_FALSE(agg.AddProfile(0, Window(0, 0, 1, 10))->has_value());
+  absl::StatusOr<std::optional<Profile>> first =
+      agg.AddProfile(1, Window(1, 0, 1, 15));
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(first->has_value());
+  EXPECT_EQ((*first)->last_iteration, 1);
+  EXPECT_DOUBLE_EQ((*first)->iteration_s, 15e-3);
+  EXPECT_EQ(agg.open_windows(), 1);
+  absl::StatusOr<std::optional<Profile>> second =
+      agg.AddProfile(1, Window(1, 2, 3, 25));
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE(second->has_value());
+  EXPECT_EQ((*second)->first_iteration, 2);
+  EXPECT_DOUBLE_EQ((*second)->iteration_s, 25e-3);
+  EXPECT_EQ(agg.open_windows(), 0);
+}
+
+// Once a window completes, the job is past older ones: they are dropped, and
+// a late profile of one is ignored rather than starting it again.
+TEST_F(ProfileAggregatorTest, AddProfile_WindowBeforeCompletedOne_IsIgnored) {
+  ProfileAggregator agg(2);
+  ASSERT_TRUE(agg.SetGraph(graph_).ok());
+  ASSERT_FALSE(agg.AddProfile(0, Window(0, 0, 1, 10))->has_value());
+  ASSERT_FALSE(agg.AddProfile(0, Window(0, 2, 3, 10))->has_value());
+  ASSERT_TRUE(agg.AddProfile(1, Window(1, 2, 3, 10))->has_value());
+  EXPECT_EQ(agg.open_windows(), 0);
+  absl::StatusOr<std::optional<Profile>> late =
+      agg.AddProfile(1, Window(1, 0, 1, 10));
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_FALSE(late->has_value());
+  EXPECT_EQ(agg.open_windows(), 0);
+}
+
+TEST_F(ProfileAggregatorTest, AddProfile_SameRankTwice_ReplacesItsProfile) {
+  ProfileAggregator agg(2);
+  ASSERT_TRUE(agg.SetGraph(graph_).ok());
+  ASSERT_FALSE(agg.AddProfile(0, Window(0, 0, 1, 50))->has_value());
+  ASSERT_FALSE(agg.AddProfile(0, Window(0, 0, 1, 10))->has_value());
+  absl::StatusOr<std::optional<Profile>> r =
+      agg.AddProfile(1, Window(1, 0, 1, 20));
+  ASSERT_TRUE(r.ok() && r->has_value());
+  EXPECT_DOUBLE_EQ((*r)->iteration_s, 20e-3);
+}
+
+TEST_F(ProfileAggregatorTest, AddProfile_ManyOpenWindows_OldestDropped) {
+  ProfileAggregator agg(2);
+  ASSERT_TRUE(agg.SetGraph(graph_).ok());
+  for (int w = 0; w <= ProfileAggregator::kMaxOpenWindows; ++w) {
+    ASSERT_FALSE(
+        agg.AddProfile(0, Window(0, 2 * w, 2 * w + 1, 10))->has_value());
+  }
+  EXPECT_EQ(agg.open_windows(), ProfileAggregator::kMaxOpenWindows);
+  // Window 0 was dropped, and is too old to open again.
+  const int newest = 2 * ProfileAggregator::kMaxOpenWindows;
+  ASSERT_FALSE(agg.AddProfile(1, Window(1, 0, 1, 10))->has_value());
+  EXPECT_EQ(agg.open_windows(), ProfileAggregator::kMaxOpenWindows);
+  ASSERT_TRUE(
+      agg.AddProfile(1, Window(1, newest, newest + 1, 10))->has_value());
+  EXPECT_EQ(agg.open_windows(), 0);
+}
+
+TEST_F(ProfileAggregatorTest, AddProfile_InvalidProfile_RejectedNotCounted) {
+  ProfileAggregator agg(2);
+  ASSERT_TRUE(agg.SetGraph(graph_).ok());
+  Profile other = Window(0, 0, 1, 10);
+  other.graph_hash = "0123456789abcdef";
+  absl::StatusOr<std::optional<Profile>> r = agg.AddProfile(0, other);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("profile from rank 0: profile was measured on graph "
+                        "0123456789abcdef"));
+  Profile unknown_node = Window(0, 0, 1, 10);
+  unknown_node.nodes[0].node_id = 99;
+  EXPECT_EQ(agg.AddProfile(0, unknown_node).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(agg.AddProfile(2, Window(0, 0, 1, 10)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Rank 1 alone completes nothing: rank 0's rejected profiles never counted.
+  ASSERT_FALSE(agg.AddProfile(1, Window(1, 0, 1, 10))->has_value());
+  EXPECT_EQ(agg.open_windows(), 1);
+}
+
+TEST_F(ProfileAggregatorTest, SetGraph_AfterEarlyProfiles_FlushesThem) {
+  ProfileAggregator agg(2);
+  EXPECT_EQ(agg.graph(), nullptr);
+  ASSERT_FALSE(agg.AddProfile(1, Window(1, 0, 1, 30, 2.0))->has_value());
+  ASSERT_FALSE(agg.AddProfile(0, Window(0, 0, 1, 20, 4.0))->has_value());
+  ASSERT_FALSE(agg.AddProfile(0, Window(0, 2, 3, 20))->has_value());
+  EXPECT_EQ(agg.held_profiles(), 3);
+  EXPECT_EQ(agg.open_windows(), 0);
+
+  absl::StatusOr<ProfileAggregator::GraphAccepted> accepted =
+      agg.SetGraph(graph_);
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_TRUE(accepted->is_new);
+  EXPECT_THAT(accepted->dropped, IsEmpty());
+  ASSERT_EQ(accepted->completed.size(), 1u);
+  const Profile& aggregate = accepted->completed[0];
+  EXPECT_EQ(aggregate.last_iteration, 1);
+  EXPECT_DOUBLE_EQ(aggregate.iteration_s, 30e-3);
+  EXPECT_DOUBLE_EQ(aggregate.nodes[0].time_s, 4e-3);
+  EXPECT_EQ(agg.held_profiles(), 0);
+  EXPECT_EQ(agg.open_windows(), 1);  // 2..3, rank 0 only
+  ASSERT_NE(agg.graph(), nullptr);
+  EXPECT_EQ(agg.graph_hash(), hash_);
+}
+
+TEST_F(ProfileAggregatorTest, AddProfile_BeforeGraph_BoundedPerRank) {
+  ProfileAggregator agg(2);
+  for (int i = 0; i < ProfileAggregator::kMaxEarlyProfilesPerRank; ++i) {
+    ASSERT_TRUE(agg.AddProfile(0, Window(0, 2 * i, 2 * i + 1, 10)).ok());
+  }
+  absl::StatusOr<std::optional<Profile>> refused =
+      agg.AddProfile(0, Window(0, 100, 101, 10));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.status().message(),
+            "rank 0 sent more than 4 profiles before the graph: rank 0 must "
+            "report the graph first");
+  // Another rank's allowance is its own.
+  EXPECT_TRUE(agg.AddProfile(1, Window(1, 0, 1, 10)).ok());
+  EXPECT_EQ(agg.held_profiles(),
+            ProfileAggregator::kMaxEarlyProfilesPerRank + 1);
+}
+
+TEST_F(ProfileAggregatorTest, SetGraph_EarlyProfileInvalid_DroppedWithReason) {
+  ProfileAggregator agg(2);
+  Profile other = Window(1, 0, 1, 10);
+  other.graph_hash = "0123456789abcdef";
+  ASSERT_TRUE(agg.AddProfile(1, other).ok());  // unchecked until the graph
+  ASSERT_TRUE(agg.AddProfile(0, Window(0, 0, 1, 10)).ok());
+  absl::StatusOr<ProfileAggregator::GraphAccepted> accepted =
+      agg.SetGraph(graph_);
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_THAT(accepted->completed, IsEmpty());
+  ASSERT_EQ(accepted->dropped.size(), 1u);
+  EXPECT_THAT(accepted->dropped[0],
+              HasSubstr("profile from rank 1: profile was measured on graph "
+                        "0123456789abcdef"));
+  EXPECT_EQ(agg.open_windows(), 1);
+}
+
+TEST_F(ProfileAggregatorTest, CheckHash_Mismatch_NamesRankAndBothHashes) {
+  ProfileAggregator agg(2);
+  ASSERT_TRUE(agg.SetGraph(graph_).ok());
+  EXPECT_TRUE(agg.CheckHash(1, hash_).ok());
+  const absl::Status s = agg.CheckHash(1, "00000000deadbeef");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(),
+            "graph hash mismatch: rank 1 built graph 00000000deadbeef but "
+            "rank 0 built " +
+                hash_ +
+                "; every rank must build the same model from the same spec");
+}
+
+TEST_F(ProfileAggregatorTest, SetGraph_EarlyHashDiffers_FailsNamingTheRank) {
+  ProfileAggregator agg(3);
+  ASSERT_TRUE(agg.CheckHash(1, hash_).ok());
+  ASSERT_TRUE(agg.CheckHash(2, "00000000deadbeef").ok());  // held
+  ASSERT_TRUE(agg.AddProfile(1, Window(1, 0, 1, 10)).ok());
+  absl::StatusOr<ProfileAggregator::GraphAccepted> accepted =
+      agg.SetGraph(graph_);
+  EXPECT_EQ(accepted.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(
+      std::string(accepted.status().message()),
+      HasSubstr("rank 2 built graph 00000000deadbeef but rank 0 built " +
+                hash_));
+  // Rank 0's graph stays the reference; nothing held survives.
+  EXPECT_EQ(agg.graph_hash(), hash_);
+  EXPECT_EQ(agg.held_profiles(), 0);
+  EXPECT_EQ(agg.open_windows(), 0);
+}
+
+TEST_F(ProfileAggregatorTest, SetGraph_Again_SameIsNoOpDifferentFails) {
+  ProfileAggregator agg(2);
+  ASSERT_TRUE(agg.SetGraph(graph_).ok());
+  absl::StatusOr<ProfileAggregator::GraphAccepted> again = agg.SetGraph(graph_);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->is_new);
+  Graph other = graph_;
+  other.params[1].shape[0] = 128;
+  ASSERT_NE(other.StructuralHash(), hash_);
+  absl::StatusOr<ProfileAggregator::GraphAccepted> changed =
+      agg.SetGraph(other);
+  EXPECT_EQ(changed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(changed.status().message()),
+              HasSubstr("rank 0 reported graph " + other.StructuralHash() +
+                        " after graph " + hash_));
+  EXPECT_EQ(agg.graph_hash(), hash_);
+}
+
+TEST_F(ProfileAggregatorTest, SetGraph_Malformed_InvalidArgumentKeepsNone) {
+  absl::StatusOr<Graph> bad = ParseGraph(R"(
+graph bad world=2 micro_batches=1 tokens=16
+param p0 w f32[4,4] unit=a
+node n0 a fwd params=p0 time=1ms
+node n1 step opt params=p0 time=1ms
+)");
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  ProfileAggregator agg(2);
+  absl::StatusOr<ProfileAggregator::GraphAccepted> accepted =
+      agg.SetGraph(*bad);
+  EXPECT_EQ(accepted.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(accepted.status().message()),
+              HasSubstr("rank 0 sent a malformed graph"));
+  EXPECT_EQ(agg.graph(), nullptr);
+}
+
+}  // namespace
+}  // namespace tandem

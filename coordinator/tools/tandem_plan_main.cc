@@ -443,18 +443,21 @@ int Main(int argc, char** argv) {
                   "beyond the model\n",
                   profile->schedule_version);
   }
-  *graph = std::move(calibrated->graph);
-  *hw = std::move(calibrated->hw);
-  absl::PrintF("# hardware: %s\n", DescribeHardware(*hw));
+  absl::PrintF("# hardware: %s\n", DescribeHardware(calibrated->hw));
 
-  if (!args.schedule_path.empty()) return EvaluateSchedule(args, *graph, *hw);
-  if (args.compare) return Compare(*graph, *hw, mode);
+  if (!args.schedule_path.empty()) {
+    return EvaluateSchedule(args, calibrated->graph, calibrated->hw);
+  }
+  if (args.compare) return Compare(calibrated->graph, calibrated->hw, mode);
 
   PlanOptions options;
   options.policy = *policy;
   options.mode = mode;
   options.passes = passes;
-  absl::StatusOr<PlanResult> result = Plan(*graph, *hw, options);
+  // Exactly the coordinator's call (PlanningManager::PlanOne).
+  absl::StatusOr<PlanResult> result =
+      PlanFromMeasurements(*graph, *hw, profile ? &*profile : nullptr,
+                           profiled ? &*profiled : nullptr, options);
   if (!result.ok()) return Fail(result.status().message());
   if (!args.summary) {
     std::fputs(PrintSchedule(result->schedule).c_str(), stdout);

@@ -1,0 +1,178 @@
+// One planner everywhere: the schedule the coordinator publishes for a job's
+// graph and profile is the schedule `tandem-plan` prints for the same inputs
+// (the binary, run as a user would, with the job's hardware on its flags).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/ir/proto_convert.h"
+#include "common/ir/text_format.h"
+#include "common/job/job_spec.h"
+#include "common/models/graph_builder.h"
+#include "coordinator/planner/planner.h"
+#include "coordinator/service/planning_manager.h"
+
+namespace tandem {
+namespace {
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+struct IdentityCase {
+  std::string name;
+  // optimize.policy, or empty with `passes`.
+  std::string policy;
+  std::vector<std::string> passes;
+  // The budget, as a multiple of the smallest feasible one.
+  double budget_factor = 1.5;
+};
+
+class PlanIdentityTest : public ::testing::TestWithParam<IdentityCase> {};
+
+TEST_P(PlanIdentityTest, CoordinatorPlan_EqualsTandemPlans) {
+  const IdentityCase& c = GetParam();
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/identity_", getpid(), "_", c.name);
+  ASSERT_EQ(std::system(absl::StrCat("mkdir -p ", dir).c_str()), 0);
+
+  v1::JobSpec spec;
+  spec.set_name("identity");
+  spec.mutable_model()->set_preset("llama");
+  spec.mutable_model()->set_layers(4);
+  spec.mutable_model()->set_d_model(128);
+  spec.mutable_model()->set_heads(4);
+  spec.mutable_model()->set_ffn(256);
+  spec.mutable_model()->set_vocab(512);
+  spec.mutable_batch()->set_micro_batch(2);
+  spec.mutable_batch()->set_seq_len(64);
+  spec.mutable_train()->set_steps(50);
+  spec.mutable_parallel()->set_world_size(2);
+  spec.mutable_optimize()->set_warmup_steps(2);
+  spec.mutable_optimize()->set_policy(c.policy);
+  for (const std::string& p : c.passes) spec.mutable_optimize()->add_passes(p);
+  spec.mutable_hardware()->set_device_memory_bytes(int64_t{1} << 30);
+  ApplyJobSpecDefaults(spec);
+  absl::StatusOr<Graph> graph = BuildModelGraph(*ModelConfigFromJobSpec(spec));
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  HardwareModel probe = HardwareModel::H100(2);
+  absl::StatusOr<int64_t> smallest = SmallestFeasibleBudget(*graph, probe);
+  ASSERT_TRUE(smallest.ok());
+  const int64_t budget = static_cast<int64_t>(*smallest * c.budget_factor);
+  spec.mutable_memory()->set_budget_bytes(budget);
+
+  // A profile as two ranks would send it: measured node times (not the
+  // estimates), collectives of three sizes, and a peak above the model.
+  Profile profile;
+  profile.graph_hash = graph->StructuralHash();
+  profile.first_iteration = 0;
+  profile.last_iteration = 1;
+  profile.iteration_s = 0.2;
+  profile.peak_bytes = *smallest / 2 + (int64_t{3} << 20);
+  for (const Node& n : graph->nodes) {
+    profile.nodes.push_back({n.id, 1e-3 * (1 + n.id % 5), 2});
+  }
+  for (int64_t bytes : {int64_t{1} << 16, int64_t{1} << 20, int64_t{1} << 24}) {
+    CollectiveTiming gather;
+    gather.kind = CollectiveKind::kAllGather;
+    gather.node_id = graph->nodes.front().id;
+    gather.bytes = bytes;
+    gather.issue_to_done_s = 1e-4 + bytes / 40e6;
+    profile.collectives.push_back(gather);
+    CollectiveTiming reduce = gather;
+    reduce.kind = CollectiveKind::kReduceScatter;
+    reduce.issue_to_done_s = 2e-4 + bytes / 30e6;
+    profile.collectives.push_back(reduce);
+  }
+
+  // The coordinator's path.
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(":memory:");
+  ASSERT_TRUE(store.ok());
+  JobManager jobs(store->get());
+  PlanningManager planning(&jobs, store->get(), nullptr);
+  std::vector<v1::ScheduleUpdate> published;
+  planning.SetPublisher([&](const std::string&, const v1::ScheduleUpdate& u) {
+    published.push_back(u);
+  });
+  absl::StatusOr<v1::Job> job = jobs.Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  v1::GraphReport report;
+  report.set_graph_hash(graph->StructuralHash());
+  *report.mutable_graph() = ToProto(*graph);
+  ASSERT_TRUE(planning.OnGraph(job->id(), 0, report).ok());
+  report.clear_graph();
+  ASSERT_TRUE(planning.OnGraph(job->id(), 1, report).ok());
+  for (int32_t rank : {0, 1}) {
+    Profile p = profile;
+    p.rank = rank;
+    ASSERT_TRUE(planning.OnProfile(job->id(), rank, ToProto(p)).ok());
+  }
+  planning.Drain();
+  ASSERT_EQ(published.size(), 1u)
+      << "no plan published; events: "
+      << jobs.Events(job->id(), 0)->back().message();
+  absl::StatusOr<Schedule> coordinator = FromProto(published[0].schedule());
+  ASSERT_TRUE(coordinator.ok());
+
+  // tandem-plan's path, on the job's hardware: its device memory and
+  // budget, 2 ranks on one node (no host reported), the CPU host link.
+  {
+    std::ofstream(dir + "/graph.txt") << PrintGraph(*graph);
+    Profile aggregate = profile;
+    aggregate.rank = Profile::kAggregateRank;
+    std::ofstream(dir + "/profile.txt") << PrintProfile(aggregate);
+  }
+  std::string flags =
+      c.passes.empty() ? absl::StrCat(" --policy ", c.policy) : " --passes ";
+  for (size_t i = 0; i < c.passes.size(); ++i) {
+    absl::StrAppend(&flags, i > 0 ? "," : "", c.passes[i]);
+  }
+  const std::string command = absl::StrCat(
+      TANDEM_PLAN_BIN, " --graph ", dir, "/graph.txt --profile ", dir,
+      "/profile.txt --hw 'world=2 ranks_per_node=2 host_gbps=",
+      kAssumedCpuHostBytesPerS / 1e9, " memory=1GiB' --budget ", budget, flags,
+      " --summary --schedule-out ", dir, "/schedule.txt > ", dir,
+      "/out.txt 2>&1");
+  ASSERT_EQ(std::system(command.c_str()), 0) << command << "\n"
+                                             << ReadAll(dir + "/out.txt");
+  absl::StatusOr<Schedule> offline =
+      ParseSchedule(ReadAll(dir + "/schedule.txt"));
+  ASSERT_TRUE(offline.ok()) << offline.status();
+
+  // What differs by design: the version, why and how fast it was planned.
+  for (Schedule* s : {&*coordinator, &*offline}) {
+    s->version = 0;
+    s->provenance.reason.clear();
+    s->provenance.plan_wall_s = 0;
+  }
+  EXPECT_EQ(PrintSchedule(*coordinator), PrintSchedule(*offline));
+  EXPECT_TRUE(*coordinator == *offline);
+  // The inputs were not trivial: the plan did more than the baseline.
+  EXPECT_GT(coordinator->provenance.passes.size(), 1u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Pipelines, PlanIdentityTest,
+    ::testing::Values(IdentityCase{"tandem", "tandem", {}, 1.5},
+                      IdentityCase{"tandem_tight", "tandem", {}, 1.05},
+                      IdentityCase{"deepcompile", "deepcompile", {}, 3.0},
+                      IdentityCase{"own_passes",
+                                   "",
+                                   {"zero3-insert", "prefetch", "unshard"},
+                                   2.0}),
+    [](const ::testing::TestParamInfo<IdentityCase>& info) {
+      return info.param.name;
+    });
+
+}  // namespace
+}  // namespace tandem

@@ -92,7 +92,9 @@ def cmd_status(client, args):
         rows.append(("error", job.error))
     rows += [("model", model), ("batch", batch),
              ("zero", "stage %d" % job.spec.parallel.zero_stage),
-             ("passes", ", ".join(job.spec.optimize.passes))]
+             ("plan", "passes " + ", ".join(job.spec.optimize.passes)
+              if job.spec.optimize.passes
+              else "policy " + (job.spec.optimize.policy or "tandem"))]
     for k, v in rows:
         _out("%-10s %s" % (k, v))
     if args.spec:

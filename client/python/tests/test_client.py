@@ -31,7 +31,8 @@ def test_submit_minimal_dict_applies_server_defaults(client):
     assert s.batch.grad_accum == 1
     assert s.train.lr == pytest.approx(1e-3) and s.train.beta2 == 0.95
     assert s.parallel.zero_stage == 3
-    assert list(s.optimize.passes)[0] == "zero3-insert"
+    # The pipeline plan_bench measures: the tandem policy, no pass list.
+    assert s.optimize.policy == "tandem" and list(s.optimize.passes) == []
     assert s.optimize.warmup_steps == 3 and s.optimize.drift_window == 5
     assert s.optimize.drift_threshold == pytest.approx(0.1)
 
@@ -56,6 +57,32 @@ def test_several_invalid_fields_are_all_reported(client):
         client.submit(spec)
     assert "data.path must name the token file" in e.value.message
     assert "train.lr must be > 0, got -1" in e.value.message
+
+
+def test_reference_policy_and_own_passes_are_accepted(client):
+    job = client.submit(small_spec(optimize={"policy": "fsdp"}))
+    assert job.spec.optimize.policy == "fsdp"
+    job = client.submit(small_spec(
+        optimize={"passes": ["zero3-insert:grouping=unit", "offload-lend",
+                             "unshard"]}))
+    assert list(job.spec.optimize.passes)[0] == "zero3-insert:grouping=unit"
+    assert job.spec.optimize.policy == ""
+
+
+def test_unknown_policy_and_pass_are_refused_at_submit(client):
+    with pytest.raises(tandem.TandemError) as e:
+        client.submit(small_spec(optimize={"policy": "zero-infinity"}))
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "optimize.policy 'zero-infinity' is not a policy; use" in str(e.value)
+    with pytest.raises(tandem.TandemError) as e:
+        client.submit(small_spec(
+            optimize={"passes": ["zero3-insert", "prefetsh"]}))
+    assert ("optimize.passes[1]: 'prefetsh' is not a pass; use one of"
+            in str(e.value))
+    with pytest.raises(tandem.TandemError) as e:
+        client.submit(small_spec(optimize={"policy": "fsdp",
+                                           "passes": ["prefetch"]}))
+    assert "are both set" in str(e.value)
 
 
 def test_unknown_yaml_key_fails_locally_before_any_call(tmp_path):

@@ -7,12 +7,17 @@
 //                 --rendezvous HOST:PORT [--schedule FILE]
 //                 [--profile-out FILE] [--trace-out FILE] [--threads N]
 //                 [--timeout-s S]
-//   both modes: [--metrics-listen HOST:PORT] [--offload-dir DIR]
+//   both modes: [--device auto|cpu|cuda] [--metrics-listen HOST:PORT]
+//               [--offload-dir DIR]
 //
 // Agent mode (the default) runs a rank of a coordinator's job: the spec,
 // rank and rendezvous come from the coordinator. Standalone mode trains
 // without one (rank 0 hosts the rendezvous store). Both print one JSON line
-// per step on stdout. Only flag parsing and wiring live here.
+// per step on stdout. Only flag parsing and wiring live here; agent mode's
+// wiring is agent_mode.cc, absent from builds without gRPC.
+// --device picks where the rank trains: cpu (Gloo), cuda (NCCL, on GPU
+// cuda:LOCAL_RANK, else SLURM_LOCALID, else 0) or auto (the default: cuda
+// when this build has CUDA and a GPU is visible, else cpu).
 // --metrics-listen serves Prometheus metrics at /metrics (port 0 picks one;
 // stderr says which); --trace-out writes the last iteration's Chrome trace.
 // --offload-dir holds the host tier's files when a schedule offloads
@@ -21,10 +26,6 @@
 // In agent mode SIGTERM and SIGINT stop the rank cleanly: it tells the
 // coordinator (the job fails with "rank r stopped by signal SIGTERM") and
 // exits with 128 + the signal. --health-listen serves grpc.health.v1.
-#include <unistd.h>
-
-#include <atomic>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -35,13 +36,13 @@
 #include "absl/strings/str_cat.h"
 #include "common/metrics/http_exporter.h"
 #include "common/metrics/metrics_registry.h"
-#include "worker/agent/agent_trainer.h"
-#include "worker/agent/health_server.h"
+#include "worker/agent_mode.h"
 #include "worker/metrics/worker_metrics.h"
 #include "worker/runtime/memory_meter.h"
 #include "worker/runtime/process_group.h"
 #include "worker/spec/job_spec_yaml.h"
 #include "worker/standalone/standalone_trainer.h"
+#include "worker/trainer/runtime_options.h"
 
 namespace {
 
@@ -52,12 +53,8 @@ constexpr char kUsage[] =
     "       tandem-worker --standalone --spec job.yaml --rank R --world W "
     "--rendezvous HOST:PORT [--schedule FILE] [--profile-out FILE] "
     "[--trace-out FILE] [--threads N] [--timeout-s S]\n"
-    "       both modes: [--metrics-listen HOST:PORT] [--offload-dir DIR]\n";
-
-// The stop signal received in agent mode (0: none); RunAgent acts on it.
-std::atomic<int> g_stop_signal{0};
-
-void OnStopSignal(int signal) { g_stop_signal.store(signal); }
+    "       both modes: [--device auto|cpu|cuda] [--metrics-listen HOST:PORT] "
+    "[--offload-dir DIR]\n";
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "tandem-worker: %s\n", message.c_str());
@@ -102,10 +99,10 @@ int main(int argc, char** argv) {
   std::string spec_path, rendezvous, schedule_path, profile_out;
   std::string offload_dir;
   std::string metrics_listen, trace_out;
-  std::string coordinator, job_id, bind_host = "127.0.0.1", health_listen;
-  int rank = -1, world = -1, threads = 0, timeout_s = 300, profile_window = 0;
+  std::string device = "auto";
+  tandem::AgentModeFlags agent;
+  int rank = -1, world = -1, threads = 0, timeout_s = 300;
   int slow_from_step = 0;
-  double slow_node_ms = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&](std::string* out) {
@@ -142,22 +139,24 @@ int main(int argc, char** argv) {
       ok = int_value(&threads);
     } else if (arg == "--timeout-s") {
       ok = int_value(&timeout_s);
+    } else if (arg == "--device") {
+      ok = value(&device);
     } else if (arg == "--coordinator") {
-      ok = value(&coordinator);
+      ok = value(&agent.coordinator);
     } else if (arg == "--job") {
-      ok = value(&job_id);
+      ok = value(&agent.job_id);
     } else if (arg == "--bind-host") {
-      ok = value(&bind_host);
+      ok = value(&agent.bind_host);
     } else if (arg == "--health-listen") {
-      ok = value(&health_listen);
+      ok = value(&agent.health_listen);
     } else if (arg == "--profile-window") {
-      ok = int_value(&profile_window);
+      ok = int_value(&agent.profile_window);
     } else if (arg == "--slow-from-step") {
       ok = int_value(&slow_from_step);
     } else if (arg == "--slow-node-ms") {
       std::string text;
-      ok = value(&text) && absl::SimpleAtod(text, &slow_node_ms) &&
-           slow_node_ms >= 0;
+      ok = value(&text) && absl::SimpleAtod(text, &agent.slow_node_ms) &&
+           agent.slow_node_ms >= 0;
     } else if (arg == "--help" || arg == "-h") {
       std::fputs(kUsage, stdout);
       return 0;
@@ -174,6 +173,36 @@ int main(int argc, char** argv) {
                                "\n", kUsage));
     }
   }
+  if (standalone) {
+    if (spec_path.empty() || rendezvous.empty() || rank < 0 || world < 1) {
+      return Fail(absl::StrCat(
+          "--spec, --rank, --world and --rendezvous are required\n", kUsage));
+    }
+    if (rank >= world) {
+      return Fail(absl::StrCat("--rank ", rank, " must be < --world ", world));
+    }
+  } else {
+    if (!tandem::AgentModeBuilt()) {
+      return tandem::RunAgentMode(agent, {}, nullptr);  // says why it cannot
+    }
+    if (agent.coordinator.empty() || agent.job_id.empty()) {
+      return Fail(absl::StrCat(
+          "agent mode needs --coordinator and --job (or use --standalone)\n",
+          kUsage));
+    }
+  }
+  // Both modes: the device (and with it the collectives' backend) is known
+  // before anything touches the network.
+  absl::StatusOr<tandem::DeviceChoice> choice =
+      tandem::ParseDeviceChoice(device);
+  if (!choice.ok()) return Fail(std::string(choice.status().message()));
+  absl::StatusOr<int> local_rank = tandem::LocalRankFromEnvironment();
+  if (!local_rank.ok()) return Fail(std::string(local_rank.status().message()));
+  absl::StatusOr<tandem::RuntimeOptions> runtime =
+      tandem::ResolveRuntimeOptions(*choice, *local_rank,
+                                    tandem::ThisBuildsCuda());
+  if (!runtime.ok()) return Fail(std::string(runtime.status().message()));
+
   std::unique_ptr<MetricsExport> metrics;
   if (!metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<MetricsExport>> started =
@@ -184,56 +213,12 @@ int main(int argc, char** argv) {
   tandem::IterationObserver* observer =
       metrics != nullptr ? metrics->observer.get() : nullptr;
   if (!standalone) {
-    if (coordinator.empty() || job_id.empty()) {
-      return Fail(absl::StrCat(
-          "agent mode needs --coordinator and --job (or use --standalone)\n",
-          kUsage));
-    }
-    tandem::AgentTrainerOptions options;
-    options.coordinator = coordinator;
-    options.job_id = job_id;
-    options.requested_rank = rank;
-    // --world in agent mode: the launcher's count, checked against the job.
-    options.expected_world = world > 0 ? world : 0;
-    char host[256] = {0};
-    gethostname(host, sizeof(host) - 1);
-    options.hostname = host;
-    options.bind_host = bind_host;
-    options.threads = threads;
-    options.offload_dir = offload_dir;
-    options.profile_window = profile_window;
-    options.slow_node_ms = slow_node_ms;
-    options.slow_from_step = slow_from_step;
-    options.observer = observer;
-    std::unique_ptr<tandem::HealthServer> health;
-    if (!health_listen.empty()) {
-      absl::StatusOr<std::unique_ptr<tandem::HealthServer>> started =
-          tandem::HealthServer::Start(health_listen);
-      if (!started.ok()) return Fail(std::string(started.status().message()));
-      health = *std::move(started);
-      std::fprintf(stderr, "tandem-worker: health on port %d\n",
-                   health->port());
-      options.on_ready = [h = health.get()](bool ready) { h->SetReady(ready); };
-    }
-    std::signal(SIGTERM, OnStopSignal);
-    std::signal(SIGINT, OnStopSignal);
-    options.stop_signal = &g_stop_signal;
-    absl::Status status = tandem::RunAgent(options, std::cout);
-    if (health) health->Shutdown();
-    if (!status.ok()) {
-      std::fprintf(stderr, "tandem-worker: %s\n",
-                   std::string(status.message()).c_str());
-      const int signal = g_stop_signal.load();
-      return signal != 0 ? 128 + signal : 1;
-    }
-    return 0;
-  }
-  if (spec_path.empty() || rendezvous.empty() || rank < 0 || world < 1) {
-    return Fail(absl::StrCat(
-        "--spec, --rank, --world and --rendezvous are required\n", kUsage));
-  }
-  if (rank >= world) {
-    return Fail(absl::StrCat("--rank ", rank, " must be < --world ", world));
+    agent.rank = rank;
+    agent.world = world > 0 ? world : 0;
+    agent.threads = threads;
+    agent.offload_dir = offload_dir;
+    agent.slow_from_step = slow_from_step;
+    return tandem::RunAgentMode(agent, *runtime, observer);
   }
 
   tandem::StandaloneOptions options;
@@ -252,6 +237,9 @@ int main(int argc, char** argv) {
   options.observer = observer;
   options.threads = threads;
   options.offload_dir = offload_dir;
+  options.runtime = *runtime;
+  std::fprintf(stderr, "tandem-worker rank %d: %s\n", rank,
+               tandem::DescribeRuntime(*runtime).c_str());
 
   status = tandem::RunStandalone(options, std::cout);
   if (!status.ok()) {

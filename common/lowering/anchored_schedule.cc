@@ -29,6 +29,24 @@ void AnchoredSchedule::WriteTo(Schedule& schedule) const {
   }
 }
 
+std::vector<int64_t> ProgramOrder(const Graph& graph, const GraphIndex& index,
+                                  const Schedule& schedule) {
+  std::vector<std::vector<int>> slots(2 * graph.nodes.size());
+  for (size_t i = 0; i < schedule.actions.size(); ++i) {
+    const Action& a = schedule.actions[i];
+    const int pos = index.NodePos(a.node_id);
+    if (pos < 0) continue;
+    slots[AnchoredSchedule::Slot(pos, a.position)].push_back(
+        static_cast<int>(i));
+  }
+  std::vector<int64_t> seq(schedule.actions.size(), -1);
+  int64_t next = 0;
+  for (const std::vector<int>& slot : slots) {
+    for (int i : slot) seq[i] = next++;
+  }
+  return seq;
+}
+
 int64_t ParamStateBytes(const Param& param, int32_t world_size) {
   return param.shard_numel(std::max(world_size, 1)) *
          OptimizerStateBytesPerElement(param.dtype);

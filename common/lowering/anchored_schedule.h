@@ -47,6 +47,11 @@ class AnchoredSchedule {
   std::vector<std::vector<Action>> slots_;
 };
 
+// Each action's rank in program order (its slot, then list order within the
+// slot); -1 for an action on an unknown node.
+std::vector<int64_t> ProgramOrder(const Graph& graph, const GraphIndex& index,
+                                  const Schedule& schedule);
+
 // Optimizer-state bytes of a param's shard on this rank, as the simulator
 // counts them.
 int64_t ParamStateBytes(const Param& param, int32_t world_size);

@@ -19,6 +19,7 @@ Schedule LowerZero3(const Graph& graph,
   const absl::flat_hash_set<int32_t> persistent(persistent_param_ids.begin(),
                                                 persistent_param_ids.end());
   Schedule schedule;
+  schedule.graph_hash = graph.StructuralHash();
   schedule.mode = ShardingMode::kZero3;
   schedule.persistent_param_ids.assign(persistent_param_ids.begin(),
                                        persistent_param_ids.end());
@@ -133,6 +134,7 @@ Schedule LowerZero1(const Graph& graph, int64_t bucket_bytes) {
   const GraphIndex index(graph);
   if (bucket_bytes <= 0) bucket_bytes = kDefaultZero1BucketBytes;
   Schedule schedule;
+  schedule.graph_hash = graph.StructuralHash();
   schedule.mode = ShardingMode::kZero1;
   for (const Param& p : graph.params) {
     schedule.persistent_param_ids.push_back(p.id);

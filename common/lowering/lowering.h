@@ -41,8 +41,9 @@ enum class GatherGrouping {
 };
 
 // The ZeRO-3 baseline (above). `persistent_param_ids` stay out of the groups
-// and become the schedule's persistent set. The result has mode ZeRO-3, no
-// offloads, version 0 and empty provenance.
+// and become the schedule's persistent set. The result is for `graph`'s
+// structural hash, with mode ZeRO-3, no offloads, version 0 and empty
+// provenance.
 Schedule LowerZero3(const Graph& graph,
                     absl::Span<const int32_t> persistent_param_ids,
                     GatherGrouping grouping = GatherGrouping::kPerNode);

@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/lowering/anchored_schedule.h"
 
 namespace tandem {
 
@@ -315,8 +316,7 @@ class Replay {
           }
           break;
       }
-      slot_of[i] =
-          2 * node_pos + (a.position == AnchorPosition::kAfter ? 1 : 0);
+      slot_of[i] = AnchoredSchedule::Slot(node_pos, a.position);
       ++slot_begin_[slot_of[i] + 1];
     }
     for (size_t s = 1; s < slot_begin_.size(); ++s) {
@@ -482,7 +482,7 @@ class Replay {
     double previous_end = 0;
     for (size_t pos = 0; pos < num_nodes; ++pos) {
       const Node& node = graph_.nodes[pos];
-      absl::Status status = RunActions(2 * pos);
+      absl::Status status = RunActions(AnchoredSchedule::BeforeSlot(pos));
       if (!status.ok()) return status;
       if (node.phase == Phase::kOptimizer) {
         // The optimizer needs every gradient shard and state issued so far.
@@ -522,7 +522,7 @@ class Replay {
           live_activation[twin] = 0;
         }
       }
-      status = RunActions(2 * pos + 1);
+      status = RunActions(AnchoredSchedule::AfterSlot(pos));
       if (!status.ok()) return status;
       // memory_after_bytes is read after every event so far at this instant.
       node_marker_seq_[pos] = static_cast<uint32_t>(events_.size());

@@ -8,10 +8,11 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "common/lowering/anchored_schedule.h"
+#include "common/lowering/schedule_semantics.h"
 #include "common/sim/simulator.h"
 #include "common/status_macros.h"
 #include "coordinator/analysis/group_sizes.h"
-#include "common/lowering/schedule_semantics.h"
 
 namespace tandem {
 namespace {
@@ -26,10 +27,6 @@ constexpr int kMaxFusionTrials = 48;
 constexpr double kTie = 1e-9;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-int SlotKey(int node_pos, AnchorPosition position) {
-  return 2 * node_pos + (position == AnchorPosition::kAfter ? 1 : 0);
-}
 
 // One gather of a group: its ALLGATHER, the first WAIT after it and the
 // RELEASE that ends it (indices into Schedule::actions, -1 when missing).
@@ -73,7 +70,7 @@ Layout BuildLayout(const Graph& graph, const GraphIndex& index,
     const Action& a = schedule.actions[i];
     const int pos = index.NodePos(a.node_id);
     if (pos < 0) continue;
-    const int slot = SlotKey(pos, a.position);
+    const int slot = AnchoredSchedule::Slot(pos, a.position);
     layout.slot_of[i] = slot;
     layout.pos_in_slot[i] = static_cast<int>(layout.slots[slot].size());
     layout.slots[slot].push_back(static_cast<int>(i));
@@ -129,7 +126,7 @@ Layout BuildLayout(const Graph& graph, const GraphIndex& index,
     }
   }
   for (Occurrence& occ : layout.occurrences) {
-    occ.max_node = occ.wait_slot / 2;
+    occ.max_node = AnchoredSchedule::NodePosOf(occ.wait_slot);
     occ.movable =
         occ.wait >= 0 && !broken[occ.group_pos] && occ.min_node <= occ.max_node;
   }
@@ -280,10 +277,10 @@ class Reanchorer {
     gather_at->assign(movable_.size(), -1);
     for (int s = 0; s < 2 * n; ++s) {
       if (s % 2 == 0) {
-        for (int k : at_node[s / 2]) {
+        for (int k : at_node[AnchoredSchedule::NodePosOf(s)]) {
           (*gather_at)[k] = static_cast<int>(out.actions.size());
           Action a = base_.actions[movable_[k].gather];
-          a.node_id = graph_.nodes[s / 2].id;
+          a.node_id = graph_.nodes[AnchoredSchedule::NodePosOf(s)].id;
           a.position = AnchorPosition::kBefore;
           out.actions.push_back(std::move(a));
         }

@@ -9,6 +9,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "common/lowering/anchored_schedule.h"
 #include "common/sim/simulator.h"
 #include "common/status_macros.h"
 #include "coordinator/analysis/group_sizes.h"
@@ -45,27 +46,6 @@ struct Item {
   double value = 0;
   int64_t cost = 0;
 };
-
-// Program-order rank of each action (slot, then list order); -1 for actions
-// on unknown nodes.
-std::vector<int64_t> ProgramOrder(const GraphIndex& index, const Graph& graph,
-                                  const Schedule& schedule) {
-  const size_t n = graph.nodes.size();
-  std::vector<std::vector<int>> slots(2 * n);
-  for (size_t i = 0; i < schedule.actions.size(); ++i) {
-    const Action& a = schedule.actions[i];
-    const int pos = index.NodePos(a.node_id);
-    if (pos < 0) continue;
-    slots[2 * pos + (a.position == AnchorPosition::kAfter ? 1 : 0)].push_back(
-        static_cast<int>(i));
-  }
-  std::vector<int64_t> seq(schedule.actions.size(), -1);
-  int64_t next = 0;
-  for (const std::vector<int>& slot : slots) {
-    for (int i : slot) seq[i] = next++;
-  }
-  return seq;
-}
 
 // The base schedule with the chosen groups (positions into base.groups)
 // kept gathered from their first gather to their last release, or
@@ -342,7 +322,7 @@ absl::StatusOr<bool> UnshardPass::RunImpl(PlanningContext& context) {
     }
   }
 
-  const std::vector<int64_t> order = ProgramOrder(index, graph, base);
+  const std::vector<int64_t> order = ProgramOrder(graph, index, base);
   std::vector<Item> chosen;
   std::vector<bool> considered(items.size(), false);
   Schedule best = base;

@@ -98,6 +98,10 @@ absl::Status PlanningManager::Recover() {
     absl::StatusOr<std::vector<StoredSchedule>> schedules =
         store_->LoadSchedules(job.id());
     if (!schedules.ok()) return schedules.status();
+    // The ranks' devices, as they registered: the hardware of later plans.
+    absl::StatusOr<std::vector<StoredWorker>> workers =
+        store_->LoadWorkers(job.id());
+    if (!workers.ok()) return workers.status();
     absl::StatusOr<Graph> ir;
     if (graph->has_value()) {
       ir = FromProto(**graph);
@@ -111,6 +115,13 @@ absl::Status PlanningManager::Recover() {
       if (!accepted.ok()) return accepted.status();
     }
     state.schedules = *std::move(schedules);
+    for (const StoredWorker& w : *workers) {
+      if (w.rank < 0 || w.rank >= job.spec().parallel().world_size()) continue;
+      if (state.devices.size() <= static_cast<size_t>(w.rank)) {
+        state.devices.resize(w.rank + 1);
+      }
+      state.devices[w.rank] = {w.hostname, w.device, w.device_memory_bytes};
+    }
     if (!state.schedules.empty()) {
       const v1::Schedule& s = state.schedules.back().schedule;
       state.drift->SetPrediction(s.prediction().iteration_s(),

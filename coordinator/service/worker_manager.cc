@@ -167,8 +167,8 @@ absl::StatusOr<v1::RegisterResponse> WorkerManager::Register(
     return absl::FailedPreconditionError(restart_msg);
   }
   if (absl::Status s = store_->PutWorker(
-          job->id(),
-          {rank, request.incarnation(), request.hostname(), request.device()});
+          job->id(), {rank, request.incarnation(), request.hostname(),
+                      request.device(), request.device_memory_bytes()});
       !s.ok()) {
     return s;
   }

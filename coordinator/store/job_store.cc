@@ -9,7 +9,8 @@
 namespace tandem {
 namespace {
 
-constexpr int kSchemaVersion = 1;
+// 2: workers.device_memory_bytes (a version-1 file is migrated on open).
+constexpr int kSchemaVersion = 2;
 
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS jobs (
@@ -42,6 +43,7 @@ CREATE TABLE IF NOT EXISTS workers (
   incarnation TEXT NOT NULL,
   hostname TEXT NOT NULL,
   device TEXT NOT NULL,
+  device_memory_bytes INTEGER NOT NULL DEFAULT 0,
   PRIMARY KEY (job_id, rank)
 );
 CREATE TABLE IF NOT EXISTS profiles (
@@ -166,7 +168,16 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(
         "; point --db at a Tandem database or a new file"));
   }
   const int64_t found = *row ? version.Int(0) : 0;
-  if (found != 0 && found != kSchemaVersion) {
+  if (found == 1) {
+    // Version 1 had no device memory per worker: 0, unknown.
+    if (absl::Status s = store->Exec(
+            "ALTER TABLE workers ADD COLUMN device_memory_bytes INTEGER NOT "
+            "NULL DEFAULT 0;");
+        !s.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot migrate ", path, " from schema version 1: ", s.message()));
+    }
+  } else if (found != 0 && found != kSchemaVersion) {
     return absl::UnavailableError(absl::StrCat(
         path, " has schema version ", found, ", this coordinator reads ",
         kSchemaVersion, "; use a matching coordinator or a new --db"));
@@ -329,14 +340,15 @@ absl::Status JobStore::PutWorker(absl::string_view job_id,
   std::lock_guard<std::mutex> lock(mu_);
   Statement stmt(db_,
                  "INSERT OR REPLACE INTO workers "
-                 "(job_id, rank, incarnation, hostname, device) "
-                 "VALUES (?, ?, ?, ?, ?)");
+                 "(job_id, rank, incarnation, hostname, device, "
+                 "device_memory_bytes) VALUES (?, ?, ?, ?, ?, ?)");
   if (!stmt.status().ok()) return stmt.status();
   stmt.Bind(1, job_id)
       .Bind(2, static_cast<int64_t>(worker.rank))
       .Bind(3, worker.incarnation)
       .Bind(4, worker.hostname)
-      .Bind(5, worker.device);
+      .Bind(5, worker.device)
+      .Bind(6, worker.device_memory_bytes);
   return Done(stmt);
 }
 
@@ -344,7 +356,8 @@ absl::StatusOr<std::vector<StoredWorker>> JobStore::LoadWorkers(
     absl::string_view job_id) {
   std::lock_guard<std::mutex> lock(mu_);
   Statement stmt(db_,
-                 "SELECT rank, incarnation, hostname, device FROM workers "
+                 "SELECT rank, incarnation, hostname, device, "
+                 "device_memory_bytes FROM workers "
                  "WHERE job_id = ? ORDER BY rank");
   if (!stmt.status().ok()) return stmt.status();
   stmt.Bind(1, job_id);
@@ -354,7 +367,7 @@ absl::StatusOr<std::vector<StoredWorker>> JobStore::LoadWorkers(
     if (!row.ok()) return row.status();
     if (!*row) break;
     out.push_back({static_cast<int32_t>(stmt.Int(0)), stmt.Text(1),
-                   stmt.Text(2), stmt.Text(3)});
+                   stmt.Text(2), stmt.Text(3), stmt.Int(4)});
   }
   return out;
 }

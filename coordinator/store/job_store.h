@@ -40,6 +40,8 @@ struct StoredWorker {
   std::string incarnation;
   std::string hostname;
   std::string device;
+  // What the worker reported it may use (RegisterRequest); 0: unknown.
+  int64_t device_memory_bytes = 0;
 };
 
 class JobStore {

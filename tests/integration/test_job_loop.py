@@ -1,6 +1,8 @@
 """The closed loop over real processes on loopback: a coordinator, two
 tandem-worker processes in agent mode, and the Python client."""
 
+import json
+import statistics
 import time
 
 import pytest
@@ -42,16 +44,41 @@ def messages(client, job_id, kind=None):
             if kind is None or e.kind == kind]
 
 
+def step_lines(worker):
+    """The worker's per-step JSON lines (stdout), in order."""
+    steps = []
+    for line in worker.out_path.read_text().splitlines():
+        d = json.loads(line)
+        if "step" in d and "iteration_s" in d:
+            steps.append(d)
+    return steps
+
+
+def settled_times(versions, times, version):
+    """Iteration times of the steps run under `version`, less the first step
+    after each switch (and step 0): those carry the switch's own costs."""
+    return [t for i, (v, t) in enumerate(zip(versions, times))
+            if v == version and i > 0 and versions[i - 1] == version]
+
+
+REPLAN_STEPS = 40
+
+
 def test_two_ranks_submit_to_succeeded_with_replan(cluster):
     coord = cluster.coordinator()
     with tandem.Client(coord.address, timeout=10) as client:
-        job = client.submit(spec(steps=24))
+        # A 6-step profile window keeps >= 6 baseline steps to measure; the
+        # drift threshold is out of reach so that the initial plan runs to the
+        # end (drift re-plans are test_reoptimize_and_injected_drift's).
+        job = client.submit(spec(
+            steps=REPLAN_STEPS,
+            optimize={"warmup_steps": 6, "drift_threshold": 100}))
         workers = [cluster.worker(coord, job.id, r) for r in range(2)]
         for w in workers:
             assert w.wait(timeout=240) == 0, w.log()
         final = client.get(job.id)[0]
         assert final.state == SUCCEEDED
-        assert final.step == 24
+        assert final.step == REPLAN_STEPS
         msgs = messages(client, job.id)
         assert any("v1 (initial)" in m for m in msgs), msgs
         assert any("v1 active on all 2 ranks" in m for m in msgs), msgs
@@ -61,6 +88,49 @@ def test_two_ranks_submit_to_succeeded_with_replan(cluster):
         # Both ranks printed the same losses.
         lines = [w.out_path.read_text().splitlines() for w in workers]
         assert lines[0][-1].split('"rank"')[0] == lines[1][-1].split('"rank"')[0]
+
+    # (a) What the ranks ran, from their own step lines: every step once,
+    # both ranks under the same schedule version at every step (the switch
+    # agreed on one iteration), starting from the baseline v0 and switching
+    # to a published plan (>= 1) that the coordinator knows.
+    runs = [step_lines(w) for w in workers]
+    for rank, run in enumerate(runs):
+        assert [d["step"] for d in run] == list(range(REPLAN_STEPS)), \
+            (rank, [d["step"] for d in run])
+    versions = [[d["schedule_version"] for d in run] for run in runs]
+    assert versions[0] == versions[1], versions
+    v = versions[0]
+    assert v[0] == 0, v
+    assert all(a <= b for a, b in zip(v, v[1:])), v
+    newest = v[-1]
+    assert newest >= 1, "no step ran under a planned schedule: %s" % v
+    assert schedule.version >= newest, (schedule.version, v)
+
+    # (b) The plan measured no slower than the baseline on these processes:
+    # a step's time is the slower rank's; the noise margin comes from the
+    # spread of the baseline's own steps.
+    times = [max(a["iteration_s"], b["iteration_s"]) for a, b in zip(*runs)]
+    base = settled_times(v, times, 0)
+    planned = settled_times(v, times, newest)
+    figures = ("versions %s; v0 steps (ms) %s; v%d steps (ms) %s" % (
+        v, ["%.2f" % (t * 1e3) for t in base], newest,
+        ["%.2f" % (t * 1e3) for t in planned]))
+    assert len(base) >= 4 and len(planned) >= 4, \
+        "too few steps to compare: " + figures
+    base_median = statistics.median(base)
+    relative_mad = statistics.median(
+        [abs(t - base_median) for t in base]) / base_median
+    margin = max(0.15, 3 * relative_mad)
+    planned_median = statistics.median(planned)
+    print("replan: v0 median %.2f ms (relative MAD %.3f, margin %.3f), "
+          "v%d median %.2f ms (%+.1f%%); %d and %d steps" % (
+              base_median * 1e3, relative_mad, margin, newest,
+              planned_median * 1e3,
+              100 * (planned_median / base_median - 1), len(base),
+              len(planned)))
+    assert planned_median <= base_median * (1 + margin), (
+        "v%d median %.2f ms > v0 median %.2f ms * (1 + %.3f); %s" % (
+            newest, planned_median * 1e3, base_median * 1e3, margin, figures))
 
 
 def test_reoptimize_and_injected_drift_take_effect(cluster):

@@ -32,6 +32,7 @@ absl::StatusOr<v1::RegisterResponse> WorkerAgent::Register() {
   request.set_hostname(options_.hostname);
   request.set_requested_rank(options_.requested_rank);
   request.set_device(options_.device);
+  request.set_device_memory_bytes(options_.device_memory_bytes);
   const auto deadline =
       std::chrono::steady_clock::now() + options_.register_timeout;
   auto backoff = std::chrono::milliseconds(200);

@@ -41,6 +41,9 @@ class WorkerAgent {
     int32_t requested_rank = -1;
     std::string hostname;
     std::string device = "cpu";
+    // Memory this rank may use (RegisterRequest.device_memory_bytes): a
+    // GPU's capacity, or on CPU the host's available memory; 0: unknown.
+    int64_t device_memory_bytes = 0;
     std::chrono::milliseconds heartbeat_interval{1000};
     // How long Register() keeps retrying an unreachable coordinator.
     std::chrono::milliseconds register_timeout{60000};

@@ -75,10 +75,11 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) {
 at::Tensor Rope(const at::Tensor& x) {
   const int64_t s = x.size(2);
   const int64_t half = x.size(3) / 2;
+  // On x's device: a CPU table would not mix with CUDA activations.
+  const at::TensorOptions f32 = x.options().dtype(at::kFloat);
   at::Tensor inv_freq =
-      at::pow(kRopeBase, at::arange(0, half, at::kFloat) * (-2.0 / (2 * half)));
-  at::Tensor angles =
-      at::outer(at::arange(0, s, at::kFloat), inv_freq);  // [s, half]
+      at::pow(kRopeBase, at::arange(0, half, f32) * (-2.0 / (2 * half)));
+  at::Tensor angles = at::outer(at::arange(0, s, f32), inv_freq);  // [s, half]
   at::Tensor cos = angles.cos();
   at::Tensor sin = angles.sin();
   at::Tensor x1 = x.narrow(-1, 0, half);
@@ -117,7 +118,8 @@ at::Tensor Attention(const at::Tensor& x, absl::Span<const at::Tensor> p,
   }
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) /
                       std::sqrt(static_cast<double>(dims.head_dim));
-  const at::Tensor future = at::ones({s, s}, at::kBool).triu(1);
+  const at::Tensor future =
+      at::ones({s, s}, scores.options().dtype(at::kBool)).triu(1);
   scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
   const at::Tensor out = at::matmul(at::softmax(scores, -1), v)
                              .transpose(1, 2)

@@ -13,8 +13,29 @@
 #include "common/status_macros.h"
 #include "worker/runtime/torch_status.h"
 
+#ifdef TANDEM_WITH_CUDA
+#include "c10/cuda/CUDAFunctions.h"
+#endif
+
 namespace tandem {
 namespace {
+
+// The calling thread's CUDA device when collectives run on NCCL, else -1.
+int CallerCudaDevice(bool native_collectives) {
+#ifdef TANDEM_WITH_CUDA
+  if (native_collectives) return c10::cuda::current_device();
+#endif
+  (void)native_collectives;
+  return -1;
+}
+
+void SetCudaDevice(int device) {
+#ifdef TANDEM_WITH_CUDA
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
+#else
+  (void)device;
+#endif
+}
 
 double Seconds(SteadyTime from, SteadyTime to) {
   return std::chrono::duration<double>(to - from).count();
@@ -117,7 +138,12 @@ Communicator::Communicator(c10::intrusive_ptr<c10d::ProcessGroup> group,
       native_collectives_(group_->getBackendName() == "nccl"),
       options_{std::max<int64_t>(options.chunk_bytes, 0),
                std::max(options.max_in_flight, 1)},
-      thread_([this] { Loop(); }) {}
+      thread_([this, cuda_device = CallerCudaDevice(native_collectives_)] {
+        // The current CUDA device is per thread: stage on the caller's GPU
+        // (cuda:LOCAL_RANK), not on GPU 0.
+        if (cuda_device >= 0) SetCudaDevice(cuda_device);
+        Loop();
+      }) {}
 
 Communicator::~Communicator() {
   {
@@ -217,6 +243,7 @@ absl::StatusOr<ChunkTuning> Communicator::TuneChunkBytes() {
     }
   });
   RETURN_IF_ERROR(probe->Wait());
+  if (probe_seconds_for_testing_ > 0) seconds = probe_seconds_for_testing_;
   ASSIGN_OR_RETURN(std::vector<double> all, AllGatherScalars({seconds}));
   tuning.probe_s = *std::max_element(all.begin(), all.end());
   tuning.probe_bytes =

@@ -154,6 +154,13 @@ class Communicator {
   // current choice, not tuned) when the size is fixed, at world size 1 or on
   // NCCL.
   absl::StatusOr<ChunkTuning> TuneChunkBytes();
+  // Test seam: when `seconds` > 0, TuneChunkBytes on this rank still runs
+  // the probe but reports `seconds` as this rank's time instead of the
+  // measured one (so tests can pin a link rate). Call before TuneChunkBytes,
+  // from the thread that calls it.
+  void SetProbeSecondsForTesting(double seconds) {
+    probe_seconds_for_testing_ = seconds;
+  }
 
   // Blocks until every submission so far finished; the first failure.
   absl::Status Drain();
@@ -176,6 +183,8 @@ class Communicator {
   const bool native_collectives_;  // NCCL: _allgather_base et al.
   // Changed only by TuneChunkBytes, on the communication thread.
   CommOptions options_;
+  // SetProbeSecondsForTesting; 0: use the measured time.
+  double probe_seconds_for_testing_ = 0;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

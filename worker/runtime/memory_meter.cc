@@ -4,6 +4,9 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
 
 #include "c10/core/CPUAllocator.h"
 #include "c10/core/alignment.h"
@@ -72,39 +75,50 @@ void CountingCpuAllocator::ResetPeak() {
 #ifdef TANDEM_WITH_CUDA
 namespace {
 
+// One GPU's caching-allocator statistics. Bound to a device index rather
+// than to the current device, which is per thread: the communication and
+// copy threads must not measure another GPU.
 class CudaMemoryMeter final : public MemoryMeter {
  public:
+  explicit CudaMemoryMeter(c10::DeviceIndex device) : device_(device) {}
+
   int64_t current_bytes() const override {
-    return Stats().allocated_bytes[kAggregate].current;
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(device_)
+        .allocated_bytes[kAggregate]
+        .current;
   }
   int64_t peak_bytes() const override {
-    return Stats().allocated_bytes[kAggregate].peak;
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(device_)
+        .allocated_bytes[kAggregate]
+        .peak;
   }
   void ResetPeak() override {
-    c10::cuda::CUDACachingAllocator::resetPeakStats(
-        c10::cuda::current_device());
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device_);
   }
 
  private:
-  static constexpr size_t kAggregate =
-      static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE);
-  static c10::cuda::CUDACachingAllocator::DeviceStats Stats() {
-    return c10::cuda::CUDACachingAllocator::getDeviceStats(
-        c10::cuda::current_device());
-  }
+  // StatType::AGGREGATE, by value: the enum's namespace moved between
+  // libtorch releases (CUDACachingAllocator, then c10::CachingAllocator).
+  static constexpr size_t kAggregate = 0;
+  const c10::DeviceIndex device_;
 };
 
 }  // namespace
 #endif
 
-MemoryMeter* MemoryMeterFor(c10::DeviceType device_type) {
-  if (device_type == c10::DeviceType::CPU) {
-    return CountingCpuAllocator::Install();
-  }
+MemoryMeter* MemoryMeterFor(const c10::Device& device) {
+  if (device.is_cpu()) return CountingCpuAllocator::Install();
 #ifdef TANDEM_WITH_CUDA
-  if (device_type == c10::DeviceType::CUDA) {
-    static CudaMemoryMeter* const meter = new CudaMemoryMeter();
-    return meter;
+  if (device.is_cuda()) {
+    const c10::DeviceIndex index =
+        device.has_index() ? device.index() : c10::cuda::current_device();
+    static std::mutex mu;
+    static auto* const meters =
+        new std::map<c10::DeviceIndex, std::unique_ptr<CudaMemoryMeter>>();
+    std::lock_guard<std::mutex> lock(mu);
+    std::unique_ptr<CudaMemoryMeter>& meter = (*meters)[index];
+    if (meter == nullptr) meter = std::make_unique<CudaMemoryMeter>(index);
+    return meter.get();
   }
 #endif
   return nullptr;

@@ -1,7 +1,7 @@
-// Memory accounting for the worker (DESIGN.md, "Runtime rules"): on CPU a
-// counting allocator registered as libtorch's CPU allocator; on CUDA the
-// caching allocator's statistics. The executor samples a MemoryMeter at node
-// boundaries and checks the job's budget against its peak.
+// Memory accounting for the worker: on CPU a counting allocator registered
+// as libtorch's CPU allocator; on CUDA the caching allocator's statistics.
+// The executor samples a MemoryMeter at node boundaries and checks the job's
+// budget against its peak.
 #ifndef TANDEM_WORKER_RUNTIME_MEMORY_METER_H_
 #define TANDEM_WORKER_RUNTIME_MEMORY_METER_H_
 
@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "c10/core/Allocator.h"
+#include "c10/core/Device.h"
 
 namespace tandem {
 
@@ -62,10 +63,12 @@ class CountingCpuAllocator final : public c10::Allocator, public MemoryMeter {
   mutable std::atomic<int64_t> allocations_{0};
 };
 
-// The meter for `device_type`: the counting allocator on CPU (installing it
-// when needed), the CUDA caching allocator's statistics when built with CUDA.
-// nullptr for devices this build cannot measure.
-MemoryMeter* MemoryMeterFor(c10::DeviceType device_type);
+// The meter for `device`: the counting allocator on CPU (installing it when
+// needed); on CUDA (built with TANDEM_WITH_CUDA) the caching allocator's
+// statistics of that GPU (cuda without an index: the calling thread's current
+// GPU). nullptr for devices this build cannot measure. Meters live for the
+// process.
+MemoryMeter* MemoryMeterFor(const c10::Device& device);
 
 }  // namespace tandem
 

@@ -10,7 +10,14 @@
 #include "absl/strings/str_cat.h"
 #include "torch/csrc/distributed/c10d/ProcessGroupGloo.hpp"
 #include "torch/csrc/distributed/c10d/TCPStore.hpp"
+#include "torch/version.h"
 #include "worker/runtime/torch_status.h"
+
+#if TORCH_VERSION_MAJOR >= 2
+#define TANDEM_TORCH_2 1
+#else
+#define TANDEM_TORCH_2 0
+#endif
 
 #ifdef TANDEM_WITH_NCCL
 #include "torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp"
@@ -36,7 +43,62 @@ std::shared_ptr<::gloo::transport::Device> GlooDevice(
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+// libtorch 1.x: ProcessGroupGloo and ProcessGroupNCCL are process groups.
+// libtorch 2.x: they are c10d::Backends, and a ProcessGroup dispatches each
+// collective to the backend registered for its tensors' device type, as
+// torch.distributed.init_process_group builds it.
+#if TANDEM_TORCH_2
+template <typename BackendImpl>
+c10::intrusive_ptr<c10d::ProcessGroup> WrapBackend(
+    c10::intrusive_ptr<BackendImpl> impl,
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
+    CollectiveBackend backend, std::chrono::milliseconds timeout) {
+  const bool nccl = backend == CollectiveBackend::kNccl;
+  const auto type = nccl ? c10d::ProcessGroup::BackendType::NCCL
+                         : c10d::ProcessGroup::BackendType::GLOO;
+#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 6
+  // 2.6 dropped ProcessGroup::Options: the default backend is set instead.
+  (void)timeout;
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world_size);
+  group->setDefaultBackend(type);
+#else
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(
+      store, rank, world_size,
+      c10::make_intrusive<c10d::ProcessGroup::Options>(
+          std::string(CollectiveBackendName(backend)), timeout));
+#endif
+  const c10::intrusive_ptr<c10d::Backend> as_backend = std::move(impl);
+  group->setBackend(nccl ? c10::DeviceType::CUDA : c10::DeviceType::CPU, type,
+                    as_backend);
+  return group;
+}
+#else
+template <typename BackendImpl>
+c10::intrusive_ptr<c10d::ProcessGroup> WrapBackend(
+    c10::intrusive_ptr<BackendImpl> impl,
+    const c10::intrusive_ptr<c10d::Store>& /*store*/, int /*rank*/,
+    int /*world_size*/, CollectiveBackend /*backend*/,
+    std::chrono::milliseconds /*timeout*/) {
+  return c10::intrusive_ptr<c10d::ProcessGroup>(std::move(impl));
+}
+#endif
+
 }  // namespace
+
+absl::string_view CollectiveBackendName(CollectiveBackend backend) {
+  switch (backend) {
+    case CollectiveBackend::kGloo:
+      return "gloo";
+    case CollectiveBackend::kNccl:
+      return "nccl";
+  }
+  return "unknown";
+}
+
+CollectiveBackend BackendForDevice(c10::DeviceType device_type) {
+  return device_type == c10::DeviceType::CUDA ? CollectiveBackend::kNccl
+                                              : CollectiveBackend::kGloo;
+}
 
 bool BackendAvailable(CollectiveBackend backend) {
   switch (backend) {
@@ -81,7 +143,7 @@ CreateProcessGroupFromStore(c10::intrusive_ptr<c10d::Store> store, int rank,
   if (!BackendAvailable(backend)) {
     return absl::InvalidArgumentError(
         "the NCCL backend needs a build against a CUDA libtorch with "
-        "-DTANDEM_WITH_NCCL=ON; use gloo on this build");
+        "-DTANDEM_WITH_NCCL=ON; this build has Gloo only (--device cpu)");
   }
   absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> group =
       TorchCallOr<c10::intrusive_ptr<c10d::ProcessGroup>>(
@@ -91,8 +153,9 @@ CreateProcessGroupFromStore(c10::intrusive_ptr<c10d::Store> store, int rank,
             if (backend == CollectiveBackend::kNccl) {
               auto opts = c10d::ProcessGroupNCCL::Options::create();
               opts->timeout = timeout;
-              return c10::make_intrusive<c10d::ProcessGroupNCCL>(
-                  store, rank, world_size, opts);
+              return WrapBackend(c10::make_intrusive<c10d::ProcessGroupNCCL>(
+                                     store, rank, world_size, opts),
+                                 store, rank, world_size, backend, timeout);
             }
 #endif
             auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
@@ -100,8 +163,9 @@ CreateProcessGroupFromStore(c10::intrusive_ptr<c10d::Store> store, int rank,
             // Gloo's own worker threads; the executor already issues from a
             // dedicated communication thread, one collective at a time.
             opts->threads = 1;
-            return c10::make_intrusive<c10d::ProcessGroupGloo>(
-                store, rank, world_size, opts);
+            return WrapBackend(c10::make_intrusive<c10d::ProcessGroupGloo>(
+                                   store, rank, world_size, opts),
+                               store, rank, world_size, backend, timeout);
           });
   if (!group.ok()) {
     return absl::UnavailableError(absl::StrCat(

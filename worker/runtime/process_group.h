@@ -1,7 +1,7 @@
 // Creating the c10d process group a worker's collectives run on: Gloo on CPU
-// (always built), NCCL when this build has CUDA (TANDEM_WITH_NCCL). Rendezvous
-// in this issue is a c10d TCPStore hosted by rank 0; the coordinator's
-// key-value store replaces it with the agent.
+// (always built), NCCL on CUDA when this build has it (TANDEM_WITH_NCCL).
+// Standalone ranks meet over a c10d TCPStore hosted by rank 0; in agent mode
+// the coordinator's key-value store is the store (CreateProcessGroupFromStore).
 #ifndef TANDEM_WORKER_RUNTIME_PROCESS_GROUP_H_
 #define TANDEM_WORKER_RUNTIME_PROCESS_GROUP_H_
 
@@ -10,12 +10,21 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "c10/core/DeviceType.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 #include "torch/csrc/distributed/c10d/Store.hpp"
 
 namespace tandem {
 
 enum class CollectiveBackend { kGloo, kNccl };
+
+// "gloo" or "nccl".
+absl::string_view CollectiveBackendName(CollectiveBackend backend);
+
+// The backend for tensors on `device_type`: NCCL moves CUDA memory only, Gloo
+// is the CPU one.
+CollectiveBackend BackendForDevice(c10::DeviceType device_type);
 
 struct RendezvousOptions {
   // The TCPStore: rank 0 listens on host:port, the others connect to it.

@@ -186,8 +186,10 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
             ? std::string("whole")
             : absl::StrCat("in ", tuning.chunk_bytes >> 10, " KiB pieces"));
   }
-  ASSIGN_OR_RETURN(job->store_,
-                   ShardedParamStore::Create(model->program, rank, world));
+  job->device_ = options.device;
+  ASSIGN_OR_RETURN(
+      job->store_,
+      ShardedParamStore::Create(model->program, rank, world, options.device));
   if (!spec.checkpoint().dir().empty()) {
     job->checkpoints_ =
         std::make_unique<CheckpointDirectory>(spec.checkpoint().dir());
@@ -230,6 +232,14 @@ absl::StatusOr<StepStats> TrainingJob::RunAndReport(int64_t step) {
   ASSIGN_OR_RETURN(std::vector<MicroBatch> batches,
                    ReadRankBatches(*data_, step, config.grad_accum, rank_,
                                    world_, config.micro_batch));
+  // Tokens are read on the host; the model's first node indexes the
+  // embedding on the device with them.
+  if (!device_.is_cpu()) {
+    for (MicroBatch& batch : batches) {
+      batch.inputs = batch.inputs.to(device_);
+      batch.targets = batch.targets.to(device_);
+    }
+  }
   if (observer_ == nullptr) return executor_->RunStep(batches);
   // The step runs under the schedule active now.
   const Schedule& active = executor_->active_schedule();

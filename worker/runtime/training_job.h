@@ -49,6 +49,10 @@ struct TrainingJobOptions {
   // Directory of the host tier's files when a schedule offloads (empty:
   // $TANDEM_OFFLOAD_DIR, $TMPDIR or /tmp).
   std::string offload_dir;
+  // Where the shards, the gathered params, the optimizer states and the
+  // micro-batches live: the CPU or one GPU (cuda:N, current on the calling
+  // thread).
+  at::Device device = at::Device(at::kCPU);
 };
 
 class TrainingJob {
@@ -98,6 +102,7 @@ class TrainingJob {
   std::unique_ptr<ShardedParamStore> store_;
   std::unique_ptr<Executor> executor_;
   MemoryMeter* meter_ = nullptr;
+  at::Device device_ = at::Device(at::kCPU);
   IterationObserver* observer_ = nullptr;
   int64_t budget_bytes_ = 0;
   int64_t sharded_param_bytes_ = 0;

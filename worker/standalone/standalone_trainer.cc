@@ -66,8 +66,10 @@ absl::Status WriteProfile(const Profile& profile, const std::string& path) {
 
 absl::Status RunStandalone(const StandaloneOptions& options,
                            std::ostream& out) {
-  MemoryMeter* meter = MemoryMeterFor(c10::DeviceType::CPU);
   if (options.threads > 0) at::set_num_threads(options.threads);
+  ASSIGN_OR_RETURN(MemoryMeter* const meter, ActivateRuntime(options.runtime));
+  ASSIGN_OR_RETURN(TrainingJobOptions job_options,
+                   TrainingJobOptionsFor(options.runtime, options.offload_dir));
   const v1::JobSpec& spec = options.spec;
   const int rank = options.rendezvous.rank;
   const int world = options.rendezvous.world_size;
@@ -77,12 +79,13 @@ absl::Status RunStandalone(const StandaloneOptions& options,
                                 spec.parallel().zero_stage()));
   RETURN_IF_ERROR(CheckRunnableSchedule(model.graph, schedule));
 
+  RendezvousOptions rendezvous = options.rendezvous;
+  rendezvous.backend = options.runtime.backend;
   ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::ProcessGroup> group,
-                   CreateProcessGroup(options.rendezvous));
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<TrainingJob> job,
-      TrainingJob::Start(spec, &model, rank, world, group, std::move(schedule),
-                         meter, {options.offload_dir}));
+                   CreateProcessGroup(rendezvous));
+  ASSIGN_OR_RETURN(std::unique_ptr<TrainingJob> job,
+                   TrainingJob::Start(spec, &model, rank, world, group,
+                                      std::move(schedule), meter, job_options));
   if (options.observer != nullptr) {
     options.observer->OnStart(spec.name().empty() ? "standalone" : spec.name(),
                               rank, world);

@@ -1,7 +1,7 @@
 // Standalone training: the engine without a coordinator. Wires a job spec to
-// the runtime (model program, sharded store, Gloo process group over a
-// TCPStore, executor, data), trains spec.train.steps steps and writes one
-// JSON object per line per step:
+// the runtime (model program, sharded store, the process group of the
+// runtime's backend over a TCPStore, executor, data), trains
+// spec.train.steps steps and writes one JSON object per line per step:
 //   {"step":0,"loss":...,"iteration_s":...,"exposed_comm_s":...,
 //    "peak_bytes":...,"schedule_version":...,"grad_norm":...,"rank":0}
 // and a final {"final_param_checksum":...,"steps":N,"rank":r}. The loss is
@@ -19,6 +19,7 @@
 #include "tandem/v1/job.pb.h"
 #include "worker/runtime/iteration_report.h"
 #include "worker/runtime/process_group.h"
+#include "worker/trainer/runtime_options.h"
 
 namespace tandem {
 
@@ -26,7 +27,10 @@ struct StandaloneOptions {
   // Defaults applied and validated (LoadJobSpec).
   v1::JobSpec spec;
   // Rank, world size (authoritative over parallel.world_size) and store.
+  // Its backend is ignored: runtime.backend is used.
   RendezvousOptions rendezvous;
+  // Where this rank trains and the backend of its collectives.
+  RuntimeOptions runtime;
   // Text-form schedule to run; empty: the on-demand baseline.
   std::string schedule_path;
   // Where to write this rank's profile: text form, or tandem.v1.Profile

@@ -106,7 +106,10 @@ TEST(CommunicatorTest, InPieces_SameBitsAsWhole_World3) {
   EXPECT_TRUE(at::equal(whole[0].reduced[1], sum));
 }
 
-// Automatic piece size: every rank measures, and all choose the same; a fixed
+// Automatic piece size on the real loopback link: every rank measures the
+// same probe (8 MiB out of each rank), all take the same decision from the
+// same all-gathered time, and collectives still work after it. (Which
+// decision depends on the machine; the rule itself is pinned below.) A fixed
 // size or a world of one is kept without measuring.
 TEST(CommunicatorTest, TuneChunkBytes_RanksAgree_FixedSizeKept) {
   std::vector<ChunkTuning> tunings(2);
@@ -124,9 +127,8 @@ TEST(CommunicatorTest, TuneChunkBytes_RanksAgree_FixedSizeKept) {
     EXPECT_TRUE(t.tuned());
     EXPECT_GT(t.probe_s, 0);
     EXPECT_EQ(t.probe_bytes, 8 << 20);
-    EXPECT_EQ(t.chunk_bytes, t.rate() < kPiecesBelowBytesPerS
-                                 ? kDefaultCommChunkBytes
-                                 : kWholeMessages);
+    EXPECT_TRUE(t.chunk_bytes == 64 << 10 || t.chunk_bytes == kWholeMessages)
+        << t.chunk_bytes;
   }
   EXPECT_EQ(tunings[0].chunk_bytes, tunings[1].chunk_bytes);
   EXPECT_EQ(tunings[0].probe_s, tunings[1].probe_s);
@@ -145,6 +147,61 @@ TEST(CommunicatorTest, TuneChunkBytes_RanksAgree_FixedSizeKept) {
     ASSERT_TRUE(t.ok());
     EXPECT_FALSE(t->tuned());
   });
+}
+
+// The decision at pinned probe times (each rank's time injected, the probe
+// still run): 8 MiB = 8,388,608 B leave each rank, and the boundary is
+// 64 MB/s per direction, i.e. a probe of 8388608 / 64e6 = 0.131072 s.
+// Rates below are computed by hand. The slowest rank decides for all,
+// whichever rank it is.
+struct PinnedProbe {
+  double seconds[2];
+  // Expected on every rank.
+  double probe_s;
+  double rate;  // bytes/s
+  bool pieces;
+};
+
+TEST(CommunicatorTest, TuneChunkBytes_PinnedProbeTimes_PiecesBelow64MBps) {
+  constexpr int64_t kPieces = 64 << 10;
+  const PinnedProbe cases[] = {
+      // 8 MiB in 0.2 s: 41.94 MB/s.
+      {{0.2, 0.2}, 0.2, 41.943040e6, true},
+      // 8 MiB in 0.05 s: 167.77 MB/s.
+      {{0.05, 0.05}, 0.05, 167.772160e6, false},
+      // Ranks disagree: the slowest one's time decides for both, whichever
+      // rank it is, also either side of the boundary (64.53 MB/s, 63.55 MB/s).
+      {{0.05, 0.2}, 0.2, 41.943040e6, true},
+      {{0.130, 0.05}, 0.130, 64.527754e6, false},
+      {{0.05, 0.132}, 0.132, 63.550061e6, true},
+  };
+  for (const PinnedProbe& c : cases) {
+    SCOPED_TRACE(testing::Message() << "rank times " << c.seconds[0] << " s, "
+                                    << c.seconds[1] << " s");
+    std::vector<ChunkTuning> tunings(2);
+    RunLoopbackWorld(2, [&](int rank, Communicator& comm) {
+      comm.SetProbeSecondsForTesting(c.seconds[rank]);
+      absl::StatusOr<ChunkTuning> t = comm.TuneChunkBytes();
+      ASSERT_TRUE(t.ok()) << t.status();
+      tunings[rank] = *t;
+      // Collectives after the tuning still gather right, over more than one
+      // 64 KiB piece.
+      at::Tensor in = at::full({40000}, static_cast<float>(rank + 1));
+      at::Tensor out = at::empty({80000});
+      ASSERT_TRUE(comm.Submit([&] { comm.AllGather(in, out); })->Wait().ok());
+      EXPECT_EQ(out[0].item<float>(), 1.0f);
+      EXPECT_EQ(out[79999].item<float>(), 2.0f);
+    });
+    for (int rank = 0; rank < 2; ++rank) {
+      const ChunkTuning& t = tunings[rank];
+      EXPECT_TRUE(t.tuned()) << "rank " << rank;
+      EXPECT_EQ(t.probe_bytes, 8388608) << "rank " << rank;
+      EXPECT_EQ(t.probe_s, c.probe_s) << "rank " << rank;
+      EXPECT_NEAR(t.rate(), c.rate, 1.0) << "rank " << rank;
+      EXPECT_EQ(t.chunk_bytes, c.pieces ? kPieces : kWholeMessages)
+          << "rank " << rank << " at " << c.rate / 1e6 << " MB/s";
+    }
+  }
 }
 
 TEST(CommunicatorTest, FailedBody_ReportsStatusAndFailsLaterSubmissions) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
 #include "common/ir/validate.h"
 #include "common/models/graph_builder.h"
 #include "common/models/model_config.h"
@@ -265,14 +266,18 @@ class NumericsTest
 
 // Sharded training under `initial` (and whatever `hook` offers) matches the
 // unsharded reference; every rank reports the same losses and checksum.
-void ExpectMatchesReference(int world, const std::string& extra,
-                            const ScheduleMaker& initial, const StepHook& hook,
-                            const std::vector<int64_t>& expected_versions,
-                            const std::string& label) {
+// Returns the sharded run.
+ShardedRun ExpectMatchesReference(int world, const std::string& extra,
+                                  const ScheduleMaker& initial,
+                                  const StepHook& hook,
+                                  const std::vector<int64_t>& expected_versions,
+                                  const std::string& label,
+                                  double tolerance = kTolerance) {
   const ModelConfig model = TestModel(world, kMicroBatch, extra.c_str());
-  const ShardedRun run = TrainSharded(world, kSteps, initial, hook, &model);
+  ShardedRun run = TrainSharded(world, kSteps, initial, hook, &model);
   const Trajectory& ref = Reference(world, extra);
-  ASSERT_EQ(run.params.size(), ref.params.size());
+  EXPECT_EQ(run.params.size(), ref.params.size());
+  if (run.params.size() != ref.params.size()) return run;
   for (int r = 0; r < world; ++r) {
     EXPECT_EQ(run.losses[r], run.losses[0]) << "rank " << r;
     EXPECT_EQ(run.checksums[r], run.checksums[0]) << "rank " << r;
@@ -280,14 +285,14 @@ void ExpectMatchesReference(int world, const std::string& extra,
   }
   for (int s = 0; s < kSteps; ++s) {
     EXPECT_NEAR(run.losses[0][s], ref.losses[s],
-                kTolerance * std::abs(ref.losses[s]))
+                tolerance * std::abs(ref.losses[s]))
         << "step " << s;
   }
   double worst = 0;
   for (size_t i = 0; i < ref.params.size(); ++i) {
     const double err = RelativeError(run.params[i], ref.params[i]);
     worst = std::max(worst, err);
-    EXPECT_LE(err, kTolerance) << "param " << i;
+    EXPECT_LE(err, tolerance) << "param " << i;
   }
   // Training moved every param well beyond the tolerance: the comparison is
   // not trivially equal.
@@ -297,6 +302,7 @@ void ExpectMatchesReference(int world, const std::string& extra,
   testing::Test::RecordProperty("worst_param_relative_error",
                                 std::to_string(worst));
   std::printf("%s: worst param relative error %.3g\n", label.c_str(), worst);
+  return run;
 }
 
 TEST_P(NumericsTest, FiveSteps_MatchUnshardedSingleProcess) {
@@ -415,52 +421,270 @@ TEST(NumericsVariantsTest, TandemPassesTightBudget_World3_MatchesUnsharded) {
                          "tandem passes, tight budget");
 }
 
-// The planner's own offload pass under a budget that forces states out
-// (adaptive offload: entries of one param each, reloads chained back from
-// the optimizer), then prefetch: the executor runs its plan with the same
-// numerics.
-TEST(NumericsVariantsTest, AdaptiveOffloadPlan_World2_MatchesUnsharded) {
-  ScheduleMaker plan = [](const Graph& derived) {
-    Graph graph = derived;
-    absl::StatusOr<Graph> estimates =
-        BuildModelGraph(TestModel(2, kMicroBatch));
-    EXPECT_TRUE(estimates.ok());
-    EXPECT_TRUE(AnnotateEstimates(*estimates, graph).ok());
-    HardwareModel hw = HardwareModel::H100(2);
-    absl::StatusOr<SimResult> baseline = Simulate(graph, OnDemand(graph), hw);
-    EXPECT_TRUE(baseline.ok()) << baseline.status();
-    // The loosest of these budgets under which the pass moves some, not
-    // all, of the states (the pass keeps a margin below the budget), else
-    // the tightest.
-    Schedule s;
-    for (double fraction : {0.3, 0.2, 0.1, 0.05, 0.02}) {
-      hw.budget_bytes =
-          baseline->peak_bytes -
-          static_cast<int64_t>(fraction *
-                               baseline->peak_breakdown.optimizer_states);
-      PlanningContext context(graph, hw);
-      PassPipeline pipeline("offload");
-      pipeline.AddPass<Zero3InsertPass>();
-      pipeline.AddPass<OffloadPass>();
-      pipeline.AddPass<PrefetchPass>();
-      pipeline.AddInvariantChecker<GatherBeforeUseChecker>();
-      pipeline.AddInvariantChecker<ReduceOnceChecker>();
-      absl::StatusOr<bool> changed = pipeline.Run(context);
-      EXPECT_TRUE(changed.ok()) << changed.status();
-      s = context.schedule();
-      if (!s.offloads.empty() && s.offloads.size() < graph.params.size()) {
-        break;
-      }
+// `s` less its offload plan: the same groups, gathers, waits, releases and
+// reduce-scatters, every optimizer state kept on the device.
+Schedule WithoutOffloads(Schedule s) {
+  s.offloads.clear();
+  std::vector<Action> kept;
+  for (const Action& a : s.actions) {
+    if (a.kind == ActionKind::kOffload || a.kind == ActionKind::kReload) {
+      continue;
     }
-    s.version = 1;
-    // On this tiny model the pass's margin may take every param's states.
-    EXPECT_FALSE(s.offloads.empty());
-    std::printf("adaptive offload: %zu of %zu params' states\n",
-                s.offloads.size(), graph.params.size());
-    return s;
-  };
-  ExpectMatchesReference(2, "", plan, nullptr, std::vector<int64_t>(kSteps, 1),
-                         "adaptive offload plan");
+    kept.push_back(a);
+  }
+  s.actions = std::move(kept);
+  return s;
+}
+
+// A plan of the planner's own offload pass (zero3-insert, offload, prefetch)
+// that moves some but not all params' states, and the budget it was made for.
+struct PartialOffloadPlan {
+  Schedule schedule;
+  int64_t budget = 0;
+  // Simulated peaks bounding the budgets tried: zero3-insert's plan with
+  // nothing offloaded, and the least memory offloading reaches (every
+  // param's states offloaded after the first forward node and reloaded right
+  // before the optimizer, built by OffloadStates, not by the pass).
+  int64_t none_peak = 0;
+  int64_t floor_peak = 0;
+  // Params' states offloaded at each budget tried, loosest first ("-": no
+  // plan).
+  std::string counts;
+};
+
+// Budgets tried, evenly spaced strictly between floor_peak and none_peak.
+constexpr int kBudgetSteps = 24;
+
+// Runs the pass pipeline at each budget between the two bounds (as `hw`'s
+// simulator predicts them) and keeps the plan whose number of offloaded
+// params' states is closest to half (the loosest budget on ties); its
+// schedule has no offloads when no budget gave a partial offload.
+PartialOffloadPlan PlanPartialOffload(const Graph& graph, HardwareModel hw) {
+  PartialOffloadPlan out;
+  Schedule inserted;
+  {
+    PlanningContext context(graph, hw);
+    PassPipeline pipeline("zero3-insert");
+    pipeline.AddPass<Zero3InsertPass>();
+    absl::StatusOr<bool> changed = pipeline.Run(context);
+    EXPECT_TRUE(changed.ok()) << changed.status();
+    inserted = context.schedule();
+  }
+  absl::StatusOr<SimResult> none = Simulate(graph, inserted, hw);
+  absl::StatusOr<Schedule> least =
+      OffloadStates(graph, inserted, AllParams(graph), /*reload_lead=*/0);
+  EXPECT_TRUE(none.ok() && least.ok());
+  if (!none.ok() || !least.ok()) return out;
+  absl::StatusOr<SimResult> floor = Simulate(graph, *least, hw);
+  EXPECT_TRUE(floor.ok()) << floor.status();
+  if (!floor.ok()) return out;
+  out.none_peak = none->peak_bytes;
+  out.floor_peak = floor->peak_bytes;
+  EXPECT_LT(out.floor_peak, out.none_peak);
+  const size_t n = graph.params.size();
+  size_t best = 0;
+  for (int k = kBudgetSteps - 1; k >= 1; --k) {
+    hw.budget_bytes =
+        out.floor_peak + (out.none_peak - out.floor_peak) * k / kBudgetSteps;
+    PlanningContext context(graph, hw);
+    PassPipeline pipeline("offload");
+    pipeline.AddPass<Zero3InsertPass>();
+    pipeline.AddPass<OffloadPass>();
+    pipeline.AddPass<PrefetchPass>();
+    pipeline.AddInvariantChecker<GatherBeforeUseChecker>();
+    pipeline.AddInvariantChecker<ReduceOnceChecker>();
+    absl::StatusOr<bool> changed = pipeline.Run(context);
+    if (!changed.ok()) {  // e.g. no plan within this budget
+      absl::StrAppend(&out.counts, out.counts.empty() ? "" : " ", "-");
+      continue;
+    }
+    const size_t count = context.schedule().offloads.size();
+    absl::StrAppend(&out.counts, out.counts.empty() ? "" : " ", count);
+    if (count == 0 || count >= n) continue;
+    const auto distance = [n](size_t c) {
+      return c * 2 > n ? c * 2 - n : n - c * 2;
+    };
+    if (best == 0 || distance(count) < distance(best)) {
+      best = count;
+      out.schedule = context.schedule();
+      out.budget = hw.budget_bytes;
+    }
+  }
+  return out;
+}
+
+// The partial plan's offloaded param ids, each entry holding one param.
+std::vector<int32_t> OffloadedParams(const Schedule& s) {
+  std::vector<int32_t> ids;
+  for (const OffloadEntry& e : s.offloads) {
+    EXPECT_EQ(e.param_ids.size(), 1u);
+    ids.insert(ids.end(), e.param_ids.begin(), e.param_ids.end());
+  }
+  return ids;
+}
+
+// The planner's own offload pass at a budget where it moves some, not all,
+// params' states (adaptive offload: entries of one param each, reloads
+// chained back from the optimizer), then prefetch: the executor runs that
+// plan with the numerics of unsharded training, and bit for bit those of the
+// same plan with nothing offloaded.
+TEST(NumericsVariantsTest, AdaptiveOffloadPlan_World2Partial_MatchesUnsharded) {
+  const ModelConfig config = TestModel(2, kMicroBatch);
+  absl::StatusOr<Program> program = BuildModelProgram(config, kSeed);
+  ASSERT_TRUE(program.ok());
+  absl::StatusOr<Graph> graph = GraphOf(*program, config);
+  ASSERT_TRUE(graph.ok());
+  absl::StatusOr<Graph> estimates = BuildModelGraph(config);
+  ASSERT_TRUE(estimates.ok());
+  ASSERT_TRUE(AnnotateEstimates(*estimates, *graph).ok());
+  // A CPU-like timeline: the H100 estimates of this tiny model are a few ns
+  // per node, which leaves the reload chain no room between forward and the
+  // optimizer.
+  for (Node& node : graph->nodes) node.time_s = 1e-3;
+  const PartialOffloadPlan plan =
+      PlanPartialOffload(*graph, HardwareModel::H100(2));
+  const size_t offloaded = plan.schedule.offloads.size();
+  const size_t all = graph->params.size();
+  std::printf(
+      "adaptive offload: %zu of %zu params' states at budget %lld B "
+      "(simulated peaks: %lld B nothing offloaded, %lld B all; offloaded per "
+      "budget, loosest first: %s)\n",
+      offloaded, all, static_cast<long long>(plan.budget),
+      static_cast<long long>(plan.none_peak),
+      static_cast<long long>(plan.floor_peak), plan.counts.c_str());
+  ASSERT_GT(offloaded, 0u) << "no budget gave a partial offload";
+  ASSERT_LT(offloaded, all);
+  Schedule partial = plan.schedule;
+  partial.version = 1;
+  ASSERT_TRUE(CheckRunnableSchedule(*graph, partial).ok())
+      << CheckRunnableSchedule(*graph, partial);
+  const Schedule kept = WithoutOffloads(partial);
+
+  const ShardedRun with = ExpectMatchesReference(
+      2, "", [&](const Graph&) { return partial; }, nullptr,
+      std::vector<int64_t>(kSteps, 1), "adaptive offload plan");
+  const ShardedRun without =
+      TrainSharded(2, kSteps, [&](const Graph&) { return kept; });
+  // Offloading moves states to the host and back unchanged.
+  EXPECT_EQ(with.losses[0], without.losses[0]);
+  EXPECT_EQ(with.checksums[0], without.checksums[0]);
+  ASSERT_EQ(with.params.size(), without.params.size());
+  for (size_t i = 0; i < with.params.size(); ++i) {
+    EXPECT_TRUE(at::equal(with.params[i], without.params[i])) << "param " << i;
+  }
+}
+
+// One rank's run of `schedule`: per-step losses, and over the steps the most
+// bytes the counting allocator held and the most bytes of state on the host.
+struct World1Run {
+  std::vector<double> losses;
+  int64_t peak_bytes = 0;
+  int64_t offloaded_bytes = 0;
+  Profile profile;
+  // ShardedParamStore::state_bytes by param id.
+  std::vector<int64_t> state_bytes;
+};
+
+World1Run RunWorld1(const ModelConfig& config, const Schedule& schedule,
+                    int steps) {
+  World1Run run;
+  RunLoopbackWorld(1, [&](int rank, Communicator& comm) {
+    auto program = BuildModelProgram(config, kSeed);
+    ASSERT_TRUE(program.ok());
+    auto graph = GraphOf(*program, config);
+    ASSERT_TRUE(graph.ok());
+    auto store = ShardedParamStore::Create(*program, rank, 1);
+    ASSERT_TRUE(store.ok());
+    auto executor = Executor::Create(&*program, *graph, store->get(), &comm,
+                                     CountingCpuAllocator::Get(), schedule, {});
+    ASSERT_TRUE(executor.ok()) << executor.status();
+    auto data = MakeSyntheticTokens(kSeed, config.vocab, config.seq_len);
+    for (int step = 0; step < steps; ++step) {
+      auto batches = ReadRankBatches(*data, step, 1, 0, 1, config.micro_batch);
+      ASSERT_TRUE(batches.ok());
+      auto stats = (*executor)->RunStep(*batches);
+      ASSERT_TRUE(stats.ok()) << stats.status();
+      run.losses.push_back(stats->loss);
+      run.peak_bytes = std::max(run.peak_bytes, stats->peak_bytes);
+      run.offloaded_bytes =
+          std::max(run.offloaded_bytes, stats->offloaded_bytes);
+    }
+    run.profile = (*executor)->ProfileSnapshot();
+    for (int id = 0; id < (*store)->num_params(); ++id) {
+      run.state_bytes.push_back((*store)->state_bytes(id));
+    }
+  });
+  return run;
+}
+
+// The loop the coordinator runs, on one rank's real memory: the baseline's
+// measured peak calibrates the simulator (CalibrateMemory), the offload pass
+// plans a partial offload for a budget below what the baseline needs, and
+// the counting allocator's peak under that plan stays within the budget,
+// while the same plan with nothing offloaded exceeds it; the host tier held
+// exactly the offloaded params' states; losses are those of no offload.
+TEST(ExecutorTest,
+     AdaptiveOffloadPlan_PartialOffload_MeasuredPeakWithinBudget) {
+  constexpr int kRunSteps = 3;
+  const ModelConfig config = TestModel(1, 32, "d_model=64 vocab=1024");
+  absl::StatusOr<Program> program = BuildModelProgram(config, kSeed);
+  ASSERT_TRUE(program.ok());
+  absl::StatusOr<Graph> graph = GraphOf(*program, config);
+  ASSERT_TRUE(graph.ok());
+  absl::StatusOr<Graph> estimates = BuildModelGraph(config);
+  ASSERT_TRUE(estimates.ok());
+  ASSERT_TRUE(AnnotateEstimates(*estimates, *graph).ok());
+
+  const Schedule baseline = OnDemand(*graph);
+  const World1Run measured = RunWorld1(config, baseline, kRunSteps);
+  ASSERT_FALSE(HasFatalFailure());
+  // As the coordinator does: measured node times, and the memory model
+  // calibrated to the measured peak under the baseline.
+  absl::StatusOr<Calibrated> calibrated =
+      CalibrateToMeasurements(*graph, HardwareModel::H100(1), &measured.profile,
+                              &baseline, ShardingMode::kZero3);
+  ASSERT_TRUE(calibrated.ok()) << calibrated.status();
+  ASSERT_TRUE(calibrated->memory_calibrated);
+  const HardwareModel& hw = calibrated->hw;
+
+  const PartialOffloadPlan plan = PlanPartialOffload(calibrated->graph, hw);
+  const size_t offloaded = plan.schedule.offloads.size();
+  const size_t all = graph->params.size();
+  ASSERT_GT(offloaded, 0u) << "no budget gave a partial offload: "
+                           << plan.counts;
+  ASSERT_LT(offloaded, all);
+  Schedule partial = plan.schedule;
+  partial.version = 1;
+  ASSERT_TRUE(CheckRunnableSchedule(*graph, partial).ok())
+      << CheckRunnableSchedule(*graph, partial);
+  const World1Run with = RunWorld1(config, partial, kRunSteps);
+  const World1Run without =
+      RunWorld1(config, WithoutOffloads(partial), kRunSteps);
+  ASSERT_FALSE(HasFatalFailure());
+
+  int64_t offloaded_state_bytes = 0;
+  for (int32_t id : OffloadedParams(partial)) {
+    offloaded_state_bytes += with.state_bytes.at(id);
+  }
+  std::printf(
+      "adaptive offload: %zu of %zu params' states (%lld B) at budget %lld B; "
+      "simulated peaks %lld B nothing offloaded, %lld B all; measured peaks: "
+      "baseline %lld B, plan %lld B, plan without offloads %lld B (unmodeled "
+      "%lld B); offloaded per budget, loosest first: %s\n",
+      offloaded, all, static_cast<long long>(offloaded_state_bytes),
+      static_cast<long long>(plan.budget),
+      static_cast<long long>(plan.none_peak),
+      static_cast<long long>(plan.floor_peak),
+      static_cast<long long>(measured.peak_bytes),
+      static_cast<long long>(with.peak_bytes),
+      static_cast<long long>(without.peak_bytes),
+      static_cast<long long>(hw.unmodeled_bytes), plan.counts.c_str());
+  EXPECT_LT(plan.budget, measured.peak_bytes);
+  EXPECT_LE(with.peak_bytes, plan.budget);
+  EXPECT_GT(without.peak_bytes, plan.budget);
+  EXPECT_EQ(with.offloaded_bytes, offloaded_state_bytes);
+  EXPECT_EQ(without.offloaded_bytes, 0);
+  EXPECT_EQ(with.losses, without.losses);
 }
 
 // grad_accum 2 with ZeRO-1: gradients accumulate across micro-batches in the
@@ -587,11 +811,19 @@ TEST(NumericsVariantsTest, GradAccum2_World2Prefetch_MatchesUnsharded) {
       std::vector<int64_t>(kSteps, 1), "grad_accum 2");
 }
 
+// MoE at world 3 sits closest to fp32's limit: the router's softmax and the
+// top-k gate weights amplify summation-order differences, and the order
+// depends on OpenBLAS's kernels. The same run measured a worst param error of
+// 2.6e-6 (Prescott kernels), 2.5e-6 (Sandybridge), 5.2e-6 (Haswell) and
+// 1.07e-5 (SkylakeX, AVX-512), so 2e-5 holds on every x86 kernel while a
+// wrong gradient (errors of 1e-3 and more) still fails.
+constexpr double kMoeTolerance = 2e-5;
+
 TEST(NumericsVariantsTest, Moe_World3OnDemand_MatchesUnsharded) {
   ExpectMatchesReference(
       3, "arch=moe experts=4 top_k=2 ffn=24",
       [](const Graph& g) { return OnDemand(g); }, nullptr,
-      std::vector<int64_t>(kSteps, 1), "moe world 3");
+      std::vector<int64_t>(kSteps, 1), "moe world 3", kMoeTolerance);
 }
 
 INSTANTIATE_TEST_SUITE_P(

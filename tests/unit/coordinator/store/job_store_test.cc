@@ -2,6 +2,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 
 #include <cstdio>
 #include <fstream>
@@ -53,7 +54,10 @@ TEST(JobStoreTest, Reopen_SameFile_KeepsEverything) {
     ASSERT_TRUE((*store)->PutSchedule("a", s, 5).ok());
     s.set_version(2);
     ASSERT_TRUE((*store)->PutSchedule("a", s, 9).ok());
-    ASSERT_TRUE((*store)->PutWorker("a", {1, "inc-1", "host", "cpu"}).ok());
+    ASSERT_TRUE(
+        (*store)
+            ->PutWorker("a", {1, "inc-1", "host", "cpu", int64_t{5} << 30})
+            .ok());
     v1::Profile p;
     p.set_first_iteration(3);
     p.set_last_iteration(6);
@@ -81,9 +85,44 @@ TEST(JobStoreTest, Reopen_SameFile_KeepsEverything) {
   auto workers = (*store)->LoadWorkers("a");
   ASSERT_EQ(workers->size(), 1u);
   EXPECT_EQ((*workers)[0].incarnation, "inc-1");
+  EXPECT_EQ((*workers)[0].device_memory_bytes, int64_t{5} << 30);
   auto profiles = (*store)->LoadProfiles("a");
   ASSERT_EQ(profiles->size(), 1u);
   EXPECT_EQ((*profiles)[0].last_iteration(), 6);
+}
+
+// A database written by the previous coordinator (schema 1: no device
+// memory per worker) opens, keeps its rows, and reads them as unknown (0).
+TEST(JobStoreTest, Open_SchemaOne_MigratesWorkers) {
+  const std::string path = TempDb("schema1.db");
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db,
+                           "CREATE TABLE workers (job_id TEXT NOT NULL, rank "
+                           "INTEGER NOT NULL, incarnation TEXT NOT NULL, "
+                           "hostname TEXT NOT NULL, device TEXT NOT NULL, "
+                           "PRIMARY KEY (job_id, rank));"
+                           "INSERT INTO workers VALUES ('a', 0, 'i', 'h', "
+                           "'cpu');"
+                           "PRAGMA user_version=1;",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto workers = (*store)->LoadWorkers("a");
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  ASSERT_EQ(workers->size(), 1u);
+  EXPECT_EQ((*workers)[0].hostname, "h");
+  EXPECT_EQ((*workers)[0].device_memory_bytes, 0);
+  ASSERT_TRUE((*store)->PutWorker("a", {1, "j", "h", "cpu", 42}).ok());
+  store->reset();
+  // Reopened: now at the current version, the new column kept.
+  store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*(*store)->LoadWorkers("a"))[1].device_memory_bytes, 42);
 }
 
 TEST(JobStoreTest, PutJob_SameId_Replaces) {

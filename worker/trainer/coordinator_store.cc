@@ -1,4 +1,4 @@
-#include "worker/agent/coordinator_store.h"
+#include "worker/trainer/coordinator_store.h"
 
 #include <c10/util/Exception.h>
 
@@ -41,6 +41,10 @@ CoordinatorStore::CoordinatorStore(CoordinatorClient* client,
                                    std::string prefix,
                                    std::chrono::milliseconds timeout)
     : Store(timeout), client_(client), prefix_(std::move(prefix)) {}
+
+c10::intrusive_ptr<c10d::Store> CoordinatorStore::clone() {
+  return c10::make_intrusive<CoordinatorStore>(client_, prefix_, timeout_);
+}
 
 void CoordinatorStore::set(const std::string& key,
                            const std::vector<uint8_t>& value) {

@@ -5,13 +5,14 @@
 // c10d calls these from its own threads and expects exceptions on failure:
 // errors from the coordinator become c10::Error with the coordinator's
 // message. get() and wait() block up to the store's timeout.
-#ifndef TANDEM_WORKER_AGENT_COORDINATOR_STORE_H_
-#define TANDEM_WORKER_AGENT_COORDINATOR_STORE_H_
+#ifndef TANDEM_WORKER_TRAINER_COORDINATOR_STORE_H_
+#define TANDEM_WORKER_TRAINER_COORDINATOR_STORE_H_
 
+#include <chrono>
 #include <string>
-#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
+#include "torch/csrc/distributed/c10d/Store.hpp"
 #include "worker/agent/coordinator_client.h"
 
 namespace tandem {
@@ -21,6 +22,11 @@ class CoordinatorStore : public c10d::Store {
   // `client` must outlive the store.
   CoordinatorStore(CoordinatorClient* client, std::string prefix,
                    std::chrono::milliseconds timeout = kDefaultTimeout);
+
+  // Another store over the same client and prefix. Overrides
+  // c10d::Store::clone where libtorch declares it (newer 2.x releases, which
+  // hand clones to their own threads); a plain method before that.
+  c10::intrusive_ptr<c10d::Store> clone();
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override;
   std::vector<uint8_t> compareSet(const std::string& key,
@@ -44,4 +50,4 @@ class CoordinatorStore : public c10d::Store {
 
 }  // namespace tandem
 
-#endif  // TANDEM_WORKER_AGENT_COORDINATOR_STORE_H_
+#endif  // TANDEM_WORKER_TRAINER_COORDINATOR_STORE_H_

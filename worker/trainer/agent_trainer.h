@@ -4,8 +4,12 @@
 // progress and profile windows, and applies every schedule version at the
 // iteration all ranks agree on. It keeps training when the coordinator goes
 // away and stops when the coordinator says the job ended.
-#ifndef TANDEM_WORKER_AGENT_AGENT_TRAINER_H_
-#define TANDEM_WORKER_AGENT_AGENT_TRAINER_H_
+//
+// The coordinator is reached only through a CoordinatorClient (main wires
+// the gRPC one; tests drive the trainer with a fake), and the device and
+// collective backend come in as RuntimeOptions.
+#ifndef TANDEM_WORKER_TRAINER_AGENT_TRAINER_H_
+#define TANDEM_WORKER_TRAINER_AGENT_TRAINER_H_
 
 #include <atomic>
 #include <chrono>
@@ -14,12 +18,13 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "worker/agent/coordinator_client.h"
 #include "worker/runtime/iteration_report.h"
+#include "worker/trainer/runtime_options.h"
 
 namespace tandem {
 
 struct AgentTrainerOptions {
-  std::string coordinator = "127.0.0.1:50051";
   std::string job_id;
   // -1: the coordinator assigns one (SLURM_PROCID, a completion index...).
   int requested_rank = -1;
@@ -28,6 +33,9 @@ struct AgentTrainerOptions {
   // the rendezvous.
   int expected_world = 0;
   std::string hostname;
+  // Where this rank trains and the backend of its collectives (registered
+  // with the coordinator as the worker's device).
+  RuntimeOptions runtime;
   // Address Gloo binds for this rank's connections.
   std::string bind_host = "127.0.0.1";
   int threads = 0;
@@ -55,12 +63,17 @@ struct AgentTrainerOptions {
   std::function<void(bool ready)> on_ready;
 };
 
-// Returns OK when the job's steps are done; FailedPrecondition when the
-// coordinator ended the job (cancelled or failed: the message says why);
-// Aborted when a stop signal arrived; other errors when this rank failed (it
-// tells the coordinator first).
-absl::Status RunAgent(const AgentTrainerOptions& options, std::ostream& out);
+// Runs this rank of `options.job_id` through `client`; one JSON line per
+// step goes to `out`. Returns OK when the job's steps are done;
+// FailedPrecondition when the coordinator ended the job (cancelled or
+// failed: the message says why) or this build cannot run `options.runtime`;
+// InvalidArgument when the runtime's backend cannot carry its device (before
+// registering) or the job's world size is not `expected_world`; Aborted
+// when a stop signal arrived; other errors when this rank failed (it tells
+// the coordinator first).
+absl::Status RunAgent(CoordinatorClient& client,
+                      const AgentTrainerOptions& options, std::ostream& out);
 
 }  // namespace tandem
 
-#endif  // TANDEM_WORKER_AGENT_AGENT_TRAINER_H_
+#endif  // TANDEM_WORKER_TRAINER_AGENT_TRAINER_H_

@@ -1,4 +1,4 @@
-#include "worker/agent/agent_trainer.h"
+#include "worker/trainer/agent_trainer.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
@@ -16,13 +16,12 @@
 #include "absl/strings/str_format.h"
 #include "common/ir/proto_convert.h"
 #include "common/status_macros.h"
-#include "worker/agent/coordinator_store.h"
-#include "worker/agent/grpc_coordinator_client.h"
 #include "worker/agent/worker_agent.h"
 #include "worker/runtime/iteration_timeline.h"
 #include "worker/runtime/process_group.h"
 #include "worker/runtime/standard_schedules.h"
 #include "worker/runtime/training_job.h"
+#include "worker/trainer/coordinator_store.h"
 
 namespace tandem {
 namespace {
@@ -90,8 +89,8 @@ absl::Status OfferPending(WorkerAgent& agent, Executor& executor) {
   return absl::OkStatus();
 }
 
-absl::Status Train(const AgentTrainerOptions& options, WorkerAgent& agent,
-                   GrpcCoordinatorClient& client,
+absl::Status Train(const AgentTrainerOptions& options, MemoryMeter* meter,
+                   WorkerAgent& agent, CoordinatorClient& client,
                    const v1::RegisterResponse& registered, std::ostream& out) {
   const v1::JobSpec& spec = registered.spec();
   const int rank = registered.rank();
@@ -111,15 +110,15 @@ absl::Status Train(const AgentTrainerOptions& options, WorkerAgent& agent,
       &client, registered.store_prefix(), std::chrono::minutes(5));
   ASSIGN_OR_RETURN(
       c10::intrusive_ptr<c10d::ProcessGroup> group,
-      CreateProcessGroupFromStore(store, rank, world, CollectiveBackend::kGloo,
+      CreateProcessGroupFromStore(store, rank, world, options.runtime.backend,
                                   std::chrono::minutes(5), options.bind_host));
   ASSIGN_OR_RETURN(Schedule baseline,
                    BaselineSchedule(model.graph, spec.parallel().zero_stage()));
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<TrainingJob> job,
-      TrainingJob::Start(spec, &model, rank, world, group, std::move(baseline),
-                         MemoryMeterFor(c10::DeviceType::CPU),
-                         {options.offload_dir}));
+  ASSIGN_OR_RETURN(TrainingJobOptions job_options,
+                   TrainingJobOptionsFor(options.runtime, options.offload_dir));
+  ASSIGN_OR_RETURN(std::unique_ptr<TrainingJob> job,
+                   TrainingJob::Start(spec, &model, rank, world, group,
+                                      std::move(baseline), meter, job_options));
   Executor& executor = job->executor();
   if (options.observer != nullptr) {
     options.observer->OnStart(options.job_id, rank, world);
@@ -218,13 +217,17 @@ absl::Status Train(const AgentTrainerOptions& options, WorkerAgent& agent,
 
 }  // namespace
 
-absl::Status RunAgent(const AgentTrainerOptions& options, std::ostream& out) {
+absl::Status RunAgent(CoordinatorClient& client,
+                      const AgentTrainerOptions& options, std::ostream& out) {
   if (options.threads > 0) at::set_num_threads(options.threads);
-  GrpcCoordinatorClient client(options.coordinator);
+  // Before registering: a rank that cannot use its device takes no rank.
+  ASSIGN_OR_RETURN(MemoryMeter* const meter, ActivateRuntime(options.runtime));
   WorkerAgent::Options agent_options;
   agent_options.job_id = options.job_id;
   agent_options.requested_rank = options.requested_rank;
   agent_options.hostname = options.hostname;
+  agent_options.device = options.runtime.device.str();
+  agent_options.device_memory_bytes = DeviceMemoryBytes(options.runtime);
   agent_options.heartbeat_interval = options.heartbeat_interval;
   WorkerAgent agent(&client, agent_options);
 
@@ -284,9 +287,10 @@ absl::Status RunAgent(const AgentTrainerOptions& options, std::ostream& out) {
   const v1::RegisterResponse& registered = *registered_or;
   registered_rank = registered.rank();
   if (options.on_ready) options.on_ready(true);
-  std::fprintf(stderr, "tandem-worker: job %s rank %d of %d (incarnation %s)\n",
-               options.job_id.c_str(), registered.rank(),
-               registered.world_size(), agent.incarnation().c_str());
+  std::fprintf(
+      stderr, "tandem-worker: job %s rank %d of %d on %s (incarnation %s)\n",
+      options.job_id.c_str(), registered.rank(), registered.world_size(),
+      DescribeRuntime(options.runtime).c_str(), agent.incarnation().c_str());
 
   absl::Status status;
   if (options.expected_world > 0 &&
@@ -299,7 +303,7 @@ absl::Status RunAgent(const AgentTrainerOptions& options, std::ostream& out) {
         options.expected_world));
   } else {
     try {
-      status = Train(options, agent, client, registered, out);
+      status = Train(options, meter, agent, client, registered, out);
     } catch (const c10::Error& e) {
       status = absl::InternalError(e.what_without_backtrace());
     } catch (const std::exception& e) {

@@ -47,8 +47,9 @@ bool Profile::operator==(const Profile& other) const {
          first_iteration == other.first_iteration &&
          last_iteration == other.last_iteration &&
          iteration_s == other.iteration_s && peak_bytes == other.peak_bytes &&
-         nodes == other.nodes && collectives == other.collectives &&
-         memory == other.memory;
+         host_copy_bytes == other.host_copy_bytes &&
+         host_copy_s == other.host_copy_s && nodes == other.nodes &&
+         collectives == other.collectives && memory == other.memory;
 }
 
 }  // namespace tandem

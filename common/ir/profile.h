@@ -59,6 +59,11 @@ struct Profile {
   int64_t last_iteration = 0;
   double iteration_s = 0;
   int64_t peak_bytes = 0;
+  // Host-tier copies (OFFLOAD and RELOAD) over the window: bytes moved and
+  // seconds the copy stream spent moving them. Their ratio is the host link
+  // the planner prices offloading with; 0 when no copy ran.
+  int64_t host_copy_bytes = 0;
+  double host_copy_s = 0;
   std::vector<NodeTiming> nodes;
   std::vector<CollectiveTiming> collectives;
   std::vector<MemorySample> memory;

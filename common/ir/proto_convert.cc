@@ -350,6 +350,8 @@ v1::Profile ToProto(const Profile& profile) {
   out.set_last_iteration(profile.last_iteration);
   out.set_iteration_s(profile.iteration_s);
   out.set_peak_bytes(profile.peak_bytes);
+  out.set_host_copy_bytes(profile.host_copy_bytes);
+  out.set_host_copy_s(profile.host_copy_s);
   for (const NodeTiming& t : profile.nodes) {
     v1::NodeTiming* q = out.add_nodes();
     q->set_node_id(t.node_id);
@@ -385,6 +387,8 @@ absl::StatusOr<Profile> FromProto(const v1::Profile& proto) {
   p.last_iteration = proto.last_iteration();
   p.iteration_s = proto.iteration_s();
   p.peak_bytes = proto.peak_bytes();
+  p.host_copy_bytes = proto.host_copy_bytes();
+  p.host_copy_s = proto.host_copy_s();
   for (const v1::NodeTiming& q : proto.nodes()) {
     p.nodes.push_back({q.node_id(), q.time_s(), q.samples()});
   }

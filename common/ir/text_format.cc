@@ -1023,8 +1023,9 @@ constexpr absl::string_view kProfileExample =
 absl::Status ParseProfileHeader(const Line& line, Profile* profile) {
   Statement st(line);
   st.set_context("profile");
-  RETURN_IF_ERROR(st.ReadAttributes(
-      {"graph", "rank", "version", "window", "iteration", "peak"}));
+  RETURN_IF_ERROR(
+      st.ReadAttributes({"graph", "rank", "version", "window", "iteration",
+                         "peak", "copied", "copy_time"}));
   RETURN_IF_ERROR(st.Require("graph", "0123456789abcdef"));
   RETURN_IF_ERROR(st.Read("graph", ParseString, &profile->graph_hash));
   RETURN_IF_ERROR(st.Read("rank", ParseInteger<int32_t>, &profile->rank));
@@ -1036,6 +1037,8 @@ absl::Status ParseProfileHeader(const Line& line, Profile* profile) {
   profile->last_iteration = window.last;
   RETURN_IF_ERROR(st.Read("iteration", ParseTime, &profile->iteration_s));
   RETURN_IF_ERROR(st.Read("peak", ParseBytes, &profile->peak_bytes));
+  RETURN_IF_ERROR(st.Read("copied", ParseBytes, &profile->host_copy_bytes));
+  RETURN_IF_ERROR(st.Read("copy_time", ParseTime, &profile->host_copy_s));
   return absl::OkStatus();
 }
 
@@ -1303,7 +1306,12 @@ std::string PrintProfile(const Profile& profile) {
       " rank=", profile.rank, " version=", profile.schedule_version,
       " window=", FormatWindow(profile.first_iteration, profile.last_iteration),
       " iteration=", FormatDouble(profile.iteration_s),
-      " peak=", profile.peak_bytes, "\n");
+      " peak=", profile.peak_bytes,
+      profile.host_copy_bytes > 0 || profile.host_copy_s > 0
+          ? absl::StrCat(" copied=", profile.host_copy_bytes,
+                         " copy_time=", FormatDouble(profile.host_copy_s))
+          : "",
+      "\n");
   for (const NodeTiming& t : profile.nodes) {
     absl::StrAppend(&out, "time ", FormatId('n', t.node_id), " ",
                     FormatDouble(t.time_s), " samples=", t.samples, "\n");

@@ -53,7 +53,8 @@
 //
 // Profile:
 //   profile graph=0123456789abcdef rank=0 version=3 window=10..20 iteration=0.1
-//   peak=1GiB time n0 1ms samples=10 collective allgather g0 at=n1 bytes=4MiB
+//   peak=1GiB [copied=64MiB copy_time=20ms]
+//   time n0 1ms samples=10 collective allgather g0 at=n1 bytes=4MiB
 //   issue_to_done=2ms run=1ms exposed=0.5ms collective reduce_scatter p1,p2
 //   at=n5 bytes=4MiB issue_to_done=2ms exposed=0 memory n0 before=1MiB
 //   after=2MiB

@@ -386,10 +386,11 @@ absl::Status ValidateProfile(const Profile& profile, const Graph& graph) {
         profile.last_iteration, " is malformed: need 0 <= first <= last."));
   }
   if (!FiniteNonNegative(profile.iteration_s) || profile.peak_bytes < 0 ||
-      profile.schedule_version < 0) {
+      profile.schedule_version < 0 || profile.host_copy_bytes < 0 ||
+      !FiniteNonNegative(profile.host_copy_s)) {
     return absl::InvalidArgumentError(
-        "profile iteration time, peak bytes and schedule version must be "
-        "finite and >= 0.");
+        "profile iteration time, peak bytes, schedule version and host-copy "
+        "bytes and time must be finite and >= 0.");
   }
   const GraphIndex index(graph);
   Problems bad("invalid profile entries");

@@ -51,8 +51,10 @@ struct HardwareModel {
   double intra_node_bytes_per_s = 370e9;
   double inter_node_bytes_per_s = 50e9;
   double collective_latency_s = 20e-6;
-  // Host link, each way, bytes/s.
+  // Host link, each way, bytes/s; host_link_measured once a profile's
+  // host-tier copies set it (FitHostLink).
   double host_bytes_per_s = 50e9;
+  bool host_link_measured = false;
   // Device memory per rank.
   int64_t device_memory_bytes = int64_t{80} << 30;
   // Budget the plan must fit (<= device memory); 0 means device memory.

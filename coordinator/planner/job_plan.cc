@@ -94,15 +94,12 @@ JobHardware HardwareForJob(const v1::JobSpec& spec,
   if (declared.collective_latency_us() > 0) {
     hw.collective_latency_s = declared.collective_latency_us() * 1e-6;
   }
+  // The host link until a profile's copies measure it (FitHostLink).
   if (declared.host_gbps() > 0) {
     hw.host_bytes_per_s = declared.host_gbps() * 1e9;
   } else {
     hw.host_bytes_per_s =
         any_gpu ? kAssumedGpuHostBytesPerS : kAssumedCpuHostBytesPerS;
-    out.assumptions.push_back(absl::StrFormat(
-        "host link %.0f GB/s (%s; declare hardware.host_gbps)",
-        hw.host_bytes_per_s / 1e9,
-        any_gpu ? "PCIe 4.0 x16" : "a memcpy into the memory-mapped tier"));
   }
 
   // Memory per rank: declared, else the smallest share a device reports.
@@ -141,11 +138,11 @@ std::string DescribeHardware(const HardwareModel& hw) {
                                : hw.inter_node_bytes_per_s;
   std::string out = absl::StrFormat(
       "%d ranks, %d per node; all-gather %s, reduce-scatter %s, latency "
-      "%.3g us; host link %.3g GB/s; device memory %s, budget %s",
+      "%.3g us; host link %.3g GB/s (%s); device memory %s, budget %s",
       hw.world_size, hw.ranks_per_node, link(hw.allgather_fit, link_rate),
       link(hw.reduce_scatter_fit, link_rate), hw.collective_latency_s * 1e6,
-      hw.host_bytes_per_s / 1e9, FormatBytes(hw.device_memory_bytes),
-      FormatBytes(hw.budget()));
+      hw.host_bytes_per_s / 1e9, hw.host_link_measured ? "measured" : "assumed",
+      FormatBytes(hw.device_memory_bytes), FormatBytes(hw.budget()));
   if (hw.unmodeled_bytes > 0) {
     absl::StrAppend(&out, "; runtime holds ", FormatBytes(hw.unmodeled_bytes),
                     " beyond the memory model");

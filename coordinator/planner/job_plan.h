@@ -36,7 +36,8 @@ struct RankDevice {
   int64_t memory_bytes = 0;
 };
 
-// Host-link rates assumed until measured, bytes/s: on CPU the host tier is
+// Host-link rates assumed until a profile measures the host-tier copies
+// (DescribeHardware says which), bytes/s: on CPU the host tier is
 // memory-mapped files (a memcpy), on a GPU a PCIe 4.0 x16 link.
 inline constexpr double kAssumedCpuHostBytesPerS = 5e9;
 inline constexpr double kAssumedGpuHostBytesPerS = 25e9;

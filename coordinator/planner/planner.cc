@@ -235,6 +235,13 @@ absl::Status FitCollectives(const Profile& profile, HardwareModel& hw) {
   return absl::OkStatus();
 }
 
+void FitHostLink(const Profile& profile, HardwareModel& hw) {
+  if (profile.host_copy_bytes <= 0 || profile.host_copy_s <= 0) return;
+  hw.host_bytes_per_s =
+      static_cast<double>(profile.host_copy_bytes) / profile.host_copy_s;
+  hw.host_link_measured = true;
+}
+
 absl::Status CalibrateMemory(const Graph& timed, const Schedule& profiled,
                              const Profile& profile, HardwareModel& hw) {
   hw.unmodeled_bytes = 0;
@@ -373,6 +380,7 @@ absl::StatusOr<Calibrated> CalibrateToMeasurements(const Graph& graph,
   }
   out.graph = *std::move(timed);
   RETURN_IF_ERROR(FitCollectives(*profile, out.hw));
+  FitHostLink(*profile, out.hw);
   std::optional<Schedule> ran;
   if (profiled != nullptr) {
     ran = *profiled;

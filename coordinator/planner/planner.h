@@ -54,6 +54,11 @@ absl::StatusOr<Graph> ApplyProfile(const Graph& graph, const Profile& profile);
 // a kind with no samples.
 absl::Status FitCollectives(const Profile& profile, HardwareModel& hw);
 
+// Sets hw's host link to the profile's measured host-tier copy rate (bytes
+// over the copy stream's busy seconds), when copies ran in the window; else
+// leaves it.
+void FitHostLink(const Profile& profile, HardwareModel& hw);
+
 // Sets hw.unmodeled_bytes to what the runtime held beyond the simulator's
 // memory model while it ran `profiled`, the schedule the profile was measured
 // under: the profile's peak less the simulated peak of `profiled` on `timed`
@@ -109,7 +114,8 @@ absl::StatusOr<PlanResult> Plan(const Graph& graph, const HardwareModel& hw,
                                 const PlanOptions& options);
 
 // A graph and hardware model fitted to a job's measurements: node times
-// from `profile`, collective rates fitted to its collectives, and the memory
+// from `profile`, collective rates fitted to its collectives, the host link
+// to its host-tier copies (FitHostLink), and the memory
 // model calibrated to the runtime (CalibrateMemory) against `profiled`, the
 // schedule the profile was measured under; when `profiled` is null, the
 // starting schedule of `mode` for a profile of version 0, else the memory

@@ -405,6 +405,7 @@ void PlanningManager::PlanOne(const std::string& job_id,
 
   const auto start = std::chrono::steady_clock::now();
   std::string assumed;
+  std::string planned_on;
   absl::StatusOr<Schedule> planned = [&]() -> absl::StatusOr<Schedule> {
     std::optional<Schedule> ran;
     if (profiled.has_value()) {
@@ -421,6 +422,7 @@ void PlanningManager::PlanOne(const std::string& job_id,
         PlanFromMeasurements(graph, hardware.hw, &profile,
                              ran.has_value() ? &*ran : nullptr, options);
     if (!result.ok()) return result.status();
+    planned_on = DescribeHardware(result->hw);
     if (!result->feasible) {
       // A reference policy's plan that would run out of memory, as the real
       // framework would: not published.
@@ -488,12 +490,13 @@ void PlanningManager::PlanOne(const std::string& job_id,
       absl::StrFormat(
           "v%d (%s) from step %d: predicted %.4f s/iter "
           "(measured %.4f), exposed comm %.4f s, peak %s; "
-          "passes %s; planned in %.1f ms%s",
+          "passes %s; planned in %.1f ms on %s%s",
           version, reason, update.effective_step(),
           planned->prediction.iteration_s, profile.iteration_s,
           planned->prediction.exposed_comm_s,
           FormatBytes(planned->prediction.peak_bytes),
           absl::StrJoin(planned->provenance.passes, ","), wall * 1e3,
+          planned_on,
           assumed.empty() ? "" : absl::StrCat("; assumed: ", assumed)));
   if (publisher) publisher(job_id, update);
 }

@@ -23,6 +23,15 @@ absl::StatusOr<Profile> AggregateProfiles(
   for (const auto& [rank, p] : by_rank) {
     out.iteration_s = std::max(out.iteration_s, p.iteration_s);
     out.peak_bytes = std::max(out.peak_bytes, p.peak_bytes);
+    // The host link: the slowest rank's measured rate (the most seconds per
+    // byte), its bytes and seconds kept together.
+    if (p.host_copy_bytes > 0 && p.host_copy_s > 0 &&
+        (out.host_copy_bytes <= 0 ||
+         p.host_copy_s * static_cast<double>(out.host_copy_bytes) >
+             out.host_copy_s * static_cast<double>(p.host_copy_bytes))) {
+      out.host_copy_bytes = p.host_copy_bytes;
+      out.host_copy_s = p.host_copy_s;
+    }
     for (const NodeTiming& t : p.nodes) {
       auto [it, inserted] = node_index.emplace(t.node_id, out.nodes.size());
       if (inserted) {

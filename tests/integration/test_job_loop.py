@@ -133,6 +133,35 @@ def test_two_ranks_submit_to_succeeded_with_replan(cluster):
             newest, planned_median * 1e3, base_median * 1e3, margin, figures))
 
 
+@pytest.mark.parametrize("policy, passes", [
+    ("fsdp", "zero3-insert,fsdp-prefetch"),
+    ("deepcompile", "deepspeed-persistence,zero3-insert,split-groups,"
+                    "memory-only-offload,greedy-prefetch,greedy-unshard"),
+])
+def test_reference_policy_runs_on_real_workers(cluster, policy, passes):
+    """optimize.policy runs that policy's plan on the workers: A/B against
+    the framework a user would otherwise run, on the same job."""
+    coord = cluster.coordinator()
+    with tandem.Client(coord.address, timeout=10) as client:
+        job = client.submit(spec(steps=12, optimize={"policy": policy}))
+        workers = [cluster.worker(coord, job.id, r) for r in range(2)]
+        for w in workers:
+            assert w.wait(timeout=240) == 0, w.log()
+        final = client.get(job.id)[0]
+        msgs = messages(client, job.id)
+        assert final.state == SUCCEEDED, msgs
+        planned = [m for m in msgs if "v1 (initial)" in m]
+        assert planned, msgs
+        assert ("passes " + passes + ";") in planned[0], planned[0]
+        # Planned on what the workers reported, not an assumed accelerator.
+        assert "2 ranks, 2 per node" in planned[0], planned[0]
+        assert "no memory limit" not in planned[0], planned[0]
+        assert any("v1 active on all 2 ranks" in m for m in msgs), msgs
+        _, schedule = client.schedule(job.id)
+        assert schedule.version >= 1
+        assert list(schedule.provenance.passes) == passes.split(",")
+
+
 def test_reoptimize_and_injected_drift_take_effect(cluster):
     coord = cluster.coordinator()
     with tandem.Client(coord.address, timeout=10) as client:

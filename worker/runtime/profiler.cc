@@ -66,6 +66,8 @@ void Profiler::RecordCopy(absl::string_view label, int64_t bytes,
                           TimelineClock::time_point end) {
   if (!enabled_) return;
   timeline_.AddCopy(label, bytes, start, end);
+  host_copy_bytes_ += bytes;
+  host_copy_s_ += std::chrono::duration<double>(end - start).count();
 }
 
 void Profiler::EndIteration(double iteration_s, int64_t peak_bytes) {
@@ -85,6 +87,8 @@ Profile Profiler::Snapshot(const std::string& graph_hash, int32_t rank) const {
   p.last_iteration = last_iteration_;
   p.iteration_s = iterations_ > 0 ? iteration_sum_s_ / iterations_ : 0;
   p.peak_bytes = peak_bytes_;
+  p.host_copy_bytes = host_copy_bytes_;
+  p.host_copy_s = host_copy_s_;
   for (size_t i = 0; i < nodes_.size(); ++i) {
     const Accumulator& a = nodes_[i];
     if (a.samples == 0) continue;
@@ -107,6 +111,8 @@ void Profiler::Reset() {
   iterations_ = 0;
   iteration_sum_s_ = 0;
   peak_bytes_ = 0;
+  host_copy_bytes_ = 0;
+  host_copy_s_ = 0;
   std::fill(nodes_.begin(), nodes_.end(), Accumulator{});
   std::fill(memory_.begin(), memory_.end(), MemorySample{});
   std::fill(has_memory_.begin(), has_memory_.end(), false);

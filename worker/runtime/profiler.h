@@ -40,7 +40,8 @@ class Profiler {
   // exchange); timeline only.
   void RecordExchange(absl::string_view label, TimelineClock::time_point start,
                       TimelineClock::time_point end);
-  // A host-tier copy (OFFLOAD/RELOAD) on the copy stream; timeline only.
+  // A host-tier copy (OFFLOAD/RELOAD) on the copy stream: on the timeline,
+  // and summed into the window's host-copy bytes and seconds.
   void RecordCopy(absl::string_view label, int64_t bytes,
                   TimelineClock::time_point start,
                   TimelineClock::time_point end);
@@ -76,6 +77,8 @@ class Profiler {
   int iterations_ = 0;
   double iteration_sum_s_ = 0;
   int64_t peak_bytes_ = 0;
+  int64_t host_copy_bytes_ = 0;
+  double host_copy_s_ = 0;
   std::vector<Accumulator> nodes_;
   std::vector<MemorySample> memory_;
   std::vector<bool> has_memory_;

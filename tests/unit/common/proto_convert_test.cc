@@ -119,7 +119,9 @@ TEST(ProtoConvertTest, Schedule_UnspecifiedEnums_AreRejected) {
 
 TEST(ProtoConvertTest, Profile_RoundTrip_IsEqual) {
   const Graph g = TwoLayerGraph();
-  const Profile p = TwoLayerProfile(g);
+  Profile p = TwoLayerProfile(g);
+  p.host_copy_bytes = 12345;
+  p.host_copy_s = 0.5;
   auto back = FromProto(ToProto(p));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(*back, p);

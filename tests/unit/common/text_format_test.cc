@@ -616,6 +616,21 @@ TEST(PrintProfileTest, PrintProfile_AllCollectiveKinds_RoundTrip) {
   EXPECT_EQ(Bits(parsed->nodes[1].time_s), Bits(1.0 / 3));
 }
 
+TEST(PrintProfileTest, HostCopies_PrintedWhenMeasuredAndRoundTrip) {
+  Profile profile = MakeProfile();
+  profile.host_copy_bytes = 64 << 20;
+  profile.host_copy_s = 0.02;
+  const std::string text = PrintProfile(profile);
+  EXPECT_PRED2(Contains, text,
+               " peak=3145728 copied=67108864 copy_time=0.02\n");
+  absl::StatusOr<Profile> parsed = ParseProfile(text);
+  ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << text;
+  EXPECT_EQ(parsed->host_copy_bytes, 64 << 20);
+  EXPECT_DOUBLE_EQ(parsed->host_copy_s, 0.02);
+  // Without copies the header keeps its old form.
+  EXPECT_EQ(PrintProfile(MakeProfile()).find("copied="), std::string::npos);
+}
+
 TEST(ParseProfileTest, ParseProfile_Fixture_MatchesGraphFixture) {
   absl::StatusOr<Graph> graph = ParseGraph(ReadTestdata("tiny_graph.txt"));
   ASSERT_TRUE(graph.ok()) << graph.status();

@@ -34,6 +34,25 @@ TEST(ProfilerTest, Snapshot_AveragesOverWindow) {
   EXPECT_EQ(*parsed, s);
 }
 
+TEST(ProfilerTest, HostCopies_SummedPerWindow) {
+  Profiler p(true, 2);
+  const TimelineClock::time_point t0 = TimelineClock::now();
+  p.BeginIteration(0, 1);
+  p.RecordCopy("offload o0", 1000, t0, t0 + std::chrono::milliseconds(2));
+  p.RecordCopy("reload o0", 3000, t0 + std::chrono::milliseconds(5),
+               t0 + std::chrono::milliseconds(11));
+  p.EndIteration(0.1, 10);
+  Profile s = p.Snapshot("h", 0);
+  EXPECT_EQ(s.host_copy_bytes, 4000);
+  EXPECT_NEAR(s.host_copy_s, 0.008, 1e-9);
+  p.Reset();
+  p.BeginIteration(1, 1);
+  p.EndIteration(0.1, 10);
+  s = p.Snapshot("h", 0);
+  EXPECT_EQ(s.host_copy_bytes, 0);
+  EXPECT_EQ(s.host_copy_s, 0);
+}
+
 TEST(ProfilerTest, NewScheduleVersion_StartsNewWindow) {
   Profiler p(true, 2);
   p.BeginIteration(0, 1);

@@ -167,7 +167,9 @@ TEST(JobPlanTest, HardwareForJob_CpuHostsShareTheirMemory) {
   EXPECT_EQ(job.hw.device_memory_bytes, int64_t{2} << 30);
   EXPECT_EQ(job.hw.budget(), int64_t{2} << 30);
   EXPECT_DOUBLE_EQ(job.hw.host_bytes_per_s, kAssumedCpuHostBytesPerS);
-  EXPECT_THAT(job.assumptions, ElementsAre(HasSubstr("host link")));
+  EXPECT_THAT(job.assumptions, IsEmpty());
+  EXPECT_THAT(DescribeHardware(job.hw),
+              HasSubstr("host link 5 GB/s (assumed)"));
 }
 
 TEST(JobPlanTest, HardwareForJob_GpusKeepTheirMemoryAndDeclaredWins) {
@@ -192,6 +194,31 @@ TEST(JobPlanTest, HardwareForJob_GpusKeepTheirMemoryAndDeclaredWins) {
   EXPECT_DOUBLE_EQ(job.hw.host_bytes_per_s, 12.5e9);
   EXPECT_DOUBLE_EQ(job.hw.inter_node_bytes_per_s, 25e9);
   EXPECT_THAT(job.assumptions, IsEmpty());
+}
+
+TEST(CalibrateTest, HostCopies_SetTheHostLink) {
+  const Graph graph = Model("preset=tiny-llama world=2");
+  Profile profile;
+  profile.graph_hash = graph.StructuralHash();
+  profile.schedule_version = 3;  // no calibration of memory needed here
+  profile.host_copy_bytes = int64_t{64} << 20;
+  profile.host_copy_s = 0.032;
+  HardwareModel hw = HardwareModel::H100(2);
+  absl::StatusOr<Calibrated> c = CalibrateToMeasurements(
+      graph, hw, &profile, nullptr, ShardingMode::kZero3);
+  ASSERT_TRUE(c.ok()) << c.status();
+  // 64 MiB in 32 ms: 2.097 GB/s, not the 50 GB/s the model started with.
+  EXPECT_NEAR(c->hw.host_bytes_per_s, 67108864 / 0.032, 1);
+  EXPECT_TRUE(c->hw.host_link_measured);
+  EXPECT_NEAR(c->hw.HostCopySeconds(int64_t{64} << 20), 0.032, 1e-12);
+  EXPECT_THAT(DescribeHardware(c->hw), HasSubstr("(measured)"));
+  // No copies in the window: the host link stays as it was.
+  profile.host_copy_bytes = 0;
+  c = CalibrateToMeasurements(graph, hw, &profile, nullptr,
+                              ShardingMode::kZero3);
+  ASSERT_TRUE(c.ok());
+  EXPECT_DOUBLE_EQ(c->hw.host_bytes_per_s, hw.host_bytes_per_s);
+  EXPECT_FALSE(c->hw.host_link_measured);
 }
 
 TEST(JobPlanTest, HardwareForJob_NothingReported_SaysItAssumedNoLimit) {

@@ -156,6 +156,23 @@ TEST_F(ProfileAggregatorTest, AggregateProfiles_NodeOnlyOnLaterRank_IsKept) {
   EXPECT_DOUBLE_EQ(out->nodes[1].time_s, 3e-3);
 }
 
+TEST_F(ProfileAggregatorTest, AggregateProfiles_HostCopies_SlowestRankRate) {
+  std::map<int32_t, Profile> by_rank;
+  // Rank 0: 8 MiB in 4 ms (2.1 GB/s); rank 1: 4 MiB in 4 ms (1.05 GB/s);
+  // rank 2 copied nothing.
+  by_rank[0] =
+      P("profile graph=$hash rank=0 window=0..1 iteration=1ms copied=8MiB "
+        "copy_time=4ms\n");
+  by_rank[1] =
+      P("profile graph=$hash rank=1 window=0..1 iteration=1ms copied=4MiB "
+        "copy_time=4ms\n");
+  by_rank[2] = P("profile graph=$hash rank=2 window=0..1 iteration=1ms\n");
+  absl::StatusOr<Profile> out = AggregateProfiles(by_rank);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->host_copy_bytes, 4 << 20);
+  EXPECT_DOUBLE_EQ(out->host_copy_s, 4e-3);
+}
+
 TEST_F(ProfileAggregatorTest, AggregateProfiles_NoProfiles_InvalidArgument) {
   EXPECT_EQ(AggregateProfiles({}).status().code(),
             absl::StatusCode::kInvalidArgument);

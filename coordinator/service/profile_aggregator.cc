@@ -47,6 +47,7 @@ absl::StatusOr<Profile> AggregateProfiles(
         c.issue_to_done_s =
             std::max(c.issue_to_done_s, p.collectives[i].issue_to_done_s);
         c.exposed_s = std::max(c.exposed_s, p.collectives[i].exposed_s);
+        c.run_s = std::max(c.run_s, p.collectives[i].run_s);
       }
     }
     if (p.memory.size() == out.memory.size()) {

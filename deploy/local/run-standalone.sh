@@ -76,14 +76,16 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
+# Each rank is its own LOCAL_RANK: on a machine with GPUs rank r trains on
+# cuda:r (--device auto or cuda).
 for ((r = 0; r < W; r++)); do
   mapfile -d '' args < <(rank_args "$r" "$@")
   if [ "$r" -eq 0 ]; then
-    "$WORKER" --standalone --spec "$SPEC" --rank "$r" --world "$W" \
+    LOCAL_RANK=$r "$WORKER" --standalone --spec "$SPEC" --rank "$r" --world "$W" \
       --rendezvous "127.0.0.1:$PORT" --threads "$THREADS" "${args[@]+"${args[@]}"}" \
       2>"$LOG_DIR/rank$r.err" > >(tee "$LOG_DIR/rank$r.out") &
   else
-    "$WORKER" --standalone --spec "$SPEC" --rank "$r" --world "$W" \
+    LOCAL_RANK=$r "$WORKER" --standalone --spec "$SPEC" --rank "$r" --world "$W" \
       --rendezvous "127.0.0.1:$PORT" --threads "$THREADS" "${args[@]+"${args[@]}"}" \
       >"$LOG_DIR/rank$r.out" 2>"$LOG_DIR/rank$r.err" &
   fi

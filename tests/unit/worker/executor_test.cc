@@ -19,6 +19,7 @@
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "common/ir/validate.h"
+#include "common/lowering/lowering.h"
 #include "common/models/graph_builder.h"
 #include "common/models/model_config.h"
 #include "common/sim/simulator.h"
@@ -461,15 +462,7 @@ constexpr int kBudgetSteps = 24;
 // schedule has no offloads when no budget gave a partial offload.
 PartialOffloadPlan PlanPartialOffload(const Graph& graph, HardwareModel hw) {
   PartialOffloadPlan out;
-  Schedule inserted;
-  {
-    PlanningContext context(graph, hw);
-    PassPipeline pipeline("zero3-insert");
-    pipeline.AddPass<Zero3InsertPass>();
-    absl::StatusOr<bool> changed = pipeline.Run(context);
-    EXPECT_TRUE(changed.ok()) << changed.status();
-    inserted = context.schedule();
-  }
+  const Schedule inserted = LowerZero3(graph, {});
   absl::StatusOr<SimResult> none = Simulate(graph, inserted, hw);
   absl::StatusOr<Schedule> least =
       OffloadStates(graph, inserted, AllParams(graph), /*reload_lead=*/0);
@@ -486,19 +479,15 @@ PartialOffloadPlan PlanPartialOffload(const Graph& graph, HardwareModel hw) {
   for (int k = kBudgetSteps - 1; k >= 1; --k) {
     hw.budget_bytes =
         out.floor_peak + (out.none_peak - out.floor_peak) * k / kBudgetSteps;
-    PlanningContext context(graph, hw);
-    PassPipeline pipeline("offload");
-    pipeline.AddPass<Zero3InsertPass>();
-    pipeline.AddPass<OffloadPass>();
-    pipeline.AddPass<PrefetchPass>();
-    pipeline.AddInvariantChecker<GatherBeforeUseChecker>();
-    pipeline.AddInvariantChecker<ReduceOnceChecker>();
-    absl::StatusOr<bool> changed = pipeline.Run(context);
-    if (!changed.ok()) {  // e.g. no plan within this budget
+    // The planner a job runs, with the pipeline named as a job would.
+    PlanOptions options;
+    options.passes = {"zero3-insert", "offload", "prefetch"};
+    absl::StatusOr<PlanResult> plan = Plan(graph, hw, options);
+    if (!plan.ok()) {  // e.g. no plan within this budget
       absl::StrAppend(&out.counts, out.counts.empty() ? "" : " ", "-");
       continue;
     }
-    const size_t count = context.schedule().offloads.size();
+    const size_t count = plan->schedule.offloads.size();
     absl::StrAppend(&out.counts, out.counts.empty() ? "" : " ", count);
     if (count == 0 || count >= n) continue;
     const auto distance = [n](size_t c) {
@@ -506,7 +495,7 @@ PartialOffloadPlan PlanPartialOffload(const Graph& graph, HardwareModel hw) {
     };
     if (best == 0 || distance(count) < distance(best)) {
       best = count;
-      out.schedule = context.schedule();
+      out.schedule = plan->schedule;
       out.budget = hw.budget_bytes;
     }
   }

@@ -15,6 +15,14 @@
 namespace tandem {
 namespace {
 
+// The same plan whatever its version, provenance and predictions: the
+// actions, groups, persistent set and offloads the workers would run.
+bool SamePlan(const Schedule& a, const Schedule& b) {
+  return a.mode == b.mode && a.groups == b.groups &&
+         a.persistent_param_ids == b.persistent_param_ids &&
+         a.offloads == b.offloads && a.actions == b.actions;
+}
+
 // Per-pass wall time into the coordinator's histogram.
 class MetricsSink : public PassRecordSink {
  public:
@@ -32,7 +40,9 @@ class MetricsSink : public PassRecordSink {
 }  // namespace
 
 PlanningManager::JobPlanning::JobPlanning(const v1::JobSpec& job_spec)
-    : spec(job_spec), profiles(job_spec.parallel().world_size()) {
+    : spec(job_spec),
+      profiles(job_spec.parallel().world_size()),
+      measured(job_spec.optimize().drift_window()) {
   const v1::OptimizeSpec& o = job_spec.optimize();
   drift = std::make_unique<DriftDetector>(o.drift_threshold(), o.drift_window(),
                                           job_spec.memory().budget_bytes());
@@ -264,11 +274,51 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
   if (metrics_ != nullptr) {
     metrics_->measured_iteration_seconds->WithLabels({job_id}).Set(measured);
   }
+  state.measured.Record(progress.schedule_version(), progress.step(), measured);
   // Only iterations run under the newest schedule say anything about it.
   const int64_t active_version =
       state.schedules.empty() ? 0 : state.schedules.back().schedule.version();
   if (active_version == 0 || progress.schedule_version() != active_version) {
     return;
+  }
+  // Behind the best schedule measured on this job (the baseline counts):
+  // back to that one, whatever the prediction said.
+  if (!state.queued && !state.rejected.count(active_version)) {
+    std::optional<ScheduleMeasurements::Behind> behind =
+        state.measured.BehindBest(active_version);
+    auto rerun = state.rollbacks.find(active_version);
+    if (behind.has_value() && rerun != state.rollbacks.end()) {
+      // The plan that measured fastest measures slower now: the machine
+      // changed, and what earlier versions measured no longer holds.
+      state.measured.KeepOnly(active_version);
+      (void)jobs_->RecordEvent(
+          job_id, "rollback",
+          absl::StrFormat(
+              "v%d runs v%d's plan again but measured %.4f s/iter against "
+              "v%d's %.4f: the machine changed; earlier measurements are "
+              "forgotten and drift detection decides from here",
+              active_version, rerun->second, behind->active.median_s,
+              behind->best_version, behind->best.median_s));
+      behind.reset();
+    }
+    if (behind.has_value()) {
+      state.rejected[active_version] = state.schedules.back().schedule;
+      state.rollback_to = behind->best_version;
+      state.pending_reason.clear();
+      (void)jobs_->RecordEvent(
+          job_id, "rollback",
+          absl::StrFormat(
+              "v%d measured %.4f s/iter (median of %d steps) against "
+              "v%d's %.4f s/iter (%d steps): %.1f%% slower, beyond the "
+              "measured noise of %.1f%%; rolling back to v%d's schedule at "
+              "step %d",
+              active_version, behind->active.median_s, behind->active.samples,
+              behind->best_version, behind->best.median_s, behind->best.samples,
+              100 * (behind->active.median_s / behind->best.median_s - 1),
+              100 * behind->noise, behind->best_version, progress.step()));
+      QueueLocked(job_id, state, "rollback");
+      return;
+    }
   }
   std::optional<std::string> reason =
       state.drift->Observe(measured, measured_peak);
@@ -376,6 +426,13 @@ void PlanningManager::PlanOne(const std::string& job_id,
   v1::JobSpec spec;
   std::vector<RankDevice> devices;
   int64_t version = 0;
+  // A rollback: the version it returns to (its schedule when it is not the
+  // baseline) and what that version measured.
+  int64_t rollback_to = -1;
+  std::optional<v1::Schedule> rollback_schedule;
+  double rollback_measured_s = 0;
+  // Schedules measured slower than the best: never published again.
+  std::map<int64_t, v1::Schedule> rejected;
   // The schedule the profile was measured under (none for version 0: the
   // starting schedule).
   std::optional<v1::Schedule> profiled;
@@ -391,6 +448,17 @@ void PlanningManager::PlanOne(const std::string& job_id,
     spec = it->second.spec;
     devices = it->second.devices;
     version = static_cast<int64_t>(it->second.schedules.size()) + 1;
+    rejected = it->second.rejected;
+    if (reason == "rollback") {
+      rollback_to = it->second.rollback_to;
+      for (const StoredSchedule& s : it->second.schedules) {
+        if (s.schedule.version() == rollback_to) rollback_schedule = s.schedule;
+      }
+      if (std::optional<ScheduleMeasurements::Summary> m =
+              it->second.measured.Summarize(rollback_to)) {
+        rollback_measured_s = m->median_s;
+      }
+    }
     for (const StoredSchedule& s : it->second.schedules) {
       if (s.schedule.version() == profile.schedule_version) {
         profiled = s.schedule;
@@ -407,6 +475,24 @@ void PlanningManager::PlanOne(const std::string& job_id,
   std::string assumed;
   std::string planned_on;
   absl::StatusOr<Schedule> planned = [&]() -> absl::StatusOr<Schedule> {
+    if (rollback_to >= 0) {
+      // The schedule measured fastest, predicted at what it measured: the
+      // evidence, not the model that chose the slower one.
+      absl::StatusOr<Schedule> back =
+          rollback_schedule.has_value()
+              ? FromProto(*rollback_schedule)
+              : StartingSchedule(graph, spec.parallel().zero_stage() == 1
+                                            ? ShardingMode::kZero1
+                                            : ShardingMode::kZero3);
+      if (!back.ok()) return back.status();
+      back->provenance.passes.push_back(
+          absl::StrCat("rollback-to-v", rollback_to));
+      if (rollback_measured_s > 0) {
+        back->prediction.iteration_s = rollback_measured_s;
+      }
+      planned_on = "the measurements";
+      return back;
+    }
     std::optional<Schedule> ran;
     if (profiled.has_value()) {
       absl::StatusOr<Schedule> s = FromProto(*profiled);
@@ -446,6 +532,18 @@ void PlanningManager::PlanOne(const std::string& job_id,
                      "; the job keeps its current schedule"));
     return;
   }
+  for (const auto& [slower, schedule] : rejected) {
+    absl::StatusOr<Schedule> seen = FromProto(schedule);
+    if (rollback_to < 0 && seen.ok() && SamePlan(*seen, *planned)) {
+      (void)jobs_->RecordEvent(
+          job_id, "replan",
+          absl::StrCat("planning v", version, " (", reason, ") gave v", slower,
+                       "'s schedule again, which measured slower than the "
+                       "best schedule on this job; the job keeps its "
+                       "current schedule"));
+      return;
+    }
+  }
   planned->version = version;
   planned->provenance.reason = reason;
   planned->provenance.window_first_iteration = profile.first_iteration;
@@ -477,6 +575,7 @@ void PlanningManager::PlanOne(const std::string& job_id,
     if (it != state_.end()) {
       it->second.schedules.push_back(
           {update.schedule(), update.effective_step()});
+      if (rollback_to >= 0) it->second.rollbacks[version] = rollback_to;
     }
     // After Stop() the workers hear of it from the next coordinator, which
     // sends the newest stored schedule when they reconnect.

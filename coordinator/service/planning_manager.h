@@ -41,6 +41,7 @@
 #include "coordinator/service/drift_detector.h"
 #include "coordinator/service/job_manager.h"
 #include "coordinator/service/profile_aggregator.h"
+#include "coordinator/service/schedule_measurements.h"
 #include "coordinator/store/job_store.h"
 #include "tandem/v1/worker_service.pb.h"
 
@@ -123,6 +124,15 @@ class PlanningManager {
     std::optional<Profile> latest;
     std::vector<StoredSchedule> schedules;
     std::unique_ptr<DriftDetector> drift;
+    // Step times per schedule version: the evidence for rollbacks.
+    ScheduleMeasurements measured;
+    // Versions found slower than the best measured one (each rolled back
+    // once; a re-plan that would repeat one is not published), and the
+    // version a queued rollback returns to.
+    std::map<int64_t, v1::Schedule> rejected;
+    int64_t rollback_to = -1;
+    // Rollback versions and the version whose plan each runs again.
+    std::map<int64_t, int64_t> rollbacks;
     // step -> (slowest iteration_s, largest peak, ranks reported).
     std::map<int64_t, std::tuple<double, int64_t, int>> steps;
     int64_t max_step = 0;

@@ -14,6 +14,7 @@
 namespace tandem {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 v1::JobSpec Spec() {
@@ -188,6 +189,86 @@ TEST_F(PlanningManagerTest, SustainedDrift_ReplansWithReason) {
   ASSERT_EQ(published_.size(), 2u);
   EXPECT_EQ(published_[1].schedule().version(), 2);
   EXPECT_EQ(published_[1].schedule().provenance().reason(), "drift");
+}
+
+// Every rank reports steps [first, first+n) under `version` at `seconds`.
+void Steps(PlanningManager& planning, const std::string& job, int64_t first,
+           int n, int64_t version, double seconds) {
+  for (int64_t step = first; step < first + n; ++step) {
+    for (int r = 0; r < 2; ++r) {
+      v1::IterationProgress p;
+      p.set_step(step);
+      p.set_schedule_version(version);
+      p.set_iteration_s(seconds);
+      planning.OnProgress(job, r, p);
+    }
+  }
+}
+
+// v1 measures 30% slower than the baseline did: within drift_window (3)
+// measured steps the job is back on the baseline's schedule, as v2, and the
+// event says so with both figures. A later re-plan that gives v1's plan
+// again is not published.
+TEST_F(PlanningManagerTest, PlanSlowerThanBaseline_RolledBackToIt) {
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  Steps(*planning_, job_.id(), 0, 5, 0, 0.100);
+  SendWindow(0, 1, 0);
+  ASSERT_EQ(published_.size(), 1u);
+  planning_->OnScheduleActive(job_.id(), 1);
+  // The switch step, then 3 measured steps.
+  Steps(*planning_, job_.id(), 5, 4, 1, 0.130);
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 2u);
+  const v1::Schedule& back = published_[1].schedule();
+  EXPECT_EQ(back.version(), 2);
+  EXPECT_EQ(back.provenance().reason(), "rollback");
+  EXPECT_DOUBLE_EQ(back.prediction().iteration_s(), 0.100);
+  absl::StatusOr<Schedule> got = FromProto(back);
+  absl::StatusOr<Schedule> start =
+      StartingSchedule(graph_, ShardingMode::kZero3);
+  ASSERT_TRUE(got.ok() && start.ok());
+  EXPECT_EQ(got->actions, start->actions);
+  EXPECT_EQ(got->groups, start->groups);
+  std::vector<std::string> rollback_events;
+  absl::StatusOr<std::vector<v1::JobEvent>> events =
+      jobs_->Events(job_.id(), 0);
+  ASSERT_TRUE(events.ok());
+  for (const v1::JobEvent& e : *events) {
+    if (e.kind() == "rollback") rollback_events.push_back(e.message());
+  }
+  ASSERT_EQ(rollback_events.size(), 1u);
+  EXPECT_THAT(rollback_events[0],
+              AllOf(HasSubstr("v1 measured 0.1300 s/iter (median of 3 steps)"),
+                    HasSubstr("v0's 0.1000 s/iter"), HasSubstr("30.0% slower"),
+                    HasSubstr("rolling back to v0's schedule")));
+
+  // The rolled-back plan itself now measures as slow as v1 did: the machine
+  // changed. No second rollback; the old measurements are forgotten.
+  planning_->OnScheduleActive(job_.id(), 2);
+  Steps(*planning_, job_.id(), 9, 4, 2, 0.130);
+  planning_->Drain();
+  EXPECT_EQ(published_.size(), 2u);
+  EXPECT_THAT(jobs_->Events(job_.id(), 0)->back().message(),
+              HasSubstr("v2 runs v0's plan again but measured 0.1300 s/iter "
+                        "against v0's 0.1000: the machine changed"));
+
+  // Re-optimizing from the same measurements plans v1's schedule again:
+  // refused, the job stays on v2.
+  ASSERT_TRUE(planning_->RequestReplan(job_.id(), "").ok());
+  planning_->Drain();
+  EXPECT_EQ(published_.size(), 2u);
+  EXPECT_THAT(jobs_->Events(job_.id(), 0)->back().message(),
+              HasSubstr("gave v1's schedule again"));
+}
+
+TEST_F(PlanningManagerTest, PlanWithinNoiseOfBaseline_Kept) {
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  Steps(*planning_, job_.id(), 0, 5, 0, 0.100);
+  SendWindow(0, 1, 0);
+  planning_->OnScheduleActive(job_.id(), 1);
+  Steps(*planning_, job_.id(), 5, 10, 1, 0.103);  // 3%: noise
+  planning_->Drain();
+  EXPECT_EQ(published_.size(), 1u);
 }
 
 TEST_F(PlanningManagerTest, Reoptimize_BeforeProfile_SaysWhen) {

@@ -357,6 +357,29 @@ absl::StatusOr<PlanResult> Plan(const Graph& graph, const HardwareModel& hw,
   }
   records.ForwardTo(options.sink);
   result.feasible = result.sim.peak_bytes <= hw.budget();
+  if (options.policy == Policy::kTandem && options.passes.empty() &&
+      options.mode == ShardingMode::kZero3) {
+    // Never behind, predicted: under the same calibrated model, the
+    // reference policies' plans too; the fastest that fits wins.
+    for (Policy reference : kAllPolicies) {
+      if (reference == Policy::kTandem) continue;
+      PlanOptions other;
+      other.policy = reference;
+      other.planner = options.planner;
+      absl::StatusOr<PlanResult> theirs = Plan(graph, hw, other);
+      if (!theirs.ok() || !theirs->feasible) continue;
+      if (theirs->sim.iteration_s < result.sim.iteration_s * (1 - 1e-9)) {
+        result.schedule = theirs->schedule;
+        result.sim = theirs->sim;
+        result.least_memory_fallback = false;
+        result.adopted_policy = reference;
+      }
+    }
+    if (result.adopted_policy.has_value()) {
+      result.schedule.provenance.passes.push_back(absl::StrCat(
+          "chosen-over-tandem:", PolicyName(*result.adopted_policy)));
+    }
+  }
   result.plan_wall_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();

@@ -102,10 +102,16 @@ struct PlanResult {
   // The memory model counted what the runtime held beyond it (a profile and
   // the schedule it ran under were given).
   bool memory_calibrated = false;
+  // Tandem's policy only: a reference policy's plan that fit and was
+  // predicted faster than Tandem's own, returned instead (its provenance
+  // ends with "chosen-over-tandem:<policy>").
+  std::optional<Policy> adopted_policy;
 };
 
 // Runs the pipeline over `graph` (validated first) with its node times as
-// they are. Tandem's policy (and a job's own passes) fails with
+// they are. Tandem's policy (ZeRO-3) also plans every reference policy under
+// the same model and returns the fastest plan that fits, so it is never
+// predicted behind one. Tandem's policy (and a job's own passes) fails with
 // ResourceExhausted when no plan fits the budget, naming the smallest
 // feasible budget and what would fit; reference policies return their plan
 // with feasible=false instead, as the real frameworks would run out of

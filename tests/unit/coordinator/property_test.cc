@@ -1,9 +1,10 @@
 // Property test of the planner: over random graphs (small builder configs
 // and hand-assembled graphs with random params, nodes, times and sizes) and
 // random budgets, every policy's schedule keeps every invariant, a plan
-// reported feasible simulates within its budget, and Tandem fails only when
-// the budget is below the smallest feasible one. Seeded, so a failure
-// reproduces; the case's seed is in the message.
+// reported feasible simulates within its budget, Tandem fails only when
+// the budget is below the smallest feasible one, and Tandem's plan is
+// predicted no slower than any reference policy's plan that fits. Seeded, so a
+// failure reproduces; the case's seed is in the message.
 #include <cstdint>
 #include <random>
 #include <string>
@@ -166,11 +167,22 @@ TEST_P(PlannerPropertyTest, Plan_RandomGraphAndBudget_KeepsEveryInvariant) {
                             ", smallest feasible ", *smallest, "\n",
                             PrintGraph(graph)));
 
+  // Never behind, predicted: Tandem's plan is no slower than any reference
+  // policy's plan that fits (planned last, compared below).
+  std::vector<std::pair<Policy, double>> reference_times;
+  double tandem_s = -1;
   for (Policy policy : AllPolicies()) {
     SCOPED_TRACE(PolicyName(policy));
     PlanOptions options;
     options.policy = policy;
     absl::StatusOr<PlanResult> result = Plan(graph, hw, options);
+    if (result.ok() && result->feasible) {
+      if (policy == Policy::kTandem) {
+        tandem_s = result->sim.iteration_s;
+      } else {
+        reference_times.emplace_back(policy, result->sim.iteration_s);
+      }
+    }
     if (policy == Policy::kTandem && hw.budget_bytes < *smallest) {
       ASSERT_FALSE(result.ok());
       EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted);
@@ -194,6 +206,13 @@ TEST_P(PlannerPropertyTest, Plan_RandomGraphAndBudget_KeepsEveryInvariant) {
     }
     // Every policy does the same compute.
     EXPECT_NEAR(sim->compute_s, result->sim.compute_s, 1e-12);
+  }
+
+  if (tandem_s >= 0) {
+    for (const auto& [policy, seconds] : reference_times) {
+      EXPECT_LE(tandem_s, seconds * (1 + 1e-9))
+          << "tandem predicted slower than " << PolicyName(policy);
+    }
   }
 
   // Tandem's ZeRO-1 pipeline: a plan that keeps every invariant and fits, or

@@ -46,6 +46,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(
   ASSIGN_OR_RETURN(m->schedule_version,
                    registry.AddGauge("tandem_schedule_version",
                                      "Active schedule version.", {"job"}));
+  ASSIGN_OR_RETURN(
+      m->speedup,
+      registry.AddGauge("tandem_schedule_speedup_ratio",
+                        "Measured median step time of the baseline (v0) over "
+                        "the active schedule's; 1 on the baseline.",
+                        {"job"}));
   return m;
 }
 

@@ -30,6 +30,8 @@ struct CoordinatorMetrics {
   metrics::Family<metrics::Gauge>* predicted_iteration_seconds;
   metrics::Family<metrics::Gauge>* measured_iteration_seconds;
   metrics::Family<metrics::Gauge>* schedule_version;
+  // {job}: the baseline's median step time over the active schedule's.
+  metrics::Family<metrics::Gauge>* speedup;
 
   static absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> Create(
       metrics::Registry& registry);

@@ -225,6 +225,17 @@ absl::Status JobManager::UpdateProgress(absl::string_view job_id, int64_t step,
   return absl::OkStatus();
 }
 
+absl::Status JobManager::UpdateOutcome(absl::string_view job_id, double speedup,
+                                       double predicted_s, double measured_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Record* r = Find(job_id);
+  if (r == nullptr) return NotFound(job_id);
+  r->job.set_measured_speedup(speedup);
+  r->job.set_predicted_iteration_s(predicted_s);
+  r->job.set_measured_iteration_s(measured_s);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<v1::JobEvent>> JobManager::WaitForEvents(
     absl::string_view job_id, int64_t after_seq, const v1::Job& known,
     std::chrono::milliseconds timeout) {

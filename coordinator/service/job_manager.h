@@ -71,6 +71,12 @@ class JobManager {
   absl::Status UpdateProgress(absl::string_view job_id, int64_t step,
                               double loss, int64_t schedule_version);
 
+  // What the active schedule bought (v1::Job's measured_speedup,
+  // predicted_iteration_s, measured_iteration_s); written with the next
+  // progress or event.
+  absl::Status UpdateOutcome(absl::string_view job_id, double speedup,
+                             double predicted_s, double measured_s);
+
   // Blocks until the job has events after `after_seq`, its state or step
   // differs from `known`'s, or `timeout` passes; returns the new events.
   absl::StatusOr<std::vector<v1::JobEvent>> WaitForEvents(

@@ -275,6 +275,7 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
     metrics_->measured_iteration_seconds->WithLabels({job_id}).Set(measured);
   }
   state.measured.Record(progress.schedule_version(), progress.step(), measured);
+  ReportOutcomeLocked(job_id, state, progress.schedule_version());
   // Only iterations run under the newest schedule say anything about it.
   const int64_t active_version =
       state.schedules.empty() ? 0 : state.schedules.back().schedule.version();
@@ -336,6 +337,30 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
             *reason, progress.step(), measured,
             state.schedules.back().schedule.prediction().iteration_s(),
             state.drift->score()));
+  }
+}
+
+void PlanningManager::ReportOutcomeLocked(const std::string& job_id,
+                                          const JobPlanning& state,
+                                          int64_t version) {
+  const int64_t active =
+      state.schedules.empty() ? 0 : state.schedules.back().schedule.version();
+  if (version != active) return;
+  const std::optional<ScheduleMeasurements::Summary> now =
+      state.measured.Summarize(active);
+  if (!now.has_value()) return;
+  const std::optional<ScheduleMeasurements::Summary> base =
+      state.measured.Summarize(0);
+  const double speedup =
+      active == 0 ? 1.0
+                  : (base.has_value() ? base->median_s / now->median_s : 0);
+  const double predicted =
+      state.schedules.empty()
+          ? 0
+          : state.schedules.back().schedule.prediction().iteration_s();
+  (void)jobs_->UpdateOutcome(job_id, speedup, predicted, now->median_s);
+  if (metrics_ != nullptr && speedup > 0) {
+    metrics_->speedup->WithLabels({job_id}).Set(speedup);
   }
 }
 

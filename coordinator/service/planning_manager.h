@@ -149,6 +149,10 @@ class PlanningManager {
   // for. Requires mu_.
   void OnWindowLocked(const std::string& job_id, JobPlanning& state,
                       Profile aggregate);
+  // Tells the job what the active schedule bought, once `version` (the one
+  // a step just ran under) is the active one and measured. Requires mu_.
+  void ReportOutcomeLocked(const std::string& job_id, const JobPlanning& state,
+                           int64_t version);
   // Queues a plan for the job. Requires mu_.
   void QueueLocked(const std::string& job_id, JobPlanning& state,
                    const std::string& reason);

@@ -132,6 +132,15 @@ def test_two_ranks_submit_to_succeeded_with_replan(cluster):
         "v%d median %.2f ms > v0 median %.2f ms * (1 + %.3f); %s" % (
             newest, planned_median * 1e3, base_median * 1e3, margin, figures))
 
+    # (c) The coordinator says what the plan bought, from the same steps:
+    # its speedup and measured median agree with the ranks' own lines.
+    assert final.schedule_version == newest
+    assert final.measured_speedup == pytest.approx(
+        base_median / planned_median, rel=0.10), (final, figures)
+    assert final.measured_iteration_s == pytest.approx(planned_median,
+                                                       rel=0.10), figures
+    assert final.predicted_iteration_s > 0
+
 
 @pytest.mark.parametrize("policy, passes", [
     ("fsdp", "zero3-insert,fsdp-prefetch"),

@@ -25,7 +25,8 @@ import grpc
 from tandem import spec as spec_mod
 from tandem.client import Client, default_address, is_terminal, state_name
 from tandem.errors import TandemError
-from tandem.progress import ProgressView, event_line, fmt_time
+from tandem.progress import (ProgressView, describe_outcome, event_line,
+                             fmt_time)
 from tandem.v1 import job_pb2
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -86,6 +87,7 @@ def cmd_status(client, args):
         ("loss", "%.4f" % job.loss if job.step > 0 else "-"),
         ("schedule", "v%d" % job.schedule_version if job.schedule_version
          else "baseline (v0)"),
+        ("bought", describe_outcome(job)),
         ("submitted", fmt_time(job.submitted_unix_s, with_date=True)),
     ]
     if job.error:

@@ -10,6 +10,26 @@ from tandem import spec as spec_mod
 from tandem.v1 import job_pb2
 
 
+def describe_outcome(job):
+    """What the active schedule bought, as `tandem status` prints it."""
+    if job.measured_iteration_s <= 0:
+        return "- (not measured yet)"
+    parts = []
+    if job.schedule_version == 0:
+        parts.append("baseline")
+    elif job.measured_speedup > 0:
+        parts.append("%.2fx faster than the baseline (v0)"
+                     % job.measured_speedup)
+    else:
+        parts.append("baseline not measured")
+    line = ", ".join(parts) + "; measured %.4f s/iter" % job.measured_iteration_s
+    if job.predicted_iteration_s > 0:
+        line += ", predicted %.4f (%+.1f%%)" % (
+            job.predicted_iteration_s,
+            100.0 * (job.predicted_iteration_s / job.measured_iteration_s - 1))
+    return line
+
+
 def fmt_time(unix_s, with_date=False):
     if not unix_s:
         return "-"
@@ -115,6 +135,8 @@ class ProgressView:
         parts.append("%s tok/s" % (fmt_count(tps) if tps is not None else "-"))
         parts.append("schedule v%d" % job.schedule_version
                      if job.schedule_version > 0 else "schedule baseline")
+        if job.schedule_version > 0 and job.measured_speedup > 0:
+            parts.append("%.2fx vs baseline" % job.measured_speedup)
         return "  ".join(parts)
 
     # -- output

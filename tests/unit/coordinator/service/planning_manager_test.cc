@@ -261,6 +261,26 @@ TEST_F(PlanningManagerTest, PlanSlowerThanBaseline_RolledBackToIt) {
               HasSubstr("gave v1's schedule again"));
 }
 
+// The job says what the active schedule bought: v0's median over v1's, and
+// v1's predicted and measured step times.
+TEST_F(PlanningManagerTest, FasterPlan_JobCarriesMeasuredSpeedup) {
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  Steps(*planning_, job_.id(), 0, 5, 0, 0.100);
+  absl::StatusOr<v1::Job> job = jobs_->Get(job_.id());
+  EXPECT_DOUBLE_EQ(job->measured_speedup(), 1.0);  // on the baseline
+  EXPECT_DOUBLE_EQ(job->measured_iteration_s(), 0.100);
+  SendWindow(0, 1, 0);
+  planning_->OnScheduleActive(job_.id(), 1);
+  Steps(*planning_, job_.id(), 5, 6, 1, 0.080);
+  planning_->Drain();
+  EXPECT_EQ(published_.size(), 1u);  // faster: kept
+  job = jobs_->Get(job_.id());
+  EXPECT_DOUBLE_EQ(job->measured_speedup(), 0.100 / 0.080);
+  EXPECT_DOUBLE_EQ(job->measured_iteration_s(), 0.080);
+  EXPECT_DOUBLE_EQ(job->predicted_iteration_s(),
+                   published_[0].schedule().prediction().iteration_s());
+}
+
 TEST_F(PlanningManagerTest, PlanWithinNoiseOfBaseline_Kept) {
   ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
   Steps(*planning_, job_.id(), 0, 5, 0, 0.100);

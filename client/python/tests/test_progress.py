@@ -1,0 +1,45 @@
+"""What `tandem status` and `tandem watch` say the active schedule bought."""
+
+from tandem.progress import ProgressView, describe_outcome
+from tandem.v1 import job_pb2
+
+
+def job(**fields):
+    j = job_pb2.Job()
+    j.spec.train.steps = 40
+    for k, v in fields.items():
+        setattr(j, k, v)
+    return j
+
+
+def test_outcome_before_any_measurement():
+    assert describe_outcome(job()) == "- (not measured yet)"
+
+
+def test_outcome_on_the_baseline():
+    assert describe_outcome(job(measured_iteration_s=0.2775,
+                                measured_speedup=1.0)) == (
+        "baseline; measured 0.2775 s/iter")
+
+
+def test_outcome_of_a_plan_with_prediction_error():
+    line = describe_outcome(job(schedule_version=1, measured_speedup=1.28,
+                                measured_iteration_s=0.2171,
+                                predicted_iteration_s=0.2552))
+    assert line == ("1.28x faster than the baseline (v0); measured 0.2171 "
+                    "s/iter, predicted 0.2552 (+17.5%)")
+
+
+def test_outcome_when_the_baseline_was_not_measured():
+    line = describe_outcome(job(schedule_version=2, measured_iteration_s=0.1))
+    assert line.startswith("baseline not measured; measured 0.1000 s/iter")
+
+
+def test_watch_line_carries_the_speedup():
+    import io
+    view = ProgressView(out=io.StringIO(), tty=False)
+    line = view.status_text(job(step=5, schedule_version=1,
+                                measured_speedup=1.28), bar=False)
+    assert "schedule v1" in line and "1.28x vs baseline" in line
+    line = view.status_text(job(step=5), bar=False)
+    assert "vs baseline" not in line

@@ -11,8 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/ir/validate.h"
-#include "common/status_macros.h"
 #include "common/lowering/schedule_semantics.h"
+#include "common/status_macros.h"
 #include "worker/runtime/torch_status.h"
 
 namespace tandem {

@@ -5,7 +5,9 @@
 # the baseline, plans, and pushes a schedule that both ranks switch to
 # mid-run. At the end it prints the schedule versions, the measured speedup
 # of the planned schedule over the baseline iterations, and how close the
-# simulator's prediction came. Prometheus (Debian's) scrapes the coordinator
+# simulator's prediction came; then it runs the same job again, which the
+# plan cache starts on the first job's plan from step 1. Prometheus
+# (Debian's) scrapes the coordinator
 # and both workers meanwhile, with the alert rules of dashboards/; the script
 # prints where to look.
 set -euo pipefail
@@ -89,7 +91,7 @@ mv "$PROM_DIR/targets/workers.json.tmp" "$PROM_DIR/targets/workers.json"
 status=0
 tandem_cli watch "$JOB" || status=$?
 echo
-tandem_cli status "$JOB" | sed -n '1,200p' | grep -E "schedule|state|drift|replan" || true
+tandem_cli status "$JOB" | sed -n '1,200p' | grep -E "schedule|state|drift|replan|rollback|bought" || true
 echo
 tandem_cli schedule "$JOB" > "$WORK/schedule.txt" || true
 head -12 "$WORK/schedule.txt"
@@ -127,6 +129,39 @@ if base and last > 0:
               "(%.1f%% off)" % (predicted, last, measured,
                                 100 * abs(predicted - measured) / measured))
 PY
+# The plan cache: the same job again starts on the plan the first one ended
+# on, from step 1, instead of re-learning it through the warm-up.
+echo
+echo "== the same job again (plan cache)"
+JOB2=$(tandem_cli submit -q "$SPEC")
+echo "submitted job $JOB2"
+again=()
+for r in $(seq 0 $((WORLD - 1))); do
+  OPENBLAS_NUM_THREADS=1 "$BUILD_DIR/worker/tandem-worker" \
+    --coordinator "$TANDEM_COORDINATOR" --job "$JOB2" --rank "$r" --threads 1 \
+    > "$WORK/again$r.jsonl" 2> "$WORK/again$r.log" &
+  again+=($!)
+  pids+=($!)
+done
+for pid in "${again[@]}"; do wait "$pid" || status=1; done
+tandem_cli status "$JOB2" | grep -E "^(state|schedule|bought)" || true
+tandem_cli status "$JOB2" | grep -E "\(cached\)" | head -1 || true
+/usr/bin/python3 - "$WORK/worker0.jsonl" "$WORK/again0.jsonl" <<'PY'
+import json, statistics, sys
+def steps(path):
+    return [json.loads(l) for l in open(path) if l.startswith('{"step"')]
+first, second = steps(sys.argv[1]), steps(sys.argv[2])
+print("second job, first steps: " + ", ".join(
+    "step %d v%d %.4f s" % (s["step"], s["schedule_version"], s["iteration_s"])
+    for s in second[:4]))
+base = [s["iteration_s"] for s in first[1:] if s["schedule_version"] == 0]
+if base and len(second) > 2:
+    print("first job's baseline median %.4f s; second job from step 2: "
+          "median %.4f s" % (statistics.median(base),
+                             statistics.median(s["iteration_s"]
+                                               for s in second[2:])))
+PY
+
 if [ -n "$METRICS" ]; then
   curl -s "http://127.0.0.1:$METRICS/metrics" 2>/dev/null \
     | grep -E "^tandem_(predicted|measured)_iteration_seconds|^tandem_replans_total" || true

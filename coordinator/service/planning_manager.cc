@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -11,9 +12,14 @@
 #include "common/ir/proto_convert.h"
 #include "coordinator/passes/pass_pipeline.h"
 #include "coordinator/planner/planner.h"
+#include "google/protobuf/util/message_differencer.h"
 
 namespace tandem {
 namespace {
+
+// How far the budget of a job with memory.budget_bytes 0 (the memory its
+// devices report) may move between runs for a cached plan to apply.
+constexpr double kCachedBudgetTolerance = 0.05;
 
 // The same plan whatever its version, provenance and predictions: the
 // actions, groups, persistent set and offloads the workers would run.
@@ -196,6 +202,7 @@ absl::Status PlanningManager::OnGraph(const std::string& job_id, int32_t rank,
         job_id, "graph",
         absl::StrCat("graph ", new_graph->hash(), ": ", new_graph->nodes_size(),
                      " nodes, ", new_graph->params_size(), " params"));
+    MaybeStartCached(*job);
   }
   if (!dropped.empty()) {
     (void)jobs_->RecordEvent(
@@ -340,6 +347,96 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
   }
 }
 
+void PlanningManager::MaybeStartCached(const v1::Job& job) {
+  std::string hash;
+  std::vector<RankDevice> devices;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    JobPlanning& state = State(job.id(), job);
+    const int world = job.spec().parallel().world_size();
+    int reported = 0;
+    for (const RankDevice& d : state.devices) reported += !d.device.empty();
+    if (state.cache_checked || state.profiles.graph() == nullptr ||
+        reported < world || !state.schedules.empty() || state.queued) {
+      return;
+    }
+    state.cache_checked = true;
+    hash = state.profiles.graph()->StructuralHash();
+    devices = state.devices;
+  }
+  std::optional<std::pair<std::string, v1::Schedule>> cached =
+      FindCachedPlan(job, hash, devices);
+  if (!cached.has_value()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  JobPlanning& state = State(job.id(), job);
+  if (!state.schedules.empty() || state.queued) return;
+  state.cached_from = cached->first;
+  state.cached = std::move(cached->second);
+  QueueLocked(job.id(), state, "cached");
+}
+
+std::optional<std::pair<std::string, v1::Schedule>>
+PlanningManager::FindCachedPlan(const v1::Job& job,
+                                const std::string& graph_hash,
+                                const std::vector<RankDevice>& devices) {
+  absl::StatusOr<std::vector<std::string>> candidates =
+      store_->JobsWithGraph(graph_hash);
+  if (!candidates.ok()) return std::nullopt;
+  const v1::JobSpec& spec = job.spec();
+  const HardwareModel mine = HardwareForJob(spec, devices).hw;
+  std::optional<std::pair<std::string, v1::Schedule>> found;
+  double found_submitted = -1;
+  for (const std::string& id : *candidates) {
+    if (id == job.id()) continue;
+    absl::StatusOr<v1::Job> other = jobs_->Get(id);
+    if (!other.ok() || other->submitted_unix_s() <= found_submitted ||
+        (other->state() != v1::JOB_STATE_RUNNING &&
+         other->state() != v1::JOB_STATE_SUCCEEDED)) {
+      continue;
+    }
+    const v1::JobSpec& o = other->spec();
+    using ::google::protobuf::util::MessageDifferencer;
+    if (!MessageDifferencer::Equals(o.model(), spec.model()) ||
+        !MessageDifferencer::Equals(o.batch(), spec.batch()) ||
+        !MessageDifferencer::Equals(o.parallel(), spec.parallel()) ||
+        !MessageDifferencer::Equals(o.memory(), spec.memory()) ||
+        !MessageDifferencer::Equals(o.hardware(), spec.hardware()) ||
+        !MessageDifferencer::Equals(o.comm(), spec.comm()) ||
+        o.optimize().policy() != spec.optimize().policy() ||
+        !std::equal(o.optimize().passes().begin(), o.optimize().passes().end(),
+                    spec.optimize().passes().begin(),
+                    spec.optimize().passes().end())) {
+      continue;
+    }
+    absl::StatusOr<std::vector<StoredWorker>> workers = store_->LoadWorkers(id);
+    if (!workers.ok()) continue;
+    std::vector<RankDevice> theirs;
+    for (const StoredWorker& w : *workers) {
+      theirs.push_back({w.hostname, w.device, w.device_memory_bytes});
+    }
+    // The same budget: declared budgets are equal (compared above); a budget
+    // of 0 is the memory the devices report, which moves a little between
+    // runs: within 5%, and the plan's predicted peak must fit the new one.
+    const HardwareModel hw = HardwareForJob(o, theirs).hw;
+    const double budgets =
+        static_cast<double>(std::max(hw.budget(), mine.budget()));
+    if (hw.ranks_per_node != mine.ranks_per_node ||
+        std::abs(static_cast<double>(hw.budget() - mine.budget())) >
+            kCachedBudgetTolerance * budgets) {
+      continue;
+    }
+    absl::StatusOr<std::vector<StoredSchedule>> schedules =
+        store_->LoadSchedules(id);
+    if (!schedules.ok() || schedules->empty() ||
+        schedules->back().schedule.prediction().peak_bytes() > mine.budget()) {
+      continue;
+    }
+    found = std::make_pair(id, schedules->back().schedule);
+    found_submitted = other->submitted_unix_s();
+  }
+  return found;
+}
+
 void PlanningManager::ReportOutcomeLocked(const std::string& job_id,
                                           const JobPlanning& state,
                                           int64_t version) {
@@ -367,14 +464,20 @@ void PlanningManager::ReportOutcomeLocked(const std::string& job_id,
 void PlanningManager::OnRankRegistered(const std::string& job_id, int32_t rank,
                                        RankDevice device) {
   absl::StatusOr<v1::Job> job = jobs_->Get(job_id);
-  if (!job.ok() || IsTerminal(job->state()) || rank < 0) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  JobPlanning& state = State(job_id, *job);
-  if (rank >= job->spec().parallel().world_size()) return;
-  if (state.devices.size() <= static_cast<size_t>(rank)) {
-    state.devices.resize(rank + 1);
+  if (!job.ok() || IsTerminal(job->state()) || rank < 0 ||
+      rank >= job->spec().parallel().world_size()) {
+    return;
   }
-  state.devices[rank] = std::move(device);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    JobPlanning& state = State(job_id, *job);
+    if (state.devices.size() <= static_cast<size_t>(rank)) {
+      state.devices.resize(rank + 1);
+    }
+    state.devices[rank] = std::move(device);
+  }
+  // Once the graph and every rank's device are known.
+  MaybeStartCached(*job);
 }
 
 void PlanningManager::OnScheduleActive(const std::string& job_id,
@@ -458,18 +561,26 @@ void PlanningManager::PlanOne(const std::string& job_id,
   double rollback_measured_s = 0;
   // Schedules measured slower than the best: never published again.
   std::map<int64_t, v1::Schedule> rejected;
+  // A "cached" plan: the earlier job's schedule.
+  std::string cached_from;
+  std::optional<v1::Schedule> cached;
   // The schedule the profile was measured under (none for version 0: the
   // starting schedule).
   std::optional<v1::Schedule> profiled;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = state_.find(job_id);
+    const bool cached_plan = reason == "cached";
     if (stop_ || it == state_.end() || it->second.profiles.graph() == nullptr ||
-        !it->second.latest) {
+        (!it->second.latest && !cached_plan)) {
       return;
     }
     graph = *it->second.profiles.graph();
-    profile = *it->second.latest;
+    if (it->second.latest) profile = *it->second.latest;
+    if (cached_plan) {
+      cached_from = it->second.cached_from;
+      cached = it->second.cached;
+    }
     spec = it->second.spec;
     devices = it->second.devices;
     version = static_cast<int64_t>(it->second.schedules.size()) + 1;
@@ -500,6 +611,16 @@ void PlanningManager::PlanOne(const std::string& job_id,
   std::string assumed;
   std::string planned_on;
   absl::StatusOr<Schedule> planned = [&]() -> absl::StatusOr<Schedule> {
+    if (cached.has_value()) {
+      // Planned for an identical job: its plan from step 1, still
+      // profiled, re-planned on drift.
+      absl::StatusOr<Schedule> reused = FromProto(*cached);
+      if (!reused.ok()) return reused.status();
+      reused->provenance.passes.push_back(
+          absl::StrCat("cached-from:", cached_from, "/v", cached->version()));
+      planned_on = absl::StrCat("job ", cached_from, "'s plan");
+      return reused;
+    }
     if (rollback_to >= 0) {
       // The schedule measured fastest, predicted at what it measured: the
       // evidence, not the model that chose the slower one.
@@ -582,7 +703,10 @@ void PlanningManager::PlanOne(const std::string& job_id,
     auto it = state_.find(job_id);
     // Abandoned: Stop() came while planning, or the job ended.
     if (stop_ || it == state_.end()) return;
-    update.set_effective_step(it->second.max_step + kSwitchLeadSteps);
+    // A cached plan is sent as the ranks start: from the first boundary.
+    update.set_effective_step(cached.has_value()
+                                  ? it->second.max_step + 1
+                                  : it->second.max_step + kSwitchLeadSteps);
   }
   // Stored before any rank sees it, so that a restarted coordinator knows
   // every version a worker may be running.
@@ -612,11 +736,13 @@ void PlanningManager::PlanOne(const std::string& job_id,
   (void)jobs_->RecordEvent(
       job_id, "schedule",
       absl::StrFormat(
-          "v%d (%s) from step %d: predicted %.4f s/iter "
-          "(measured %.4f), exposed comm %.4f s, peak %s; "
-          "passes %s; planned in %.1f ms on %s%s",
+          "v%d (%s) from step %d: predicted %.4f s/iter%s, exposed comm "
+          "%.4f s, peak %s; passes %s; planned in %.1f ms on %s%s",
           version, reason, update.effective_step(),
-          planned->prediction.iteration_s, profile.iteration_s,
+          planned->prediction.iteration_s,
+          profile.iteration_s > 0
+              ? absl::StrFormat(" (measured %.4f)", profile.iteration_s)
+              : std::string(),
           planned->prediction.exposed_comm_s,
           FormatBytes(planned->prediction.peak_bytes),
           absl::StrJoin(planned->provenance.passes, ","), wall * 1e3,

@@ -133,6 +133,11 @@ class PlanningManager {
     int64_t rollback_to = -1;
     // Rollback versions and the version whose plan each runs again.
     std::map<int64_t, int64_t> rollbacks;
+    // A queued "cached" plan: the earlier job it comes from and its schedule.
+    std::string cached_from;
+    std::optional<v1::Schedule> cached;
+    // The cache was looked up (once the graph and every device are known).
+    bool cache_checked = false;
     // step -> (slowest iteration_s, largest peak, ranks reported).
     std::map<int64_t, std::tuple<double, int64_t, int>> steps;
     int64_t max_step = 0;
@@ -149,6 +154,17 @@ class PlanningManager {
   // for. Requires mu_.
   void OnWindowLocked(const std::string& job_id, JobPlanning& state,
                       Profile aggregate);
+  // The plan cache: the newest schedule of an earlier job (running or
+  // succeeded) with the same graph hash, model, batch, world, declared
+  // budget and hardware, pipeline and comm settings, the same ranks per node,
+  // and a budget within 5% (a budget of 0 follows the memory the devices
+  // report) that the plan's predicted peak fits. Nullopt when none.
+  // Looks the job up in the plan cache once its graph and every rank's
+  // device are known, and queues the cached plan when there is one.
+  void MaybeStartCached(const v1::Job& job);
+  std::optional<std::pair<std::string, v1::Schedule>> FindCachedPlan(
+      const v1::Job& job, const std::string& graph_hash,
+      const std::vector<RankDevice>& devices);
   // Tells the job what the active schedule bought, once `version` (the one
   // a step just ran under) is the active one and measured. Requires mu_.
   void ReportOutcomeLocked(const std::string& job_id, const JobPlanning& state,

@@ -279,6 +279,22 @@ absl::Status JobStore::PutGraph(absl::string_view job_id,
   return Done(stmt);
 }
 
+absl::StatusOr<std::vector<std::string>> JobStore::JobsWithGraph(
+    absl::string_view hash) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement stmt(db_, "SELECT job_id FROM graphs WHERE hash = ?");
+  if (!stmt.status().ok()) return stmt.status();
+  stmt.Bind(1, hash);
+  std::vector<std::string> out;
+  for (;;) {
+    absl::StatusOr<bool> row = stmt.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    out.push_back(stmt.Text(0));
+  }
+  return out;
+}
+
 absl::StatusOr<std::optional<v1::Graph>> JobStore::LoadGraph(
     absl::string_view job_id) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -68,6 +68,9 @@ class JobStore {
 
   absl::Status PutGraph(absl::string_view job_id, const v1::Graph& graph);
   absl::StatusOr<std::optional<v1::Graph>> LoadGraph(absl::string_view job_id);
+  // The jobs whose graph has structural hash `hash`, in no particular order.
+  absl::StatusOr<std::vector<std::string>> JobsWithGraph(
+      absl::string_view hash);
 
   absl::Status PutSchedule(absl::string_view job_id,
                            const v1::Schedule& schedule,

@@ -142,6 +142,51 @@ def test_two_ranks_submit_to_succeeded_with_replan(cluster):
     assert final.predicted_iteration_s > 0
 
 
+def test_same_job_again_starts_on_the_cached_plan(cluster):
+    """A job the coordinator planned before starts on that plan: the second
+    submission runs the plan from step 1, where the first needed its warm-up
+    (6 steps on the baseline, then the switch)."""
+    coord = cluster.coordinator()
+    first_spec = spec(steps=24, optimize={"warmup_steps": 6,
+                                          "drift_threshold": 100})
+
+    def run(job_spec):
+        with tandem.Client(coord.address, timeout=10) as client:
+            job = client.submit(job_spec)
+            workers = [cluster.worker(coord, job.id, r) for r in range(2)]
+            for w in workers:
+                assert w.wait(timeout=240) == 0, w.log()
+            assert client.get(job.id)[0].state == SUCCEEDED
+            runs = [step_lines(w) for w in workers]
+            versions = [d["schedule_version"] for d in runs[0]]
+            assert versions == [d["schedule_version"] for d in runs[1]]
+            times = [max(a["iteration_s"], b["iteration_s"])
+                     for a, b in zip(*runs)]
+            return job, messages(client, job.id), versions, times
+
+    first, first_msgs, v1, t1 = run(first_spec)
+    assert any("v1 (initial)" in m for m in first_msgs), first_msgs
+    switched = v1.index(1)
+    assert switched >= 6, v1
+
+    second_spec = dict(first_spec, name=unique_name("loop"))
+    second, msgs, v2, t2 = run(second_spec)
+    cached = [m for m in msgs if "(cached)" in m]
+    assert cached and "v1 (cached) from step 1" in cached[0], msgs
+    assert "job %s's plan" % first.id in cached[0], cached[0]
+    assert not any("(initial)" in m for m in msgs), msgs
+    # Step 0 is the baseline's; from step 1 on, the first job's plan.
+    assert v2[0] == 0 and all(v >= 1 for v in v2[1:]), v2
+    base = statistics.median(settled_times(v1, t1, 0))
+    planned = statistics.median(settled_times(v1, t1, 1))
+    again = statistics.median(t2[2:])
+    print("cache: first job v0 %.2f ms, v1 %.2f ms; second job from step 2 "
+          "%.2f ms" % (base * 1e3, planned * 1e3, again * 1e3))
+    # The second job runs at the optimized time from the start: closer to
+    # the first job's plan than to its baseline.
+    assert abs(again - planned) < abs(again - base), (base, planned, again)
+
+
 @pytest.mark.parametrize("policy, passes", [
     ("fsdp", "zero3-insert,fsdp-prefetch"),
     ("deepcompile", "deepspeed-persistence,zero3-insert,split-groups,"

@@ -5,6 +5,7 @@
 
 #include <limits>
 
+#include "absl/strings/str_cat.h"
 #include "common/ir/proto_convert.h"
 #include "common/job/job_spec.h"
 #include "common/models/graph_builder.h"
@@ -279,6 +280,73 @@ TEST_F(PlanningManagerTest, FasterPlan_JobCarriesMeasuredSpeedup) {
   EXPECT_DOUBLE_EQ(job->measured_iteration_s(), 0.080);
   EXPECT_DOUBLE_EQ(job->predicted_iteration_s(),
                    published_[0].schedule().prediction().iteration_s());
+}
+
+// A second job of the same model, batch, world, budget and hardware starts
+// on the first job's plan from step 1, marked cached; one with another
+// budget does not.
+// Both ranks registered on one 8 GiB host, as the worker manager would
+// report and store them.
+void RegisterDevices(PlanningManager& planning, JobStore& store,
+                     const std::string& job) {
+  for (int32_t r = 0; r < 2; ++r) {
+    const RankDevice device{"host", "cpu", int64_t{8} << 30};
+    planning.OnRankRegistered(job, r, device);
+    ASSERT_TRUE(store
+                    .PutWorker(job, {r, absl::StrCat("i", r), device.hostname,
+                                     device.device, device.memory_bytes})
+                    .ok());
+  }
+}
+
+TEST_F(PlanningManagerTest, SameJobAgain_StartsOnItsCachedPlan) {
+  RegisterDevices(*planning_, *store_, job_.id());
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  SendWindow(0, 1, 0);
+  ASSERT_EQ(published_.size(), 1u);
+  const v1::Schedule first = published_[0].schedule();
+  ASSERT_TRUE(
+      jobs_->Transition(job_.id(), v1::JOB_STATE_SUCCEEDED, "done").ok());
+
+  absl::StatusOr<v1::Job> again = jobs_->Submit(Spec());
+  ASSERT_TRUE(again.ok());
+  // The graph first, the devices after: looked up once both are known.
+  ASSERT_TRUE(planning_->OnGraph(again->id(), 0, Report(true)).ok());
+  planning_->Drain();
+  EXPECT_EQ(published_.size(), 1u);
+  RegisterDevices(*planning_, *store_, again->id());
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 2u);
+  const v1::ScheduleUpdate& cached = published_[1];
+  EXPECT_EQ(cached.schedule().version(), 1);
+  EXPECT_EQ(cached.schedule().provenance().reason(), "cached");
+  EXPECT_EQ(cached.effective_step(), 1);
+  EXPECT_THAT(
+      cached.schedule().provenance().passes(),
+      ::testing::Contains(absl::StrCat("cached-from:", job_.id(), "/v1")));
+  absl::StatusOr<Schedule> a = FromProto(first);
+  absl::StatusOr<Schedule> b = FromProto(cached.schedule());
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->actions, b->actions);
+  EXPECT_EQ(a->persistent_param_ids, b->persistent_param_ids);
+  EXPECT_THAT(jobs_->Events(again->id(), 0)->back().message(),
+              HasSubstr("v1 (cached) from step 1"));
+  // Its first window after the warm-up does not re-plan: it is on a plan.
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(
+        planning_->OnProfile(again->id(), r, MakeProfile(r, 0, 1, 0)).ok());
+  }
+  planning_->Drain();
+  EXPECT_EQ(published_.size(), 2u);
+
+  v1::JobSpec other = Spec();
+  other.mutable_memory()->set_budget_bytes(int64_t{1} << 30);
+  absl::StatusOr<v1::Job> different = jobs_->Submit(other);
+  ASSERT_TRUE(different.ok());
+  RegisterDevices(*planning_, *store_, different->id());
+  ASSERT_TRUE(planning_->OnGraph(different->id(), 0, Report(true)).ok());
+  planning_->Drain();
+  EXPECT_EQ(published_.size(), 2u);
 }
 
 TEST_F(PlanningManagerTest, PlanWithinNoiseOfBaseline_Kept) {

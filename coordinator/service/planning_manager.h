@@ -9,8 +9,14 @@
 //   - "initial": the first complete window after the job's warm-up steps;
 //   - "drift" / "memory": the first complete window after the detector
 //     fired (measured under the schedule that drifted);
-//   - "reoptimize": right away, from the latest aggregated window.
-// A failed plan is an event; the job keeps its current schedule.
+//   - "reoptimize": right away, from the latest aggregated window;
+//   - "rollback": no plan: the active schedule measured slower than the
+//     best one measured on the job (ScheduleMeasurements), whose plan is
+//     published again;
+//   - "cached": no plan: an identical earlier job's newest schedule, as soon
+//     as the graph and every rank's device are known (FindCachedPlan).
+// A failed plan is an event; the job keeps its current schedule. A plan
+// identical to one measured slower is not published.
 //
 // A job's state is dropped once the job has ended: as its late messages
 // arrive, when it is planned, and when another job starts. Nothing has to

@@ -20,9 +20,8 @@ struct CoordinatorMetrics {
   // {job, reason}
   metrics::Family<metrics::Counter>* replans;
   // The reasons a plan is made, whose series start at 0 with each job.
-  static constexpr const char* kReplanReasons[] = {"initial", "drift", "memory",
-                                                   "reoptimize", "rollback",
-                                                   "cached"};
+  static constexpr const char* kReplanReasons[] = {
+      "initial", "drift", "memory", "reoptimize", "rollback", "cached"};
   // {job}
   metrics::Family<metrics::Gauge>* drift_score;
   // {pass}

@@ -10,10 +10,10 @@ namespace tandem {
 AnchoredSchedule::AnchoredSchedule(const Graph& graph, const GraphIndex& index,
                                    const Schedule& schedule)
     : graph_(&graph), slots_(2 * graph.nodes.size()) {
-  for (const Action& action : schedule.actions) {
-    const int pos = index.NodePos(action.node_id);
-    if (pos < 0) continue;
-    slots_[Slot(pos, action.position)].push_back(action);
+  const std::vector<std::vector<int>> indices =
+      ActionIndicesBySlot(graph, index, schedule);
+  for (size_t s = 0; s < indices.size(); ++s) {
+    for (int i : indices[s]) slots_[s].push_back(schedule.actions[i]);
   }
 }
 
@@ -29,8 +29,9 @@ void AnchoredSchedule::WriteTo(Schedule& schedule) const {
   }
 }
 
-std::vector<int64_t> ProgramOrder(const Graph& graph, const GraphIndex& index,
-                                  const Schedule& schedule) {
+std::vector<std::vector<int>> ActionIndicesBySlot(const Graph& graph,
+                                                  const GraphIndex& index,
+                                                  const Schedule& schedule) {
   std::vector<std::vector<int>> slots(2 * graph.nodes.size());
   for (size_t i = 0; i < schedule.actions.size(); ++i) {
     const Action& a = schedule.actions[i];
@@ -39,9 +40,15 @@ std::vector<int64_t> ProgramOrder(const Graph& graph, const GraphIndex& index,
     slots[AnchoredSchedule::Slot(pos, a.position)].push_back(
         static_cast<int>(i));
   }
+  return slots;
+}
+
+std::vector<int64_t> ProgramOrder(const Graph& graph, const GraphIndex& index,
+                                  const Schedule& schedule) {
   std::vector<int64_t> seq(schedule.actions.size(), -1);
   int64_t next = 0;
-  for (const std::vector<int>& slot : slots) {
+  for (const std::vector<int>& slot :
+       ActionIndicesBySlot(graph, index, schedule)) {
     for (int i : slot) seq[i] = next++;
   }
   return seq;

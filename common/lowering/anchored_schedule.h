@@ -47,6 +47,13 @@ class AnchoredSchedule {
   std::vector<std::vector<Action>> slots_;
 };
 
+// Indices into schedule.actions by anchor slot, each slot in list order;
+// actions on an unknown node are left out. What AnchoredSchedule holds as
+// copies, for code that only reads the actions.
+std::vector<std::vector<int>> ActionIndicesBySlot(const Graph& graph,
+                                                  const GraphIndex& index,
+                                                  const Schedule& schedule);
+
 // Each action's rank in program order (its slot, then list order within the
 // slot); -1 for an action on an unknown node.
 std::vector<int64_t> ProgramOrder(const Graph& graph, const GraphIndex& index,

@@ -5,35 +5,13 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/lowering/anchored_schedule.h"
 
 namespace tandem {
 namespace {
 
 constexpr size_t kMaxListed = 5;
-
-// Actions grouped by anchor: before[i] / after[i] hold indices into
-// schedule.actions for the node at position i, in list order.
-struct AnchoredActions {
-  std::vector<std::vector<int>> before;
-  std::vector<std::vector<int>> after;
-};
-
-AnchoredActions BucketActions(const Graph& graph, const GraphIndex& index,
-                              const Schedule& schedule) {
-  AnchoredActions out;
-  out.before.resize(graph.nodes.size());
-  out.after.resize(graph.nodes.size());
-  for (size_t i = 0; i < schedule.actions.size(); ++i) {
-    const Action& a = schedule.actions[i];
-    const int pos = index.NodePos(a.node_id);
-    if (pos < 0) continue;
-    (a.position == AnchorPosition::kBefore ? out.before : out.after)[pos]
-        .push_back(static_cast<int>(i));
-  }
-  return out;
-}
 
 std::string NodeRef(const Node& n) {
   return absl::StrCat("n", n.id, " '", n.name, "'");
@@ -70,7 +48,8 @@ std::vector<Violation> Only(std::vector<Violation> all,
 std::vector<Violation> FindGatherViolations(const Graph& graph,
                                             const Schedule& schedule) {
   const GraphIndex index(graph);
-  const AnchoredActions anchored = BucketActions(graph, index, schedule);
+  const std::vector<std::vector<int>> slots =
+      ActionIndicesBySlot(graph, index, schedule);
   const absl::flat_hash_set<int32_t> persistent(
       schedule.persistent_param_ids.begin(),
       schedule.persistent_param_ids.end());
@@ -138,7 +117,7 @@ std::vector<Violation> FindGatherViolations(const Graph& graph,
 
   for (size_t pos = 0; pos < graph.nodes.size(); ++pos) {
     const Node& node = graph.nodes[pos];
-    for (int ai : anchored.before[pos]) apply(ai, node);
+    for (int ai : slots[AnchoredSchedule::BeforeSlot(pos)]) apply(ai, node);
     for (int32_t p : node.param_ids) {
       if (persistent.contains(p)) continue;
       auto g = group_of.find(p);
@@ -171,7 +150,7 @@ std::vector<Violation> FindGatherViolations(const Graph& graph,
           break;
       }
     }
-    for (int ai : anchored.after[pos]) apply(ai, node);
+    for (int ai : slots[AnchoredSchedule::AfterSlot(pos)]) apply(ai, node);
   }
   for (size_t i = 0; i < schedule.groups.size(); ++i) {
     if (state[i] == State::kInFlight || state[i] == State::kReady) {

@@ -62,18 +62,15 @@ Layout BuildLayout(const Graph& graph, const GraphIndex& index,
                    const Schedule& schedule) {
   const int n = static_cast<int>(graph.nodes.size());
   Layout layout;
-  layout.slots.resize(2 * n);
+  layout.slots = ActionIndicesBySlot(graph, index, schedule);
   layout.seq.assign(schedule.actions.size(), -1);
   layout.slot_of.assign(schedule.actions.size(), -1);
   layout.pos_in_slot.assign(schedule.actions.size(), -1);
-  for (size_t i = 0; i < schedule.actions.size(); ++i) {
-    const Action& a = schedule.actions[i];
-    const int pos = index.NodePos(a.node_id);
-    if (pos < 0) continue;
-    const int slot = AnchoredSchedule::Slot(pos, a.position);
-    layout.slot_of[i] = slot;
-    layout.pos_in_slot[i] = static_cast<int>(layout.slots[slot].size());
-    layout.slots[slot].push_back(static_cast<int>(i));
+  for (int s = 0; s < 2 * n; ++s) {
+    for (size_t k = 0; k < layout.slots[s].size(); ++k) {
+      layout.slot_of[layout.slots[s][k]] = s;
+      layout.pos_in_slot[layout.slots[s][k]] = static_cast<int>(k);
+    }
   }
   absl::flat_hash_map<int32_t, int> group_pos;
   for (size_t g = 0; g < schedule.groups.size(); ++g) {

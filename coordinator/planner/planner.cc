@@ -333,7 +333,6 @@ absl::StatusOr<PlanResult> Plan(const Graph& graph, const HardwareModel& hw,
         return Infeasible(graph, hw, options.mode, status.message());
       }
       result = std::move(least);
-      result.least_memory_fallback = true;
       records.Clear();
     } else if (!status.ok()) {
       return status;
@@ -371,7 +370,6 @@ absl::StatusOr<PlanResult> Plan(const Graph& graph, const HardwareModel& hw,
       if (theirs->sim.iteration_s < result.sim.iteration_s * (1 - 1e-9)) {
         result.schedule = theirs->schedule;
         result.sim = theirs->sim;
-        result.least_memory_fallback = false;
         result.adopted_policy = reference;
       }
     }

@@ -93,9 +93,6 @@ struct PlanResult {
   double plan_wall_s = 0;
   // peak <= budget.
   bool feasible = false;
-  // The pipeline found no plan within the budget and the least-memory plan
-  // (every optimizer state offloaded) was returned instead.
-  bool least_memory_fallback = false;
   // The hardware model the plan was made with (fits and calibration
   // included), for predictions and for printing what was assumed.
   HardwareModel hw;

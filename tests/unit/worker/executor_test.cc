@@ -86,6 +86,19 @@ absl::StatusOr<Graph> GraphOf(const Program& program,
                      int64_t{config.micro_batch} * config.seq_len);
 }
 
+// The graph the executor derives from the model's program, with the graph
+// builder's estimated node times and activation sizes.
+absl::StatusOr<Graph> EstimatedGraphOf(const ModelConfig& config) {
+  absl::StatusOr<Program> program = BuildModelProgram(config, kSeed);
+  if (!program.ok()) return program.status();
+  absl::StatusOr<Graph> graph = GraphOf(*program, config);
+  if (!graph.ok()) return graph.status();
+  absl::StatusOr<Graph> estimates = BuildModelGraph(config);
+  if (!estimates.ok()) return estimates.status();
+  if (absl::Status s = AnnotateEstimates(*estimates, *graph); !s.ok()) return s;
+  return graph;
+}
+
 struct Trajectory {
   std::vector<double> losses;
   std::vector<at::Tensor> initial;
@@ -519,13 +532,8 @@ std::vector<int32_t> OffloadedParams(const Schedule& s) {
 // same plan with nothing offloaded.
 TEST(NumericsVariantsTest, AdaptiveOffloadPlan_World2Partial_MatchesUnsharded) {
   const ModelConfig config = TestModel(2, kMicroBatch);
-  absl::StatusOr<Program> program = BuildModelProgram(config, kSeed);
-  ASSERT_TRUE(program.ok());
-  absl::StatusOr<Graph> graph = GraphOf(*program, config);
-  ASSERT_TRUE(graph.ok());
-  absl::StatusOr<Graph> estimates = BuildModelGraph(config);
-  ASSERT_TRUE(estimates.ok());
-  ASSERT_TRUE(AnnotateEstimates(*estimates, *graph).ok());
+  absl::StatusOr<Graph> graph = EstimatedGraphOf(config);
+  ASSERT_TRUE(graph.ok()) << graph.status();
   // A CPU-like timeline: the H100 estimates of this tiny model are a few ns
   // per node, which leaves the reload chain no room between forward and the
   // optimizer.
@@ -616,13 +624,8 @@ TEST(ExecutorTest,
      AdaptiveOffloadPlan_PartialOffload_MeasuredPeakWithinBudget) {
   constexpr int kRunSteps = 3;
   const ModelConfig config = TestModel(1, 32, "d_model=64 vocab=1024");
-  absl::StatusOr<Program> program = BuildModelProgram(config, kSeed);
-  ASSERT_TRUE(program.ok());
-  absl::StatusOr<Graph> graph = GraphOf(*program, config);
-  ASSERT_TRUE(graph.ok());
-  absl::StatusOr<Graph> estimates = BuildModelGraph(config);
-  ASSERT_TRUE(estimates.ok());
-  ASSERT_TRUE(AnnotateEstimates(*estimates, *graph).ok());
+  absl::StatusOr<Graph> graph = EstimatedGraphOf(config);
+  ASSERT_TRUE(graph.ok()) << graph.status();
 
   const Schedule baseline = OnDemand(*graph);
   const World1Run measured = RunWorld1(config, baseline, kRunSteps);

@@ -15,6 +15,19 @@ std::string FormatBytes(int64_t bytes) {
                          static_cast<double>(bytes) / (1 << 30), bytes);
 }
 
+std::string FormatBytesShort(int64_t bytes) {
+  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
+  const bool negative = bytes < 0;
+  double value = std::abs(static_cast<double>(bytes));
+  if (value < 1024) return absl::StrCat(bytes, "B");
+  int unit = -1;
+  while (value >= 1024 && unit + 1 < 4) {
+    value /= 1024;
+    ++unit;
+  }
+  return absl::StrFormat("%s%.2f%s", negative ? "-" : "", value, kUnits[unit]);
+}
+
 absl::StatusOr<int64_t> ParseByteCount(absl::string_view text,
                                        absl::string_view what) {
   struct Suffix {

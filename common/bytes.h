@@ -14,6 +14,10 @@ namespace tandem {
 // E.g. "81.30 GiB (87294562304 B)": readable, and exact for copying.
 std::string FormatBytes(int64_t bytes);
 
+// Short, for tables: "512B", "1.50MiB", "80.00GiB" (the largest power of
+// 1024 that keeps the number at least 1; negative counts get a '-').
+std::string FormatBytesShort(int64_t bytes);
+
 // A positive byte count with an optional suffix: B, KiB, MiB, GiB, TiB
 // (powers of 1024) or KB, MB, GB, TB (powers of 1000); fractions are allowed
 // before a suffix ("1.5GiB"). InvalidArgument otherwise, naming `what` (the

@@ -25,7 +25,10 @@ std::optional<CollectiveKind> ParseCollectiveKind(absl::string_view name) {
 
 bool NodeTiming::operator==(const NodeTiming& other) const {
   return node_id == other.node_id && time_s == other.time_s &&
-         samples == other.samples;
+         samples == other.samples &&
+         allgather_overlap_bytes == other.allgather_overlap_bytes &&
+         reduce_scatter_overlap_bytes == other.reduce_scatter_overlap_bytes &&
+         copy_overlap_bytes == other.copy_overlap_bytes;
 }
 
 bool CollectiveTiming::operator==(const CollectiveTiming& other) const {
@@ -48,8 +51,13 @@ bool Profile::operator==(const Profile& other) const {
          last_iteration == other.last_iteration &&
          iteration_s == other.iteration_s && peak_bytes == other.peak_bytes &&
          host_copy_bytes == other.host_copy_bytes &&
-         host_copy_s == other.host_copy_s && nodes == other.nodes &&
-         collectives == other.collectives && memory == other.memory;
+         host_copy_s == other.host_copy_s &&
+         compute_s_per_allgather_byte == other.compute_s_per_allgather_byte &&
+         compute_s_per_reduce_scatter_byte ==
+             other.compute_s_per_reduce_scatter_byte &&
+         compute_s_per_copy_byte == other.compute_s_per_copy_byte &&
+         nodes == other.nodes && collectives == other.collectives &&
+         memory == other.memory;
 }
 
 }  // namespace tandem

@@ -16,6 +16,13 @@ struct NodeTiming {
   int32_t node_id = 0;
   double time_s = 0;
   int32_t samples = 0;
+  // Bytes all-gathers, reduce-scatters and host-tier copies moved while the
+  // node computed, mean per sample (each transfer's bytes times the share of
+  // its run inside the node, waits excluded): with the compute_s_per_*_byte
+  // below, the time the node lost to them.
+  int64_t allgather_overlap_bytes = 0;
+  int64_t reduce_scatter_overlap_bytes = 0;
+  int64_t copy_overlap_bytes = 0;
   bool operator==(const NodeTiming& other) const;
 };
 
@@ -59,11 +66,21 @@ struct Profile {
   int64_t last_iteration = 0;
   double iteration_s = 0;
   int64_t peak_bytes = 0;
+  // The smallest iteration peak in the window (an aggregate: the smallest
+  // rank's); peak_bytes - peak_min_bytes is the spread of peaks the planner
+  // keeps headroom for. 0: not measured.
+  int64_t peak_min_bytes = 0;
   // Host-tier copies (OFFLOAD and RELOAD) over the window: bytes moved and
   // seconds the copy stream spent moving them. Their ratio is the host link
   // the planner prices offloading with; 0 when no copy ran.
   int64_t host_copy_bytes = 0;
   double host_copy_s = 0;
+  // Compute time a transfer takes from compute per byte it moves (the
+  // worker's interference probe; 0: not measured). Bytes: a collective's
+  // full padded buffer, a copy's bytes.
+  double compute_s_per_allgather_byte = 0;
+  double compute_s_per_reduce_scatter_byte = 0;
+  double compute_s_per_copy_byte = 0;
   std::vector<NodeTiming> nodes;
   std::vector<CollectiveTiming> collectives;
   std::vector<MemorySample> memory;

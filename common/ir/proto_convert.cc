@@ -230,6 +230,80 @@ absl::StatusOr<Graph> FromProto(const v1::Graph& proto) {
   return g;
 }
 
+namespace {
+
+// Explanation: the v1 enums list the kinds in the C++ order, from 1.
+void ExplanationToProto(const Explanation& e, v1::Explanation* out) {
+  out->set_baseline_iteration_s(e.baseline_iteration_s);
+  out->set_baseline_exposed_comm_s(e.baseline_exposed_comm_s);
+  out->set_baseline_peak_bytes(e.baseline_peak_bytes);
+  for (const Decision& d : e.decisions) {
+    v1::Decision* q = out->add_decisions();
+    q->set_kind(static_cast<v1::DecisionKind>(static_cast<int>(d.kind) + 1));
+    q->set_pass(d.pass);
+    q->set_what(d.what);
+    SetIds(d.group_ids, q->mutable_group_ids());
+    SetIds(d.param_ids, q->mutable_param_ids());
+    SetIds(d.offload_ids, q->mutable_offload_ids());
+    if (d.node_id.has_value()) q->set_node_id(*d.node_id);
+    q->set_gain_s(d.gain_s);
+    q->set_exposed_gain_s(d.exposed_gain_s);
+    q->set_held_bytes(d.held_bytes);
+    q->set_peak_delta_bytes(d.peak_delta_bytes);
+    v1::Binding* b = q->mutable_binding();
+    b->set_kind(
+        static_cast<v1::BindingKind>(static_cast<int>(d.binding.kind) + 1));
+    if (d.binding.node_id.has_value()) b->set_node_id(*d.binding.node_id);
+    b->set_bytes(d.binding.bytes);
+    b->set_limit_bytes(d.binding.limit_bytes);
+  }
+}
+
+absl::StatusOr<Explanation> ExplanationFromProto(const v1::Explanation& proto) {
+  Explanation e;
+  e.baseline_iteration_s = proto.baseline_iteration_s();
+  e.baseline_exposed_comm_s = proto.baseline_exposed_comm_s();
+  e.baseline_peak_bytes = proto.baseline_peak_bytes();
+  for (int i = 0; i < proto.decisions_size(); ++i) {
+    const v1::Decision& q = proto.decisions(i);
+    Decision d;
+    if (q.kind() <= v1::DECISION_KIND_UNSPECIFIED ||
+        q.kind() > v1::DecisionKind_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "explanation decision ", i, ": kind is unspecified or unknown (",
+          static_cast<int>(q.kind()), "); set a DECISION_KIND_* value"));
+    }
+    d.kind = static_cast<DecisionKind>(static_cast<int>(q.kind()) - 1);
+    d.pass = q.pass();
+    d.what = q.what();
+    d.group_ids = Ids(q.group_ids());
+    d.param_ids = Ids(q.param_ids());
+    d.offload_ids = Ids(q.offload_ids());
+    if (q.has_node_id()) d.node_id = q.node_id();
+    d.gain_s = q.gain_s();
+    d.exposed_gain_s = q.exposed_gain_s();
+    d.held_bytes = q.held_bytes();
+    d.peak_delta_bytes = q.peak_delta_bytes();
+    const v1::Binding& b = q.binding();
+    if (b.kind() == v1::BINDING_KIND_UNSPECIFIED) {
+      d.binding.kind = BindingKind::kNone;
+    } else if (b.kind() > v1::BindingKind_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "explanation decision ", i, ": unknown binding kind (",
+          static_cast<int>(b.kind()), "); set a BINDING_KIND_* value"));
+    } else {
+      d.binding.kind = static_cast<BindingKind>(static_cast<int>(b.kind()) - 1);
+    }
+    if (b.has_node_id()) d.binding.node_id = b.node_id();
+    d.binding.bytes = b.bytes();
+    d.binding.limit_bytes = b.limit_bytes();
+    e.decisions.push_back(std::move(d));
+  }
+  return e;
+}
+
+}  // namespace
+
 v1::Schedule ToProto(const Schedule& schedule) {
   v1::Schedule out;
   out.set_graph_hash(schedule.graph_hash);
@@ -276,6 +350,10 @@ v1::Schedule ToProto(const Schedule& schedule) {
   v->set_plan_wall_s(schedule.provenance.plan_wall_s);
   v->set_reason(schedule.provenance.reason);
   out.set_budget_bytes(schedule.budget_bytes);
+  if (!schedule.explanation.empty() ||
+      schedule.explanation.baseline_iteration_s != 0) {
+    ExplanationToProto(schedule.explanation, out.mutable_explanation());
+  }
   return out;
 }
 
@@ -338,6 +416,12 @@ absl::StatusOr<Schedule> FromProto(const v1::Schedule& proto) {
   s.provenance.plan_wall_s = v.plan_wall_s();
   s.provenance.reason = v.reason();
   s.budget_bytes = proto.budget_bytes();
+  if (proto.has_explanation()) {
+    absl::StatusOr<Explanation> explanation =
+        ExplanationFromProto(proto.explanation());
+    if (!explanation.ok()) return explanation.status();
+    s.explanation = *std::move(explanation);
+  }
   return s;
 }
 
@@ -350,13 +434,21 @@ v1::Profile ToProto(const Profile& profile) {
   out.set_last_iteration(profile.last_iteration);
   out.set_iteration_s(profile.iteration_s);
   out.set_peak_bytes(profile.peak_bytes);
+  out.set_peak_min_bytes(profile.peak_min_bytes);
   out.set_host_copy_bytes(profile.host_copy_bytes);
   out.set_host_copy_s(profile.host_copy_s);
+  out.set_compute_s_per_allgather_byte(profile.compute_s_per_allgather_byte);
+  out.set_compute_s_per_reduce_scatter_byte(
+      profile.compute_s_per_reduce_scatter_byte);
+  out.set_compute_s_per_copy_byte(profile.compute_s_per_copy_byte);
   for (const NodeTiming& t : profile.nodes) {
     v1::NodeTiming* q = out.add_nodes();
     q->set_node_id(t.node_id);
     q->set_time_s(t.time_s);
     q->set_samples(t.samples);
+    q->set_allgather_overlap_bytes(t.allgather_overlap_bytes);
+    q->set_reduce_scatter_overlap_bytes(t.reduce_scatter_overlap_bytes);
+    q->set_copy_overlap_bytes(t.copy_overlap_bytes);
   }
   for (const CollectiveTiming& c : profile.collectives) {
     v1::CollectiveTiming* q = out.add_collectives();
@@ -387,10 +479,17 @@ absl::StatusOr<Profile> FromProto(const v1::Profile& proto) {
   p.last_iteration = proto.last_iteration();
   p.iteration_s = proto.iteration_s();
   p.peak_bytes = proto.peak_bytes();
+  p.peak_min_bytes = proto.peak_min_bytes();
   p.host_copy_bytes = proto.host_copy_bytes();
   p.host_copy_s = proto.host_copy_s();
+  p.compute_s_per_allgather_byte = proto.compute_s_per_allgather_byte();
+  p.compute_s_per_reduce_scatter_byte =
+      proto.compute_s_per_reduce_scatter_byte();
+  p.compute_s_per_copy_byte = proto.compute_s_per_copy_byte();
   for (const v1::NodeTiming& q : proto.nodes()) {
-    p.nodes.push_back({q.node_id(), q.time_s(), q.samples()});
+    p.nodes.push_back(
+        {q.node_id(), q.time_s(), q.samples(), q.allgather_overlap_bytes(),
+         q.reduce_scatter_overlap_bytes(), q.copy_overlap_bytes()});
   }
   for (int i = 0; i < proto.collectives_size(); ++i) {
     const v1::CollectiveTiming& q = proto.collectives(i);

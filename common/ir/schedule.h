@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "common/ir/explanation.h"
 
 namespace tandem {
 
@@ -39,7 +40,8 @@ struct Action {
   AnchorPosition position = AnchorPosition::kBefore;
   // kAllGather, kWait, kRelease.
   int32_t group_id = 0;
-  // kReduceScatter.
+  // kReduceScatter: reduced into the shard accumulators; once per iteration
+  // or once per micro-batch (common/lowering/gradient_reduction.h).
   std::vector<int32_t> param_ids;
   // kOffload, kReload.
   int32_t offload_id = 0;
@@ -97,6 +99,9 @@ struct Schedule {
   Prediction prediction;
   Provenance provenance;
   int64_t budget_bytes = 0;
+  // The planner's decisions and their measured gains (explanation.h); empty
+  // for a schedule that was not planned (the starting schedule).
+  Explanation explanation;
 
   const GatherGroup* FindGroup(int32_t id) const;
   const OffloadEntry* FindOffload(int32_t id) const;

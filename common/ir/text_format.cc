@@ -695,8 +695,8 @@ auto IdListParser(char prefix) {
 // document it belongs in.
 constexpr absl::string_view kGraphKeywords[] = {"param", "node"};
 constexpr absl::string_view kScheduleKeywords[] = {
-    "group", "persistent", "offload",   "before",
-    "after", "predict",    "provenance"};
+    "group",   "persistent", "offload", "before",  "after",
+    "predict", "provenance", "explain", "decision"};
 constexpr absl::string_view kProfileKeywords[] = {"time", "collective",
                                                   "memory"};
 
@@ -1002,6 +1002,75 @@ absl::Status ParseProvenanceLine(const Line& line, Provenance* provenance) {
   return absl::OkStatus();
 }
 
+absl::Status ParseExplainLine(const Line& line, Explanation* explanation) {
+  Statement st(line);
+  st.set_context("explain");
+  RETURN_IF_ERROR(
+      st.ReadAttributes({"baseline", "baseline_exposed", "baseline_peak"}));
+  RETURN_IF_ERROR(
+      st.Read("baseline", ParseTime, &explanation->baseline_iteration_s));
+  RETURN_IF_ERROR(st.Read("baseline_exposed", ParseTime,
+                          &explanation->baseline_exposed_comm_s));
+  RETURN_IF_ERROR(
+      st.Read("baseline_peak", ParseBytes, &explanation->baseline_peak_bytes));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DecisionKind> ParseDecisionKindToken(absl::string_view s) {
+  if (std::optional<DecisionKind> kind = ParseDecisionKind(s)) return *kind;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown decision ", Shown(s),
+                   " (expected prefetch, fuse, keep, persist, offload, return, "
+                   "zero1-buckets, pass, policy or least-memory)"));
+}
+
+absl::StatusOr<BindingKind> ParseBindingKindToken(absl::string_view s) {
+  if (std::optional<BindingKind> kind = ParseBindingKind(s)) return *kind;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown binding ", Shown(s),
+                   " (expected none, memory, link or host-link)"));
+}
+
+// `decision KIND pass=NAME gain=S exposed_gain=S ...`; several lines append
+// in order.
+absl::Status ParseDecisionLine(const Line& line, Explanation* explanation) {
+  Statement st(line);
+  st.set_context("decision");
+  Decision d;
+  ASSIGN_OR_RETURN(absl::string_view kind,
+                   st.Positional("a decision kind (prefetch, keep, ...)"));
+  ASSIGN_OR_RETURN(d.kind, st.Check(ParseDecisionKindToken(kind)));
+  st.set_context(absl::StrCat("decision ", kind));
+  RETURN_IF_ERROR(
+      st.ReadAttributes({"pass", "gain", "exposed_gain", "held", "peak_delta",
+                         "at", "groups", "params", "offloads", "bind",
+                         "bind_at", "bind_bytes", "bind_limit", "what"}));
+  RETURN_IF_ERROR(st.Read("pass", ParseString, &d.pass));
+  RETURN_IF_ERROR(st.Read("gain", ParseTime, &d.gain_s));
+  RETURN_IF_ERROR(st.Read("exposed_gain", ParseTime, &d.exposed_gain_s));
+  RETURN_IF_ERROR(st.Read("held", ParseBytes, &d.held_bytes));
+  RETURN_IF_ERROR(st.Read("peak_delta", ParseBytes, &d.peak_delta_bytes));
+  if (st.Attribute("at")) {
+    int32_t node = 0;
+    RETURN_IF_ERROR(st.Read("at", IdParser('n'), &node));
+    d.node_id = node;
+  }
+  RETURN_IF_ERROR(st.Read("groups", IdListParser('g'), &d.group_ids));
+  RETURN_IF_ERROR(st.Read("params", IdListParser('p'), &d.param_ids));
+  RETURN_IF_ERROR(st.Read("offloads", IdListParser('o'), &d.offload_ids));
+  RETURN_IF_ERROR(st.Read("bind", ParseBindingKindToken, &d.binding.kind));
+  if (st.Attribute("bind_at")) {
+    int32_t node = 0;
+    RETURN_IF_ERROR(st.Read("bind_at", IdParser('n'), &node));
+    d.binding.node_id = node;
+  }
+  RETURN_IF_ERROR(st.Read("bind_bytes", ParseBytes, &d.binding.bytes));
+  RETURN_IF_ERROR(st.Read("bind_limit", ParseBytes, &d.binding.limit_bytes));
+  RETURN_IF_ERROR(st.Read("what", ParseString, &d.what));
+  explanation->decisions.push_back(std::move(d));
+  return absl::OkStatus();
+}
+
 // Rejects a second `keyword` line, naming the first.
 absl::Status CheckOnce(const Line& line, absl::string_view keyword,
                        int* first_line) {
@@ -1023,9 +1092,10 @@ constexpr absl::string_view kProfileExample =
 absl::Status ParseProfileHeader(const Line& line, Profile* profile) {
   Statement st(line);
   st.set_context("profile");
-  RETURN_IF_ERROR(
-      st.ReadAttributes({"graph", "rank", "version", "window", "iteration",
-                         "peak", "copied", "copy_time"}));
+  RETURN_IF_ERROR(st.ReadAttributes({"graph", "rank", "version", "window",
+                                     "iteration", "peak", "peak_min", "copied",
+                                     "copy_time", "ag_cpu_per_byte",
+                                     "rs_cpu_per_byte", "copy_cpu_per_byte"}));
   RETURN_IF_ERROR(st.Require("graph", "0123456789abcdef"));
   RETURN_IF_ERROR(st.Read("graph", ParseString, &profile->graph_hash));
   RETURN_IF_ERROR(st.Read("rank", ParseInteger<int32_t>, &profile->rank));
@@ -1037,8 +1107,15 @@ absl::Status ParseProfileHeader(const Line& line, Profile* profile) {
   profile->last_iteration = window.last;
   RETURN_IF_ERROR(st.Read("iteration", ParseTime, &profile->iteration_s));
   RETURN_IF_ERROR(st.Read("peak", ParseBytes, &profile->peak_bytes));
+  RETURN_IF_ERROR(st.Read("peak_min", ParseBytes, &profile->peak_min_bytes));
   RETURN_IF_ERROR(st.Read("copied", ParseBytes, &profile->host_copy_bytes));
   RETURN_IF_ERROR(st.Read("copy_time", ParseTime, &profile->host_copy_s));
+  RETURN_IF_ERROR(st.Read("ag_cpu_per_byte", ParseNumber,
+                          &profile->compute_s_per_allgather_byte));
+  RETURN_IF_ERROR(st.Read("rs_cpu_per_byte", ParseNumber,
+                          &profile->compute_s_per_reduce_scatter_byte));
+  RETURN_IF_ERROR(st.Read("copy_cpu_per_byte", ParseNumber,
+                          &profile->compute_s_per_copy_byte));
   return absl::OkStatus();
 }
 
@@ -1052,8 +1129,15 @@ absl::Status ParseTimeLine(const Line& line, Profile* profile) {
   ASSIGN_OR_RETURN(absl::string_view time,
                    st.Positional("the node's time, e.g. 1.5ms"));
   ASSIGN_OR_RETURN(timing.time_s, st.Check(ParseTime(time)));
-  RETURN_IF_ERROR(st.ReadAttributes({"samples"}));
+  RETURN_IF_ERROR(st.ReadAttributes(
+      {"samples", "ag_overlap", "rs_overlap", "copy_overlap"}));
   RETURN_IF_ERROR(st.Read("samples", ParseInteger<int32_t>, &timing.samples));
+  RETURN_IF_ERROR(
+      st.Read("ag_overlap", ParseBytes, &timing.allgather_overlap_bytes));
+  RETURN_IF_ERROR(
+      st.Read("rs_overlap", ParseBytes, &timing.reduce_scatter_overlap_bytes));
+  RETURN_IF_ERROR(
+      st.Read("copy_overlap", ParseBytes, &timing.copy_overlap_bytes));
   profile->nodes.push_back(timing);
   return absl::OkStatus();
 }
@@ -1261,6 +1345,45 @@ std::string PrintSchedule(const Schedule& schedule) {
     absl::StrAppend(&out, " reason=", FormatString(v.reason));
   }
   out += '\n';
+  const Explanation& e = schedule.explanation;
+  if (!e.empty() || !IsPositiveZero(e.baseline_iteration_s) ||
+      !IsPositiveZero(e.baseline_exposed_comm_s) ||
+      e.baseline_peak_bytes != 0) {
+    absl::StrAppend(
+        &out, "explain baseline=", FormatDouble(e.baseline_iteration_s),
+        " baseline_exposed=", FormatDouble(e.baseline_exposed_comm_s),
+        " baseline_peak=", e.baseline_peak_bytes, "\n");
+  }
+  for (const Decision& d : e.decisions) {
+    absl::StrAppend(&out, "decision ", DecisionKindName(d.kind),
+                    " pass=", FormatString(d.pass),
+                    " gain=", FormatDouble(d.gain_s),
+                    " exposed_gain=", FormatDouble(d.exposed_gain_s),
+                    " held=", d.held_bytes, " peak_delta=", d.peak_delta_bytes);
+    if (d.node_id.has_value()) {
+      absl::StrAppend(&out, " at=", FormatId('n', *d.node_id));
+    }
+    if (!d.group_ids.empty()) {
+      absl::StrAppend(&out, " groups=", FormatIdList('g', d.group_ids));
+    }
+    if (!d.param_ids.empty()) {
+      absl::StrAppend(&out, " params=", FormatIdList('p', d.param_ids));
+    }
+    if (!d.offload_ids.empty()) {
+      absl::StrAppend(&out, " offloads=", FormatIdList('o', d.offload_ids));
+    }
+    absl::StrAppend(&out, " bind=", BindingKindName(d.binding.kind));
+    if (d.binding.node_id.has_value()) {
+      absl::StrAppend(&out, " bind_at=", FormatId('n', *d.binding.node_id));
+    }
+    if (d.binding.bytes != 0) {
+      absl::StrAppend(&out, " bind_bytes=", d.binding.bytes);
+    }
+    if (d.binding.limit_bytes != 0) {
+      absl::StrAppend(&out, " bind_limit=", d.binding.limit_bytes);
+    }
+    absl::StrAppend(&out, " what=", FormatString(d.what), "\n");
+  }
   return out;
 }
 
@@ -1271,6 +1394,7 @@ absl::StatusOr<Schedule> ParseSchedule(absl::string_view text) {
   RETURN_IF_ERROR(ParseScheduleHeader(lines[0], &schedule));
   int predict_line = 0;
   int provenance_line = 0;
+  int explain_line = 0;
   for (size_t i = 1; i < lines.size(); ++i) {
     const Line& line = lines[i];
     const absl::string_view keyword = line.tokens[0].text;
@@ -1291,10 +1415,15 @@ absl::StatusOr<Schedule> ParseSchedule(absl::string_view text) {
     } else if (keyword == "provenance") {
       RETURN_IF_ERROR(CheckOnce(line, keyword, &provenance_line));
       RETURN_IF_ERROR(ParseProvenanceLine(line, &schedule.provenance));
+    } else if (keyword == "explain") {
+      RETURN_IF_ERROR(CheckOnce(line, keyword, &explain_line));
+      RETURN_IF_ERROR(ParseExplainLine(line, &schedule.explanation));
+    } else if (keyword == "decision") {
+      RETURN_IF_ERROR(ParseDecisionLine(line, &schedule.explanation));
     } else {
       return UnknownStatement(line, "schedule",
                               "group, persistent, offload, before, after, "
-                              "predict or provenance");
+                              "predict, provenance, explain or decision");
     }
   }
   return schedule;
@@ -1307,14 +1436,37 @@ std::string PrintProfile(const Profile& profile) {
       " window=", FormatWindow(profile.first_iteration, profile.last_iteration),
       " iteration=", FormatDouble(profile.iteration_s),
       " peak=", profile.peak_bytes,
+      profile.peak_min_bytes > 0
+          ? absl::StrCat(" peak_min=", profile.peak_min_bytes)
+          : "",
       profile.host_copy_bytes > 0 || profile.host_copy_s > 0
           ? absl::StrCat(" copied=", profile.host_copy_bytes,
                          " copy_time=", FormatDouble(profile.host_copy_s))
-          : "",
-      "\n");
+          : "");
+  // The interference probe's coefficients, when measured.
+  const std::pair<absl::string_view, double> per_byte[] = {
+      {"ag_cpu_per_byte", profile.compute_s_per_allgather_byte},
+      {"rs_cpu_per_byte", profile.compute_s_per_reduce_scatter_byte},
+      {"copy_cpu_per_byte", profile.compute_s_per_copy_byte}};
+  for (const auto& [key, value] : per_byte) {
+    if (!IsPositiveZero(value)) {
+      absl::StrAppend(&out, " ", key, "=", FormatDouble(value));
+    }
+  }
+  absl::StrAppend(&out, "\n");
   for (const NodeTiming& t : profile.nodes) {
     absl::StrAppend(&out, "time ", FormatId('n', t.node_id), " ",
-                    FormatDouble(t.time_s), " samples=", t.samples, "\n");
+                    FormatDouble(t.time_s), " samples=", t.samples);
+    if (t.allgather_overlap_bytes != 0) {
+      absl::StrAppend(&out, " ag_overlap=", t.allgather_overlap_bytes);
+    }
+    if (t.reduce_scatter_overlap_bytes != 0) {
+      absl::StrAppend(&out, " rs_overlap=", t.reduce_scatter_overlap_bytes);
+    }
+    if (t.copy_overlap_bytes != 0) {
+      absl::StrAppend(&out, " copy_overlap=", t.copy_overlap_bytes);
+    }
+    absl::StrAppend(&out, "\n");
   }
   for (const CollectiveTiming& c : profile.collectives) {
     absl::StrAppend(&out, "collective ", CollectiveKindName(c.kind));

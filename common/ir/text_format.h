@@ -43,9 +43,16 @@
 //   predict iteration=0.1 compute=0.08 comm=0.05 exposed=0.02 copy=0 peak=1GiB
 //   provenance passes=zero3-insert,prefetch window=10..20 wall=0.003
 //   reason=drift
+//   explain baseline=0.14 baseline_exposed=0.06 baseline_peak=1GiB
+//   decision prefetch pass=prefetch gain=0.002 exposed_gain=0.002 held=4MiB
+//   peak_delta=4MiB at=n1 groups=g0 bind=link what="g0 ... before n1"
 // graph= is required; mode (zero3) and budget (0) are optional. Several
-// `persistent` lines append to one set; `predict` and `provenance` appear at
-// most once. An action is `before|after NODE KIND ARG`, where ARG is a group
+// `persistent` lines append to one set; `predict`, `provenance` and
+// `explain` appear at most once; `decision` lines (the explanation,
+// explanation.h) append in order: `decision KIND` with pass=, gain=,
+// exposed_gain=, held=, peak_delta=, at= (a node), groups=, params=,
+// offloads=, bind= (none, memory, link, host-link), bind_at=, bind_bytes=,
+// bind_limit= and what=. An action is `before|after NODE KIND ARG`, where ARG is a group
 // (allgather, wait, release), a param list that may be left out
 // (reduce_scatter) or an offload entry (offload, reload). The Action fields a
 // kind does not use print as group=, params= or offload= when set, so that

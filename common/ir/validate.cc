@@ -386,11 +386,18 @@ absl::Status ValidateProfile(const Profile& profile, const Graph& graph) {
         profile.last_iteration, " is malformed: need 0 <= first <= last."));
   }
   if (!FiniteNonNegative(profile.iteration_s) || profile.peak_bytes < 0 ||
-      profile.schedule_version < 0 || profile.host_copy_bytes < 0 ||
-      !FiniteNonNegative(profile.host_copy_s)) {
+      profile.peak_min_bytes < 0 ||
+      profile.peak_min_bytes > profile.peak_bytes ||
+      // -1: the least-memory fallback (common/lowering/least_memory.h).
+      profile.schedule_version < -1 || profile.host_copy_bytes < 0 ||
+      !FiniteNonNegative(profile.host_copy_s) ||
+      !FiniteNonNegative(profile.compute_s_per_allgather_byte) ||
+      !FiniteNonNegative(profile.compute_s_per_reduce_scatter_byte) ||
+      !FiniteNonNegative(profile.compute_s_per_copy_byte)) {
     return absl::InvalidArgumentError(
-        "profile iteration time, peak bytes, schedule version and host-copy "
-        "bytes and time must be finite and >= 0.");
+        "profile iteration time, peak bytes (the smallest peak at most the "
+        "largest), schedule version (>= -1), host-copy bytes and time and "
+        "the compute seconds per transferred byte must be finite and >= 0.");
   }
   const GraphIndex index(graph);
   Problems bad("invalid profile entries");
@@ -398,9 +405,14 @@ absl::Status ValidateProfile(const Profile& profile, const Graph& graph) {
     if (index.NodePos(t.node_id) < 0) {
       bad.Add(absl::StrCat("time of unknown node n", t.node_id));
     }
-    if (!FiniteNonNegative(t.time_s) || t.samples < 0) {
-      bad.Add(absl::StrCat("time of n", t.node_id, " is ", t.time_s, " over ",
-                           t.samples, " samples"));
+    if (!FiniteNonNegative(t.time_s) || t.samples < 0 ||
+        t.allgather_overlap_bytes < 0 || t.reduce_scatter_overlap_bytes < 0 ||
+        t.copy_overlap_bytes < 0) {
+      bad.Add(absl::StrCat(
+          "time of n", t.node_id, " is ", t.time_s, " over ", t.samples,
+          " samples, with ", t.allgather_overlap_bytes, ", ",
+          t.reduce_scatter_overlap_bytes, " and ", t.copy_overlap_bytes,
+          " bytes moved alongside (need all >= 0)"));
     }
   }
   for (const CollectiveTiming& c : profile.collectives) {

@@ -8,13 +8,14 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "common/ir/validate.h"
+#include "common/lowering/gradient_reduction.h"
 #include "common/status_macros.h"
 
 namespace tandem {
 
 Schedule LowerZero3(const Graph& graph,
                     absl::Span<const int32_t> persistent_param_ids,
-                    GatherGrouping grouping) {
+                    GatherGrouping grouping, GradientReduction reduction) {
   const GraphIndex index(graph);
   const absl::flat_hash_set<int32_t> persistent(persistent_param_ids.begin(),
                                                 persistent_param_ids.end());
@@ -89,11 +90,24 @@ Schedule LowerZero3(const Graph& graph,
       }
     }
   }
-  // The backward node that completes each param's gradient.
-  absl::flat_hash_map<int32_t, size_t> last_grad;
-  for (size_t i = 0; i < n; ++i) {
-    if (graph.nodes[i].phase != Phase::kBackward) continue;
-    for (int32_t p : graph.nodes[i].param_ids) last_grad[p] = i;
+  // The backward nodes after which each param's gradient is reduced: the
+  // last producing it, or with per-micro-batch reduction the last of each
+  // micro-batch (gradient_reduction.h).
+  absl::flat_hash_set<std::pair<int32_t, size_t>> reduce_after;
+  {
+    const std::vector<std::vector<GradientProduction>> productions =
+        GradientProductions(graph);
+    for (size_t p = 0; p < graph.params.size(); ++p) {
+      const std::vector<GradientProduction>& runs = productions[p];
+      if (runs.empty()) continue;
+      if (reduction == GradientReduction::kPerMicroBatch) {
+        for (const GradientProduction& run : runs) {
+          reduce_after.insert({graph.params[p].id, run.last_pos});
+        }
+      } else {
+        reduce_after.insert({graph.params[p].id, runs.back().last_pos});
+      }
+    }
   }
 
   std::vector<bool> gathered(schedule.groups.size(), false);
@@ -115,8 +129,7 @@ Schedule LowerZero3(const Graph& graph,
     if (node.phase == Phase::kBackward) {
       std::vector<int32_t> done;
       for (int32_t p : node.param_ids) {
-        auto it = last_grad.find(p);
-        if (it != last_grad.end() && it->second == i &&
+        if (reduce_after.contains({p, i}) &&
             std::find(done.begin(), done.end(), p) == done.end()) {
           done.push_back(p);
         }

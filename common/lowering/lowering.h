@@ -9,7 +9,10 @@
 //     the nodes in order, gathers and waits for a group right before its
 //     first use, releases it after its last use in each phase segment (a run
 //     of nodes of one phase and micro-batch), and reduce-scatters each
-//     gradient right after the backward node that completes it. Every later
+//     gradient right after the backward node that completes it: with
+//     gradient accumulation, after the last micro-batch's (accumulated
+//     unsharded, kOnce) or after each micro-batch's (into the sharded
+//     accumulator, kPerMicroBatch; gradient_reduction.h). Every later
 //     pass only moves, fuses or drops its actions, so the baseline is what
 //     makes a plan correct; the others make it fast.
 //   LowerZero1: the plan of a ZeRO-1 job, which shards only the optimizer
@@ -30,6 +33,7 @@
 #include "absl/types/span.h"
 #include "common/ir/graph.h"
 #include "common/ir/schedule.h"
+#include "common/lowering/gradient_reduction.h"
 
 namespace tandem {
 
@@ -43,10 +47,11 @@ enum class GatherGrouping {
 // The ZeRO-3 baseline (above). `persistent_param_ids` stay out of the groups
 // and become the schedule's persistent set. The result is for `graph`'s
 // structural hash, with mode ZeRO-3, no offloads, version 0 and empty
-// provenance.
+// provenance. `reduction` applies to every gradient (kNone counts as kOnce).
 Schedule LowerZero3(const Graph& graph,
                     absl::Span<const int32_t> persistent_param_ids,
-                    GatherGrouping grouping = GatherGrouping::kPerNode);
+                    GatherGrouping grouping = GatherGrouping::kPerNode,
+                    GradientReduction reduction = GradientReduction::kOnce);
 
 // 32 MiB: DDP's 25 MB default pays a collective's latency more often on
 // large models; past ~50 MB the last bucket overlaps too little.

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/lowering/anchored_schedule.h"
+#include "common/lowering/gradient_reduction.h"
 
 namespace tandem {
 namespace {
@@ -173,13 +174,8 @@ std::vector<Violation> FindGatherViolations(const Graph& graph,
 std::vector<Violation> FindReduceViolations(const Graph& graph,
                                             const Schedule& schedule) {
   const GraphIndex index(graph);
-  // Program position of each param's last gradient production.
-  absl::flat_hash_map<int32_t, size_t> last_grad_pos;
-  for (size_t pos = 0; pos < graph.nodes.size(); ++pos) {
-    const Node& n = graph.nodes[pos];
-    if (n.phase != Phase::kBackward) continue;
-    for (int32_t p : n.param_ids) last_grad_pos[p] = pos;
-  }
+  const std::vector<std::vector<GradientProduction>> productions =
+      GradientProductions(graph);
   // Program order key of an action: 2*pos for before, 2*pos+1 for after.
   absl::flat_hash_map<int32_t, std::vector<size_t>> reduces;
   for (const Action& a : schedule.actions) {
@@ -188,37 +184,77 @@ std::vector<Violation> FindReduceViolations(const Graph& graph,
     if (pos < 0) continue;
     const size_t key =
         2 * static_cast<size_t>(pos) + (a.position == AnchorPosition::kAfter);
-    for (int32_t p : a.param_ids) reduces[p].push_back(key);
+    for (int32_t id : a.param_ids) reduces[id].push_back(key);
   }
+  auto done_key = [](const GradientProduction& run) {
+    return 2 * static_cast<size_t>(run.last_pos) + 1;
+  };
   std::vector<Violation> out;
-  for (const Param& param : graph.params) {
-    auto last = last_grad_pos.find(param.id);
+  for (size_t p = 0; p < graph.params.size(); ++p) {
+    const Param& param = graph.params[p];
+    const std::vector<GradientProduction>& runs = productions[p];
     auto r = reduces.find(param.id);
-    const size_t count = r == reduces.end() ? 0 : r->second.size();
-    if (last == last_grad_pos.end()) {
-      if (count > 0) {
+    std::vector<size_t> keys;
+    if (r != reduces.end()) keys = r->second;
+    std::sort(keys.begin(), keys.end());
+    const std::string name = absl::StrCat("p", param.id, " '", param.name, "'");
+    if (runs.empty()) {
+      if (!keys.empty()) {
         out.push_back({ViolationKind::kReduceCount,
-                       absl::StrCat("p", param.id, " '", param.name,
-                                    "' gets no gradient but is reduced ", count,
-                                    " time(s)")});
+                       absl::StrCat(name, " gets no gradient but is reduced ",
+                                    keys.size(), " time(s)")});
       }
       continue;
     }
-    if (count != 1) {
-      out.push_back(
-          {ViolationKind::kReduceCount,
-           absl::StrCat("p", param.id, " '", param.name, "' is reduced ", count,
-                        " times, expected exactly once")});
+    if (keys.size() == 1) {
+      // Accumulated over every micro-batch, reduced once.
+      if (keys[0] < done_key(runs.back())) {
+        out.push_back(
+            {ViolationKind::kReduceTooEarly,
+             absl::StrCat(name,
+                          " is reduced before its gradient is complete (last "
+                          "produced by ",
+                          NodeRef(graph.nodes[runs.back().last_pos]), ")")});
+      }
       continue;
     }
-    const size_t done_key = 2 * last->second + 1;
-    if (r->second[0] < done_key) {
+    if (keys.size() != runs.size()) {
       out.push_back(
-          {ViolationKind::kReduceTooEarly,
-           absl::StrCat("p", param.id, " '", param.name,
-                        "' is reduced before its gradient is complete (last "
-                        "produced by ",
-                        NodeRef(graph.nodes[last->second]), ")")});
+          {ViolationKind::kReduceCount,
+           absl::StrCat(name, " is reduced ", keys.size(),
+                        " times, expected exactly once",
+                        runs.size() > 1
+                            ? absl::StrCat(" or once per micro-batch (",
+                                           runs.size(), ")")
+                            : "")});
+      continue;
+    }
+    // Reduced per micro-batch: the j-th reduce-scatter after micro-batch j's
+    // last producer and before micro-batch j+1's first, so each takes exactly
+    // one micro-batch's contribution.
+    for (size_t j = 0; j < runs.size(); ++j) {
+      if (keys[j] < done_key(runs[j])) {
+        out.push_back(
+            {ViolationKind::kReduceTooEarly,
+             absl::StrCat(name, "'s reduce-scatter ", j + 1, " of ",
+                          runs.size(), " runs before micro-batch ",
+                          runs[j].micro_batch,
+                          "'s gradient is complete (last produced by ",
+                          NodeRef(graph.nodes[runs[j].last_pos]), ")")});
+        break;
+      }
+      if (j + 1 < runs.size() &&
+          keys[j] > 2 * static_cast<size_t>(runs[j + 1].first_pos)) {
+        out.push_back(
+            {ViolationKind::kReduceMixesMicroBatches,
+             absl::StrCat(name, "'s reduce-scatter ", j + 1, " of ",
+                          runs.size(), " runs after micro-batch ",
+                          runs[j + 1].micro_batch,
+                          " started producing its gradient (at ",
+                          NodeRef(graph.nodes[runs[j + 1].first_pos]),
+                          "), so it would take part of two micro-batches")});
+        break;
+      }
     }
   }
   return out;
@@ -232,7 +268,8 @@ absl::Status CheckScheduleSemantics(const Graph& graph,
   return ToStatus(all,
                   "Every use needs ALLGATHER then WAIT of its group (or a "
                   "persistent param), no use after RELEASE, and each gradient "
-                  "one REDUCE_SCATTER after its last backward node.");
+                  "one REDUCE_SCATTER after its last backward node (or one "
+                  "after each micro-batch's last).");
 }
 
 absl::Status CheckGatherBeforeUse(const Graph& graph,
@@ -254,7 +291,8 @@ absl::Status CheckNoUseAfterRelease(const Graph& graph,
 absl::Status CheckReduceOnce(const Graph& graph, const Schedule& schedule) {
   return ToStatus(FindReduceViolations(graph, schedule),
                   "Reduce-scatter each gradient exactly once, after the last "
-                  "backward node that produces it.");
+                  "backward node that produces it, or once per micro-batch, "
+                  "after that micro-batch's last.");
 }
 
 }  // namespace tandem

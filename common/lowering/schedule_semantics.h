@@ -7,8 +7,12 @@
 //     left gathered at the end of the iteration;
 //   - no-use-after-release: no param is used after its group's RELEASE
 //     unless it is gathered again;
-//   - reduce-once: every param that gets a gradient is reduce-scattered
-//     exactly once per iteration, after the last backward node producing it.
+//   - reduce-once: every micro-batch's contribution to a gradient is reduced
+//     exactly once: a param that gets a gradient is reduce-scattered either
+//     once per iteration, after the last backward node producing it
+//     (accumulated unsharded), or once per micro-batch that produces it, each
+//     after that micro-batch's last producer and before the next one's first
+//     (into the sharded accumulator; gradient_reduction.h).
 // Program order is what counts: actions before a node, the node, actions
 // after it. The simulator checks timing; these check meaning.
 #ifndef TANDEM_COMMON_LOWERING_SCHEDULE_SEMANTICS_H_
@@ -29,6 +33,9 @@ enum class ViolationKind {
   kGatherMisuse,
   kReduceCount,
   kReduceTooEarly,
+  // A per-micro-batch reduce-scatter after the next micro-batch started
+  // producing the gradient.
+  kReduceMixesMicroBatches,
 };
 
 struct Violation {

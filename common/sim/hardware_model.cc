@@ -105,7 +105,8 @@ namespace {
 
 constexpr absl::string_view kHardwareKeys =
     "world, ranks_per_node, intra_gbps, inter_gbps, latency_us, host_gbps, "
-    "memory, budget, unmodeled";
+    "ag_cpu_s_per_gb, rs_cpu_s_per_gb, copy_cpu_s_per_gb, memory, budget, "
+    "unmodeled";
 
 absl::Status FieldError(absl::string_view key, absl::string_view value,
                         absl::string_view expected) {
@@ -208,6 +209,13 @@ absl::StatusOr<HardwareModel> ParseHardwareModel(absl::string_view text) {
       auto latency = ParseRate(key, value, 1e-6, /*allow_zero=*/true);
       if (!latency.ok()) return latency.status();
       hw.collective_latency_s = *latency;
+    } else if (key == "ag_cpu_s_per_gb" || key == "rs_cpu_s_per_gb" ||
+               key == "copy_cpu_s_per_gb") {
+      auto per_byte = ParseRate(key, value, 1e-9, /*allow_zero=*/true);
+      if (!per_byte.ok()) return per_byte.status();
+      (key == "ag_cpu_s_per_gb"   ? hw.compute_s_per_allgather_byte
+       : key == "rs_cpu_s_per_gb" ? hw.compute_s_per_reduce_scatter_byte
+                                  : hw.compute_s_per_copy_byte) = *per_byte;
     } else if (key == "memory" || key == "budget") {
       auto bytes = ParseBytes(key, value);
       if (!bytes.ok()) return bytes.status();

@@ -69,6 +69,20 @@ struct HardwareModel {
   // from that runtime.
   bool collective_buffers = false;
 
+  // Compute time a transfer takes from the compute stream per byte it moves:
+  // the CPU work of the cores that also compute (Gloo's copies and local
+  // sums, the kernel's network stack, the memcpy into the host tier). ~0 on
+  // a GPU, where DMA engines and NCCL's few SMs move the bytes; a real share
+  // on a CPU. A transfer of B bytes running d seconds takes the share
+  // min(c·B/d, kMaxComputeShare) of compute while it runs (the simulator's
+  // rule). Bytes: a collective's padded full buffer, a copy's bytes. From
+  // the profile's interference probe (CalibrateToMeasurements); 0 in the
+  // analytic model.
+  double compute_s_per_allgather_byte = 0;
+  double compute_s_per_reduce_scatter_byte = 0;
+  double compute_s_per_copy_byte = 0;
+  static constexpr double kMaxComputeShare = 0.95;
+
   // Fitted from the job's measurements; override the analytic model.
   PiecewiseLinear allgather_fit;
   PiecewiseLinear reduce_scatter_fit;
@@ -95,7 +109,10 @@ struct HardwareModel {
 
 // Parses "key=value" overrides (space- or comma-separated) onto the H100
 // defaults for world 1: world, ranks_per_node (integers >= 1), intra_gbps,
-// inter_gbps, host_gbps (GB/s = 1e9 bytes/s, > 0), latency_us (>= 0), memory
+// inter_gbps, host_gbps (GB/s = 1e9 bytes/s, > 0), latency_us (>= 0),
+// ag_cpu_s_per_gb, rs_cpu_s_per_gb, copy_cpu_s_per_gb (seconds of compute a
+// GB moved by an all-gather, a reduce-scatter or a host copy takes, >= 0),
+// memory
 // (bytes > 0, with an optional B/KiB/MiB/GiB/TiB suffix), budget (same, 0 =
 // memory), e.g. "world=64 inter_gbps=25 budget=70GiB". Each key at most once.
 // Errors (InvalidArgument) name the key and what it takes, list the valid

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -273,6 +274,7 @@ class Replay {
     const size_t num_actions = schedule_.actions.size();
     target_.assign(num_actions, -1);
     rs_bytes_.assign(num_actions, 0);
+    std::vector<int> reduce_count(graph_.params.size(), 0);
     std::vector<int> slot_of(num_actions);
     slot_begin_.assign(2 * graph_.nodes.size() + 1, 0);
     for (size_t i = 0; i < num_actions; ++i) {
@@ -304,6 +306,7 @@ class Replay {
                                id, "; re-plan for this graph"));
             }
             rs_bytes_[i] += params_[pos].padded_bytes;
+            ++reduce_count[pos];
           }
           break;
         case ActionKind::kOffload:
@@ -318,6 +321,12 @@ class Replay {
       }
       slot_of[i] = AnchoredSchedule::Slot(node_pos, a.position);
       ++slot_begin_[slot_of[i] + 1];
+    }
+    // A gradient reduced per micro-batch accumulates its shards in fp32.
+    for (size_t p = 0; p < graph_.params.size(); ++p) {
+      if (reduce_count[p] < 2) continue;
+      const int64_t elem = DTypeBytes(graph_.params[p].dtype);
+      base_[kGradients] += params_[p].shard_bytes / elem * (4 - elem);
     }
     for (size_t s = 1; s < slot_begin_.size(); ++s) {
       slot_begin_[s] += slot_begin_[s - 1];
@@ -357,6 +366,11 @@ class Replay {
     result_.comm_s += seconds;
     result_.collectives.push_back(
         {index, kind, now_, start, comm_free_, bytes});
+    comm_share_.push_back(
+        ComputeShare(bytes, seconds,
+                     kind == ActionKind::kReduceScatter
+                         ? hw_.compute_s_per_reduce_scatter_byte
+                         : hw_.compute_s_per_allgather_byte));
     if (hw_.collective_buffers && comm_free_ > start) {
       const int64_t staging = bytes + bytes / std::max(graph_.world_size, 1);
       Allocate(start, staging, kCollectiveBuffers);
@@ -374,7 +388,66 @@ class Replay {
     copy_free_ = start + seconds;
     result_.copy_s += seconds;
     result_.copies.push_back({index, kind, now_, start, copy_free_, bytes});
+    copy_share_.push_back(
+        ComputeShare(bytes, seconds, hw_.compute_s_per_copy_byte));
     return result_.copies.back();
+  }
+
+  // The share of compute a transfer of `bytes` running `seconds` takes.
+  static double ComputeShare(int64_t bytes, double seconds, double per_byte) {
+    if (per_byte <= 0 || seconds <= 0 || bytes <= 0) return 0;
+    return std::min(HardwareModel::kMaxComputeShare,
+                    per_byte * static_cast<double>(bytes) / seconds);
+  }
+
+  // Share of compute taken at time t by the transfers of one stream
+  // (`entries`, serialized: starts and ends never decrease), and the next
+  // instant after t at which it changes. `*cursor` skips the entries that
+  // ended by t; t never decreases between calls.
+  static double StreamShare(const std::vector<CollectiveTimelineEntry>& entries,
+                            const std::vector<double>& shares, size_t* cursor,
+                            double t, double* next_change) {
+    while (*cursor < entries.size() &&
+           (entries[*cursor].end_s <= t || shares[*cursor] <= 0)) {
+      ++*cursor;
+    }
+    if (*cursor == entries.size()) return 0;
+    const CollectiveTimelineEntry& e = entries[*cursor];
+    if (e.start_s > t) {
+      *next_change = std::min(*next_change, e.start_s);
+      return 0;
+    }
+    *next_change = std::min(*next_change, e.end_s);
+    return shares[*cursor];
+  }
+
+  // When a node needing `work` seconds of compute, started at `start`,
+  // ends: compute runs at rate 1 − s(t), where s(t) is the share the running
+  // collective and copy take (capped at kMaxComputeShare together),
+  // piecewise constant between their starts and ends. Every transfer that
+  // can overlap the node was issued before it starts (later ones start
+  // after it ends), so one pass is exact for this rule.
+  double ComputeEnd(double start, double work) {
+    double t = start;
+    double remaining = work;
+    while (remaining > 0) {
+      double next = std::numeric_limits<double>::infinity();
+      const double share =
+          std::min(HardwareModel::kMaxComputeShare,
+                   StreamShare(result_.collectives, comm_share_, &comm_cursor_,
+                               t, &next) +
+                       StreamShare(result_.copies, copy_share_, &copy_cursor_,
+                                   t, &next));
+      const double rate = 1 - share;
+      if (t + remaining / rate <= next) {
+        t += remaining / rate;
+        break;
+      }
+      remaining -= (next - t) * rate;
+      t = next;
+    }
+    result_.interference_s += (t - start) - work;
+    return t;
   }
 
   absl::Status RunActions(size_t slot) {
@@ -490,7 +563,7 @@ class Replay {
         now_ = std::max({now_, rs_done_s_, reload_done_s_});
       }
       const double start = now_;
-      const double end = start + node.time_s;
+      const double end = ComputeEnd(start, node.time_s);
       node_start_seq_[pos] = static_cast<uint32_t>(events_.size());
       NodeTimelineEntry& entry = result_.nodes[pos];
       entry.node_id = node.id;
@@ -635,6 +708,12 @@ class Replay {
   double copy_free_ = 0;
   double rs_done_s_ = 0;
   double reload_done_s_ = 0;
+  // Share of compute each entry of result_.collectives / result_.copies
+  // takes while it runs, and the first entry that may still overlap compute.
+  std::vector<double> comm_share_;
+  std::vector<double> copy_share_;
+  size_t comm_cursor_ = 0;
+  size_t copy_cursor_ = 0;
   int64_t host_bytes_ = 0;
   std::vector<GroupState> group_state_;
   std::vector<bool> grad_live_;

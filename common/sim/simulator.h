@@ -3,9 +3,14 @@
 //
 // Streams and timing rules, walking the nodes in order:
 //   - compute runs the nodes back to back; a node starts when compute is free
-//     and every WAIT before it is satisfied. Actions at one anchor run in
-//     list order at the compute stream's current time, so a WAIT delays the
-//     actions listed after it;
+//     and every WAIT before it is satisfied. A transfer takes a share of
+//     compute while it runs: a collective or copy of B bytes lasting d
+//     seconds takes min(c·B/d, 0.95), c the hardware model's
+//     compute_s_per_{allgather,reduce_scatter,copy}_byte (the shares of the
+//     running collective and copy add, capped at 0.95), so a node's work
+//     (its time) stretches by what they take while it runs (0 on a GPU).
+//     Actions at one anchor run in list order at the compute stream's current
+//     time, so a WAIT delays the actions listed after it;
 //   - communication runs collectives one at a time in issue order: ALLGATHER
 //     and REDUCE_SCATTER are issued at the compute stream's current time and
 //     start when the communication stream is free. A collective moves the
@@ -41,13 +46,16 @@
 //   - activations: a forward node's activation_bytes from its end until its
 //     backward twin ends (the whole iteration when it has none);
 //     workspace_bytes while a node runs;
-//   - gradients (param dtype): a gradient shard per param (shard_numel·dtype)
-//     always, and a full-size gradient (full bytes) from the start of the
+//   - gradients (param dtype): a gradient shard per param (shard_numel·dtype;
+//     fp32, shard_numel·4, for a param reduced per micro-batch, i.e. named
+//     by more than one REDUCE_SCATTER: its sharded accumulator) always, and
+//     a full-size gradient (full bytes) from the start of the
 //     first backward node that produces it since its last REDUCE_SCATTER was
 //     issued, until that REDUCE_SCATTER is done (with hw.collective_buffers:
 //     until it starts, when the worker copies it into the collective's
-//     buffer and frees it). With gradient accumulation
-//     it therefore lives across micro-batches until reduced; one never
+//     buffer and frees it). With gradient accumulation it therefore lives
+//     across micro-batches until reduced (reduced once), or within one
+//     micro-batch (reduced per micro-batch); one never
 //     reduced lives to the end of the iteration. A REDUCE_SCATTER of a param
 //     with no live full gradient frees nothing (it still costs time);
 //   - optimizer states: per param shard, fp32 Adam moments (8 bytes/elem)
@@ -135,6 +143,9 @@ struct SimResult {
   double compute_s = 0;
   double comm_s = 0;
   double copy_s = 0;
+  // Compute time lost to transfers running alongside (the hardware model's
+  // compute_s_per_*_byte): the nodes' timeline durations less their times.
+  double interference_s = 0;
   // Σ group_exposed_s + the optimizer's waits on REDUCE_SCATTERs + the
   // communication tail after the last node.
   double exposed_comm_s = 0;

@@ -7,7 +7,9 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/bytes.h"
 #include "common/lowering/anchored_schedule.h"
 #include "common/sim/simulator.h"
 #include "common/status_macros.h"
@@ -138,6 +140,74 @@ bool NoSlower(const SimResult& a, const SimResult& b) {
   return a.iteration_s <= b.iteration_s * (1 + kTie) + 1e-12;
 }
 
+// `schedule` without the offload entries `dropped` and their copies.
+Schedule WithoutEntries(const Schedule& schedule,
+                        const absl::flat_hash_set<int32_t>& dropped) {
+  Schedule out = schedule;
+  out.offloads.clear();
+  for (const OffloadEntry& entry : schedule.offloads) {
+    if (!dropped.contains(entry.id)) out.offloads.push_back(entry);
+  }
+  out.actions.clear();
+  for (const Action& a : schedule.actions) {
+    const bool copy =
+        a.kind == ActionKind::kOffload || a.kind == ActionKind::kReload;
+    if (copy && dropped.contains(a.offload_id)) continue;
+    out.actions.push_back(a);
+  }
+  return out;
+}
+
+// "optimizer states of layers.0.wq (96MiB) to the host after n0 x, back
+// before n9 y".
+std::string DescribeEntry(const PlanningContext& context,
+                          const Schedule& schedule, const OffloadEntry& entry) {
+  std::string out =
+      absl::StrCat("optimizer states of ",
+                   ParamsLabel(context.graph(), context.index(),
+                               entry.param_ids),
+                   " (", FormatBytesShort(entry.bytes), ")");
+  for (const Action& a : schedule.actions) {
+    if (a.offload_id != entry.id) continue;
+    if (a.kind == ActionKind::kOffload) {
+      absl::StrAppend(&out, " to the host ", AnchorPositionName(a.position),
+                      " ", NodeLabel(context.graph(), context.index(),
+                                     a.node_id));
+    } else if (a.kind == ActionKind::kReload) {
+      absl::StrAppend(&out, ", back ", AnchorPositionName(a.position), " ",
+                      NodeLabel(context.graph(), context.index(), a.node_id));
+    }
+  }
+  return out;
+}
+
+// One kOffload decision per entry `after` has and `before` does not, added
+// one at a time (the others stripped from `after`) and priced by
+// simulation; the last state is `after` itself.
+absl::Status ExplainAddedEntries(PlanningContext& context,
+                                 const Schedule& before, const Schedule& after,
+                                 const Binding& binding) {
+  if (!context.explaining()) return absl::OkStatus();
+  absl::flat_hash_set<int32_t> pending;
+  for (const OffloadEntry& entry : after.offloads) {
+    if (before.FindOffload(entry.id) == nullptr) pending.insert(entry.id);
+  }
+  for (const OffloadEntry& entry : after.offloads) {
+    if (!pending.contains(entry.id)) continue;
+    pending.erase(entry.id);
+    Decision d;
+    d.kind = DecisionKind::kOffload;
+    d.offload_ids = {entry.id};
+    d.param_ids = entry.param_ids;
+    d.held_bytes = entry.bytes;
+    d.binding = binding;
+    d.what = DescribeEntry(context, after, entry);
+    RETURN_IF_ERROR(
+        context.Explain(std::move(d), WithoutEntries(after, pending)));
+  }
+  return absl::OkStatus();
+}
+
 // Role::kLend: every optimizer state offloaded during forward, reloaded
 // during backward on the current plan's clock, when the plan is
 // communication-bound and the copies cost no time.
@@ -156,6 +226,20 @@ absl::StatusOr<bool> Lend(PlanningContext& context) {
   ASSIGN_OR_RETURN(SimResult sim,
                    Simulate(context.graph(), plan, context.hw()));
   if (sim.peak_bytes >= now.peak_bytes || !NoSlower(sim, now)) return false;
+  if (context.explaining()) {
+    Decision d;
+    d.kind = DecisionKind::kOffload;
+    for (const OffloadEntry& entry : plan.offloads) {
+      d.offload_ids.push_back(entry.id);
+      d.held_bytes += entry.bytes;
+    }
+    d.what = absl::StrCat(
+        "every optimizer state (", plan.offloads.size(), " entries, ",
+        FormatBytesShort(d.held_bytes),
+        ") lent to the host between forward and backward: the plan is "
+        "communication-bound, so unshard may spend that memory on params");
+    context.decisions().Record(std::move(d), sim);
+  }
   context.schedule() = std::move(plan);
   RETURN_IF_ERROR(context.Resimulate());
   return true;
@@ -209,6 +293,27 @@ absl::StatusOr<bool> Return(PlanningContext& context) {
     ASSIGN_OR_RETURN(SimResult sim,
                      Simulate(context.graph(), fewer, context.hw()));
     if (sim.peak_bytes <= target && NoSlower(sim, now)) {
+      if (context.explaining()) {
+        // One decision: the pass drops the entries as one set. Memory binds
+        // what stays on the host.
+        Decision d;
+        d.kind = DecisionKind::kReturn;
+        for (size_t i = 0; i < count; ++i) {
+          const OffloadEntry& entry = schedule.offloads[order[i]];
+          d.offload_ids.push_back(entry.id);
+          d.param_ids.insert(d.param_ids.end(), entry.param_ids.begin(),
+                             entry.param_ids.end());
+          d.held_bytes += entry.bytes;
+        }
+        if (!fewer.offloads.empty()) d.binding = MemoryBinding(sim, target);
+        d.what = absl::StrCat(
+            "optimizer states of ",
+            ParamsLabel(context.graph(), context.index(), d.param_ids), " (",
+            count, " of ", schedule.offloads.size(), " entries, ",
+            FormatBytesShort(d.held_bytes),
+            ") kept on the device again: unshard left room for them");
+        context.decisions().Record(std::move(d), sim);
+      }
       context.schedule() = std::move(fewer);
       RETURN_IF_ERROR(context.Resimulate());
       return true;
@@ -340,6 +445,9 @@ absl::StatusOr<bool> OffloadPass::RunImpl(PlanningContext& context) {
     sim = std::move(smaller_sim);
   }
 
+  // Memory binds every entry: the peak before offloading, against the target.
+  RETURN_IF_ERROR(ExplainAddedEntries(context, context.schedule(), plan,
+                                      MemoryBinding(context.sim(), target)));
   context.schedule() = std::move(plan);
   RETURN_IF_ERROR(context.Resimulate());
   return true;

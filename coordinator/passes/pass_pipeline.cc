@@ -29,6 +29,9 @@ absl::StatusOr<bool> PassPipeline::RunImpl(PlanningContext& context) {
     context.set_peak_at_pass_start(from_scratch ? INT64_MAX
                                                 : context.sim().peak_bytes);
 
+    const size_t decisions_before = context.decisions().size();
+    context.decisions().set_pass(record.pass);
+
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<bool> changed = pass->Run(context);
     if (!changed.ok()) {
@@ -37,6 +40,9 @@ absl::StatusOr<bool> PassPipeline::RunImpl(PlanningContext& context) {
           absl::StrCat(pass->name(), ": ", changed.status().message()));
     }
     if (*changed) RETURN_IF_ERROR(context.Resimulate());
+    context.decisions().RecordRest(
+        record.pass, *changed, context.decisions().size() > decisions_before,
+        context.sim(), RestBinding(context.sim(), context.memory_target()));
     record.wall_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
             .count();

@@ -1,6 +1,10 @@
 // Runs passes in order. After each pass that changed the plan it re-simulates
 // the schedule; after every pass it runs the invariant checkers, and it
 // records each pass's wall time and predicted effect into an injected sink.
+// When the context is explaining, it names the running pass in the decision
+// log and records what a pass changed beyond the decisions it listed
+// (DecisionLog::RecordRest), so the explanation chains from the baseline to
+// the plan.
 // The pipeline is itself a pass, so pipelines nest.
 #ifndef TANDEM_COORDINATOR_PASSES_PASS_PIPELINE_H_
 #define TANDEM_COORDINATOR_PASSES_PASS_PIPELINE_H_

@@ -24,4 +24,18 @@ absl::Status PlanningContext::Resimulate() {
   return absl::OkStatus();
 }
 
+absl::Status PlanningContext::Explain(Decision decision,
+                                      const Schedule& after) {
+  if (!explaining()) return absl::OkStatus();
+  absl::StatusOr<SimResult> sim = Simulate(*graph_, after, hw_);
+  if (!sim.ok()) return sim.status();
+  decisions_.Record(std::move(decision), *sim);
+  return absl::OkStatus();
+}
+
+int64_t PlanningContext::memory_target() const {
+  return budget() - static_cast<int64_t>(options_.memory_margin *
+                                         static_cast<double>(budget()));
+}
+
 }  // namespace tandem

@@ -12,6 +12,7 @@
 #include "common/ir/schedule.h"
 #include "common/sim/hardware_model.h"
 #include "common/sim/simulator.h"
+#include "coordinator/passes/decision_log.h"
 
 namespace tandem {
 
@@ -56,6 +57,18 @@ class PlanningContext {
   int64_t peak_at_pass_start() const { return peak_at_pass_start_; }
   void set_peak_at_pass_start(int64_t bytes) { peak_at_pass_start_ = bytes; }
 
+  // The explanation being built (decision_log.h); inactive until the planner
+  // starts it, and then passes record their decisions.
+  DecisionLog& decisions() { return decisions_; }
+  const DecisionLog& decisions() const { return decisions_; }
+  bool explaining() const { return decisions_.active(); }
+  // Simulates `after` and records `decision` as taking the plan there; does
+  // nothing (and simulates nothing) when not explaining.
+  absl::Status Explain(Decision decision, const Schedule& after);
+  // Budget less PlannerOptions::memory_margin of it: the limit the passes
+  // plan to, and RestBinding's.
+  int64_t memory_target() const;
+
  private:
   const Graph* graph_;
   GraphIndex index_;
@@ -64,6 +77,7 @@ class PlanningContext {
   Schedule schedule_;
   std::optional<SimResult> sim_;
   int64_t peak_at_pass_start_ = 0;
+  DecisionLog decisions_;
 };
 
 }  // namespace tandem

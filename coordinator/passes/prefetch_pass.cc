@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "common/bytes.h"
 #include "common/lowering/anchored_schedule.h"
 #include "common/lowering/schedule_semantics.h"
 #include "common/sim/simulator.h"
@@ -149,6 +152,7 @@ class Reanchorer {
     for (size_t k = 0; k < movable_.size(); ++k) {
       floor_[k] = movable_[k].min_node;
     }
+    memory_bound_.resize(movable_.size());
     group_full_bytes_.reserve(base.groups.size());
     for (const GatherGroup& g : base.groups) {
       group_full_bytes_.push_back(GroupBytes(graph_, context.index(), g));
@@ -156,6 +160,15 @@ class Reanchorer {
   }
 
   bool empty() const { return movable_.empty(); }
+  size_t size() const { return movable_.size(); }
+  const Occurrence& occurrence(size_t k) const { return movable_[k]; }
+  int64_t group_bytes(size_t k) const {
+    return group_full_bytes_[movable_[k].group_pos];
+  }
+  // The memory peak that last held occurrence k's gather back, if any.
+  const std::optional<Binding>& memory_bound(size_t k) const {
+    return memory_bound_[k];
+  }
 
   // The anchors the base schedule has now (a gather after node x counts as
   // anchored before node x + 1, where it issues at the same time).
@@ -297,7 +310,7 @@ class Reanchorer {
   // speculative first, until they free `excess` bytes. Returns false when
   // no prefetched gather holds memory there.
   bool PullLater(const std::vector<int>& anchors, int peak_pos,
-                 int64_t excess) {
+                 int64_t excess, const Binding& why) {
     std::vector<int> crossing;
     for (size_t k = 0; k < movable_.size(); ++k) {
       const Occurrence& occ = movable_[k];
@@ -317,6 +330,7 @@ class Reanchorer {
     for (int k : crossing) {
       floor_[k] =
           std::max(floor_[k], std::min(movable_[k].max_node, peak_pos + 2));
+      memory_bound_[k] = why;
       freed += group_full_bytes_[movable_[k].group_pos];
       if (freed >= excess) break;
     }
@@ -330,6 +344,7 @@ class Reanchorer {
   Layout layout_;
   std::vector<Occurrence> movable_;
   std::vector<int> floor_;
+  std::vector<std::optional<Binding>> memory_bound_;
   std::vector<int64_t> group_full_bytes_;
 };
 
@@ -337,6 +352,52 @@ struct Candidate {
   Schedule schedule;
   SimResult sim;
 };
+
+// One kPrefetch decision per gather that moved, applied in use order on the
+// start's schedule and priced by simulation (the last state is the
+// re-anchored plan itself). What binds each: nothing when its group is no
+// longer exposed in `final_sim`; else the memory peak that held it back, or
+// the link.
+absl::Status ExplainMoves(PlanningContext& context,
+                          const Reanchorer& reanchorer,
+                          const std::vector<int>& from,
+                          const std::vector<int>& to,
+                          const SimResult& final_sim) {
+  const Graph& graph = context.graph();
+  const GraphIndex& index = context.index();
+  const Schedule& base = context.schedule();
+  std::vector<int> anchors = from;
+  std::vector<int> gather_at;
+  for (size_t k = 0; k < from.size(); ++k) {
+    if (from[k] == to[k]) continue;
+    anchors[k] = to[k];
+    const Occurrence& occ = reanchorer.occurrence(k);
+    const GatherGroup& group = base.groups[occ.group_pos];
+    Decision d;
+    d.kind = DecisionKind::kPrefetch;
+    d.group_ids = {group.id};
+    d.node_id = graph.nodes[to[k]].id;
+    d.held_bytes = reanchorer.group_bytes(k);
+    d.what = absl::StrCat(
+        GroupLabel(graph, index, group), " gathered before ",
+        NodeLabel(graph, index, graph.nodes[to[k]].id), " instead of ",
+        NodeLabel(graph, index, graph.nodes[from[k]].id), ", for its use at ",
+        NodeLabel(graph, index, graph.nodes[occ.max_node].id));
+    const bool exposed =
+        static_cast<size_t>(occ.group_pos) < final_sim.group_exposed_s.size() &&
+        final_sim.group_exposed_s[occ.group_pos] > 1e-12;
+    if (exposed) {
+      if (reanchorer.memory_bound(k).has_value()) {
+        d.binding = *reanchorer.memory_bound(k);
+      } else {
+        d.binding.kind = BindingKind::kLink;
+      }
+    }
+    RETURN_IF_ERROR(
+        context.Explain(std::move(d), reanchorer.Build(anchors, &gather_at)));
+  }
+  return absl::OkStatus();
+}
 
 bool Better(const SimResult& a, const SimResult& b) {
   const double tie = kTie * std::max(a.iteration_s, b.iteration_s);
@@ -347,13 +408,15 @@ bool Better(const SimResult& a, const SimResult& b) {
 
 // Re-anchoring rounds with memory repair; returns the best candidate found
 // (the start when nothing beats it).
-absl::StatusOr<Candidate> Reanchor(const PlanningContext& context,
-                                   Candidate start, int64_t limit) {
+absl::StatusOr<Candidate> Reanchor(PlanningContext& context, Candidate start,
+                                   int64_t limit) {
   Reanchorer reanchorer(context, start.schedule);
   if (reanchorer.empty()) return start;
   Candidate best = start;
 
   std::vector<int> anchors = reanchorer.CurrentAnchors();
+  const std::vector<int> start_anchors = anchors;
+  std::vector<int> best_anchors = anchors;
   std::vector<int> gather_at;
   // Build() lists actions in slot order; the simulation of that listing
   // times exactly like the start and maps gathers to occurrences.
@@ -386,7 +449,8 @@ absl::StatusOr<Candidate> Reanchor(const PlanningContext& context,
         break;
       }
       const int peak_pos = context.index().NodePos(sim.peak_node_id);
-      if (!reanchorer.PullLater(proposed, peak_pos, sim.peak_bytes - limit)) {
+      if (!reanchorer.PullLater(proposed, peak_pos, sim.peak_bytes - limit,
+                                MemoryBinding(sim, limit))) {
         break;
       }
       reanchorer.Normalize(proposed);
@@ -395,6 +459,7 @@ absl::StatusOr<Candidate> Reanchor(const PlanningContext& context,
     anchors = proposed;
     if (Better(sim, best.sim)) {
       best = {candidate, sim};
+      best_anchors = anchors;
       stale_rounds = 0;
     } else if (++stale_rounds >= 2) {
       break;
@@ -402,13 +467,17 @@ absl::StatusOr<Candidate> Reanchor(const PlanningContext& context,
     current = std::move(candidate);
     current_sim = std::move(sim);
   }
+  if (context.explaining() && best_anchors != start_anchors) {
+    RETURN_IF_ERROR(ExplainMoves(context, reanchorer, start_anchors,
+                                 best_anchors, best.sim));
+  }
   return best;
 }
 
 // Fuses neighbouring gathers issued together in every occurrence when the
 // hardware model says one collective of the sum is cheaper by fusion_gain
 // and the simulation confirms it.
-absl::StatusOr<Candidate> Fuse(const PlanningContext& context, Candidate best,
+absl::StatusOr<Candidate> Fuse(PlanningContext& context, Candidate best,
                                int64_t limit) {
   const Graph& graph = context.graph();
   const GraphIndex& index = context.index();
@@ -516,6 +585,19 @@ absl::StatusOr<Candidate> Fuse(const PlanningContext& context, Candidate best,
                sim.iteration_s <= best.sim.iteration_s * (1 + kTie) + 1e-12;
     }
     if (accept) {
+      if (context.explaining()) {
+        Decision d;
+        d.kind = DecisionKind::kFuse;
+        d.group_ids = {a_id, b_id};
+        d.held_bytes = GroupBytes(graph, index, s.groups[fb]);
+        d.what = absl::StrCat(
+            GroupLabel(graph, index, s.groups[fb]), " fused into ",
+            GroupLabel(graph, index, s.groups[fa]), ": one all-gather of ",
+            FormatBytesShort(GroupPaddedBytes(graph, index, s.groups[fa]) +
+                        GroupPaddedBytes(graph, index, s.groups[fb])),
+            " instead of two");
+        context.decisions().Record(std::move(d), sim);
+      }
       best = {std::move(fused), std::move(sim)};
     } else {
       rejected.insert({std::min(a_id, b_id), std::max(a_id, b_id)});

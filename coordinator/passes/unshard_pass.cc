@@ -9,6 +9,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
 #include "common/lowering/anchored_schedule.h"
 #include "common/sim/simulator.h"
 #include "common/status_macros.h"
@@ -409,6 +410,41 @@ absl::StatusOr<bool> UnshardPass::RunImpl(PlanningContext& context) {
     if (!accepted) break;
   }
   if (chosen.empty()) return false;
+  if (context.explaining()) {
+    // One decision per held group, added in the order chosen, each priced
+    // by simulating the base with the groups so far held; the last state is
+    // the plan. Memory binds when a candidate was left out.
+    Binding binding;
+    if (chosen.size() < items.size()) {
+      binding = MemoryBinding(best_sim, target);
+    }
+    std::vector<Item> so_far;
+    for (const Item& item : chosen) {
+      so_far.push_back(item);
+      const GatherGroup& group = base.groups[item.group_pos];
+      Decision d;
+      d.kind = item.hold == Hold::kKeep ? DecisionKind::kKeep
+                                        : DecisionKind::kPersist;
+      d.group_ids = {group.id};
+      d.held_bytes = item.cost;
+      d.binding = binding;
+      if (item.hold == Hold::kKeep) {
+        d.what = absl::StrCat(GroupLabel(graph, index, group),
+                              " kept gathered from its first gather to its "
+                              "last release: ",
+                              gathers[item.group_pos] - 1, " of ",
+                              gathers[item.group_pos], " gathers saved");
+      } else {
+        d.param_ids = group.param_ids;
+        d.what = absl::StrCat(GroupLabel(graph, index, group),
+                              " made persistent: none of its ",
+                              gathers[item.group_pos],
+                              " gathers, refreshed once after the step");
+      }
+      RETURN_IF_ERROR(
+          context.Explain(std::move(d), Unshard(base, order, so_far)));
+    }
+  }
   context.schedule() = std::move(best);
   RETURN_IF_ERROR(context.Resimulate());
   return true;

@@ -6,8 +6,8 @@ namespace tandem {
 
 absl::StatusOr<bool> Zero3InsertPass::RunImpl(PlanningContext& context) {
   Schedule& schedule = context.schedule();
-  Schedule lowered =
-      LowerZero3(context.graph(), schedule.persistent_param_ids, grouping_);
+  Schedule lowered = LowerZero3(context.graph(), schedule.persistent_param_ids,
+                                grouping_, reduction_);
   const bool changed =
       schedule.mode != lowered.mode || !(schedule.groups == lowered.groups) ||
       !(schedule.actions == lowered.actions) || !schedule.offloads.empty();

@@ -9,6 +9,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/bytes.h"
+#include "common/job/job_spec.h"
+#include "common/models/graph_builder.h"
 #include "coordinator/planner/pass_registry.h"
 
 namespace tandem {
@@ -147,7 +149,40 @@ std::string DescribeHardware(const HardwareModel& hw) {
     absl::StrAppend(&out, "; runtime holds ", FormatBytes(hw.unmodeled_bytes),
                     " beyond the memory model");
   }
+  if (hw.compute_s_per_allgather_byte > 0 ||
+      hw.compute_s_per_reduce_scatter_byte > 0 ||
+      hw.compute_s_per_copy_byte > 0) {
+    absl::StrAppend(
+        &out,
+        absl::StrFormat("; transfers take compute: %.3g s per GB all-gathered, "
+                        "%.3g reduce-scattered, %.3g copied (measured)",
+                        hw.compute_s_per_allgather_byte * 1e9,
+                        hw.compute_s_per_reduce_scatter_byte * 1e9,
+                        hw.compute_s_per_copy_byte * 1e9));
+  }
   return out;
+}
+
+absl::Status CheckBudgetFits(const v1::JobSpec& spec) {
+  const int64_t budget = spec.memory().budget_bytes();
+  if (budget <= 0) return absl::OkStatus();
+  // ValidateJobSpec reports a model that does not build.
+  absl::StatusOr<ModelConfig> config = ModelConfigFromJobSpec(spec);
+  if (!config.ok()) return absl::OkStatus();
+  absl::StatusOr<Graph> graph = BuildModelGraph(*config);
+  if (!graph.ok()) return absl::OkStatus();
+  const JobHardware hardware = HardwareForJob(spec, {});
+  absl::StatusOr<int64_t> smallest = SmallestFeasibleBudget(
+      *graph, hardware.hw, PlanOptionsFromSpec(spec).mode);
+  if (!smallest.ok() || *smallest <= budget) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "memory.budget_bytes ", budget, " B is below ", FormatBytes(*smallest),
+      ", the peak of the least-memory schedule (every optimizer state "
+      "offloaded) by the memory model, and no schedule needs less: set "
+      "memory.budget_bytes: ",
+      PasteableBudget(*smallest),
+      " or more (the workers hold somewhat more than the model counts; the "
+      "first profile measures it), or shard over more ranks"));
 }
 
 }  // namespace tandem

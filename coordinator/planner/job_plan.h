@@ -26,6 +26,13 @@ std::vector<std::string> CheckOptimizeSpec(const v1::OptimizeSpec& optimize,
 // The pipeline a (validated) spec runs.
 PlanOptions PlanOptionsFromSpec(const v1::JobSpec& spec);
 
+// At submit, for a (validated) spec with memory.budget_bytes set:
+// InvalidArgument when the budget is below the peak of the least-memory
+// schedule by the analytic memory model (SmallestFeasibleBudget on the
+// model's graph; the runtime holds more, so no budget that fits is
+// refused), naming the smallest budget that fits as a value to paste.
+absl::Status CheckBudgetFits(const v1::JobSpec& spec);
+
 // What one rank said about its device when it registered.
 struct RankDevice {
   std::string hostname;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "common/bytes.h"
 #include "common/status_macros.h"
+#include "coordinator/passes/gradient_reduction_pass.h"
 #include "coordinator/passes/offload_pass.h"
 #include "coordinator/passes/prefetch_pass.h"
 #include "coordinator/passes/unshard_pass.h"
@@ -72,11 +73,21 @@ PassRegistry::PassRegistry() {
          PassParam::Kind::kChoice,
          "node",
          {"node", "unit"},
-         "one gather group per forward node, or per wrapping unit (FSDP)"}},
+         "one gather group per forward node, or per wrapping unit (FSDP)"},
+        {"reduce",
+         PassParam::Kind::kChoice,
+         "once",
+         {"once", "micro-batch"},
+         "with grad_accum > 1: accumulate gradients unsharded and reduce "
+         "once, or reduce-scatter every micro-batch into sharded "
+         "accumulators (FSDP, DeepSpeed)"}},
        [](const PassArgs& args) -> std::unique_ptr<PlanningPass> {
          return std::make_unique<Zero3InsertPass>(
              args.Text("grouping") == "unit" ? GatherGrouping::kPerUnit
-                                             : GatherGrouping::kPerNode);
+                                             : GatherGrouping::kPerNode,
+             args.Text("reduce") == "micro-batch"
+                 ? GradientReduction::kPerMicroBatch
+                 : GradientReduction::kOnce);
        }},
       {"prefetch",
        "issue each gather just early enough to hide it, fusing neighbours "
@@ -102,6 +113,22 @@ PassRegistry::PassRegistry() {
        "after unshard, take back the lent states it did not need",
        {},
        Plain<OffloadPass>(OffloadPass::Role::kReturn)},
+      {"micro-batch-reduce",
+       "with grad_accum > 1 and a plan over budget: reduce-scatter the "
+       "fewest gradients every micro-batch (into sharded accumulators) that "
+       "make it fit, most bytes saved per extra link second first",
+       {},
+       Plain<GradientReductionPass>(GradientReductionPass::Role::kFit)},
+      {"micro-batch-reduce-lend",
+       "with grad_accum > 1 on a communication-bound plan: reduce every "
+       "gradient per micro-batch, lending its memory to unshard",
+       {},
+       Plain<GradientReductionPass>(GradientReductionPass::Role::kLend)},
+      {"micro-batch-reduce-return",
+       "after unshard: accumulate the gradients that still fit unsharded and "
+       "reduce them once, most link seconds saved per byte first",
+       {},
+       Plain<GradientReductionPass>(GradientReductionPass::Role::kReturn)},
       {"zero1",
        "ZeRO-1: params replicated, gradients reduce-scattered in buckets "
        "during backward, updated params all-gathered after the optimizer",

@@ -1,6 +1,8 @@
 #include "coordinator/planner/planner.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -10,13 +12,13 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/bytes.h"
 #include "common/ir/validate.h"
-#include "common/lowering/anchored_schedule.h"
+#include "common/lowering/least_memory.h"
 #include "common/status_macros.h"
 #include "coordinator/passes/invariant_checkers.h"
-#include "coordinator/passes/zero1_pass.h"
 #include "coordinator/passes/zero3_insert_pass.h"
 #include "coordinator/planner/pass_registry.h"
 
@@ -67,53 +69,24 @@ absl::StatusOr<std::unique_ptr<PlanningContext>> SeededContext(
     RETURN_IF_ERROR(baseline.Run(*context).status());
   }
   RETURN_IF_ERROR(context->Resimulate());
+  // The explanation starts from the schedule the job starts on before any
+  // plan (for ZeRO-3 the seeded baseline; for ZeRO-1 zero1's default plan).
+  ASSIGN_OR_RETURN(Schedule starting, StartingSchedule(graph, options.mode));
+  ASSIGN_OR_RETURN(SimResult baseline, Simulate(graph, starting, hw));
+  context->decisions().Start(baseline);
   return context;
 }
 
-// The least-memory plan: the baseline of `mode` with every optimizer state
-// offloaded before the first node and reloaded after the last backward node.
+// The least-memory plan (common/lowering/least_memory.h), simulated.
 absl::StatusOr<PlanResult> LeastMemoryPlan(const Graph& graph,
                                            const HardwareModel& hw,
                                            ShardingMode mode) {
   PlanningContext context(graph, hw);
-  context.schedule().mode = mode;
-  if (mode == ShardingMode::kZero1) {
-    Zero1Pass zero1;
-    RETURN_IF_ERROR(zero1.Run(context).status());
-  } else {
-    Zero3InsertPass baseline;
-    RETURN_IF_ERROR(baseline.Run(context).status());
-  }
-  Schedule& schedule = context.schedule();
-  schedule.provenance.passes = {
-      mode == ShardingMode::kZero1 ? "zero1" : "zero3-insert",
-      "offload-all-states"};
-  int last_backward = -1;
-  for (size_t i = 0; i < graph.nodes.size(); ++i) {
-    if (graph.nodes[i].phase == Phase::kBackward) {
-      last_backward = static_cast<int>(i);
-    }
-  }
-  if (!graph.nodes.empty()) {
-    // Out before the first node, back after the last backward node (after
-    // the last node without a backward).
-    const int reload_at = last_backward >= 0
-                              ? last_backward
-                              : static_cast<int>(graph.nodes.size()) - 1;
-    std::vector<StateCopy> copies;
-    for (const Param& param : graph.params) {
-      const int64_t bytes = ParamStateBytes(param, graph.world_size);
-      if (bytes <= 0) continue;
-      copies.push_back({{param.id},
-                        bytes,
-                        AnchoredSchedule::BeforeSlot(0),
-                        AnchoredSchedule::AfterSlot(reload_at)});
-    }
-    SpliceStateOffloads(graph, context.index(), copies, schedule);
-  }
+  ASSIGN_OR_RETURN(context.schedule(), LeastMemorySchedule(graph, mode));
+  context.schedule().version = 0;
   RETURN_IF_ERROR(context.Resimulate());
   PlanResult result;
-  result.schedule = schedule;
+  result.schedule = context.schedule();
   result.sim = context.sim();
   result.feasible = result.sim.peak_bytes <= hw.budget();
   return result;
@@ -148,18 +121,51 @@ std::string WhatWouldFit(const Graph& graph, const SimResult& least,
   return absl::StrJoin(ways, "; or ");
 }
 
+// `measured_peak` > 0: the least-memory schedule's peak as measured under
+// it, which the figure is then (the model's otherwise).
 absl::Status Infeasible(const Graph& graph, const HardwareModel& hw,
-                        ShardingMode mode, absl::string_view why) {
+                        ShardingMode mode, absl::string_view why,
+                        int64_t measured_peak = 0) {
   absl::StatusOr<PlanResult> least = LeastMemoryPlan(graph, hw, mode);
   if (!least.ok()) return least.status();
+  const int64_t smallest =
+      measured_peak > 0 ? measured_peak : least->sim.peak_bytes;
   return absl::ResourceExhaustedError(absl::StrCat(
       "no plan fits the budget of ", FormatBytes(hw.budget()),
-      " per rank: the smallest feasible budget is ",
-      FormatBytes(least->sim.peak_bytes),
+      " per rank: the smallest feasible budget is ", FormatBytes(smallest),
+      measured_peak > 0 ? ", measured under that schedule" : "",
+      " (memory.budget_bytes: ", PasteableBudget(smallest), ")",
       mode == ShardingMode::kZero1
           ? " (the ZeRO-1 plan with every optimizer state offloaded). "
           : " (the on-demand baseline with every optimizer state offloaded). ",
       "To fit: ", WhatWouldFit(graph, least->sim, mode), ". (", why, ")"));
+}
+
+// The least-memory fallback's explanation: one decision from the baseline
+// the context's log started at to the fallback plan.
+Explanation ExplainLeastMemory(const PlanningContext& context,
+                               const PlanResult& least, absl::string_view why) {
+  DecisionLog log;
+  SimResult baseline;
+  const Explanation& started = context.decisions().explanation();
+  baseline.iteration_s = started.baseline_iteration_s;
+  baseline.exposed_comm_s = started.baseline_exposed_comm_s;
+  baseline.peak_bytes = started.baseline_peak_bytes;
+  log.Start(baseline);
+  Decision d;
+  d.kind = DecisionKind::kLeastMemory;
+  for (const OffloadEntry& entry : least.schedule.offloads) {
+    d.offload_ids.push_back(entry.id);
+    d.held_bytes += entry.bytes;
+  }
+  d.what = absl::StrCat("every optimizer state offloaded (",
+                        least.schedule.offloads.size(),
+                        " entries) on the baseline: the pipeline found no "
+                        "plan within the budget (",
+                        why, ")");
+  d.binding = MemoryBinding(least.sim, context.budget());
+  log.RecordPlanner(std::move(d), least.sim);
+  return log.explanation();
 }
 
 }  // namespace
@@ -197,7 +203,15 @@ absl::StatusOr<Graph> ApplyProfile(const Graph& graph, const Profile& profile) {
   const GraphIndex index(out);
   for (const NodeTiming& timing : profile.nodes) {
     const int pos = index.NodePos(timing.node_id);
-    if (pos >= 0) out.nodes[pos].time_s = timing.time_s;
+    if (pos < 0) continue;
+    const double lost =
+        profile.compute_s_per_allgather_byte *
+            static_cast<double>(timing.allgather_overlap_bytes) +
+        profile.compute_s_per_reduce_scatter_byte *
+            static_cast<double>(timing.reduce_scatter_overlap_bytes) +
+        profile.compute_s_per_copy_byte *
+            static_cast<double>(timing.copy_overlap_bytes);
+    out.nodes[pos].time_s = timing.time_s - std::min(lost, 0.9 * timing.time_s);
   }
   return out;
 }
@@ -242,6 +256,19 @@ void FitHostLink(const Profile& profile, HardwareModel& hw) {
   hw.host_link_measured = true;
 }
 
+void FitInterference(const Profile& profile, HardwareModel& hw) {
+  if (profile.compute_s_per_allgather_byte > 0) {
+    hw.compute_s_per_allgather_byte = profile.compute_s_per_allgather_byte;
+  }
+  if (profile.compute_s_per_reduce_scatter_byte > 0) {
+    hw.compute_s_per_reduce_scatter_byte =
+        profile.compute_s_per_reduce_scatter_byte;
+  }
+  if (profile.compute_s_per_copy_byte > 0) {
+    hw.compute_s_per_copy_byte = profile.compute_s_per_copy_byte;
+  }
+}
+
 absl::Status CalibrateMemory(const Graph& timed, const Schedule& profiled,
                              const Profile& profile, HardwareModel& hw) {
   hw.unmodeled_bytes = 0;
@@ -263,22 +290,28 @@ std::vector<std::string> PolicyPasses(Policy policy, ShardingMode mode) {
   switch (policy) {
     case Policy::kOnDemand:
       return {"zero3-insert"};
+    // FSDP and DeepSpeed ZeRO-3 (DeepCompile's runtime) reduce-scatter every
+    // micro-batch's gradients into sharded accumulators.
     case Policy::kDeepSpeedZero3:
-      return {"deepspeed-persistence", "zero3-insert", "split-groups",
-              "deepspeed-prefetch"};
+      return {"deepspeed-persistence", "zero3-insert:reduce=micro-batch",
+              "split-groups", "deepspeed-prefetch"};
     case Policy::kFsdp:
-      return {"zero3-insert:grouping=unit", "fsdp-prefetch"};
+      return {"zero3-insert:grouping=unit,reduce=micro-batch", "fsdp-prefetch"};
     case Policy::kDeepCompile:
       // DeepCompile runs on ZeRO-3 (small params persistent), gathers param
       // by param, and schedules offloading before profiling the passes that
       // follow.
-      return {"deepspeed-persistence", "zero3-insert",    "split-groups",
-              "memory-only-offload",   "greedy-prefetch", "greedy-unshard"};
+      return {"deepspeed-persistence", "zero3-insert:reduce=micro-batch",
+              "split-groups",          "memory-only-offload",
+              "greedy-prefetch",       "greedy-unshard"};
     case Policy::kTandem:
       // coordinator/passes/README.md.
       if (mode == ShardingMode::kZero1) return {"zero1", "offload"};
-      return {"zero3-insert", "offload",        "prefetch", "offload-lend",
-              "unshard",      "offload-return", "prefetch"};
+      return {"zero3-insert",   "micro-batch-reduce",
+              "offload",        "prefetch",
+              "offload-lend",   "micro-batch-reduce-lend",
+              "unshard",        "micro-batch-reduce-return",
+              "offload-return", "prefetch"};
   }
   return {};
 }
@@ -334,11 +367,14 @@ absl::StatusOr<PlanResult> Plan(const Graph& graph, const HardwareModel& hw,
       }
       result = std::move(least);
       records.Clear();
+      result.schedule.explanation =
+          ExplainLeastMemory(*context, result, status.message());
     } else if (!status.ok()) {
       return status;
     } else {
       result.schedule = context->schedule();
       result.sim = context->sim();
+      result.schedule.explanation = context->decisions().explanation();
     }
   } else {
     if (status.code() == absl::StatusCode::kResourceExhausted) {
@@ -353,6 +389,7 @@ absl::StatusOr<PlanResult> Plan(const Graph& graph, const HardwareModel& hw,
     RETURN_IF_ERROR(status);
     result.schedule = context->schedule();
     result.sim = context->sim();
+    result.schedule.explanation = context->decisions().explanation();
   }
   records.ForwardTo(options.sink);
   result.feasible = result.sim.peak_bytes <= hw.budget();
@@ -360,6 +397,7 @@ absl::StatusOr<PlanResult> Plan(const Graph& graph, const HardwareModel& hw,
       options.mode == ShardingMode::kZero3) {
     // Never behind, predicted: under the same calibrated model, the
     // reference policies' plans too; the fastest that fits wins.
+    const double own_iteration_s = result.sim.iteration_s;
     for (Policy reference : kAllPolicies) {
       if (reference == Policy::kTandem) continue;
       PlanOptions other;
@@ -376,6 +414,17 @@ absl::StatusOr<PlanResult> Plan(const Graph& graph, const HardwareModel& hw,
     if (result.adopted_policy.has_value()) {
       result.schedule.provenance.passes.push_back(absl::StrCat(
           "chosen-over-tandem:", PolicyName(*result.adopted_policy)));
+      // The adopted plan's own decisions chain from the same baseline to
+      // it; the choice itself changes nothing further.
+      Decision chosen;
+      chosen.kind = DecisionKind::kPolicy;
+      chosen.pass = "planner";
+      chosen.what = absl::StrFormat(
+          "%s's plan (predicted %.6f s) chosen over Tandem's own pipeline "
+          "(%.6f s): the fastest plan that fits",
+          PolicyName(*result.adopted_policy), result.sim.iteration_s,
+          own_iteration_s);
+      result.schedule.explanation.decisions.push_back(std::move(chosen));
     }
   }
   result.plan_wall_s =
@@ -402,6 +451,7 @@ absl::StatusOr<Calibrated> CalibrateToMeasurements(const Graph& graph,
   out.graph = *std::move(timed);
   RETURN_IF_ERROR(FitCollectives(*profile, out.hw));
   FitHostLink(*profile, out.hw);
+  FitInterference(*profile, out.hw);
   std::optional<Schedule> ran;
   if (profiled != nullptr) {
     ran = *profiled;
@@ -420,16 +470,131 @@ absl::StatusOr<Calibrated> CalibrateToMeasurements(const Graph& graph,
   return out;
 }
 
+absl::StatusOr<Calibrated> CalibrateWithEvidence(
+    const Graph& graph, const HardwareModel& hw, const Profile* profile,
+    const Schedule* profiled, ShardingMode mode,
+    const std::vector<std::pair<Schedule, double>>& measured,
+    InterferenceRefit* refit) {
+  const bool probed =
+      profile != nullptr && (profile->compute_s_per_allgather_byte > 0 ||
+                             profile->compute_s_per_reduce_scatter_byte > 0 ||
+                             profile->compute_s_per_copy_byte > 0);
+  if (!probed || measured.empty()) {
+    return CalibrateToMeasurements(graph, hw, profile, profiled, mode);
+  }
+  // The calibration with the probe's figures scaled by k.
+  auto calibrate = [&](double k) -> absl::StatusOr<Calibrated> {
+    Profile scaled = *profile;
+    scaled.compute_s_per_allgather_byte *= k;
+    scaled.compute_s_per_reduce_scatter_byte *= k;
+    scaled.compute_s_per_copy_byte *= k;
+    return CalibrateToMeasurements(graph, hw, &scaled, profiled, mode);
+  };
+  // How far that calibration simulates the measured schedules from what
+  // they measured.
+  auto error_at = [&](double k) -> absl::StatusOr<double> {
+    ASSIGN_OR_RETURN(Calibrated c, calibrate(k));
+    double error = 0;
+    for (const auto& [schedule, seconds] : measured) {
+      if (!(seconds > 0)) continue;
+      absl::StatusOr<SimResult> sim = Simulate(c.graph, schedule, c.hw);
+      if (!sim.ok() || !(sim->iteration_s > 0)) continue;
+      const double e = std::log(sim->iteration_s / seconds);
+      error += e * e;
+    }
+    return error;
+  };
+  constexpr double kMaxScale = 4;
+  constexpr double kStep = 0.25;
+  constexpr double kPull = 1e-8;
+  auto objective = [&](double k) -> absl::StatusOr<double> {
+    ASSIGN_OR_RETURN(const double e, error_at(k));
+    return e + kPull * (k - 1) * (k - 1);
+  };
+  // A coarse grid, then golden-section search around its best point.
+  double best_k = 1;
+  ASSIGN_OR_RETURN(double best, objective(1));
+  for (double k = 0; k <= kMaxScale + 1e-9; k += kStep) {
+    ASSIGN_OR_RETURN(const double e, objective(k));
+    if (e < best) {
+      best = e;
+      best_k = k;
+    }
+  }
+  double lo = std::max(0.0, best_k - kStep);
+  double hi = std::min(kMaxScale, best_k + kStep);
+  constexpr double kGolden = 0.6180339887498949;
+  for (int i = 0; i < 20; ++i) {
+    const double a = hi - kGolden * (hi - lo);
+    const double b = lo + kGolden * (hi - lo);
+    ASSIGN_OR_RETURN(const double ea, objective(a));
+    ASSIGN_OR_RETURN(const double eb, objective(b));
+    if (ea < eb) {
+      hi = b;
+    } else {
+      lo = a;
+    }
+    for (const auto& [k, e] : {std::pair{a, ea}, std::pair{b, eb}}) {
+      if (e < best) {
+        best = e;
+        best_k = k;
+      }
+    }
+  }
+  if (refit != nullptr) {
+    refit->scale = best_k;
+    ASSIGN_OR_RETURN(refit->error, error_at(best_k));
+    ASSIGN_OR_RETURN(refit->probe_error, error_at(1));
+  }
+  return calibrate(best_k);
+}
+
 absl::StatusOr<PlanResult> PlanFromMeasurements(const Graph& graph,
                                                 HardwareModel hw,
                                                 const Profile* profile,
                                                 const Schedule* profiled,
                                                 const PlanOptions& options) {
   ASSIGN_OR_RETURN(Calibrated calibrated,
-                   CalibrateToMeasurements(graph, std::move(hw), profile,
-                                           profiled, options.mode));
-  ASSIGN_OR_RETURN(PlanResult result,
-                   Plan(calibrated.graph, calibrated.hw, options));
+                   CalibrateWithEvidence(graph, hw, profile, profiled,
+                                         options.mode, options.measured));
+  // Planned for the budget less the headroom the memory guard needs; the
+  // least-memory plan may use the budget itself (nothing needs less).
+  const int64_t budget = calibrated.hw.budget();
+  const int64_t headroom =
+      MemoryHeadroom(budget, profile, options.extra_headroom_bytes);
+  HardwareModel planning = calibrated.hw;
+  if (headroom > 0)
+    planning.budget_bytes = std::max<int64_t>(1, budget - headroom);
+  absl::StatusOr<PlanResult> planned =
+      Plan(calibrated.graph, planning, options);
+  if (headroom > 0 && !planned.ok() &&
+      planned.status().code() == absl::StatusCode::kResourceExhausted) {
+    ASSIGN_OR_RETURN(
+        PlanResult least,
+        LeastMemoryPlan(calibrated.graph, calibrated.hw, options.mode));
+    int64_t measured = 0;
+    if (profile != nullptr &&
+        profile->schedule_version == kLeastMemoryVersion &&
+        profile->peak_bytes > 0) {
+      // Measured under this very schedule: the measurement, not the model.
+      measured = profile->peak_bytes;
+      least.sim.peak_bytes = measured;
+      least.schedule.prediction.peak_bytes = measured;
+      least.feasible = measured <= budget;
+    }
+    if (!least.feasible) {
+      return Infeasible(calibrated.graph, calibrated.hw, options.mode,
+                        planned.status().message(), measured);
+    }
+    least.schedule.provenance.passes.push_back("least-memory");
+    planned = std::move(least);
+  }
+  if (!planned.ok()) return planned.status();
+  PlanResult result = *std::move(planned);
+  result.hw = calibrated.hw;
+  result.schedule.budget_bytes = budget;
+  result.feasible = result.sim.peak_bytes <= budget;
+  result.headroom_bytes = headroom;
   result.memory_calibrated = calibrated.memory_calibrated;
   if (profile != nullptr) {
     result.schedule.provenance.window_first_iteration =
@@ -440,13 +605,30 @@ absl::StatusOr<PlanResult> PlanFromMeasurements(const Graph& graph,
 }
 
 absl::StatusOr<int64_t> SmallestFeasibleBudget(const Graph& graph,
-                                               const HardwareModel& hw) {
+                                               const HardwareModel& hw,
+                                               ShardingMode mode) {
   RETURN_IF_ERROR(ValidateGraph(graph));
   HardwareModel unlimited = hw;
   unlimited.budget_bytes = 0;
-  ASSIGN_OR_RETURN(PlanResult least,
-                   LeastMemoryPlan(graph, unlimited, ShardingMode::kZero3));
+  ASSIGN_OR_RETURN(PlanResult least, LeastMemoryPlan(graph, unlimited, mode));
   return least.sim.peak_bytes;
+}
+
+std::string PasteableBudget(int64_t bytes) {
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  return absl::StrCat((std::max<int64_t>(bytes, 1) + kMiB - 1) / kMiB, "MiB");
+}
+
+int64_t MemoryHeadroom(int64_t budget, const Profile* profile, int64_t extra) {
+  if (budget <= 0) return 0;
+  int64_t spread = 0;
+  if (profile != nullptr && profile->peak_min_bytes > 0) {
+    spread =
+        std::max<int64_t>(0, profile->peak_bytes - profile->peak_min_bytes);
+  }
+  const int64_t band = static_cast<int64_t>(
+      std::ceil(kMemoryGuardBand * static_cast<double>(budget)));
+  return std::min(budget, band + 2 * spread + std::max<int64_t>(0, extra));
 }
 
 }  // namespace tandem

@@ -45,8 +45,12 @@ std::optional<Policy> ParsePolicy(absl::string_view name);
 std::vector<Policy> AllPolicies();
 
 // A copy of `graph` with node times replaced by the profile's measurements
-// (nodes the profile does not cover keep their estimates). Fails when the
-// profile is for another graph or malformed (ValidateProfile).
+// (nodes the profile does not cover keep their estimates). A measured time
+// includes what transfers running alongside took from compute; that part
+// (the node's overlap bytes times the profile's compute_s_per_*_byte) is
+// taken out, since the simulator adds it back for whatever schedule it
+// replays (at most 90% of a time is taken out). Fails when the profile is for
+// another graph or malformed (ValidateProfile).
 absl::StatusOr<Graph> ApplyProfile(const Graph& graph, const Profile& profile);
 
 // Fits `hw`'s collective models from the profile's measured collectives
@@ -58,6 +62,10 @@ absl::Status FitCollectives(const Profile& profile, HardwareModel& hw);
 // over the copy stream's busy seconds), when copies ran in the window; else
 // leaves it.
 void FitHostLink(const Profile& profile, HardwareModel& hw);
+
+// Sets hw's compute_s_per_*_byte to the profile's interference probe, where
+// it measured one; else leaves them.
+void FitInterference(const Profile& profile, HardwareModel& hw);
 
 // Sets hw.unmodeled_bytes to what the runtime held beyond the simulator's
 // memory model while it ran `profiled`, the schedule the profile was measured
@@ -84,6 +92,13 @@ struct PlanOptions {
   PlannerOptions planner;
   // Receives one record per pass; may be null.
   PassRecordSink* sink = nullptr;
+  // PlanFromMeasurements: bytes of headroom beyond MemoryHeadroom's, e.g.
+  // what a job's peaks exceeded an earlier plan's prediction by.
+  int64_t extra_headroom_bytes = 0;
+  // PlanFromMeasurements: schedules this job ran, each with the iteration
+  // time it measured (the slowest rank's median): the evidence
+  // RefitInterference fits the compute cost of transfers to.
+  std::vector<std::pair<Schedule, double>> measured;
 };
 
 struct PlanResult {
@@ -99,6 +114,9 @@ struct PlanResult {
   // The memory model counted what the runtime held beyond it (a profile and
   // the schedule it ran under were given).
   bool memory_calibrated = false;
+  // PlanFromMeasurements: the budget left free (MemoryHeadroom); the plan
+  // was made for budget - headroom_bytes, or is the least-memory plan.
+  int64_t headroom_bytes = 0;
   // Tandem's policy only: a reference policy's plan that fit and was
   // predicted faster than Tandem's own, returned instead (its provenance
   // ends with "chosen-over-tandem:<policy>").
@@ -118,7 +136,8 @@ absl::StatusOr<PlanResult> Plan(const Graph& graph, const HardwareModel& hw,
 
 // A graph and hardware model fitted to a job's measurements: node times
 // from `profile`, collective rates fitted to its collectives, the host link
-// to its host-tier copies (FitHostLink), and the memory
+// to its host-tier copies (FitHostLink), compute's share lost to transfers
+// to its interference probe (FitInterference), and the memory
 // model calibrated to the runtime (CalibrateMemory) against `profiled`, the
 // schedule the profile was measured under; when `profiled` is null, the
 // starting schedule of `mode` for a profile of version 0, else the memory
@@ -134,21 +153,57 @@ absl::StatusOr<Calibrated> CalibrateToMeasurements(const Graph& graph,
                                                    const Schedule* profiled,
                                                    ShardingMode mode);
 
+// The budget a plan leaves free (the memory guard, worker/README.md): the
+// worker's guard band (kMemoryGuardBand of `budget`) plus twice the spread
+// of the measured peaks (profile peak_bytes - peak_min_bytes: the memory
+// model is calibrated to the window's largest peak, and later peaks may
+// land that much higher), plus `extra`. 0 when `budget` is 0.
+int64_t MemoryHeadroom(int64_t budget, const Profile* profile, int64_t extra);
+
+// Re-fits what transfers take from compute to what schedules measured:
+// scales the profile's interference figures (compute_s_per_*_byte) by the k
+// in [0, 4] whose calibration (CalibrateToMeasurements with the scaled
+// figures) simulates `measured` closest to their measured times (least
+// squares of log(simulated / measured), pulled gently toward k = 1, the
+// probe itself, so that evidence that cannot tell, such as schedules with
+// little overlap, leaves the probe's figures). Returns k and the
+// calibration made with it; k = 1 and a plain calibration when the profile
+// has no probe figures or nothing was measured.
+struct InterferenceRefit {
+  double scale = 1;
+  // Sum of squared log errors over `measured` at `scale`, and at 1.
+  double error = 0;
+  double probe_error = 0;
+};
+absl::StatusOr<Calibrated> CalibrateWithEvidence(
+    const Graph& graph, const HardwareModel& hw, const Profile* profile,
+    const Schedule* profiled, ShardingMode mode,
+    const std::vector<std::pair<Schedule, double>>& measured,
+    InterferenceRefit* refit = nullptr);
+
 // The one path from a job's measurements to a plan:
-// CalibrateToMeasurements, then Plan. `profile` may be null
-// (plan on the graph's estimates). `hw` holds what is declared (links,
-// device memory, budget); the profile refines it. Errors name the input at
-// fault ("invalid profile: ...").
+// CalibrateWithEvidence (CalibrateToMeasurements, its interference figures
+// re-fitted to options.measured), then Plan against the budget less
+// MemoryHeadroom; when nothing fits that, the least-memory plan if it fits the
+// budget itself, else ResourceExhausted naming the smallest budget that fits.
+// `profile` may be null (plan on the graph's estimates). `hw` holds what is
+// declared (links, device memory, budget); the profile refines it. Errors name
+// the input at fault ("invalid profile: ...").
 absl::StatusOr<PlanResult> PlanFromMeasurements(const Graph& graph,
                                                 HardwareModel hw,
                                                 const Profile* profile,
                                                 const Schedule* profiled,
                                                 const PlanOptions& options);
 
-// The smallest budget any plan fits: the on-demand baseline with every
-// optimizer state offloaded.
-absl::StatusOr<int64_t> SmallestFeasibleBudget(const Graph& graph,
-                                               const HardwareModel& hw);
+// The smallest budget any plan fits: the peak of the least-memory schedule
+// (common/lowering/least_memory.h) under `hw`'s memory model.
+absl::StatusOr<int64_t> SmallestFeasibleBudget(
+    const Graph& graph, const HardwareModel& hw,
+    ShardingMode mode = ShardingMode::kZero3);
+
+// memory.budget_bytes as a user writes it: `bytes` rounded up to a MiB,
+// e.g. "21MiB".
+std::string PasteableBudget(int64_t bytes);
 
 }  // namespace tandem
 

@@ -28,6 +28,10 @@ class PlanningFeed final : public WorkerEventListener {
   void OnScheduleActive(const std::string& job_id, int64_t version) override {
     planning_->OnScheduleActive(job_id, version);
   }
+  void OnMemoryGuard(const std::string& job_id, int32_t rank, int64_t step,
+                     const std::string& reason) override {
+    planning_->OnMemoryGuard(job_id, rank, step, reason);
+  }
   void OnRankRegistered(const std::string& job_id, int32_t rank,
                         const std::string& hostname, const std::string& device,
                         int64_t device_memory_bytes) override {

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/ir/explanation.h"
 #include "common/ir/proto_convert.h"
 #include "common/ir/text_format.h"
 #include "coordinator/rpc/status_util.h"
@@ -139,6 +140,9 @@ grpc::Status JobServiceImpl::GetSchedule(grpc::ServerContext*,
   if (!ir.ok()) return ToGrpc(ir.status());
   *response->mutable_schedule() = stored->schedule;
   response->set_text(PrintSchedule(*ir));
+  response->set_explanation(FormatExplanation(ir->explanation,
+                                              ir->prediction.iteration_s,
+                                              ir->prediction.exposed_comm_s));
   return grpc::Status::OK;
 }
 

@@ -21,7 +21,8 @@ struct CoordinatorMetrics {
   metrics::Family<metrics::Counter>* replans;
   // The reasons a plan is made, whose series start at 0 with each job.
   static constexpr const char* kReplanReasons[] = {
-      "initial", "drift", "memory", "reoptimize", "rollback", "cached"};
+      "initial",  "drift",  "memory",      "reoptimize",
+      "rollback", "cached", "memory-guard"};
   // {job}
   metrics::Family<metrics::Gauge>* drift_score;
   // {pass}

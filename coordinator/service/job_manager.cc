@@ -111,6 +111,8 @@ absl::StatusOr<v1::Job> JobManager::Submit(v1::JobSpec spec) {
   if (absl::Status s = ValidateJobSpec(spec, CheckOptimizeSpec); !s.ok()) {
     return s;
   }
+  // A budget no schedule fits is refused now, not at its first step.
+  if (absl::Status s = CheckBudgetFits(spec); !s.ok()) return s;
   std::lock_guard<std::mutex> lock(mu_);
   Record record;
   record.job.set_id(NewJobId(spec.name()));

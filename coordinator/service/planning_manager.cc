@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "common/bytes.h"
 #include "common/ir/proto_convert.h"
+#include "common/lowering/least_memory.h"
 #include "coordinator/passes/pass_pipeline.h"
 #include "coordinator/planner/planner.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -247,8 +248,11 @@ void PlanningManager::OnWindowLocked(const std::string& job_id,
   state.latest = std::move(aggregate);
   const Profile& latest = *state.latest;
 
+  // Under the memory guard, the ranks run the least-memory schedule.
   const int64_t active_version =
-      state.schedules.empty() ? 0 : state.schedules.back().schedule.version();
+      state.guard_active        ? kLeastMemoryVersion
+      : state.schedules.empty() ? 0
+                                : state.schedules.back().schedule.version();
   if (state.schedules.empty() &&
       latest.last_iteration + 1 >= state.spec.optimize().warmup_steps()) {
     QueueLocked(job_id, state, "initial");
@@ -281,12 +285,20 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
   if (metrics_ != nullptr) {
     metrics_->measured_iteration_seconds->WithLabels({job_id}).Set(measured);
   }
+  int64_t& version_peak = state.peak_by_version[progress.schedule_version()];
+  version_peak = std::max(version_peak, measured_peak);
+  // The least-memory fallback is no plan to roll back to.
+  if (progress.schedule_version() == kLeastMemoryVersion) return;
   state.measured.Record(progress.schedule_version(), progress.step(), measured);
   ReportOutcomeLocked(job_id, state, progress.schedule_version());
   // Only iterations run under the newest schedule say anything about it.
   const int64_t active_version =
       state.schedules.empty() ? 0 : state.schedules.back().schedule.version();
   if (active_version == 0 || progress.schedule_version() != active_version) {
+    // The baseline's steps measure the job's noise for the first plan.
+    if (active_version == 0 && progress.schedule_version() == 0) {
+      state.drift->ObserveUnpredicted(measured);
+    }
     return;
   }
   // Behind the best schedule measured on this job (the baseline counts):
@@ -335,15 +347,26 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
   }
   if (reason.has_value() && state.pending_reason.empty() && !state.queued) {
     state.pending_reason = *reason;
+    const double predicted =
+        state.schedules.back().schedule.prediction().iteration_s();
     (void)jobs_->RecordEvent(
         job_id, "drift",
-        absl::StrFormat(
-            "%s at step %d: measured %.4f s/iter against %.4f "
-            "predicted (score %.2f); re-planning from the next "
-            "profile window",
-            *reason, progress.step(), measured,
-            state.schedules.back().schedule.prediction().iteration_s(),
-            state.drift->score()));
+        *reason == "drift"
+            ? absl::StrFormat(
+                  "drift at step %d: the last %d steps measured %.4f s/iter "
+                  "(median) against %.4f expected (score %.2f; threshold "
+                  "%.2f, noise bound %.2f); re-planning from the next "
+                  "profile window",
+                  progress.step(), state.spec.optimize().drift_window(),
+                  state.drift->window_median_s(), state.drift->predicted_s(),
+                  state.drift->score(), state.spec.optimize().drift_threshold(),
+                  state.drift->noise_bound())
+            : absl::StrFormat(
+                  "%s at step %d: measured %.4f s/iter against %.4f "
+                  "predicted (score %.2f); re-planning from the next "
+                  "profile window",
+                  *reason, progress.step(), measured, predicted,
+                  state.drift->score()));
   }
 }
 
@@ -480,11 +503,36 @@ void PlanningManager::OnRankRegistered(const std::string& job_id, int32_t rank,
   MaybeStartCached(*job);
 }
 
+void PlanningManager::OnMemoryGuard(const std::string& job_id, int32_t rank,
+                                    int64_t step, const std::string& reason) {
+  absl::StatusOr<v1::Job> job = jobs_->Get(job_id);
+  if (!job.ok() || IsTerminal(job->state())) return;
+  std::string message;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    JobPlanning& state = State(job_id, *job);
+    // Every rank reports the same switch.
+    if (state.guard_step == step) return;
+    state.guard_step = step;
+    state.guard_active = true;
+    // Before the first plan, the initial plan is measured under it anyway.
+    if (!state.schedules.empty()) state.pending_reason = "memory-guard";
+    message = absl::StrCat(
+        "rank ", rank, ": ", reason,
+        state.schedules.empty()
+            ? "; the initial plan is made from the profile measured under it"
+            : "; re-planning from the next profile window measured under it");
+  }
+  (void)jobs_->RecordEvent(job_id, "memory-guard", message);
+}
+
 void PlanningManager::OnScheduleActive(const std::string& job_id,
                                        int64_t version) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = state_.find(job_id);
   if (it == state_.end()) return;
+  // A published plan replaced the least-memory fallback.
+  if (version > 0) it->second.guard_active = false;
   for (const StoredSchedule& s : it->second.schedules) {
     if (s.schedule.version() == version) {
       it->second.drift->SetPrediction(s.schedule.prediction().iteration_s(),
@@ -565,8 +613,15 @@ void PlanningManager::PlanOne(const std::string& job_id,
   std::string cached_from;
   std::optional<v1::Schedule> cached;
   // The schedule the profile was measured under (none for version 0: the
-  // starting schedule).
+  // starting schedule), or the least-memory fallback.
   std::optional<v1::Schedule> profiled;
+  bool profiled_least_memory = false;
+  // Headroom beyond MemoryHeadroom, from the memory guard's trips.
+  int64_t extra_headroom = 0;
+  // Versions measured on this job (0: the baseline) and their medians: the
+  // evidence the interference model is re-fitted to.
+  std::vector<std::pair<int64_t, double>> measured_versions;
+  std::map<int64_t, v1::Schedule> measured_schedules;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = state_.find(job_id);
@@ -600,6 +655,32 @@ void PlanningManager::PlanOne(const std::string& job_id,
         profiled = s.schedule;
       }
     }
+    profiled_least_memory = profile.schedule_version == kLeastMemoryVersion;
+    if (std::optional<ScheduleMeasurements::Summary> m =
+            it->second.measured.Summarize(0)) {
+      measured_versions.emplace_back(0, m->median_s);
+    }
+    for (const StoredSchedule& s : it->second.schedules) {
+      if (std::optional<ScheduleMeasurements::Summary> m =
+              it->second.measured.Summarize(s.schedule.version())) {
+        measured_versions.emplace_back(s.schedule.version(), m->median_s);
+        measured_schedules[s.schedule.version()] = s.schedule;
+      }
+    }
+    JobPlanning& state = it->second;
+    if (reason == "memory-guard" && !state.schedules.empty()) {
+      // What the job's peaks exceeded the tripped plan's prediction by:
+      // every later plan keeps that much more of the budget free.
+      const v1::Schedule& tripped = state.schedules.back().schedule;
+      auto seen = state.peak_by_version.find(tripped.version());
+      if (seen != state.peak_by_version.end() &&
+          tripped.prediction().peak_bytes() > 0) {
+        state.extra_headroom =
+            std::max(state.extra_headroom,
+                     seen->second - tripped.prediction().peak_bytes());
+      }
+    }
+    extra_headroom = state.extra_headroom;
   }
   absl::StatusOr<v1::Job> job = jobs_->Get(job_id);
   if (!job.ok() || IsTerminal(job->state())) {
@@ -610,6 +691,9 @@ void PlanningManager::PlanOne(const std::string& job_id,
   const auto start = std::chrono::steady_clock::now();
   std::string assumed;
   std::string planned_on;
+  int64_t headroom = 0;
+  // No schedule fits the budget, by the measurements: the job fails.
+  bool nothing_fits = false;
   absl::StatusOr<Schedule> planned = [&]() -> absl::StatusOr<Schedule> {
     if (cached.has_value()) {
       // Planned for an identical job: its plan from step 1, still
@@ -639,21 +723,38 @@ void PlanningManager::PlanOne(const std::string& job_id,
       planned_on = "the measurements";
       return back;
     }
+    PlanOptions options = PlanOptionsFromSpec(spec);
     std::optional<Schedule> ran;
-    if (profiled.has_value()) {
+    if (profiled_least_memory) {
+      absl::StatusOr<Schedule> s = LeastMemorySchedule(graph, options.mode);
+      if (!s.ok()) return s.status();
+      ran = *std::move(s);
+    } else if (profiled.has_value()) {
       absl::StatusOr<Schedule> s = FromProto(*profiled);
       if (!s.ok()) return s.status();
       ran = *std::move(s);
     }
     const JobHardware hardware = HardwareForJob(spec, devices);
     assumed = absl::StrJoin(hardware.assumptions, "; ");
-    PlanOptions options = PlanOptionsFromSpec(spec);
     MetricsSink sink(metrics_);
     options.sink = &sink;
+    options.extra_headroom_bytes = extra_headroom;
+    for (const auto& [measured_version, seconds] : measured_versions) {
+      absl::StatusOr<Schedule> s =
+          measured_version == 0
+              ? StartingSchedule(graph, options.mode)
+              : FromProto(measured_schedules[measured_version]);
+      if (s.ok()) options.measured.emplace_back(*std::move(s), seconds);
+    }
     absl::StatusOr<PlanResult> result =
         PlanFromMeasurements(graph, hardware.hw, &profile,
                              ran.has_value() ? &*ran : nullptr, options);
-    if (!result.ok()) return result.status();
+    if (!result.ok()) {
+      nothing_fits =
+          result.status().code() == absl::StatusCode::kResourceExhausted;
+      return result.status();
+    }
+    headroom = result->headroom_bytes;
     planned_on = DescribeHardware(result->hw);
     if (!result->feasible) {
       // A reference policy's plan that would run out of memory, as the real
@@ -670,12 +771,22 @@ void PlanningManager::PlanOne(const std::string& job_id,
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
+  if (!planned.ok() && nothing_fits) {
+    // Running on would only end in a step over the budget.
+    Fail(job_id,
+         absl::StrCat("memory.budget_bytes is too small for any schedule, "
+                      "by the profile of steps ",
+                      profile.first_iteration, "..", profile.last_iteration,
+                      ": ", planned.status().message()));
+    return;
+  }
   if (!planned.ok()) {
     (void)jobs_->RecordEvent(
         job_id, "replan",
         absl::StrCat("planning v", version, " (", reason,
                      ") failed: ", planned.status().message(),
-                     "; the job keeps its current schedule"));
+                     "; the job keeps its current schedule",
+                     KeepActive(job_id, reason)));
     return;
   }
   for (const auto& [slower, schedule] : rejected) {
@@ -686,7 +797,31 @@ void PlanningManager::PlanOne(const std::string& job_id,
           absl::StrCat("planning v", version, " (", reason, ") gave v", slower,
                        "'s schedule again, which measured slower than the "
                        "best schedule on this job; the job keeps its "
-                       "current schedule"));
+                       "current schedule",
+                       KeepActive(job_id, reason)));
+      return;
+    }
+  }
+  if (reason == "drift") {
+    // A drift re-plan that changes nothing is no re-plan.
+    std::optional<v1::Schedule> active;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = state_.find(job_id);
+      if (it != state_.end() && !it->second.schedules.empty() &&
+          !it->second.guard_active) {
+        active = it->second.schedules.back().schedule;
+      }
+    }
+    absl::StatusOr<Schedule> current =
+        active.has_value() ? FromProto(*active)
+                           : absl::StatusOr<Schedule>(absl::NotFoundError(""));
+    if (current.ok() && SamePlan(*current, *planned)) {
+      (void)jobs_->RecordEvent(
+          job_id, "replan",
+          absl::StrCat("planning v", version, " (drift) gave the active v",
+                       active->version(), "'s schedule again; the job keeps it",
+                       KeepActive(job_id, reason)));
       return;
     }
   }
@@ -737,7 +872,7 @@ void PlanningManager::PlanOne(const std::string& job_id,
       job_id, "schedule",
       absl::StrFormat(
           "v%d (%s) from step %d: predicted %.4f s/iter%s, exposed comm "
-          "%.4f s, peak %s; passes %s; planned in %.1f ms on %s%s",
+          "%.4f s, peak %s%s; passes %s; planned in %.1f ms on %s%s",
           version, reason, update.effective_step(),
           planned->prediction.iteration_s,
           profile.iteration_s > 0
@@ -745,10 +880,40 @@ void PlanningManager::PlanOne(const std::string& job_id,
               : std::string(),
           planned->prediction.exposed_comm_s,
           FormatBytes(planned->prediction.peak_bytes),
+          headroom > 0 ? absl::StrCat(" (headroom ", FormatBytes(headroom),
+                                      " of the budget kept free)")
+                       : std::string(),
           absl::StrJoin(planned->provenance.passes, ","), wall * 1e3,
           planned_on,
           assumed.empty() ? "" : absl::StrCat("; assumed: ", assumed)));
   if (publisher) publisher(job_id, update);
+}
+
+std::string PlanningManager::KeepActive(const std::string& job_id,
+                                        const std::string& reason) {
+  if (reason != "drift") return "";
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = state_.find(job_id);
+  if (it == state_.end() || it->second.schedules.empty() ||
+      it->second.guard_active) {
+    return "";
+  }
+  JobPlanning& state = it->second;
+  const v1::Schedule& active = state.schedules.back().schedule;
+  // Its median, else the window that drifted, else (unmeasured) the
+  // prediction.
+  double expected = active.prediction().iteration_s();
+  if (std::optional<ScheduleMeasurements::Summary> m =
+          state.measured.Summarize(active.version())) {
+    expected = m->median_s;
+  } else if (state.drift->window_median_s() > 0) {
+    expected = state.drift->window_median_s();
+  }
+  state.drift->SetPrediction(expected, active.prediction().peak_bytes());
+  return absl::StrFormat(
+      ", expected from now on at the %.4f s/iter it measured (drift is "
+      "watched against that)",
+      expected);
 }
 
 void PlanningManager::Forget(const std::string& job_id) {

@@ -14,9 +14,17 @@
 //     best one measured on the job (ScheduleMeasurements), whose plan is
 //     published again;
 //   - "cached": no plan: an identical earlier job's newest schedule, as soon
-//     as the graph and every rank's device are known (FindCachedPlan).
-// A failed plan is an event; the job keeps its current schedule. A plan
-// identical to one measured slower is not published.
+//     as the graph and every rank's device are known (FindCachedPlan);
+//   - "memory-guard": the first complete window measured under the
+//     least-memory schedule, which every rank switched to because a rank's
+//     peak came near the budget (OnMemoryGuard); the plan keeps, beyond
+//     MemoryHeadroom, what the job's peaks exceeded the tripped plan's
+//     prediction by.
+// Plans leave MemoryHeadroom of the budget free (PlanFromMeasurements). A
+// failed plan is an event; the job keeps its current schedule, except when
+// no schedule fits the budget by the measurements: the job fails naming the
+// smallest budget that fits. A plan identical to one measured slower is not
+// published, nor a drift plan identical to the active one (KeepActive).
 //
 // A job's state is dropped once the job has ended: as its late messages
 // arrive, when it is planned, and when another job starts. Nothing has to
@@ -102,6 +110,12 @@ class PlanningManager {
                   const v1::IterationProgress& progress);
   // All ranks switched to `version`.
   void OnScheduleActive(const std::string& job_id, int64_t version);
+  // The memory guard switched every rank to the least-memory schedule from
+  // `step` (each rank reports it; the first report of a step counts): an
+  // event, and a "memory-guard" re-plan from the next window measured under
+  // it. Unknown or ended jobs are ignored.
+  void OnMemoryGuard(const std::string& job_id, int32_t rank, int64_t step,
+                     const std::string& reason);
   // A rank registered: its device counts in the job's hardware model
   // (HardwareForJob). Unknown or ended jobs are ignored.
   void OnRankRegistered(const std::string& job_id, int32_t rank,
@@ -147,6 +161,14 @@ class PlanningManager {
     // step -> (slowest iteration_s, largest peak, ranks reported).
     std::map<int64_t, std::tuple<double, int64_t, int>> steps;
     int64_t max_step = 0;
+    // Largest peak measured (any rank) per schedule version.
+    std::map<int64_t, int64_t> peak_by_version;
+    // The memory guard: the step the ranks switched to the least-memory
+    // schedule (-1: never), whether they still run it, and the headroom the
+    // next plans keep beyond MemoryHeadroom.
+    int64_t guard_step = -1;
+    bool guard_active = false;
+    int64_t extra_headroom = 0;
     std::string pending_reason;
     bool queued = false;
   };
@@ -178,6 +200,15 @@ class PlanningManager {
   // Queues a plan for the job. Requires mu_.
   void QueueLocked(const std::string& job_id, JobPlanning& state,
                    const std::string& reason);
+  // A drift re-plan that publishes nothing (it failed, gave a plan measured
+  // slower before, or gave the active plan again) leaves the active
+  // schedule running: from now on the detector expects it at what it
+  // measured (its median, else the median of the window that drifted), so
+  // the same
+  // deviation does not fire again and a later change still does. Returns
+  // the clause for the event ("" for other reasons, or under the memory
+  // guard).
+  std::string KeepActive(const std::string& job_id, const std::string& reason);
   void PlannerLoop();
   void PlanOne(const std::string& job_id, const std::string& reason);
   void Fail(const std::string& job_id, const std::string& message);

@@ -23,6 +23,11 @@ absl::StatusOr<Profile> AggregateProfiles(
   for (const auto& [rank, p] : by_rank) {
     out.iteration_s = std::max(out.iteration_s, p.iteration_s);
     out.peak_bytes = std::max(out.peak_bytes, p.peak_bytes);
+    if (p.peak_min_bytes > 0) {
+      out.peak_min_bytes = out.peak_min_bytes > 0
+                               ? std::min(out.peak_min_bytes, p.peak_min_bytes)
+                               : p.peak_min_bytes;
+    }
     // The host link: the slowest rank's measured rate (the most seconds per
     // byte), its bytes and seconds kept together.
     if (p.host_copy_bytes > 0 && p.host_copy_s > 0 &&
@@ -32,13 +37,26 @@ absl::StatusOr<Profile> AggregateProfiles(
       out.host_copy_bytes = p.host_copy_bytes;
       out.host_copy_s = p.host_copy_s;
     }
+    // The interference probe: the most compute any rank lost per byte.
+    out.compute_s_per_allgather_byte = std::max(
+        out.compute_s_per_allgather_byte, p.compute_s_per_allgather_byte);
+    out.compute_s_per_reduce_scatter_byte =
+        std::max(out.compute_s_per_reduce_scatter_byte,
+                 p.compute_s_per_reduce_scatter_byte);
+    out.compute_s_per_copy_byte =
+        std::max(out.compute_s_per_copy_byte, p.compute_s_per_copy_byte);
     for (const NodeTiming& t : p.nodes) {
       auto [it, inserted] = node_index.emplace(t.node_id, out.nodes.size());
       if (inserted) {
         out.nodes.push_back(t);
-      } else {
-        out.nodes[it->second].time_s =
-            std::max(out.nodes[it->second].time_s, t.time_s);
+      } else if (t.time_s > out.nodes[it->second].time_s) {
+        // The slowest rank's time, with the bytes that moved alongside it
+        // on that rank (so the interference it suffered stays paired).
+        NodeTiming& kept = out.nodes[it->second];
+        kept.time_s = t.time_s;
+        kept.allgather_overlap_bytes = t.allgather_overlap_bytes;
+        kept.reduce_scatter_overlap_bytes = t.reduce_scatter_overlap_bytes;
+        kept.copy_overlap_bytes = t.copy_overlap_bytes;
       }
     }
     if (p.collectives.size() == out.collectives.size()) {

@@ -29,13 +29,14 @@ namespace tandem {
 
 // The aggregate of one window over ranks: iteration time, peak and each
 // node's time are the maxima over ranks (a node absent from the first rank's
-// profile is added). Collectives and memory samples are matched by position,
-// and only against ranks whose lists have the first rank's length (a rank
-// that recorded a different sequence cannot be matched entry by entry);
-// issue-to-done and exposed times, before and after bytes take the maxima.
-// Everything else (window, schedule version, samples, run times) is the
-// first rank's; rank is Profile::kAggregateRank. InvalidArgument when
-// `by_rank` is empty.
+// profile is added; a node's overlap bytes are those of the rank whose time
+// is kept), and so are the interference probe's compute seconds per byte.
+// Collectives and memory samples are matched by position, and only against
+// ranks whose lists have the first rank's length (a rank that recorded a
+// different sequence cannot be matched entry by entry); issue-to-done and
+// exposed times, before and after bytes take the maxima. Everything else
+// (window, schedule version, samples, run times) is the first rank's; rank is
+// Profile::kAggregateRank. InvalidArgument when `by_rank` is empty.
 absl::StatusOr<Profile> AggregateProfiles(
     const std::map<int32_t, Profile>& by_rank);
 

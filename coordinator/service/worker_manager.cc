@@ -313,6 +313,12 @@ absl::Status WorkerManager::OnMessage(int64_t session,
     }
     case v1::WorkerMessage::kApplied: {
       const v1::ScheduleApplied& a = message.applied();
+      if (a.version() < 0) {
+        // The least-memory fallback: not a published version.
+        Listener().OnMemoryGuard(job_id, rank, a.step(),
+                                 a.reason().substr(0, 4096));
+        return absl::OkStatus();
+      }
       bool all = false;
       {
         std::lock_guard<std::mutex> lock(mu_);

@@ -78,6 +78,10 @@ class WorkerEventListener {
                           const v1::IterationProgress& progress) {}
   // Every rank switched to schedule `version` (once per version).
   virtual void OnScheduleActive(const std::string& job_id, int64_t version) {}
+  // The memory guard switched every rank to the least-memory schedule from
+  // `step` (each rank reports it; `reason` is the rank's account).
+  virtual void OnMemoryGuard(const std::string& job_id, int32_t rank,
+                             int64_t step, const std::string& reason) {}
 };
 
 class WorkerManager {

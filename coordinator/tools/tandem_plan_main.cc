@@ -5,7 +5,7 @@
 //               [--profile FILE] [--hw "key=value ..."] [--budget BYTES]
 //               [--policy NAME] [--zero1] [--schedule FILE] [--compare]
 //               [--summary] [--profiled-schedule FILE] [--passes LIST]
-//               [--schedule-out FILE]
+//               [--schedule-out FILE] [--explain]
 //   tandem-plan --list-passes
 //
 // The graph comes from its text form or from the model builder; a profile
@@ -18,6 +18,10 @@
 // (the profile's peak less the simulated peak of the schedule it was measured
 // under) is counted in every plan (CalibrateMemory): that schedule is
 // --profiled-schedule, or the starting schedule for a profile of version 0.
+// --explain prints, after the predictions, the planner's decisions with
+// their simulated gains and binding constraints (FormatExplanation in
+// common/ir/explanation.h); with --schedule, the explanation stored in that
+// file.
 // Exit status: 0 on success, 2 on bad input (unknown flag, unreadable file,
 // parse error, invalid graph, profile or schedule, infeasible budget).
 #include <cmath>
@@ -40,6 +44,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/bytes.h"
+#include "common/ir/explanation.h"
 #include "common/ir/graph.h"
 #include "common/ir/profile.h"
 #include "common/ir/schedule.h"
@@ -94,6 +99,9 @@ constexpr char kUsage[] =
     "planning\n"
     "  --compare        one row per policy instead of a schedule\n"
     "  --summary        print the predictions without the schedule\n"
+    "  --explain        also print the planner's decisions: what each did, "
+    "the pass,\n"
+    "                   its simulated gain and cost, what binds it\n"
     "  --profiled-schedule FILE\n"
     "                   the schedule the profile was measured under (default "
     "for a\n"
@@ -116,6 +124,7 @@ struct Args {
   bool zero1 = false;
   bool compare = false;
   bool summary = false;
+  bool explain = false;
   bool help = false;
   bool list_passes = false;
 };
@@ -155,6 +164,7 @@ std::string ParseArgs(int argc, char** argv, Args& args) {
   const Switch switches[] = {
       {"--zero1", &args.zero1},     {"--compare", &args.compare},
       {"--summary", &args.summary}, {"--list-passes", &args.list_passes},
+      {"--explain", &args.explain},
       {"--help", &args.help},       {"-h", &args.help}};
   for (int i = 1; i < argc; ++i) {
     const absl::string_view arg = argv[i];
@@ -190,6 +200,10 @@ std::string ParseArgs(int argc, char** argv, Args& args) {
   }
   if (args.compare && !args.passes.empty()) {
     return "--compare plans every policy; it does not take --passes";
+  }
+  if (args.compare && args.explain) {
+    return "--compare prints one row per policy; plan one policy to "
+           "--explain it";
   }
   if (args.compare && !args.schedule_path.empty()) {
     return "--compare plans every policy; it does not take --schedule";
@@ -329,6 +343,14 @@ int EvaluateSchedule(const Args& args, const Graph& graph,
   if (!args.summary) std::fputs(PrintSchedule(*schedule).c_str(), stdout);
   PrintPredictions(absl::StrCat("predictions of ", args.schedule_path), *sim,
                    hw.budget(), 0, sim->peak_bytes <= hw.budget());
+  if (args.explain) {
+    absl::PrintF("# explanation stored in %s\n", args.schedule_path);
+    std::fputs(FormatExplanation(schedule->explanation,
+                                 schedule->prediction.iteration_s,
+                                 schedule->prediction.exposed_comm_s)
+                   .c_str(),
+               stdout);
+  }
   return 0;
 }
 
@@ -477,6 +499,14 @@ int Main(int argc, char** argv) {
                        : absl::StrCat("passes ", absl::StrJoin(passes, " ")),
                    ", graph ", graph->name, ", ", graph->world_size, " ranks)"),
       result->sim, hw->budget(), result->plan_wall_s, result->feasible);
+  if (args.explain) {
+    absl::PrintF("# explanation\n");
+    std::fputs(FormatExplanation(result->schedule.explanation,
+                                 result->sim.iteration_s,
+                                 result->sim.exposed_comm_s)
+                   .c_str(),
+               stdout);
+  }
   return 0;
 }
 

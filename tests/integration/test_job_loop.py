@@ -231,7 +231,10 @@ def test_reoptimize_and_injected_drift_take_effect(cluster):
         assert any("(reoptimize)" in m for m in msgs), msgs
         assert any(m.startswith("drift at step") for m in msgs), msgs
         assert any("(drift)" in m for m in msgs), msgs
-        assert client.get(job.id)[0].schedule_version >= 3
+        # The drift plan is published, or it was the active plan again and
+        # the job kept it (expected from then on at what it measured).
+        kept = any("(drift) gave the active" in m for m in msgs)
+        assert kept or client.get(job.id)[0].schedule_version >= 3, msgs
 
 
 def test_coordinator_restart_job_completes(cluster):

@@ -231,14 +231,18 @@ void WorkerAgent::ReportProgress(const v1::IterationProgress& progress) {
   Send(m, false);
 }
 
-void WorkerAgent::ReportApplied(int64_t version, int64_t step) {
-  {
+void WorkerAgent::ReportApplied(int64_t version, int64_t step,
+                                const std::string& reason) {
+  if (version >= 0) {
+    // The newest published version held (the least-memory fallback is not
+    // one): a reconnect gets only newer plans.
     std::lock_guard<std::mutex> lock(mu_);
     schedule_version_ = version;
   }
   v1::WorkerMessage m;
   m.mutable_applied()->set_version(version);
   m.mutable_applied()->set_step(step);
+  m.mutable_applied()->set_reason(reason);
   Send(m, false);
 }
 

@@ -71,7 +71,10 @@ class WorkerAgent {
   void ReportProfile(const v1::Profile& profile);
   void ReportTimeline(const v1::TimelineReport& timeline);
   void ReportProgress(const v1::IterationProgress& progress);
-  void ReportApplied(int64_t version, int64_t step);
+  // `reason`: why the worker switched on its own (the memory guard's
+  // switch to the least-memory schedule, version -1), empty otherwise.
+  void ReportApplied(int64_t version, int64_t step,
+                     const std::string& reason = "");
   void ReportError(const std::string& message, bool fatal);
 
   // The newest schedule update not yet taken.

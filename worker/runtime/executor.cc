@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/ir/validate.h"
+#include "common/lowering/least_memory.h"
 #include "common/lowering/schedule_semantics.h"
 #include "common/status_macros.h"
 #include "worker/runtime/torch_status.h"
@@ -168,7 +169,7 @@ struct Executor::IterationState {
 Executor::Executor(const Program* program, Graph graph,
                    ShardedParamStore* store, Communicator* comm,
                    MemoryMeter* meter, Schedule initial,
-                   ExecutorOptions options)
+                   std::optional<Schedule> fallback, ExecutorOptions options)
     : program_(program),
       graph_(std::move(graph)),
       store_(store),
@@ -177,7 +178,7 @@ Executor::Executor(const Program* program, Graph graph,
       options_(options),
       num_nodes_(static_cast<int>(program->nodes.size())),
       mode_(initial.mode),
-      slot_(std::move(initial)),
+      slot_(std::move(initial), std::move(fallback)),
       profiler_(options.profile, static_cast<int>(graph_.nodes.size())),
       step_(options.first_step) {}
 
@@ -205,9 +206,18 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(
     return absl::InvalidArgumentError("a memory meter is required");
   }
   RETURN_IF_ERROR(CheckRunnableSchedule(graph, initial));
-  std::unique_ptr<Executor> executor(new Executor(program, std::move(graph),
-                                                  store, comm, meter,
-                                                  std::move(initial), options));
+  std::optional<Schedule> fallback;
+  if (options.budget_bytes > 0) {
+    // The memory guard's fallback, checked like any schedule it may run.
+    // (ValidateSchedule wants a published version: check it as one.)
+    ASSIGN_OR_RETURN(fallback, LeastMemorySchedule(graph, initial.mode));
+    fallback->version = 0;
+    RETURN_IF_ERROR(CheckRunnableSchedule(graph, *fallback));
+    fallback->version = kLeastMemoryVersion;
+  }
+  std::unique_ptr<Executor> executor(
+      new Executor(program, std::move(graph), store, comm, meter,
+                   std::move(initial), std::move(fallback), options));
   RETURN_IF_ERROR(executor->Activate(executor->slot_.active()));
   RETURN_IF_ERROR(TorchCall("gathering persistent params",
                             [&] { executor->RefreshPersistent(nullptr); }));
@@ -253,6 +263,13 @@ absl::Status Executor::Activate(const Schedule& schedule) {
     ASSIGN_OR_RETURN(host_,
                      HostTier::Create(store_->device(), options_.offload_dir));
   }
+  const Schedule* least = slot_.fallback();
+  least_memory_active_ =
+      least != nullptr && schedule.mode == least->mode &&
+      schedule.groups == least->groups &&
+      schedule.persistent_param_ids == least->persistent_param_ids &&
+      schedule.offloads == least->offloads &&
+      schedule.actions == least->actions;
   active_ = std::move(p);
   return absl::OkStatus();
 }
@@ -352,6 +369,12 @@ void Executor::RunActions(int pos, AnchorPosition where) {
         for (int32_t id : a.param_ids) bytes += store_->full_bytes(id);
         it_->reduces.push_back({store_->ReduceScatterGrads(a.param_ids, *comm_),
                                 a.param_ids, a.node_id, bytes});
+        if (least_memory_active_) {
+          // The least-memory plan frees each gradient before backward goes
+          // on, so its peak does not depend on how fast the link drains.
+          const absl::Status reduced = it_->reduces.back().handle->Wait();
+          TORCH_CHECK(reduced.ok(), std::string(reduced.message()));
+        }
         break;
       }
       case ActionKind::kOffload: {
@@ -366,6 +389,13 @@ void Executor::RunActions(int pos, AnchorPosition where) {
         TORCH_CHECK(copy.ok(), std::string(copy.status().message()));
         it_->copies.push_back(
             {absl::StrCat("offload o", a.offload_id), bytes, *copy});
+        if (least_memory_active_ && *copy != nullptr) {
+          // The memory guard's fallback: its states leave before compute
+          // allocates, so its peak is the least any schedule reaches rather
+          // than a race with the copy thread.
+          const absl::Status copied = (*copy)->Wait();
+          TORCH_CHECK(copied.ok(), std::string(copied.message()));
+        }
         it_->offloaded_bytes += bytes;
         it_->max_offloaded_bytes =
             std::max(it_->max_offloaded_bytes, it_->offloaded_bytes);
@@ -478,6 +508,7 @@ absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
   meter_->ResetPeak();
   it_ = std::make_unique<IterationState>();
   const int64_t version = active_->schedule.version;
+  const bool least_memory = least_memory_active_;
   profiler_.BeginIteration(step_, version);
 
   for (int k = 0; k < graph_.micro_batches; ++k) {
@@ -510,15 +541,17 @@ absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
 
   // One exchange for the loss, the gradient norm and the schedule agreement.
   const SteadyTime optimizer_start = Now();
-  const ScheduleReport report = slot_.Report();
-  constexpr int kFields = 4;
+  const ScheduleReport report =
+      slot_.Report(NearBudget(std::max(meter_->peak_bytes(), last_peak_)));
+  constexpr int kFields = 5;
   const SteadyTime exchange_start = Now();
   ASSIGN_OR_RETURN(
       std::vector<double> all,
       comm_->AllGatherScalars({it_->loss_sum / graph_.micro_batches,
                                store_->ShardGradSquaredNorm(),
                                static_cast<double>(report.pending_version),
-                               static_cast<double>(report.not_before)}));
+                               static_cast<double>(report.not_before),
+                               report.near_budget ? 1.0 : 0.0}));
   it_->exposed_s += Since(exchange_start);
   profiler_.RecordExchange("exchange (loss, grad norm, schedule)",
                            exchange_start, Now());
@@ -531,6 +564,7 @@ absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
     squares += all[r * kFields + 1];
     reports[r].pending_version = static_cast<int64_t>(all[r * kFields + 2]);
     reports[r].not_before = static_cast<int64_t>(all[r * kFields + 3]);
+    reports[r].near_budget = all[r * kFields + 4] != 0;
   }
   loss /= world;
   const double norm = std::sqrt(squares);
@@ -565,6 +599,19 @@ absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
   if (const Schedule* next = slot_.Agree(reports, step_)) {
     previous = std::move(active_);
     RETURN_IF_ERROR(Activate(*next));
+    if (slot_.fallback_active()) {
+      std::vector<std::string> near;
+      for (int r = 0; r < world; ++r) {
+        if (reports[r].near_budget) near.push_back(absl::StrCat(r));
+      }
+      stats->memory_guard = true;
+      stats->guard_reason = absl::StrCat(
+          "memory guard: rank(s) ", absl::StrJoin(near, ", "),
+          " came within the guard band of memory.budget_bytes ",
+          options_.budget_bytes, " B under schedule v", version,
+          " (this rank's peak so far ", meter_->peak_bytes(),
+          " B); every rank runs the least-memory schedule from step ", step_);
+    }
   }
   RefreshPersistent(previous != nullptr ? previous.get() : active_.get());
 
@@ -585,15 +632,49 @@ absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
     }
   }
   profiler_.EndIteration(stats->iteration_s, stats->peak_bytes);
-  if (options_.budget_bytes > 0 && stats->peak_bytes > options_.budget_bytes) {
+  if (options_.budget_bytes <= 0) return absl::OkStatus();
+  const bool switched = previous != nullptr;
+  if (switched) {
+    guard_min_peak_ = -1;
+    guard_max_peak_ = 0;
+    last_peak_ = 0;
+  } else {
+    guard_min_peak_ = guard_min_peak_ < 0
+                          ? stats->peak_bytes
+                          : std::min(guard_min_peak_, stats->peak_bytes);
+    guard_max_peak_ = std::max(guard_max_peak_, stats->peak_bytes);
+    last_peak_ = stats->peak_bytes;
+  }
+  if (stats->peak_bytes <= options_.budget_bytes) return absl::OkStatus();
+  if (least_memory) {
+    // Rounded up to a MiB: a value to paste into the spec.
+    const int64_t mib = int64_t{1} << 20;
     return absl::ResourceExhaustedError(absl::StrCat(
         "step ", stats->step, ": peak memory ", stats->peak_bytes,
         " B exceeds memory.budget_bytes ", options_.budget_bytes,
-        " B under schedule v", version,
-        "; raise the budget or use a schedule that keeps fewer params "
-        "gathered"));
+        " B under the least-memory schedule (every optimizer state "
+        "offloaded), the smallest peak any schedule reaches: no schedule "
+        "fits this budget; set memory.budget_bytes: ",
+        (stats->peak_bytes + mib - 1) / mib,
+        "MiB or more, or shard over more ranks"));
   }
+  // A plan (or the baseline) went over: the next boundary's report says so
+  // and every rank switches to the least-memory schedule there.
   return absl::OkStatus();
+}
+
+bool Executor::NearBudget(int64_t peak) const {
+  if (options_.budget_bytes <= 0 || !slot_.has_fallback() ||
+      least_memory_active_) {
+    return false;
+  }
+  const int64_t spread =
+      guard_min_peak_ < 0 ? 0 : guard_max_peak_ - guard_min_peak_;
+  const int64_t band = std::max<int64_t>(
+      static_cast<int64_t>(options_.guard_band *
+                           static_cast<double>(options_.budget_bytes)),
+      spread);
+  return peak >= options_.budget_bytes - band;
 }
 
 absl::StatusOr<double> Executor::ParamChecksum() {

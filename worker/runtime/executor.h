@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,7 @@
 #include "common/ir/graph.h"
 #include "common/ir/profile.h"
 #include "common/ir/schedule.h"
+#include "common/lowering/least_memory.h"
 #include "worker/runtime/communicator.h"
 #include "worker/runtime/host_tier.h"
 #include "worker/runtime/memory_meter.h"
@@ -55,8 +57,16 @@ namespace tandem {
 
 struct ExecutorOptions {
   AdamWOptions adamw;
-  // Peak bytes an iteration may reach (the meter's); 0 disables the check.
+  // Peak bytes an iteration may reach (the meter's); 0 disables the check
+  // and the memory guard.
   int64_t budget_bytes = 0;
+  // Memory guard (worker/README.md, "Memory guard"), with budget_bytes > 0:
+  // the executor holds the least-memory schedule; a rank whose peak comes
+  // within the guard band of the budget (this fraction of it, or the spread
+  // of its peaks under the active schedule when that is larger) makes every
+  // rank switch to it at the next agreed boundary. A peak over the budget
+  // fails the step only under that schedule, when no schedule fits.
+  double guard_band = kMemoryGuardBand;
   bool profile = true;
   // Directory of the CPU host tier's files (HostTier::Create; empty: the
   // default). Used only by schedules that offload.
@@ -85,6 +95,10 @@ struct StepStats {
   double exposed_copy_s = 0;
   // Most bytes of optimizer state on the host tier during the iteration.
   int64_t offloaded_bytes = 0;
+  // The memory guard switched every rank to the least-memory schedule after
+  // this step; guard_reason says which peak tripped it.
+  bool memory_guard = false;
+  std::string guard_reason;
 };
 
 // Checks that this runtime can execute `schedule` on `graph`: the graph hash
@@ -141,7 +155,10 @@ class Executor {
   struct IterationState;
   Executor(const Program* program, Graph graph, ShardedParamStore* store,
            Communicator* comm, MemoryMeter* meter, Schedule initial,
-           ExecutorOptions options);
+           std::optional<Schedule> fallback, ExecutorOptions options);
+  // The guard's verdict for this rank, from its peaks under the active
+  // schedule (guard_peaks_) and the peak so far.
+  bool NearBudget(int64_t peak) const;
 
   absl::Status Activate(const Schedule& schedule);
   absl::Status RunStepImpl(absl::Span<const MicroBatch> batches,
@@ -178,6 +195,14 @@ class Executor {
   // copies in flight.
   std::unique_ptr<HostTier> host_;
   int64_t step_ = 0;
+  // Smallest and largest step peak under the active schedule (-1: none
+  // yet), and the last step's: the guard band's measured spread.
+  int64_t guard_min_peak_ = -1;
+  int64_t guard_max_peak_ = 0;
+  int64_t last_peak_ = 0;
+  // The active schedule runs the least-memory plan (the fallback, or a
+  // published plan identical to it): nothing to fall back to.
+  bool least_memory_active_ = false;
   absl::Status broken_;
 };
 

@@ -1,7 +1,9 @@
 #include "worker/runtime/profiler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
+#include <vector>
 
 namespace tandem {
 
@@ -73,26 +75,120 @@ void Profiler::RecordCopy(absl::string_view label, int64_t bytes,
 void Profiler::EndIteration(double iteration_s, int64_t peak_bytes) {
   if (!enabled_) return;
   timeline_.End(iteration_s, peak_bytes);
+  AccumulateOverlaps(timeline_.last());
   ++iterations_;
   iteration_sum_s_ += iteration_s;
   peak_bytes_ = std::max(peak_bytes_, peak_bytes);
+  peak_min_bytes_ =
+      peak_min_bytes_ > 0 ? std::min(peak_min_bytes_, peak_bytes) : peak_bytes;
+}
+
+void Profiler::SetInterference(double per_allgather_byte,
+                               double per_reduce_scatter_byte,
+                               double per_copy_byte) {
+  per_allgather_byte_ = per_allgather_byte;
+  per_reduce_scatter_byte_ = per_reduce_scatter_byte;
+  per_copy_byte_ = per_copy_byte;
+}
+
+std::vector<NodeOverlap> NodeOverlaps(const IterationTimeline::Iteration& it) {
+  using Kind = IterationTimeline::SpanKind;
+  // Transfers of one stream run one at a time, so sorted by start their
+  // ends increase too, and one cursor per stream skips those already over.
+  std::vector<const IterationTimeline::Span*> comm;
+  std::vector<const IterationTimeline::Span*> copies;
+  std::vector<const IterationTimeline::Span*> nodes;
+  for (const IterationTimeline::Span& s : it.spans) {
+    if (s.kind == Kind::kNode) {
+      nodes.push_back(&s);
+    } else if (s.duration_s > 0 && s.bytes > 0) {
+      if (s.kind == Kind::kCollective) comm.push_back(&s);
+      if (s.kind == Kind::kCopy) copies.push_back(&s);
+    }
+  }
+  auto by_start = [](const IterationTimeline::Span* a,
+                     const IterationTimeline::Span* b) {
+    return a->start_s < b->start_s;
+  };
+  std::sort(comm.begin(), comm.end(), by_start);
+  std::sort(copies.begin(), copies.end(), by_start);
+  std::sort(nodes.begin(), nodes.end(), by_start);
+  // Bytes of the transfers in `stream` that moved during [start, end):
+  // calls `add(span, bytes)` for each.
+  auto overlap = [](const std::vector<const IterationTimeline::Span*>& stream,
+                    size_t* cursor, double start, double end, auto add) {
+    while (*cursor < stream.size() &&
+           stream[*cursor]->start_s + stream[*cursor]->duration_s <= start) {
+      ++*cursor;
+    }
+    for (size_t i = *cursor; i < stream.size() && stream[i]->start_s < end;
+         ++i) {
+      const IterationTimeline::Span& t = *stream[i];
+      const double both =
+          std::min(end, t.start_s + t.duration_s) - std::max(start, t.start_s);
+      if (both > 0) {
+        add(t, static_cast<double>(t.bytes) * both / t.duration_s);
+      }
+    }
+  };
+  std::vector<NodeOverlap> out;
+  out.reserve(nodes.size());
+  size_t comm_cursor = 0;
+  size_t copy_cursor = 0;
+  for (const IterationTimeline::Span* n : nodes) {
+    NodeOverlap& a = out.emplace_back();
+    a.node_id = n->node_id;
+    const double end = n->start_s + n->duration_s;
+    overlap(comm, &comm_cursor, n->start_s, end,
+            [&a](const IterationTimeline::Span& t, double bytes) {
+              (t.collective == CollectiveKind::kAllGather
+                   ? a.allgather_bytes
+                   : a.reduce_scatter_bytes) += bytes;
+            });
+    overlap(copies, &copy_cursor, n->start_s, end,
+            [&a](const IterationTimeline::Span&, double bytes) {
+              a.copy_bytes += bytes;
+            });
+  }
+  return out;
+}
+
+void Profiler::AccumulateOverlaps(const IterationTimeline::Iteration& it) {
+  for (const NodeOverlap& o : NodeOverlaps(it)) {
+    if (o.node_id < 0 || static_cast<size_t>(o.node_id) >= nodes_.size()) {
+      continue;
+    }
+    Accumulator& a = nodes_[o.node_id];
+    a.allgather_overlap += o.allgather_bytes;
+    a.reduce_scatter_overlap += o.reduce_scatter_bytes;
+    a.copy_overlap += o.copy_bytes;
+  }
 }
 
 Profile Profiler::Snapshot(const std::string& graph_hash, int32_t rank) const {
   Profile p;
   p.graph_hash = graph_hash;
   p.rank = rank;
-  p.schedule_version = std::max<int64_t>(version_, 0);
+  p.schedule_version = version_ == kNoVersion ? 0 : version_;
   p.first_iteration = first_iteration_;
   p.last_iteration = last_iteration_;
   p.iteration_s = iterations_ > 0 ? iteration_sum_s_ / iterations_ : 0;
   p.peak_bytes = peak_bytes_;
+  p.peak_min_bytes = peak_min_bytes_;
   p.host_copy_bytes = host_copy_bytes_;
   p.host_copy_s = host_copy_s_;
+  p.compute_s_per_allgather_byte = per_allgather_byte_;
+  p.compute_s_per_reduce_scatter_byte = per_reduce_scatter_byte_;
+  p.compute_s_per_copy_byte = per_copy_byte_;
   for (size_t i = 0; i < nodes_.size(); ++i) {
     const Accumulator& a = nodes_[i];
     if (a.samples == 0) continue;
-    p.nodes.push_back({static_cast<int32_t>(i), a.sum / a.samples, a.samples});
+    auto mean = [&a](double sum) {
+      return static_cast<int64_t>(std::llround(sum / a.samples));
+    };
+    p.nodes.push_back({static_cast<int32_t>(i), a.sum / a.samples, a.samples,
+                       mean(a.allgather_overlap),
+                       mean(a.reduce_scatter_overlap), mean(a.copy_overlap)});
   }
   for (const auto& [key, a] : collectives_) {
     CollectiveTiming t = a.last;
@@ -111,6 +207,7 @@ void Profiler::Reset() {
   iterations_ = 0;
   iteration_sum_s_ = 0;
   peak_bytes_ = 0;
+  peak_min_bytes_ = 0;
   host_copy_bytes_ = 0;
   host_copy_s_ = 0;
   std::fill(nodes_.begin(), nodes_.end(), Accumulator{});

@@ -8,6 +8,7 @@
 #define TANDEM_WORKER_RUNTIME_PROFILER_H_
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 #include <tuple>
@@ -17,6 +18,18 @@
 #include "worker/runtime/iteration_timeline.h"
 
 namespace tandem {
+
+// Bytes all-gathers, reduce-scatters and host copies moved while one node
+// of an iteration computed: each transfer's bytes times the share of its
+// span inside the node's span (NodeTiming's overlap bytes).
+struct NodeOverlap {
+  int32_t node_id = 0;
+  double allgather_bytes = 0;
+  double reduce_scatter_bytes = 0;
+  double copy_bytes = 0;
+};
+// One entry per node span of `it`, in start order.
+std::vector<NodeOverlap> NodeOverlaps(const IterationTimeline::Iteration& it);
 
 class Profiler {
  public:
@@ -46,6 +59,10 @@ class Profiler {
                   TimelineClock::time_point start,
                   TimelineClock::time_point end);
   void EndIteration(double iteration_s, int64_t peak_bytes);
+  // The interference probe's compute seconds per byte moved
+  // (interference_probe.h), reported in every snapshot.
+  void SetInterference(double per_allgather_byte,
+                       double per_reduce_scatter_byte, double per_copy_byte);
 
   // The window's averages (memory: the largest seen at each boundary).
   Profile Snapshot(const std::string& graph_hash, int32_t rank) const;
@@ -60,7 +77,14 @@ class Profiler {
   struct Accumulator {
     double sum = 0;
     int32_t samples = 0;
+    // Bytes moved alongside the node's compute, by all-gathers,
+    // reduce-scatters and copies (summed over samples).
+    double allgather_overlap = 0;
+    double reduce_scatter_overlap = 0;
+    double copy_overlap = 0;
   };
+  // Adds each node's overlap bytes in the iteration just ended.
+  void AccumulateOverlaps(const IterationTimeline::Iteration& it);
   struct CollectiveAccumulator {
     CollectiveTiming last;
     double issue_to_done_sum = 0;
@@ -71,14 +95,22 @@ class Profiler {
   using CollectiveKey = std::tuple<int, int32_t, int32_t, std::vector<int32_t>>;
 
   bool enabled_;
-  int64_t version_ = -1;
+  // kNoVersion before the first iteration (-1 is the least-memory
+  // fallback's version, common/lowering/least_memory.h).
+  static constexpr int64_t kNoVersion = std::numeric_limits<int64_t>::min();
+  int64_t version_ = kNoVersion;
   int64_t first_iteration_ = 0;
   int64_t last_iteration_ = 0;
   int iterations_ = 0;
   double iteration_sum_s_ = 0;
   int64_t peak_bytes_ = 0;
+  // The smallest iteration peak in the window (0: no iteration yet).
+  int64_t peak_min_bytes_ = 0;
   int64_t host_copy_bytes_ = 0;
   double host_copy_s_ = 0;
+  double per_allgather_byte_ = 0;
+  double per_reduce_scatter_byte_ = 0;
+  double per_copy_byte_ = 0;
   std::vector<Accumulator> nodes_;
   std::vector<MemorySample> memory_;
   std::vector<bool> has_memory_;

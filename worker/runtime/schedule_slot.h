@@ -11,6 +11,13 @@
 // at least every rank's not_before. A rank that receives v late only delays
 // the switch; it never splits it.
 //
+// The memory guard (worker/README.md, "Memory guard"): the slot may hold a
+// fallback, the least-memory schedule (common/lowering/least_memory.h). When
+// any rank's report says its peak came near the budget, every rank switches
+// to the fallback at that boundary, whatever is pending, and drops the
+// pending schedule (planned before the guard tripped); the coordinator's next
+// plan, newer than every version seen, replaces the fallback the usual way.
+//
 // No libtorch: the agreement rule is tested in isolation.
 #ifndef TANDEM_WORKER_RUNTIME_SCHEDULE_SLOT_H_
 #define TANDEM_WORKER_RUNTIME_SCHEDULE_SLOT_H_
@@ -18,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
@@ -29,31 +37,48 @@ struct ScheduleReport {
   // Version of the pending schedule, 0 when none.
   int64_t pending_version = 0;
   int64_t not_before = 0;
+  // This rank's peak came within the guard band of the budget (or over it).
+  bool near_budget = false;
 };
 
 class ScheduleSlot {
  public:
-  explicit ScheduleSlot(Schedule initial);
+  // `fallback`, when given, is what the memory guard switches to; its
+  // version must differ from every published one (kLeastMemoryVersion).
+  explicit ScheduleSlot(Schedule initial,
+                        std::optional<Schedule> fallback = std::nullopt);
 
   // Thread-safe (the agent's session thread offers while the compute thread
   // trains). Replaces an older pending schedule. Errors: InvalidArgument when
-  // the version is not newer than the active and the pending ones.
+  // the version is not newer than every version the slot has held or been
+  // offered (active, pending, or dropped when the guard tripped).
   absl::Status Offer(Schedule schedule, int64_t not_before_iteration);
 
-  // What this rank reports at the iteration boundary. Remembers the pending
-  // schedule it reported, so a newer Offer between Report and Agree cannot
-  // make this rank decide differently from the others.
-  ScheduleReport Report();
+  // What this rank reports at the iteration boundary; `near_budget` is the
+  // executor's guard verdict for this rank. Remembers the pending schedule
+  // it reported, so a newer Offer between Report and Agree cannot make this
+  // rank decide differently from the others.
+  ScheduleReport Report(bool near_budget = false);
 
   // Given every rank's report (in rank order, identical on every rank) at
-  // the boundary before `next_iteration`, switches when all agree. Returns
-  // the newly active schedule, or nullptr when nothing changes.
+  // the boundary before `next_iteration`, switches when all agree, or to the
+  // fallback when any rank is near the budget and the fallback is held and
+  // not active. Returns the newly active schedule, or nullptr when nothing
+  // changes.
   const Schedule* Agree(absl::Span<const ScheduleReport> reports,
                         int64_t next_iteration);
 
   // Only the compute thread calls these; the active schedule changes only in
   // Agree.
   const Schedule& active() const { return active_; }
+  bool has_fallback() const { return fallback_.has_value(); }
+  // The fallback, or nullptr.
+  const Schedule* fallback() const {
+    return fallback_.has_value() ? &*fallback_ : nullptr;
+  }
+  bool fallback_active() const {
+    return fallback_.has_value() && active_.version == fallback_->version;
+  }
 
  private:
   struct Pending {
@@ -62,10 +87,12 @@ class ScheduleSlot {
   };
   mutable std::mutex mu_;
   std::shared_ptr<const Pending> pending_;  // guarded by mu_
-  int64_t active_version_;                  // guarded by mu_
+  // The newest version held or offered, the fallback's aside.
+  int64_t newest_version_;  // guarded by mu_
   // Compute thread only.
   std::shared_ptr<const Pending> reported_;
   Schedule active_;
+  const std::optional<Schedule> fallback_;
 };
 
 }  // namespace tandem

@@ -17,6 +17,7 @@
 #include "common/status_macros.h"
 #include "worker/data/micro_batch.h"
 #include "worker/models/builtin_models.h"
+#include "worker/runtime/interference_probe.h"
 #include "worker/runtime/torch_status.h"
 
 namespace tandem {
@@ -187,6 +188,23 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
             : absl::StrCat("in ", tuning.chunk_bytes >> 10, " KiB pieces"));
   }
   job->device_ = options.device;
+  InterferenceProbe interference;
+  if (options.interference_probe) {
+    InterferenceProbeOptions probe_options;
+    probe_options.link_bytes_per_s = tuning.rate();
+    probe_options.offload_dir = options.offload_dir;
+    ASSIGN_OR_RETURN(
+        interference,
+        MeasureInterference(*job->comm_, options.device, probe_options));
+    absl::FPrintF(stderr,
+                  "rank %d: transfers take compute: %.3g s per GB "
+                  "all-gathered, %.3g reduce-scattered, %.3g copied to the "
+                  "host tier (probe %.2f s)\n",
+                  rank, interference.compute_s_per_allgather_byte * 1e9,
+                  interference.compute_s_per_reduce_scatter_byte * 1e9,
+                  interference.compute_s_per_copy_byte * 1e9,
+                  interference.probe_s);
+  }
   ASSIGN_OR_RETURN(
       job->store_,
       ShardedParamStore::Create(model->program, rank, world, options.device));
@@ -210,6 +228,10 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
       job->executor_,
       Executor::Create(&model->program, model->graph, job->store_.get(),
                        job->comm_.get(), meter, std::move(initial), exec));
+  job->executor_->profiler().SetInterference(
+      interference.compute_s_per_allgather_byte,
+      interference.compute_s_per_reduce_scatter_byte,
+      interference.compute_s_per_copy_byte);
   job->meter_ = meter;
   job->budget_bytes_ = spec.memory().budget_bytes();
   for (int32_t id = 0; id < job->store_->num_params(); ++id) {

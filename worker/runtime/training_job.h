@@ -53,6 +53,9 @@ struct TrainingJobOptions {
   // micro-batches live: the CPU or one GPU (cuda:N, current on the calling
   // thread).
   at::Device device = at::Device(at::kCPU);
+  // Measure what transfers take from compute at start (interference
+  // probe, a few tenths of a second) and report it in every profile.
+  bool interference_probe = true;
 };
 
 class TrainingJob {

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/ir/proto_convert.h"
+#include "common/lowering/least_memory.h"
 #include "common/status_macros.h"
 #include "worker/agent/worker_agent.h"
 #include "worker/runtime/iteration_timeline.h"
@@ -177,8 +178,16 @@ absl::Status Train(const AgentTrainerOptions& options, MemoryMeter* meter,
     out.flush();
     if (s.schedule_version != applied_version) {
       applied_version = s.schedule_version;
-      agent.ReportApplied(applied_version, step);
+      if (applied_version != kLeastMemoryVersion) {
+        agent.ReportApplied(applied_version, step);
+      }
       in_window = 0;  // the profiler started a new window
+    }
+    if (s.memory_guard) {
+      // Every rank runs the least-memory schedule from the next step: the
+      // coordinator re-plans from the profile measured under it.
+      std::fprintf(stderr, "tandem-worker: %s\n", s.guard_reason.c_str());
+      agent.ReportApplied(kLeastMemoryVersion, step + 1, s.guard_reason);
     }
     v1::IterationProgress progress;
     progress.set_step(step + 1);

@@ -6,7 +6,7 @@
     tandem list [--state S] [--limit N]
     tandem cancel JOB [--reason R]
     tandem reoptimize JOB [--reason R]
-    tandem schedule JOB [--version N]
+    tandem schedule JOB [--version N] [--explain]
     tandem timeline JOB -o trace.json [--rank R]
 
 Exit status: 0 on success (for watch: the job SUCCEEDED); 1 when the
@@ -144,6 +144,12 @@ def cmd_reoptimize(client, args):
 
 
 def cmd_schedule(client, args):
+    if args.explain:
+        e = client.explain(args.job, version=args.version)
+        _out("# schedule v%d of job %s: %d decisions" %
+             (e.version, args.job, len(e.decisions)))
+        sys.stdout.write(e.text if e.text.endswith("\n") else e.text + "\n")
+        return EXIT_OK
     result = client.schedule(args.job, version=args.version)
     text = result.text
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
@@ -311,6 +317,10 @@ def build_parser():
     sp.add_argument("job", metavar="JOB")
     sp.add_argument("--version", type=int, default=0,
                     help="schedule version (default 0: the active one)")
+    sp.add_argument("--explain", action="store_true",
+                    help="print the planner's decisions instead: what each "
+                    "decided, the pass, its simulated gain and cost, and "
+                    "what binds it")
 
     sp = add("timeline", cmd_timeline,
              "write the latest iteration of each rank as a Chrome/Perfetto "

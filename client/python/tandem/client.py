@@ -7,7 +7,8 @@ import grpc
 
 from tandem import spec as spec_mod
 from tandem.errors import SpecError, TandemError
-from tandem.v1 import job_pb2, job_service_pb2, job_service_pb2_grpc
+from tandem.v1 import (job_pb2, job_service_pb2, job_service_pb2_grpc,
+                       schedule_pb2)
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 ENV_ADDRESS = "TANDEM_COORDINATOR"
@@ -16,9 +17,66 @@ ENV_ADDRESS = "TANDEM_COORDINATOR"
 JobStatus = collections.namedtuple("JobStatus", ["job", "events"])
 # schedule(): the readable text form and the tandem.v1.Schedule proto.
 ScheduleResult = collections.namedtuple("ScheduleResult", ["text", "schedule"])
+# explain(): why a schedule is what it is (common/README.md, "Explanation"):
+# the planner's decisions in the order applied, each with its simulated gain.
+# The gains add up to baseline_iteration_s - plan_iteration_s; `text` is the
+# readable table `tandem schedule JOB --explain` prints.
+Explanation = collections.namedtuple("Explanation", [
+    "version", "baseline_iteration_s", "baseline_exposed_comm_s",
+    "baseline_peak_bytes", "plan_iteration_s", "plan_exposed_comm_s",
+    "decisions", "text"])
+# One decision: kind ("prefetch", "fuse", "keep", "persist", "offload",
+# "return", "zero1-buckets", "pass", "policy", "least-memory"), the pass that
+# made it, what it did, its simulated gain in seconds (iteration time and
+# exposed communication), the bytes it holds or moves, its change of the
+# simulated peak, the binding constraint, and the ids it concerns (node_id:
+# None when it has none).
+Decision = collections.namedtuple("Decision", [
+    "kind", "pass_name", "what", "gain_s", "exposed_gain_s", "held_bytes",
+    "peak_delta_bytes", "binding", "group_ids", "param_ids", "offload_ids",
+    "node_id"])
+# What binds a decision: kind "none", "memory" (the peak `bytes` at node
+# `node_id` against `limit_bytes`), "link" or "host-link".
+Binding = collections.namedtuple("Binding", [
+    "kind", "node_id", "bytes", "limit_bytes"])
 
 TERMINAL_STATES = (job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED,
                    job_pb2.JOB_STATE_CANCELLED)
+
+
+def _kind_name(enum_desc, number):
+    """``DECISION_KIND_ZERO1_BUCKETS`` → ``zero1-buckets``."""
+    return spec_mod.enum_short_name(enum_desc, number).replace("_", "-")
+
+
+def explanation_from_proto(schedule, text=""):
+    """An ``Explanation`` from a ``tandem.v1.Schedule``."""
+    e = schedule.explanation
+    decisions = []
+    for d in e.decisions:
+        b = d.binding
+        decisions.append(Decision(
+            kind=_kind_name(schedule_pb2.DecisionKind.DESCRIPTOR, d.kind),
+            pass_name=getattr(d, "pass"), what=d.what, gain_s=d.gain_s,
+            exposed_gain_s=d.exposed_gain_s, held_bytes=d.held_bytes,
+            peak_delta_bytes=d.peak_delta_bytes,
+            binding=Binding(
+                kind=("none" if b.kind == schedule_pb2.BINDING_KIND_UNSPECIFIED
+                      else _kind_name(schedule_pb2.BindingKind.DESCRIPTOR,
+                                      b.kind)),
+                node_id=b.node_id if b.HasField("node_id") else None,
+                bytes=b.bytes, limit_bytes=b.limit_bytes),
+            group_ids=list(d.group_ids), param_ids=list(d.param_ids),
+            offload_ids=list(d.offload_ids),
+            node_id=d.node_id if d.HasField("node_id") else None))
+    return Explanation(
+        version=schedule.version,
+        baseline_iteration_s=e.baseline_iteration_s,
+        baseline_exposed_comm_s=e.baseline_exposed_comm_s,
+        baseline_peak_bytes=e.baseline_peak_bytes,
+        plan_iteration_s=schedule.prediction.iteration_s,
+        plan_exposed_comm_s=schedule.prediction.exposed_comm_s,
+        decisions=decisions, text=text)
 
 
 def default_address():
@@ -177,3 +235,12 @@ class Client:
                        job_service_pb2.GetScheduleRequest(job_id=job_id,
                                                           version=version))
         return ScheduleResult(r.text, r.schedule)
+
+    def explain(self, job_id, version=0):
+        """``Explanation`` of a schedule version (0: the active one): the
+        planner's decisions, stored with the schedule, so a restarted
+        coordinator still has them."""
+        r = self._call(self._jobs.GetSchedule,
+                       job_service_pb2.GetScheduleRequest(job_id=job_id,
+                                                          version=version))
+        return explanation_from_proto(r.schedule, r.explanation)

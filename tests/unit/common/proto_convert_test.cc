@@ -122,6 +122,13 @@ TEST(ProtoConvertTest, Profile_RoundTrip_IsEqual) {
   Profile p = TwoLayerProfile(g);
   p.host_copy_bytes = 12345;
   p.host_copy_s = 0.5;
+  p.compute_s_per_allgather_byte = 1.5e-9;
+  p.compute_s_per_reduce_scatter_byte = 2.5e-9;
+  p.compute_s_per_copy_byte = 3e-10;
+  ASSERT_FALSE(p.nodes.empty());
+  p.nodes[0].allgather_overlap_bytes = 111;
+  p.nodes[0].reduce_scatter_overlap_bytes = 222;
+  p.nodes[0].copy_overlap_bytes = 333;
   auto back = FromProto(ToProto(p));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(*back, p);

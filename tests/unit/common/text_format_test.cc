@@ -631,6 +631,27 @@ TEST(PrintProfileTest, HostCopies_PrintedWhenMeasuredAndRoundTrip) {
   EXPECT_EQ(PrintProfile(MakeProfile()).find("copied="), std::string::npos);
 }
 
+TEST(PrintProfileTest, Interference_PrintedWhenMeasuredAndRoundTrip) {
+  Profile profile = MakeProfile();
+  profile.compute_s_per_allgather_byte = 2e-9;
+  profile.compute_s_per_reduce_scatter_byte = 3e-9;
+  profile.nodes[0].allgather_overlap_bytes = 4096;
+  profile.nodes[0].reduce_scatter_overlap_bytes = 100;
+  profile.nodes[1].copy_overlap_bytes = 7;
+  const std::string text = PrintProfile(profile);
+  EXPECT_PRED2(Contains, text,
+               " ag_cpu_per_byte=2e-09 rs_cpu_per_byte=3e-09\n");
+  EXPECT_PRED2(Contains, text, " ag_overlap=4096 rs_overlap=100\n");
+  EXPECT_PRED2(Contains, text, " copy_overlap=7\n");
+  absl::StatusOr<Profile> parsed = ParseProfile(text);
+  ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << text;
+  EXPECT_EQ(*parsed, profile);
+  // Unmeasured: the lines keep their old form.
+  EXPECT_EQ(PrintProfile(MakeProfile()).find("cpu_per_byte"),
+            std::string::npos);
+  EXPECT_EQ(PrintProfile(MakeProfile()).find("overlap="), std::string::npos);
+}
+
 TEST(ParseProfileTest, ParseProfile_Fixture_MatchesGraphFixture) {
   absl::StatusOr<Graph> graph = ParseGraph(ReadTestdata("tiny_graph.txt"));
   ASSERT_TRUE(graph.ok()) << graph.status();
@@ -849,7 +870,7 @@ const MalformedCase kMalformedCases[] = {
     {"UnknownAnchor", Doc::kSchedule,
      "schedule v1 graph=abc\naround n1 wait g0\n", "line 2: ",
      "unknown statement 'around' in a schedule (expected group, persistent, "
-     "offload, before, after, predict or provenance)"},
+     "offload, before, after, predict, provenance, explain or decision)"},
     {"DuplicatePredict", Doc::kSchedule,
      "schedule v1 graph=abc\npredict iteration=1\npredict iteration=2\n",
      "line 3: ", "duplicate 'predict' line (the first is at line 2)"},

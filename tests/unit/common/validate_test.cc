@@ -313,6 +313,13 @@ INSTANTIATE_TEST_SUITE_P(
         ProfileCase{"negative node time",
                     [](Profile& p) { p.nodes[1].time_s = -1; },
                     {"time of n5 is -1"}},
+        ProfileCase{
+            "negative overlap bytes",
+            [](Profile& p) { p.nodes[1].reduce_scatter_overlap_bytes = -5; },
+            {"with 0, -5 and 0 bytes moved alongside"}},
+        ProfileCase{"negative interference",
+                    [](Profile& p) { p.compute_s_per_copy_byte = -1e-9; },
+                    {"compute seconds per transferred byte"}},
         ProfileCase{"collective unknown node",
                     [](Profile& p) { p.collectives[0].node_id = 60; },
                     {"allgather at n60 names an unknown node"}},

@@ -110,6 +110,89 @@ TEST(ApplyProfileTest, ProfileOfAnotherGraph_FailsNamingTheHash) {
   EXPECT_THAT(profiled.status().message(), HasSubstr("0123456789abcdef"));
 }
 
+TEST(ApplyProfileTest, InterferenceTakenOutOfMeasuredTimes) {
+  const Graph graph = TinyGraph();
+  Profile profile = TinyProfile();
+  profile.compute_s_per_allgather_byte = 1e-9;
+  profile.compute_s_per_reduce_scatter_byte = 2e-9;
+  profile.compute_s_per_copy_byte = 0.5e-9;
+  ASSERT_FALSE(profile.nodes.empty());
+  NodeTiming& t = profile.nodes[0];
+  t.time_s = 0.01;
+  // 1 MB gathered, 1 MB reduced and 2 MB copied alongside: 1 + 2 + 1 ms.
+  t.allgather_overlap_bytes = 1000000;
+  t.reduce_scatter_overlap_bytes = 1000000;
+  t.copy_overlap_bytes = 2000000;
+  absl::StatusOr<Graph> timed = ApplyProfile(graph, profile);
+  ASSERT_TRUE(timed.ok()) << timed.status();
+  const GraphIndex index(*timed);
+  EXPECT_NEAR(timed->nodes[index.NodePos(t.node_id)].time_s, 0.006, 1e-12);
+  // Never more than 90% of a measured time.
+  t.copy_overlap_bytes = 1000000000;
+  timed = ApplyProfile(graph, profile);
+  ASSERT_TRUE(timed.ok()) << timed.status();
+  EXPECT_NEAR(timed->nodes[index.NodePos(t.node_id)].time_s, 0.001, 1e-12);
+}
+
+// A job whose transfers really cost twice what the probe measured: the
+// schedules it ran measured accordingly, and the refit finds the factor, so
+// the plan is priced with what the machine does.
+TEST(CalibrateWithEvidenceTest, MeasuredSchedules_RefitInterferenceScale) {
+  absl::StatusOr<ModelConfig> config =
+      ParseModelConfig("preset=tiny-llama world=2");
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<Graph> graph = BuildModelGraph(*config);
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  // CPU-like node times, so that hidden transfers slow compute, which
+  // bounds the iteration.
+  for (Node& n : graph->nodes) n.time_s *= 1000;
+  absl::StatusOr<HardwareModel> hw =
+      ParseHardwareModel("world=2 intra_gbps=2 inter_gbps=2");
+  ASSERT_TRUE(hw.ok()) << hw.status();
+  Profile profile;
+  profile.graph_hash = graph->StructuralHash();
+  profile.compute_s_per_allgather_byte = 1e-10;
+  profile.compute_s_per_reduce_scatter_byte = 1e-10;
+
+  PlanOptions options;
+  options.policy = Policy::kDeepCompile;
+  absl::StatusOr<PlanResult> prefetching =
+      PlanFromMeasurements(*graph, *hw, &profile, nullptr, options);
+  ASSERT_TRUE(prefetching.ok()) << prefetching.status();
+  absl::StatusOr<Schedule> baseline =
+      StartingSchedule(*graph, ShardingMode::kZero3);
+  ASSERT_TRUE(baseline.ok()) << baseline.status();
+
+  // What the machine does: twice the probe's cost per byte.
+  HardwareModel real = prefetching->hw;
+  real.compute_s_per_allgather_byte = 2e-10;
+  real.compute_s_per_reduce_scatter_byte = 2e-10;
+  std::vector<std::pair<Schedule, double>> measured;
+  for (const Schedule* s : {&*baseline, &prefetching->schedule}) {
+    absl::StatusOr<SimResult> sim = Simulate(*graph, *s, real);
+    ASSERT_TRUE(sim.ok()) << sim.status();
+    measured.emplace_back(*s, sim->iteration_s);
+  }
+  ASSERT_GT(prefetching->sim.interference_s, 0);
+  ASSERT_GT(prefetching->sim.compute_s, prefetching->sim.comm_s)
+      << "compute must bound the iteration for interference to show";
+
+  InterferenceRefit refit;
+  absl::StatusOr<Calibrated> calibrated = CalibrateWithEvidence(
+      *graph, *hw, &profile, nullptr, ShardingMode::kZero3, measured, &refit);
+  ASSERT_TRUE(calibrated.ok()) << calibrated.status();
+  EXPECT_NEAR(refit.scale, 2.0, 0.02);
+  EXPECT_LT(refit.error, 1e-4);
+  EXPECT_GT(refit.probe_error, refit.error);
+  EXPECT_NEAR(calibrated->hw.compute_s_per_allgather_byte, 2e-10, 2e-12);
+
+  // No evidence: the probe's figures as they are.
+  calibrated = CalibrateWithEvidence(*graph, *hw, &profile, nullptr,
+                                     ShardingMode::kZero3, {}, &refit);
+  ASSERT_TRUE(calibrated.ok()) << calibrated.status();
+  EXPECT_DOUBLE_EQ(calibrated->hw.compute_s_per_allgather_byte, 1e-10);
+}
+
 TEST(FitCollectivesTest, TinyProfile_FitsBothKindsThroughTheSamples) {
   HardwareModel hw = HardwareModel::H100(2);
   ASSERT_TRUE(FitCollectives(TinyProfile(), hw).ok());
@@ -153,9 +236,11 @@ TEST(PlanTest, TandemOnTinyLlama_PassesSemanticsAndFits) {
   EXPECT_TRUE(ValidateSchedule(result->schedule, graph).ok());
   EXPECT_TRUE(result->feasible);
   EXPECT_LE(result->sim.peak_bytes, hw.budget());
-  EXPECT_THAT(result->schedule.provenance.passes,
-              ElementsAre("zero3-insert", "offload", "prefetch", "offload-lend",
-                          "unshard", "offload-return", "prefetch"));
+  EXPECT_THAT(
+      result->schedule.provenance.passes,
+      ElementsAre("zero3-insert", "micro-batch-reduce", "offload", "prefetch",
+                  "offload-lend", "micro-batch-reduce-lend", "unshard",
+                  "micro-batch-reduce-return", "offload-return", "prefetch"));
   EXPECT_EQ(sink.passes, result->schedule.provenance.passes);
   EXPECT_EQ(result->schedule.graph_hash, graph.StructuralHash());
   EXPECT_EQ(result->schedule.budget_bytes, hw.budget());

@@ -21,6 +21,7 @@
 #include "coordinator/planner/planner.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/coordinator/planner/explanation_checks.h"
 
 namespace tandem {
 namespace {
@@ -204,6 +205,7 @@ TEST_P(PlannerPropertyTest, Plan_RandomGraphAndBudget_KeepsEveryInvariant) {
       EXPECT_TRUE(result->feasible);
       EXPECT_LE(sim->peak_bytes, hw.budget_bytes);
     }
+    ExpectGainsAddUp(graph, *result, ShardingMode::kZero3);
     // Every policy does the same compute.
     EXPECT_NEAR(sim->compute_s, result->sim.compute_s, 1e-12);
   }
@@ -230,6 +232,7 @@ TEST_P(PlannerPropertyTest, Plan_RandomGraphAndBudget_KeepsEveryInvariant) {
     EXPECT_TRUE(CheckScheduleSemantics(graph, result->schedule).ok())
         << CheckScheduleSemantics(graph, result->schedule);
     EXPECT_TRUE(result->feasible);
+    ExpectGainsAddUp(graph, *result, ShardingMode::kZero1);
   }
 }
 

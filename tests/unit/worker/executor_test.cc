@@ -19,6 +19,7 @@
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "common/ir/validate.h"
+#include "common/lowering/gradient_reduction.h"
 #include "common/lowering/lowering.h"
 #include "common/models/graph_builder.h"
 #include "common/models/model_config.h"
@@ -801,6 +802,162 @@ TEST(NumericsVariantsTest, GradAccum2_World2Prefetch_MatchesUnsharded) {
   ExpectMatchesReference(
       2, "grad_accum=2", [](const Graph& g) { return Prefetch(g); }, nullptr,
       std::vector<int64_t>(kSteps, 1), "grad_accum 2");
+}
+
+// Gradient accumulation, both reductions (common/lowering/
+// gradient_reduction.h): every gradient reduce-scattered after each
+// micro-batch into the sharded accumulator, or half of them so and half
+// accumulated unsharded and reduced once, or a switch from reduce-once to
+// per-micro-batch at step 3. grad_accum 3 at worlds 1, 2 and 3.
+Schedule WithReduction(const Graph& g, Schedule s,
+                       const std::vector<int32_t>& ids,
+                       GradientReduction reduction) {
+  SetGradientReduction(g, ids, reduction, s);
+  EXPECT_TRUE(CheckRunnableSchedule(g, s).ok()) << CheckRunnableSchedule(g, s);
+  return s;
+}
+
+class GradAccumReductionTest
+    : public testing::TestWithParam<std::tuple<int, std::string>> {};
+
+TEST_P(GradAccumReductionTest, FiveSteps_MatchUnshardedSingleProcess) {
+  const auto& [world, kind] = GetParam();
+  ScheduleMaker initial;
+  StepHook hook;
+  std::vector<int64_t> expected_versions(kSteps, 1);
+  if (kind == "per_micro_batch") {
+    initial = [](const Graph& g) {
+      return WithReduction(g, OnDemand(g), AllParams(g),
+                           GradientReduction::kPerMicroBatch);
+    };
+  } else if (kind == "mixed_prefetch") {
+    initial = [](const Graph& g) {
+      return WithReduction(g, Prefetch(g), HalfTheParams(g),
+                           GradientReduction::kPerMicroBatch);
+    };
+  } else {  // switch_at_3: reduce once, then per micro-batch from step 3
+    initial = [](const Graph& g) { return OnDemand(g); };
+    hook = [](int, int step, Executor& e) {
+      if (step != 0) return;
+      Schedule next =
+          WithReduction(e.graph(), OnDemand(e.graph(), 2), AllParams(e.graph()),
+                        GradientReduction::kPerMicroBatch);
+      ASSERT_TRUE(e.OfferSchedule(next, /*not_before_iteration=*/3).ok());
+    };
+    expected_versions = {1, 1, 1, 2, 2};
+  }
+  ExpectMatchesReference(world, "grad_accum=3", initial, hook,
+                         expected_versions,
+                         absl::StrCat("grad_accum 3 world ", world, " ", kind));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    WorldsAndReductions, GradAccumReductionTest,
+    testing::Combine(testing::Values(1, 2, 3),
+                     testing::Values("per_micro_batch", "mixed_prefetch",
+                                     "switch_at_3")),
+    [](const testing::TestParamInfo<GradAccumReductionTest::ParamType>& info) {
+      return absl::StrCat("World", std::get<0>(info.param), "_",
+                          std::get<1>(info.param));
+    });
+
+// The planner's own choice under gradient accumulation: Tandem's pipeline
+// under a budget between the peak of reducing every gradient per micro-batch
+// and that of accumulating them all, so micro-batch-reduce switches some
+// groups and not others; FSDP's policy reduces all of them per micro-batch.
+TEST(NumericsVariantsTest, PlannedGradAccumReduction_World2_MatchesUnsharded) {
+  for (Policy policy : {Policy::kTandem, Policy::kFsdp}) {
+    ScheduleMaker plan = [policy](const Graph& derived) {
+      Graph graph = derived;
+      absl::StatusOr<Graph> estimates =
+          BuildModelGraph(TestModel(2, kMicroBatch, "grad_accum=3"));
+      EXPECT_TRUE(estimates.ok());
+      EXPECT_TRUE(AnnotateEstimates(*estimates, graph).ok());
+      HardwareModel hw = HardwareModel::H100(2);
+      absl::StatusOr<SimResult> once =
+          Simulate(graph, LowerZero3(graph, {}), hw);
+      absl::StatusOr<SimResult> per =
+          Simulate(graph,
+                   LowerZero3(graph, {}, GatherGrouping::kPerNode,
+                              GradientReduction::kPerMicroBatch),
+                   hw);
+      EXPECT_TRUE(once.ok() && per.ok());
+      hw.budget_bytes = (once->peak_bytes + per->peak_bytes) / 2;
+      PlanOptions options;
+      options.policy = policy;
+      absl::StatusOr<PlanResult> result = Plan(graph, hw, options);
+      EXPECT_TRUE(result.ok()) << result.status();
+      Schedule s = result->schedule;
+      s.version = 1;
+      const std::vector<GradientReduction> modes = GradientReductions(graph, s);
+      const auto per_count = std::count(modes.begin(), modes.end(),
+                                        GradientReduction::kPerMicroBatch);
+      EXPECT_GT(per_count, 0);
+      if (policy == Policy::kFsdp) {
+        EXPECT_EQ(per_count, static_cast<long>(graph.params.size()));
+      }
+      std::printf("%s: %ld of %zu gradients reduced per micro-batch\n",
+                  std::string(PolicyName(policy)).c_str(),
+                  static_cast<long>(per_count), graph.params.size());
+      return s;
+    };
+    ExpectMatchesReference(
+        2, "grad_accum=3", plan, nullptr, std::vector<int64_t>(kSteps, 1),
+        absl::StrCat("grad_accum 3 planned ", PolicyName(policy)));
+  }
+}
+
+// Reducing every micro-batch frees each full gradient within its
+// micro-batch, so with 4 micro-batches and gradients larger than the
+// activations the counted peak drops by about the gradients' bytes.
+TEST(ExecutorTest, PerMicroBatchReduction_LowersCountedPeak) {
+  const ModelConfig config =
+      TestModel(1, 1, "d_model=64 vocab=1024 ffn=256 grad_accum=4");
+  int64_t peaks[2] = {0, 0};
+  int64_t grad_bytes = 0;
+  for (int per = 0; per < 2; ++per) {
+    RunLoopbackWorld(1, [&](int rank, Communicator& comm) {
+      auto program = BuildModelProgram(config, kSeed);
+      ASSERT_TRUE(program.ok());
+      auto graph = GraphOf(*program, config);
+      ASSERT_TRUE(graph.ok());
+      auto store = ShardedParamStore::Create(*program, rank, 1);
+      ASSERT_TRUE(store.ok());
+      const Schedule schedule =
+          per ? WithReduction(*graph, OnDemand(*graph), AllParams(*graph),
+                              GradientReduction::kPerMicroBatch)
+              : OnDemand(*graph);
+      auto executor =
+          Executor::Create(&*program, *graph, store->get(), &comm,
+                           CountingCpuAllocator::Get(), schedule, {});
+      ASSERT_TRUE(executor.ok()) << executor.status();
+      auto data = MakeSyntheticTokens(kSeed, config.vocab, config.seq_len);
+      int64_t peak = 0;
+      for (int step = 0; step < 3; ++step) {
+        auto batches = ReadRankBatches(*data, step, config.grad_accum, rank, 1,
+                                       config.micro_batch);
+        ASSERT_TRUE(batches.ok());
+        auto stats = (*executor)->RunStep(*batches);
+        ASSERT_TRUE(stats.ok()) << stats.status();
+        peak = stats->peak_bytes;
+      }
+      if (rank == 0) {
+        peaks[per] = peak;
+        grad_bytes = 0;
+        for (int id = 0; id < (*store)->num_params(); ++id) {
+          grad_bytes += (*store)->full_bytes(id);
+        }
+      }
+    });
+  }
+  std::printf("peak once %lld B, per micro-batch %lld B, gradients %lld B\n",
+              static_cast<long long>(peaks[0]),
+              static_cast<long long>(peaks[1]),
+              static_cast<long long>(grad_bytes));
+  // Accumulated, every full gradient is alive in the last micro-batch; per
+  // micro-batch, the embedding's (the largest) still is at the end of each
+  // backward. Measured: 6.41 MB against 5.82 MB, gradients 1.02 MB.
+  EXPECT_LT(peaks[1], peaks[0] - grad_bytes / 4);
 }
 
 // MoE at world 3 sits closest to fp32's limit: the router's softmax and the

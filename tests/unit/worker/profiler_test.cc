@@ -34,6 +34,69 @@ TEST(ProfilerTest, Snapshot_AveragesOverWindow) {
   EXPECT_EQ(*parsed, s);
 }
 
+TEST(ProfilerTest, NodeOverlaps_ProrateTransfersOverNodeSpans) {
+  using Span = IterationTimeline::Span;
+  using Kind = IterationTimeline::SpanKind;
+  auto node = [](int32_t id, double start, double duration) {
+    Span s;
+    s.kind = Kind::kNode;
+    s.node_id = id;
+    s.start_s = start;
+    s.duration_s = duration;
+    return s;
+  };
+  auto transfer = [](Kind kind, CollectiveKind collective, double start,
+                     double duration, int64_t bytes) {
+    Span s;
+    s.kind = kind;
+    s.stream = kind == Kind::kCopy ? IterationTimeline::Stream::kCopy
+                                   : IterationTimeline::Stream::kCommunication;
+    s.collective = collective;
+    s.start_s = start;
+    s.duration_s = duration;
+    s.bytes = bytes;
+    return s;
+  };
+  IterationTimeline::Iteration it;
+  // n0 [0,2), n1 [2,6); an all-gather of 1000 B over [1,3) (half in each),
+  // a reduce-scatter of 400 B over [3,5) (inside n1), a copy of 900 B over
+  // [1.5,4.5) (1/6 in n0, 5/6 in n1), a collective after both (nothing).
+  it.spans = {
+      node(1, 2, 4),
+      transfer(Kind::kCollective, CollectiveKind::kAllGather, 1, 2, 1000),
+      node(0, 0, 2),
+      transfer(Kind::kCollective, CollectiveKind::kReduceScatter, 3, 2, 400),
+      transfer(Kind::kCopy, CollectiveKind::kAllGather, 1.5, 3, 900),
+      transfer(Kind::kCollective, CollectiveKind::kAllGather, 7, 1, 5000),
+  };
+  const std::vector<NodeOverlap> o = NodeOverlaps(it);
+  ASSERT_EQ(o.size(), 2u);
+  EXPECT_EQ(o[0].node_id, 0);
+  EXPECT_DOUBLE_EQ(o[0].allgather_bytes, 500);
+  EXPECT_DOUBLE_EQ(o[0].reduce_scatter_bytes, 0);
+  EXPECT_DOUBLE_EQ(o[0].copy_bytes, 150);
+  EXPECT_EQ(o[1].node_id, 1);
+  EXPECT_DOUBLE_EQ(o[1].allgather_bytes, 500);
+  EXPECT_DOUBLE_EQ(o[1].reduce_scatter_bytes, 400);
+  EXPECT_DOUBLE_EQ(o[1].copy_bytes, 750);
+}
+
+TEST(ProfilerTest, Interference_ReportedInSnapshotsAcrossWindows) {
+  Profiler p(true, 1);
+  p.SetInterference(1e-9, 2e-9, 3e-10);
+  p.BeginIteration(0, 1);
+  p.RecordNode(0, 0.5);
+  p.EndIteration(1, 1);
+  p.Reset();
+  const Profile s = p.Snapshot("h", 0);
+  EXPECT_DOUBLE_EQ(s.compute_s_per_allgather_byte, 1e-9);
+  EXPECT_DOUBLE_EQ(s.compute_s_per_reduce_scatter_byte, 2e-9);
+  EXPECT_DOUBLE_EQ(s.compute_s_per_copy_byte, 3e-10);
+  auto parsed = ParseProfile(PrintProfile(s));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(*parsed, s);
+}
+
 TEST(ProfilerTest, HostCopies_SummedPerWindow) {
   Profiler p(true, 2);
   const TimelineClock::time_point t0 = TimelineClock::now();

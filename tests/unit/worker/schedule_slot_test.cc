@@ -64,5 +64,38 @@ TEST(ScheduleSlotTest, Offer_NotNewer_Rejected) {
   EXPECT_FALSE(slot.Offer(Version(5), 0).ok());
 }
 
+TEST(ScheduleSlotTest, Agree_OneRankNearBudget_AllSwitchToFallback) {
+  ScheduleSlot slot(Version(1), Version(-1));
+  ASSERT_TRUE(slot.Offer(Version(2), 0).ok());
+  const ScheduleReport mine = slot.Report(/*near_budget=*/false);
+  ScheduleReport other = mine;
+  other.near_budget = true;
+  // Every rank decides on the same reports: the fallback wins over v2.
+  const Schedule* next = slot.Agree({mine, other}, 1);
+  ASSERT_NE(next, nullptr);
+  EXPECT_EQ(next->version, -1);
+  EXPECT_TRUE(slot.fallback_active());
+  // v2 was planned before the guard tripped: dropped, and not offered again.
+  EXPECT_EQ(slot.Report().pending_version, 0);
+  EXPECT_FALSE(slot.Offer(Version(2), 0).ok());
+  // Near again under the fallback: nothing to switch to.
+  const ScheduleReport near = slot.Report(true);
+  EXPECT_EQ(slot.Agree({near, near}, 2), nullptr);
+  // The coordinator's next plan replaces the fallback the usual way.
+  ASSERT_TRUE(slot.Offer(Version(3), 0).ok());
+  const ScheduleReport r = slot.Report();
+  next = slot.Agree({r, r}, 3);
+  ASSERT_NE(next, nullptr);
+  EXPECT_EQ(next->version, 3);
+  EXPECT_FALSE(slot.fallback_active());
+}
+
+TEST(ScheduleSlotTest, Agree_NearBudgetWithoutFallback_KeepsSchedule) {
+  ScheduleSlot slot(Version(1));
+  const ScheduleReport near = slot.Report(true);
+  EXPECT_EQ(slot.Agree({near, near}, 1), nullptr);
+  EXPECT_EQ(slot.active().version, 1);
+}
+
 }  // namespace
 }  // namespace tandem

@@ -173,7 +173,8 @@ TEST(ParseHardwareModelTest, Parse_Empty_GivesH100ForWorldOne) {
 TEST(ParseHardwareModelTest, Parse_EveryKey_SetsEveryField) {
   absl::StatusOr<HardwareModel> hw = ParseHardwareModel(
       "world=16, ranks_per_node=4 intra_gbps=300 inter_gbps=25\n"
-      "latency_us=10,host_gbps=32 memory=40GiB budget=36GiB");
+      "latency_us=10,host_gbps=32 memory=40GiB budget=36GiB\n"
+      "ag_cpu_s_per_gb=0.5 rs_cpu_s_per_gb=0.75 copy_cpu_s_per_gb=0");
   ASSERT_TRUE(hw.ok()) << hw.status();
   EXPECT_EQ(hw->world_size, 16);
   EXPECT_EQ(hw->ranks_per_node, 4);
@@ -183,6 +184,9 @@ TEST(ParseHardwareModelTest, Parse_EveryKey_SetsEveryField) {
   EXPECT_DOUBLE_EQ(hw->host_bytes_per_s, 32e9);
   EXPECT_EQ(hw->device_memory_bytes, 40 * kGiB);
   EXPECT_EQ(hw->budget_bytes, 36 * kGiB);
+  EXPECT_DOUBLE_EQ(hw->compute_s_per_allgather_byte, 0.5e-9);
+  EXPECT_DOUBLE_EQ(hw->compute_s_per_reduce_scatter_byte, 0.75e-9);
+  EXPECT_DOUBLE_EQ(hw->compute_s_per_copy_byte, 0);
 }
 
 TEST(ParseHardwareModelTest, Parse_ByteSuffixes_ScaleByPowersOf1024) {
@@ -206,7 +210,8 @@ TEST(ParseHardwareModelTest, Parse_UnknownKey_ListsValidKeys) {
   EXPECT_THAT(hw.status().message(), HasSubstr("unknown key 'wrold'"));
   EXPECT_THAT(hw.status().message(),
               HasSubstr("world, ranks_per_node, intra_gbps, inter_gbps, "
-                        "latency_us, host_gbps, memory, budget"));
+                        "latency_us, host_gbps, ag_cpu_s_per_gb, "
+                        "rs_cpu_s_per_gb, copy_cpu_s_per_gb, memory, budget"));
 }
 
 TEST(ParseHardwareModelTest, Parse_BadValue_NamesKeyAndExpectation) {
@@ -221,6 +226,8 @@ TEST(ParseHardwareModelTest, Parse_BadValue_NamesKeyAndExpectation) {
                 "intra_gbps='-3': expected a finite number > 0"},
            Case{"host_gbps=0", "host_gbps='0': expected a finite number > 0"},
            Case{"latency_us=nan", "latency_us='nan'"},
+           Case{"rs_cpu_s_per_gb=-1",
+                "rs_cpu_s_per_gb='-1': expected a finite number >= 0"},
            Case{"memory=12XB", "memory='12XB': expected a byte count"},
            Case{"memory=0", "memory='0': expected a byte count > 0"},
            Case{"budget=0.5B", "budget='0.5B': expected a byte count"},

@@ -187,6 +187,46 @@ TEST_F(TwoLayerTest, Simulate_PrefetchedGathers_OverlapWithCompute) {
   EXPECT_EQ(r.peak_breakdown.total(), r.peak_bytes);
 }
 
+TEST_F(TwoLayerTest,
+       Simulate_TransfersTakeComputeShare_StretchOverlappedNodes) {
+  // Each 1 ms collective of 2000 padded bytes takes 2.5e-7 s/B · 2000 B /
+  // 1 ms = half of compute while it runs:
+  // AG g0 [0,1] | AG g1 [1,2] during n0: n0 does 0.5 ms of work by 2, the
+  // other 1.5 by 3.5 | n1 [3.5,5.5] | AG g0 [5.5,6.5] during n2: n2 [5.5,10]
+  // | RS p1 [10,11] during n3: n3 [10,14.5] | RS p0 [14.5,15.5] | optimizer
+  // [15.5,16.5]. Three half-shares of 1 ms: 1.5 ms lost.
+  HardwareModel hw = TestHardware();
+  hw.compute_s_per_allgather_byte = 2.5e-7;
+  hw.compute_s_per_reduce_scatter_byte = 2.5e-7;
+  SimResult r = MustSimulate(graph_, Load("sim_two_layer_prefetch.txt"), hw);
+  EXPECT_NEAR(r.nodes[0].end_s, 3.5 * kMs, kTolerance);
+  EXPECT_NEAR(r.nodes[2].end_s, 10 * kMs, kTolerance);
+  EXPECT_NEAR(r.nodes[3].end_s, 14.5 * kMs, kTolerance);
+  EXPECT_NEAR(r.iteration_s, 16.5 * kMs, kTolerance);
+  EXPECT_NEAR(r.interference_s, 1.5 * kMs, kTolerance);
+  // Compute's own time is what the nodes need, not what they took.
+  EXPECT_NEAR(r.compute_s, 13 * kMs, kTolerance);
+
+  // On demand nothing overlaps forward compute; only the reduce-scatter of
+  // p1 runs during n3, so the schedules' gap narrows by what prefetching
+  // loses to interference.
+  SimResult on_demand =
+      MustSimulate(graph_, Load("sim_two_layer_on_demand.txt"), hw);
+  SimResult on_demand_free =
+      MustSimulate(graph_, Load("sim_two_layer_on_demand.txt"), TestHardware());
+  EXPECT_NEAR(on_demand.iteration_s - on_demand_free.iteration_s,
+              on_demand.interference_s, kTolerance);
+
+  // A share is capped at 0.95: a huge per-byte cost stalls compute to 5%
+  // speed while the transfer runs, never to a halt.
+  hw.compute_s_per_allgather_byte = 1.0;
+  hw.compute_s_per_reduce_scatter_byte = 0;
+  SimResult capped =
+      MustSimulate(graph_, Load("sim_two_layer_prefetch.txt"), hw);
+  // n0 starts at 1 under AG g1 [1,2]: 0.05 ms of work by 2, 1.95 after.
+  EXPECT_NEAR(capped.nodes[0].end_s, 3.95 * kMs, kTolerance);
+}
+
 TEST_F(TwoLayerTest, Simulate_SlowLinks_IsBoundByCommunication) {
   // 5 ms per collective. AG g0 [0,5], AG g1 [5,10] | n0 [5,7] | n1 [10,12]
   // AG g0 [12,17] | n2 [12,16] | RS p1 issued 16 [17,22] | n3 [17,21]

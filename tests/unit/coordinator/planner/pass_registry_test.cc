@@ -38,9 +38,11 @@ TEST(PassRegistryTest, EveryPolicysPasses_AreRegistered) {
       }
     }
   }
-  EXPECT_THAT(PolicyPasses(Policy::kTandem, ShardingMode::kZero3),
-              ElementsAre("zero3-insert", "offload", "prefetch", "offload-lend",
-                          "unshard", "offload-return", "prefetch"));
+  EXPECT_THAT(
+      PolicyPasses(Policy::kTandem, ShardingMode::kZero3),
+      ElementsAre("zero3-insert", "micro-batch-reduce", "offload", "prefetch",
+                  "offload-lend", "micro-batch-reduce-lend", "unshard",
+                  "micro-batch-reduce-return", "offload-return", "prefetch"));
 }
 
 TEST(PassRegistryTest, Make_WithParameter_BuildsThatPass) {

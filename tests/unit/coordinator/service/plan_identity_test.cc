@@ -141,7 +141,7 @@ TEST_P(PlanIdentityTest, CoordinatorPlan_EqualsTandemPlans) {
       TANDEM_PLAN_BIN, " --graph ", dir, "/graph.txt --profile ", dir,
       "/profile.txt --hw 'world=2 ranks_per_node=2 host_gbps=",
       kAssumedCpuHostBytesPerS / 1e9, " memory=1GiB' --budget ", budget, flags,
-      " --summary --schedule-out ", dir, "/schedule.txt > ", dir,
+      " --summary --explain --schedule-out ", dir, "/schedule.txt > ", dir,
       "/out.txt 2>&1");
   ASSERT_EQ(std::system(command.c_str()), 0) << command << "\n"
                                              << ReadAll(dir + "/out.txt");
@@ -157,6 +157,16 @@ TEST_P(PlanIdentityTest, CoordinatorPlan_EqualsTandemPlans) {
   }
   EXPECT_EQ(PrintSchedule(*coordinator), PrintSchedule(*offline));
   EXPECT_TRUE(*coordinator == *offline);
+  // tandem-plan --explain prints the explanation the coordinator stored
+  // with its schedule, decision by decision.
+  const std::string out = ReadAll(dir + "/out.txt");
+  EXPECT_NE(out.find("# explanation\n" +
+                     FormatExplanation(coordinator->explanation,
+                                       coordinator->prediction.iteration_s,
+                                       coordinator->prediction.exposed_comm_s)),
+            std::string::npos)
+      << out;
+  EXPECT_FALSE(coordinator->explanation.empty());
   // The inputs were not trivial: the plan did more than the baseline.
   EXPECT_GT(coordinator->provenance.passes.size(), 1u);
 }

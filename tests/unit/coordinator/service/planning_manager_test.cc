@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/ir/proto_convert.h"
 #include "common/job/job_spec.h"
 #include "common/models/graph_builder.h"
@@ -169,27 +170,60 @@ TEST_F(PlanningManagerTest, HalfAWindow_DoesNotPlan) {
   EXPECT_TRUE(published_.empty());
 }
 
-TEST_F(PlanningManagerTest, SustainedDrift_ReplansWithReason) {
+// Both ranks report steps [first, first+n) under `version` at `seconds`.
+void SlowestSteps(PlanningManager& planning, const std::string& job,
+                  int64_t first, int n, int64_t version, double seconds) {
+  for (int64_t step = first; step < first + n; ++step) {
+    for (int r = 0; r < 2; ++r) {
+      v1::IterationProgress p;
+      p.set_step(step);
+      p.set_schedule_version(version);
+      p.set_iteration_s(seconds);
+      planning.OnProgress(job, r, p);
+    }
+  }
+}
+
+int CountEvents(JobManager& jobs, const std::string& job,
+                const std::string& kind) {
+  absl::StatusOr<std::vector<v1::JobEvent>> events = jobs.Events(job, 0);
+  int n = 0;
+  for (const v1::JobEvent& e : *events) n += e.kind() == kind;
+  return n;
+}
+
+// The job runs 3x slower than v1 predicted: drift fires within the window
+// (3). Re-planned from a window measured under v1, the planner gives v1's
+// plan again: nothing is published, and v1 is from then on expected at what
+// it measured, so the same 3x does not fire again while a further change
+// does.
+TEST_F(PlanningManagerTest, SustainedDrift_SamePlanAgain_KeptAndWatched) {
   ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
   SendWindow(0, 1, 0);
   ASSERT_EQ(published_.size(), 1u);
   planning_->OnScheduleActive(job_.id(), 1);
   const double predicted = published_[0].schedule().prediction().iteration_s();
-  for (int step = 3; step < 6; ++step) {
-    for (int r = 0; r < 2; ++r) {
-      v1::IterationProgress p;
-      p.set_step(step);
-      p.set_schedule_version(1);
-      p.set_iteration_s(predicted * 3);  // much slower than planned
-      planning_->OnProgress(job_.id(), r, p);
-    }
-  }
+  SlowestSteps(*planning_, job_.id(), 3, 3, 1, predicted * 3);
   EXPECT_THAT(jobs_->Events(job_.id(), 0)->back().message(),
-              HasSubstr("drift at step 5"));
+              AllOf(HasSubstr("drift at step 5: the last 3 steps measured"),
+                    HasSubstr(absl::StrFormat("(median) against %.4f expected",
+                                              predicted)),
+                    HasSubstr("(score 2.00;")));
   SendWindow(3, 5, 1, 3.0);
-  ASSERT_EQ(published_.size(), 2u);
-  EXPECT_EQ(published_[1].schedule().version(), 2);
-  EXPECT_EQ(published_[1].schedule().provenance().reason(), "drift");
+  ASSERT_EQ(published_.size(), 1u);
+  EXPECT_THAT(jobs_->Events(job_.id(), 0)->back().message(),
+              AllOf(HasSubstr("planning v2 (drift) gave the active v1's "
+                              "schedule again; the job keeps it, expected "
+                              "from now on at the"),
+                    HasSubstr(absl::StrFormat("%.4f", predicted * 3))));
+  SlowestSteps(*planning_, job_.id(), 6, 30, 1, predicted * 3);
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "drift"), 1);
+  SlowestSteps(*planning_, job_.id(), 36, 3, 1, predicted * 6);
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "drift"), 2);
+  EXPECT_THAT(jobs_->Events(job_.id(), 0)->back().message(),
+              AllOf(HasSubstr("drift at step 37"),
+                    HasSubstr(absl::StrFormat("against %.4f expected",
+                                              predicted * 3))));
 }
 
 // Every rank reports steps [first, first+n) under `version` at `seconds`.

@@ -7,6 +7,11 @@
 #include <cstdio>
 #include <fstream>
 
+#include "common/ir/proto_convert.h"
+#include "common/models/graph_builder.h"
+#include "common/models/model_config.h"
+#include "coordinator/planner/planner.h"
+
 namespace tandem {
 namespace {
 
@@ -89,6 +94,39 @@ TEST(JobStoreTest, Reopen_SameFile_KeepsEverything) {
   auto profiles = (*store)->LoadProfiles("a");
   ASSERT_EQ(profiles->size(), 1u);
   EXPECT_EQ((*profiles)[0].last_iteration(), 6);
+}
+
+// A planned schedule's explanation (common/ir/explanation.h) is part of the
+// stored schedule, so a restarted coordinator still has it.
+TEST(JobStoreTest, PutSchedule_PlannedSchedule_ReopenKeepsExplanation) {
+  absl::StatusOr<ModelConfig> config =
+      ParseModelConfig("preset=tiny-llama world=4");
+  ASSERT_TRUE(config.ok());
+  absl::StatusOr<Graph> graph = BuildModelGraph(*config);
+  ASSERT_TRUE(graph.ok());
+  HardwareModel hw = HardwareModel::H100(graph->world_size);
+  hw.budget_bytes = 60 << 20;
+  absl::StatusOr<PlanResult> plan = Plan(*graph, hw, PlanOptions());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  Schedule planned = plan->schedule;
+  planned.version = 3;
+  ASSERT_GT(planned.explanation.decisions.size(), 1u);
+
+  const std::string path = TempDb("explain.db");
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->PutSchedule("j", ToProto(planned), 4).ok());
+  }
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto schedules = (*store)->LoadSchedules("j");
+  ASSERT_TRUE(schedules.ok()) << schedules.status();
+  ASSERT_EQ(schedules->size(), 1u);
+  absl::StatusOr<Schedule> loaded = FromProto((*schedules)[0].schedule);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->explanation, planned.explanation);
+  EXPECT_EQ(*loaded, planned);
 }
 
 // A database written by the previous coordinator (schema 1: no device

@@ -1,0 +1,194 @@
+#!/usr/bin/python3
+"""bench/drift: false drift re-plans on a long steady job (issue 15).
+
+Starts a real coordinator and two local CPU workers (agent mode, one thread
+each) on a tiny Llama that takes ~10-30 ms a step, runs it for --steps steps
+with nothing changing, and counts the re-plans the coordinator made and why
+(its "schedule" events carry the reason). Every drift re-plan on a steady
+job is a false one; the target is under 1 per 1000 steps.
+
+It also writes the per-step series (the slower rank's iteration time and the
+schedule version, with each version's prediction) to --series, which
+`drift_replay` feeds through the DriftDetector offline (bench/README.md,
+"drift: re-plans that are not noise").
+
+  bench/drift/steady.py [--steps 4000] [--threshold 0.1] [--window 5]
+                        [--build build] [--workdir DIR] [--series FILE]
+
+Prints one JSON object (and appends it to --out when given).
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+
+# ~18 ms a step on one core per rank (2-core machine, 2 ranks).
+MODEL = {"preset": "llama", "layers": 2, "d_model": 64, "heads": 4, "kv_heads": 4,
+         "ffn": 176, "vocab": 512}
+
+
+def log(msg):
+    print(f"[drift {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def start_coordinator(build, workdir, listen="127.0.0.1:0", prefix=()):
+    """Starts tandem-coordinator; returns (process, "host:port")."""
+    out = open(os.path.join(workdir, "coordinator.out"), "w")
+    err = open(os.path.join(workdir, "coordinator.log"), "w")
+    proc = subprocess.Popen(list(prefix) + [
+        os.path.join(build, "coordinator", "tandem-coordinator"), "--listen", listen,
+        "--db", os.path.join(workdir, "tandem.db")], stdout=out, stderr=err)
+    host = listen.rsplit(":", 1)[0]
+    for _ in range(200):
+        text = open(os.path.join(workdir, "coordinator.out")).read()
+        m = re.search(r"listening on port (\d+)", text)
+        if m:
+            return proc, f"{host}:{m.group(1)}"
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("coordinator did not start: " +
+                       open(os.path.join(workdir, "coordinator.log")).read()[-600:])
+
+
+def job_spec(name, steps, threshold, window, model=None, batch=None):
+    return {"name": name, "model": dict(model or MODEL),
+            "data": {"kind": "synthetic", "seed": 1},
+            "batch": dict(batch or {"micro_batch": 2, "seq_len": 32}),
+            "train": {"steps": steps, "lr": 1.0e-3, "seed": 1},
+            "parallel": {"world_size": 2, "zero_stage": 3},
+            "optimize": {"warmup_steps": 3, "drift_threshold": threshold,
+                         "drift_window": window}}
+
+
+def step_lines(path):
+    steps = []
+    for line in open(path):
+        if line.startswith('{"step"'):
+            steps.append(json.loads(line))
+    return steps
+
+
+def slowest_per_step(paths):
+    """step -> (slowest iteration_s, schedule_version) over every rank."""
+    per_step = {}
+    for p in paths:
+        for s in step_lines(p):
+            t, v = per_step.get(s["step"], (0.0, s["schedule_version"]))
+            per_step[s["step"]] = (max(t, s["iteration_s"]), s["schedule_version"])
+    return per_step
+
+
+def replans(events):
+    """The coordinator's re-plans, [(reason, version, message)], and its drift
+    detections [message]."""
+    plans, drifts = [], []
+    for e in events:
+        if e.kind == "schedule":
+            m = re.match(r"v(\d+) \((\w+)\)", e.message)
+            if m:
+                plans.append((m.group(2), int(m.group(1)), e.message))
+        elif e.kind == "drift":
+            drifts.append(e.message)
+    return plans, drifts
+
+
+def predictions(client, job_id, versions):
+    out = {}
+    for v in versions:
+        if v > 0:
+            _, schedule = client.schedule(job_id, v)
+            out[v] = schedule.prediction.iteration_s
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=4000)
+    ap.add_argument("--threshold", type=float, default=0.1)
+    ap.add_argument("--window", type=int, default=5)
+    ap.add_argument("--build", default=os.environ.get("TANDEM_BUILD_DIR",
+                                                      os.path.join(ROOT, "build")))
+    ap.add_argument("--workdir", default="")
+    ap.add_argument("--series", default="", help="per-step series for drift_replay")
+    ap.add_argument("--out", default="", help="append the JSON result here")
+    a = ap.parse_args()
+    if a.steps < 50:
+        sys.exit("--steps must be at least 50: the warm-up and first plan take ~20")
+    import tandem  # the Python client (client/python)
+
+    workdir = a.workdir or tempfile.mkdtemp(prefix="tandem-drift.")
+    os.makedirs(workdir, exist_ok=True)
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    coord, address = start_coordinator(a.build, workdir)
+    workers = []
+    try:
+        with tandem.Client(address, timeout=30) as client:
+            job = client.submit(job_spec("drift-steady", a.steps, a.threshold, a.window))
+            log(f"job {job.id}: {a.steps} steps on {address}; logs in {workdir}")
+            for r in range(2):
+                workers.append(subprocess.Popen(
+                    [os.path.join(a.build, "worker", "tandem-worker"), "--coordinator", address,
+                     "--job", job.id, "--rank", str(r), "--threads", "1"], env=env,
+                    stdout=open(os.path.join(workdir, f"worker{r}.jsonl"), "w"),
+                    stderr=open(os.path.join(workdir, f"worker{r}.log"), "w")))
+            start = time.time()
+            for r, w in enumerate(workers):
+                if w.wait(timeout=3600) != 0:
+                    raise RuntimeError(f"rank {r} exited {w.returncode}: see {workdir}/worker{r}.log")
+            wall = time.time() - start
+            final, events = client.get(job.id)
+            per_step = slowest_per_step([os.path.join(workdir, f"worker{r}.jsonl")
+                                         for r in range(2)])
+            versions = sorted({v for _, v in per_step.values()})
+            pred = predictions(client, job.id, versions)
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+        coord.terminate()
+        coord.wait(timeout=10)
+
+    plans, drifts = replans(events)
+    reasons = {}
+    for reason, _, _ in plans:
+        reasons[reason] = reasons.get(reason, 0) + 1
+    # Steps run under a planned schedule: the ones drift is watched on.
+    watched = sum(1 for _, v in per_step.values() if v > 0)
+    times = sorted(t for t, v in per_step.values() if v > 0)
+    result = {
+        "bench": "drift-steady", "steps": len(per_step), "watched_steps": watched,
+        "threshold": a.threshold, "window": a.window, "wall_s": round(wall, 1),
+        "median_step_s": times[len(times) // 2] if times else None,
+        "p99_step_s": times[int(0.99 * (len(times) - 1))] if times else None,
+        "replans": reasons,
+        "drift_replans_per_1000_steps": round(1000.0 * reasons.get("drift", 0) / max(watched, 1), 3),
+        "drift_events": drifts[:10],
+        "predicted_s": {str(v): p for v, p in pred.items()},
+        "loadavg": open("/proc/loadavg").read().split()[:3],
+        "state": final.state, "workdir": workdir,
+    }
+    if a.series:
+        with open(a.series, "w") as f:
+            f.write("# step version iteration_s predicted_s\n")
+            for step in sorted(per_step):
+                t, v = per_step[step]
+                f.write(f"{step} {v} {t:.9f} {pred.get(v, 0.0):.9f}\n")
+    line = json.dumps(result, sort_keys=True)
+    print(line)
+    if a.out:
+        with open(a.out, "a") as f:
+            f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+#include "worker/runtime/interference_probe.h"
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/status/status.h"
+#include "common/status_macros.h"
+#include "worker/runtime/host_tier.h"
+
+namespace tandem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// A unit of compute like a model's: a small matmul, read back so that a
+// device finishes it before the next starts.
+class ComputeLoop {
+ public:
+  explicit ComputeLoop(at::Device device)
+      // Constants, not random: the probe must not draw from the generator
+      // the model's initialization and data use.
+      : a_(at::full({192, 192}, 0.5, at::TensorOptions().device(device))),
+        b_(at::full({192, 192}, 0.25, at::TensorOptions().device(device))) {}
+
+  void Once() {
+    const at::Tensor c = at::mm(a_, b_);
+    sink_ += c.select(0, 0).select(0, 0).item<float>();
+  }
+
+  // Units per second over about `seconds`.
+  double RateAlone(double seconds) {
+    const Clock::time_point start = Clock::now();
+    int64_t units = 0;
+    double elapsed = 0;
+    do {
+      Once();
+      ++units;
+      elapsed = SecondsSince(start);
+    } while (elapsed < seconds);
+    return static_cast<double>(units) / elapsed;
+  }
+
+  // Runs units until `done()` and returns the rate and the seconds it ran.
+  std::pair<double, double> RateUntil(const std::function<bool()>& done) {
+    const Clock::time_point start = Clock::now();
+    int64_t units = 0;
+    do {
+      Once();
+      ++units;
+    } while (!done());
+    const double elapsed = SecondsSince(start);
+    return {static_cast<double>(units) / elapsed, elapsed};
+  }
+
+ private:
+  at::Tensor a_;
+  at::Tensor b_;
+  float sink_ = 0;
+};
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// Compute seconds per byte one transfer took: `start` submits a transfer of
+// `bytes` and returns its handle.
+absl::StatusOr<double> MeasureKind(
+    ComputeLoop& loop, int64_t bytes, const InterferenceProbeOptions& options,
+    const std::function<CollectiveHandle()>& start) {
+  std::vector<double> per_byte;
+  for (int rep = 0; rep < std::max(options.repetitions, 1); ++rep) {
+    const double alone = loop.RateAlone(options.alone_window_s);
+    CollectiveHandle handle = start();
+    const auto [with, elapsed] =
+        loop.RateUntil([&handle] { return handle->done(); });
+    RETURN_IF_ERROR(handle->Wait());
+    const double lost = elapsed * std::max(0.0, 1 - with / alone);
+    per_byte.push_back(lost / static_cast<double>(bytes));
+  }
+  return Median(std::move(per_byte));
+}
+
+}  // namespace
+
+absl::StatusOr<InterferenceProbe> MeasureInterference(
+    Communicator& comm, at::Device device,
+    const InterferenceProbeOptions& options) {
+  const Clock::time_point begin = Clock::now();
+  InterferenceProbe probe;
+  ComputeLoop loop(device);
+  loop.Once();  // warm up the kernel and its buffers
+  const int world = comm.world_size();
+  if (world > 1) {
+    int64_t out_bytes = options.collective_bytes;
+    if (out_bytes <= 0) {
+      out_bytes = options.link_bytes_per_s > 0
+                      ? static_cast<int64_t>(options.link_bytes_per_s * 0.025)
+                      : (int64_t{4} << 20);
+      out_bytes =
+          std::clamp<int64_t>(out_bytes, int64_t{1} << 20, int64_t{16} << 20);
+    }
+    // Each rank sends its n floats to the world − 1 others.
+    const int64_t n = std::max<int64_t>(
+        1, out_bytes / static_cast<int64_t>(sizeof(float)) / (world - 1));
+    const auto options_f = at::TensorOptions().device(device);
+    const at::Tensor shard = at::zeros({n}, options_f);
+    const at::Tensor full = at::zeros({n * world}, options_f);
+    const int64_t full_bytes = n * world * static_cast<int64_t>(sizeof(float));
+    ASSIGN_OR_RETURN(probe.compute_s_per_allgather_byte,
+                     MeasureKind(loop, full_bytes, options, [&] {
+                       return comm.Submit([&] { comm.AllGather(shard, full); });
+                     }));
+    ASSIGN_OR_RETURN(
+        probe.compute_s_per_reduce_scatter_byte,
+        MeasureKind(loop, full_bytes, options, [&] {
+          return comm.Submit([&] { comm.ReduceScatterSum(full, shard); });
+        }));
+  }
+  {
+    ASSIGN_OR_RETURN(std::unique_ptr<HostTier> tier,
+                     HostTier::Create(device, options.offload_dir));
+    constexpr int64_t kCopyNumel = (int64_t{8} << 20) / sizeof(float);
+    constexpr int kCopiesPerTransfer = 4;
+    const at::Tensor src =
+        at::zeros({kCopyNumel}, at::TensorOptions().device(device));
+    ASSIGN_OR_RETURN(at::Tensor dst, tier->Allocate(kCopyNumel));
+    const int64_t bytes =
+        kCopyNumel * static_cast<int64_t>(sizeof(float)) * kCopiesPerTransfer;
+    ASSIGN_OR_RETURN(probe.compute_s_per_copy_byte,
+                     MeasureKind(loop, bytes, options, [&] {
+                       return tier->Submit([&] {
+                         for (int i = 0; i < kCopiesPerTransfer; ++i) {
+                           tier->Copy(src, dst);
+                         }
+                       });
+                     }));
+  }
+  // Every rank reports the mean over ranks: they share the machine's cores.
+  ASSIGN_OR_RETURN(
+      std::vector<double> all,
+      comm.AllGatherScalars({probe.compute_s_per_allgather_byte,
+                             probe.compute_s_per_reduce_scatter_byte,
+                             probe.compute_s_per_copy_byte}));
+  double sums[3] = {0, 0, 0};
+  for (size_t i = 0; i < all.size(); ++i) sums[i % 3] += all[i];
+  probe.compute_s_per_allgather_byte = sums[0] / world;
+  probe.compute_s_per_reduce_scatter_byte = sums[1] / world;
+  probe.compute_s_per_copy_byte = sums[2] / world;
+  probe.probe_s = SecondsSince(begin);
+  return probe;
+}
+
+}  // namespace tandem

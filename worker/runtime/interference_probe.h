@@ -1,0 +1,63 @@
+// Measures what transfers take from compute (worker/README.md, "Interference
+// probe"): the compute time an all-gather, a reduce-scatter and a host-tier
+// copy cost per byte they move, on this machine, with this job's
+// communicator and device. On a CPU the same cores that compute also run
+// Gloo's copies and sums, the kernel's network stack and the memcpy into the
+// host tier, so compute slows while they run; on a GPU, DMA engines and a few
+// SMs move the bytes and the cost is ~0.
+//
+// Method, per kind: a small matmul loop runs alone for a short window (its
+// rate r0), then again while one transfer of known size B runs (its rate r1
+// over the transfer's d seconds). The transfer took d·(1 − r1/r0) seconds of
+// compute, i.e. c = d·(1 − r1/r0)/B per byte (clamped at 0). Each kind is
+// measured a few times, alone and with alternating, and the median kept;
+// the ranks then average their figures (one small all-gather), so every rank
+// reports the same. The profile carries them (Profile::compute_s_per_*_byte)
+// and the planner's simulator charges them (common/README.md, "Simulator").
+//
+// Collective: every rank calls it at the same point, after
+// Communicator::TuneChunkBytes and before any other submission. Takes a few
+// tenths of a second.
+#ifndef TANDEM_WORKER_RUNTIME_INTERFERENCE_PROBE_H_
+#define TANDEM_WORKER_RUNTIME_INTERFERENCE_PROBE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "ATen/core/Tensor.h"
+#include "absl/status/statusor.h"
+#include "worker/runtime/communicator.h"
+
+namespace tandem {
+
+struct InterferenceProbe {
+  // Compute seconds per byte moved (a collective's full buffer, a copy's
+  // bytes); 0 at world size 1 for the collectives (nothing moves).
+  double compute_s_per_allgather_byte = 0;
+  double compute_s_per_reduce_scatter_byte = 0;
+  double compute_s_per_copy_byte = 0;
+  // Wall time the probe took.
+  double probe_s = 0;
+};
+
+struct InterferenceProbeOptions {
+  // Bytes each rank sends per probe collective (0: sized from the link rate
+  // `link_bytes_per_s` so one collective lasts about 25 ms, within
+  // [1 MiB, 16 MiB]; 4 MiB when the rate is unknown).
+  int64_t collective_bytes = 0;
+  double link_bytes_per_s = 0;
+  // Repetitions per kind (the median is kept).
+  int repetitions = 3;
+  // Seconds the matmul loop runs alone per repetition.
+  double alone_window_s = 0.02;
+  // The host tier's directory (HostTier::Create) for the copy probe.
+  std::string offload_dir;
+};
+
+absl::StatusOr<InterferenceProbe> MeasureInterference(
+    Communicator& comm, at::Device device,
+    const InterferenceProbeOptions& options);
+
+}  // namespace tandem
+
+#endif  // TANDEM_WORKER_RUNTIME_INTERFERENCE_PROBE_H_

@@ -16,6 +16,9 @@
 # (tandem-e2e-0/1) and the veth pair are removed on exit, failure included.
 # --comm sets the job spec's `comm` section for every Tandem run (default:
 # the spec's defaults).
+# --drift-check runs only bench/drift/throttle.py (issue 15): a job under a
+# coordinator on the first rate's link, throttled to 1/20 of it mid-job; a
+# drift re-plan must follow within drift_window steps (exit 1 if not).
 # Environment: TANDEM_BUILD_DIR (default build/): the binaries are built
 # there (-j2) when missing.
 set -euo pipefail
@@ -23,7 +26,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 RATES="2000 200"
 MODELS="tiny-llama,wide-short"
-STEPS="" DISCARD=2 QUICK=0 COMM=""
+STEPS="" DISCARD=2 QUICK=0 COMM="" DRIFT_CHECK=0
 WORK="${TMPDIR:-/tmp}/tandem-e2e"
 OUT=""
 while [ $# -gt 0 ]; do
@@ -35,7 +38,8 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift 2 ;;
     --quick) QUICK=1; shift ;;
     --comm) COMM="$2"; shift 2 ;;
-    -h|--help) sed -n 2,21p "$0"; exit 0 ;;
+    --drift-check) DRIFT_CHECK=1; shift ;;
+    -h|--help) sed -n 2,24p "$0"; exit 0 ;;
     *) echo "$0: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -50,19 +54,20 @@ done
 
 BUILD="${TANDEM_BUILD_DIR:-$ROOT/build}"
 need_build=0
-for bin in worker/tandem-worker coordinator/tandem-plan bench/tandem-comm-replay; do
+BINS="worker/tandem-worker coordinator/tandem-plan bench/tandem-comm-replay coordinator/tandem-coordinator"
+for bin in $BINS; do
   [ -x "$BUILD/$bin" ] || need_build=1
 done
 if [ "$need_build" -eq 1 ]; then
-  echo "[e2e] building tandem-worker, tandem-plan, tandem-comm-replay in $BUILD" >&2
+  echo "[e2e] building tandem-worker, tandem-plan, tandem-comm-replay, tandem-coordinator in $BUILD" >&2
   [ -f "$BUILD/CMakeCache.txt" ] || cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >&2
-  cmake --build "$BUILD" -j2 --target tandem-worker tandem-plan tandem-comm-replay >&2
+  cmake --build "$BUILD" -j2 --target tandem-worker tandem-plan tandem-comm-replay tandem-coordinator >&2
 fi
 
 # A snapshot of the binaries: a rebuild during the run must not swap them.
 SNAP="$WORK/bin"
 mkdir -p "$SNAP/worker" "$SNAP/coordinator" "$SNAP/bench"
-for bin in worker/tandem-worker coordinator/tandem-plan bench/tandem-comm-replay; do
+for bin in $BINS; do
   cp "$BUILD/$bin" "$SNAP/$bin.tmp" && mv "$SNAP/$bin.tmp" "$SNAP/$bin"
 done
 BUILD="$SNAP"
@@ -124,6 +129,22 @@ facts = {"contender": "machine", "cpu": cpu, "cores": os.cpu_count(),
          "comm": sys.argv[2] or "spec defaults"}
 open(sys.argv[1], "a").write(json.dumps(facts) + "\n")
 EOF
+
+if [ "$DRIFT_CHECK" -eq 1 ]; then
+  rate=${RATES%% *}
+  for pair in "$NS0 $IF0" "$NS1 $IF1"; do
+    set -- $pair
+    ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate "${rate}mbit" burst 64kb latency 50ms
+  done
+  echo "[e2e] drift check on a ${rate} Mbit/s link" >&2
+  # The coordinator and rank 0 in ns0, rank 1 in ns1: all over the link.
+  ip netns exec "$NS0" /usr/bin/python3 "$ROOT/bench/drift/throttle.py" --build "$BUILD" \
+    --workdir "$WORK/drift" --ns1 "$NS1" --if0 "$IF0" --if1 "$IF1" --ip0 "$IP0" --ip1 "$IP1" \
+    --rate-mbit "$rate" --out "$OUT" &
+  DRIVER_PID=$!
+  wait "$DRIVER_PID"
+  exit $?
+fi
 
 for rate in $RATES; do
   for pair in "$NS0 $IF0" "$NS1 $IF1"; do

@@ -96,10 +96,9 @@ absl::string_view BindingKindName(BindingKind kind) {
 }
 
 std::optional<BindingKind> ParseBindingKind(absl::string_view name) {
-  static constexpr BindingKind kAll[] = {BindingKind::kNone,
-                                         BindingKind::kMemory,
-                                         BindingKind::kLink,
-                                         BindingKind::kHostLink};
+  static constexpr BindingKind kAll[] = {
+      BindingKind::kNone, BindingKind::kMemory, BindingKind::kLink,
+      BindingKind::kHostLink};
   return ParseByName(name, kAll, &BindingKindName);
 }
 
@@ -114,8 +113,7 @@ bool Decision::operator==(const Decision& other) const {
          offload_ids == other.offload_ids && node_id == other.node_id &&
          gain_s == other.gain_s && exposed_gain_s == other.exposed_gain_s &&
          held_bytes == other.held_bytes &&
-         peak_delta_bytes == other.peak_delta_bytes &&
-         binding == other.binding;
+         peak_delta_bytes == other.peak_delta_bytes && binding == other.binding;
 }
 
 double Explanation::TotalGain() const {
@@ -154,16 +152,15 @@ std::string FormatExplanation(const Explanation& explanation,
                         "# gains: simulated time before each decision less "
                         "after it, in the order applied\n");
   absl::StrAppendFormat(&out, "%-4s %-13s %-15s %11s %11s %10s %10s  %-s\n",
-                        "#", "decision", "pass", "gain_s", "exposed_s",
-                        "held", "peak", "binding / what");
+                        "#", "decision", "pass", "gain_s", "exposed_s", "held",
+                        "peak", "binding / what");
   int i = 0;
   for (const Decision& d : explanation.decisions) {
-    absl::StrAppendFormat(&out, "%-4d %-13s %-15s %11.6f %11.6f %10s %10s  %s\n",
-                          ++i, DecisionKindName(d.kind), d.pass, d.gain_s,
-                          d.exposed_gain_s,
-                          d.held_bytes == 0 ? "0" : FormatBytesShort(d.held_bytes),
-                          SignedBytes(d.peak_delta_bytes),
-                          DescribeBinding(d.binding));
+    absl::StrAppendFormat(
+        &out, "%-4d %-13s %-15s %11.6f %11.6f %10s %10s  %s\n", ++i,
+        DecisionKindName(d.kind), d.pass, d.gain_s, d.exposed_gain_s,
+        d.held_bytes == 0 ? "0" : FormatBytesShort(d.held_bytes),
+        SignedBytes(d.peak_delta_bytes), DescribeBinding(d.binding));
     absl::StrAppend(&out, "     ", d.what, "\n");
   }
   const double predicted = explanation.baseline_iteration_s - plan_iteration_s;

@@ -98,8 +98,7 @@ bool Schedule::operator==(const Schedule& other) const {
          persistent_param_ids == other.persistent_param_ids &&
          offloads == other.offloads && actions == other.actions &&
          prediction == other.prediction && provenance == other.provenance &&
-         budget_bytes == other.budget_bytes &&
-         explanation == other.explanation;
+         budget_bytes == other.budget_bytes && explanation == other.explanation;
 }
 
 }  // namespace tandem

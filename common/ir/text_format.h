@@ -52,8 +52,8 @@
 // explanation.h) append in order: `decision KIND` with pass=, gain=,
 // exposed_gain=, held=, peak_delta=, at= (a node), groups=, params=,
 // offloads=, bind= (none, memory, link, host-link), bind_at=, bind_bytes=,
-// bind_limit= and what=. An action is `before|after NODE KIND ARG`, where ARG is a group
-// (allgather, wait, release), a param list that may be left out
+// bind_limit= and what=. An action is `before|after NODE KIND ARG`, where ARG
+// is a group (allgather, wait, release), a param list that may be left out
 // (reduce_scatter) or an offload entry (offload, reload). The Action fields a
 // kind does not use print as group=, params= or offload= when set, so that
 // any Action round-trips.

@@ -102,9 +102,9 @@ std::string ParamsLabel(const Graph& graph, const GraphIndex& index,
   std::string names;
   for (size_t i = 0; i < param_ids.size() && i < kNamesShown; ++i) {
     const int pos = index.ParamPos(param_ids[i]);
-    absl::StrAppend(&names, i > 0 ? ", " : "",
-                    pos >= 0 ? graph.params[pos].name
-                             : absl::StrCat("p", param_ids[i]));
+    absl::StrAppend(
+        &names, i > 0 ? ", " : "",
+        pos >= 0 ? graph.params[pos].name : absl::StrCat("p", param_ids[i]));
   }
   if (param_ids.size() > kNamesShown) {
     absl::StrAppend(&names, " +", param_ids.size() - kNamesShown, " params");

@@ -162,17 +162,16 @@ Schedule WithoutEntries(const Schedule& schedule,
 // before n9 y".
 std::string DescribeEntry(const PlanningContext& context,
                           const Schedule& schedule, const OffloadEntry& entry) {
-  std::string out =
-      absl::StrCat("optimizer states of ",
-                   ParamsLabel(context.graph(), context.index(),
-                               entry.param_ids),
-                   " (", FormatBytesShort(entry.bytes), ")");
+  std::string out = absl::StrCat(
+      "optimizer states of ",
+      ParamsLabel(context.graph(), context.index(), entry.param_ids), " (",
+      FormatBytesShort(entry.bytes), ")");
   for (const Action& a : schedule.actions) {
     if (a.offload_id != entry.id) continue;
     if (a.kind == ActionKind::kOffload) {
       absl::StrAppend(&out, " to the host ", AnchorPositionName(a.position),
-                      " ", NodeLabel(context.graph(), context.index(),
-                                     a.node_id));
+                      " ",
+                      NodeLabel(context.graph(), context.index(), a.node_id));
     } else if (a.kind == ActionKind::kReload) {
       absl::StrAppend(&out, ", back ", AnchorPositionName(a.position), " ",
                       NodeLabel(context.graph(), context.index(), a.node_id));
@@ -211,21 +210,38 @@ absl::Status ExplainAddedEntries(PlanningContext& context,
 // Role::kLend: every optimizer state offloaded during forward, reloaded
 // during backward on the current plan's clock, when the plan is
 // communication-bound and the copies cost no time.
-absl::StatusOr<bool> Lend(PlanningContext& context) {
+absl::StatusOr<bool> Lend(PlanningContext& context,
+                          const OffloadPass::LendOptions& options) {
   const SimResult& now = context.sim();
   const Schedule& schedule = context.schedule();
   if (schedule.mode != ShardingMode::kZero3 || schedule.groups.empty() ||
-      now.comm_s <= now.compute_s) {
+      options.fraction <= 0 ||
+      (options.only_when_it_pays && now.comm_s <= now.compute_s)) {
     return false;
   }
   OffloadPlanner planner(context, schedule);
   if (planner.candidates().empty()) return false;
   planner.UseSimulatedClock(now, kLendStretch);
-  const std::vector<Candidate>& all = planner.candidates();
+  // The largest params' states first, up to the fraction of all of them.
+  std::vector<Candidate> all = planner.candidates();
+  if (options.fraction < 1) {
+    int64_t total = 0;
+    for (const Candidate& c : all) total += c.bytes;
+    const double want = options.fraction * static_cast<double>(total);
+    int64_t bytes = 0;
+    size_t count = 0;
+    while (count < all.size() && static_cast<double>(bytes) < want) {
+      bytes += all[count++].bytes;
+    }
+    all.resize(count);
+  }
   Schedule plan = planner.Build(all, planner.LatestReloads(all));
   ASSIGN_OR_RETURN(SimResult sim,
                    Simulate(context.graph(), plan, context.hw()));
-  if (sim.peak_bytes >= now.peak_bytes || !NoSlower(sim, now)) return false;
+  if (options.only_when_it_pays &&
+      (sim.peak_bytes >= now.peak_bytes || !NoSlower(sim, now))) {
+    return false;
+  }
   if (context.explaining()) {
     Decision d;
     d.kind = DecisionKind::kOffload;
@@ -234,10 +250,12 @@ absl::StatusOr<bool> Lend(PlanningContext& context) {
       d.held_bytes += entry.bytes;
     }
     d.what = absl::StrCat(
-        "every optimizer state (", plan.offloads.size(), " entries, ",
-        FormatBytesShort(d.held_bytes),
-        ") lent to the host between forward and backward: the plan is "
-        "communication-bound, so unshard may spend that memory on params");
+        options.fraction < 1 ? "the largest optimizer states ("
+                             : "every optimizer state (",
+        plan.offloads.size(), " entries, ", FormatBytesShort(d.held_bytes),
+        ") lent to the host between forward and backward: ",
+        options.only_when_it_pays ? "the plan is communication-bound, so " : "",
+        "unshard may spend that memory on params");
     context.decisions().Record(std::move(d), sim);
   }
   context.schedule() = std::move(plan);
@@ -339,7 +357,7 @@ absl::string_view OffloadPass::name() const {
 
 absl::StatusOr<bool> OffloadPass::RunImpl(PlanningContext& context) {
   if (!context.has_sim()) RETURN_IF_ERROR(context.Resimulate());
-  if (role_ == Role::kLend) return Lend(context);
+  if (role_ == Role::kLend) return Lend(context, lend_);
   if (role_ == Role::kReturn) return Return(context);
   const int64_t budget = context.budget();
   const int64_t margin = static_cast<int64_t>(context.options().memory_margin *

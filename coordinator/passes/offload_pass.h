@@ -57,7 +57,20 @@ class OffloadPass : public PlanningPass {
     kReturn,
   };
 
+  // How Role::kLend lends.
+  struct LendOptions {
+    // Share of the optimizer-state bytes lent: whole params' states, largest
+    // first, until they reach it (1: every state).
+    double fraction = 1;
+    // Lend only on a communication-bound plan, and keep it only when the
+    // simulation shows a lower peak and no slower iteration (the pipeline's
+    // rule). false lends regardless, for offload-unshard-search, which
+    // judges the finished plan instead.
+    bool only_when_it_pays = true;
+  };
+
   explicit OffloadPass(Role role = Role::kFit) : role_(role) {}
+  OffloadPass(Role role, LendOptions lend) : role_(role), lend_(lend) {}
 
   absl::string_view name() const override;
 
@@ -66,6 +79,7 @@ class OffloadPass : public PlanningPass {
 
  private:
   Role role_;
+  LendOptions lend_;
 };
 
 }  // namespace tandem

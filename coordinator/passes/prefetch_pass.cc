@@ -1,6 +1,7 @@
 #include "coordinator/passes/prefetch_pass.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -48,6 +49,34 @@ struct Occurrence {
   int max_node = 0;
   bool movable = false;
 };
+
+// The latest time, at most `want`, at which the gather at queue position f
+// could be issued so that it starts by `l`: it still follows the gather
+// before it, but overtakes the reduce-scatters issued after that time
+// (their times as simulated). -1 when even the gather before it ends after
+// `l`.
+double LatestIssueAhead(const std::vector<CollectiveTimelineEntry>& queue,
+                        size_t f, double l, double want) {
+  double busy = 0;
+  std::vector<std::pair<double, double>> scatters;  // issue, end
+  for (size_t p = f; p-- > 0;) {
+    const CollectiveTimelineEntry& q = queue[p];
+    if (q.kind == ActionKind::kAllGather) {
+      busy = q.end_s;
+      break;
+    }
+    scatters.push_back({q.issue_s, q.end_s});
+  }
+  if (busy > l) return -1;
+  std::sort(scatters.begin(), scatters.end());
+  for (const auto& [issue, end] : scatters) {
+    // Here what it would wait for (busy) ends by l.
+    if (issue > want) return want;
+    busy = std::max(busy, end);
+    if (busy > l) return std::nextafter(issue, -kInf);
+  }
+  return want;
+}
 
 // A schedule's actions bucketed by anchor slot (2·node position, +1 for
 // after), in list order, with each action's program-order rank and the
@@ -184,9 +213,11 @@ class Reanchorer {
 
   // Anchors from a simulation of the schedule Build() made for `gather_at`
   // (gather_at[k]: action index of occurrence k's gather in that schedule).
+  // With `overtake`, a gather late only behind reduce-scatters queued ahead
+  // of it is issued before them (LatestIssueAhead).
   std::vector<int> ProposeAnchors(const SimResult& sim,
                                   const std::vector<int>& gather_at,
-                                  size_t num_actions) const {
+                                  size_t num_actions, bool overtake) const {
     const int n = static_cast<int>(graph_.nodes.size());
     // tau[j]: when compute reaches the slot before node j.
     std::vector<double> tau(n + 1, 0.0);
@@ -238,6 +269,15 @@ class Reanchorer {
           }
         }
         free_at[k] = free;
+        if (overtake && free > l) {
+          // Late only behind reduce-scatters queued ahead of it: issue it
+          // before them instead.
+          const double ahead = LatestIssueAhead(sim.collectives, f, l, want);
+          if (ahead >= 0) {
+            latest[k] = ahead + slack * dur;
+            free_at[k] = 0;
+          }
+        }
       }
       next = l;
     }
@@ -309,8 +349,8 @@ class Reanchorer {
   // Raises the floors of the gathers prefetched across the peak node, most
   // speculative first, until they free `excess` bytes. Returns false when
   // no prefetched gather holds memory there.
-  bool PullLater(const std::vector<int>& anchors, int peak_pos,
-                 int64_t excess, const Binding& why) {
+  bool PullLater(const std::vector<int>& anchors, int peak_pos, int64_t excess,
+                 const Binding& why) {
     std::vector<int> crossing;
     for (size_t k = 0; k < movable_.size(); ++k) {
       const Occurrence& occ = movable_[k];
@@ -407,9 +447,10 @@ bool Better(const SimResult& a, const SimResult& b) {
 }
 
 // Re-anchoring rounds with memory repair; returns the best candidate found
-// (the start when nothing beats it).
+// (the start when nothing beats it). `overtake`: ProposeAnchors'. With
+// `explain`, records the moves of the candidate returned.
 absl::StatusOr<Candidate> Reanchor(PlanningContext& context, Candidate start,
-                                   int64_t limit) {
+                                   int64_t limit, bool overtake, bool explain) {
   Reanchorer reanchorer(context, start.schedule);
   if (reanchorer.empty()) return start;
   Candidate best = start;
@@ -427,7 +468,7 @@ absl::StatusOr<Candidate> Reanchor(PlanningContext& context, Candidate start,
   int stale_rounds = 0;
   for (int round = 0; round < kMaxRounds; ++round) {
     std::vector<int> proposed = reanchorer.ProposeAnchors(
-        current_sim, gather_at, current.actions.size());
+        current_sim, gather_at, current.actions.size(), overtake);
     if (round > 0) {
       // Later rounds only hoist further: times shrink as stalls vanish, and
       // moving gathers both ways could oscillate.
@@ -467,7 +508,7 @@ absl::StatusOr<Candidate> Reanchor(PlanningContext& context, Candidate start,
     current = std::move(candidate);
     current_sim = std::move(sim);
   }
-  if (context.explaining() && best_anchors != start_anchors) {
+  if (explain && context.explaining() && best_anchors != start_anchors) {
     RETURN_IF_ERROR(ExplainMoves(context, reanchorer, start_anchors,
                                  best_anchors, best.sim));
   }
@@ -594,7 +635,7 @@ absl::StatusOr<Candidate> Fuse(PlanningContext& context, Candidate best,
             GroupLabel(graph, index, s.groups[fb]), " fused into ",
             GroupLabel(graph, index, s.groups[fa]), ": one all-gather of ",
             FormatBytesShort(GroupPaddedBytes(graph, index, s.groups[fa]) +
-                        GroupPaddedBytes(graph, index, s.groups[fb])),
+                             GroupPaddedBytes(graph, index, s.groups[fb])),
             " instead of two");
         context.decisions().Record(std::move(d), sim);
       }
@@ -614,8 +655,24 @@ absl::StatusOr<bool> PrefetchPass::RunImpl(PlanningContext& context) {
   const Schedule before = context.schedule();
   const int64_t limit = std::max(context.budget(), context.sim().peak_bytes);
 
-  Candidate start{before, context.sim()};
-  ASSIGN_OR_RETURN(Candidate best, Reanchor(context, std::move(start), limit));
+  // Re-anchored twice: gathers kept behind the reduce-scatters issued
+  // before them, and allowed to overtake them. Neither wins everywhere
+  // (overtaking hides backward gathers better; it also keeps gradients
+  // alive longer), so the faster is kept, and when explaining planned again
+  // to record its moves.
+  const Candidate start{before, context.sim()};
+  ASSIGN_OR_RETURN(Candidate in_order,
+                   Reanchor(context, start, limit, /*overtake=*/false,
+                            /*explain=*/false));
+  ASSIGN_OR_RETURN(Candidate overtaking,
+                   Reanchor(context, start, limit, /*overtake=*/true,
+                            /*explain=*/false));
+  const bool overtake = Better(overtaking.sim, in_order.sim);
+  Candidate best = overtake ? std::move(overtaking) : std::move(in_order);
+  if (context.explaining()) {
+    ASSIGN_OR_RETURN(best, Reanchor(context, start, limit, overtake,
+                                    /*explain=*/true));
+  }
   ASSIGN_OR_RETURN(best, Fuse(context, std::move(best), limit));
 
   if (best.schedule == before) return false;

@@ -134,9 +134,16 @@ Schedule Unshard(const Schedule& base, const std::vector<int64_t>& seq,
 // over each class of equals (items are in first-use order) keeps the same
 // value and cost but leaves a gather, whose WAIT holds compute back, between
 // them.
+//
+// UnshardPass::Arrangement::kBackwardFirst picks the last members of each
+// class instead (the groups the backward uses first): each one's gradient
+// then appears while its own bytes are about to be released, so little
+// memory is left to gradients queued at the turn; the price is a run of
+// layers with no gathers to keep the link busy in early backward.
 std::vector<int> SpreadAcrossEquals(const std::vector<double>& values,
                                     const std::vector<int64_t>& costs,
-                                    const std::vector<int>& picked) {
+                                    const std::vector<int>& picked,
+                                    UnshardPass::Arrangement arrangement) {
   std::map<std::pair<int64_t, double>, std::vector<int>> classes;
   for (size_t i = 0; i < values.size(); ++i) {
     classes[{costs[i], values[i]}].push_back(static_cast<int>(i));
@@ -149,7 +156,9 @@ std::vector<int> SpreadAcrossEquals(const std::vector<double>& values,
     for (int m : members) count += is_picked[m] ? 1 : 0;
     const size_t total = members.size();
     for (size_t i = 0; i < count; ++i) {
-      out.push_back(members[(2 * i + 1) * total / (2 * count)]);
+      out.push_back(arrangement == UnshardPass::Arrangement::kBackwardFirst
+                        ? members[total - 1 - i]
+                        : members[(2 * i + 1) * total / (2 * count)]);
     }
   }
   std::sort(out.begin(), out.end());
@@ -341,7 +350,7 @@ absl::StatusOr<bool> UnshardPass::RunImpl(PlanningContext& context) {
       costs.push_back(items[i].cost);
     }
     const std::vector<int> picked = SpreadAcrossEquals(
-        values, costs, SolveKnapsack(values, costs, headroom));
+        values, costs, SolveKnapsack(values, costs, headroom), arrangement_);
     if (picked.empty()) break;
     std::vector<Item> trial = chosen;
     for (int p : picked) {
@@ -436,10 +445,9 @@ absl::StatusOr<bool> UnshardPass::RunImpl(PlanningContext& context) {
                               gathers[item.group_pos], " gathers saved");
       } else {
         d.param_ids = group.param_ids;
-        d.what = absl::StrCat(GroupLabel(graph, index, group),
-                              " made persistent: none of its ",
-                              gathers[item.group_pos],
-                              " gathers, refreshed once after the step");
+        d.what = absl::StrCat(
+            GroupLabel(graph, index, group), " made persistent: none of its ",
+            gathers[item.group_pos], " gathers, refreshed once after the step");
       }
       RETURN_IF_ERROR(
           context.Explain(std::move(d), Unshard(base, order, so_far)));

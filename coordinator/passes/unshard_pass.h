@@ -33,6 +33,11 @@
 // the least valuable per byte), and refills the headroom the simulation
 // reveals, a few rounds: about a dozen simulations in all.
 //
+// Among equals, which to pick is the Arrangement: spread (the default,
+// above) or the groups the backward uses first (the last layers), whose
+// releases make room for the gradients the backward produces; the
+// offload-unshard-search pass tries both.
+//
 // Whole gather groups are held. Gathers of the remaining groups keep their
 // anchors; the pipeline runs prefetch again afterwards to re-anchor them
 // against the shorter timeline. Only ZeRO-3 schedules are touched.
@@ -48,12 +53,25 @@ namespace tandem {
 
 class UnshardPass : public PlanningPass {
  public:
-  UnshardPass() = default;
+  // Which of equally valued groups of one shape are held.
+  enum class Arrangement {
+    // Spread evenly over the model ("spread").
+    kSpread,
+    // The ones the backward uses first ("backward-first").
+    kBackwardFirst,
+  };
+
+  explicit UnshardPass(Arrangement arrangement = Arrangement::kSpread)
+      : arrangement_(arrangement) {}
 
   absl::string_view name() const override { return "unshard"; }
+  Arrangement arrangement() const { return arrangement_; }
 
  protected:
   absl::StatusOr<bool> RunImpl(PlanningContext& context) override;
+
+ private:
+  Arrangement arrangement_;
 };
 
 // A 0/1 knapsack: the indices (ascending) of the items of largest total

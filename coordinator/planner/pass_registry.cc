@@ -11,6 +11,7 @@
 #include "common/status_macros.h"
 #include "coordinator/passes/gradient_reduction_pass.h"
 #include "coordinator/passes/offload_pass.h"
+#include "coordinator/passes/offload_unshard_search_pass.h"
 #include "coordinator/passes/prefetch_pass.h"
 #include "coordinator/passes/unshard_pass.h"
 #include "coordinator/passes/zero1_pass.h"
@@ -97,8 +98,24 @@ PassRegistry::PassRegistry() {
       {"unshard",
        "keep the groups that save the most exposed communication per byte "
        "gathered across phases (a knapsack under the memory headroom)",
+       {{"arrangement",
+         PassParam::Kind::kChoice,
+         "spread",
+         {"spread", "backward-first"},
+         "which of equally valued groups to keep: spread over the model, or "
+         "the ones the backward uses first"}},
+       [](const PassArgs& args) -> std::unique_ptr<PlanningPass> {
+         return std::make_unique<UnshardPass>(
+             args.Text("arrangement") == "backward-first"
+                 ? UnshardPass::Arrangement::kBackwardFirst
+                 : UnshardPass::Arrangement::kSpread);
+       }},
+      {"offload-unshard-search",
+       "plan offload-lend through the final prefetch for several lend levels "
+       "and unshard arrangements, keeping the fastest plan (never slower "
+       "than the fixed order)",
        {},
-       Plain<UnshardPass>()},
+       Plain<OffloadUnshardSearchPass>()},
       {"offload",
        "move just enough optimizer state to the host tier for the plan to "
        "fit, copies overlapped with compute",

@@ -307,11 +307,11 @@ std::vector<std::string> PolicyPasses(Policy policy, ShardingMode mode) {
     case Policy::kTandem:
       // coordinator/passes/README.md.
       if (mode == ShardingMode::kZero1) return {"zero1", "offload"};
-      return {"zero3-insert",   "micro-batch-reduce",
-              "offload",        "prefetch",
-              "offload-lend",   "micro-batch-reduce-lend",
-              "unshard",        "micro-batch-reduce-return",
-              "offload-return", "prefetch"};
+      // offload-unshard-search plans offload-lend → micro-batch-reduce-lend
+      // → unshard → micro-batch-reduce-return → offload-return → prefetch
+      // for several lend levels and unshard arrangements.
+      return {"zero3-insert", "micro-batch-reduce", "offload", "prefetch",
+              "offload-unshard-search"};
   }
   return {};
 }

@@ -124,13 +124,17 @@ struct PlanResult {
 };
 
 // Runs the pipeline over `graph` (validated first) with its node times as
-// they are. Tandem's policy (ZeRO-3) also plans every reference policy under
-// the same model and returns the fastest plan that fits, so it is never
-// predicted behind one. Tandem's policy (and a job's own passes) fails with
-// ResourceExhausted when no plan fits the budget, naming the smallest
-// feasible budget and what would fit; reference policies return their plan
-// with feasible=false instead, as the real frameworks would run out of
-// memory.
+// they are. The schedule carries its explanation (common/ir/explanation.h):
+// the decisions of every pass, priced by re-simulation from the starting
+// schedule, then the planner's own (kPolicy when a reference policy's plan
+// is adopted, which adds no gain of its own; kLeastMemory for the
+// fallback), so the gains add up to baseline − plan. Tandem's policy (ZeRO-3)
+// also plans every reference policy under the same model and returns the
+// fastest plan that fits, so it is never predicted behind one. Tandem's policy
+// (and a job's own passes) fails with ResourceExhausted when no plan fits the
+// budget, naming the smallest feasible budget and what would fit; reference
+// policies return their plan with feasible=false instead, as the real
+// frameworks would run out of memory.
 absl::StatusOr<PlanResult> Plan(const Graph& graph, const HardwareModel& hw,
                                 const PlanOptions& options);
 

@@ -25,8 +25,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(
                           {"job", "reason"}));
   ASSIGN_OR_RETURN(m->drift_score,
                    registry.AddGauge("tandem_drift_score",
-                                     "Relative deviation of the measured "
-                                     "iteration time from the prediction.",
+                                     "Relative deviation of the median of "
+                                     "the last drift_window steps from the "
+                                     "prediction.",
                                      {"job"}));
   ASSIGN_OR_RETURN(
       m->pass_seconds,

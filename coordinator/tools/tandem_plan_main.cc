@@ -72,7 +72,8 @@ constexpr char kUsage[] =
     "BYTES]\n"
     "                   [--policy NAME] [--zero1] [--schedule FILE] "
     "[--compare] [--summary]\n"
-    "                   [--profiled-schedule FILE] [--passes LIST]\n"
+    "                   [--profiled-schedule FILE] [--passes LIST] "
+    "[--explain]\n"
     "       tandem-plan --list-passes\n"
     "  --graph FILE     iteration graph, text form\n"
     "  --model TEXT     build the graph of a model, e.g. \"preset=llama3-70b "
@@ -161,11 +162,13 @@ std::string ParseArgs(int argc, char** argv, Args& args) {
     absl::string_view name;
     bool* value;
   };
-  const Switch switches[] = {
-      {"--zero1", &args.zero1},     {"--compare", &args.compare},
-      {"--summary", &args.summary}, {"--list-passes", &args.list_passes},
-      {"--explain", &args.explain},
-      {"--help", &args.help},       {"-h", &args.help}};
+  const Switch switches[] = {{"--zero1", &args.zero1},
+                             {"--compare", &args.compare},
+                             {"--summary", &args.summary},
+                             {"--list-passes", &args.list_passes},
+                             {"--explain", &args.explain},
+                             {"--help", &args.help},
+                             {"-h", &args.help}};
   for (int i = 1; i < argc; ++i) {
     const absl::string_view arg = argv[i];
     absl::string_view name = arg;
@@ -501,11 +504,11 @@ int Main(int argc, char** argv) {
       result->sim, hw->budget(), result->plan_wall_s, result->feasible);
   if (args.explain) {
     absl::PrintF("# explanation\n");
-    std::fputs(FormatExplanation(result->schedule.explanation,
-                                 result->sim.iteration_s,
-                                 result->sim.exposed_comm_s)
-                   .c_str(),
-               stdout);
+    std::fputs(
+        FormatExplanation(result->schedule.explanation, result->sim.iteration_s,
+                          result->sim.exposed_comm_s)
+            .c_str(),
+        stdout);
   }
   return 0;
 }

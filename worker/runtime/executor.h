@@ -133,8 +133,9 @@ class Executor {
 
   // Runs one iteration over this rank's micro-batches (one per graph
   // micro-batch). Errors: the step's failure (communication, a node reading
-  // an ungathered param, the memory budget exceeded), after which the
-  // executor is broken.
+  // an ungathered param, the memory budget exceeded under the least-memory
+  // plan; over it under another schedule, the memory guard switches
+  // instead), after which the executor is broken.
   absl::StatusOr<StepStats> RunStep(absl::Span<const MicroBatch> batches);
 
   // float64 sum of every full param, identical on every rank (collective:

@@ -68,8 +68,8 @@ TEST(ExplanationTest, KindNames_RoundTrip) {
   for (DecisionKind k :
        {DecisionKind::kPrefetch, DecisionKind::kFuse, DecisionKind::kKeep,
         DecisionKind::kPersist, DecisionKind::kOffload, DecisionKind::kReturn,
-        DecisionKind::kZero1Buckets, DecisionKind::kPass,
-        DecisionKind::kPolicy, DecisionKind::kLeastMemory}) {
+        DecisionKind::kZero1Buckets, DecisionKind::kPass, DecisionKind::kPolicy,
+        DecisionKind::kLeastMemory}) {
     EXPECT_EQ(ParseDecisionKind(DecisionKindName(k)), k);
   }
   for (BindingKind k : {BindingKind::kNone, BindingKind::kMemory,
@@ -108,7 +108,8 @@ TEST(ExplanationTest, ProtoForm_Explanation_RoundTrips) {
   const Schedule s = ExplainedSchedule();
   const v1::Schedule proto = ToProto(s);
   ASSERT_TRUE(proto.has_explanation());
-  EXPECT_EQ(proto.explanation().decisions(0).kind(), v1::DECISION_KIND_PREFETCH);
+  EXPECT_EQ(proto.explanation().decisions(0).kind(),
+            v1::DECISION_KIND_PREFETCH);
   EXPECT_EQ(proto.explanation().decisions(1).binding().kind(),
             v1::BINDING_KIND_MEMORY);
   EXPECT_FALSE(proto.explanation().decisions(1).has_node_id());
@@ -154,9 +155,8 @@ TEST(ExplanationTest, ParseSchedule_BadDecision_SaysWhatToWrite) {
 
 TEST(ExplanationTest, FormatExplanation_ShowsEveryDecisionAndTotals) {
   const Schedule s = ExplainedSchedule();
-  const std::string table =
-      FormatExplanation(s.explanation, s.prediction.iteration_s,
-                        s.prediction.exposed_comm_s);
+  const std::string table = FormatExplanation(
+      s.explanation, s.prediction.iteration_s, s.prediction.exposed_comm_s);
   EXPECT_THAT(table, HasSubstr("# baseline: iteration 0.500000 s"));
   EXPECT_THAT(table, HasSubstr("memory at n0 (3.00GiB of 2.00GiB)"));
   EXPECT_THAT(table, HasSubstr("-96.00MiB"));

@@ -239,8 +239,7 @@ TEST(PlanTest, TandemOnTinyLlama_PassesSemanticsAndFits) {
   EXPECT_THAT(
       result->schedule.provenance.passes,
       ElementsAre("zero3-insert", "micro-batch-reduce", "offload", "prefetch",
-                  "offload-lend", "micro-batch-reduce-lend", "unshard",
-                  "micro-batch-reduce-return", "offload-return", "prefetch"));
+                  "offload-unshard-search"));
   EXPECT_EQ(sink.passes, result->schedule.provenance.passes);
   EXPECT_EQ(result->schedule.graph_hash, graph.StructuralHash());
   EXPECT_EQ(result->schedule.budget_bytes, hw.budget());

@@ -1160,7 +1160,10 @@ TEST(ExecutorTest, OnDemandRelease_LowersPeakAndHeldMemoryVsPersistent) {
       << param_bytes;
 }
 
-TEST(ExecutorTest, PeakOverBudget_FailsStepWithBudgetError) {
+// The memory guard (worker/README.md): over the budget under a schedule
+// other than the least-memory one, the next step runs the least-memory
+// schedule; over it there too, the step fails: no schedule fits.
+TEST(ExecutorTest, PeakOverBudget_FallsBackThenFailsWhenNothingFits) {
   RunLoopbackWorld(1, [](int rank, Communicator& comm) {
     const ModelConfig config = TestModel(1, kMicroBatch);
     auto program = BuildModelProgram(config, kSeed);
@@ -1178,9 +1181,19 @@ TEST(ExecutorTest, PeakOverBudget_FailsStepWithBudgetError) {
     auto data = MakeSyntheticTokens(kSeed, config.vocab, config.seq_len);
     auto batches = ReadRankBatches(*data, 0, 1, 0, 1, kMicroBatch);
     ASSERT_TRUE(batches.ok());
+    absl::StatusOr<StepStats> first = (*executor)->RunStep(*batches);
+    ASSERT_TRUE(first.ok()) << first.status();
+    EXPECT_NE(first->schedule_version, kLeastMemoryVersion);
+    EXPECT_TRUE(first->memory_guard);
+    EXPECT_EQ((*executor)->active_schedule().version, kLeastMemoryVersion);
     absl::StatusOr<StepStats> stats = (*executor)->RunStep(*batches);
     EXPECT_EQ(stats.status().code(), absl::StatusCode::kResourceExhausted);
     EXPECT_NE(stats.status().message().find("memory.budget_bytes 4096"),
+              std::string::npos)
+        << stats.status();
+    EXPECT_NE(stats.status().message().find("least-memory"), std::string::npos)
+        << stats.status();
+    EXPECT_NE(stats.status().message().find("set memory.budget_bytes: "),
               std::string::npos)
         << stats.status();
     // Broken from then on, with the same error.

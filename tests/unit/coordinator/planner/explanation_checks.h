@@ -29,11 +29,10 @@ inline void ExpectGainsAddUp(const Graph& graph, const PlanResult& result,
   ASSERT_TRUE(starting.ok()) << starting.status();
   absl::StatusOr<SimResult> baseline = Simulate(graph, *starting, result.hw);
   ASSERT_TRUE(baseline.ok()) << baseline.status();
-  absl::StatusOr<SimResult> plan =
-      Simulate(graph, result.schedule, result.hw);
+  absl::StatusOr<SimResult> plan = Simulate(graph, result.schedule, result.hw);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  const std::string table = FormatExplanation(e, plan->iteration_s,
-                                              plan->exposed_comm_s);
+  const std::string table =
+      FormatExplanation(e, plan->iteration_s, plan->exposed_comm_s);
   SCOPED_TRACE(table);
 
   EXPECT_EQ(e.baseline_iteration_s, baseline->iteration_s);

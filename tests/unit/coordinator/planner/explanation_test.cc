@@ -56,12 +56,11 @@ struct Case {
 };
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
-  static constexpr const char* kBudgets[] = {"unlimited", "tight",
-                                             "smallest"};
-  std::string name = absl::StrCat(
-      info.param.model, "_", PolicyName(info.param.policy), "_",
-      info.param.mode == ShardingMode::kZero3 ? "zero3" : "zero1", "_",
-      kBudgets[static_cast<int>(info.param.budget)]);
+  static constexpr const char* kBudgets[] = {"unlimited", "tight", "smallest"};
+  std::string name =
+      absl::StrCat(info.param.model, "_", PolicyName(info.param.policy), "_",
+                   info.param.mode == ShardingMode::kZero3 ? "zero3" : "zero1",
+                   "_", kBudgets[static_cast<int>(info.param.budget)]);
   for (char& c : name) {
     if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
   }
@@ -101,7 +100,8 @@ TEST_P(ExplanationSumTest, Plan_BuiltInModel_GainsAddUpToBaselineDifference) {
   if (c.policy == Policy::kTandem && c.mode == ShardingMode::kZero3 &&
       !result->adopted_policy.has_value()) {
     // Tandem's own passes itemize what they did.
-    EXPECT_GT(Count(e, DecisionKind::kPrefetch) + Count(e, DecisionKind::kKeep) +
+    EXPECT_GT(Count(e, DecisionKind::kPrefetch) +
+                  Count(e, DecisionKind::kKeep) +
                   Count(e, DecisionKind::kPersist) +
                   Count(e, DecisionKind::kOffload) +
                   Count(e, DecisionKind::kLeastMemory),
@@ -123,16 +123,16 @@ std::vector<Case> Cases() {
        {"preset=tiny-llama world=4", "preset=tiny-llama world=8 grad_accum=2",
         "preset=tiny-moe world=4 checkpointing=true",
         "preset=llama3-8b world=16 seq_len=1024 checkpointing=true"}) {
-    for (Budget budget : {Budget::kUnlimited, Budget::kTight,
-                          Budget::kSmallest}) {
+    for (Budget budget :
+         {Budget::kUnlimited, Budget::kTight, Budget::kSmallest}) {
       cases.push_back({model, budget, ShardingMode::kZero3, Policy::kTandem});
     }
     cases.push_back(
         {model, Budget::kUnlimited, ShardingMode::kZero1, Policy::kTandem});
     for (Policy policy : {Policy::kOnDemand, Policy::kDeepSpeedZero3,
                           Policy::kFsdp, Policy::kDeepCompile}) {
-      cases.push_back({model, Budget::kUnlimited, ShardingMode::kZero3,
-                       policy});
+      cases.push_back(
+          {model, Budget::kUnlimited, ShardingMode::kZero3, policy});
     }
   }
   return cases;

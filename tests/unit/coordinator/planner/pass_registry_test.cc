@@ -41,8 +41,7 @@ TEST(PassRegistryTest, EveryPolicysPasses_AreRegistered) {
   EXPECT_THAT(
       PolicyPasses(Policy::kTandem, ShardingMode::kZero3),
       ElementsAre("zero3-insert", "micro-batch-reduce", "offload", "prefetch",
-                  "offload-lend", "micro-batch-reduce-lend", "unshard",
-                  "micro-batch-reduce-return", "offload-return", "prefetch"));
+                  "offload-unshard-search"));
 }
 
 TEST(PassRegistryTest, Make_WithParameter_BuildsThatPass) {

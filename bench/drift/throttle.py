@@ -1,0 +1,150 @@
+#!/usr/bin/python3
+"""bench/drift's throttle check (issue 15): a real change must re-plan.
+
+Run by `bench/e2e/run.sh --drift-check` inside the first namespace (ns0),
+whose veth pair to ns1 tc shapes: the coordinator listens on ns0's address,
+rank 0 runs here and rank 1 in ns1 (both over the shaped link). Once the job
+has run --throttle-at steps under a plan, the link is throttled with
+`tc qdisc change ... rate` to --throttled-mbit on both ends; the check
+passes when the coordinator's "drift at step S" event comes within
+drift_window steps of the first step that ran on the throttled link, and a
+drift re-plan follows it (a published "(drift)" schedule, or the active plan
+kept at what it measured). Prints one JSON object; exit 1 on a miss.
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import steady  # noqa: E402  (bench/drift/steady.py)
+
+
+def tc_change(ns, ifname, mbit):
+    cmd = ["tc", "qdisc", "change", "dev", ifname, "root", "tbf", "rate", f"{mbit}mbit",
+           "burst", "64kb", "latency", "50ms"]
+    if ns:
+        cmd = ["ip", "netns", "exec", ns] + cmd
+    subprocess.run(cmd, check=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--ns1", required=True)
+    ap.add_argument("--if0", required=True)
+    ap.add_argument("--if1", required=True)
+    ap.add_argument("--ip0", required=True)
+    ap.add_argument("--ip1", required=True)
+    ap.add_argument("--rate-mbit", type=int, required=True, help="the link's rate before")
+    ap.add_argument("--throttled-mbit", type=int, default=0, help="default: rate / 20")
+    ap.add_argument("--throttle-at", type=int, default=120,
+                    help="steps under a plan before the throttle")
+    ap.add_argument("--after", type=int, default=40, help="steps run after the throttle")
+    ap.add_argument("--threshold", type=float, default=0.1)
+    ap.add_argument("--window", type=int, default=5)
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    throttled = a.throttled_mbit or max(1, a.rate_mbit // 20)
+    import tandem  # the Python client (client/python, via steady.py)
+
+    os.makedirs(a.workdir, exist_ok=True)
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    coord, address = steady.start_coordinator(a.build, a.workdir, listen=f"{a.ip0}:0")
+    workers = []
+    result = {"bench": "drift-throttle", "rate_mbit": a.rate_mbit, "throttled_mbit": throttled,
+              "window": a.window, "threshold": a.threshold, "workdir": a.workdir}
+    try:
+        with tandem.Client(address, timeout=30) as client:
+            # Long enough to reach the throttle; the job is cancelled after.
+            job = client.submit(steady.job_spec("drift-throttle", 100000, a.threshold, a.window))
+            worker = os.path.join(a.build, "worker", "tandem-worker")
+            for r in range(2):
+                cmd = [worker, "--coordinator", address, "--job", job.id, "--rank", str(r),
+                       "--threads", "1", "--bind-host", a.ip0 if r == 0 else a.ip1]
+                wenv = dict(env, GLOO_SOCKET_IFNAME=a.if0 if r == 0 else a.if1)
+                if r == 1:
+                    cmd = ["ip", "netns", "exec", a.ns1] + cmd
+                workers.append(subprocess.Popen(
+                    cmd, env=wenv, stdout=open(os.path.join(a.workdir, f"worker{r}.jsonl"), "w"),
+                    stderr=open(os.path.join(a.workdir, f"worker{r}.log"), "w")))
+            rank0 = os.path.join(a.workdir, "worker0.jsonl")
+
+            def planned_steps():
+                return [s for s in steady.step_lines(rank0) if s["schedule_version"] > 0]
+
+            deadline = time.time() + 600
+            while len(planned_steps()) < a.throttle_at:
+                if time.time() > deadline or any(w.poll() is not None for w in workers):
+                    raise RuntimeError(f"the job did not reach {a.throttle_at} planned steps; "
+                                       f"see {a.workdir}")
+                time.sleep(0.2)
+            before = steady.step_lines(rank0)[-1]["step"]
+            tc_change("", a.if0, throttled)
+            tc_change(a.ns1, a.if1, throttled)
+            log_at = time.time()
+            steady.log(f"link throttled to {throttled} Mbit/s after step {before}")
+            while steady.step_lines(rank0)[-1]["step"] < before + a.after:
+                if time.time() > log_at + 300 or any(w.poll() is not None for w in workers):
+                    raise RuntimeError(f"the job did not run {a.after} steps after the throttle")
+                time.sleep(0.2)
+            time.sleep(1.0)  # the re-plan's events
+            _, events = client.get(job.id)
+            client.cancel(job.id, reason="drift check done")
+    finally:
+        tc_change("", a.if0, a.rate_mbit)
+        tc_change(a.ns1, a.if1, a.rate_mbit)
+        for w in workers:
+            if w.poll() is None:
+                w.terminate()
+        for w in workers:
+            try:
+                w.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                w.kill()
+        coord.terminate()
+        coord.wait(timeout=10)
+
+    per_step = steady.slowest_per_step([os.path.join(a.workdir, f"worker{r}.jsonl")
+                                        for r in range(2)])
+    # The first step run wholly on the throttled link: the one after the
+    # step in flight when tc ran.
+    first_slow = before + 2
+    drift_steps = [int(m.group(1)) for e in events if e.kind == "drift"
+                   for m in [re.match(r"drift at step (\d+)", e.message)] if m]
+    after = [s for s in drift_steps if s >= before]
+    # The re-plan that answers the first drift event after the throttle.
+    first = next((i for i, e in enumerate(events) if e.kind == "drift" and
+                  re.match(r"drift at step (\d+)", e.message) and
+                  int(re.match(r"drift at step (\d+)", e.message).group(1)) >= before), None)
+    followed = [] if first is None else [
+        e.message for e in events[first:]
+        if (e.kind == "schedule" and re.match(r"v\d+ \(drift\)", e.message)) or
+        (e.kind == "replan" and "(drift)" in e.message)]
+    def median(xs):
+        xs = sorted(xs)
+        return xs[len(xs) // 2] if xs else None
+    result.update(
+        throttled_after_step=before, first_throttled_step=first_slow,
+        step_s_before=median([t for s, (t, v) in per_step.items() if before - 30 < s <= before]),
+        step_s_after=median([t for s, (t, v) in per_step.items() if first_slow <= s < first_slow + 10]),
+        drift_at_steps=drift_steps, false_drifts_before=[s for s in drift_steps if s < before],
+        replans=[msg[:160] for msg in followed])
+    if after:
+        result["detected_after_steps"] = after[0] - first_slow + 1
+    result["ok"] = bool(after) and after[0] - first_slow + 1 <= a.window and bool(followed)
+    line = json.dumps(result, sort_keys=True)
+    print(line)
+    if a.out:
+        with open(a.out, "a") as f:
+            f.write(line + "\n")
+    sys.exit(0 if result["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -35,10 +35,12 @@ std::vector<std::unique_ptr<PlanningPass>> PassesAfterLend(
 
 // Runs `pass` on `context` as a pipeline would: re-simulates when it changed
 // the plan and, when explaining, records what it changed beyond its own
-// decisions under its name.
-absl::Status RunInner(PlanningPass& pass, PlanningContext& context) {
+// decisions. Decisions go under `record_as` (the search's name: the
+// schedule's provenance names the search, not its inner passes).
+absl::Status RunInner(PlanningPass& pass, PlanningContext& context,
+                      absl::string_view record_as) {
   const size_t decisions_before = context.decisions().size();
-  context.decisions().set_pass(pass.name());
+  context.decisions().set_pass(record_as);
   absl::StatusOr<bool> changed = pass.Run(context);
   if (!changed.ok()) {
     return absl::Status(
@@ -47,7 +49,7 @@ absl::Status RunInner(PlanningPass& pass, PlanningContext& context) {
   }
   if (*changed) RETURN_IF_ERROR(context.Resimulate());
   context.decisions().RecordRest(
-      pass.name(), *changed, context.decisions().size() > decisions_before,
+      record_as, *changed, context.decisions().size() > decisions_before,
       context.sim(), RestBinding(context.sim(), context.memory_target()));
   return absl::OkStatus();
 }
@@ -109,7 +111,7 @@ absl::StatusOr<bool> OffloadUnshardSearchPass::RunImpl(
     trial.schedule() = start;
     RETURN_IF_ERROR(trial.Resimulate());
     OffloadPass lend(OffloadPass::Role::kLend, variant.lend);
-    RETURN_IF_ERROR(RunInner(lend, trial));
+    RETURN_IF_ERROR(RunInner(lend, trial, name()));
     // Variants come in pairs per lend level: check the level once.
     if (variant.arrangement == UnshardPass::Arrangement::kSpread) {
       bool repeat = false;
@@ -121,7 +123,7 @@ absl::StatusOr<bool> OffloadUnshardSearchPass::RunImpl(
     if (lent_repeat.back() && v >= 2) continue;
     for (const std::unique_ptr<PlanningPass>& pass :
          PassesAfterLend(variant.arrangement)) {
-      RETURN_IF_ERROR(RunInner(*pass, trial));
+      RETURN_IF_ERROR(RunInner(*pass, trial, name()));
     }
     const SimResult& sim = trial.sim();
     if (v == 0) pipeline_iteration_s = sim.iteration_s;
@@ -144,12 +146,11 @@ absl::StatusOr<bool> OffloadUnshardSearchPass::RunImpl(
     // decisions; deterministic, so it lands on best_schedule.
     const Variant& variant = variants[*best];
     OffloadPass lend(OffloadPass::Role::kLend, variant.lend);
-    RETURN_IF_ERROR(RunInner(lend, context));
+    RETURN_IF_ERROR(RunInner(lend, context, name()));
     for (const std::unique_ptr<PlanningPass>& pass :
          PassesAfterLend(variant.arrangement)) {
-      RETURN_IF_ERROR(RunInner(*pass, context));
+      RETURN_IF_ERROR(RunInner(*pass, context, name()));
     }
-    context.decisions().set_pass(name());
     Decision d;
     d.kind = DecisionKind::kPass;
     d.what = absl::StrFormat(

@@ -24,9 +24,10 @@
 //
 // About 8 plannings of those six passes at most; each variant runs without
 // explaining. When the context explains, the chosen variant is planned again
-// on the context itself (the passes are deterministic), so each inner pass
-// records its decisions under its own name (decision_log.h), followed by one
-// kPass decision naming the variant chosen against the pipeline's order.
+// on the context itself (the passes are deterministic), so the inner passes
+// record their decisions (decision_log.h), under this pass's name (the
+// schedule's provenance names it, not them), followed by one kPass
+// decision naming the variant chosen against the pipeline's order.
 // Only ZeRO-3 schedules are touched.
 #ifndef TANDEM_COORDINATOR_PASSES_OFFLOAD_UNSHARD_SEARCH_PASS_H_
 #define TANDEM_COORDINATOR_PASSES_OFFLOAD_UNSHARD_SEARCH_PASS_H_

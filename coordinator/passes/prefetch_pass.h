@@ -12,11 +12,16 @@
 // where free_k is when the stream gets to it anyway (issuing earlier than
 // that only holds memory). Stalls shift every later time, so the pass
 // re-simulates and, for a bounded number of rounds, moves late gathers
-// earlier. Issue order stays equal to use order, which the shared schedule
-// makes the same on every rank. When the simulated peak would exceed the
-// budget, the gathers prefetched across the peak are pulled later again
-// (most speculative first); a plan that fitted keeps fitting, and one that
-// did not never gets a higher peak.
+// earlier. This runs twice: once keeping each gather behind the
+// reduce-scatters issued before it (the stream gets to it then anyway), and
+// once letting a gather that would wait only behind such reduce-scatters be
+// issued before them (LatestIssueAhead); the faster result is kept, since
+// overtaking hides backward gathers but keeps full gradients alive longer.
+// Issue order stays equal to use order, which the shared schedule makes the
+// same on every rank. When the simulated peak would exceed the budget, the
+// gathers prefetched across the peak are pulled later again (most speculative
+// first); a plan that fitted keeps fitting, and one that did not never gets a
+// higher peak.
 //
 // Finally neighbouring gathers issued at the same anchor in every occurrence
 // are fused into one group when one collective of the sum is cheaper by at

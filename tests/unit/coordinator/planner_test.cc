@@ -236,10 +236,9 @@ TEST(PlanTest, TandemOnTinyLlama_PassesSemanticsAndFits) {
   EXPECT_TRUE(ValidateSchedule(result->schedule, graph).ok());
   EXPECT_TRUE(result->feasible);
   EXPECT_LE(result->sim.peak_bytes, hw.budget());
-  EXPECT_THAT(
-      result->schedule.provenance.passes,
-      ElementsAre("zero3-insert", "micro-batch-reduce", "offload", "prefetch",
-                  "offload-unshard-search"));
+  EXPECT_THAT(result->schedule.provenance.passes,
+              ElementsAre("zero3-insert", "micro-batch-reduce", "offload",
+                          "prefetch", "offload-unshard-search"));
   EXPECT_EQ(sink.passes, result->schedule.provenance.passes);
   EXPECT_EQ(result->schedule.graph_hash, graph.StructuralHash());
   EXPECT_EQ(result->schedule.budget_bytes, hw.budget());

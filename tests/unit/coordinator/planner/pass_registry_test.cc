@@ -38,10 +38,9 @@ TEST(PassRegistryTest, EveryPolicysPasses_AreRegistered) {
       }
     }
   }
-  EXPECT_THAT(
-      PolicyPasses(Policy::kTandem, ShardingMode::kZero3),
-      ElementsAre("zero3-insert", "micro-batch-reduce", "offload", "prefetch",
-                  "offload-unshard-search"));
+  EXPECT_THAT(PolicyPasses(Policy::kTandem, ShardingMode::kZero3),
+              ElementsAre("zero3-insert", "micro-batch-reduce", "offload",
+                          "prefetch", "offload-unshard-search"));
 }
 
 TEST(PassRegistryTest, Make_WithParameter_BuildsThatPass) {

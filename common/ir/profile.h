@@ -72,7 +72,8 @@ struct Profile {
   int64_t peak_min_bytes = 0;
   // Host-tier copies (OFFLOAD and RELOAD) over the window: bytes moved and
   // seconds the copy stream spent moving them. Their ratio is the host link
-  // the planner prices offloading with; 0 when no copy ran.
+  // the planner prices offloading with. When no copy ran, the worker's
+  // probe copy (worker/README.md, "Profiling"); 0 without either.
   int64_t host_copy_bytes = 0;
   double host_copy_s = 0;
   // Compute time a transfer takes from compute per byte it moves (the

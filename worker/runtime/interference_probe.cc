@@ -28,11 +28,18 @@ class ComputeLoop {
       // Constants, not random: the probe must not draw from the generator
       // the model's initialization and data use.
       : a_(at::full({192, 192}, 0.5, at::TensorOptions().device(device))),
-        b_(at::full({192, 192}, 0.25, at::TensorOptions().device(device))) {}
+        b_(at::full({192, 192}, 0.25, at::TensorOptions().device(device))),
+        stream_(at::full({int64_t{1} << 20}, 1.0,
+                         at::TensorOptions().device(device))) {}
 
+  // A matmul (compute-bound, like a layer's projections) and a pass over
+  // 4 MiB (memory-bound, like its norms and activations): a model's nodes
+  // are both, and transfers slow the second more.
   void Once() {
     const at::Tensor c = at::mm(a_, b_);
-    sink_ += c.select(0, 0).select(0, 0).item<float>();
+    stream_.mul_(0.5).add_(0.5);
+    sink_ += c.select(0, 0).select(0, 0).item<float>() +
+             stream_.select(0, 0).item<float>();
   }
 
   // Units per second over about `seconds`.
@@ -63,6 +70,7 @@ class ComputeLoop {
  private:
   at::Tensor a_;
   at::Tensor b_;
+  at::Tensor stream_;
   float sink_ = 0;
 };
 
@@ -73,11 +81,13 @@ double Median(std::vector<double> values) {
 }
 
 // Compute seconds per byte one transfer took: `start` submits a transfer of
-// `bytes` and returns its handle.
+// `bytes` and returns its handle. `*run_s`, when given, receives the median
+// time the transfer ran.
 absl::StatusOr<double> MeasureKind(
     ComputeLoop& loop, int64_t bytes, const InterferenceProbeOptions& options,
-    const std::function<CollectiveHandle()>& start) {
+    const std::function<CollectiveHandle()>& start, double* run_s = nullptr) {
   std::vector<double> per_byte;
+  std::vector<double> runs;
   for (int rep = 0; rep < std::max(options.repetitions, 1); ++rep) {
     const double alone = loop.RateAlone(options.alone_window_s);
     CollectiveHandle handle = start();
@@ -86,7 +96,9 @@ absl::StatusOr<double> MeasureKind(
     RETURN_IF_ERROR(handle->Wait());
     const double lost = elapsed * std::max(0.0, 1 - with / alone);
     per_byte.push_back(lost / static_cast<double>(bytes));
+    runs.push_back(handle->run_s());
   }
+  if (run_s != nullptr) *run_s = Median(std::move(runs));
   return Median(std::move(per_byte));
 }
 
@@ -137,13 +149,17 @@ absl::StatusOr<InterferenceProbe> MeasureInterference(
     const int64_t bytes =
         kCopyNumel * static_cast<int64_t>(sizeof(float)) * kCopiesPerTransfer;
     ASSIGN_OR_RETURN(probe.compute_s_per_copy_byte,
-                     MeasureKind(loop, bytes, options, [&] {
-                       return tier->Submit([&] {
-                         for (int i = 0; i < kCopiesPerTransfer; ++i) {
-                           tier->Copy(src, dst);
-                         }
-                       });
-                     }));
+                     MeasureKind(
+                         loop, bytes, options,
+                         [&] {
+                           return tier->Submit([&] {
+                             for (int i = 0; i < kCopiesPerTransfer; ++i) {
+                               tier->Copy(src, dst);
+                             }
+                           });
+                         },
+                         &probe.host_copy_s));
+    probe.host_copy_bytes = bytes;
   }
   // Every rank reports the mean over ranks: they share the machine's cores.
   ASSIGN_OR_RETURN(

@@ -36,6 +36,10 @@ struct InterferenceProbe {
   double compute_s_per_allgather_byte = 0;
   double compute_s_per_reduce_scatter_byte = 0;
   double compute_s_per_copy_byte = 0;
+  // The probe's host-tier copy: bytes and the seconds the copy thread took
+  // (this rank's own; the host link's rate).
+  int64_t host_copy_bytes = 0;
+  double host_copy_s = 0;
   // Wall time the probe took.
   double probe_s = 0;
 };

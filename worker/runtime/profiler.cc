@@ -165,6 +165,11 @@ void Profiler::AccumulateOverlaps(const IterationTimeline::Iteration& it) {
   }
 }
 
+void Profiler::SetProbedHostCopy(int64_t bytes, double seconds) {
+  probed_copy_bytes_ = bytes;
+  probed_copy_s_ = seconds;
+}
+
 Profile Profiler::Snapshot(const std::string& graph_hash, int32_t rank) const {
   Profile p;
   p.graph_hash = graph_hash;
@@ -177,6 +182,10 @@ Profile Profiler::Snapshot(const std::string& graph_hash, int32_t rank) const {
   p.peak_min_bytes = peak_min_bytes_;
   p.host_copy_bytes = host_copy_bytes_;
   p.host_copy_s = host_copy_s_;
+  if (host_copy_bytes_ == 0 && probed_copy_bytes_ > 0 && probed_copy_s_ > 0) {
+    p.host_copy_bytes = probed_copy_bytes_;
+    p.host_copy_s = probed_copy_s_;
+  }
   p.compute_s_per_allgather_byte = per_allgather_byte_;
   p.compute_s_per_reduce_scatter_byte = per_reduce_scatter_byte_;
   p.compute_s_per_copy_byte = per_copy_byte_;

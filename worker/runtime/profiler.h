@@ -63,6 +63,9 @@ class Profiler {
   // (interference_probe.h), reported in every snapshot.
   void SetInterference(double per_allgather_byte,
                        double per_reduce_scatter_byte, double per_copy_byte);
+  // The probe's host-tier copy: a window in which no copy ran reports it as
+  // its host copies, so the planner knows the host link before offloading.
+  void SetProbedHostCopy(int64_t bytes, double seconds);
 
   // The window's averages (memory: the largest seen at each boundary).
   Profile Snapshot(const std::string& graph_hash, int32_t rank) const;
@@ -111,6 +114,8 @@ class Profiler {
   double per_allgather_byte_ = 0;
   double per_reduce_scatter_byte_ = 0;
   double per_copy_byte_ = 0;
+  int64_t probed_copy_bytes_ = 0;
+  double probed_copy_s_ = 0;
   std::vector<Accumulator> nodes_;
   std::vector<MemorySample> memory_;
   std::vector<bool> has_memory_;

@@ -458,47 +458,34 @@ int Main(int argc, char** argv) {
     }
   }
 
-  std::vector<Row> rows;
   if (!json && !quick) PrintTableHeader();
-  for (const BenchConfig& config : Grid()) {
-    if (!only.empty() && config.preset != only) continue;
-    absl::StatusOr<Graph> graph = BuildGraph(config);
-    if (!graph.ok()) {
-      absl::FPrintF(stderr, "plan_bench: %s: %s\n", ConfigName(config),
-                    graph.status().message());
-      return 1;
-    }
-    for (Policy policy : AllPolicies()) {
-      rows.push_back(PlanOne(config, *graph, policy));
-      if (json) {
-        PrintJson(rows.back());
-      } else if (!quick) {
-        PrintTableRow(rows.back());
+  // Plans every policy on each of `configs`, printing rows as they come.
+  auto run = [&](const std::vector<BenchConfig>& configs,
+                 std::vector<Row>& out) -> bool {
+    for (const BenchConfig& config : configs) {
+      if (!only.empty() && config.preset != only) continue;
+      absl::StatusOr<Graph> graph = BuildGraph(config);
+      if (!graph.ok()) {
+        absl::FPrintF(stderr, "plan_bench: %s: %s\n", ConfigName(config),
+                      graph.status().message());
+        return false;
       }
-      std::fflush(stdout);
+      for (Policy policy : AllPolicies()) {
+        out.push_back(PlanOne(config, *graph, policy));
+        if (json) {
+          PrintJson(out.back());
+        } else if (!quick) {
+          PrintTableRow(out.back());
+        }
+        std::fflush(stdout);
+      }
+      if (!json && !quick) absl::PrintF("\n");
     }
-    if (!json && !quick) absl::PrintF("\n");
-  }
+    return true;
+  };
+  std::vector<Row> rows;
   std::vector<Row> sweep;
-  for (const BenchConfig& config : GradAccumSweep()) {
-    if (!only.empty() && config.preset != only) continue;
-    absl::StatusOr<Graph> graph = BuildGraph(config);
-    if (!graph.ok()) {
-      absl::FPrintF(stderr, "plan_bench: %s: %s\n", ConfigName(config),
-                    graph.status().message());
-      return 1;
-    }
-    for (Policy policy : AllPolicies()) {
-      sweep.push_back(PlanOne(config, *graph, policy));
-      if (json) {
-        PrintJson(sweep.back());
-      } else if (!quick) {
-        PrintTableRow(sweep.back());
-      }
-      std::fflush(stdout);
-    }
-    if (!json && !quick) absl::PrintF("\n");
-  }
+  if (!run(Grid(), rows) || !run(GradAccumSweep(), sweep)) return 1;
   if (json) return 0;
   const bool grid_met = PrintSummary(rows);
   const bool sweep_met = PrintSweepSummary(sweep);

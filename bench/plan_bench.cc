@@ -243,6 +243,18 @@ void PrintTableRow(const Row& r) {
 
 // Checks the targets over all rows; prints one line each. Returns whether
 // every target was met.
+const char* Verdict(bool met) { return met ? "MET" : "NOT MET"; }
+
+// The "never slower" target line; `slower` names the cases that missed it.
+void PrintNeverSlower(const std::vector<std::string>& slower) {
+  absl::PrintF("  tandem never slower than a feasible reference policy: %s%s\n",
+               Verdict(slower.empty()),
+               slower.empty()
+                   ? ""
+                   : absl::StrCat(" (", slower.size(),
+                                  " cases, first: ", slower[0], ")"));
+}
+
 bool PrintSummary(const std::vector<Row>& rows) {
   std::map<std::string, std::map<Policy, const Row*>> by_config;
   std::vector<std::string> order;
@@ -306,30 +318,24 @@ bool PrintSummary(const std::vector<Row>& rows) {
   }
   const double geo_dc = n_dc > 0 ? std::exp(log_dc / n_dc) : 0;
   const double geo_fsdp = n_fsdp > 0 ? std::exp(log_fsdp / n_fsdp) : 0;
-  auto verdict = [](bool ok) { return ok ? "MET" : "NOT MET"; };
 
   absl::PrintF("\nTargets\n");
   absl::PrintF(
       "  tandem within 1.10x of its lower bound on every feasible config: %s "
       "(worst %.3fx, %s)\n",
-      verdict(worst_ratio <= 1.10), worst_ratio, worst_ratio_config);
-  absl::PrintF("  tandem never slower than a feasible reference policy: %s%s\n",
-               verdict(slower.empty()),
-               slower.empty()
-                   ? ""
-                   : absl::StrCat(" (", slower.size(),
-                                  " cases, first: ", slower[0], ")"));
+      Verdict(worst_ratio <= 1.10), worst_ratio, worst_ratio_config);
+  PrintNeverSlower(slower);
   absl::PrintF(
       "  geomean speedup over deepcompile >= 1.05x: %s (%.3fx over %d "
       "configs)\n",
-      verdict(geo_dc >= 1.05), geo_dc, n_dc);
+      Verdict(geo_dc >= 1.05), geo_dc, n_dc);
   absl::PrintF(
       "    (%.3fx over %d configs counting deepcompile's over-budget plans "
       "too)\n",
       n_dc_all > 0 ? std::exp(log_dc_all / n_dc_all) : 0.0, n_dc_all);
   absl::PrintF(
       "  geomean speedup over fsdp >= 1.3x: %s (%.3fx over %d configs)\n",
-      verdict(geo_fsdp >= 1.3), geo_fsdp, n_fsdp);
+      Verdict(geo_fsdp >= 1.3), geo_fsdp, n_fsdp);
   absl::PrintF(
       "  no plan in this model could do better than %.3fx over deepcompile "
       "and %.3fx over fsdp\n    (geomeans of the reference time over "
@@ -337,10 +343,10 @@ bool PrintSummary(const std::vector<Row>& rows) {
       n_dc > 0 ? std::exp(log_dc_best / n_dc) : 0.0,
       n_fsdp > 0 ? std::exp(log_fsdp_best / n_fsdp) : 0.0);
   absl::PrintF("  every tandem schedule within budget: %s (%d of %d)\n",
-               verdict(tandem_feasible == tandem_total), tandem_feasible,
+               Verdict(tandem_feasible == tandem_total), tandem_feasible,
                tandem_total);
   absl::PrintF("  llama3-70b planned in < 1 s: %s (slowest %.3f s)\n",
-               verdict(max_wall_70b < 1.0), max_wall_70b);
+               Verdict(max_wall_70b < 1.0), max_wall_70b);
   const bool all_met = worst_ratio <= 1.10 && slower.empty() &&
                        geo_dc >= 1.05 && geo_fsdp >= 1.3 &&
                        tandem_feasible == tandem_total && max_wall_70b < 1.0;
@@ -415,16 +421,10 @@ bool PrintSweepSummary(const std::vector<Row>& rows) {
     }
     absl::PrintF("%s\n", line);
   }
-  auto verdict = [](bool ok) { return ok ? "MET" : "NOT MET"; };
   absl::PrintF("\nGradient accumulation sweep targets\n");
   absl::PrintF("  every tandem schedule within budget: %s (%d of %d)\n",
-               verdict(fits == total), fits, total);
-  absl::PrintF("  tandem never slower than a feasible reference policy: %s%s\n",
-               verdict(slower.empty()),
-               slower.empty()
-                   ? ""
-                   : absl::StrCat(" (", slower.size(),
-                                  " cases, first: ", slower[0], ")"));
+               Verdict(fits == total), fits, total);
+  PrintNeverSlower(slower);
   absl::PrintF(
       "  geomean speedup over deepspeed-zero3 %.3fx, fsdp %.3fx, deepcompile "
       "%.3fx (over the configs where each fits)\n",

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -513,7 +514,7 @@ absl::StatusOr<Calibrated> CalibrateWithEvidence(
   };
   // A coarse grid, then golden-section search around its best point.
   double best_k = 1;
-  ASSIGN_OR_RETURN(double best, objective(1));
+  double best = std::numeric_limits<double>::infinity();
   for (double k = 0; k <= kMaxScale + 1e-9; k += kStep) {
     ASSIGN_OR_RETURN(const double e, objective(k));
     if (e < best) {

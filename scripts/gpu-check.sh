@@ -24,6 +24,10 @@
 # (protoc and libprotobuf; the job spec is a proto), abseil, yaml-cpp,
 # civetweb and GoogleTest (Debian/Ubuntu: protobuf-compiler libprotobuf-dev
 # libabsl-dev libyaml-cpp-dev libcivetweb-dev libgtest-dev libgmock-dev).
+# A machine with no package registry takes them as .deb files instead:
+# `scripts/gpu-deps.sh` downloads them (on a Debian 12 machine that has one)
+# into .gpu-deps/, and this script unpacks every .deb found there into a
+# private prefix (never into /) and builds and runs against it.
 #
 # Environment:
 #   PYTHON           the Python that has torch (default: python3)
@@ -31,6 +35,8 @@
 #   TANDEM_JOBS      build parallelism (default: nproc)
 #   LOSS_RTOL        relative loss tolerance, CUDA against CPU (default 1e-3)
 #   NCCL_INCLUDE_DIR directory of nccl.h (default: the nvidia-nccl wheel's)
+#   TANDEM_GPU_DEPS  folder of .deb files to build against (default:
+#                    <checkout>/.gpu-deps; ignored when it holds none)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -108,12 +114,30 @@ fi
 command -v nvcc >/dev/null 2>&1 ||
   die "no nvcc on PATH: libtorch's CMake config needs the CUDA toolkit (add its bin/ to PATH)"
 
+# --- Build dependencies carried as .deb files --------------------------------
+DEPS="${TANDEM_GPU_DEPS:-$ROOT/.gpu-deps}"
+prefix_path="$torch_prefix"
+if compgen -G "$DEPS/*.deb" >/dev/null; then
+  deps_root="$BUILD/deps"
+  say "unpacking $(ls "$DEPS"/*.deb | wc -l) .deb files from $DEPS into $deps_root"
+  rm -rf "$deps_root"
+  mkdir -p "$deps_root"
+  for deb in "$DEPS"/*.deb; do
+    dpkg-deb -x "$deb" "$deps_root" || die "cannot unpack $deb"
+  done
+  multiarch="$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)"
+  prefix_path="$deps_root/usr;$torch_prefix"
+  export PATH="$deps_root/usr/bin:$PATH"
+  # protoc at build time, the shared libraries at test and run time.
+  export LD_LIBRARY_PATH="$deps_root/usr/lib/$multiarch${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
 # --- Configure and build ----------------------------------------------------
 cmake_args=(
   -S "$ROOT" -B "$BUILD" -G Ninja
   -DCMAKE_BUILD_TYPE=Release
   -DCMAKE_CXX_STANDARD="$cxx_standard"
-  -DCMAKE_PREFIX_PATH="$torch_prefix"
+  -DCMAKE_PREFIX_PATH="$prefix_path"
   -DCMAKE_CUDA_COMPILER="$(command -v nvcc)"
   -DTANDEM_WORKER_STANDALONE_ONLY=ON
   -DTANDEM_WITH_NCCL=ON

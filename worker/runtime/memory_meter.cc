@@ -42,7 +42,11 @@ CountingCpuAllocator* CountingCpuAllocator::Install() {
 
 CountingCpuAllocator* CountingCpuAllocator::Get() { return g_instance.load(); }
 
-c10::DataPtr CountingCpuAllocator::allocate(size_t bytes) const {
+c10::DataPtr CountingCpuAllocator::allocate(size_t bytes)
+#if !TANDEM_ALLOCATOR_API_2_3
+    const
+#endif
+{
   auto* base = static_cast<char*>(c10::alloc_cpu(bytes + kHeader));
   *reinterpret_cast<size_t*>(base) = bytes;
   const int64_t now = current_.fetch_add(static_cast<int64_t>(bytes),

@@ -8,10 +8,19 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 
 #include "c10/core/Allocator.h"
 #include "c10/core/Device.h"
+#include "torch/version.h"
+
+#if TORCH_VERSION_MAJOR > 2 || \
+    (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define TANDEM_ALLOCATOR_API_2_3 1
+#else
+#define TANDEM_ALLOCATOR_API_2_3 0
+#endif
 
 namespace tandem {
 
@@ -38,7 +47,15 @@ class CountingCpuAllocator final : public c10::Allocator, public MemoryMeter {
   // The installed instance, or nullptr.
   static CountingCpuAllocator* Get();
 
+#if TANDEM_ALLOCATOR_API_2_3
+  // libtorch 2.3 made allocate non-const and added copy_data.
+  c10::DataPtr allocate(size_t bytes) override;
+  void copy_data(void* dest, const void* src, size_t count) const override {
+    if (count > 0) std::memcpy(dest, src, count);
+  }
+#else
   c10::DataPtr allocate(size_t bytes) const override;
+#endif
   // raw_allocate is not supported: data and context differ.
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
 

@@ -43,6 +43,26 @@ std::shared_ptr<::gloo::transport::Device> GlooDevice(
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+// libtorch 2.x keeps a process-wide "flight recorder" of collectives for
+// post-mortem dumps, which Tandem never reads (the profiler and the events
+// say what ran). With libtorch 2.11 its Gloo recording corrupted the
+// recorder's map when several process groups in one process recorded at
+// once (the loopback tests run each rank as a thread), and the test binary
+// crashed in 2 of 4 runs on a CUDA machine. The recorder reads its size once,
+// when the first group is created: 0 turns it off. A value the user set
+// (TORCH_FR_BUFFER_SIZE or its older name) is kept. libtorch 1.x has none.
+// Runs once per process (a static's initializer: threads creating groups at
+// the same time wait for it), so setenv never races a getenv of ours.
+void DisableFlightRecorder() {
+  static const bool done = [] {
+    if (std::getenv("TORCH_NCCL_TRACE_BUFFER_SIZE") == nullptr) {
+      setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0);
+    }
+    return true;
+  }();
+  (void)done;
+}
+
 // libtorch 1.x: ProcessGroupGloo and ProcessGroupNCCL are process groups.
 // libtorch 2.x: they are c10d::Backends, and a ProcessGroup dispatches each
 // collective to the backend registered for its tensors' device type, as
@@ -145,6 +165,7 @@ CreateProcessGroupFromStore(c10::intrusive_ptr<c10d::Store> store, int rank,
         "the NCCL backend needs a build against a CUDA libtorch with "
         "-DTANDEM_WITH_NCCL=ON; this build has Gloo only (--device cpu)");
   }
+  DisableFlightRecorder();
   absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> group =
       TorchCallOr<c10::intrusive_ptr<c10d::ProcessGroup>>(
           "creating the process group",

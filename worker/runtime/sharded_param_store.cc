@@ -111,7 +111,8 @@ CollectiveHandle ShardedParamStore::Gather(absl::Span<const int32_t> ids,
                   "' while it is still gathered");
       ResizeStorage(e.full, static_cast<size_t>(e.numel) * sizeof(float));
     }
-    pieces.push_back({e.shard, static_cast<float*>(e.full.storage().data()),
+    pieces.push_back({e.shard,
+                      static_cast<float*>(e.full.storage().data_ptr().get()),
                       e.numel, e.shard_numel, packed});
     packed += e.shard_numel;
   }

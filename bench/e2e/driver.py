@@ -162,8 +162,14 @@ memory: {{budget_bytes: {budget}}}
         it = [max(s[i]["iteration_s"] for s in per_rank) for i in range(n)]
         ex = [max(s[i]["exposed_comm_s"] for s in per_rank) for i in range(n)]
         peak = max(s[i]["peak_bytes"] for s in per_rank for i in range(n))
+        # Steps the memory guard ran on the least-memory schedule (version
+        # -1) instead of the planned one: the plan came within the guard
+        # band of the budget, so such steps measure the fallback.
+        fallback = sum(1 for i in range(n)
+                       if any(s[i].get("schedule_version") == -1 for s in per_rank))
         return dict(step_s=statistics.median(it), step_min_s=min(it), step_max_s=max(it),
-                    exposed_comm_s=statistics.median(ex), peak_bytes=peak, steps=n)
+                    exposed_comm_s=statistics.median(ex), peak_bytes=peak, steps=n,
+                    fallback_steps=fallback)
 
     def plan(self, m, profile, policy, budget, schedule_out):
         cmd = [self.plan_bin, "--model", self.model_text(m), "--profile", profile,

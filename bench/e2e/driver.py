@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -171,11 +172,13 @@ memory: {{budget_bytes: {budget}}}
                     exposed_comm_s=statistics.median(ex), peak_bytes=peak, steps=n,
                     fallback_steps=fallback)
 
-    def plan(self, m, profile, policy, budget, schedule_out):
+    def plan(self, m, profile, policy, budget, schedule_out, measured=None):
         cmd = [self.plan_bin, "--model", self.model_text(m), "--profile", profile,
                "--hw", "memory=64GiB", "--policy", policy]
         if budget > 0:
             cmd += ["--budget", str(budget)]
+        if measured:
+            cmd += ["--measured", ",".join(f"{f}={s:.6f}" for f, s in measured)]
         out = self.run_local(cmd, 120)
         sched, _, pred = out.partition("# predictions")
         with open(schedule_out, "w") as f:
@@ -324,6 +327,8 @@ memory: {{budget_bytes: {budget}}}
                         plan_budget -= int(over.group(1)) - int(over.group(2)) + (1 << 20)
                         log(f"{tag}: {policy} over budget by {int(over.group(1)) - bbytes} B; "
                             f"re-planning at {plan_budget} B")
+                if policy == "tandem" and row.get("step_s") and row.get("predicted_s"):
+                    self.refit_round(m, profile, plan_budget, sched, spec, discard, row)
                 if row.get("predicted_s") is not None:
                     try:
                         outs = self.run_pair(
@@ -342,6 +347,48 @@ memory: {{budget_bytes: {budget}}}
                 if row.get("step_s") and row.get("predicted_s"):
                     row["prediction_error"] = row["predicted_s"] / row["step_s"] - 1
                 self.emit(row)
+
+
+    def refit_round(self, m, profile, plan_budget, sched, spec, discard, row):
+        """Tandem's closed loop, offline: what the coordinator does once the
+        first plan has run on a live job. The first plan's measured time
+        re-fits what transfers take from compute (tandem-plan --measured,
+        the coordinator's CalibrateWithEvidence), the job is re-planned and
+        the new plan runs. The row reports the faster of the two measured
+        plans (the coordinator rolls back to the best measured schedule), and
+        keeps the first one's figures under first_*."""
+        first = {k: row.get(k) for k in ("step_s", "step_min_s", "step_max_s",
+                                         "predicted_s", "exposed_comm_s", "peak_bytes")}
+        row.update({f"first_{k}": v for k, v in first.items()})
+        second_sched = sched[:-len(".sched")] + "-refit.sched"
+        try:
+            planned = self.plan(m, profile, "tandem", plan_budget, second_sched,
+                                measured=[(sched, first["step_s"])])
+            outs = self.run_pair(
+                lambda r, rv: [self.worker, "--standalone", "--spec", spec, "--rank",
+                               str(r), "--world", "2", "--rendezvous", rv,
+                               "--threads", "1", "--schedule", second_sched], 900)
+            stats = self.worker_stats(outs, discard)
+        except RuntimeError as e:
+            row["refit_error"] = str(e)
+            return
+        row.update(refit_predicted_s=planned["predicted_s"], refit_step_s=stats["step_s"])
+        # Rolled back unless the re-planned schedule measured faster.
+        if stats["step_s"] < first["step_s"]:
+            row.update(planned, **stats)
+            row["refit"] = "re-planned schedule kept"
+            shutil.copyfile(second_sched, sched)  # the comm replay runs it
+        else:
+            # The first schedule stays, predicted by the re-fitted model.
+            out = self.run_local([self.plan_bin, "--model", self.model_text(m), "--profile",
+                                  profile, "--hw", "memory=64GiB", "--budget",
+                                  str(plan_budget), "--schedule", sched, "--measured",
+                                  f"{sched}={first['step_s']:.6f}"], 120)
+            vals = dict(re.findall(r"^(\w+)\s+([-0-9.e]+)\s*$",
+                                   out.partition("# predictions")[2], re.M))
+            if "iteration_s" in vals:
+                row["predicted_s"] = float(vals["iteration_s"])
+            row["refit"] = "first schedule kept (the re-planned one measured slower)"
 
 
 def main():

@@ -74,6 +74,7 @@ constexpr char kUsage[] =
     "[--compare] [--summary]\n"
     "                   [--profiled-schedule FILE] [--passes LIST] "
     "[--explain]\n"
+    "                   [--measured FILE=SECONDS,...]\n"
     "       tandem-plan --list-passes\n"
     "  --graph FILE     iteration graph, text form\n"
     "  --model TEXT     build the graph of a model, e.g. \"preset=llama3-70b "
@@ -109,7 +110,15 @@ constexpr char kUsage[] =
     "                   version-0 profile: the starting schedule); the memory "
     "the\n"
     "                   runtime held beyond the model is then counted in "
-    "every plan\n";
+    "every plan\n"
+    "  --measured FILE=SECONDS[,FILE=SECONDS...]\n"
+    "                   schedules (text form) already run on this job and "
+    "their measured\n"
+    "                   iteration times (slowest rank's median): what "
+    "transfers take\n"
+    "                   from compute is re-fitted to them before planning, "
+    "as the\n"
+    "                   coordinator does with a live job's measurements\n";
 
 struct Args {
   std::string graph_path;
@@ -122,6 +131,7 @@ struct Args {
   std::string schedule_out;
   std::string schedule_path;
   std::string profiled_schedule_path;
+  std::string measured;
   bool zero1 = false;
   bool compare = false;
   bool summary = false;
@@ -157,6 +167,7 @@ std::string ParseArgs(int argc, char** argv, Args& args) {
       {"--schedule-out", &args.schedule_out},
       {"--schedule", &args.schedule_path},
       {"--profiled-schedule", &args.profiled_schedule_path},
+      {"--measured", &args.measured},
   };
   struct Switch {
     absl::string_view name;
@@ -452,10 +463,33 @@ int Main(int argc, char** argv) {
   } else if (!args.profiled_schedule_path.empty()) {
     return FailUsage("--profiled-schedule needs --profile");
   }
-  // The planner's own calibration: what the coordinator does with a profile.
+  // Schedules already measured on this job (--measured): evidence the
+  // interference model is re-fitted to, as for a live job.
+  std::vector<std::pair<Schedule, double>> measured;
+  if (!args.measured.empty()) {
+    if (!profile.has_value()) return FailUsage("--measured needs --profile");
+    for (absl::string_view item : absl::StrSplit(args.measured, ',')) {
+      std::pair<std::string, std::string> kv =
+          absl::StrSplit(item, absl::MaxSplits('=', 1));
+      double seconds = 0;
+      if (kv.first.empty() || !absl::SimpleAtod(kv.second, &seconds) ||
+          !(seconds > 0)) {
+        return FailUsage(absl::StrCat(
+            "--measured: '", item,
+            "' is not FILE=SECONDS with SECONDS > 0, e.g. v1.sched=0.42"));
+      }
+      absl::StatusOr<Schedule> ran = LoadScheduleFile(kv.first, *graph);
+      if (!ran.ok()) {
+        return Fail(absl::StrCat("--measured: ", ran.status().message()));
+      }
+      measured.emplace_back(*std::move(ran), seconds);
+    }
+  }
+  // The planner's own calibration: what the coordinator does with a profile
+  // (and with the measured schedules).
   absl::StatusOr<Calibrated> calibrated =
-      CalibrateToMeasurements(*graph, *hw, profile ? &*profile : nullptr,
-                              profiled ? &*profiled : nullptr, mode);
+      CalibrateWithEvidence(*graph, *hw, profile ? &*profile : nullptr,
+                            profiled ? &*profiled : nullptr, mode, measured);
   if (!calibrated.ok()) {
     return Fail(
         absl::StrCat(args.profile_path, ": ", calibrated.status().message()));
@@ -479,6 +513,7 @@ int Main(int argc, char** argv) {
   options.policy = *policy;
   options.mode = mode;
   options.passes = passes;
+  options.measured = std::move(measured);
   // Exactly the coordinator's call (PlanningManager::PlanOne).
   absl::StatusOr<PlanResult> result =
       PlanFromMeasurements(*graph, *hw, profile ? &*profile : nullptr,

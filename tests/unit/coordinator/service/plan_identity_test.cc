@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -16,6 +17,7 @@
 #include "common/ir/text_format.h"
 #include "common/job/job_spec.h"
 #include "common/models/graph_builder.h"
+#include "common/sim/simulator.h"
 #include "coordinator/planner/planner.h"
 #include "coordinator/service/planning_manager.h"
 
@@ -183,6 +185,97 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<IdentityCase>& info) {
       return info.param.name;
     });
+
+// tandem-plan --measured re-fits what transfers take from compute to a
+// schedule's measured time exactly as the coordinator does with a live job's
+// measurements (CalibrateWithEvidence), and refuses malformed evidence.
+TEST(TandemPlanMeasuredTest, Measured_RefitsLikeTheCoordinator) {
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/measured_", getpid());
+  ASSERT_EQ(std::system(absl::StrCat("mkdir -p ", dir).c_str()), 0);
+  v1::JobSpec spec;
+  spec.mutable_model()->set_preset("llama");
+  spec.mutable_model()->set_layers(4);
+  spec.mutable_model()->set_d_model(128);
+  spec.mutable_model()->set_heads(4);
+  spec.mutable_model()->set_ffn(256);
+  spec.mutable_model()->set_vocab(512);
+  spec.mutable_batch()->set_micro_batch(2);
+  spec.mutable_batch()->set_seq_len(64);
+  spec.mutable_parallel()->set_world_size(2);
+  ApplyJobSpecDefaults(spec);
+  absl::StatusOr<Graph> graph = BuildModelGraph(*ModelConfigFromJobSpec(spec));
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  Profile profile;
+  profile.graph_hash = graph->StructuralHash();
+  profile.rank = Profile::kAggregateRank;
+  profile.iteration_s = 0.2;
+  for (const Node& n : graph->nodes) {
+    profile.nodes.push_back({n.id, 1e-2, 2});
+  }
+  for (int64_t bytes : {int64_t{1} << 16, int64_t{1} << 20, int64_t{1} << 24}) {
+    CollectiveTiming gather;
+    gather.kind = CollectiveKind::kAllGather;
+    gather.node_id = graph->nodes.front().id;
+    gather.bytes = bytes;
+    gather.issue_to_done_s = 1e-4 + bytes / 40e6;
+    profile.collectives.push_back(gather);
+  }
+  // The probe's figures: compute seconds per byte moved.
+  profile.compute_s_per_allgather_byte = 2e-9;
+  profile.compute_s_per_reduce_scatter_byte = 2e-9;
+  std::ofstream(dir + "/graph.txt") << PrintGraph(*graph);
+  std::ofstream(dir + "/profile.txt") << PrintProfile(profile);
+  // A plan that overlaps gathers with compute, where interference matters.
+  const std::string plan = absl::StrCat(
+      TANDEM_PLAN_BIN, " --graph ", dir, "/graph.txt --profile ", dir,
+      "/profile.txt --hw 'world=2 ranks_per_node=2' --summary --schedule-out ",
+      dir, "/v1.sched > ", dir, "/plan.txt 2>&1");
+  ASSERT_EQ(std::system(plan.c_str()), 0) << ReadAll(dir + "/plan.txt");
+  absl::StatusOr<Schedule> start = ParseSchedule(ReadAll(dir + "/v1.sched"));
+  ASSERT_TRUE(start.ok()) << start.status();
+
+  auto predicted = [&](const std::string& extra) -> double {
+    const std::string command = absl::StrCat(
+        TANDEM_PLAN_BIN, " --graph ", dir, "/graph.txt --profile ", dir,
+        "/profile.txt --hw 'world=2 ranks_per_node=2' --schedule ", dir,
+        "/v1.sched --summary", extra, " > ", dir, "/out.txt 2>&1");
+    EXPECT_EQ(std::system(command.c_str()), 0) << command << "\n"
+                                               << ReadAll(dir + "/out.txt");
+    const std::string out = ReadAll(dir + "/out.txt");
+    const size_t at = out.find("iteration_s");
+    EXPECT_NE(at, std::string::npos) << out;
+    return at == std::string::npos ? 0 : std::atof(out.c_str() + at + 11);
+  };
+  const double before = predicted("");
+  ASSERT_GT(before, 0);
+  // Measured 30% slower than predicted: the refit charges transfers more.
+  const double measured = 1.3 * before;
+  const double after =
+      predicted(absl::StrCat(" --measured ", dir, "/v1.sched=", measured));
+  EXPECT_GT(after, before * 1.01);
+  EXPECT_LT(std::abs(after - measured), std::abs(before - measured));
+
+  // The same evidence through the coordinator's own call.
+  Profile parsed = *ParseProfile(ReadAll(dir + "/profile.txt"));
+  absl::StatusOr<Calibrated> calibrated =
+      CalibrateWithEvidence(*graph, HardwareModel::H100(2), &parsed, nullptr,
+                            ShardingMode::kZero3, {{*start, measured}});
+  ASSERT_TRUE(calibrated.ok()) << calibrated.status();
+  absl::StatusOr<SimResult> sim =
+      Simulate(calibrated->graph, *start, calibrated->hw);
+  ASSERT_TRUE(sim.ok());
+  EXPECT_NEAR(after, sim->iteration_s, 1e-6);
+
+  // Malformed evidence is refused with what to write instead.
+  const std::string bad =
+      absl::StrCat(TANDEM_PLAN_BIN, " --graph ", dir, "/graph.txt --profile ",
+                   dir, "/profile.txt --measured ", dir, "/v1.sched=fast > ",
+                   dir, "/bad.txt 2>&1");
+  EXPECT_NE(std::system(bad.c_str()), 0);
+  EXPECT_THAT(ReadAll(dir + "/bad.txt"),
+              ::testing::HasSubstr("is not FILE=SECONDS"));
+}
 
 }  // namespace
 }  // namespace tandem

@@ -22,6 +22,10 @@ echo "== integration (real coordinator and worker processes)"
 (cd "$ROOT/tests/integration" && TANDEM_BUILD_DIR="$BUILD_DIR" \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider .) || status=1
 
+echo "== exported models against PyTorch eager (tandem export, standalone workers)"
+(cd "$ROOT/tests/export" && TANDEM_BUILD_DIR="$BUILD_DIR" \
+  /usr/bin/python3 -m pytest -q -p no:cacheprovider .) || status=1
+
 echo "== deploy/k8s offline checks (kustomize, kubernetes-models, kubernetes-types + tsc)"
 (cd "$ROOT/tests/unit/deploy/k8s" && TANDEM_BUILD_DIR="$BUILD_DIR" \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider .) || status=1

@@ -1,5 +1,6 @@
 #include "common/job/job_spec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -7,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/archive/model_archive.h"
 #include "common/ir/proto_convert.h"
 
 namespace tandem {
@@ -46,11 +48,68 @@ void AtLeast(FieldErrors& errors, const char* path, T value, T min) {
   if (value < min) errors.Add(path, " must be >= ", min, ", got ", value);
 }
 
+// model.kind torchscript: no builtin fields, and an archive that reads
+// (ReadArchiveManifest) and that the token data sources can feed.
+void ValidateArchiveModel(const v1::JobSpec& spec, FieldErrors& errors) {
+  const v1::ModelSpec& m = spec.model();
+  const std::pair<const char*, bool> builtin_fields[] = {
+      {"preset", !m.preset().empty()},
+      {"layers", m.layers() != 0},
+      {"d_model", m.d_model() != 0},
+      {"heads", m.heads() != 0},
+      {"kv_heads", m.kv_heads() != 0},
+      {"ffn", m.ffn() != 0},
+      {"experts", m.experts() != 0},
+      {"top_k", m.top_k() != 0},
+      {"activation_checkpointing", m.activation_checkpointing()}};
+  for (const auto& [field, set] : builtin_fields) {
+    if (set) {
+      errors.Add("model.", field,
+                 " is a builtin model field; a torchscript model's shapes "
+                 "come from its archive: remove it");
+    }
+  }
+  if (m.path().empty()) {
+    errors.Add(
+        "model.path must name the archive (tandem export -o FILE) "
+        "when model.kind is torchscript");
+    return;
+  }
+  absl::StatusOr<v1::ArchiveManifest> manifest = ReadArchiveManifest(m.path());
+  if (!manifest.ok()) {
+    errors.Add("model.path: ", manifest.status().message());
+    return;
+  }
+  for (const v1::ArchiveInput& in : manifest->inputs()) {
+    if (in.role().empty()) {
+      errors.Add("model.path: the model takes input '", in.name(),
+                 "', which data.kind ", spec.data().kind(),
+                 " cannot feed (it feeds the roles tokens and targets)");
+      continue;
+    }
+    const bool dynamic_seq =
+        std::find(in.dynamic_dims().begin(), in.dynamic_dims().end(), 1) !=
+        in.dynamic_dims().end();
+    if (in.shape_size() != 2) {
+      errors.Add("model.path: input '", in.name(), "' (role ", in.role(),
+                 ") has ", in.shape_size(),
+                 " dimensions; token data sources feed [micro_batch, "
+                 "seq_len]");
+    } else if (!dynamic_seq && in.shape(1) != spec.batch().seq_len()) {
+      errors.Add("batch.seq_len must be ", in.shape(1), " for input '",
+                 in.name(),
+                 "', whose sequence dimension the archive fixes, got ",
+                 spec.batch().seq_len());
+    }
+  }
+}
+
 }  // namespace
 
 void ApplyJobSpecDefaults(v1::JobSpec& spec) {
   v1::ModelSpec& m = *spec.mutable_model();
-  if (m.preset().empty()) m.set_preset("llama");
+  if (m.kind().empty()) m.set_kind("builtin");
+  if (m.preset().empty() && m.kind() == "builtin") m.set_preset("llama");
   if (IsNamedPreset(m.preset())) {
     const ModelConfig p = *ModelPreset(m.preset());
     if (m.layers() == 0) m.set_layers(p.layers);
@@ -112,17 +171,30 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
   }
 
   const v1::ModelSpec& m = spec.model();
-  if (m.preset() != "llama" && m.preset() != "moe" &&
-      !IsNamedPreset(m.preset())) {
-    errors.Add("model.preset must be llama, moe or one of ",
-               absl::StrJoin(ModelPresetNames(), ", "), ", got '", m.preset(),
+  const bool torchscript = m.kind() == "torchscript";
+  if (m.kind() != "builtin" && !torchscript) {
+    errors.Add("model.kind must be builtin or torchscript, got '", m.kind(),
                "'");
+  } else if (torchscript) {
+    ValidateArchiveModel(spec, errors);
+  } else {
+    if (!m.path().empty()) {
+      errors.Add(
+          "model.path is for model.kind torchscript; a builtin model "
+          "takes model.preset and sizes");
+    }
+    if (m.preset() != "llama" && m.preset() != "moe" &&
+        !IsNamedPreset(m.preset())) {
+      errors.Add("model.preset must be llama, moe or one of ",
+                 absl::StrJoin(ModelPresetNames(), ", "), ", got '", m.preset(),
+                 "'");
+    }
+    AtLeast(errors, "model.layers", m.layers(), 1);
+    AtLeast(errors, "model.d_model", m.d_model(), 1);
+    AtLeast(errors, "model.heads", m.heads(), 1);
+    AtLeast(errors, "model.kv_heads", m.kv_heads(), 1);
+    AtLeast(errors, "model.ffn", m.ffn(), 1);
   }
-  AtLeast(errors, "model.layers", m.layers(), 1);
-  AtLeast(errors, "model.d_model", m.d_model(), 1);
-  AtLeast(errors, "model.heads", m.heads(), 1);
-  AtLeast(errors, "model.kv_heads", m.kv_heads(), 1);
-  AtLeast(errors, "model.ffn", m.ffn(), 1);
   AtLeast(errors, "model.vocab", m.vocab(), 2);
 
   const v1::DataSpec& d = spec.data();
@@ -230,6 +302,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
   }
 
   if (absl::Status s = errors.ToStatus(); !s.ok()) return s;
+  if (torchscript) return absl::OkStatus();
   // The model's own rules (divisibility, expert counts) once fields are sane.
   absl::StatusOr<ModelConfig> config = ModelConfigFromJobSpec(spec);
   return config.status();

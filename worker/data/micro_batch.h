@@ -1,8 +1,10 @@
-// Turning token rows into the executor's MicroBatch tensors.
+// Turning token rows into the executor's MicroBatch tensors, under the
+// names the program reads them by.
 #ifndef TANDEM_WORKER_DATA_MICRO_BATCH_H_
 #define TANDEM_WORKER_DATA_MICRO_BATCH_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -11,15 +13,28 @@
 
 namespace tandem {
 
-// `rows`: n row-major sequences of seq_len + 1 tokens (ReadSequences).
-// Inputs are the first seq_len tokens of each row, targets the last seq_len.
+// The program inputs a token source feeds (ProgramInput::role): the names
+// of the "tokens" and "targets" inputs ("" when the program has none).
+struct TokenInputs {
+  std::string tokens = "tokens";
+  std::string targets = "targets";
+};
+
+// `program`'s token inputs. Errors (InvalidArgument): no input has role
+// "tokens", a role repeats, or an input has no role (a token source cannot
+// feed it).
+absl::StatusOr<TokenInputs> TokenInputsOf(const Program& program);
+
+// `rows`: n row-major sequences of seq_len + 1 tokens (ReadSequences). The
+// tokens input is the first seq_len tokens of each row, the targets input
+// the last seq_len, both int64 [n, seq_len].
 MicroBatch MakeMicroBatch(const std::vector<int64_t>& rows, int64_t n,
-                          int64_t seq_len);
+                          int64_t seq_len, const TokenInputs& names = {});
 
 // Rank `rank`'s micro-batches of step `step` from `source`.
 absl::StatusOr<std::vector<MicroBatch>> ReadRankBatches(
     const TokenSource& source, int64_t step, int32_t grad_accum, int32_t rank,
-    int32_t world, int32_t per_rank);
+    int32_t world, int32_t per_rank, const TokenInputs& names = {});
 
 }  // namespace tandem
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -204,68 +205,88 @@ absl::StatusOr<Program> BuildModelProgram(const ModelConfig& c, uint64_t seed) {
     return static_cast<int32_t>(program.params.size() - 1);
   };
 
-  program.nodes.push_back(
-      {"embed",
-       {add("embed.weight", {vocab, d}, "embed", false)},
-       [](const at::Tensor& tokens, absl::Span<const at::Tensor> p,
-          const MicroBatch&) { return at::embedding(p[0], tokens); }});
+  program.inputs = {{"tokens", "tokens"}, {"targets", "targets"}};
+  program.loss = "loss";
+  // Each node reads the previous node's output, named after that node (the
+  // loss also reads the targets).
+  auto add_node = [&](std::string name, std::vector<int32_t> param_ids,
+                      std::function<at::Tensor(const at::Tensor&,
+                                               absl::Span<const at::Tensor>)>
+                          forward) {
+    ProgramNode node;
+    node.inputs = {program.nodes.empty() ? std::string("tokens")
+                                         : program.nodes.back().outputs[0]};
+    node.outputs = {name};
+    node.name = std::move(name);
+    node.param_ids = std::move(param_ids);
+    node.forward = [forward = std::move(forward)](
+                       absl::Span<const at::Tensor> in,
+                       absl::Span<const at::Tensor> p) {
+      return std::vector<at::Tensor>{forward(in[0], p)};
+    };
+    program.nodes.push_back(std::move(node));
+  };
+
+  add_node("embed", {add("embed.weight", {vocab, d}, "embed", false)},
+           [](const at::Tensor& tokens, absl::Span<const at::Tensor> p) {
+             return at::embedding(p[0], tokens);
+           });
   for (int32_t i = 0; i < c.layers; ++i) {
     const std::string unit = absl::StrCat("layers.", i);
     const std::string attn = unit + ".attn";
-    ProgramNode attn_node;
-    attn_node.name = attn;
-    attn_node.param_ids = {
-        add(unit + ".attn_norm.weight", {d}, unit, true),
-        add(attn + ".wq.weight", {q_dim, d}, unit, false),
-        add(attn + ".wk.weight", {kv_dim, d}, unit, false),
-        add(attn + ".wv.weight", {kv_dim, d}, unit, false),
-        add(attn + ".wo.weight", {d, q_dim}, unit, false, out_std),
-    };
-    attn_node.forward =
-        [dims](const at::Tensor& x, absl::Span<const at::Tensor> p,
-               const MicroBatch&) { return Attention(x, p, dims); };
-    program.nodes.push_back(std::move(attn_node));
+    add_node(attn,
+             {
+                 add(unit + ".attn_norm.weight", {d}, unit, true),
+                 add(attn + ".wq.weight", {q_dim, d}, unit, false),
+                 add(attn + ".wk.weight", {kv_dim, d}, unit, false),
+                 add(attn + ".wv.weight", {kv_dim, d}, unit, false),
+                 add(attn + ".wo.weight", {d, q_dim}, unit, false, out_std),
+             },
+             [dims](const at::Tensor& x, absl::Span<const at::Tensor> p) {
+               return Attention(x, p, dims);
+             });
 
     const int32_t mlp_norm = add(unit + ".mlp_norm.weight", {d}, unit, true);
     if (c.arch == ModelArch::kLlama) {
       const std::string mlp = unit + ".mlp";
-      program.nodes.push_back(
-          {mlp,
-           {mlp_norm, add(mlp + ".w_gate.weight", {ffn, d}, unit, false),
-            add(mlp + ".w_up.weight", {ffn, d}, unit, false),
-            add(mlp + ".w_down.weight", {d, ffn}, unit, false, out_std)},
-           [](const at::Tensor& x, absl::Span<const at::Tensor> p,
-              const MicroBatch&) { return Mlp(x, p); }});
+      add_node(mlp,
+               {mlp_norm, add(mlp + ".w_gate.weight", {ffn, d}, unit, false),
+                add(mlp + ".w_up.weight", {ffn, d}, unit, false),
+                add(mlp + ".w_down.weight", {d, ffn}, unit, false, out_std)},
+               [](const at::Tensor& x, absl::Span<const at::Tensor> p) {
+                 return Mlp(x, p);
+               });
     } else {
       const std::string moe = unit + ".moe";
-      program.nodes.push_back(
-          {moe,
-           {mlp_norm, add(moe + ".router.weight", {experts, d}, unit, false),
-            add(moe + ".w_gate", {experts, ffn, d}, unit, false),
-            add(moe + ".w_up", {experts, ffn, d}, unit, false),
-            add(moe + ".w_down", {experts, d, ffn}, unit, false, out_std)},
-           [dims](const at::Tensor& x, absl::Span<const at::Tensor> p,
-                  const MicroBatch&) { return Moe(x, p, dims); }});
+      add_node(
+          moe,
+          {mlp_norm, add(moe + ".router.weight", {experts, d}, unit, false),
+           add(moe + ".w_gate", {experts, ffn, d}, unit, false),
+           add(moe + ".w_up", {experts, ffn, d}, unit, false),
+           add(moe + ".w_down", {experts, d, ffn}, unit, false, out_std)},
+          [dims](const at::Tensor& x, absl::Span<const at::Tensor> p) {
+            return Moe(x, p, dims);
+          });
     }
   }
-  program.nodes.push_back(
-      {"norm",
-       {add("norm.weight", {d}, "head", true)},
-       [](const at::Tensor& x, absl::Span<const at::Tensor> p,
-          const MicroBatch&) { return RmsNorm(x, p[0]); }});
-  program.nodes.push_back(
-      {"lm_head",
-       {add("lm_head.weight", {vocab, d}, "head", false)},
-       [](const at::Tensor& x, absl::Span<const at::Tensor> p,
-          const MicroBatch&) { return at::linear(x, p[0]); }});
-  program.nodes.push_back(
-      {"loss",
-       {},
-       [vocab](const at::Tensor& logits, absl::Span<const at::Tensor>,
-               const MicroBatch& batch) {
-         return at::cross_entropy_loss(logits.reshape({-1, vocab}),
-                                       batch.targets.reshape({-1}));
-       }});
+  add_node("norm", {add("norm.weight", {d}, "head", true)},
+           [](const at::Tensor& x, absl::Span<const at::Tensor> p) {
+             return RmsNorm(x, p[0]);
+           });
+  add_node("lm_head", {add("lm_head.weight", {vocab, d}, "head", false)},
+           [](const at::Tensor& x, absl::Span<const at::Tensor> p) {
+             return at::linear(x, p[0]);
+           });
+  ProgramNode loss;
+  loss.name = "loss";
+  loss.inputs = {"lm_head", "targets"};
+  loss.outputs = {"loss"};
+  loss.forward = [vocab](absl::Span<const at::Tensor> in,
+                         absl::Span<const at::Tensor>) {
+    return std::vector<at::Tensor>{at::cross_entropy_loss(
+        in[0].reshape({-1, vocab}), in[1].reshape({-1}))};
+  };
+  program.nodes.push_back(std::move(loss));
   return program;
 }
 

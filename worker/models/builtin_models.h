@@ -6,10 +6,12 @@
 // params, so DeriveGraph(program) has the builder's structural hash.
 //
 // Nodes (one micro-batch): embed, per layer layers.<i>.attn and
-// layers.<i>.mlp (or layers.<i>.moe), norm, lm_head, loss. Each node's output
-// is the next node's input: the residual stream [b, s, d] through the
-// layers, the logits [b, s, vocab] out of lm_head, the scalar mean
-// cross-entropy out of loss.
+// layers.<i>.mlp (or layers.<i>.moe), norm, lm_head, loss. Inputs "tokens"
+// and "targets" (int64 [b, s], roles tokens and targets). Each node writes
+// one value named after itself, which the next node reads: the residual
+// stream [b, s, d] through the layers, the logits [b, s, vocab] out of
+// lm_head; loss reads lm_head and targets and writes the scalar mean
+// cross-entropy "loss".
 #ifndef TANDEM_WORKER_MODELS_BUILTIN_MODELS_H_
 #define TANDEM_WORKER_MODELS_BUILTIN_MODELS_H_
 

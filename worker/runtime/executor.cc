@@ -164,13 +164,20 @@ struct Executor::IterationState {
   std::vector<Copy> copies;
   SteadyTime backward_start;
   int64_t backward_memory = 0;
+  // The current micro-batch's backward boundaries: hooks not yet fired per
+  // boundary, the values they sit on (for errors), and the next boundary
+  // to fire (they fire in order, last first).
+  std::vector<int> boundary_pending;
+  std::vector<std::vector<int32_t>> boundary_values;
+  int next_boundary = -1;
 };
 
-Executor::Executor(const Program* program, Graph graph,
+Executor::Executor(const Program* program, ProgramFlow flow, Graph graph,
                    ShardedParamStore* store, Communicator* comm,
                    MemoryMeter* meter, Schedule initial,
                    std::optional<Schedule> fallback, ExecutorOptions options)
     : program_(program),
+      flow_(std::move(flow)),
       graph_(std::move(graph)),
       store_(store),
       comm_(comm),
@@ -205,6 +212,7 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(
   if (meter == nullptr) {
     return absl::InvalidArgumentError("a memory meter is required");
   }
+  ASSIGN_OR_RETURN(ProgramFlow flow, AnalyzeProgramFlow(*program));
   RETURN_IF_ERROR(CheckRunnableSchedule(graph, initial));
   std::optional<Schedule> fallback;
   if (options.budget_bytes > 0) {
@@ -216,8 +224,8 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(
     fallback->version = kLeastMemoryVersion;
   }
   std::unique_ptr<Executor> executor(
-      new Executor(program, std::move(graph), store, comm, meter,
-                   std::move(initial), std::move(fallback), options));
+      new Executor(program, std::move(flow), std::move(graph), store, comm,
+                   meter, std::move(initial), std::move(fallback), options));
   RETURN_IF_ERROR(executor->Activate(executor->slot_.active()));
   RETURN_IF_ERROR(TorchCall("gathering persistent params",
                             [&] { executor->RefreshPersistent(nullptr); }));
@@ -431,7 +439,7 @@ void Executor::FinishBackwardNode(int pos) {
 }
 
 void Executor::OnBackwardBoundary(int k, int i) {
-  // Node i+1's backward just finished; node i's is next.
+  // Every node after i has finished its backward; node i's is next.
   const int finished = k * 2 * num_nodes_ + 2 * num_nodes_ - 2 - i;
   FinishBackwardNode(finished);
   RunActions(finished, AnchorPosition::kAfter);
@@ -439,12 +447,40 @@ void Executor::OnBackwardBoundary(int k, int i) {
   StartBackwardNode(finished + 1);
 }
 
+void Executor::OnBoundaryHook(int k, int i) {
+  IterationState& it = *it_;
+  --it.boundary_pending[i];
+  // Boundaries fire in backward order; one whose hooks all fired before a
+  // later one's waits for it.
+  while (it.next_boundary >= 0 && it.boundary_pending[it.next_boundary] == 0) {
+    const int b = it.next_boundary--;
+    OnBackwardBoundary(k, b);
+  }
+}
+
+std::string Executor::BoundaryName(int i) const {
+  return absl::StrCat("between node '", program_->nodes[i].name, "' and node '",
+                      program_->nodes[i + 1].name, "'");
+}
+
 void Executor::RunMicroBatch(int k, const MicroBatch& batch) {
   const int n = num_nodes_;
   const int base = k * 2 * n;
   const bool profiling = profiler_.enabled();
-  at::Tensor act = batch.inputs;
+  // The environment: every value alive in this micro-batch, by value id.
+  std::vector<at::Tensor> env(flow_.values.size());
+  for (size_t v = 0; v < program_->inputs.size(); ++v) {
+    auto in = batch.tensors.find(flow_.values[v]);
+    TORCH_CHECK(in != batch.tensors.end() && in->second.defined(),
+                "micro-batch ", k, " has no tensor for input '",
+                flow_.values[v], "' of model '", program_->name, "'");
+    env[v] = in->second;
+  }
+  it_->boundary_pending.assign(std::max(n - 1, 0), 0);
+  it_->boundary_values.assign(std::max(n - 1, 0), {});
+  it_->next_boundary = n - 2;
   std::vector<at::Tensor> params;
+  std::vector<at::Tensor> inputs;
   for (int i = 0; i < n; ++i) {
     const int pos = base + i;
     const ProgramNode& node = program_->nodes[i];
@@ -452,24 +488,70 @@ void Executor::RunMicroBatch(int k, const MicroBatch& batch) {
     EnsureParams(pos);
     params.clear();
     for (int32_t id : node.param_ids) params.push_back(store_->full(id));
+    inputs.clear();
+    bool grad_in = false;
+    for (int32_t v : flow_.node_inputs[i]) {
+      inputs.push_back(env[v]);
+      grad_in = grad_in || env[v].requires_grad();
+    }
+    // A node after the first that reads no gradient-carrying value has a
+    // backward that no boundary orders: its params' gradients could arrive
+    // after their reduce-scatter.
+    TORCH_CHECK(i == 0 || grad_in || node.param_ids.empty(), "node '",
+                node.name,
+                "' has params but reads no value that carries a gradient "
+                "from the nodes before it, so its backward cannot be placed "
+                "between theirs; make it part of the unit before it");
     const int64_t memory_before = profiling ? meter_->current_bytes() : 0;
     const SteadyTime start = profiling ? Now() : SteadyTime();
-    at::Tensor out = node.forward(act, params, batch);
+    std::vector<at::Tensor> out = node.forward(inputs, params);
+    inputs.clear();
+    TORCH_CHECK(out.size() == flow_.node_outputs[i].size(), "node '", node.name,
+                "' returned ", out.size(), " tensors for its ",
+                flow_.node_outputs[i].size(), " outputs");
+    for (size_t o = 0; o < out.size(); ++o) {
+      env[flow_.node_outputs[i][o]] = std::move(out[o]);
+    }
+    // Values no later node reads are dropped (the loss is kept).
+    for (size_t v = 0; v < env.size(); ++v) {
+      if (env[v].defined() && flow_.last_reader[v] <= i &&
+          static_cast<int32_t>(v) != flow_.loss) {
+        env[v] = at::Tensor();
+      }
+    }
     if (profiling) {
       profiler_.RecordNode(pos, Since(start));
       profiler_.RecordMemory(pos, memory_before, meter_->current_bytes());
     }
     RunActions(pos, AnchorPosition::kAfter);
-    if (i + 1 < n) {
-      TORCH_CHECK(out.requires_grad(), "the output of node '", node.name,
-                  "' does not require grad, so backward actions cannot be "
-                  "anchored at it");
-      out.register_hook([this, k, i](at::Tensor) { OnBackwardBoundary(k, i); });
+    if (i + 1 == n) break;
+    // Backward boundary i: every value still read later that carries a
+    // gradient goes through an identity with a hook; the boundary fires
+    // once all of them have their gradient, i.e. when every later node's
+    // backward is done, even for values that skip nodes.
+    for (size_t v = 0; v < env.size(); ++v) {
+      if (!env[v].defined() || !env[v].requires_grad() ||
+          static_cast<int32_t>(v) == flow_.loss) {
+        continue;
+      }
+      env[v] = env[v].view_as(env[v]);
+      env[v].register_hook([this, k, i](at::Tensor) { OnBoundaryHook(k, i); });
+      ++it_->boundary_pending[i];
+      it_->boundary_values[i].push_back(static_cast<int32_t>(v));
     }
-    act = std::move(out);
+    TORCH_CHECK(it_->boundary_pending[i] > 0,
+                "no value that carries a "
+                "gradient flows ",
+                BoundaryName(i),
+                ", so backward has no point to run the actions anchored "
+                "there; the nodes after it must read an output of a node "
+                "with params");
   }
   params.clear();
-  TORCH_CHECK(act.numel() == 1, "the last node must return a scalar loss");
+  at::Tensor act = env[flow_.loss];
+  env.clear();
+  TORCH_CHECK(act.numel() == 1, "the loss '", program_->loss,
+              "' must be a scalar, but it has ", act.numel(), " elements");
   it_->loss_sum += act.item<double>();
   const at::Tensor loss =
       graph_.micro_batches > 1 ? act / graph_.micro_batches : act;
@@ -478,6 +560,18 @@ void Executor::RunMicroBatch(int k, const MicroBatch& batch) {
   RunActions(loss_backward, AnchorPosition::kBefore);
   StartBackwardNode(loss_backward);
   loss.backward();
+  if (it_->next_boundary >= 0) {
+    const int b = it_->next_boundary;
+    std::vector<std::string> waiting;
+    for (int32_t v : it_->boundary_values[b]) {
+      waiting.push_back(flow_.values[v]);
+    }
+    TORCH_CHECK(false, "the backward boundary ", BoundaryName(b),
+                " never fired: ", it_->boundary_pending[b], " of value(s) [",
+                absl::StrJoin(waiting, ", "),
+                "] got no gradient; every value a later node reads with "
+                "requires_grad must reach the loss");
+  }
   const int first_backward = base + 2 * n - 1;
   FinishBackwardNode(first_backward);
   RunActions(first_backward, AnchorPosition::kAfter);

@@ -154,9 +154,10 @@ class Executor {
  private:
   struct Prepared;
   struct IterationState;
-  Executor(const Program* program, Graph graph, ShardedParamStore* store,
-           Communicator* comm, MemoryMeter* meter, Schedule initial,
-           std::optional<Schedule> fallback, ExecutorOptions options);
+  Executor(const Program* program, ProgramFlow flow, Graph graph,
+           ShardedParamStore* store, Communicator* comm, MemoryMeter* meter,
+           Schedule initial, std::optional<Schedule> fallback,
+           ExecutorOptions options);
   // The guard's verdict for this rank, from its peaks under the active
   // schedule (guard_peaks_) and the peak so far.
   bool NearBudget(int64_t peak) const;
@@ -170,15 +171,20 @@ class Executor {
   // Fails unless every param of the node at `pos` is usable (waits for a
   // persistent refresh still in flight).
   void EnsureParams(int pos);
-  // Hook body: forward node `i` of micro-batch `k` produced the output whose
-  // gradient is complete.
+  // Backward boundary `i` of micro-batch `k` (between forward nodes i and
+  // i+1): every later node's backward is done, node i's is next.
   void OnBackwardBoundary(int k, int i);
+  // Hook body: one value of boundary `i` has its complete gradient; fires
+  // the boundaries whose hooks have all fired, in order.
+  void OnBoundaryHook(int k, int i);
+  std::string BoundaryName(int i) const;
   void StartBackwardNode(int pos);
   void FinishBackwardNode(int pos);
   void RefreshPersistent(const Prepared* previous);
   void WaitCounted(const CollectiveHandle& handle, CollectiveTiming timing);
 
   const Program* program_;
+  const ProgramFlow flow_;
   const Graph graph_;
   ShardedParamStore* store_;
   Communicator* comm_;

@@ -57,12 +57,15 @@ c10::DataPtr CountingCpuAllocator::allocate(size_t bytes)
          !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
   }
   allocations_.fetch_add(1, std::memory_order_relaxed);
-  return {base + kHeader, base, &CountingCpuAllocator::Delete,
+  // The context is the data pointer itself (the size sits in the header
+  // before it), so raw_allocate works too: TorchScript's fused kernels
+  // allocate their buffers through it.
+  return {base + kHeader, base + kHeader, &CountingCpuAllocator::Delete,
           c10::Device(c10::DeviceType::CPU)};
 }
 
 void CountingCpuAllocator::Delete(void* context) {
-  auto* base = static_cast<char*>(context);
+  auto* base = static_cast<char*>(context) - kHeader;
   const size_t bytes = *reinterpret_cast<size_t*>(base);
   if (CountingCpuAllocator* a = g_instance.load()) {
     a->current_.fetch_sub(static_cast<int64_t>(bytes),

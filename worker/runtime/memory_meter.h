@@ -56,8 +56,11 @@ class CountingCpuAllocator final : public c10::Allocator, public MemoryMeter {
 #else
   c10::DataPtr allocate(size_t bytes) const override;
 #endif
-  // raw_allocate is not supported: data and context differ.
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  // Data and context are the same pointer, so raw_allocate and
+  // raw_deallocate work (TorchScript's fused kernels use them).
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &CountingCpuAllocator::Delete;
+  }
 
   int64_t current_bytes() const override {
     return current_.load(std::memory_order_relaxed);

@@ -3,11 +3,73 @@
 #include <string>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace tandem {
+
+absl::StatusOr<ProgramFlow> AnalyzeProgramFlow(const Program& program) {
+  ProgramFlow flow;
+  absl::flat_hash_map<std::string, int32_t> ids;
+  auto define = [&](const std::string& name, absl::string_view by) {
+    const int32_t id = static_cast<int32_t>(flow.values.size());
+    if (name.empty() || !ids.emplace(name, id).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "program '", program.name, "': value '", name, "' (", by,
+          ") is empty or defined twice; every value needs a unique name"));
+    }
+    flow.values.push_back(name);
+    flow.last_reader.push_back(-1);
+    return absl::OkStatus();
+  };
+  for (const ProgramInput& in : program.inputs) {
+    RETURN_IF_ERROR(define(in.name, "a batch input"));
+  }
+  for (size_t i = 0; i < program.nodes.size(); ++i) {
+    const ProgramNode& node = program.nodes[i];
+    std::vector<int32_t>& reads = flow.node_inputs.emplace_back();
+    for (const std::string& name : node.inputs) {
+      auto it = ids.find(name);
+      if (it == ids.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "program '", program.name, "': node '", node.name, "' reads '",
+            name,
+            "', which is neither a batch input nor an output of an earlier "
+            "node"));
+      }
+      reads.push_back(it->second);
+      flow.last_reader[it->second] = static_cast<int32_t>(i);
+    }
+    std::vector<int32_t>& writes = flow.node_outputs.emplace_back();
+    if (node.outputs.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("program '", program.name,
+                                                     "': node '", node.name,
+                                                     "' has no outputs"));
+    }
+    for (const std::string& name : node.outputs) {
+      writes.push_back(static_cast<int32_t>(flow.values.size()));
+      RETURN_IF_ERROR(define(name, absl::StrCat("output of ", node.name)));
+    }
+  }
+  if (program.nodes.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("program '", program.name, "' has no nodes"));
+  }
+  const ProgramNode& last = program.nodes.back();
+  for (size_t o = 0; o < last.outputs.size(); ++o) {
+    if (last.outputs[o] == program.loss)
+      flow.loss = flow.node_outputs.back()[o];
+  }
+  if (flow.loss < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("program '", program.name, "': the loss '", program.loss,
+                     "' is not an output of the last node '", last.name, "'"));
+  }
+  return flow;
+}
 
 absl::StatusOr<Graph> DeriveGraph(const Program& program, int32_t world_size,
                                   int32_t micro_batches,
@@ -35,6 +97,7 @@ absl::StatusOr<Graph> DeriveGraph(const Program& program, int32_t world_size,
     param.unit = p.unit;
     graph.params.push_back(std::move(param));
   }
+  RETURN_IF_ERROR(AnalyzeProgramFlow(program).status());
   for (const ProgramNode& node : program.nodes) {
     for (int32_t id : node.param_ids) {
       if (id < 0 || id >= static_cast<int32_t>(program.params.size())) {

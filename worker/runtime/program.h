@@ -1,13 +1,19 @@
 // What the executor runs: a program of ordered nodes, each a callable with
-// the params it uses declared (worker/README.md, "Runtime rules"). The built-in
-// models (worker/models) produce programs; a TorchScript front end will later.
+// the params it uses declared, reading and writing named values
+// (worker/README.md, "Runtime rules"). The built-in models (worker/models)
+// and exported archives (worker/models/archive_program.h) produce programs.
 // The executor is blind to where a program comes from: it sees names,
-// shapes, declared params and callables.
+// shapes, declared params, value names and callables.
+//
+// Values: a batch input (Program::inputs) or a node output, each defined
+// once, readable by any later node, not only the next (residual streams,
+// masks). The loss is an output of the last node.
 #ifndef TANDEM_WORKER_RUNTIME_PROGRAM_H_
 #define TANDEM_WORKER_RUNTIME_PROGRAM_H_
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -22,47 +28,80 @@ struct ProgramParam {
   // Module path, e.g. "layers.0.attn.wq.weight".
   std::string name;
   std::vector<int64_t> shape;
-  // Wrapping unit, e.g. "layers.0".
+  // Wrapping unit, e.g. "layers.0" (for a param several nodes use: the
+  // first's).
   std::string unit;
   // Writes the full initial value (numel fp32 elements). Must give the same
   // values on every rank and at every world size.
   std::function<void(float* data, int64_t numel)> init;
 };
 
-// One micro-batch of this rank: token ids and next-token targets, int64
-// [micro_batch, seq_len].
+// A batch input the program reads.
+struct ProgramInput {
+  std::string name;
+  // What the token data sources (worker/data) feed it: "tokens" (the
+  // sequence), "targets" (the sequence shifted by one), or "" (nothing: only
+  // a source of named tensors can).
+  std::string role;
+};
+
+// One micro-batch of this rank: a tensor for every program input, by name.
 struct MicroBatch {
-  at::Tensor inputs;
-  at::Tensor targets;
+  std::map<std::string, at::Tensor> tensors;
 };
 
 struct ProgramNode {
   // Forward node name, e.g. "layers.0.attn".
   std::string name;
-  // Indices into Program::params, in the order `forward` receives them.
+  // Indices into Program::params, in the order `forward` receives them. A
+  // param may appear in several nodes (tied weights).
   std::vector<int32_t> param_ids;
-  // Computes the node. `in` is the previous node's output (the first node
-  // gets the token ids); `params` are the full tensors of param_ids. The last
-  // node returns the scalar loss, the mean over this rank's tokens.
-  std::function<at::Tensor(const at::Tensor& in,
-                           absl::Span<const at::Tensor> params,
-                           const MicroBatch& batch)>
+  // Value names it reads, in the order `forward` receives them, and the
+  // value names of the tensors it returns, in order.
+  std::vector<std::string> inputs;
+  std::vector<std::string> outputs;
+  // Computes the node: one tensor per output. `params` are the full tensors
+  // of param_ids.
+  std::function<std::vector<at::Tensor>(absl::Span<const at::Tensor> inputs,
+                                        absl::Span<const at::Tensor> params)>
       forward;
 };
 
 struct Program {
   std::string name;
   std::vector<ProgramParam> params;
+  std::vector<ProgramInput> inputs;
   // The forward nodes of one micro-batch, in execution order.
   std::vector<ProgramNode> nodes;
+  // The value holding the scalar loss (the mean over this rank's tokens or
+  // samples of the micro-batch): an output of the last node.
+  std::string loss;
 };
+
+// The values of a program, numbered: inputs first, then node outputs in
+// order.
+struct ProgramFlow {
+  std::vector<std::string> values;
+  // Per node, the value ids it reads and writes.
+  std::vector<std::vector<int32_t>> node_inputs;
+  std::vector<std::vector<int32_t>> node_outputs;
+  // Per value, the last node that reads it (-1: none).
+  std::vector<int32_t> last_reader;
+  int32_t loss = -1;
+};
+
+// Numbers the program's values and checks the flow: every node input is a
+// batch input or an output of an earlier node, nothing is defined twice, the
+// loss is an output of the last node. Errors name the node and value.
+absl::StatusOr<ProgramFlow> AnalyzeProgramFlow(const Program& program);
 
 // The iteration graph `program` runs with `micro_batches` gradient-
 // accumulation passes: params in program order (ids 0..), then per
 // micro-batch the forward nodes and their backward twins "<name>.bwd" in
 // reverse (names prefixed "mb<k>." when micro_batches > 1), then one
 // "optimizer" node. Times and sizes are left 0: see AnnotateEstimates.
-// Fails when names repeat or a node names an unknown param.
+// Fails when names repeat, a node names an unknown param, or the value flow
+// is broken (AnalyzeProgramFlow).
 absl::StatusOr<Graph> DeriveGraph(const Program& program, int32_t world_size,
                                   int32_t micro_batches,
                                   int64_t tokens_per_micro_batch);

@@ -16,6 +16,7 @@
 #include "common/models/graph_builder.h"
 #include "common/status_macros.h"
 #include "worker/data/micro_batch.h"
+#include "worker/models/archive_program.h"
 #include "worker/models/builtin_models.h"
 #include "worker/runtime/interference_probe.h"
 #include "worker/runtime/torch_status.h"
@@ -133,6 +134,23 @@ absl::StatusOr<ModelParts> PrepareModel(const v1::JobSpec& spec, int world) {
   v1::JobSpec at_world = spec;
   at_world.mutable_parallel()->set_world_size(world);
   ModelParts parts;
+  if (spec.model().kind() == "torchscript") {
+    // An exported archive: its own shapes, no analytic estimates (the
+    // planner times its nodes from profiles).
+    ModelConfig& c = parts.config;
+    c.name = spec.name().empty() ? "job" : spec.name();
+    c.vocab = spec.model().vocab();
+    c.seq_len = spec.batch().seq_len();
+    c.micro_batch = spec.batch().micro_batch();
+    c.grad_accum = spec.batch().grad_accum();
+    c.world_size = world;
+    ASSIGN_OR_RETURN(parts.program, LoadArchiveProgram(spec.model().path()));
+    ASSIGN_OR_RETURN(parts.token_inputs, TokenInputsOf(parts.program));
+    ASSIGN_OR_RETURN(parts.graph,
+                     DeriveGraph(parts.program, world, c.grad_accum,
+                                 int64_t{c.micro_batch} * c.seq_len));
+    return parts;
+  }
   ASSIGN_OR_RETURN(parts.config, ModelConfigFromJobSpec(at_world));
   ASSIGN_OR_RETURN(parts.program,
                    BuildModelProgram(parts.config, spec.train().seed()));
@@ -253,15 +271,15 @@ absl::StatusOr<StepStats> TrainingJob::Step(int64_t step) {
 
 absl::StatusOr<StepStats> TrainingJob::RunAndReport(int64_t step) {
   const ModelConfig& config = model_->config;
-  ASSIGN_OR_RETURN(std::vector<MicroBatch> batches,
-                   ReadRankBatches(*data_, step, config.grad_accum, rank_,
-                                   world_, config.micro_batch));
+  ASSIGN_OR_RETURN(
+      std::vector<MicroBatch> batches,
+      ReadRankBatches(*data_, step, config.grad_accum, rank_, world_,
+                      config.micro_batch, model_->token_inputs));
   // Tokens are read on the host; the model's first node indexes the
   // embedding on the device with them.
   if (!device_.is_cpu()) {
     for (MicroBatch& batch : batches) {
-      batch.inputs = batch.inputs.to(device_);
-      batch.targets = batch.targets.to(device_);
+      for (auto& [name, tensor] : batch.tensors) tensor = tensor.to(device_);
     }
   }
   if (observer_ == nullptr) return executor_->RunStep(batches);

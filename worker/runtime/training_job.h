@@ -23,6 +23,7 @@
 #include "common/models/model_config.h"
 #include "tandem/v1/job.pb.h"
 #include "worker/checkpoint/checkpoint_files.h"
+#include "worker/data/micro_batch.h"
 #include "worker/data/token_source.h"
 #include "worker/runtime/communicator.h"
 #include "worker/runtime/executor.h"
@@ -34,14 +35,22 @@
 namespace tandem {
 
 struct ModelParts {
+  // For a builtin model, the model; for an archive (model.kind torchscript)
+  // only the batch shape, vocab and world.
   ModelConfig config;
   Program program;
-  // DeriveGraph of the program, annotated with the builder's estimates.
+  // DeriveGraph of the program; a builtin model's annotated with the
+  // builder's estimates, an archive's left at zero (times come from
+  // profiles).
   Graph graph;
+  // The program inputs the token data sources feed.
+  TokenInputs token_inputs;
 };
 
-// Builds the model of a validated spec at `world` ranks. Errors: the spec's
-// model is invalid, or stage/features this worker cannot run yet.
+// Builds the model of a validated spec at `world` ranks: the builtin model,
+// or the archive at model.path (model.kind torchscript, loaded with
+// LoadArchiveProgram). Errors: the spec's model is invalid, or
+// stage/features this worker cannot run yet.
 absl::StatusOr<ModelParts> PrepareModel(const v1::JobSpec& spec, int world);
 
 // Settings of this worker process rather than of the job.

@@ -40,14 +40,13 @@ void InjectSlowdown(Program& program, double ms, int64_t from_step,
   for (ProgramNode& node : program.nodes) {
     auto forward = std::move(node.forward);
     node.forward = [forward = std::move(forward), ms, from_step, step](
-                       const at::Tensor& in,
-                       absl::Span<const at::Tensor> params,
-                       const MicroBatch& batch) {
+                       absl::Span<const at::Tensor> inputs,
+                       absl::Span<const at::Tensor> params) {
       if (step->load() >= from_step) {
         std::this_thread::sleep_for(
             std::chrono::microseconds(static_cast<int64_t>(ms * 1000)));
       }
-      return forward(in, params, batch);
+      return forward(inputs, params);
     };
   }
 }

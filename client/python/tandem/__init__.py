@@ -5,6 +5,8 @@ coordinator.
     client = tandem.Client("127.0.0.1:50051")
     job = client.submit("job.yaml")
 
+    tandem.export(model, example_batch, path="model.tandem")   # needs torch
+
 The protobuf stubs live in ``tandem.v1`` (generated; see ``tandem._gen``).
 Names that need them are imported on first use, so ``python3 -m tandem._gen``
 runs even before they exist.
@@ -28,6 +30,12 @@ _LAZY = {
     "spec_from_dict": "tandem.spec",
     "spec_to_dict": "tandem.spec",
     "spec_to_yaml": "tandem.spec",
+    # Model export needs torch, imported only when these are first used.
+    "export": "tandem.export",
+    "ExportError": "tandem.export",
+    "ArchiveError": "tandem.export",
+    "load_archive": "tandem.export",
+    "run_archive": "tandem.export",
 }
 
 __all__ = ["TandemError", "SpecError"] + sorted(_LAZY)
@@ -52,6 +60,7 @@ def __getattr__(name):
         if e.name and e.name.startswith("tandem.v1"):
             raise _missing_stubs_error(e) from None
         raise
-    value = getattr(mod, name)
+    # tandem.export is the module itself, callable as export().
+    value = mod if name == "export" else getattr(mod, name)
     globals()[name] = value
     return value

@@ -8,11 +8,15 @@
     tandem reoptimize JOB [--reason R]
     tandem schedule JOB [--version N] [--explain]
     tandem timeline JOB -o trace.json [--rank R]
+    tandem export my_model.py:build [--example-batch FILE]
+                  [--wrap A,B | --wrap-min-params N] [--dynamic NAME:DIM,...]
+                  -o model.tandem
 
 Exit status: 0 on success (for watch: the job SUCCEEDED); 1 when the
 coordinator refused or could not be reached, or a watched job FAILED or was
 CANCELLED; 2 for usage errors, including a job spec file that does not fit
-the JobSpec schema; 130 on Ctrl-C.
+the JobSpec schema; 130 on Ctrl-C. `tandem export` needs no coordinator: 1
+when the model cannot be captured, 2 for bad arguments.
 """
 
 import argparse
@@ -232,6 +236,155 @@ def watch_job(client, job_id, args):
     return EXIT_ERROR
 
 
+# ---------------------------------------------------------------- export
+
+def _load_build(target):
+    """Calls FILE.py:FUNCTION and returns what it returns."""
+    import importlib.util
+    import os
+
+    path, sep, fn_name = target.rpartition(":")
+    if not sep or not path or not fn_name:
+        raise TandemError("expected FILE.py:FUNCTION (e.g. my_model.py:build), "
+                          "got %r" % target)
+    if not os.path.isfile(path):
+        raise TandemError("%s: no such file (from %r)" % (path, target))
+    directory = os.path.dirname(os.path.abspath(path))
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    mod_name = "tandem_user_model_" + "".join(
+        c if c.isalnum() else "_" for c in os.path.basename(path)[:-3])
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    if spec is None:
+        raise TandemError("%s is not a Python file" % path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 -- the user's own code
+        raise _UserCodeError("importing %s failed" % path, e)
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        names = sorted(n for n, v in vars(module).items()
+                       if callable(v) and not n.startswith("_") and
+                       getattr(v, "__module__", None) == mod_name)
+        raise TandemError("%s has no function %r%s" % (
+            path, fn_name,
+            " (it has: %s)" % ", ".join(names[:12]) if names else ""))
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 -- the user's own code
+        raise _UserCodeError("%s() in %s failed" % (fn_name, path), e)
+
+
+class _UserCodeError(Exception):
+    def __init__(self, what, error):
+        import traceback
+        frames = traceback.extract_tb(error.__traceback__)
+        where = ""
+        if frames:
+            fr = frames[-1]
+            where = "\n  at %s:%d: %s" % (fr.filename, fr.lineno,
+                                          (fr.line or "").strip())
+        super().__init__("%s: %s: %s%s" % (what, type(error).__name__, error,
+                                           where))
+
+
+def _parse_dynamic(values):
+    dims = {}
+    for value in values or []:
+        for item in value.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            name, sep, dim = item.rpartition(":")
+            if not sep or not name or not dim.lstrip("-").isdigit():
+                raise TandemError("--dynamic takes NAME:DIM[,NAME:DIM...] "
+                                  "(e.g. input_ids:1,labels:1), got %r" % item)
+            dims.setdefault(name, []).append(int(dim))
+    return dims
+
+
+def _resolve_wrap(module, names):
+    classes = {}
+    for m in module.modules():
+        c = type(m)
+        for key in (c.__name__, c.__qualname__,
+                    "%s.%s" % (c.__module__, c.__qualname__)):
+            classes.setdefault(key, c)
+    out = []
+    for name in names.split(","):
+        name = name.strip()
+        if not name:
+            continue
+        if name not in classes:
+            known = sorted({c.__name__ for c in classes.values()})
+            raise TandemError("--wrap %s: the model has no module of class "
+                              "%r; its classes: %s" %
+                              (names, name, ", ".join(known[:20])))
+        out.append(classes[name])
+    if not out:
+        raise TandemError("--wrap takes class names, e.g. --wrap Block")
+    return out
+
+
+def cmd_export(args):
+    import os
+
+    try:
+        from tandem import export as export_mod
+    except ImportError as e:
+        raise TandemError("tandem export needs PyTorch (%s); run it with "
+                          "Debian's /usr/bin/python3 and python3-torch" % e)
+    built = _load_build(args.target)
+    batch = None
+    if isinstance(built, tuple):
+        if len(built) != 2:
+            raise TandemError("%s returned a tuple of %d; return the module, "
+                              "or (module, example_batch)" %
+                              (args.target, len(built)))
+        built, batch = built
+    if args.example_batch:
+        try:
+            with open(args.example_batch, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise TandemError("cannot read --example-batch %s: %s" %
+                              (args.example_batch, e.strerror or e))
+        batch = export_mod.read_safetensors(data, args.example_batch)
+    if batch is None:
+        raise TandemError("%s returned only the module; pass --example-batch "
+                          "FILE (a safetensors file of the named tensors "
+                          "forward takes), or return (module, example_batch)"
+                          % args.target)
+    wrap = None
+    if args.wrap:
+        wrap = _resolve_wrap(built, args.wrap)
+    elif args.wrap_min_params is not None:
+        wrap = args.wrap_min_params
+    manifest = export_mod.export(
+        built, batch, wrap=wrap, path=args.output, name=args.name,
+        dynamic_dims=_parse_dynamic(args.dynamic) or None,
+        source=args.target)
+    _out(export_mod.describe(manifest, args.output,
+                             os.path.getsize(args.output)))
+    return EXIT_OK
+
+
+def run_export(args):
+    try:
+        return cmd_export(args)
+    except _UserCodeError as e:
+        _err(str(e))
+        return EXIT_ERROR
+    except TandemError as e:
+        _err(e.message)
+        return EXIT_USAGE if getattr(e, "usage", True) else EXIT_ERROR
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")
+        return EXIT_INTERRUPTED
+
+
 # ---------------------------------------------------------------- parser
 
 class _Parser(argparse.ArgumentParser):
@@ -330,12 +483,41 @@ def build_parser():
                     help="trace file to write (JSON trace events)")
     sp.add_argument("--rank", type=int, action="append", metavar="R",
                     help="only this rank (repeat for several; default all)")
+
+    sp = sub.add_parser(
+        "export", help="capture a PyTorch model into a model archive",
+        description="Capture a torch.nn.Module into a model archive the "
+                    "workers run (client/README.md, \"Exporting your own "
+                    "model\"). Needs PyTorch; no coordinator.")
+    sp.set_defaults(fn=None, export=True)
+    sp.add_argument("target", metavar="FILE.py:FUNCTION",
+                    help="a function returning the module, or (module, "
+                         "example_batch)")
+    sp.add_argument("-o", "--output", required=True, metavar="FILE",
+                    help="the archive to write (replaced only on success)")
+    sp.add_argument("--example-batch", metavar="FILE",
+                    help="a safetensors file of the named tensors forward "
+                         "takes (default: the batch FUNCTION returns)")
+    group = sp.add_mutually_exclusive_group()
+    group.add_argument("--wrap", metavar="CLASS,...",
+                       help="each module of these classes is a unit "
+                            "(default: every block of an nn.ModuleList or "
+                            "nn.Sequential)")
+    group.add_argument("--wrap-min-params", type=int, metavar="N",
+                       help="the smallest modules with at least N params "
+                            "are units")
+    sp.add_argument("--dynamic", action="append", metavar="NAME:DIM,...",
+                    help="dims that vary from batch to batch (default: every "
+                         "dim >= 1 of every input; dim 0 always varies)")
+    sp.add_argument("--name", help="the model's name (default: its class)")
     return p
 
 
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "export", False):
+        return run_export(args)
     if not getattr(args, "fn", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE

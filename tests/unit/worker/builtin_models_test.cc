@@ -1,6 +1,8 @@
 #include "worker/models/builtin_models.h"
 
 #include <cmath>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "ATen/ATen.h"
@@ -78,14 +80,19 @@ TEST(BuiltinModelsTest, ParamShapes_MatchTensorsTheForwardAccepts) {
       p.init(t.data_ptr<float>(), t.numel());
       full.push_back(t.requires_grad_());
     }
-    MicroBatch batch{at::randint(config.vocab, {2, 8}, at::kLong),
-                     at::randint(config.vocab, {2, 8}, at::kLong)};
-    at::Tensor act = batch.inputs;
+    std::map<std::string, at::Tensor> values = {
+        {"tokens", at::randint(config.vocab, {2, 8}, at::kLong)},
+        {"targets", at::randint(config.vocab, {2, 8}, at::kLong)}};
     for (const ProgramNode& node : program->nodes) {
       std::vector<at::Tensor> params;
       for (int32_t id : node.param_ids) params.push_back(full[id]);
-      act = node.forward(act, params, batch);
+      std::vector<at::Tensor> in;
+      for (const std::string& name : node.inputs) in.push_back(values.at(name));
+      std::vector<at::Tensor> out = node.forward(in, params);
+      ASSERT_EQ(out.size(), node.outputs.size());
+      for (size_t o = 0; o < out.size(); ++o) values[node.outputs[o]] = out[o];
     }
+    at::Tensor act = values.at(program->loss);
     // Small random init: the loss starts near log(vocab).
     EXPECT_NEAR(act.item<double>(), std::log(config.vocab), 0.3) << text;
     act.backward();

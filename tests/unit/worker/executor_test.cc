@@ -100,6 +100,22 @@ absl::StatusOr<Graph> EstimatedGraphOf(const ModelConfig& config) {
   return graph;
 }
 
+// The program's forward in one process on full params: values by name.
+at::Tensor RunUnsharded(const Program& program,
+                        const std::vector<at::Tensor>& params,
+                        const MicroBatch& batch) {
+  std::map<std::string, at::Tensor> values = batch.tensors;
+  for (const ProgramNode& node : program.nodes) {
+    std::vector<at::Tensor> used;
+    for (int32_t id : node.param_ids) used.push_back(params[id]);
+    std::vector<at::Tensor> in;
+    for (const std::string& name : node.inputs) in.push_back(values.at(name));
+    std::vector<at::Tensor> out = node.forward(in, used);
+    for (size_t o = 0; o < out.size(); ++o) values[node.outputs[o]] = out[o];
+  }
+  return values.at(program.loss);
+}
+
 struct Trajectory {
   std::vector<double> losses;
   std::vector<at::Tensor> initial;
@@ -137,13 +153,7 @@ Trajectory TrainReference(int world, int steps, const std::string& extra) {
   for (int step = 0; step < steps; ++step) {
     auto batches = ReadRankBatches(*data, step, 1, 0, 1, global);
     EXPECT_TRUE(batches.ok());
-    const MicroBatch& batch = (*batches)[0];
-    at::Tensor act = batch.inputs;
-    for (const ProgramNode& node : program->nodes) {
-      std::vector<at::Tensor> used;
-      for (int32_t id : node.param_ids) used.push_back(params[id]);
-      act = node.forward(act, used, batch);
-    }
+    at::Tensor act = RunUnsharded(*program, params, (*batches)[0]);
     result.losses.push_back(act.item<double>());
     optimizer.zero_grad();
     act.backward();

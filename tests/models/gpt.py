@@ -1,0 +1,117 @@
+"""A small GPT in plain torch.nn, for `tandem export` (client/README.md,
+"Exporting your own model"). Nothing here knows about Tandem.
+
+Token and learned position embeddings, pre-norm blocks in an nn.ModuleList
+(causal self-attention written by hand with a registered causal-mask buffer,
+GELU MLP, residuals), a final LayerNorm and an lm_head tied to the token
+embedding. forward(input_ids, labels) returns the mean cross-entropy over
+the batch's tokens.
+
+    tandem export tests/models/gpt.py:build -o gpt.tandem
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, d_model, n_head, block_size):
+        super().__init__()
+        assert d_model % n_head == 0
+        self.n_head = n_head
+        # No bias: a key bias gets an exact-zero gradient (softmax ignores a
+        # constant shift of the scores), which AdamW turns into noise-driven
+        # steps that no two summation orders agree on.
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.proj = nn.Linear(d_model, d_model)
+        mask = torch.tril(torch.ones(block_size, block_size))
+        self.register_buffer("mask", mask.view(1, 1, block_size, block_size))
+
+    def forward(self, x):
+        b, t, c = x.size()
+        q, k, v = self.qkv(x).split(c, dim=2)
+        hd = c // self.n_head
+        q = q.view(b, t, self.n_head, hd).transpose(1, 2)
+        k = k.view(b, t, self.n_head, hd).transpose(1, 2)
+        v = v.view(b, t, self.n_head, hd).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
+        att = att.masked_fill(self.mask[:, :, :t, :t] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
+        return self.proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, d_model):
+        super().__init__()
+        self.fc = nn.Linear(d_model, 4 * d_model)
+        self.act = nn.GELU()
+        self.out = nn.Linear(4 * d_model, d_model)
+
+    def forward(self, x):
+        return self.out(self.act(self.fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, d_model, n_head, block_size):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, n_head, block_size)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = MLP(d_model)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab=512, d_model=64, n_head=4, n_layer=3,
+                 block_size=64):
+        super().__init__()
+        self.tok_emb = nn.Embedding(vocab, d_model)
+        self.pos_emb = nn.Embedding(block_size, d_model)
+        self.blocks = nn.ModuleList(
+            [Block(d_model, n_head, block_size) for _ in range(n_layer)])
+        self.ln_f = nn.LayerNorm(d_model)
+        self.lm_head = nn.Linear(d_model, vocab, bias=False)
+        self.lm_head.weight = self.tok_emb.weight  # tied
+        for name, p in self.named_parameters():
+            if name.endswith("weight") and p.dim() == 2:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, input_ids, labels):
+        t = input_ids.size(1)
+        pos = torch.arange(0, t, dtype=torch.long, device=input_ids.device)
+        x = self.tok_emb(input_ids) + self.pos_emb(pos)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)),
+                               labels.view(-1))
+
+
+def example_batch(vocab=512, batch=4, seq=32, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    seqs = torch.randint(0, vocab, (batch, seq + 1), generator=g)
+    return {"input_ids": seqs[:, :-1].contiguous(),
+            "labels": seqs[:, 1:].contiguous()}
+
+
+def build(freeze_embeddings=False, n_layer=3):
+    """(module, example_batch) from a fixed seed. freeze_embeddings=True
+    freezes the token embedding (and with it the tied lm_head) and the
+    position embedding: a frozen-params variant."""
+    torch.manual_seed(0)
+    model = GPT(n_layer=n_layer)
+    if freeze_embeddings:
+        model.tok_emb.weight.requires_grad_(False)
+        model.pos_emb.weight.requires_grad_(False)
+    return model, example_batch()
+
+
+def build_frozen():
+    return build(freeze_embeddings=True)

@@ -1,0 +1,243 @@
+#include "worker/models/archive_program.h"
+
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/archive/model_archive.h"
+#include "common/status_macros.h"
+#include "torch/csrc/jit/api/module.h"
+#include "torch/csrc/jit/serialization/import.h"
+#include "worker/runtime/torch_status.h"
+
+namespace tandem {
+namespace {
+
+absl::StatusOr<at::ScalarType> ScalarTypeOf(const std::string& dtype) {
+  static const auto* types =
+      new absl::flat_hash_map<std::string, at::ScalarType>{
+          {"float64", at::kDouble}, {"float32", at::kFloat},
+          {"float16", at::kHalf},   {"bfloat16", at::kBFloat16},
+          {"int64", at::kLong},     {"int32", at::kInt},
+          {"int16", at::kShort},    {"int8", at::kChar},
+          {"uint8", at::kByte},     {"bool", at::kBool}};
+  auto it = types->find(dtype);
+  if (it == types->end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown dtype '", dtype, "'"));
+  }
+  return it->second;
+}
+
+// A unit's module and its replicated buffers, shared by the node's
+// callable (and every copy of it).
+struct LoadedUnit {
+  std::string name;
+  bool leaf = false;
+  torch::jit::Module module;
+  // Leaf units: attribute paths relative to the unit, in the order of the
+  // node's params, then of its buffers.
+  std::vector<std::vector<std::string>> param_paths;
+  std::vector<std::vector<std::string>> buffer_paths;
+  std::vector<at::Tensor> buffers;
+  size_t num_outputs = 0;
+  // The device buffers and the module live on; they follow the first call's
+  // tensors.
+  std::optional<at::Device> device;
+};
+
+// The module holding attribute `path` (all but its last part).
+torch::jit::Module Owner(const torch::jit::Module& root,
+                         const std::vector<std::string>& path) {
+  torch::jit::Module m = root;
+  for (size_t i = 0; i + 1 < path.size(); ++i) {
+    m = m.attr(path[i]).toModule();
+  }
+  return m;
+}
+
+std::vector<at::Tensor> RunUnit(LoadedUnit& unit,
+                                absl::Span<const at::Tensor> inputs,
+                                absl::Span<const at::Tensor> params) {
+  const at::Device device = !inputs.empty()   ? inputs[0].device()
+                            : !params.empty() ? params[0].device()
+                                              : at::Device(at::kCPU);
+  if (!unit.device.has_value() || *unit.device != device) {
+    for (at::Tensor& b : unit.buffers) b = b.to(device);
+    unit.module.to(device);
+    unit.device = device;
+  }
+  std::vector<c10::IValue> args;
+  if (unit.leaf) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      Owner(unit.module, unit.param_paths[i])
+          .setattr(unit.param_paths[i].back(), params[i]);
+    }
+    for (size_t i = 0; i < unit.buffers.size(); ++i) {
+      Owner(unit.module, unit.buffer_paths[i])
+          .setattr(unit.buffer_paths[i].back(), unit.buffers[i]);
+    }
+  } else {
+    args.reserve(params.size() + unit.buffers.size() + inputs.size());
+    for (const at::Tensor& p : params) args.emplace_back(p);
+    for (const at::Tensor& b : unit.buffers) args.emplace_back(b);
+  }
+  for (const at::Tensor& in : inputs) args.emplace_back(in);
+  const c10::IValue result = unit.module.forward(std::move(args));
+  std::vector<at::Tensor> out;
+  if (result.isTuple()) {
+    for (const c10::IValue& v : result.toTupleRef().elements()) {
+      TORCH_CHECK(v.isTensor(), "unit '", unit.name,
+                  "' returned a tuple holding a ", v.tagKind(),
+                  "; units return tensors only");
+      out.push_back(v.toTensor());
+    }
+  } else {
+    TORCH_CHECK(result.isTensor(), "unit '", unit.name, "' returned a ",
+                result.tagKind(), "; units return a tuple of tensors");
+    out.push_back(result.toTensor());
+  }
+  TORCH_CHECK(out.size() == unit.num_outputs, "unit '", unit.name,
+              "' returned ", out.size(), " tensors, but the manifest lists ",
+              unit.num_outputs, " outputs");
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<Program> LoadArchiveProgram(const std::string& path) {
+  ASSIGN_OR_RETURN(ModelArchive archive, OpenModelArchive(path));
+  const v1::ArchiveManifest& m = archive.manifest;
+  const std::string root = kArchiveRoot;
+  for (const v1::ArchiveParam& p : m.params()) {
+    if (!p.requires_grad()) {
+      return absl::UnimplementedError(absl::StrCat(
+          "'", path, "': param '", p.name(),
+          "' is frozen (requires_grad false); frozen params are not "
+          "supported yet: export with every param trainable"));
+    }
+    if (p.dtype() != "float32") {
+      return absl::UnimplementedError(absl::StrCat(
+          "'", path, "': param '", p.name(), "' is ", p.dtype(),
+          "; the worker trains float32 params only (mixed precision comes "
+          "from the job spec): export the model in float32"));
+    }
+  }
+  for (const v1::ArchiveInput& in : m.inputs()) {
+    if (!in.role().empty() && in.dtype() != "int64") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", path, "': input '", in.name(), "' has role ",
+                       in.role(), " but dtype ", in.dtype(),
+                       "; token data sources feed int64: export it as int64"));
+    }
+  }
+  ASSIGN_OR_RETURN(std::string weight_bytes,
+                   archive.zip.Read(root + kArchiveWeights));
+  auto weights = std::make_shared<const std::string>(std::move(weight_bytes));
+
+  Program program;
+  program.name = m.name();
+  program.loss = m.loss();
+  for (const v1::ArchiveInput& in : m.inputs()) {
+    program.inputs.push_back({in.name(), in.role()});
+  }
+  absl::flat_hash_map<std::string, int32_t> param_ids;
+  for (const v1::ArchiveParam& p : m.params()) {
+    const SafetensorsTensor* t = archive.weights.Find(p.name());
+    ProgramParam param;
+    param.name = p.name();
+    param.shape.assign(p.shape().begin(), p.shape().end());
+    param.unit = p.units(0);
+    const uint64_t begin = t->begin;
+    const uint64_t bytes = t->end - t->begin;
+    param.init = [weights, begin, bytes](float* data, int64_t numel) {
+      TORCH_CHECK(static_cast<uint64_t>(numel) * sizeof(float) == bytes,
+                  "initial value size mismatch");
+      std::memcpy(data, weights->data() + begin, bytes);
+    };
+    param_ids[p.name()] = static_cast<int32_t>(program.params.size());
+    program.params.push_back(std::move(param));
+  }
+  absl::flat_hash_map<std::string, at::Tensor> buffers;
+  for (const v1::ArchiveBuffer& b : m.buffers()) {
+    const SafetensorsTensor* t = archive.weights.Find(b.name());
+    ASSIGN_OR_RETURN(const at::ScalarType type, ScalarTypeOf(b.dtype()));
+    at::Tensor value =
+        at::empty(std::vector<int64_t>(b.shape().begin(), b.shape().end()),
+                  at::TensorOptions().dtype(type));
+    std::memcpy(value.data_ptr(), weights->data() + t->begin,
+                t->end - t->begin);
+    buffers[b.name()] = value;
+  }
+
+  for (const v1::ArchiveUnit& u : m.units()) {
+    auto unit = std::make_shared<LoadedUnit>();
+    unit->name = u.name();
+    unit->leaf = u.leaf();
+    unit->num_outputs = static_cast<size_t>(u.outputs_size());
+    ASSIGN_OR_RETURN(std::string bytes, archive.zip.Read(root + u.file()));
+    RETURN_IF_ERROR(TorchCall(
+        absl::StrCat("'", path, "': loading unit '", u.name(), "' (model/",
+                     u.file(), ") with TorchScript"),
+        [&] {
+          std::istringstream stream(bytes);
+          unit->module = torch::jit::load(stream, at::Device(at::kCPU));
+        }));
+    const std::string prefix = u.name() + ".";
+    auto relative = [&](const std::string& name)
+        -> absl::StatusOr<std::vector<std::string>> {
+      if (name.rfind(prefix, 0) != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "'", path, "': leaf unit '", u.name(), "' uses '", name,
+            "', which is not under the unit's own module path; leaf units "
+            "bind only their own params and buffers"));
+      }
+      std::vector<std::string> parts =
+          absl::StrSplit(name.substr(prefix.size()), '.');
+      absl::Status found = TorchCall("", [&] {
+        TORCH_CHECK(Owner(unit->module, parts).hasattr(parts.back()), "");
+      });
+      if (!found.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("'", path, "': leaf unit '", u.name(),
+                         "' has no attribute '", name.substr(prefix.size()),
+                         "' to bind '", name, "' to; export the model again"));
+      }
+      return parts;
+    };
+    ProgramNode node;
+    node.name = u.name();
+    node.inputs.assign(u.inputs().begin(), u.inputs().end());
+    node.outputs.assign(u.outputs().begin(), u.outputs().end());
+    for (const std::string& p : u.params()) {
+      node.param_ids.push_back(param_ids.at(p));
+      if (unit->leaf) {
+        ASSIGN_OR_RETURN(std::vector<std::string> parts, relative(p));
+        unit->param_paths.push_back(std::move(parts));
+      }
+    }
+    for (const std::string& b : u.buffers()) {
+      unit->buffers.push_back(buffers.at(b));
+      if (unit->leaf) {
+        ASSIGN_OR_RETURN(std::vector<std::string> parts, relative(b));
+        unit->buffer_paths.push_back(std::move(parts));
+      }
+    }
+    node.forward = [unit](absl::Span<const at::Tensor> inputs,
+                          absl::Span<const at::Tensor> params) {
+      return RunUnit(*unit, inputs, params);
+    };
+    program.nodes.push_back(std::move(node));
+  }
+  RETURN_IF_ERROR(AnalyzeProgramFlow(program).status());
+  return program;
+}
+
+}  // namespace tandem

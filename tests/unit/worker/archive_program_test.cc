@@ -25,6 +25,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/worker/loopback_world.h"
+#include "tests/unit/worker/test_schedules.h"
 // clip_grad.h needs torch::Tensor declared first.
 #include "torch/types.h"
 // clang-format off
@@ -206,21 +207,6 @@ ShardedRun TrainSharded(const std::string& archive, int world, int grad_accum,
   return run;
 }
 
-Schedule OnDemand(const Graph& g, int64_t version = 1) {
-  absl::StatusOr<Schedule> s = OnDemandSchedule(g, version);
-  EXPECT_TRUE(s.ok()) << s.status();
-  return *s;
-}
-Schedule Prefetch(const Graph& g, int64_t version = 1) {
-  absl::StatusOr<Schedule> s = HoistGathers(g, OnDemand(g, version), 2);
-  EXPECT_TRUE(s.ok()) << s.status();
-  return *s;
-}
-Schedule Persistent(const Graph& g, int64_t version = 1) {
-  absl::StatusOr<Schedule> s = AllPersistentSchedule(g, version);
-  EXPECT_TRUE(s.ok()) << s.status();
-  return *s;
-}
 Schedule OffloadAll(const Graph& g) {
   std::vector<int32_t> ids;
   for (const Param& p : g.params) ids.push_back(p.id);

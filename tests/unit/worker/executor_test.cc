@@ -34,6 +34,7 @@
 #include "coordinator/planner/planner.h"
 #include "gtest/gtest.h"
 #include "tests/unit/worker/loopback_world.h"
+#include "tests/unit/worker/test_schedules.h"
 // clip_grad.h needs torch::Tensor declared first.
 #include "torch/types.h"
 // clang-format off
@@ -237,21 +238,6 @@ ShardedRun TrainSharded(int world, int steps, const ScheduleMaker& initial,
   return run;
 }
 
-Schedule OnDemand(const Graph& g, int64_t version = 1) {
-  absl::StatusOr<Schedule> s = OnDemandSchedule(g, version);
-  EXPECT_TRUE(s.ok()) << s.status();
-  return *s;
-}
-Schedule Prefetch(const Graph& g, int64_t version = 1) {
-  absl::StatusOr<Schedule> s = HoistGathers(g, OnDemand(g, version), 2);
-  EXPECT_TRUE(s.ok()) << s.status();
-  return *s;
-}
-Schedule Persistent(const Graph& g, int64_t version = 1) {
-  absl::StatusOr<Schedule> s = AllPersistentSchedule(g, version);
-  EXPECT_TRUE(s.ok()) << s.status();
-  return *s;
-}
 // ZeRO-1 with small buckets, so backward issues several reduce-scatters
 // and the optimizer several gathers.
 Schedule Zero1(const Graph& g, int64_t version = 1) {

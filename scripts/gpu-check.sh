@@ -155,6 +155,8 @@ cmake --build "$BUILD" -j"$JOBS" --target tandem-worker worker_core_test \
 
 # --- Unit tests -------------------------------------------------------------
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+# The archive tests write their model archives with this Python's torch.
+export TANDEM_PYTHON="$PYTHON"
 tests="$BUILD/tests/unit/worker"
 say "worker_core_test"
 "$tests/worker_core_test" --gtest_brief=1 || die "worker_core_test"

@@ -55,13 +55,16 @@ const std::string& ArchiveDir() {
   static const std::string* dir = [] {
     auto* d = new std::string(
         absl::StrCat(::testing::TempDir(), "/tandem_archives_", getpid()));
-    const std::string command =
-        absl::StrCat("/usr/bin/python3 ", TANDEM_SOURCE_DIR,
-                     "/tests/testdata/make_test_archives.py ", *d);
+    // The Python with torch: Debian's python3-torch here, PyTorch's own on
+    // a GPU machine (scripts/gpu-check.sh sets TANDEM_PYTHON).
+    const char* python = std::getenv("TANDEM_PYTHON");
+    const std::string command = absl::StrCat(
+        python != nullptr && *python != '\0' ? python : "/usr/bin/python3", " ",
+        TANDEM_SOURCE_DIR, "/tests/testdata/make_test_archives.py ", *d);
     const int rc = std::system(command.c_str());
     EXPECT_EQ(rc, 0) << "'" << command
-                     << "' failed: the archive tests need Debian's "
-                        "python3-torch";
+                     << "' failed: the archive tests need a Python with torch "
+                        "(Debian's python3-torch, or set TANDEM_PYTHON)";
     return d;
   }();
   return *dir;

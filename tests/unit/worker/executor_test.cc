@@ -35,6 +35,7 @@
 #include "gtest/gtest.h"
 #include "tests/unit/worker/loopback_world.h"
 #include "tests/unit/worker/test_schedules.h"
+#include "tests/unit/worker/unsharded_reference.h"
 // clip_grad.h needs torch::Tensor declared first.
 #include "torch/types.h"
 // clang-format off
@@ -100,28 +101,6 @@ absl::StatusOr<Graph> EstimatedGraphOf(const ModelConfig& config) {
   if (absl::Status s = AnnotateEstimates(*estimates, *graph); !s.ok()) return s;
   return graph;
 }
-
-// The program's forward in one process on full params: values by name.
-at::Tensor RunUnsharded(const Program& program,
-                        const std::vector<at::Tensor>& params,
-                        const MicroBatch& batch) {
-  std::map<std::string, at::Tensor> values = batch.tensors;
-  for (const ProgramNode& node : program.nodes) {
-    std::vector<at::Tensor> used;
-    for (int32_t id : node.param_ids) used.push_back(params[id]);
-    std::vector<at::Tensor> in;
-    for (const std::string& name : node.inputs) in.push_back(values.at(name));
-    std::vector<at::Tensor> out = node.forward(in, used);
-    for (size_t o = 0; o < out.size(); ++o) values[node.outputs[o]] = out[o];
-  }
-  return values.at(program.loss);
-}
-
-struct Trajectory {
-  std::vector<double> losses;
-  std::vector<at::Tensor> initial;
-  std::vector<at::Tensor> params;
-};
 
 // Single process, unsharded, the whole global batch (world * micro_batch
 // sequences) at once, with libtorch's own AdamW and clipping.

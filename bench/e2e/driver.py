@@ -168,15 +168,26 @@ memory: {{budget_bytes: {budget}}}
         # band of the budget, so such steps measure the fallback.
         fallback = sum(1 for i in range(n)
                        if any(s[i].get("schedule_version") == -1 for s in per_rank))
-        return dict(step_s=statistics.median(it), step_min_s=min(it), step_max_s=max(it),
+        # Every step's peak (the larger rank's) under the planned schedule,
+        # warm-up included: what the coordinator sees before a guard trip.
+        every = [self.steps_of(o) for o in outs]
+        planned_peaks = [max(s[i]["peak_bytes"] for s in every)
+                         for i in range(min(len(s) for s in every))
+                         if all(s[i].get("schedule_version") != -1 for s in every)]
+        med = statistics.median(it)
+        return dict(step_s=med, step_min_s=min(it), step_max_s=max(it),
+                    step_rel_mad=statistics.median(abs(t - med) for t in it) / med,
                     exposed_comm_s=statistics.median(ex), peak_bytes=peak, steps=n,
-                    fallback_steps=fallback)
+                    fallback_steps=fallback, planned_peaks=planned_peaks,
+                    guard_tripped=len(planned_peaks) < min(len(s) for s in every))
 
-    def plan(self, m, profile, policy, budget, schedule_out, measured=None):
+    def plan(self, m, profile, policy, budget, schedule_out, measured=None, headroom=0):
         cmd = [self.plan_bin, "--model", self.model_text(m), "--profile", profile,
                "--hw", "memory=64GiB", "--policy", policy]
         if budget > 0:
             cmd += ["--budget", str(budget)]
+        if headroom > 0:
+            cmd += ["--headroom", str(headroom)]
         if measured:
             cmd += ["--measured", ",".join(f"{f}={s:.6f}" for f, s in measured)]
         out = self.run_local(cmd, 120)
@@ -293,13 +304,21 @@ memory: {{budget_bytes: {budget}}}
                 spec = self.spec(name, m, 2, discard + steps, bbytes)
                 # The budget-aware policies re-plan when the run exceeds the
                 # budget, with the planner's budget lowered by the overshoot
-                # (what the coordinator does on a memory drift); the others
-                # plan the same schedule whatever the budget.
-                attempts = 4 if policy in ("tandem", "deepcompile") else 1
+                # (what the coordinator does on a memory drift), and when the
+                # memory guard tripped, keeping free what the plan's peaks
+                # went over its prediction by plus their spread (the
+                # coordinator's memory-guard re-plan, GuardHeadroom in
+                # coordinator/planner/planner.h); the others plan the same
+                # schedule whatever the budget.
+                budget_aware = policy in ("tandem", "deepcompile")
+                attempts = 4 if budget_aware else 1
+                headroom = 0
                 for attempt in range(attempts):
                     try:
-                        row.update(self.plan(m, profile, policy, plan_budget, sched),
-                                   planner_budget_bytes=plan_budget, replans=attempt)
+                        row.update(self.plan(m, profile, policy, plan_budget, sched,
+                                             headroom=headroom),
+                                   planner_budget_bytes=plan_budget, replans=attempt,
+                                   headroom_bytes=headroom)
                     except RuntimeError as e:
                         row.update(error=f"planning failed: {e}", step_s=None, peak_bytes=None,
                                    predicted_s=None)
@@ -315,8 +334,24 @@ memory: {{budget_bytes: {budget}}}
                             lambda r, rv: [self.worker, "--standalone", "--spec", spec, "--rank",
                                            str(r), "--world", "2", "--rendezvous", rv,
                                            "--threads", "1", "--schedule", sched], 900)
-                        row.update(self.worker_stats(outs, discard))
+                        stats = self.worker_stats(outs, discard)
+                        row.update(stats)
                         row.pop("error", None)
+                        peaks = stats["planned_peaks"]
+                        grown = headroom
+                        if peaks:
+                            over = max(0, max(peaks) - (row["predicted_peak_bytes"] or 0))
+                            grown = max(headroom, over + max(peaks) - min(peaks))
+                        # A plan over the budget by its own prediction (a
+                        # policy that cannot fit it) gains nothing from more.
+                        if (budget_aware and stats["guard_tripped"] and grown > headroom
+                                and attempt + 1 < attempts):
+                            headroom = grown
+                            log(f"{tag}: {policy} tripped the memory guard (peaks "
+                                f"{min(peaks)}-{max(peaks)} B, predicted "
+                                f"{row['predicted_peak_bytes']} B); re-planning with "
+                                f"{headroom} B more headroom")
+                            continue
                         break
                     except RuntimeError as e:
                         row.update(error=str(e), step_s=None, peak_bytes=None)
@@ -328,7 +363,8 @@ memory: {{budget_bytes: {budget}}}
                         log(f"{tag}: {policy} over budget by {int(over.group(1)) - bbytes} B; "
                             f"re-planning at {plan_budget} B")
                 if policy == "tandem" and row.get("step_s") and row.get("predicted_s"):
-                    self.refit_round(m, profile, plan_budget, sched, spec, discard, row)
+                    self.refit_round(m, profile, plan_budget, sched, spec, discard, row,
+                                     headroom)
                 if row.get("predicted_s") is not None:
                     try:
                         outs = self.run_pair(
@@ -349,7 +385,7 @@ memory: {{budget_bytes: {budget}}}
                 self.emit(row)
 
 
-    def refit_round(self, m, profile, plan_budget, sched, spec, discard, row):
+    def refit_round(self, m, profile, plan_budget, sched, spec, discard, row, headroom):
         """Tandem's closed loop, offline: what the coordinator does once the
         first plan has run on a live job. The first plan's measured time
         re-fits what transfers take from compute (tandem-plan --measured,
@@ -364,7 +400,7 @@ memory: {{budget_bytes: {budget}}}
         second_sched = sched[:-len(".sched")] + "-refit.sched"
         try:
             planned = self.plan(m, profile, "tandem", plan_budget, second_sched,
-                                measured=[(sched, first["step_s"])])
+                                measured=[(sched, first["step_s"])], headroom=headroom)
             outs = self.run_pair(
                 lambda r, rv: [self.worker, "--standalone", "--spec", spec, "--rank",
                                str(r), "--world", "2", "--rendezvous", rv,
@@ -379,15 +415,19 @@ memory: {{budget_bytes: {budget}}}
             # its own measurement, so the first prediction stands.
             row["refit"] = "re-planned to the same schedule"
             return
-        # Rolled back unless the re-planned schedule measured faster.
-        if stats["step_s"] < first["step_s"]:
+        # Rolled back only when the re-planned schedule measured slower than
+        # the first beyond the noise, as the coordinator judges it
+        # (ScheduleMeasurements: 3 relative MADs of either, at least 5%).
+        noise = max(0.05, 3 * max(row.get("step_rel_mad", 0), stats["step_rel_mad"]))
+        row["refit_noise"] = noise
+        if stats["step_s"] <= first["step_s"] * (1 + noise):
             row.update(planned, **stats)
             row["refit"] = "re-planned schedule kept"
             shutil.copyfile(second_sched, sched)  # the comm replay runs it
         else:
             # The first schedule stays, with the prediction made before it
             # ran (the re-fitted model was fitted to its very measurement).
-            row["refit"] = "first schedule kept (the re-planned one measured slower)"
+            row["refit"] = "rolled back to the first schedule (the re-planned one measured slower)"
 
 
 def same_actions(a, b):

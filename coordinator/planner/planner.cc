@@ -620,6 +620,13 @@ std::string PasteableBudget(int64_t bytes) {
   return absl::StrCat((std::max<int64_t>(bytes, 1) + kMiB - 1) / kMiB, "MiB");
 }
 
+int64_t GuardHeadroom(int64_t predicted_peak, int64_t min_peak,
+                      int64_t max_peak) {
+  const int64_t over =
+      predicted_peak > 0 ? std::max<int64_t>(0, max_peak - predicted_peak) : 0;
+  return over + std::max<int64_t>(0, max_peak - min_peak);
+}
+
 int64_t MemoryHeadroom(int64_t budget, const Profile* profile, int64_t extra) {
   if (budget <= 0) return 0;
   int64_t spread = 0;

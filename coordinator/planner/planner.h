@@ -164,6 +164,18 @@ absl::StatusOr<Calibrated> CalibrateToMeasurements(const Graph& graph,
 // land that much higher), plus `extra`. 0 when `budget` is 0.
 int64_t MemoryHeadroom(int64_t budget, const Profile* profile, int64_t extra);
 
+// The extra headroom (MemoryHeadroom's `extra`) a plan keeps after a plan
+// tripped the worker's memory guard: what the tripped plan's largest step
+// peak exceeded its predicted peak by, plus the spread of its step peaks
+// (largest - smallest), since the worker's guard band widens to that spread
+// (worker/README.md, "Memory guard"). Peaks that vary with timing (the
+// collectives' and copies' buffers land at other points of the iteration
+// from step to step) are then left room for twice: once above the
+// prediction, once as the band. `predicted_peak` 0 (unknown): the spread
+// alone.
+int64_t GuardHeadroom(int64_t predicted_peak, int64_t min_peak,
+                      int64_t max_peak);
+
 // Re-fits what transfers take from compute to what schedules measured:
 // scales the profile's interference figures (compute_s_per_*_byte) by the k
 // in [0, 4] whose calibration (CalibrateToMeasurements with the scaled

@@ -285,8 +285,12 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
   if (metrics_ != nullptr) {
     metrics_->measured_iteration_seconds->WithLabels({job_id}).Set(measured);
   }
-  int64_t& version_peak = state.peak_by_version[progress.schedule_version()];
-  version_peak = std::max(version_peak, measured_peak);
+  auto [range, first_step] = state.peak_by_version.try_emplace(
+      progress.schedule_version(), measured_peak, measured_peak);
+  if (!first_step) {
+    range->second.first = std::min(range->second.first, measured_peak);
+    range->second.second = std::max(range->second.second, measured_peak);
+  }
   // The least-memory fallback is no plan to roll back to.
   if (progress.schedule_version() == kLeastMemoryVersion) return;
   state.measured.Record(progress.schedule_version(), progress.step(), measured);
@@ -669,15 +673,13 @@ void PlanningManager::PlanOne(const std::string& job_id,
     }
     JobPlanning& state = it->second;
     if (reason == "memory-guard" && !state.schedules.empty()) {
-      // What the job's peaks exceeded the tripped plan's prediction by:
-      // every later plan keeps that much more of the budget free.
       const v1::Schedule& tripped = state.schedules.back().schedule;
       auto seen = state.peak_by_version.find(tripped.version());
-      if (seen != state.peak_by_version.end() &&
-          tripped.prediction().peak_bytes() > 0) {
+      if (seen != state.peak_by_version.end()) {
         state.extra_headroom =
             std::max(state.extra_headroom,
-                     seen->second - tripped.prediction().peak_bytes());
+                     GuardHeadroom(tripped.prediction().peak_bytes(),
+                                   seen->second.first, seen->second.second));
       }
     }
     extra_headroom = state.extra_headroom;

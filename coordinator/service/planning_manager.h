@@ -19,7 +19,7 @@
 //     least-memory schedule, which every rank switched to because a rank's
 //     peak came near the budget (OnMemoryGuard); the plan keeps, beyond
 //     MemoryHeadroom, what the job's peaks exceeded the tripped plan's
-//     prediction by.
+//     prediction by plus the spread of its step peaks (GuardHeadroom).
 // Plans leave MemoryHeadroom of the budget free (PlanFromMeasurements). A
 // failed plan is an event; the job keeps its current schedule, except when
 // no schedule fits the budget by the measurements: the job fails naming the
@@ -161,8 +161,9 @@ class PlanningManager {
     // step -> (slowest iteration_s, largest peak, ranks reported).
     std::map<int64_t, std::tuple<double, int64_t, int>> steps;
     int64_t max_step = 0;
-    // Largest peak measured (any rank) per schedule version.
-    std::map<int64_t, int64_t> peak_by_version;
+    // Smallest and largest step peak (each the largest over the ranks) per
+    // schedule version.
+    std::map<int64_t, std::pair<int64_t, int64_t>> peak_by_version;
     // The memory guard: the step the ranks switched to the least-memory
     // schedule (-1: never), whether they still run it, and the headroom the
     // next plans keep beyond MemoryHeadroom.

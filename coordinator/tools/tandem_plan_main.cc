@@ -6,6 +6,7 @@
 //               [--policy NAME] [--zero1] [--schedule FILE] [--compare]
 //               [--summary] [--profiled-schedule FILE] [--passes LIST]
 //               [--schedule-out FILE] [--explain]
+//               [--measured FILE=SECONDS,...] [--headroom BYTES]
 //   tandem-plan --list-passes
 //
 // The graph comes from its text form or from the model builder; a profile
@@ -21,7 +22,10 @@
 // --explain prints, after the predictions, the planner's decisions with
 // their simulated gains and binding constraints (FormatExplanation in
 // common/ir/explanation.h); with --schedule, the explanation stored in that
-// file.
+// file. --measured re-fits what transfers take from compute to schedules
+// already measured on the job; --headroom keeps that much more of the budget
+// free (GuardHeadroom in coordinator/planner/planner.h): both as the
+// coordinator plans a live job.
 // Exit status: 0 on success, 2 on bad input (unknown flag, unreadable file,
 // parse error, invalid graph, profile or schedule, infeasible budget).
 #include <cmath>
@@ -74,7 +78,7 @@ constexpr char kUsage[] =
     "[--compare] [--summary]\n"
     "                   [--profiled-schedule FILE] [--passes LIST] "
     "[--explain]\n"
-    "                   [--measured FILE=SECONDS,...]\n"
+    "                   [--measured FILE=SECONDS,...] [--headroom BYTES]\n"
     "       tandem-plan --list-passes\n"
     "  --graph FILE     iteration graph, text form\n"
     "  --model TEXT     build the graph of a model, e.g. \"preset=llama3-70b "
@@ -118,7 +122,12 @@ constexpr char kUsage[] =
     "transfers take\n"
     "                   from compute is re-fitted to them before planning, "
     "as the\n"
-    "                   coordinator does with a live job's measurements\n";
+    "                   coordinator does with a live job's measurements\n"
+    "  --headroom BYTES more of the budget left free, as the coordinator "
+    "keeps after a plan\n"
+    "                   tripped the memory guard (its peaks over its "
+    "prediction plus\n"
+    "                   their spread)\n";
 
 struct Args {
   std::string graph_path;
@@ -132,6 +141,7 @@ struct Args {
   std::string schedule_path;
   std::string profiled_schedule_path;
   std::string measured;
+  std::string headroom;
   bool zero1 = false;
   bool compare = false;
   bool summary = false;
@@ -168,6 +178,7 @@ std::string ParseArgs(int argc, char** argv, Args& args) {
       {"--schedule", &args.schedule_path},
       {"--profiled-schedule", &args.profiled_schedule_path},
       {"--measured", &args.measured},
+      {"--headroom", &args.headroom},
   };
   struct Switch {
     absl::string_view name;
@@ -514,6 +525,12 @@ int Main(int argc, char** argv) {
   options.mode = mode;
   options.passes = passes;
   options.measured = std::move(measured);
+  if (!args.headroom.empty()) {
+    absl::StatusOr<int64_t> headroom =
+        ParseByteCount(args.headroom, "--headroom");
+    if (!headroom.ok()) return FailUsage(headroom.status().message());
+    options.extra_headroom_bytes = *headroom;
+  }
   // Exactly the coordinator's call (PlanningManager::PlanOne).
   absl::StatusOr<PlanResult> result =
       PlanFromMeasurements(*graph, *hw, profile ? &*profile : nullptr,

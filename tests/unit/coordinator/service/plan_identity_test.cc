@@ -189,10 +189,15 @@ INSTANTIATE_TEST_SUITE_P(
 // tandem-plan --measured re-fits what transfers take from compute to a
 // schedule's measured time exactly as the coordinator does with a live job's
 // measurements (CalibrateWithEvidence), and refuses malformed evidence.
-TEST(TandemPlanMeasuredTest, Measured_RefitsLikeTheCoordinator) {
-  const std::string dir =
-      absl::StrCat(::testing::TempDir(), "/measured_", getpid());
-  ASSERT_EQ(std::system(absl::StrCat("mkdir -p ", dir).c_str()), 0);
+// A 4-layer llama at world 2 and a profile of it with collective fits and
+// the probe's interference figures, written to DIR/graph.txt and
+// DIR/profile.txt.
+struct OfflineJob {
+  Graph graph;
+  Profile profile;
+};
+OfflineJob WriteOfflineJob(const std::string& dir) {
+  EXPECT_EQ(std::system(absl::StrCat("mkdir -p ", dir).c_str()), 0);
   v1::JobSpec spec;
   spec.mutable_model()->set_preset("llama");
   spec.mutable_model()->set_layers(4);
@@ -205,7 +210,7 @@ TEST(TandemPlanMeasuredTest, Measured_RefitsLikeTheCoordinator) {
   spec.mutable_parallel()->set_world_size(2);
   ApplyJobSpecDefaults(spec);
   absl::StatusOr<Graph> graph = BuildModelGraph(*ModelConfigFromJobSpec(spec));
-  ASSERT_TRUE(graph.ok()) << graph.status();
+  EXPECT_TRUE(graph.ok()) << graph.status();
   Profile profile;
   profile.graph_hash = graph->StructuralHash();
   profile.rank = Profile::kAggregateRank;
@@ -226,6 +231,14 @@ TEST(TandemPlanMeasuredTest, Measured_RefitsLikeTheCoordinator) {
   profile.compute_s_per_reduce_scatter_byte = 2e-9;
   std::ofstream(dir + "/graph.txt") << PrintGraph(*graph);
   std::ofstream(dir + "/profile.txt") << PrintProfile(profile);
+  return {*std::move(graph), std::move(profile)};
+}
+
+TEST(TandemPlanMeasuredTest, Measured_RefitsLikeTheCoordinator) {
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/measured_", getpid());
+  OfflineJob offline = WriteOfflineJob(dir);
+  const Graph* graph = &offline.graph;
   // A plan that overlaps gathers with compute, where interference matters.
   const std::string plan = absl::StrCat(
       TANDEM_PLAN_BIN, " --graph ", dir, "/graph.txt --profile ", dir,
@@ -275,6 +288,76 @@ TEST(TandemPlanMeasuredTest, Measured_RefitsLikeTheCoordinator) {
   EXPECT_NE(std::system(bad.c_str()), 0);
   EXPECT_THAT(ReadAll(dir + "/bad.txt"),
               ::testing::HasSubstr("is not FILE=SECONDS"));
+}
+
+// tandem-plan --headroom keeps that much more of the budget free, exactly as
+// the coordinator's plan after a memory-guard trip (PlanFromMeasurements
+// with extra_headroom_bytes), and refuses a value that is not a size.
+TEST(TandemPlanMeasuredTest, Headroom_PlansLikeTheCoordinatorAfterAGuardTrip) {
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/headroom_", getpid());
+  OfflineJob offline = WriteOfflineJob(dir);
+  HardwareModel hw = HardwareModel::H100(2);
+  hw.ranks_per_node = 2;
+  hw.device_memory_bytes = int64_t{1} << 30;
+  // A budget between the least-memory plan's peak and the unconstrained
+  // plan's, so that headroom changes what fits.
+  absl::StatusOr<int64_t> least =
+      SmallestFeasibleBudget(offline.graph, hw, ShardingMode::kZero3);
+  ASSERT_TRUE(least.ok()) << least.status();
+  absl::StatusOr<PlanResult> free_plan =
+      PlanFromMeasurements(offline.graph, hw, &offline.profile, nullptr, {});
+  ASSERT_TRUE(free_plan.ok()) << free_plan.status();
+  ASSERT_GT(free_plan->sim.peak_bytes, *least);
+  hw.budget_bytes = (*least + free_plan->sim.peak_bytes) / 2 +
+                    (free_plan->sim.peak_bytes - *least) / 4;
+  const int64_t extra = (free_plan->sim.peak_bytes - *least) / 3;
+
+  auto offline_plan = [&](const std::string& flags) {
+    const std::string command = absl::StrCat(
+        TANDEM_PLAN_BIN, " --graph ", dir, "/graph.txt --profile ", dir,
+        "/profile.txt --hw 'world=2 ranks_per_node=2 memory=1GiB' --budget ",
+        hw.budget_bytes, flags, " --summary --schedule-out ", dir,
+        "/planned.sched > ", dir, "/out.txt 2>&1");
+    EXPECT_EQ(std::system(command.c_str()), 0) << command << "\n"
+                                               << ReadAll(dir + "/out.txt");
+    absl::StatusOr<Schedule> s = ParseSchedule(ReadAll(dir + "/planned.sched"));
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *s : Schedule{};
+  };
+  PlanOptions options;
+  options.extra_headroom_bytes = extra;
+  absl::StatusOr<PlanResult> coordinator = PlanFromMeasurements(
+      offline.graph, hw, &offline.profile, nullptr, options);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  Schedule with = offline_plan(absl::StrCat(" --headroom ", extra));
+  Schedule without = offline_plan("");
+  for (Schedule* s : {&coordinator->schedule, &with, &without}) {
+    s->provenance.plan_wall_s = 0;
+  }
+  EXPECT_EQ(PrintSchedule(with), PrintSchedule(coordinator->schedule));
+  // The headroom bound the plan: it peaks lower than the plan without it,
+  // within the budget less MemoryHeadroom with the extra.
+  EXPECT_LT(with.prediction.peak_bytes, without.prediction.peak_bytes);
+  EXPECT_LE(with.prediction.peak_bytes,
+            hw.budget_bytes -
+                MemoryHeadroom(hw.budget_bytes, &offline.profile, extra));
+
+  const std::string bad = absl::StrCat(
+      TANDEM_PLAN_BIN, " --graph ", dir, "/graph.txt --profile ", dir,
+      "/profile.txt --headroom lots > ", dir, "/bad.txt 2>&1");
+  EXPECT_NE(std::system(bad.c_str()), 0);
+  EXPECT_THAT(ReadAll(dir + "/bad.txt"), ::testing::HasSubstr("--headroom"));
+}
+
+TEST(GuardHeadroomTest, OvershootPlusSpread) {
+  // Peaks 2 MiB over the prediction at most, 5 MiB apart: 7 MiB more kept.
+  EXPECT_EQ(GuardHeadroom(70 << 20, 67 << 20, 72 << 20), 7 << 20);
+  // Under the prediction: the spread alone.
+  EXPECT_EQ(GuardHeadroom(80 << 20, 67 << 20, 72 << 20), 5 << 20);
+  // No prediction: the spread alone; one step: nothing.
+  EXPECT_EQ(GuardHeadroom(0, 67 << 20, 72 << 20), 5 << 20);
+  EXPECT_EQ(GuardHeadroom(70 << 20, 72 << 20, 72 << 20), 2 << 20);
 }
 
 }  // namespace

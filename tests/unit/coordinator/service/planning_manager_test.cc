@@ -3,12 +3,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/ir/proto_convert.h"
 #include "common/job/job_spec.h"
+#include "common/lowering/least_memory.h"
 #include "common/models/graph_builder.h"
 #include "common/sim/simulator.h"
 #include "coordinator/planner/planner.h"
@@ -381,6 +383,72 @@ TEST_F(PlanningManagerTest, SameJobAgain_StartsOnItsCachedPlan) {
   ASSERT_TRUE(planning_->OnGraph(different->id(), 0, Report(true)).ok());
   planning_->Drain();
   EXPECT_EQ(published_.size(), 2u);
+}
+
+// A plan whose step peaks vary with timing trips the memory guard; the
+// re-plan keeps free what its peaks went over its prediction by plus their
+// spread (GuardHeadroom), since the worker's guard band widens to that
+// spread: a plan that kept only the overshoot would trip again.
+TEST_F(PlanningManagerTest, MemoryGuardTrip_ReplanKeepsOvershootAndSpread) {
+  // The unconstrained plan's peak is the budget: every plan is bound by it.
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  SendWindow(0, 1, 0);
+  ASSERT_EQ(published_.size(), 1u);
+  const int64_t budget = published_[0].schedule().prediction().peak_bytes();
+  ASSERT_GT(budget, 0);
+
+  v1::JobSpec spec = Spec();
+  spec.mutable_memory()->set_budget_bytes(budget);
+  absl::StatusOr<v1::Job> job = jobs_->Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string id = job->id();
+  ASSERT_TRUE(planning_->OnGraph(id, 0, Report(true)).ok());
+  auto window = [&](int64_t first, int64_t last, int64_t version) {
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(
+          planning_->OnProfile(id, r, MakeProfile(r, first, last, version))
+              .ok());
+    }
+    planning_->Drain();
+  };
+  window(0, 1, 0);
+  ASSERT_EQ(published_.size(), 2u);
+  const v1::Schedule& v1 = published_[1].schedule();
+  const int64_t predicted = v1.prediction().peak_bytes();
+  ASSERT_LE(predicted, budget);
+
+  // Under v1 the step peaks land 0.5% of the budget over its prediction
+  // and so far apart that keeping only the overshoot would allow v1 again;
+  // the guard trips at step 6.
+  planning_->OnScheduleActive(id, 1);
+  const int64_t band = static_cast<int64_t>(
+      std::ceil(kMemoryGuardBand * static_cast<double>(budget)));
+  const int64_t over = budget / 200;
+  ASSERT_LE(predicted + over, budget - band);
+  const int64_t spread = budget - band - over - predicted + budget / 20;
+  const int64_t peaks[] = {predicted + over, predicted + over - spread};
+  for (int64_t step = 5; step < 7; ++step) {
+    for (int r = 0; r < 2; ++r) {
+      v1::IterationProgress p;
+      p.set_step(step);
+      p.set_schedule_version(1);
+      p.set_iteration_s(0.1);
+      p.set_peak_bytes(peaks[step - 5]);
+      planning_->OnProgress(id, r, p);
+    }
+  }
+  planning_->OnMemoryGuard(id, 0, 7, "memory guard: rank(s) 0 came within");
+  Steps(*planning_, id, 7, 2, kLeastMemoryVersion, 0.2);
+  window(7, 8, kLeastMemoryVersion);
+  ASSERT_EQ(published_.size(), 3u);
+  const v1::Schedule& v2 = published_[2].schedule();
+  EXPECT_EQ(v2.provenance().reason(), "memory-guard");
+  absl::StatusOr<Profile> profile =
+      FromProto(MakeProfile(0, 7, 8, kLeastMemoryVersion));
+  ASSERT_TRUE(profile.ok());
+  EXPECT_LE(v2.prediction().peak_bytes(),
+            budget - MemoryHeadroom(budget, &*profile, over + spread));
+  EXPECT_LT(v2.prediction().peak_bytes(), predicted);
 }
 
 TEST_F(PlanningManagerTest, PlanWithinNoiseOfBaseline_Kept) {

@@ -10,15 +10,38 @@
 # (Debian's) scrapes the coordinator
 # and both workers meanwhile, with the alert rules of dashboards/; the script
 # prints where to look.
+#
+#   scripts/demo.sh [SPEC]                  a job spec (default: demo.yaml)
+#   scripts/demo.sh --model FILE.py:BUILD   your own nn.Module: exported with
+#                                           `tandem export`, then trained by
+#                                           deploy/local/exported.yaml
+#
+# e.g. scripts/demo.sh --model tests/models/gpt.py:build_demo
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${TANDEM_BUILD_DIR:-$ROOT/build}"
-SPEC="${1:-$ROOT/deploy/local/demo.yaml}"
+MODEL=""
+if [ "${1:-}" = "--model" ]; then
+  [ -n "${2:-}" ] || { echo "$0: --model needs FILE.py:BUILD" >&2; exit 2; }
+  MODEL="$2"
+  SPEC="$ROOT/deploy/local/exported.yaml"
+else
+  SPEC="${1:-$ROOT/deploy/local/demo.yaml}"
+fi
 
 "$ROOT/scripts/setup.sh"
 
 WORK="$(mktemp -d -t tandem-demo.XXXXXX)"
+if [ -n "$MODEL" ]; then
+  # The archive goes next to a copy of the spec, whose model.path names it
+  # relative to the spec file.
+  echo "== tandem export $MODEL"
+  (cd "$ROOT" && PYTHONPATH="$ROOT/client/python" /usr/bin/python3 -m tandem \
+    export "$MODEL" -o "$WORK/model.tandem")
+  cp "$SPEC" "$WORK/exported.yaml"
+  SPEC="$WORK/exported.yaml"
+fi
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/archive/model_archive.h"
 #include "common/bytes.h"
 #include "common/job/job_spec.h"
 #include "common/models/graph_builder.h"
@@ -163,9 +165,55 @@ std::string DescribeHardware(const HardwareModel& hw) {
   return out;
 }
 
+namespace {
+
+// An archive's bound: every param's fp32 shard, plus the largest unit's
+// params gathered whole (each unit's params are gathered for its forward
+// under any schedule). Activations are measured, not modeled, so the first
+// profile checks the rest. Nullopt when the archive does not read
+// (ValidateJobSpec reports that).
+std::optional<int64_t> ArchiveMemoryLowerBound(const v1::JobSpec& spec) {
+  absl::StatusOr<v1::ArchiveManifest> manifest =
+      ReadArchiveManifest(spec.model().path());
+  if (!manifest.ok()) return std::nullopt;
+  const int64_t world = std::max(1, spec.parallel().world_size());
+  std::map<std::string, int64_t> numel;
+  int64_t sharded = 0;
+  for (const v1::ArchiveParam& p : manifest->params()) {
+    int64_t n = 1;
+    for (int64_t d : p.shape()) n *= std::max<int64_t>(d, 0);
+    numel[p.name()] = n;
+    sharded += (n + world - 1) / world * int64_t{sizeof(float)};
+  }
+  int64_t largest_unit = 0;
+  for (const v1::ArchiveUnit& u : manifest->units()) {
+    int64_t bytes = 0;
+    for (const std::string& name : u.params()) {
+      auto it = numel.find(name);
+      if (it != numel.end()) bytes += it->second * int64_t{sizeof(float)};
+    }
+    largest_unit = std::max(largest_unit, bytes);
+  }
+  return sharded + largest_unit;
+}
+
+}  // namespace
+
 absl::Status CheckBudgetFits(const v1::JobSpec& spec) {
   const int64_t budget = spec.memory().budget_bytes();
   if (budget <= 0) return absl::OkStatus();
+  if (spec.model().kind() == "torchscript") {
+    const std::optional<int64_t> bound = ArchiveMemoryLowerBound(spec);
+    if (!bound.has_value() || *bound <= budget) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "memory.budget_bytes ", budget, " B is below ", FormatBytes(*bound),
+        ", what the archive's params alone take on each rank (every "
+        "param's shard plus the largest unit's params gathered whole, "
+        "before any activation): set memory.budget_bytes: ",
+        PasteableBudget(*bound),
+        " or more (the first profile measures the activations and names the "
+        "smallest budget that fits), or shard over more ranks"));
+  }
   // ValidateJobSpec reports a model that does not build.
   absl::StatusOr<ModelConfig> config = ModelConfigFromJobSpec(spec);
   if (!config.ok()) return absl::OkStatus();

@@ -30,7 +30,10 @@ PlanOptions PlanOptionsFromSpec(const v1::JobSpec& spec);
 // InvalidArgument when the budget is below the peak of the least-memory
 // schedule by the analytic memory model (SmallestFeasibleBudget on the
 // model's graph; the runtime holds more, so no budget that fits is
-// refused), naming the smallest budget that fits as a value to paste.
+// refused), naming the smallest budget that fits as a value to paste. An
+// archive (model.kind torchscript) has no analytic model: the bound is its
+// params' shards plus its largest unit's params gathered whole, from the
+// manifest; the first profile checks the rest (PlanningManager).
 absl::Status CheckBudgetFits(const v1::JobSpec& spec);
 
 // What one rank said about its device when it registered.

@@ -73,13 +73,13 @@ def global_batch(tokens, step):
             "labels": seqs[:, 1:].contiguous()}
 
 
-def reference(module, tokens):
+def reference(module, tokens, steps=STEPS):
     """PyTorch eager: one process, the whole global batch, AdamW."""
     params = [p for p in module.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS,
                             weight_decay=WD)
     losses = []
-    for step in range(STEPS):
+    for step in range(steps):
         opt.zero_grad()
         loss = module(**global_batch(tokens, step))
         loss.backward()

@@ -115,3 +115,12 @@ def build(freeze_embeddings=False, n_layer=3):
 
 def build_frozen():
     return build(freeze_embeddings=True)
+
+
+def build_demo():
+    """The demo's size (scripts/demo.sh --model tests/models/gpt.py:build_demo):
+    4 blocks of width 256 over a 4096-token vocabulary, 128-token sequences,
+    about the builtin demo's size, so that communication is worth planning."""
+    torch.manual_seed(0)
+    model = GPT(vocab=4096, d_model=256, n_head=8, n_layer=4, block_size=128)
+    return model, example_batch(vocab=4096, batch=4, seq=128)

@@ -287,8 +287,16 @@ def parse_yaml(text, source=None):
     return spec_from_dict(data, source=source)
 
 
+# Fields naming a file or directory: in a spec file, a relative value is
+# relative to the file's own directory (the coordinator and the workers do
+# not share the submitting shell's working directory).
+_PATH_FIELDS = (("model", "path"), ("data", "path"), ("checkpoint", "dir"))
+
+
 def load_spec_file(path):
-    """Reads a YAML job spec file into a ``JobSpec``."""
+    """Reads a YAML job spec file into a ``JobSpec``. Relative
+    ``model.path``, ``data.path`` and ``checkpoint.dir`` are made absolute
+    against the spec file's directory."""
     path = os.fspath(path)
     try:
         with open(path, encoding="utf-8") as f:
@@ -296,7 +304,14 @@ def load_spec_file(path):
     except OSError as e:
         raise SpecError("cannot read job spec %s: %s" %
                         (path, e.strerror or e)) from None
-    return parse_yaml(text, source=path)
+    spec = parse_yaml(text, source=path)
+    base = os.path.dirname(os.path.abspath(path))
+    for section, field in _PATH_FIELDS:
+        msg = getattr(spec, section)
+        value = getattr(msg, field)
+        if value and not os.path.isabs(value):
+            setattr(msg, field, os.path.normpath(os.path.join(base, value)))
+    return spec
 
 
 def to_job_spec(spec):

@@ -128,6 +128,20 @@ def test_bad_yaml_empty_and_missing_files(tmp_path):
         S.load_spec_file(tmp_path / "nope.yaml")
 
 
+def test_relative_paths_resolve_against_the_spec_file(tmp_path):
+    (tmp_path / "jobs").mkdir()
+    f = tmp_path / "jobs" / "job.yaml"
+    f.write_text("model: {kind: torchscript, path: ../model.tandem, vocab: 16}\n"
+                 "data: {kind: tokens, path: data/tokens.bin}\n"
+                 "checkpoint: {dir: /abs/ckpt}\n")
+    spec = S.load_spec_file(f)
+    assert spec.model.path == str(tmp_path / "model.tandem")
+    assert spec.data.path == str(tmp_path / "jobs" / "data" / "tokens.bin")
+    assert spec.checkpoint.dir == "/abs/ckpt"  # absolute: kept
+    # A dict or YAML text has no file to be relative to: kept as written.
+    assert S.spec_from_dict({"data": {"path": "x.bin"}}).data.path == "x.bin"
+
+
 def _sample_value(field):
     if field.type == FD.TYPE_MESSAGE:
         return _sample_dict(field.message_type)

@@ -1,0 +1,172 @@
+"""An exported model through the whole loop (issue 12): `tandem export`, a
+job spec submitted with the Python client to a real coordinator, real
+tandem-worker processes in agent mode that register, profile, receive the
+coordinator's plan (made from measured profiles alone: an archive has no
+analytic model) and switch to it between two iterations. Losses and final
+parameters must still equal PyTorch eager training of the same module
+(test_exported_numerics.py's reference: torch.optim.AdamW and
+clip_grad_norm_, the same global batches), so the switch from the baseline
+to the planned schedule changes nothing but speed.
+
+    TANDEM_BUILD_DIR=build /usr/bin/python3 -m pytest -q tests/export
+"""
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT / "client" / "python"))
+import tandem  # noqa: E402
+import test_exported_numerics as numerics  # noqa: E402
+from tandem.v1 import job_pb2  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location(
+    "client_conftest", ROOT / "client" / "python" / "tests" / "conftest.py")
+client_conftest = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(client_conftest)
+
+WORKER = pathlib.Path(numerics.WORKER)
+STEPS = 14
+WARMUP = 3
+VOCAB = 512
+
+
+def job_spec(archive, tokens_path, world, ckpt_dir, **extra):
+    spec = {
+        "name": client_conftest.unique_name("exported"),
+        "model": {"kind": "torchscript", "path": archive, "vocab": VOCAB},
+        "data": {"kind": "tokens", "path": tokens_path, "token_bytes": 2},
+        "batch": {"micro_batch": numerics.GLOBAL_BATCH // world,
+                  "seq_len": numerics.SEQ_LEN},
+        "train": {"steps": STEPS, "lr": numerics.LR,
+                  "beta1": numerics.BETAS[0], "beta2": numerics.BETAS[1],
+                  "eps": numerics.EPS, "weight_decay": numerics.WD,
+                  "grad_clip": numerics.CLIP, "seed": 1},
+        "parallel": {"world_size": world},
+        # The first plan is made from the first complete window; a drift
+        # threshold out of reach keeps it to the end.
+        "optimize": {"warmup_steps": WARMUP, "drift_threshold": 100},
+        "checkpoint": {"dir": ckpt_dir, "every": STEPS},
+    }
+    for k, v in extra.items():
+        spec.setdefault(k, {}).update(v)
+    return spec
+
+
+@pytest.fixture
+def coordinator(tmp_path):
+    if not WORKER.is_file() or not client_conftest.coordinator_binary().is_file():
+        pytest.skip("tandem-worker or tandem-coordinator is not built")
+    c = client_conftest.Coordinator(client_conftest.coordinator_binary(),
+                                    tmp_path / "coord", heartbeat_timeout_s=60)
+    (tmp_path / "coord").mkdir()
+    c.start()
+    yield c
+    c.stop()
+
+
+def run_workers(tmp_path, address, job_id, world):
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    procs, outs = [], []
+    for r in range(world):
+        out = tmp_path / f"worker{r}.jsonl"
+        log = tmp_path / f"worker{r}.log"
+        outs.append((out, log))
+        procs.append(subprocess.Popen(
+            [str(WORKER), "--coordinator", address, "--job", job_id,
+             "--rank", str(r), "--threads", "1"],
+            stdout=open(out, "w"), stderr=open(log, "w"), env=env))
+    try:
+        for r, p in enumerate(procs):
+            assert p.wait(timeout=300) == 0, (
+                f"rank {r} failed:\n{outs[r][1].read_text()[-3000:]}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return [[json.loads(l) for l in out.read_text().splitlines()
+             if l.startswith('{"step"')] for out, _ in outs]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_exported_gpt_planned_and_switched_matches_pytorch(
+        tmp_path, coordinator, world):
+    gpt = numerics.load_model("gpt")
+    module, batch = gpt.build()
+    archive = str(tmp_path / "gpt.tandem")
+    manifest = tandem.export(module, batch, path=archive)
+    tokens_path = tmp_path / "tokens.bin"
+    tokens = numerics.write_tokens(
+        tokens_path, VOCAB, STEPS * numerics.GLOBAL_BATCH * numerics.SEQ_LEN + 1)
+    ckpt = tmp_path / "ckpt"
+
+    with tandem.Client(coordinator.address, timeout=10) as client:
+        job = client.submit(job_spec(archive, str(tokens_path), world, str(ckpt)))
+        runs = run_workers(tmp_path, coordinator.address, job.id, world)
+        final, events = client.get(job.id)
+        assert final.state == job_pb2.JOB_STATE_SUCCEEDED, \
+            [e.message for e in events]
+        messages = [e.message for e in events]
+        text, schedule = client.schedule(job.id)
+
+    # The coordinator planned the archive's graph from its profiles and every
+    # rank switched to the plan at one agreed iteration.
+    assert any("v1 (initial)" in m for m in messages), messages
+    assert any(f"v1 active on all {world} ranks" in m for m in messages), messages
+    assert schedule.version >= 1
+    versions = [[d["schedule_version"] for d in run] for run in runs]
+    assert all(v == versions[0] for v in versions), versions
+    v = versions[0]
+    assert [d["step"] for d in runs[0]] == list(range(STEPS))
+    assert v[0] == 0 and v[-1] >= 1, v
+    switch = v.index(v[-1])
+    assert WARMUP <= switch < STEPS - 2, v
+
+    # The same training as PyTorch eager, across the switch.
+    module, _ = gpt.build()
+    ref_losses, ref_params = numerics.reference(module, tokens, steps=STEPS)
+    for step, (d, want) in enumerate(zip(runs[0], ref_losses)):
+        assert abs(d["loss"] - want) <= numerics.RTOL * abs(want), (
+            f"world {world} step {step} (v{d['schedule_version']}): loss "
+            f"{d['loss']} vs PyTorch {want}")
+    got = numerics.final_params(str(ckpt), world, manifest)
+    names = sorted(got)
+    total = numerics.rel_err(torch.cat([got[n].flatten() for n in names]),
+                             torch.cat([ref_params[n].flatten() for n in names]))
+    assert total <= numerics.RTOL, f"world {world}: params' relative error {total:.2e}"
+
+
+def test_archive_budget_below_its_params_refused_at_submit(tmp_path, coordinator):
+    gpt = numerics.load_model("gpt")
+    module, batch = gpt.build()
+    archive = str(tmp_path / "gpt.tandem")
+    tandem.export(module, batch, path=archive)
+    tokens_path = tmp_path / "tokens.bin"
+    numerics.write_tokens(tokens_path, VOCAB, 4096)
+    spec = job_spec(archive, str(tokens_path), 2, str(tmp_path / "ckpt"),
+                    memory={"budget_bytes": 64 << 10})
+    with tandem.Client(coordinator.address, timeout=10) as client:
+        with pytest.raises(tandem.TandemError) as e:
+            client.submit(spec)
+        message = str(e.value)
+        assert "memory.budget_bytes 65536 B is below" in message, message
+        assert "archive's params" in message, message
+        assert "memory.budget_bytes: " in message and "MiB" in message, message
+        # A broken archive is refused at submit too, naming the field.
+        with open(archive, "r+b") as f:
+            f.seek(200)
+            f.write(b"\xff" * 64)
+        spec["memory"] = {}
+        with pytest.raises(tandem.TandemError) as e:
+            client.submit(spec)
+        assert "model.path" in str(e.value), str(e.value)

@@ -636,7 +636,7 @@ int64_t MemoryHeadroom(int64_t budget, const Profile* profile, int64_t extra) {
   }
   const int64_t band = static_cast<int64_t>(
       std::ceil(kMemoryGuardBand * static_cast<double>(budget)));
-  return std::min(budget, band + 2 * spread + std::max<int64_t>(0, extra));
+  return std::min(budget, band + spread + std::max<int64_t>(0, extra));
 }
 
 }  // namespace tandem

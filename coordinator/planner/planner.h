@@ -158,10 +158,13 @@ absl::StatusOr<Calibrated> CalibrateToMeasurements(const Graph& graph,
                                                    ShardingMode mode);
 
 // The budget a plan leaves free (the memory guard, worker/README.md): the
-// worker's guard band (kMemoryGuardBand of `budget`) plus twice the spread
-// of the measured peaks (profile peak_bytes - peak_min_bytes: the memory
-// model is calibrated to the window's largest peak, and later peaks may
-// land that much higher), plus `extra`. 0 when `budget` is 0.
+// worker's guard band (kMemoryGuardBand of `budget`) plus the spread of the
+// measured peaks (profile peak_bytes - peak_min_bytes), plus `extra`. The
+// memory model is calibrated to the window's largest peak, so a plan whose
+// peaks vary as the window's did peaks where predicted at most; the worker's
+// band widens to that spread, and the band itself is the margin above it.
+// What a plan's own timing adds beyond that, the memory guard measures and
+// `extra` keeps (GuardHeadroom). 0 when `budget` is 0.
 int64_t MemoryHeadroom(int64_t budget, const Profile* profile, int64_t extra);
 
 // The extra headroom (MemoryHeadroom's `extra`) a plan keeps after a plan

@@ -6,7 +6,7 @@
 //   tandem-worker --standalone --spec job.yaml --rank R --world W
 //                 --rendezvous HOST:PORT [--schedule FILE]
 //                 [--profile-out FILE] [--trace-out FILE] [--threads N]
-//                 [--timeout-s S]
+//                 [--timeout-s S] [--graph-out FILE]
 //   both modes: [--device auto|cpu|cuda] [--metrics-listen HOST:PORT]
 //               [--offload-dir DIR]
 //
@@ -19,7 +19,9 @@
 // cuda:LOCAL_RANK, else SLURM_LOCALID, else 0) or auto (the default: cuda
 // when this build has CUDA and a GPU is visible, else cpu).
 // --metrics-listen serves Prometheus metrics at /metrics (port 0 picks one;
-// stderr says which); --trace-out writes the last iteration's Chrome trace.
+// stderr says which); --trace-out writes the last iteration's Chrome trace;
+// --graph-out writes the iteration graph the rank derived (text form, for
+// `tandem-plan --graph`) before it trains.
 // --offload-dir holds the host tier's files when a schedule offloads
 // optimizer states (default: $TANDEM_OFFLOAD_DIR, $TMPDIR or /tmp).
 //
@@ -52,7 +54,7 @@ constexpr char kUsage[] =
     "[--health-listen HOST:PORT] [--world W]\n"
     "       tandem-worker --standalone --spec job.yaml --rank R --world W "
     "--rendezvous HOST:PORT [--schedule FILE] [--profile-out FILE] "
-    "[--trace-out FILE] [--threads N] [--timeout-s S]\n"
+    "[--trace-out FILE] [--threads N] [--timeout-s S] [--graph-out FILE]\n"
     "       both modes: [--device auto|cpu|cuda] [--metrics-listen HOST:PORT] "
     "[--offload-dir DIR]\n";
 
@@ -96,7 +98,7 @@ int main(int argc, char** argv) {
   tandem::CountingCpuAllocator::Install();
 
   bool standalone = false;
-  std::string spec_path, rendezvous, schedule_path, profile_out;
+  std::string spec_path, rendezvous, schedule_path, profile_out, graph_out;
   std::string offload_dir;
   std::string metrics_listen, trace_out;
   std::string device = "auto";
@@ -125,6 +127,8 @@ int main(int argc, char** argv) {
       ok = value(&schedule_path);
     } else if (arg == "--profile-out") {
       ok = value(&profile_out);
+    } else if (arg == "--graph-out") {
+      ok = value(&graph_out);
     } else if (arg == "--offload-dir") {
       ok = value(&offload_dir);
     } else if (arg == "--trace-out") {
@@ -233,6 +237,7 @@ int main(int argc, char** argv) {
   options.rendezvous.timeout = std::chrono::seconds(timeout_s);
   options.schedule_path = schedule_path;
   options.profile_out = profile_out;
+  options.graph_out = graph_out;
   options.trace_out = trace_out;
   options.observer = observer;
   options.threads = threads;

@@ -13,6 +13,12 @@ Tandem's. Run with Debian's python3-torch (1.13) on CPU over Gloo.
       --d-model 256 --heads 8 --kv-heads 8 --ffn 704 --vocab 4096 \
       --seq-len 128 --micro-batch 4 [--steps N] [--warmup N] [--mode train|comm]
 
+--module FILE.py:BUILD trains the user's own module instead (an exported
+model's row): BUILD() returns the module or (module, example_batch), as for
+`tandem export`; each step feeds the example batch's integer inputs as
+random tokens in [0, vocab) of shape [micro_batch, seq_len], by name, and
+the module returns the loss.
+
 --mode train (default) prints one JSON line per measured step, then a summary
 {"median_step_s", "model_state_bytes", "bucket_bytes", "params"}. At --world 1
 it trains without DDP (PyTorch's compute alone). --mode comm replays DDP's
@@ -149,6 +155,23 @@ def ddp_buckets(params, first=1024 * 1024, cap=25 * 1024 * 1024):
     return sizes
 
 
+def user_module(target):
+    """The module FILE.py:BUILD builds, and the names of its integer inputs."""
+    import importlib.util
+    path, _, fn = target.rpartition(":")
+    spec = importlib.util.spec_from_file_location("user_model", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    built = getattr(mod, fn)()
+    module, example = built if isinstance(built, tuple) else (built, None)
+    if example is None:
+        sys.exit(f"{target} returned no example batch: return (module, batch)")
+    names = [k for k, v in example.items() if not v.is_floating_point()]
+    if len(names) != len(example):
+        sys.exit(f"{target}: only integer (token) inputs are fed here")
+    return module, names
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rank", type=int, default=0)
@@ -167,11 +190,16 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--grad-clip", type=float, default=1.0)
     ap.add_argument("--mode", choices=["train", "comm"], default="train")
+    ap.add_argument("--module", default="")
     a = ap.parse_args()
 
     torch.set_num_threads(1)
     torch.manual_seed(1)
-    model = Llama(a)
+    inputs = None
+    if a.module:
+        model, inputs = user_module(a.module)
+    else:
+        model = Llama(a)
     params = list(model.parameters())
     n_params = sum(p.numel() for p in params)
     # params + grads + AdamW's two moments, fp32.
@@ -209,9 +237,12 @@ def main():
         for step in range(a.warmup + a.steps):
             rows = torch.randint(0, a.vocab, (a.micro_batch, a.seq_len + 1), generator=gen)
             tokens, targets = rows[:, :-1], rows[:, 1:]
+            if inputs is not None:
+                batch = {name: torch.randint(0, a.vocab, (a.micro_batch, a.seq_len),
+                                             generator=gen) for name in inputs}
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
-            loss = net(tokens, targets)
+            loss = net(**batch) if inputs is not None else net(tokens, targets)
             loss.backward()
             if a.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, a.grad_clip)

@@ -36,6 +36,11 @@ MODELS = {
                        vocab=4096, seq_len=128, micro_batch=4),
     "wide-short": dict(layers=2, d_model=320, heads=5, kv_heads=5, ffn=896,
                        vocab=4096, seq_len=64, micro_batch=2),
+    # A user's nn.Module, exported with `tandem export` (issue 12): the GPT
+    # of tests/models/gpt.py at the demo's size (4 blocks of width 256,
+    # tied embeddings, 4096 tokens); DDP trains the same module.
+    "exported-gpt": dict(export="tests/models/gpt.py:build_demo", vocab=4096,
+                         seq_len=128, micro_batch=4),
 }
 
 
@@ -124,11 +129,34 @@ class Bench:
 
     # -- pieces --------------------------------------------------------------
 
+    def archive(self, name, m):
+        """The model archive of an exported model, written once per run."""
+        path = os.path.join(self.a.workdir, f"{name}.tandem")
+        if not os.path.exists(path):
+            log(f"{name}: tandem export {m['export']}")
+            env = dict(self.env, PYTHONPATH=os.path.join(self.root, "client", "python"))
+            subprocess.run(["/usr/bin/python3", "-m", "tandem", "export", m["export"],
+                            "-o", path], cwd=self.root, env=env, check=True,
+                           stdout=subprocess.DEVNULL)
+        return path
+
+    def graph_file(self, name):
+        """An exported model's iteration graph at world 2, as its rank 0
+        derived it (--graph-out of the warm-up run): tandem-plan's input."""
+        return os.path.join(self.a.workdir, f"{name}.graph")
+
     def spec(self, name, m, world, steps, budget):
         path = os.path.join(self.a.workdir, f"{name}-w{world}-s{steps}-b{budget}.yaml")
+        if "export" in m:
+            model = (f"{{kind: torchscript, path: {self.archive(name, m)}, "
+                     f"vocab: {m['vocab']}}}")
+        else:
+            model = (f"{{preset: llama, layers: {m['layers']}, d_model: {m['d_model']}, "
+                     f"heads: {m['heads']}, kv_heads: {m['kv_heads']}, ffn: {m['ffn']}, "
+                     f"vocab: {m['vocab']}}}")
         with open(path, "w") as f:
             f.write(f"""name: {name}
-model: {{preset: llama, layers: {m['layers']}, d_model: {m['d_model']}, heads: {m['heads']}, kv_heads: {m['kv_heads']}, ffn: {m['ffn']}, vocab: {m['vocab']}}}
+model: {model}
 data: {{kind: synthetic, seed: 1}}
 batch: {{micro_batch: {m['micro_batch']}, seq_len: {m['seq_len']}}}
 train: {{steps: {steps}, lr: 1.0e-3, seed: 1, grad_clip: 1.0}}
@@ -145,6 +173,10 @@ memory: {{budget_bytes: {budget}}}
                 f"micro_batch={m['micro_batch']} seq_len={m['seq_len']}")
 
     def ddp_args(self, m):
+        if "export" in m:
+            return ["--module", os.path.join(self.root, m["export"]),
+                    "--vocab", str(m["vocab"]), "--seq-len", str(m["seq_len"]),
+                    "--micro-batch", str(m["micro_batch"])]
         return ["--layers", str(m["layers"]), "--d-model", str(m["d_model"]),
                 "--heads", str(m["heads"]), "--kv-heads", str(m["kv_heads"]),
                 "--ffn", str(m["ffn"]), "--vocab", str(m["vocab"]),
@@ -182,8 +214,10 @@ memory: {{budget_bytes: {budget}}}
                     guard_tripped=len(planned_peaks) < min(len(s) for s in every))
 
     def plan(self, m, profile, policy, budget, schedule_out, measured=None, headroom=0):
-        cmd = [self.plan_bin, "--model", self.model_text(m), "--profile", profile,
-               "--hw", "memory=64GiB", "--policy", policy]
+        model = (["--graph", self.graph_file(m["name"])] if "export" in m
+                 else ["--model", self.model_text(m)])
+        cmd = [self.plan_bin] + model + ["--profile", profile,
+                                         "--hw", "memory=64GiB", "--policy", policy]
         if budget > 0:
             cmd += ["--budget", str(budget)]
         if headroom > 0:
@@ -247,8 +281,10 @@ memory: {{budget_bytes: {budget}}}
         prof = os.path.join(wd, f"{tag}.profile")
         outs = self.run_pair(lambda r, rv: [self.worker, "--standalone", "--spec", specw,
                                             "--rank", str(r), "--world", "2", "--rendezvous", rv,
-                                            "--threads", "1", "--profile-out", f"{prof}.rank{r}"],
+                                            "--threads", "1", "--profile-out", f"{prof}.rank{r}",
+                                            "--graph-out", self.graph_file(name) + f".rank{r}"],
                              900)
+        shutil.copyfile(self.graph_file(name) + ".rank0", self.graph_file(name))
         warm = self.worker_stats(outs, 1)
         profile = f"{prof}.rank0"
         # tandem-plan calibrates its memory model from this (version-0)
@@ -463,7 +499,7 @@ def main():
     for name in a.models.split(","):
         if name not in MODELS:
             sys.exit(f"unknown model '{name}' (expected one of {', '.join(MODELS)})")
-        b.model(name, MODELS[name])
+        b.model(name, dict(MODELS[name], name=name))
 
 
 if __name__ == "__main__":

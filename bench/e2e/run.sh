@@ -3,7 +3,7 @@
 # in two network namespaces joined by a veth pair whose bandwidth tc caps
 # (issue 9). Run as root from anywhere:
 #
-#   sudo bench/e2e/run.sh [--rates "2000 200"] [--models tiny-llama,wide-short]
+#   sudo bench/e2e/run.sh [--rates "2000 200"] [--models tiny-llama,wide-short,exported-gpt]
 #                         [--steps 8] [--discard 2] [--out FILE] [--quick]
 #                         [--comm "chunk_bytes: 64KiB, max_in_flight: 4"]
 #
@@ -25,7 +25,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 RATES="2000 200"
-MODELS="tiny-llama,wide-short"
+MODELS="tiny-llama,wide-short,exported-gpt"
 STEPS="" DISCARD=2 QUICK=0 COMM="" DRIFT_CHECK=0
 WORK="${TMPDIR:-/tmp}/tandem-e2e"
 OUT=""

@@ -238,6 +238,19 @@ absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path) {
     return absl::Status(spec.status().code(),
                         absl::StrCat(path, ": ", spec.status().message()));
   }
+  // Relative file paths are relative to the spec file, as the client
+  // resolves them (client/README.md).
+  const size_t slash = path.rfind('/');
+  const std::string dir =
+      slash == std::string::npos ? "" : path.substr(0, slash + 1);
+  auto resolve = [&](std::string* value) {
+    if (!value->empty() && (*value)[0] != '/' && !dir.empty()) {
+      *value = absl::StrCat(dir, *value);
+    }
+  };
+  resolve(spec->mutable_model()->mutable_path());
+  resolve(spec->mutable_data()->mutable_path());
+  resolve(spec->mutable_checkpoint()->mutable_dir());
   ApplyJobSpecDefaults(*spec);
   absl::Status valid = ValidateJobSpec(*spec);
   if (!valid.ok()) {

@@ -23,8 +23,10 @@ namespace tandem {
 // Syntax and types only. Errors: InvalidArgument naming the field.
 absl::StatusOr<v1::JobSpec> ParseJobSpecYaml(absl::string_view yaml);
 
-// Reads `path`, parses it, applies the defaults and validates it.
-// Errors: NotFound for a missing file; InvalidArgument naming the field.
+// Reads `path`, parses it, applies the defaults and validates it. A
+// relative model.path, data.path or checkpoint.dir is taken relative to the
+// directory of `path` (as the Python client does). Errors: NotFound for a
+// missing file; InvalidArgument naming the field.
 absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path);
 
 }  // namespace tandem

@@ -74,6 +74,14 @@ absl::Status RunStandalone(const StandaloneOptions& options,
   const int rank = options.rendezvous.rank;
   const int world = options.rendezvous.world_size;
   ASSIGN_OR_RETURN(ModelParts model, PrepareModel(spec, world));
+  if (!options.graph_out.empty()) {
+    std::ofstream graph(options.graph_out, std::ios::binary);
+    graph << PrintGraph(model.graph);
+    if (!graph.good()) {
+      return absl::UnavailableError(
+          absl::StrCat("--graph-out: cannot write '", options.graph_out, "'"));
+    }
+  }
   ASSIGN_OR_RETURN(Schedule schedule,
                    LoadSchedule(options.schedule_path, model.graph,
                                 spec.parallel().zero_stage()));

@@ -36,6 +36,10 @@ struct StandaloneOptions {
   // Where to write this rank's profile: text form, or tandem.v1.Profile
   // binary when the name ends in ".pb". Empty: none.
   std::string profile_out;
+  // Where to write the iteration graph the rank derived from its program
+  // (text form, the input of `tandem-plan --graph`), before training; an
+  // archive has no analytic model to build it from. Empty: none.
+  std::string graph_out;
   // Intra-op threads for libtorch; 0 leaves libtorch's default.
   int threads = 0;
   // Host-tier directory for offloaded optimizer states (empty: the default,

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -92,6 +93,28 @@ TEST(JobSpecYamlTest, LoadJobSpec_ValidatesValues) {
   std::remove(path);
   EXPECT_EQ(LoadJobSpec("/nonexistent.yaml").status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// Relative file paths resolve against the spec file's directory; absolute
+// ones are kept.
+TEST(JobSpecYamlTest, LoadJobSpec_RelativePathsFromTheSpecFile) {
+  char dir[] = "/tmp/tandem_spec_dir_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string spec_path = std::string(dir) + "/job.yaml";
+  std::ofstream(std::string(dir) + "/tokens.bin", std::ios::binary)
+      << std::string(4096, '\0');
+  std::ofstream(spec_path)
+      << "name: x\nmodel: {preset: llama, layers: 1, d_model: 8, heads: 1, "
+         "ffn: 8, vocab: 16}\nbatch: {micro_batch: 1, seq_len: 8}\n"
+         "data: {kind: tokens, path: tokens.bin}\n"
+         "checkpoint: {dir: /tmp/abs-ckpt, every: 1}\ntrain: {steps: 1}\n";
+  absl::StatusOr<v1::JobSpec> spec = LoadJobSpec(spec_path);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->data().path(), std::string(dir) + "/tokens.bin");
+  EXPECT_EQ(spec->checkpoint().dir(), "/tmp/abs-ckpt");
+  std::remove((std::string(dir) + "/tokens.bin").c_str());
+  std::remove(spec_path.c_str());
+  rmdir(dir);
 }
 
 }  // namespace

@@ -31,6 +31,8 @@ PACKAGES=(
   # python client and the PyTorch peer in benchmarks
   python3 python3-grpcio python3-protobuf python3-yaml python3-pytest python3-torch
   python3-pip
+  # the exported-model tests' VisionTransformer (0.14, the build for torch 1.13)
+  python3-torchvision
 )
 
 as_root() {

@@ -50,11 +50,11 @@ const SafetensorsTensor* SafetensorsHeader::Find(absl::string_view name) const {
 }
 
 absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
-    absl::string_view file, uint64_t file_size, absl::string_view what) {
+    absl::string_view file, uint64_t file_size, absl::string_view what,
+    absl::string_view fix) {
   auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " is not a valid safetensors file: ", why,
-                     "; export the model again"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " is not a valid safetensors file: ", why, "; ", fix));
   };
   if (file.size() < 8 || file_size < 8) return bad("it has no header length");
   uint64_t header_size = 0;

@@ -34,10 +34,12 @@ struct SafetensorsHeader {
 };
 
 // Parses the header at the start of `file` (at least the 8 + N header bytes;
-// `file_size` is the whole file's). `what` names the file in errors. Errors:
-// InvalidArgument naming the tensor and field at fault.
+// `file_size` is the whole file's). `what` names the file in errors, `fix`
+// says what to do about one. Errors: InvalidArgument naming the tensor and
+// field at fault.
 absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
-    absl::string_view file, uint64_t file_size, absl::string_view what);
+    absl::string_view file, uint64_t file_size, absl::string_view what,
+    absl::string_view fix = "export the model again");
 
 // Bytes per element of an archive dtype name; 0 for names it does not know.
 int64_t DTypeElementBytes(absl::string_view dtype);

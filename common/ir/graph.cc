@@ -72,7 +72,8 @@ int64_t Param::shard_numel(int world_size) const {
 
 bool Param::operator==(const Param& other) const {
   return id == other.id && name == other.name && shape == other.shape &&
-         dtype == other.dtype && unit == other.unit;
+         dtype == other.dtype && unit == other.unit &&
+         trainable == other.trainable;
 }
 
 bool Node::operator==(const Node& other) const {
@@ -157,6 +158,18 @@ std::string Graph::StructuralHash() const {
     h.Int(n.recompute ? 1 : 0);
     h.Int(static_cast<int64_t>(n.param_ids.size()));
     for (int32_t id : n.param_ids) h.Int(id);
+  }
+  // Frozen params last, and only when there are any, so that the hash of a
+  // graph whose params all train is unchanged. The fields above are
+  // length-prefixed, so this suffix cannot be confused with them.
+  int64_t frozen = 0;
+  for (const Param& p : params) frozen += p.trainable ? 0 : 1;
+  if (frozen > 0) {
+    h.String("frozen");
+    h.Int(frozen);
+    for (const Param& p : params) {
+      if (!p.trainable) h.Int(p.id);
+    }
   }
   char buf[17];
   std::snprintf(buf, sizeof(buf), "%016llx",

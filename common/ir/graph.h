@@ -42,6 +42,10 @@ struct Param {
   // FSDP-style wrapping unit, e.g. "layers.3"; params of one unit are
   // gathered together by unit-based policies.
   std::string unit;
+  // False for a frozen param (PyTorch's requires_grad=False): still sharded
+  // and gathered for every use (the forward reads it), but it has no
+  // gradient, no REDUCE_SCATTER, no optimizer state and is never updated.
+  bool trainable = true;
 
   int64_t numel() const;
   int64_t bytes() const { return numel() * DTypeBytes(dtype); }
@@ -93,9 +97,11 @@ struct Graph {
   const Node* FindNode(int32_t id) const;
 
   int64_t TotalParamNumel() const;
-  // Structural hash: 16 lowercase hex digits over param names, shapes, dtypes
-  // and the node order (names, phases, params, twins). Times, FLOPs, byte
-  // estimates and the world size do not change it.
+  // Structural hash: 16 lowercase hex digits over param names, shapes, dtypes,
+  // which params are frozen and the node order (names, phases, params,
+  // twins). Times, FLOPs, byte estimates and the world size do not change it;
+  // a graph whose params all train hashes as it did before frozen params
+  // existed.
   std::string StructuralHash() const;
 
   bool operator==(const Graph& other) const;

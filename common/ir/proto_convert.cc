@@ -156,6 +156,7 @@ v1::Graph ToProto(const Graph& graph) {
     q->set_numel(p.numel());
     q->set_shard_numel(p.shard_numel(graph.world_size));
     q->set_unit(p.unit);
+    q->set_frozen(!p.trainable);
   }
   out.mutable_nodes()->Reserve(static_cast<int>(graph.nodes.size()));
   for (const Node& n : graph.nodes) {
@@ -193,6 +194,7 @@ absl::StatusOr<Graph> FromProto(const v1::Graph& proto) {
     if (!dtype.ok()) return dtype.status();
     p.dtype = *dtype;
     p.unit = q.unit();
+    p.trainable = !q.frozen();
     if (q.numel() != 0 && q.numel() != p.numel()) {
       return absl::InvalidArgumentError(
           absl::StrCat("param p", q.id(), " '", q.name(), "': numel ",

@@ -800,8 +800,9 @@ absl::Status ParseParamLine(const Line& line, Graph* graph) {
   ASSIGN_OR_RETURN(TypedShape typed, st.Check(ParseTypedShape(shape)));
   param.dtype = typed.dtype;
   param.shape = std::move(typed.shape);
-  RETURN_IF_ERROR(st.ReadAttributes({"unit"}));
+  RETURN_IF_ERROR(st.ReadAttributes({"unit"}, {"frozen"}));
   RETURN_IF_ERROR(st.Read("unit", ParseString, &param.unit));
+  param.trainable = !st.Flag("frozen");
   graph->params.push_back(std::move(param));
   return absl::OkStatus();
 }
@@ -1214,6 +1215,7 @@ std::string PrintGraph(const Graph& graph) {
                     FormatString(p.name), " ", DTypeName(p.dtype), "[",
                     absl::StrJoin(p.shape, ","), "]");
     if (!p.unit.empty()) absl::StrAppend(&out, " unit=", FormatString(p.unit));
+    if (!p.trainable) out += " frozen";
     out += '\n';
   }
   for (const Node& n : graph.nodes) {

@@ -26,7 +26,8 @@
 //   node n9 optimizer opt
 // The header's first token is the graph name; world (default 1),
 // micro_batches (1) and tokens (0) are optional. `param ID NAME DTYPE[SHAPE]`
-// (f32[] is the empty shape) takes unit=. Node attributes: mb= (micro-batch),
+// (f32[] is the empty shape) takes unit= and the flag frozen (no gradient, no
+// optimizer state; Param::trainable false). Node attributes: mb= (micro-batch),
 // of= (forward twin), recompute (flag), params=, flops=, time=, act=, ws=;
 // omitted ones are 0 / empty / no twin, and Print omits them in that case.
 //

@@ -300,11 +300,15 @@ absl::Status ValidateSchedule(const Schedule& schedule, const Graph& graph) {
       if (!known_param(pid)) {
         bad_offloads.Add(
             absl::StrCat("o", o.id, " names unknown param p", pid));
+      } else if (!graph.params[index.ParamPos(pid)].trainable) {
+        bad_offloads.Add(absl::StrCat("o", o.id, " names frozen param p", pid,
+                                      " (it has no optimizer state)"));
       }
     }
   }
   RETURN_IF_ERROR(bad_offloads.ToStatus(
-      "Each offload entry needs a unique id, known params and bytes >= 0."));
+      "Each offload entry needs a unique id, bytes >= 0 and known params that "
+      "are trained (frozen params have no optimizer state to offload)."));
 
   Problems bad_actions("invalid actions");
   for (size_t i = 0; i < schedule.actions.size(); ++i) {

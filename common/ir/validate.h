@@ -26,6 +26,7 @@ absl::Status ValidateGraph(const Graph& graph);
 // A schedule is valid for `graph` when: its graph_hash is the graph's
 // structural hash; group, offload and param ids are known and group and
 // offload ids are unique; no group is empty and no param is in two groups;
+// offload entries name only trained params (a frozen one has no state);
 // every action names a known node and, by kind, a known group, a non-empty
 // list of known params, or a known offload entry; predictions are finite and
 // non-negative. It does not check the plan's semantics (use-before-gather and

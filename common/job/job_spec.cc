@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/archive/model_archive.h"
+#include "common/archive/tensor_data.h"
 #include "common/ir/proto_convert.h"
 
 namespace tandem {
@@ -48,8 +49,27 @@ void AtLeast(FieldErrors& errors, const char* path, T value, T min) {
   if (value < min) errors.Add(path, " must be >= ", min, ", got ", value);
 }
 
+// data.kind tensors: the file at data.path (OpenTensorDataFile) holds an
+// array for every input of the archive, with its dtype and fixed dims.
+void ValidateTensorData(const v1::JobSpec& spec,
+                        const v1::ArchiveManifest& manifest,
+                        FieldErrors& errors) {
+  absl::StatusOr<TensorDataFile> file = OpenTensorDataFile(spec.data().path());
+  if (!file.ok()) {
+    errors.Add("data.path: ", file.status().message());
+    return;
+  }
+  const std::vector<v1::ArchiveInput> inputs(manifest.inputs().begin(),
+                                             manifest.inputs().end());
+  for (const std::string& problem : TensorDataProblems(*file, inputs)) {
+    errors.Add("data.path: ", problem);
+  }
+}
+
 // model.kind torchscript: no builtin fields, and an archive that reads
-// (ReadArchiveManifest) and that the token data sources can feed.
+// (ReadArchiveManifest) and that the data source can feed: the token
+// sources feed inputs of roles tokens and targets, data.kind tensors every
+// input by name.
 void ValidateArchiveModel(const v1::JobSpec& spec, FieldErrors& errors) {
   const v1::ModelSpec& m = spec.model();
   const std::pair<const char*, bool> builtin_fields[] = {
@@ -80,11 +100,18 @@ void ValidateArchiveModel(const v1::JobSpec& spec, FieldErrors& errors) {
     errors.Add("model.path: ", manifest.status().message());
     return;
   }
+  if (spec.data().kind() == "tensors") {
+    if (!spec.data().path().empty()) {
+      ValidateTensorData(spec, *manifest, errors);
+    }
+    return;
+  }
   for (const v1::ArchiveInput& in : manifest->inputs()) {
     if (in.role().empty()) {
       errors.Add("model.path: the model takes input '", in.name(),
                  "', which data.kind ", spec.data().kind(),
-                 " cannot feed (it feeds the roles tokens and targets)");
+                 " cannot feed (it feeds the roles tokens and targets); "
+                 "use data.kind tensors");
       continue;
     }
     const bool dynamic_seq =
@@ -195,14 +222,29 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
     AtLeast(errors, "model.kv_heads", m.kv_heads(), 1);
     AtLeast(errors, "model.ffn", m.ffn(), 1);
   }
-  AtLeast(errors, "model.vocab", m.vocab(), 2);
-
   const v1::DataSpec& d = spec.data();
-  if (d.kind() != "synthetic" && d.kind() != "tokens") {
-    errors.Add("data.kind must be synthetic or tokens, got '", d.kind(), "'");
+  const bool tensors = d.kind() == "tensors";
+  // The tensors source reads no token ids: model.vocab and batch.seq_len
+  // are unused there.
+  if (!tensors) AtLeast(errors, "model.vocab", m.vocab(), 2);
+
+  if (d.kind() != "synthetic" && d.kind() != "tokens" && !tensors) {
+    errors.Add("data.kind must be synthetic, tokens or tensors, got '",
+               d.kind(), "'");
   }
   if (d.kind() == "tokens" && d.path().empty()) {
     errors.Add("data.path must name the token file when data.kind is tokens");
+  }
+  if (tensors && d.path().empty()) {
+    errors.Add(
+        "data.path must name the safetensors file of named arrays when "
+        "data.kind is tensors");
+  }
+  if (tensors && !torchscript) {
+    errors.Add(
+        "data.kind tensors feeds the named inputs of an exported model "
+        "(model.kind torchscript); a builtin model reads tokens: use "
+        "data.kind synthetic or tokens");
   }
   if (d.token_bytes() != 2 && d.token_bytes() != 4) {
     errors.Add("data.token_bytes must be 2 (uint16) or 4 (uint32), got ",
@@ -211,7 +253,11 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
 
   const v1::BatchSpec& b = spec.batch();
   AtLeast(errors, "batch.micro_batch", b.micro_batch(), 1);
-  AtLeast(errors, "batch.seq_len", b.seq_len(), 1);
+  if (tensors) {
+    AtLeast(errors, "batch.seq_len", b.seq_len(), 0);
+  } else {
+    AtLeast(errors, "batch.seq_len", b.seq_len(), 1);
+  }
   AtLeast(errors, "batch.grad_accum", b.grad_accum(), 1);
 
   const v1::TrainSpec& t = spec.train();

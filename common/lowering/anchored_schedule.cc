@@ -55,6 +55,7 @@ std::vector<int64_t> ProgramOrder(const Graph& graph, const GraphIndex& index,
 }
 
 int64_t ParamStateBytes(const Param& param, int32_t world_size) {
+  if (!param.trainable) return 0;
   return param.shard_numel(std::max(world_size, 1)) *
          OptimizerStateBytesPerElement(param.dtype);
 }

@@ -60,7 +60,7 @@ std::vector<int64_t> ProgramOrder(const Graph& graph, const GraphIndex& index,
                                   const Schedule& schedule);
 
 // Optimizer-state bytes of a param's shard on this rank, as the simulator
-// counts them.
+// counts them; 0 for a frozen param (it has none).
 int64_t ParamStateBytes(const Param& param, int32_t world_size);
 
 // One entry of an offload plan: the states of `param_ids` copied to the host

@@ -31,7 +31,8 @@ std::vector<std::vector<GradientProduction>> GradientProductions(
     const int at = static_cast<int>(pos);
     for (int32_t id : node.param_ids) {
       const int p = index.ParamPos(id);
-      if (p < 0) continue;
+      // A frozen param's backward use produces no gradient of it.
+      if (p < 0 || !graph.params[p].trainable) continue;
       std::vector<GradientProduction>& runs = out[p];
       if (!runs.empty() && runs.back().micro_batch == node.micro_batch) {
         runs.back().last_pos = at;

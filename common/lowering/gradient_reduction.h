@@ -40,7 +40,8 @@ struct GradientProduction {
 };
 
 // Per param (indexed like graph.params), its productions in program order
-// (empty for a param no backward node uses).
+// (empty for a param no backward node uses, and for a frozen param: its
+// backward uses produce no gradient of it).
 std::vector<std::vector<GradientProduction>> GradientProductions(
     const Graph& graph);
 
@@ -55,7 +56,8 @@ std::vector<GradientReduction> GradientReductions(const Graph& graph,
 // every REDUCE_SCATTER (an action left empty is dropped) and added, per
 // reduction point, to the REDUCE_SCATTER anchored after that node (one more
 // param in an existing collective), or to a new one at the end of the
-// node's "after" actions. Params no backward node uses are left alone.
+// node's "after" actions. Params no backward node uses, and frozen params,
+// are left alone.
 void SetGradientReduction(const Graph& graph,
                           absl::Span<const int32_t> param_ids,
                           GradientReduction reduction, Schedule& schedule);

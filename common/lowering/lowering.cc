@@ -156,10 +156,16 @@ Schedule LowerZero1(const Graph& graph, int64_t bucket_bytes) {
 
   // The backward node that completes each param's gradient.
   const size_t n = graph.nodes.size();
+  // Frozen params have none: they are neither reduced nor gathered after the
+  // optimizer (it does not update them).
   absl::flat_hash_map<int32_t, size_t> last_grad;
   for (size_t i = 0; i < n; ++i) {
     if (graph.nodes[i].phase != Phase::kBackward) continue;
-    for (int32_t p : graph.nodes[i].param_ids) last_grad[p] = i;
+    for (int32_t p : graph.nodes[i].param_ids) {
+      const int pos = index.ParamPos(p);
+      if (pos >= 0 && !graph.params[pos].trainable) continue;
+      last_grad[p] = i;
+    }
   }
 
   // Buckets in gradient-completion order, each reduced after the node that

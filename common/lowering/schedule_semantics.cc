@@ -200,9 +200,12 @@ std::vector<Violation> FindReduceViolations(const Graph& graph,
     const std::string name = absl::StrCat("p", param.id, " '", param.name, "'");
     if (runs.empty()) {
       if (!keys.empty()) {
-        out.push_back({ViolationKind::kReduceCount,
-                       absl::StrCat(name, " gets no gradient but is reduced ",
-                                    keys.size(), " time(s)")});
+        out.push_back(
+            {ViolationKind::kReduceCount,
+             absl::StrCat(name,
+                          param.trainable ? " gets no gradient"
+                                          : " is frozen (it has no gradient)",
+                          " but is reduced ", keys.size(), " time(s)")});
       }
       continue;
     }

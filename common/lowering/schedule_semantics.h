@@ -12,7 +12,8 @@
 //     once per iteration, after the last backward node producing it
 //     (accumulated unsharded), or once per micro-batch that produces it, each
 //     after that micro-batch's last producer and before the next one's first
-//     (into the sharded accumulator; gradient_reduction.h).
+//     (into the sharded accumulator; gradient_reduction.h). A frozen param
+//     (Param::trainable false) gets no gradient: reducing it is an error.
 // Program order is what counts: actions before a node, the node, actions
 // after it. The simulator checks timing; these check meaning.
 #ifndef TANDEM_COMMON_LOWERING_SCHEDULE_SEMANTICS_H_

@@ -189,9 +189,11 @@ class Replay {
       info.full_bytes = p.bytes();
       info.shard_bytes = shard * elem;
       info.padded_bytes = shard * world * elem;
-      info.state_bytes = shard * OptimizerStateBytesPerElement(p.dtype);
+      // A frozen param has no gradient and no optimizer state.
+      info.state_bytes =
+          p.trainable ? shard * OptimizerStateBytesPerElement(p.dtype) : 0;
       base_[kShardedParams] += zero1_ ? info.full_bytes : info.shard_bytes;
-      base_[kGradients] += info.shard_bytes;
+      if (p.trainable) base_[kGradients] += info.shard_bytes;
       base_[kOptimizerStates] += info.state_bytes;
     }
     base_[kUnmodeled] = std::max<int64_t>(hw_.unmodeled_bytes, 0);
@@ -207,7 +209,10 @@ class Replay {
       if (persistent[pos] || zero1_) continue;
       persistent[pos] = true;
       base_[kPersistentParams] += params_[pos].full_bytes;
-      persistent_refresh_bytes_ += params_[pos].padded_bytes;
+      // The optimizer does not update a frozen param: nothing to refresh.
+      if (graph_.params[pos].trainable) {
+        persistent_refresh_bytes_ += params_[pos].padded_bytes;
+      }
     }
 
     node_param_pos_.resize(graph_.nodes.size());
@@ -223,7 +228,8 @@ class Replay {
                 absl::StrCat("graph: node n", n.id, " uses unknown param p", id,
                              "; run ValidateGraph before simulating"));
           }
-          node_param_pos_[i].push_back(pos);
+          // Backward produces no gradient of a frozen param.
+          if (graph_.params[pos].trainable) node_param_pos_[i].push_back(pos);
         }
       }
       if (n.forward_id.has_value()) {
@@ -324,7 +330,7 @@ class Replay {
     }
     // A gradient reduced per micro-batch accumulates its shards in fp32.
     for (size_t p = 0; p < graph_.params.size(); ++p) {
-      if (reduce_count[p] < 2) continue;
+      if (reduce_count[p] < 2 || !graph_.params[p].trainable) continue;
       const int64_t elem = DTypeBytes(graph_.params[p].dtype);
       base_[kGradients] += params_[p].shard_bytes / elem * (4 - elem);
     }

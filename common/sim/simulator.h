@@ -26,8 +26,9 @@
 //     the gradient shards and states); the part spent on REDUCE_SCATTERs is
 //     exposed communication;
 //   - in ZeRO-3 mode, persistent params are re-gathered after the optimizer
-//     (their shards were just updated): one fused all-gather of all of them,
-//     issued when compute ends (CollectiveTimelineEntry::action_index -1);
+//     (their shards were just updated): one fused all-gather of all of them
+//     but the frozen ones (never updated), issued when compute ends
+//     (CollectiveTimelineEntry::action_index -1);
 //   - the iteration ends when all three streams are idle; communication
 //     still running after the last node is exposed too.
 //
@@ -57,12 +58,13 @@
 //     across micro-batches until reduced (reduced once), or within one
 //     micro-batch (reduced per micro-batch); one never
 //     reduced lives to the end of the iteration. A REDUCE_SCATTER of a param
-//     with no live full gradient frees nothing (it still costs time);
+//     with no live full gradient frees nothing (it still costs time). A
+//     frozen param (Param::trainable false) has neither gradient;
 //   - optimizer states: per param shard, fp32 Adam moments (8 bytes/elem)
-//     plus fp32 master weights when the param dtype is not f32 (4 more),
-//     except while an offload entry holding them is on the host: from its
-//     OFFLOAD's end until its RELOAD's start. An entry moves
-//     min(OffloadEntry::bytes, its params' states) each way (entries are
+//     plus fp32 master weights when the param dtype is not f32 (4 more;
+//     none for a frozen param), except while an offload entry holding them is
+//     on the host: from its OFFLOAD's end until its RELOAD's start. An entry
+//     moves min(OffloadEntry::bytes, its params' states) each way (entries are
 //     assumed disjoint); an OFFLOAD of an entry already on the host or a
 //     RELOAD of one on the device costs copy time and moves no memory;
 //   - collective buffers, with hw.collective_buffers (the Tandem worker's

@@ -272,9 +272,19 @@ absl::StatusOr<bool> UnshardPass::RunImpl(PlanningContext& context) {
     gather_s[g] = gathers[g] * context.hw().AllGatherSeconds(padded);
     // A persistent param is still re-gathered once after the optimizer, in
     // one fused all-gather that nothing overlaps: its marginal cost there is
-    // subtracted below.
-    refresh_s[g] = context.hw().AllGatherSeconds(2 * padded) -
-                   context.hw().AllGatherSeconds(padded);
+    // subtracted below. A frozen one is not (the step does not change it).
+    int64_t refreshed = 0;
+    for (int32_t p : base.groups[g].param_ids) {
+      const int pos = index.ParamPos(p);
+      if (pos < 0 || !graph.params[pos].trainable) continue;
+      const Param& param = graph.params[pos];
+      const int world = std::max(graph.world_size, 1);
+      refreshed += param.shard_numel(world) * world * DTypeBytes(param.dtype);
+    }
+    refresh_s[g] = refreshed > 0
+                       ? context.hw().AllGatherSeconds(2 * refreshed) -
+                             context.hw().AllGatherSeconds(refreshed)
+                       : 0.0;
   }
   const bool comm_bound = start.comm_s >= start.compute_s;
   const double exposed_ratio =

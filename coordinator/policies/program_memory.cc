@@ -87,7 +87,8 @@ ProgramMemory EstimateProgramMemory(const Graph& graph,
   }
   for (const Param& p : graph.params) {
     const int64_t shard = p.shard_numel(world) * DTypeBytes(p.dtype);
-    level += (zero1 ? p.bytes() : shard) + shard;
+    // The gradient shard: none for a frozen param (nor states).
+    level += (zero1 ? p.bytes() : shard) + (p.trainable ? shard : 0);
     states += ParamStateBytes(p, world);
   }
   level += states;
@@ -162,7 +163,9 @@ ProgramMemory EstimateProgramMemory(const Graph& graph,
     if (node.phase == Phase::kBackward) {
       for (int32_t p : node.param_ids) {
         const int pos = index.ParamPos(p);
-        if (pos < 0 || grad_live[pos]) continue;
+        if (pos < 0 || grad_live[pos] || !graph.params[pos].trainable) {
+          continue;
+        }
         grad_live[pos] = true;
         level += graph.params[pos].bytes();
       }

@@ -2,8 +2,11 @@
 job spec submitted with the Python client to a real coordinator, real
 tandem-worker processes in agent mode that register, profile, receive the
 coordinator's plan (made from measured profiles alone: an archive has no
-analytic model) and switch to it between two iterations. Losses and final
-parameters must still equal PyTorch eager training of the same module
+analytic model) and switch to it between two iterations, for the three
+model families (a GPT in plain torch.nn, an nn.TransformerEncoder language
+model and torchvision's VisionTransformer fed by a `tensors` file). Losses
+and final parameters must still equal PyTorch eager training of the same
+module
 (test_exported_numerics.py's reference: torch.optim.AdamW and
 clip_grad_norm_, the same global batches), so the switch from the baseline
 to the planned schedule changes nothing but speed.
@@ -40,13 +43,13 @@ WARMUP = 3
 VOCAB = 512
 
 
-def job_spec(archive, tokens_path, world, ckpt_dir, **extra):
+def job_spec(archive, data, world, ckpt_dir, **extra):
+    """`data`: the tokens file of a language model, or a dict of the
+    `tensors` file's arrays' path ({"tensors": PATH})."""
     spec = {
         "name": client_conftest.unique_name("exported"),
-        "model": {"kind": "torchscript", "path": archive, "vocab": VOCAB},
-        "data": {"kind": "tokens", "path": tokens_path, "token_bytes": 2},
-        "batch": {"micro_batch": numerics.GLOBAL_BATCH // world,
-                  "seq_len": numerics.SEQ_LEN},
+        "model": {"kind": "torchscript", "path": archive},
+        "batch": {"micro_batch": numerics.GLOBAL_BATCH // world},
         "train": {"steps": STEPS, "lr": numerics.LR,
                   "beta1": numerics.BETAS[0], "beta2": numerics.BETAS[1],
                   "eps": numerics.EPS, "weight_decay": numerics.WD,
@@ -57,6 +60,12 @@ def job_spec(archive, tokens_path, world, ckpt_dir, **extra):
         "optimize": {"warmup_steps": WARMUP, "drift_threshold": 100},
         "checkpoint": {"dir": ckpt_dir, "every": STEPS},
     }
+    if isinstance(data, dict):
+        spec["data"] = {"kind": "tensors", "path": data["tensors"]}
+    else:
+        spec["model"]["vocab"] = VOCAB
+        spec["data"] = {"kind": "tokens", "path": data, "token_bytes": 2}
+        spec["batch"]["seq_len"] = numerics.SEQ_LEN
     for k, v in extra.items():
         spec.setdefault(k, {}).update(v)
     return spec
@@ -98,20 +107,33 @@ def run_workers(tmp_path, address, job_id, world):
              if l.startswith('{"step"')] for out, _ in outs]
 
 
-@pytest.mark.parametrize("world", [1, 2, 3])
-def test_exported_gpt_planned_and_switched_matches_pytorch(
-        tmp_path, coordinator, world):
-    gpt = numerics.load_model("gpt")
-    module, batch = gpt.build()
-    archive = str(tmp_path / "gpt.tandem")
-    manifest = tandem.export(module, batch, path=archive)
-    tokens_path = tmp_path / "tokens.bin"
+def training_data(name, tmp_path):
+    """(the spec's data, what the reference trains on, how it batches)."""
+    if name == "vit":
+        path = tmp_path / "vit.safetensors"
+        arrays = numerics.write_vit_tensors(path)
+        return {"tensors": str(path)}, arrays, numerics.tensors_global_batch
+    path = tmp_path / "tokens.bin"
     tokens = numerics.write_tokens(
-        tokens_path, VOCAB, STEPS * numerics.GLOBAL_BATCH * numerics.SEQ_LEN + 1)
+        path, VOCAB, STEPS * numerics.GLOBAL_BATCH * numerics.SEQ_LEN + 1)
+    return str(path), tokens, numerics.global_batch
+
+
+@pytest.mark.parametrize("name,world", [
+    ("gpt", 1), ("gpt", 2), ("gpt", 3),
+    ("encoder_lm", 2), ("encoder_lm", 3),
+    ("vit", 2), ("vit", 3)])
+def test_exported_model_planned_and_switched_matches_pytorch(
+        tmp_path, coordinator, name, world):
+    mod = numerics.load_model(name)
+    module, batch = mod.build()
+    archive = str(tmp_path / f"{name}.tandem")
+    manifest = tandem.export(module, batch, path=archive)
+    data, ref_data, batch_of = training_data(name, tmp_path)
     ckpt = tmp_path / "ckpt"
 
     with tandem.Client(coordinator.address, timeout=10) as client:
-        job = client.submit(job_spec(archive, str(tokens_path), world, str(ckpt)))
+        job = client.submit(job_spec(archive, data, world, str(ckpt)))
         runs = run_workers(tmp_path, coordinator.address, job.id, world)
         final, events = client.get(job.id)
         assert final.state == job_pb2.JOB_STATE_SUCCEEDED, \
@@ -133,17 +155,25 @@ def test_exported_gpt_planned_and_switched_matches_pytorch(
     assert WARMUP <= switch < STEPS - 2, v
 
     # The same training as PyTorch eager, across the switch.
-    module, _ = gpt.build()
-    ref_losses, ref_params = numerics.reference(module, tokens, steps=STEPS)
+    module, _ = mod.build()
+    ref_losses, ref_params = numerics.reference(module, ref_data, steps=STEPS,
+                                                batch_of=batch_of)
     for step, (d, want) in enumerate(zip(runs[0], ref_losses)):
         assert abs(d["loss"] - want) <= numerics.RTOL * abs(want), (
-            f"world {world} step {step} (v{d['schedule_version']}): loss "
-            f"{d['loss']} vs PyTorch {want}")
+            f"{name} world {world} step {step} (v{d['schedule_version']}): "
+            f"loss {d['loss']} vs PyTorch {want}")
     got = numerics.final_params(str(ckpt), world, manifest)
+    # nn.MultiheadAttention's key biases have an exact-zero gradient, which
+    # no two summation orders step alike (numerics.check_matches): left out
+    # of the comparison here, checked for staying small there.
+    init, _ = mod.build()
+    got, _ = numerics.split_noise(got, numerics.key_biases(init))
+    ref_params, _ = numerics.split_noise(ref_params, numerics.key_biases(init))
     names = sorted(got)
     total = numerics.rel_err(torch.cat([got[n].flatten() for n in names]),
                              torch.cat([ref_params[n].flatten() for n in names]))
-    assert total <= numerics.RTOL, f"world {world}: params' relative error {total:.2e}"
+    assert total <= numerics.RTOL, (
+        f"{name} world {world}: params' relative error {total:.2e}")
 
 
 def test_archive_budget_below_its_params_refused_at_submit(tmp_path, coordinator):

@@ -5,10 +5,18 @@ A user's unmodified nn.Module (tests/models/) is exported with
 at worlds 1, 2 and 3 (Gloo on loopback), and compared with PyTorch eager
 training of the same module in this process: torch.optim.AdamW and
 torch.nn.utils.clip_grad_norm_, the archive's initial weights, the same
-global batches. The reference shares no code with the worker: it reads the
-token file the way worker/README.md documents it (sequence i starts at token
-(i * seq_len) mod the windows that fit; step s's global batch is sequences
-s*G .. s*G+G-1; rank r reads the r-th contiguous slice), and the final
+global batches. The models: a GPT in plain torch.nn (tied embeddings), a
+language model built from nn.TransformerEncoder (its layers are leaf units)
+and torchvision's VisionTransformer (its EncoderBlocks are leaf units; the
+images and labels come from the `tensors` data source). Every model has
+dropout 0: the worker and PyTorch draw different random numbers, so only a
+deterministic forward can match to 1e-5.
+
+The reference shares no code with the worker: it reads the data the way
+worker/README.md documents it. Tokens: sequence i starts at token
+(i * seq_len) mod the windows that fit. Tensors: sample i is row i mod N of
+every array. Step s's global batch is sequences (samples) s*G .. s*G+G-1,
+and rank r reads the r-th contiguous slice of each micro-batch. The final
 parameters come from the worker's own checkpoint files
 (worker/checkpoint/checkpoint_files.h), reassembled from the ranks' shards.
 
@@ -16,6 +24,7 @@ parameters come from the worker's own checkpoint files
 """
 
 import importlib.util
+import json
 import os
 import socket
 import struct
@@ -73,15 +82,26 @@ def global_batch(tokens, step):
             "labels": seqs[:, 1:].contiguous()}
 
 
-def reference(module, tokens, steps=STEPS):
-    """PyTorch eager: one process, the whole global batch, AdamW."""
+def tensors_global_batch(arrays, step, global_size=GLOBAL_BATCH):
+    """Samples step*G .. step*G+G-1 of a `tensors` file's arrays, wrapping
+    at the end of the file, as documented."""
+    n = len(next(iter(arrays.values())))
+    rows = torch.tensor([i % n for i in range(step * global_size,
+                                              (step + 1) * global_size)])
+    return {name: a[rows] for name, a in arrays.items()}
+
+
+def reference(module, tokens, steps=STEPS, batch_of=global_batch):
+    """PyTorch eager: one process, the whole global batch, AdamW.
+    batch_of(tokens, step) is the step's global batch (default: sequences
+    of the token file; tensors_global_batch for a `tensors` file)."""
     params = [p for p in module.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS,
                             weight_decay=WD)
     losses = []
     for step in range(steps):
         opt.zero_grad()
-        loss = module(**global_batch(tokens, step))
+        loss = module(**batch_of(tokens, step))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, CLIP)
         opt.step()
@@ -164,25 +184,68 @@ checkpoint:
 """
 
 
-def train(tmp_path, archive, tokens_path, vocab, world, schedule=None):
-    ckpt = tmp_path / f"ckpt-w{world}"
-    spec = tmp_path / f"spec-w{world}.yaml"
-    spec.write_text(spec_yaml(archive, tokens_path, vocab, world, ckpt))
+def tensors_spec_yaml(archive, data_path, world, ckpt_dir, grad_accum=1):
+    """A job spec for an archive fed by a `tensors` file."""
+    return f"""name: exported-numerics
+model:
+  kind: torchscript
+  path: {archive}
+data:
+  kind: tensors
+  path: {data_path}
+batch:
+  micro_batch: {GLOBAL_BATCH // (world * grad_accum)}
+  grad_accum: {grad_accum}
+train:
+  steps: {STEPS}
+  lr: {LR}
+  beta1: {BETAS[0]}
+  beta2: {BETAS[1]}
+  eps: {EPS}
+  weight_decay: {WD}
+  grad_clip: {CLIP}
+  seed: 1
+parallel:
+  world_size: {world}
+  zero_stage: 3
+checkpoint:
+  dir: {ckpt_dir}
+  every: {STEPS}
+"""
+
+
+def run_standalone(spec_path, world, schedule=None, timeout_s=120):
+    """Runs `world` standalone workers on spec_path; returns every rank's
+    (returncode, stdout, stderr)."""
     port = free_port()
     procs = []
     for r in range(world):
-        cmd = [WORKER, "--standalone", "--spec", str(spec), "--rank", str(r),
-               "--world", str(world), "--rendezvous", f"127.0.0.1:{port}",
-               "--threads", "1", "--timeout-s", "120"]
+        cmd = [WORKER, "--standalone", "--spec", str(spec_path), "--rank",
+               str(r), "--world", str(world), "--rendezvous",
+               f"127.0.0.1:{port}", "--threads", "1", "--timeout-s",
+               str(timeout_s)]
         if schedule:
             cmd += ["--schedule", schedule]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=300) for p in procs]
-    for r, (p, (out, err)) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, f"rank {r} failed:\n{err[-3000:]}"
-    import json
-    lines = [json.loads(l) for l in outs[0][0].splitlines() if l.startswith('{"step"')]
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs)]
+
+
+def train(tmp_path, archive, tokens_path, vocab, world, schedule=None,
+          spec_text=None, tag=""):
+    """Trains the archive at `world`; returns (rank 0's losses, checkpoint
+    dir). The spec is spec_yaml's (the token file) unless spec_text(ckpt)
+    gives another."""
+    ckpt = tmp_path / f"ckpt-w{world}{tag}"
+    spec = tmp_path / f"spec-w{world}{tag}.yaml"
+    spec.write_text(spec_text(ckpt) if spec_text else
+                    spec_yaml(archive, tokens_path, vocab, world, ckpt))
+    runs = run_standalone(spec, world, schedule)
+    for r, (rc, _, err) in enumerate(runs):
+        assert rc == 0, f"rank {r} failed:\n{err[-3000:]}"
+    lines = [json.loads(l) for l in runs[0][1].splitlines()
+             if l.startswith('{"step"')]
     return [l["loss"] for l in lines], str(ckpt)
 
 
@@ -196,34 +259,56 @@ def rel_err(a, b):
     return (a - b).norm().item() / max(b.norm().item(), 1e-12)
 
 
-@pytest.fixture(scope="module")
-def gpt_archive(tmp_path_factory):
-    d = tmp_path_factory.mktemp("gpt")
-    gpt = load_model("gpt")
-    module, batch = gpt.build()
-    path = str(d / "gpt.tandem")
-    manifest = tandem.export(module, batch, path=path)
-    return gpt, path, manifest
+def key_biases(module):
+    """{param name: the elements of it whose true gradient is exactly zero}:
+    the key third of every nn.MultiheadAttention's in_proj_bias (softmax
+    ignores a constant shift of a query's scores)."""
+    out = {}
+    for path, m in module.named_modules():
+        if (isinstance(m, torch.nn.MultiheadAttention) and
+                isinstance(m.in_proj_bias, torch.nn.Parameter)):
+            d = m.embed_dim
+            out[f"{path}.in_proj_bias"] = slice(d, 2 * d)
+    return out
 
 
-@pytest.mark.skipif(not os.path.exists(WORKER), reason=f"no {WORKER}")
-@pytest.mark.parametrize("world", [1, 2, 3])
-def test_gpt_matches_pytorch_eager(tmp_path, gpt_archive, world):
-    gpt, archive, manifest = gpt_archive
-    vocab = 512
-    tokens_path = tmp_path / "tokens.bin"
-    tokens = write_tokens(tokens_path, vocab, STEPS * GLOBAL_BATCH * SEQ_LEN + 1)
+def split_noise(params, noise):
+    """(params with the `noise` elements taken out, those elements)."""
+    kept, taken = dict(params), {}
+    for n, sl in noise.items():
+        t = params[n]
+        taken[n] = t[sl]
+        kept[n] = torch.cat([t[:sl.start], t[sl.stop:]])
+    return kept, taken
 
-    module, _ = gpt.build()
-    ref_losses, ref_params = reference(module, tokens)
-    losses, ckpt = train(tmp_path, archive, str(tokens_path), vocab, world)
 
-    assert len(losses) == STEPS
+def check_matches(what, losses, ref_losses, got_params, ref_params,
+                  init_params, manifest, noise=None):
+    """Losses step by step within RTOL of PyTorch's; all parameters as one
+    vector within RTOL, each tensor within 10 * RTOL; and the run trained.
+    `noise` ({param: slice}, key_biases) names elements whose true gradient
+    is exactly zero: AdamW divides their rounding noise by its own RMS and
+    steps them by up to lr each step, in directions no two summation orders
+    agree on. They are checked to have stayed small instead: an element with
+    a real gradient moves by about lr per step (AdamW normalizes its step),
+    while noise far below eps = 1e-8 moves it by a fraction of that."""
+    assert len(losses) == STEPS, f"{what}: {len(losses)} steps reported"
     for step, (got, want) in enumerate(zip(losses, ref_losses)):
         assert abs(got - want) <= RTOL * abs(want), (
-            f"world {world} step {step}: loss {got} vs PyTorch {want}")
-    got_params = final_params(ckpt, world, manifest)
+            f"{what} step {step}: loss {got} vs PyTorch {want}")
     assert set(got_params) == {p.name for p in manifest.params}
+    if noise:
+        init_params = {n: p.detach() for n, p in init_params.items()}
+        got_params, got_noise = split_noise(got_params, noise)
+        ref_params, ref_noise = split_noise(ref_params, noise)
+        init_params, init_noise = split_noise(init_params, noise)
+        for n in noise:
+            for which, t in (("worker", got_noise[n]), ("PyTorch", ref_noise[n])):
+                drift = (t - init_noise[n]).abs().max().item()
+                assert drift <= 0.25 * STEPS * LR, (
+                    f"{what}: {which}'s {n}[{noise[n].start}:{noise[n].stop}] "
+                    f"moved {drift:.3g}, a quarter of {STEPS} AdamW steps of "
+                    f"lr {LR} or more: its gradient was not zero")
     # All parameters as one vector: relative error 1e-5. Per tensor, 1e-4:
     # a tensor initialized at zero (a LayerNorm or linear bias) has a norm of
     # only a few AdamW steps, which its elements' noise-driven steps (see
@@ -233,11 +318,126 @@ def test_gpt_matches_pytorch_eager(tmp_path, gpt_archive, world):
     flat_ref = torch.cat([ref_params[n].flatten() for n in names])
     total = rel_err(flat_got, flat_ref)
     worst = max((rel_err(got_params[n], ref_params[n]), n) for n in names)
-    print(f"world {world}: all params {total:.2e}, worst tensor {worst[1]} {worst[0]:.2e}")
-    assert total <= RTOL, f"world {world}: parameters' relative error {total:.2e}"
+    print(f"{what}: all params {total:.2e}, worst tensor {worst[1]} "
+          f"{worst[0]:.2e}")
+    assert total <= RTOL, f"{what}: parameters' relative error {total:.2e}"
     assert worst[0] <= 10 * RTOL, (
-        f"world {world}: {worst[1]} relative error {worst[0]:.2e}")
-    # The run trained: parameters moved away from their initial values.
-    init, _ = gpt.build()
-    moved = dict(init.named_parameters())
-    assert any(rel_err(got_params[n], moved[n].detach()) > 1e-3 for n in got_params)
+        f"{what}: {worst[1]} relative error {worst[0]:.2e}")
+    # The run trained: every parameter moved away from its initial value.
+    still = [n for n in names
+             if torch.equal(got_params[n], init_params[n].detach())]
+    assert not still, f"{what}: parameters did not train: {still[:5]}"
+
+
+def assert_no_dropout(module):
+    """Exact numerics need dropout 0: the worker's random numbers are not
+    PyTorch's."""
+    for path, m in module.named_modules():
+        p = m.p if isinstance(m, torch.nn.Dropout) else \
+            m.dropout if isinstance(m, torch.nn.MultiheadAttention) else 0
+        assert p == 0, f"{path or '<root>'} has dropout {p}; set it to 0"
+
+
+def export_model(tmp_path_factory, name):
+    """(the model's file as a module, archive path, manifest)."""
+    d = tmp_path_factory.mktemp(name)
+    mod = load_model(name)
+    module, batch = mod.build()
+    path = str(d / f"{name}.tandem")
+    manifest = tandem.export(module, batch, path=path)
+    return mod, path, manifest
+
+
+@pytest.fixture(scope="module")
+def gpt_archive(tmp_path_factory):
+    return export_model(tmp_path_factory, "gpt")
+
+
+@pytest.fixture(scope="module")
+def encoder_lm_archive(tmp_path_factory):
+    return export_model(tmp_path_factory, "encoder_lm")
+
+
+def check_token_model(tmp_path, model_archive, world, vocab=512):
+    mod, archive, manifest = model_archive
+    tokens_path = tmp_path / "tokens.bin"
+    tokens = write_tokens(tokens_path, vocab, STEPS * GLOBAL_BATCH * SEQ_LEN + 1)
+
+    module, _ = mod.build()
+    ref_losses, ref_params = reference(module, tokens)
+    losses, ckpt = train(tmp_path, archive, str(tokens_path), vocab, world)
+    init, _ = mod.build()
+    # nn.MultiheadAttention's key biases (the encoder LM's) get an exact-zero
+    # gradient: checked for staying small, not for equality (check_matches).
+    check_matches(f"{manifest.name} world {world}", losses, ref_losses,
+                  final_params(ckpt, world, manifest), ref_params,
+                  dict(init.named_parameters()), manifest,
+                  noise=key_biases(init))
+
+
+@pytest.mark.skipif(not os.path.exists(WORKER), reason=f"no {WORKER}")
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_gpt_matches_pytorch_eager(tmp_path, gpt_archive, world):
+    check_token_model(tmp_path, gpt_archive, world)
+
+
+@pytest.mark.skipif(not os.path.exists(WORKER), reason=f"no {WORKER}")
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_encoder_lm_matches_pytorch_eager(tmp_path, encoder_lm_archive, world):
+    """nn.TransformerEncoder's layers run as leaf units (scripted whole, their
+    params bound as the module's attributes); the causal mask made in the
+    embed unit is read by both. Dropout is 0 (encoder_lm.py)."""
+    mod, _, manifest = encoder_lm_archive
+    assert [u.leaf for u in manifest.units] == [False, True, True, False]
+    assert_no_dropout(mod.build()[0])
+    check_token_model(tmp_path, encoder_lm_archive, world)
+
+
+# ------------------------------------------------------ the `tensors` source
+
+VIT_SAMPLES = 40  # not a multiple of GLOBAL_BATCH: step 6 wraps
+
+
+def write_vit_tensors(path, samples=VIT_SAMPLES, seed=11):
+    """Images float32 [N, 3, 16, 16] and labels int64 [N], written with
+    tandem.export's safetensors writer; returns them."""
+    g = torch.Generator().manual_seed(seed)
+    arrays = {"images": torch.randn(samples, 3, 16, 16, generator=g),
+              "labels": torch.randint(0, 10, (samples,), generator=g)}
+    with open(path, "wb") as f:
+        tandem.export.write_safetensors(list(arrays.items()), f)
+    return arrays
+
+
+@pytest.fixture(scope="module")
+def vit_archive(tmp_path_factory):
+    return export_model(tmp_path_factory, "vit")
+
+
+@pytest.mark.skipif(not os.path.exists(WORKER), reason=f"no {WORKER}")
+@pytest.mark.parametrize("world,grad_accum", [(1, 1), (2, 1), (3, 1), (2, 3)])
+def test_vit_matches_pytorch_eager(tmp_path, vit_archive, world, grad_accum):
+    """torchvision's VisionTransformer: the class token and the position
+    embedding (params read directly in forward) in the embed unit, each
+    EncoderBlock (nn.MultiheadAttention inside) a leaf unit. Images and labels
+    come from a `tensors` file, wrapping at its end. Dropout is 0
+    (torchvision's default)."""
+    mod, archive, manifest = vit_archive
+    assert [(i.name, list(i.dynamic_dims)) for i in manifest.inputs] == [
+        ("images", [0]), ("labels", [0])]
+    data = tmp_path / "vit.safetensors"
+    arrays = write_vit_tensors(data)
+
+    module, _ = mod.build()
+    assert_no_dropout(module)
+    ref_losses, ref_params = reference(module, arrays,
+                                       batch_of=tensors_global_batch)
+    losses, ckpt = train(
+        tmp_path, archive, None, None, world, tag=f"-a{grad_accum}",
+        spec_text=lambda ckpt: tensors_spec_yaml(archive, data, world, ckpt,
+                                                 grad_accum))
+    init, _ = mod.build()
+    check_matches(f"ViT world {world} grad_accum {grad_accum}", losses,
+                  ref_losses, final_params(ckpt, world, manifest), ref_params,
+                  dict(init.named_parameters()), manifest,
+                  noise=key_biases(init))

@@ -21,6 +21,8 @@ class EncoderLM(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)
         self.pos = nn.Parameter(torch.randn(max_len, d_model) * 0.02)
+        # Dropout 0: a deterministic forward, so that training can be
+        # compared with another implementation's to fp32 rounding.
         layer = nn.TransformerEncoderLayer(d_model, n_head, ffn, dropout=0.0,
                                            activation="gelu",
                                            batch_first=True)

@@ -16,7 +16,10 @@ Archives:
                     block with a causal-mask buffer, params bound by
                     attribute) -> head, embedding tied.
   bad_checksum.tandem, bad_version.tandem, use_before_def.tandem,
-  missing_entry.tandem, frozen.tandem: residual.tandem broken one way each.
+  missing_entry.tandem: residual.tandem broken one way each.
+  frozen.tandem     residual.tandem with embed.weight (tied: the first and
+                    the last unit) and blocks.0.b frozen (requiresGrad
+                    false).
 """
 
 import hashlib
@@ -189,8 +192,12 @@ def residual(out_dir):
     write(os.path.join(out_dir, "use_before_def.tandem"), bad, entries)
     write(os.path.join(out_dir, "missing_entry.tandem"), manifest, entries,
           drop="units/001.pt")
+    # Fine-tuning: the tied embedding (first and last unit, so the first
+    # unit's output carries no gradient) and block 0's bias frozen.
     frozen = json.loads(json.dumps(manifest))
-    frozen["params"][1]["requiresGrad"] = False
+    frozen["name"] = "ResidualFrozen"
+    frozen["params"][0]["requiresGrad"] = False
+    frozen["params"][2]["requiresGrad"] = False
     write(os.path.join(out_dir, "frozen.tandem"), frozen, entries)
 
 

@@ -20,7 +20,7 @@ absl::StatusOr<TokenInputs> TokenInputsOf(const Program& program) {
       return absl::InvalidArgumentError(absl::StrCat(
           "model '", program.name, "' takes input '", in.name,
           "', which a token data source cannot feed (its role is '", in.role,
-          "', not tokens or targets); use a data source of named tensors"));
+          "', not tokens or targets); use data.kind tensors"));
     }
     if (!slot->empty()) {
       return absl::InvalidArgumentError(
@@ -33,7 +33,7 @@ absl::StatusOr<TokenInputs> TokenInputsOf(const Program& program) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model '", program.name,
         "' has no input of role tokens, so a token data source cannot feed "
-        "it; use a data source of named tensors"));
+        "it; use data.kind tensors"));
   }
   return names;
 }
@@ -63,6 +63,64 @@ absl::StatusOr<std::vector<MicroBatch>> ReadRankBatches(
         ReadSequences(source, RankSequenceIndices(step, k, grad_accum, rank,
                                                   world, per_rank)));
     batches.push_back(MakeMicroBatch(rows, per_rank, source.seq_len(), names));
+  }
+  return batches;
+}
+
+namespace {
+
+at::ScalarType ScalarTypeOf(const std::string& dtype) {
+  static const std::pair<const char*, at::ScalarType> kTypes[] = {
+      {"float64", at::kDouble}, {"float32", at::kFloat},
+      {"float16", at::kHalf},   {"bfloat16", at::kBFloat16},
+      {"int64", at::kLong},     {"int32", at::kInt},
+      {"int16", at::kShort},    {"int8", at::kChar},
+      {"uint8", at::kByte},     {"bool", at::kBool}};
+  for (const auto& [name, type] : kTypes) {
+    if (dtype == name) return type;
+  }
+  TORCH_CHECK(false, "no tensor dtype for '", dtype, "'");
+}
+
+}  // namespace
+
+std::vector<v1::ArchiveInput> ArchiveInputsOf(const Program& program) {
+  std::vector<v1::ArchiveInput> inputs;
+  for (const ProgramInput& p : program.inputs) {
+    v1::ArchiveInput& in = inputs.emplace_back();
+    in.set_name(p.name);
+    in.set_role(p.role);
+    in.set_dtype(p.dtype);
+    for (int64_t d : p.shape) in.add_shape(d);
+    for (int32_t d : p.dynamic_dims) in.add_dynamic_dims(d);
+  }
+  return inputs;
+}
+
+MicroBatch ToMicroBatch(const HostMicroBatch& host) {
+  MicroBatch batch;
+  for (const auto& [name, array] : host.arrays) {
+    at::Tensor t = at::empty(array.shape, ScalarTypeOf(array.dtype));
+    TORCH_CHECK(static_cast<size_t>(t.nbytes()) == array.bytes.size(),
+                "array '", name, "' holds ", array.bytes.size(), " bytes for ",
+                t.nbytes());
+    std::memcpy(t.data_ptr(), array.bytes.data(), array.bytes.size());
+    batch.tensors[name] = std::move(t);
+  }
+  batch.loss_weight = host.loss_weight();
+  return batch;
+}
+
+absl::StatusOr<std::vector<MicroBatch>> ReadRankBatches(
+    const TensorSource& source, int64_t step, int32_t grad_accum, int32_t rank,
+    int32_t world, int32_t per_rank, int64_t* counted) {
+  ASSIGN_OR_RETURN(std::vector<HostMicroBatch> host,
+                   source.ReadRank(step, grad_accum, rank, world, per_rank));
+  std::vector<MicroBatch> batches;
+  if (counted != nullptr) *counted = 0;
+  for (const HostMicroBatch& h : host) {
+    batches.push_back(ToMicroBatch(h));
+    if (counted != nullptr) *counted += h.counted;
   }
   return batches;
 }

@@ -1,5 +1,5 @@
-// Turning token rows into the executor's MicroBatch tensors, under the
-// names the program reads them by.
+// Turning token rows, or the tensors source's arrays, into the executor's
+// MicroBatch tensors, under the names the program reads them by.
 #ifndef TANDEM_WORKER_DATA_MICRO_BATCH_H_
 #define TANDEM_WORKER_DATA_MICRO_BATCH_H_
 
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/data/tensor_source.h"
 #include "worker/data/token_source.h"
 #include "worker/runtime/program.h"
 
@@ -35,6 +36,20 @@ MicroBatch MakeMicroBatch(const std::vector<int64_t>& rows, int64_t n,
 absl::StatusOr<std::vector<MicroBatch>> ReadRankBatches(
     const TokenSource& source, int64_t step, int32_t grad_accum, int32_t rank,
     int32_t world, int32_t per_rank, const TokenInputs& names = {});
+
+// The program's inputs as the archive declares them, for
+// TensorSource::Open.
+std::vector<v1::ArchiveInput> ArchiveInputsOf(const Program& program);
+
+// `host`'s arrays as CPU tensors (copied), and its loss weight.
+MicroBatch ToMicroBatch(const HostMicroBatch& host);
+
+// Rank `rank`'s micro-batches of step `step` from the tensors source, each
+// with its loss weight (TensorSource::ReadRank); `counted`, when given,
+// receives the items the rank's micro-batches count.
+absl::StatusOr<std::vector<MicroBatch>> ReadRankBatches(
+    const TensorSource& source, int64_t step, int32_t grad_accum, int32_t rank,
+    int32_t world, int32_t per_rank, int64_t* counted = nullptr);
 
 }  // namespace tandem
 

@@ -117,12 +117,6 @@ absl::StatusOr<Program> LoadArchiveProgram(const std::string& path) {
   const v1::ArchiveManifest& m = archive.manifest;
   const std::string root = kArchiveRoot;
   for (const v1::ArchiveParam& p : m.params()) {
-    if (!p.requires_grad()) {
-      return absl::UnimplementedError(absl::StrCat(
-          "'", path, "': param '", p.name(),
-          "' is frozen (requires_grad false); frozen params are not "
-          "supported yet: export with every param trainable"));
-    }
     if (p.dtype() != "float32") {
       return absl::UnimplementedError(absl::StrCat(
           "'", path, "': param '", p.name(), "' is ", p.dtype(),
@@ -146,7 +140,11 @@ absl::StatusOr<Program> LoadArchiveProgram(const std::string& path) {
   program.name = m.name();
   program.loss = m.loss();
   for (const v1::ArchiveInput& in : m.inputs()) {
-    program.inputs.push_back({in.name(), in.role()});
+    program.inputs.push_back(
+        {in.name(), in.role(), in.dtype(),
+         std::vector<int64_t>(in.shape().begin(), in.shape().end()),
+         std::vector<int32_t>(in.dynamic_dims().begin(),
+                              in.dynamic_dims().end())});
   }
   absl::flat_hash_map<std::string, int32_t> param_ids;
   for (const v1::ArchiveParam& p : m.params()) {
@@ -155,6 +153,7 @@ absl::StatusOr<Program> LoadArchiveProgram(const std::string& path) {
     param.name = p.name();
     param.shape.assign(p.shape().begin(), p.shape().end());
     param.unit = p.units(0);
+    param.trainable = p.requires_grad();
     const uint64_t begin = t->begin;
     const uint64_t bytes = t->end - t->begin;
     param.init = [weights, begin, bytes](float* data, int64_t numel) {

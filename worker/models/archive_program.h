@@ -15,10 +15,13 @@
 // - buffers are replicated: each unit's are read from the weights once and
 //   moved to the device of the first call's tensors;
 // - inputs keep their roles, so the token data sources feed "tokens" and
-//   "targets" under the names the model takes.
+//   "targets" under the names the model takes;
+// - a frozen param (requires_grad false) is a program param that does not
+//   train (ProgramParam::trainable): gathered for its uses, no gradient, no
+//   reduce-scatter, no optimizer state.
 //
-// Not supported yet, refused at load with what to change: frozen params
-// (requires_grad false) and params that are not float32.
+// Not supported yet, refused at load with what to change: params that are
+// not float32.
 #ifndef TANDEM_WORKER_MODELS_ARCHIVE_PROGRAM_H_
 #define TANDEM_WORKER_MODELS_ARCHIVE_PROGRAM_H_
 

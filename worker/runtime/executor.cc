@@ -19,6 +19,10 @@
 namespace tandem {
 namespace {
 
+// IterationState::boundary_pending of a boundary no gradient crosses because
+// no node before it trains (a frozen prefix): it fires after backward.
+constexpr int kDeadBoundary = -1;
+
 SteadyTime Now() { return std::chrono::steady_clock::now(); }
 double Since(SteadyTime t) {
   return std::chrono::duration<double>(Now() - t).count();
@@ -96,7 +100,8 @@ absl::Status CheckRunnableSchedule(const Graph& graph,
       for (int32_t id : g.param_ids) refreshed[index.ParamPos(id)] = true;
     }
     for (size_t i = 0; i < graph.params.size(); ++i) {
-      if (!persistent[i] || !refreshed[i]) {
+      // The optimizer does not change a frozen param: nothing to refresh.
+      if (!persistent[i] || (!refreshed[i] && graph.params[i].trainable)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "zero1 schedule v", schedule.version, ": param '",
             graph.params[i].name, "' is ",
@@ -165,8 +170,9 @@ struct Executor::IterationState {
   SteadyTime backward_start;
   int64_t backward_memory = 0;
   // The current micro-batch's backward boundaries: hooks not yet fired per
-  // boundary, the values they sit on (for errors), and the next boundary
-  // to fire (they fire in order, last first).
+  // boundary (kDeadBoundary: none can, a frozen prefix ends later), the
+  // values they sit on (for errors), and the next boundary to fire (they
+  // fire in order, last first).
   std::vector<int> boundary_pending;
   std::vector<std::vector<int32_t>> boundary_values;
   int next_boundary = -1;
@@ -294,12 +300,20 @@ void Executor::RefreshPersistent(const Prepared* previous) {
     }
   }
   persistent_refresh_ = nullptr;
-  if (active_->persistent.empty()) return;
-  // The optimizer changed the shards: re-gather the whole persistent set in
-  // one collective, overlapping whatever the caller does before the next
-  // step; the first node that needs one of them waits.
-  store_->Release(active_->persistent);
-  persistent_refresh_ = store_->Gather(active_->persistent, *comm_);
+  // The optimizer changed the shards: re-gather the persistent set in one
+  // collective, overlapping whatever the caller does before the next step;
+  // the first node that needs one of them waits. A frozen param did not
+  // change: it is gathered only when it is not yet (every rank agrees on
+  // which: they ran the same schedules).
+  persistent_refresh_ids_.clear();
+  for (int32_t id : active_->persistent) {
+    if (store_->trainable(id) || !store_->allocated(id)) {
+      persistent_refresh_ids_.push_back(id);
+    }
+  }
+  if (persistent_refresh_ids_.empty()) return;
+  store_->Release(persistent_refresh_ids_);
+  persistent_refresh_ = store_->Gather(persistent_refresh_ids_, *comm_);
 }
 
 void Executor::WaitCounted(const CollectiveHandle& handle,
@@ -327,8 +341,10 @@ void Executor::EnsureParams(int pos) {
       CollectiveTiming t;
       t.kind = CollectiveKind::kAllGather;
       t.group_id = -1;
-      t.param_ids = active_->persistent;
-      for (int32_t p : active_->persistent) t.bytes += store_->full_bytes(p);
+      t.param_ids = persistent_refresh_ids_;
+      for (int32_t p : persistent_refresh_ids_) {
+        t.bytes += store_->full_bytes(p);
+      }
       t.node_id = static_cast<int32_t>(graph_.nodes.size() - 1);
       WaitCounted(persistent_refresh_, std::move(t));
       persistent_refresh_ = nullptr;
@@ -481,6 +497,8 @@ void Executor::RunMicroBatch(int k, const MicroBatch& batch) {
   it_->next_boundary = n - 2;
   std::vector<at::Tensor> params;
   std::vector<at::Tensor> inputs;
+  // Some node so far uses a trained param.
+  bool trained_so_far = false;
   for (int i = 0; i < n; ++i) {
     const int pos = base + i;
     const ProgramNode& node = program_->nodes[i];
@@ -496,9 +514,15 @@ void Executor::RunMicroBatch(int k, const MicroBatch& batch) {
     }
     // A node after the first that reads no gradient-carrying value has a
     // backward that no boundary orders: its params' gradients could arrive
-    // after their reduce-scatter.
-    TORCH_CHECK(i == 0 || grad_in || node.param_ids.empty(), "node '",
-                node.name,
+    // after their reduce-scatter. Unless it has no trained params, or it
+    // follows a frozen prefix (the boundary before it is dead, below): then
+    // its backward is the last, and the dead boundaries fire after it.
+    bool trains = false;
+    for (int32_t id : node.param_ids) trains = trains || store_->trainable(id);
+    trained_so_far = trained_so_far || trains;
+    TORCH_CHECK(i == 0 || grad_in || !trains ||
+                    it_->boundary_pending[i - 1] == kDeadBoundary,
+                "node '", node.name,
                 "' has params but reads no value that carries a gradient "
                 "from the nodes before it, so its backward cannot be placed "
                 "between theirs; make it part of the unit before it");
@@ -539,7 +563,12 @@ void Executor::RunMicroBatch(int k, const MicroBatch& batch) {
       ++it_->boundary_pending[i];
       it_->boundary_values[i].push_back(static_cast<int32_t>(v));
     }
-    TORCH_CHECK(it_->boundary_pending[i] > 0,
+    if (it_->boundary_pending[i] == 0 && !trained_so_far) {
+      // A frozen prefix (e.g. a frozen embedding): backward does no work up
+      // to here, so this boundary fires once loss.backward() returned.
+      it_->boundary_pending[i] = kDeadBoundary;
+    }
+    TORCH_CHECK(it_->boundary_pending[i] != 0,
                 "no value that carries a "
                 "gradient flows ",
                 BoundaryName(i),
@@ -552,14 +581,27 @@ void Executor::RunMicroBatch(int k, const MicroBatch& batch) {
   env.clear();
   TORCH_CHECK(act.numel() == 1, "the loss '", program_->loss,
               "' must be a scalar, but it has ", act.numel(), " elements");
-  it_->loss_sum += act.item<double>();
-  const at::Tensor loss =
-      graph_.micro_batches > 1 ? act / graph_.micro_batches : act;
+  // The reduce-scatter averages over ranks, so a weighted micro-batch's
+  // loss is scaled by world * weight: its share of the global mean.
+  // loss_sum holds this rank's loss (its micro-batches' sum when weighted),
+  // which the exchange averages over ranks.
+  const double weight = batch.loss_weight * comm_->world_size();
+  it_->loss_sum +=
+      batch.loss_weight > 0 ? act.item<double>() * weight : act.item<double>();
+  const at::Tensor loss = batch.loss_weight > 0 ? act * weight
+                          : graph_.micro_batches > 1
+                              ? act / graph_.micro_batches
+                              : act;
   act = at::Tensor();
   const int loss_backward = base + n;
   RunActions(loss_backward, AnchorPosition::kBefore);
   StartBackwardNode(loss_backward);
   loss.backward();
+  // The boundaries of a frozen prefix, in backward order.
+  while (it_->next_boundary >= 0 &&
+         it_->boundary_pending[it_->next_boundary] == kDeadBoundary) {
+    OnBackwardBoundary(k, it_->next_boundary--);
+  }
   if (it_->next_boundary >= 0) {
     const int b = it_->next_boundary;
     std::vector<std::string> waiting;
@@ -585,6 +627,12 @@ absl::StatusOr<StepStats> Executor::RunStep(
         absl::StrCat("RunStep needs ", graph_.micro_batches,
                      " micro-batches, got ", batches.size()));
   }
+  for (const MicroBatch& batch : batches) {
+    if ((batch.loss_weight > 0) != (batches[0].loss_weight > 0)) {
+      return absl::InvalidArgumentError(
+          "every micro-batch of a step has a loss weight, or none has");
+    }
+  }
   StepStats stats;
   absl::Status status = TorchCall(absl::StrCat("step ", step_),
                                   [&] { return RunStepImpl(batches, &stats); });
@@ -605,6 +653,7 @@ absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
   const bool least_memory = least_memory_active_;
   profiler_.BeginIteration(step_, version);
 
+  const bool weighted = batches[0].loss_weight > 0;
   for (int k = 0; k < graph_.micro_batches; ++k) {
     RunMicroBatch(k, batches[k]);
   }
@@ -641,11 +690,12 @@ absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
   const SteadyTime exchange_start = Now();
   ASSIGN_OR_RETURN(
       std::vector<double> all,
-      comm_->AllGatherScalars({it_->loss_sum / graph_.micro_batches,
-                               store_->ShardGradSquaredNorm(),
-                               static_cast<double>(report.pending_version),
-                               static_cast<double>(report.not_before),
-                               report.near_budget ? 1.0 : 0.0}));
+      comm_->AllGatherScalars(
+          {weighted ? it_->loss_sum : it_->loss_sum / graph_.micro_batches,
+           store_->ShardGradSquaredNorm(),
+           static_cast<double>(report.pending_version),
+           static_cast<double>(report.not_before),
+           report.near_budget ? 1.0 : 0.0}));
   it_->exposed_s += Since(exchange_start);
   profiler_.RecordExchange("exchange (loss, grad norm, schedule)",
                            exchange_start, Now());

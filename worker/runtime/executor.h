@@ -132,10 +132,15 @@ class Executor {
                              int64_t not_before_iteration = 0);
 
   // Runs one iteration over this rank's micro-batches (one per graph
-  // micro-batch). Errors: the step's failure (communication, a node reading
-  // an ungathered param, the memory budget exceeded under the least-memory
-  // plan; over it under another schedule, the memory guard switches
-  // instead), after which the executor is broken.
+  // micro-batch). Each micro-batch's loss (its own mean) weighs 1 / (world *
+  // micro-batches) of the step's, or its MicroBatch::loss_weight when set
+  // (the tensors source: its share of the global batch's counted items);
+  // the gradients and StepStats::loss are that weighted mean, so shapes may
+  // differ between micro-batches and ranks. Errors: InvalidArgument when
+  // some micro-batches set a weight and others do not; the step's failure
+  // (communication, a node reading an ungathered param, the memory budget
+  // exceeded under the least-memory plan; over it under another schedule, the
+  // memory guard switches instead), after which the executor is broken.
   absl::StatusOr<StepStats> RunStep(absl::Span<const MicroBatch> batches);
 
   // float64 sum of every full param, identical on every rank (collective:
@@ -195,8 +200,10 @@ class Executor {
   ScheduleSlot slot_;
   std::unique_ptr<Prepared> active_;
   Profiler profiler_;
-  // Persistent params' refresh after the last optimizer step.
+  // Persistent params' refresh after the last optimizer step, and the
+  // params it gathers (frozen ones already gathered stay as they are).
   CollectiveHandle persistent_refresh_;
+  std::vector<int32_t> persistent_refresh_ids_;
   std::unique_ptr<IterationState> it_;
   // Created by the first schedule that offloads; kept for the store's
   // copies in flight.

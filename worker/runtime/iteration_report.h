@@ -27,7 +27,8 @@ struct IterationReport {
   double communication_s = 0;
   // Time compute was blocked on communication.
   double exposed_communication_s = 0;
-  // Tokens this rank trained on in the iteration.
+  // Tokens this rank trained on in the iteration (data.kind tensors: the
+  // items its loss counted, worker/data/tensor_source.h).
   int64_t tokens = 0;
   // Memory: allocated at the end of the iteration, the iteration's peak, the
   // job's budget (0: none), and the most optimizer-state bytes on the host

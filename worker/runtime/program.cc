@@ -95,6 +95,7 @@ absl::StatusOr<Graph> DeriveGraph(const Program& program, int32_t world_size,
     param.shape = p.shape;
     param.dtype = DType::kF32;
     param.unit = p.unit;
+    param.trainable = p.trainable;
     graph.params.push_back(std::move(param));
   }
   RETURN_IF_ERROR(AnalyzeProgramFlow(program).status());

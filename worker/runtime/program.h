@@ -34,6 +34,10 @@ struct ProgramParam {
   // Writes the full initial value (numel fp32 elements). Must give the same
   // values on every rank and at every world size.
   std::function<void(float* data, int64_t numel)> init;
+  // False for a frozen param (requires_grad=False): gathered for its uses
+  // like any other, but no gradient, no reduce-scatter, no optimizer state,
+  // never updated (Param::trainable in the graph).
+  bool trainable = true;
 };
 
 // A batch input the program reads.
@@ -41,13 +45,27 @@ struct ProgramInput {
   std::string name;
   // What the token data sources (worker/data) feed it: "tokens" (the
   // sequence), "targets" (the sequence shifted by one), or "" (nothing: only
-  // a source of named tensors can).
+  // the tensors source, which feeds every input by name, can). The tensors
+  // source pads "targets" with -100 and counts its other entries.
   std::string role;
+  // An archive's input (empty for the builtin models): the archive's dtype
+  // name, the example batch's shape, and the dims that may differ from it
+  // (dim 0 always). The tensors data source checks its arrays against them
+  // and cuts the inputs whose dim 1 is dynamic (worker/data/tensor_source.h).
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::vector<int32_t> dynamic_dims;
 };
 
 // One micro-batch of this rank: a tensor for every program input, by name.
 struct MicroBatch {
   std::map<std::string, at::Tensor> tensors;
+  // The micro-batch's share of the global batch's loss: its counted items
+  // over the global batch's (every rank, every micro-batch); the executor
+  // weights its mean loss by it. 0: every micro-batch counts alike, a share
+  // of 1 / (world * micro-batches). Every micro-batch of a step sets it, or
+  // none does.
+  double loss_weight = 0;
 };
 
 struct ProgramNode {

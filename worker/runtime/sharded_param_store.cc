@@ -60,18 +60,22 @@ absl::StatusOr<std::unique_ptr<ShardedParamStore>> ShardedParamStore::Create(
       e.numel = 1;
       for (int64_t d : p.shape) e.numel *= d;
       e.shard_numel = (e.numel + world_size - 1) / world_size;
+      e.trainable = p.trainable;
       // Whole padded value, then this rank's slice.
       at::Tensor padded = at::zeros({e.shard_numel * world_size}, f32);
       p.init(padded.data_ptr<float>(), e.numel);
       e.shard = padded.narrow(0, rank * e.shard_numel, e.shard_numel)
                     .clone()
                     .to(device);
-      e.shard_grad = at::zeros_like(e.shard);
-      e.exp_avg = at::zeros_like(e.shard);
-      e.exp_avg_sq = at::zeros_like(e.shard);
+      if (e.trainable) {
+        e.shard_grad = at::zeros_like(e.shard);
+        e.exp_avg = at::zeros_like(e.shard);
+        e.exp_avg_sq = at::zeros_like(e.shard);
+      }
       e.full = at::empty(p.shape, f32.device(device));
       ResizeStorage(e.full, 0);
-      e.full.set_requires_grad(true);
+      // A frozen param's uses carry no gradient to it.
+      e.full.set_requires_grad(e.trainable);
       store->params_.push_back(std::move(e));
     }
   });
@@ -166,6 +170,8 @@ CollectiveHandle ShardedParamStore::ReduceScatterGrads(
   int64_t packed = 0;
   for (int32_t id : ids) {
     Entry& e = params_[id];
+    TORCH_CHECK(e.trainable, "reduce-scatter of frozen param '", e.name,
+                "', which has no gradient");
     at::Tensor grad = e.full.grad();
     e.full.mutable_grad() = at::Tensor();
     pieces.push_back(
@@ -211,7 +217,7 @@ absl::StatusOr<CollectiveHandle> ShardedParamStore::OffloadStates(
   std::vector<int32_t> moved;
   for (int32_t id : ids) {
     Entry& e = params_[id];
-    if (e.states_on_host) continue;
+    if (e.states_on_host || !e.trainable) continue;
     if (!e.host_states.defined()) {
       absl::StatusOr<at::Tensor> host = tier.Allocate(2 * e.shard_numel);
       if (!host.ok()) return host.status();
@@ -280,6 +286,7 @@ void ShardedParamStore::WaitStates() {
 double ShardedParamStore::ShardGradSquaredNorm() const {
   double sum = 0;
   for (const Entry& e : params_) {
+    if (!e.trainable) continue;
     sum += e.shard_grad.to(at::kDouble).pow(2).sum().item<double>();
   }
   return sum;
@@ -294,6 +301,7 @@ double ShardedParamStore::AdamWStep(const AdamWOptions& o, float factor,
   const double bias_correction2_sqrt = std::sqrt(bias_correction2);
   double waited_s = 0;
   for (Entry& e : params_) {
+    if (!e.trainable) continue;
     TORCH_CHECK(!e.states_on_host, "the optimizer states of '", e.name,
                 "' are on the host tier; reload them before the step");
     if (e.pending_copy != nullptr) {

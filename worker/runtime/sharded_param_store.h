@@ -1,6 +1,9 @@
 // The sharded parameter store (worker/README.md, "Runtime rules"): each param
 // is flattened and zero-padded to a multiple of the world size; rank r owns
-// slice r, with its fp32 gradient and AdamW moments. A param's full tensor is
+// slice r, with its fp32 gradient and AdamW moments. A frozen param
+// (ProgramParam::trainable false) is sharded and gathered like any other,
+// but has no gradient and no moments, its full tensor does not require
+// grad, and the optimizer never changes it. A param's full tensor is
 // an autograd leaf whose storage is allocated on gather and freed on release:
 // autograd keeps references to the full tensors it saved, so releasing frees
 // the storage's bytes (resize to 0) rather than dropping the tensor, and a
@@ -68,15 +71,18 @@ class ShardedParamStore {
   int64_t full_bytes(int32_t id) const {
     return params_[id].numel * static_cast<int64_t>(sizeof(float));
   }
+  // False for a frozen param.
+  bool trainable(int32_t id) const { return params_[id].trainable; }
 
-  // The full-shape leaf (requires grad). Its storage is empty unless
-  // materialized(id).
+  // The full-shape leaf (requires grad unless frozen). Its storage is empty
+  // unless materialized(id).
   const at::Tensor& full(int32_t id) const { return params_[id].full; }
   // Gathered, and its gather (if any) completed.
   bool materialized(int32_t id) const;
   // Storage allocated (gathered or being gathered).
   bool allocated(int32_t id) const;
-  // This rank's slice of the param, its gradient, and AdamW moments.
+  // This rank's slice of the param, and its gradient (undefined when
+  // frozen).
   const at::Tensor& shard(int32_t id) const { return params_[id].shard; }
   const at::Tensor& shard_grad(int32_t id) const {
     return params_[id].shard_grad;
@@ -96,20 +102,24 @@ class ShardedParamStore {
   // Takes the full gradients of `ids` (a param without one counts as zero)
   // and reduce-scatters them: once done, this rank's shard gradients hold
   // their previous value plus the mean over ranks. The full gradients are
-  // dropped at once.
+  // dropped at once. Every id must be trainable (the schedule semantics
+  // refuse a frozen param reduced).
   CollectiveHandle ReduceScatterGrads(absl::Span<const int32_t> ids,
                                       Communicator& comm);
 
-  // Bytes of optimizer state this rank holds for `id` (AdamW moments).
+  // Bytes of optimizer state this rank holds for `id` (AdamW moments; none
+  // for a frozen param).
   int64_t state_bytes(int32_t id) const {
+    if (!params_[id].trainable) return 0;
     return 2 * params_[id].shard_numel * static_cast<int64_t>(sizeof(float));
   }
   // The states of `id` are on the host tier, or on their way there.
   bool states_on_host(int32_t id) const { return params_[id].states_on_host; }
   // Copies the states of `ids` that are on the device to `tier` on its copy
   // thread; their device memory is freed when the copy is done. States
-  // already on the host are left alone. The handle is null when nothing
-  // moves. Errors: the tier cannot allocate host memory.
+  // already on the host, and frozen params (no states), are left alone. The
+  // handle is null when nothing moves. Errors: the tier cannot allocate host
+  // memory.
   absl::StatusOr<CollectiveHandle> OffloadStates(absl::Span<const int32_t> ids,
                                                  HostTier& tier);
   // Allocates device memory for the states of `ids` that are on the host now
@@ -119,17 +129,20 @@ class ShardedParamStore {
   // Blocks until no copy of any state is in flight (checkpoints read them).
   void WaitStates();
   // The AdamW moments of `id`: on the device unless states_on_host(id); a
-  // copy may still be filling them (WaitStates first).
+  // copy may still be filling them (WaitStates first). Undefined for a
+  // frozen param.
   const at::Tensor& exp_avg(int32_t id) const { return params_[id].exp_avg; }
   const at::Tensor& exp_avg_sq(int32_t id) const {
     return params_[id].exp_avg_sq;
   }
 
-  // Sum of squares of this rank's shard gradients.
+  // Sum of squares of this rank's shard gradients (frozen params have none:
+  // they count in no norm, as in clip_grad_norm_ over the trained params).
   double ShardGradSquaredNorm() const;
   // Multiplies every shard gradient by `factor` (clipping) and steps AdamW
-  // on the shards, torch.optim.AdamW's update with `step` 1-based; then
-  // zeroes the shard gradients. Before each param it waits for a reload of
+  // on the trained params' shards, torch.optim.AdamW's update with `step`
+  // 1-based; then zeroes the shard gradients. Frozen shards stay as they
+  // are. Before each param it waits for a reload of
   // that param's states still in flight (none may be left on the host).
   // Returns the seconds spent waiting for reloads.
   double AdamWStep(const AdamWOptions& options, float factor, int64_t step);
@@ -143,6 +156,7 @@ class ShardedParamStore {
     std::string name;
     int64_t numel = 0;
     int64_t shard_numel = 0;
+    bool trainable = true;
     at::Tensor full;
     at::Tensor shard;
     at::Tensor shard_grad;

@@ -105,6 +105,12 @@ absl::StatusOr<Schedule> OffloadStates(const Graph& graph, Schedule schedule,
     if (pos < 0) {
       return absl::InvalidArgumentError(absl::StrCat("no param p", id));
     }
+    if (!graph.params[pos].trainable) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("param p", id, " '", graph.params[pos].name,
+                       "' is frozen and has no optimizer state to offload; "
+                       "offload trained params only"));
+    }
     copies.push_back({{id},
                       ParamStateBytes(graph.params[pos], graph.world_size),
                       AnchoredSchedule::AfterSlot(first_forward),

@@ -48,7 +48,8 @@ absl::StatusOr<Schedule> BaselineSchedule(const Graph& graph, int zero_stage,
 // param (bytes as the simulator counts them): each copied out after the
 // first forward node and back before the node `reload_lead` nodes before the
 // optimizer (0: right before it), in the order given. Replaces any offload
-// plan `schedule` had.
+// plan `schedule` had. InvalidArgument for an unknown or a frozen param (it
+// has no optimizer state).
 absl::StatusOr<Schedule> OffloadStates(const Graph& graph, Schedule schedule,
                                        absl::Span<const int32_t> param_ids,
                                        int reload_lead = 0);

@@ -60,13 +60,15 @@ std::string TensorBytes(const at::Tensor& t) {
 }
 
 // Fills `state` with the shards, the AdamW moments (on the device: the
-// optimizer just used them) and the CPU RNG's state.
+// optimizer just used them; frozen params have none) and the CPU RNG's
+// state.
 void FillCheckpoint(const ShardedParamStore& store, RankCheckpoint& state) {
   for (int32_t id = 0; id < store.num_params(); ++id) {
     TORCH_CHECK(!store.states_on_host(id), "states of '", store.name(id),
                 "' are on the host tier at a checkpoint");
     state.blobs.emplace_back(ParamBlob(store, id, "shard"),
                              TensorBytes(store.shard(id)));
+    if (!store.trainable(id)) continue;
     state.blobs.emplace_back(ParamBlob(store, id, "exp_avg"),
                              TensorBytes(store.exp_avg(id)));
     state.blobs.emplace_back(ParamBlob(store, id, "exp_avg_sq"),
@@ -84,6 +86,7 @@ absl::Status CheckRestorable(const RankCheckpoint& state,
     const size_t bytes =
         static_cast<size_t>(store.shard_numel(id)) * sizeof(float);
     for (const char* what : {"shard", "exp_avg", "exp_avg_sq"}) {
+      if (!store.trainable(id) && std::string(what) != "shard") continue;
       const std::string name = ParamBlob(store, id, what);
       const std::string* blob = state.Find(name);
       if (blob == nullptr || blob->size() != bytes) {
@@ -110,6 +113,7 @@ void CopyInto(const std::string& bytes, const at::Tensor& dst) {
 void Restore(const RankCheckpoint& state, ShardedParamStore& store) {
   for (int32_t id = 0; id < store.num_params(); ++id) {
     CopyInto(*state.Find(ParamBlob(store, id, "shard")), store.shard(id));
+    if (!store.trainable(id)) continue;
     CopyInto(*state.Find(ParamBlob(store, id, "exp_avg")), store.exp_avg(id));
     CopyInto(*state.Find(ParamBlob(store, id, "exp_avg_sq")),
              store.exp_avg_sq(id));
@@ -145,7 +149,11 @@ absl::StatusOr<ModelParts> PrepareModel(const v1::JobSpec& spec, int world) {
     c.grad_accum = spec.batch().grad_accum();
     c.world_size = world;
     ASSIGN_OR_RETURN(parts.program, LoadArchiveProgram(spec.model().path()));
-    ASSIGN_OR_RETURN(parts.token_inputs, TokenInputsOf(parts.program));
+    // The tensors source feeds every input by name; the token sources need
+    // the roles.
+    if (spec.data().kind() != "tensors") {
+      ASSIGN_OR_RETURN(parts.token_inputs, TokenInputsOf(parts.program));
+    }
     ASSIGN_OR_RETURN(parts.graph,
                      DeriveGraph(parts.program, world, c.grad_accum,
                                  int64_t{c.micro_batch} * c.seq_len));
@@ -182,7 +190,11 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
   job->rank_ = rank;
   job->world_ = world;
   const ModelConfig& config = model->config;
-  if (spec.data().kind() == "tokens") {
+  if (spec.data().kind() == "tensors") {
+    ASSIGN_OR_RETURN(job->tensors_,
+                     TensorSource::Open(spec.data().path(),
+                                        ArchiveInputsOf(model->program)));
+  } else if (spec.data().kind() == "tokens") {
     ASSIGN_OR_RETURN(
         job->data_, OpenTokenFile(spec.data().path(), spec.data().token_bytes(),
                                   config.vocab, config.seq_len));
@@ -271,10 +283,20 @@ absl::StatusOr<StepStats> TrainingJob::Step(int64_t step) {
 
 absl::StatusOr<StepStats> TrainingJob::RunAndReport(int64_t step) {
   const ModelConfig& config = model_->config;
-  ASSIGN_OR_RETURN(
-      std::vector<MicroBatch> batches,
-      ReadRankBatches(*data_, step, config.grad_accum, rank_, world_,
-                      config.micro_batch, model_->token_inputs));
+  std::vector<MicroBatch> batches;
+  int64_t tokens =
+      int64_t{config.micro_batch} * config.seq_len * config.grad_accum;
+  if (tensors_ != nullptr) {
+    // Shapes may differ by micro-batch, step and rank (variable lengths):
+    // the program and the schedule do not depend on them.
+    ASSIGN_OR_RETURN(batches,
+                     ReadRankBatches(*tensors_, step, config.grad_accum, rank_,
+                                     world_, config.micro_batch, &tokens));
+  } else {
+    ASSIGN_OR_RETURN(
+        batches, ReadRankBatches(*data_, step, config.grad_accum, rank_, world_,
+                                 config.micro_batch, model_->token_inputs));
+  }
   // Tokens are read on the host; the model's first node indexes the
   // embedding on the device with them.
   if (!device_.is_cpu()) {
@@ -307,7 +329,7 @@ absl::StatusOr<StepStats> TrainingJob::RunAndReport(int64_t step) {
   r.compute_s = std::max(0.0, timeline.compute_s - stats.exposed_copy_s);
   r.communication_s = timeline.communication_s;
   r.exposed_communication_s = stats.exposed_comm_s;
-  r.tokens = int64_t{config.micro_batch} * config.seq_len * config.grad_accum;
+  r.tokens = tokens;
   r.allocated_bytes = meter_->current_bytes();
   r.peak_bytes = stats.peak_bytes;
   r.budget_bytes = budget_bytes_;

@@ -24,6 +24,7 @@
 #include "tandem/v1/job.pb.h"
 #include "worker/checkpoint/checkpoint_files.h"
 #include "worker/data/micro_batch.h"
+#include "worker/data/tensor_source.h"
 #include "worker/data/token_source.h"
 #include "worker/runtime/communicator.h"
 #include "worker/runtime/executor.h"
@@ -43,7 +44,8 @@ struct ModelParts {
   // builder's estimates, an archive's left at zero (times come from
   // profiles).
   Graph graph;
-  // The program inputs the token data sources feed.
+  // The program inputs the token data sources feed (unused with data.kind
+  // tensors, which feeds every input by name).
   TokenInputs token_inputs;
 };
 
@@ -109,7 +111,9 @@ class TrainingJob {
   const ModelParts* model_ = nullptr;
   int rank_ = 0;
   int world_ = 1;
+  // The token source, or (data.kind tensors) the tensors source.
   std::unique_ptr<TokenSource> data_;
+  std::unique_ptr<TensorSource> tensors_;
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<ShardedParamStore> store_;
   std::unique_ptr<Executor> executor_;

@@ -44,6 +44,7 @@ import linecache
 import math
 import operator
 import os
+import re
 import struct
 import sys
 import tempfile
@@ -668,10 +669,26 @@ def _capture_error(root, failure, unit_paths, user_files):
                 "or move the data-dependent branch out of forward" %
                 (", ".join(c.__name__ for c in classes),
                  ",".join(c.__name__ for c in classes)))
+    inside = _innermost_line(failure.frames)
     return ExportError(
-        "cannot capture module %r (%s): %s%s\n  %s" %
+        "cannot capture module %r (%s): %s%s%s\n  %s" %
         (path or "<root>", _class_name(m), _what_went_wrong(failure.error),
-         "\n  at " + where if where else "", todo))
+         "\n  at " + where if where else "",
+         "\n  failing line: " + inside if inside and inside != where else "",
+         todo))
+
+
+def _innermost_line(frames):
+    """'file:line: code' of the innermost frame outside torch.fx and tandem
+    (the line that failed, in the user's module or in torch.nn's), or ''."""
+    fx_dir = os.path.dirname(fx.__file__)
+    for fr in reversed(frames):
+        fn = os.path.abspath(fr.filename)
+        if (not fn.startswith(fx_dir) and fn != os.path.abspath(__file__)
+                and not fr.filename.startswith("<")):
+            return "%s:%d: %s" % (_show_path(fr.filename), fr.lineno,
+                                  (fr.line or "").strip())
+    return ""
 
 
 class _Recorder(fx.Interpreter):
@@ -932,20 +949,83 @@ def _leaf_adapter(u, root):
     return obj
 
 
-def _script(module, what):
+def _script(module, what, prefix=""):
+    """torch.jit.script(module), or an ExportError naming ``what``, the
+    submodule whose code TorchScript refused (``prefix`` is the module's own
+    path) and the offending source line."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             return torch.jit.script(module)
         except Exception as e:  # noqa: BLE001 -- reported with the unit
-            lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+            text = str(e).strip()
+            lines = [ln for ln in text.splitlines() if ln.strip()]
+            culprit = _scripting_culprit(module, text)
+            where, hint = "", ""
+            if culprit is not None:
+                path, sub = culprit
+                full = ".".join(x for x in (prefix, path) if x)
+                if path:
+                    where = "the code of its submodule %r (%s) fails: " % (
+                        full, _class_name(sub))
+                nones = [n for n in _attributes_at_error(text)
+                         if n in sub._parameters and sub._parameters[n] is None
+                         or n in sub._buffers and sub._buffers[n] is None]
+                if nones:
+                    hint = (
+                        "\n  %s.%s is None (e.g. bias=False), and TorchScript "
+                        "cannot script a read of a None attribute; give it a "
+                        "tensor (register a zero buffer under that name), or "
+                        "choose units with wrap= so that this module is not "
+                        "scripted whole" % (full or "<root>", nones[0]))
             raise ExportError(
-                "cannot script %s with TorchScript: %s\n  Make its forward "
+                "cannot script %s with TorchScript: %s%s%s\n  Make its forward "
                 "TorchScript-compatible (type annotations for non-tensor "
                 "arguments, no Python-only calls), or move the data-dependent "
                 "branch out of forward so that torch.fx can trace it and it "
                 "need not be a leaf" %
-                (what, "\n    ".join(lines[:8]) or type(e).__name__))
+                (what, where, "\n    ".join(lines[:8]) or type(e).__name__,
+                 hint))
+
+
+def _attributes_at_error(text):
+    """The ``self.NAME`` attributes in the span a TorchScript error marks
+    (``~~~~ <--- HERE`` under the line), in order."""
+    lines = text.splitlines()
+    for i, ln in enumerate(lines):
+        if "<--- HERE" in ln and i > 0 and "~" in ln:
+            begin = ln.index("~")
+            end = len(ln.split("<--- HERE")[0].rstrip())
+            return re.findall(r"self\.(\w+)", lines[i - 1][begin:end])
+    return []
+
+
+def _scripting_culprit(module, text):
+    """(path, submodule) of ``module`` whose class's source holds the
+    'File "...", line N' where a TorchScript error is, or None."""
+    places = re.findall(r'File "([^"]+)", line (\d+)', text)
+    if not places:
+        return None
+    # The first place is where the error is; later ones are its callers.
+    f, line = os.path.abspath(places[0][0]), int(places[0][1])
+    best = None
+    for path, sub in module.named_modules():
+        cls = type(sub)
+        for c in cls.__mro__:
+            if c in (nn.Module, object):
+                break
+            try:
+                src = os.path.abspath(inspect.getsourcefile(c))
+                code, first = inspect.getsourcelines(c)
+            except (TypeError, OSError):
+                continue
+            if src == f and first <= line < first + len(code):
+                # The innermost module wins; the adapter class the leaf is
+                # wrapped in counts as the leaf itself.
+                if best is None or len(path) > len(best[0]):
+                    best = (path, sub)
+                break
+    return best
 
 
 def _jit_bytes(scripted):
@@ -1176,7 +1256,8 @@ def _script_units(units, root, values, order, root_params, root_buffers):
                         (u.name, _strip(n)))
             adapter = _leaf_adapter(u, root)
             scripted = _script(adapter, "leaf unit %r (%s)" % (
-                u.name, _class_name(root.get_submodule(u.key))))
+                u.name, _class_name(root.get_submodule(u.key))),
+                prefix=_strip(u.key))
             fx_args = [values[a] for a in u.inputs]
             with torch.no_grad(), _seeded():
                 fx_out = adapter(*fx_args)

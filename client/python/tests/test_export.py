@@ -13,6 +13,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -41,12 +42,20 @@ def load_model_file(name):
 
 gpt = load_model_file("gpt")
 encoder_lm = load_model_file("encoder_lm")
+try:
+    vit = load_model_file("vit")  # torchvision (Debian's python3-torchvision)
+except ImportError:
+    vit = None
+needs_torchvision = pytest.mark.skipif(
+    vit is None, reason="no torchvision: scripts/setup.sh installs it")
 
 BUILDS = {
     "gpt": gpt.build,
     "gpt_frozen": gpt.build_frozen,
     "encoder_lm": encoder_lm.build,
 }
+if vit is not None:
+    BUILDS["vit"] = vit.build
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +130,10 @@ def eager_loss_and_grads(module, batch):
 
 
 def shorter_batch(build):
-    """Three sequences of 20 tokens: another micro-batch and length."""
+    """Three sequences of 20 tokens: another micro-batch and length (for the
+    ViT, three other images: its image size is fixed)."""
+    if vit is not None and build is vit.build:
+        return vit.example_batch(n=3, seed=7)
     g = torch.Generator().manual_seed(7)
     seqs = torch.randint(0, 512, (3, 21), generator=g)
     return {"input_ids": seqs[:, :-1].contiguous(),
@@ -198,6 +210,74 @@ def test_export_encoderLm_layersAreLeavesAndTheMaskReachesEach(archives):
     own = dict(units[1].named_parameters())
     assert sorted(n[len("encoder.layers.0."):] for n in l0["params"]) == \
         sorted(own)
+
+
+@needs_torchvision
+def test_export_vit_classTokenAndPositionsInEmbed_blocksAreLeaves(archives):
+    path, m = archives["vit"]
+    raw, units, weights = read_raw(path)
+    blocks = ["vit.encoder.layers.encoder_layer_%d" % i for i in range(2)]
+    assert [(u["name"], u["leaf"]) for u in raw["units"]] == [
+        ("embed", False), (blocks[0], True), (blocks[1], True),
+        ("head", False)]
+    embed, b0, b1, head = raw["units"]
+    # The class token and the position embedding are params read directly
+    # in forward (torch.cat, +), not through a submodule: plain params of
+    # the embed unit.
+    assert embed["params"] == ["vit.class_token", "vit.conv_proj.weight",
+                               "vit.conv_proj.bias",
+                               "vit.encoder.pos_embedding"]
+    assert embed["inputs"] == ["images"]
+    # A chain through the blocks; the labels go to the head only.
+    assert b0["inputs"] == embed["outputs"] and len(b0["outputs"]) == 1
+    assert b1["inputs"] == b0["outputs"]
+    assert sorted(head["inputs"]) == sorted(["labels"] + b1["outputs"])
+    assert head["outputs"] == [raw["loss"]]
+    # Each EncoderBlock is scripted whole, its nn.MultiheadAttention inside;
+    # the leaf's params are the scripted module's own, at names inside it.
+    own = dict(units[1].named_parameters())
+    assert "self_attention.in_proj_weight" in own
+    assert sorted(n[len(blocks[0]) + 1:] for n in b0["params"]) == sorted(own)
+    # The image size is fixed (torchvision checks it): only dim 0 varies.
+    assert [(i["name"], i["dtype"], i["shape"], i["dynamic_dims"], i["role"])
+            for i in raw["inputs"]] == [
+        ("images", "float32", ["4", "3", "16", "16"], [0], ""),
+        ("labels", "int64", ["4"], [0], "")]
+    assert raw["buffers"] == []
+    module, _ = vit.build()
+    assert set(weights) == {n for n, _ in module.named_parameters()}
+
+
+@needs_torchvision
+def test_export_vitWrapMultiheadAttention_attentionLeafInsideTracedBlocks(
+        tmp_path):
+    """wrap=[nn.MultiheadAttention]: FX traces torchvision's EncoderBlocks
+    (their torch._assert with an f-string included) and only the attention
+    is scripted whole; the rest of each block falls between the units."""
+    module, batch = vit.build()
+    path = tmp_path / "vit-attn.tandem"
+    tandem.export(module, batch, wrap=[torch.nn.MultiheadAttention],
+                  path=path)
+    manifest, units, weights = read_raw(path)
+    attn = ["vit.encoder.layers.encoder_layer_%d.self_attention" % i
+            for i in range(2)]
+    assert [(u["name"], u["leaf"]) for u in manifest["units"]] == [
+        ("embed", False), (attn[0], True), ("after." + attn[0], False),
+        (attn[1], True), ("head", False)]
+    # Read back and run independently: the module's loss and gradients.
+    for b in (batch, vit.example_batch(n=3, seed=7)):
+        module, _ = vit.build()
+        want_loss, want_grads = eager_loss_and_grads(module, b)
+        params = {p["name"]: weights[p["name"]].clone().requires_grad_()
+                  for p in manifest["params"]}
+        loss = run_units(manifest, units, params, {}, b)
+        assert abs(loss.item() - want_loss.item()) <= \
+            1e-6 * abs(want_loss.item())
+        grads = torch.autograd.grad(loss, [params[n] for n in want_grads])
+        for n, g in zip(want_grads, grads):
+            w = want_grads[n]
+            assert (g - w).abs().max().item() <= \
+                1e-5 * max(w.abs().max().item(), 1e-12), n
 
 
 def test_export_frozenGpt_marksFrozenParams(archives):
@@ -411,6 +491,77 @@ def test_export_failure_keepsExistingFile(bad_model, tmp_path):
         tandem.export(module, batch, path=out)
     assert out.read_bytes() == b"the previous archive"
     assert sorted(os.listdir(tmp_path)) == ["bad_model.py", "model.tandem"]
+
+
+def test_export_encoderLmAttentionOnly_namesTheLayerAndItsFailingLine():
+    """wrap=[nn.MultiheadAttention] asks FX to trace nn.TransformerEncoder-
+    Layer, which branches on its input's shape: the error names the layer,
+    the user's line that calls it and the branch inside torch.nn."""
+    module, batch = encoder_lm.build()
+    with pytest.raises(tx.ExportError) as e:
+        tandem.export(module, batch, wrap=[torch.nn.MultiheadAttention])
+    msg = str(e.value)
+    assert msg.startswith("cannot capture module 'encoder.layers.0' "
+                          "(torch.nn.TransformerEncoderLayer): forward "
+                          "branches on a traced value"), msg
+    assert "encoder_lm.py:%d: x = self.encoder(x, mask=" % (
+        line_of(MODELS / "encoder_lm.py", "x = self.encoder(")) in msg, msg
+    assert re.search(r"failing line: \S*torch/nn/modules/transformer\.py:\d+: "
+                     r"(el)?if ", msg), msg
+    assert "wrap=[MultiheadAttention, TransformerEncoderLayer]" in msg, msg
+
+
+def line_of(path, text):
+    return next(i for i, ln in enumerate(open(path), 1) if text in ln)
+
+
+class BiasFreeAttentionLM(torch.nn.Module):
+    def __init__(self, zero_buffer=False):
+        super().__init__()
+        self.emb = torch.nn.Embedding(64, 16)
+        layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0,
+                                                 batch_first=True)
+        layer.self_attn = torch.nn.MultiheadAttention(16, 2, bias=False,
+                                                      batch_first=True)
+        if zero_buffer:  # the fix the error suggests, for both biases
+            attn = layer.self_attn
+            del attn.in_proj_bias, attn.out_proj.bias
+            attn.register_buffer("in_proj_bias", torch.zeros(48))
+            attn.out_proj.register_buffer("bias", torch.zeros(16))
+        self.enc = torch.nn.TransformerEncoder(layer, 2,
+                                               enable_nested_tensor=False)
+        self.out = torch.nn.Linear(16, 64)
+
+    def forward(self, input_ids, labels):
+        logits = self.out(self.enc(self.emb(input_ids)))
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1),
+                                                 labels.flatten())
+
+
+def test_export_unscriptableLeaf_namesSubmoduleLineAndNoneAttribute(tmp_path):
+    torch.manual_seed(0)
+    ids = torch.randint(0, 64, (2, 8))
+    batch = {"input_ids": ids, "labels": ids}
+    out = tmp_path / "lm.tandem"
+    with pytest.raises(tx.ExportError) as e:
+        tandem.export(BiasFreeAttentionLM(), batch, path=out)
+    msg = str(e.value)
+    assert msg.startswith(
+        "cannot script leaf unit 'enc.layers.0' (torch.nn.TransformerEncoder"
+        "Layer) with TorchScript: the code of its submodule "
+        "'enc.layers.0.self_attn' (torch.nn.MultiheadAttention) fails"), msg
+    assert re.search(r'File "\S*torch/nn/modules/activation\.py", line \d+',
+                     msg), msg
+    assert "self.in_proj_bias.dtype" in msg and "<--- HERE" in msg, msg
+    assert "enc.layers.0.self_attn.in_proj_bias is None (e.g. bias=False)" \
+        in msg, msg
+    assert "register a zero buffer under that name" in msg, msg
+    assert not e.value.usage and not out.exists()
+    # The suggested fix exports, and the archive computes the module's loss.
+    module = BiasFreeAttentionLM(zero_buffer=True)
+    tandem.export(module, batch, path=out)
+    loss = tx.run_archive(tx.load_archive(out), batch)
+    assert abs(loss.item() - module(**batch).item()) <= 1e-6 * loss.item()
 
 
 class Logits(torch.nn.Module):

@@ -134,7 +134,7 @@ INSTANTIATE_TEST_SUITE_P(
                  "model: "},
         SpecCase{"datakind",
                  [](v1::JobSpec& s) { s.mutable_data()->set_kind("csv"); },
-                 "data.kind must be synthetic or tokens, got 'csv'"},
+                 "data.kind must be synthetic, tokens or tensors, got 'csv'"},
         SpecCase{"datapath",
                  [](v1::JobSpec& s) { s.mutable_data()->set_kind("tokens"); },
                  "data.path must name the token file"},

@@ -534,5 +534,113 @@ TEST_F(JobSpecArchiveTest, Validate_BadArchive_NamesModelPath) {
               HasSubstr("batch.seq_len must be 4 for input 'tokens'"));
 }
 
+// data.kind tensors against the archive's inputs (tokens and targets, int64
+// [2, 4], dim 1 dynamic).
+class JobSpecTensorsTest : public JobSpecArchiveTest {
+ protected:
+  void TearDown() override {
+    std::remove(data_path().c_str());
+    JobSpecArchiveTest::TearDown();
+  }
+  std::string data_path() const { return path_ + ".safetensors"; }
+  // Arrays of int64 zeros: {name, shape}.
+  void WriteData(
+      const std::vector<std::pair<std::string, std::vector<int64_t>>>& arrays,
+      const std::vector<int64_t>& lengths = {}) {
+    std::vector<Tensor> tensors;
+    for (const auto& [name, shape] : arrays) {
+      int64_t numel = 1;
+      for (int64_t d : shape) numel *= d;
+      tensors.push_back({name, "I64", shape, numel * 8});
+    }
+    std::string bytes = SafetensorsBytes(tensors);
+    if (!lengths.empty()) {
+      // SafetensorsBytes fills with 0x01 bytes; write real lengths last.
+      tensors.push_back({"lengths",
+                         "I64",
+                         {static_cast<int64_t>(lengths.size())},
+                         static_cast<int64_t>(lengths.size()) * 8});
+      bytes = SafetensorsBytes(tensors);
+      bytes.replace(bytes.size() - lengths.size() * 8, lengths.size() * 8,
+                    reinterpret_cast<const char*>(lengths.data()),
+                    lengths.size() * 8);
+    }
+    std::ofstream(data_path(), std::ios::binary | std::ios::trunc) << bytes;
+  }
+  v1::JobSpec TensorsSpec() {
+    v1::JobSpec spec = Spec();
+    spec.mutable_data()->set_kind("tensors");
+    spec.mutable_data()->set_path(data_path());
+    return spec;
+  }
+};
+
+TEST_F(JobSpecTensorsTest, Validate_FileFeedingEveryInput_Passes) {
+  Write();
+  WriteData({{"tokens", {5, 6}}, {"targets", {5, 6}}}, {6, 1, 3, 2, 6});
+  v1::JobSpec spec = TensorsSpec();
+  // Token ids are not read: vocab and seq_len may be left out.
+  spec.mutable_model()->set_vocab(0);
+  spec.mutable_batch()->set_seq_len(0);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  // An input with no role is fed by name too.
+  Write([](v1::ArchiveManifest& m) { m.mutable_inputs(1)->set_role(""); });
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+}
+
+TEST_F(JobSpecTensorsTest, Validate_Problems_ByField) {
+  Write();
+  WriteData({{"tokens", {5, 6}}, {"targets", {5, 6}}});
+  v1::JobSpec spec = TensorsSpec();
+  spec.mutable_data()->clear_path();
+  EXPECT_THAT(ValidateJobSpec(spec).message(),
+              HasSubstr("data.path must name the safetensors file"));
+
+  spec = TensorsSpec();
+  spec.mutable_data()->set_path(data_path() + ".missing");
+  EXPECT_THAT(ValidateJobSpec(spec).message(),
+              HasSubstr("data.path: '" + data_path() + ".missing': No such"));
+
+  WriteData({{"tokens", {5, 6}}, {"features", {5, 6}}});
+  EXPECT_THAT(ValidateJobSpec(TensorsSpec()).message(),
+              HasSubstr("data.path: '" + data_path() +
+                        "' has no array 'targets', which the model takes as "
+                        "int64 [*, *]; it holds 'tokens', 'features'"));
+
+  // A fixed dim of the archive differs (dim 1 made fixed at 4).
+  Write([](v1::ArchiveManifest& m) {
+    m.mutable_inputs(0)->clear_dynamic_dims();
+  });
+  WriteData({{"tokens", {5, 6}}, {"targets", {5, 6}}});
+  EXPECT_THAT(ValidateJobSpec(TensorsSpec()).message(),
+              HasSubstr("array 'tokens' is int64 [5, 6], but the model takes "
+                        "it as int64 [*, 4]"));
+
+  Write();
+  WriteData({{"tokens", {5, 6}}, {"targets", {5, 6}}}, {6, 7, 1, 1, 1});
+  EXPECT_THAT(ValidateJobSpec(TensorsSpec()).message(),
+              HasSubstr("lengths[1] is 7, beyond dim 1 of array"));
+
+  WriteData({{"tokens", {5, 6}}, {"targets", {4, 6}}});
+  EXPECT_THAT(ValidateJobSpec(TensorsSpec()).message(),
+              HasSubstr("every array must hold the same samples"));
+}
+
+TEST_F(JobSpecTensorsTest, Validate_BuiltinModel_Refused) {
+  v1::JobSpec spec;
+  spec.set_name("builtin");
+  spec.mutable_data()->set_kind("tensors");
+  spec.mutable_data()->set_path("/tmp/x.safetensors");
+  spec.mutable_batch()->set_micro_batch(1);
+  spec.mutable_batch()->set_seq_len(8);
+  spec.mutable_train()->set_steps(1);
+  ApplyJobSpecDefaults(spec);
+  EXPECT_THAT(ValidateJobSpec(spec).message(),
+              HasSubstr("data.kind tensors feeds the named inputs of an "
+                        "exported model (model.kind torchscript); a builtin "
+                        "model reads tokens: use data.kind synthetic or "
+                        "tokens"));
+}
+
 }  // namespace
 }  // namespace tandem

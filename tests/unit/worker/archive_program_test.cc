@@ -3,7 +3,9 @@
 // manifest and safetensors, not the exporter) train sharded at worlds 1-3
 // under on-demand, prefetch, offload and a mid-run switch exactly as the
 // same archive trained unsharded in one process (torch::optim::AdamW and
-// clip_grad_norm_); broken archives and value flows fail with what to fix.
+// clip_grad_norm_ over the trained params); frozen params stay bit for bit
+// at their initial values; broken archives and value flows fail with what
+// to fix.
 #include "worker/models/archive_program.h"
 
 #include <unistd.h>
@@ -22,6 +24,7 @@
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "common/lowering/least_memory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/worker/loopback_world.h"
@@ -101,16 +104,19 @@ Trajectory TrainReference(const std::string& archive, int world,
   if (!program.ok()) return result;
   const int global = world * kMicroBatch * grad_accum;
   std::vector<at::Tensor> params;
+  // What PyTorch fine-tuning steps and clips: the params that require grad.
+  std::vector<at::Tensor> trained;
   for (const ProgramParam& p : program->params) {
     at::Tensor t = at::empty(p.shape, at::kFloat);
     p.init(t.data_ptr<float>(), t.numel());
-    params.push_back(t.requires_grad_());
+    params.push_back(t.requires_grad_(p.trainable));
+    if (p.trainable) trained.push_back(t);
   }
   const AdamWOptions o = TestAdamW(archive);
-  torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(o.lr)
-                                            .betas({o.beta1, o.beta2})
-                                            .eps(o.eps)
-                                            .weight_decay(o.weight_decay));
+  torch::optim::AdamW optimizer(trained, torch::optim::AdamWOptions(o.lr)
+                                             .betas({o.beta1, o.beta2})
+                                             .eps(o.eps)
+                                             .weight_decay(o.weight_decay));
   auto data = MakeSyntheticTokens(kSeed, kVocab, kSeqLen);
   absl::StatusOr<TokenInputs> names = TokenInputsOf(*program);
   EXPECT_TRUE(names.ok()) << names.status();
@@ -124,7 +130,7 @@ Trajectory TrainReference(const std::string& archive, int world,
     result.losses.push_back(loss.item<double>());
     optimizer.zero_grad();
     loss.backward();
-    torch::nn::utils::clip_grad_norm_(params, o.grad_clip);
+    torch::nn::utils::clip_grad_norm_(trained, o.grad_clip);
     optimizer.step();
   }
   for (const at::Tensor& p : params) result.params.push_back(p.detach());
@@ -189,9 +195,12 @@ ShardedRun TrainSharded(const std::string& archive, int world, int grad_accum,
   return run;
 }
 
+// Every state offloaded (frozen params have none).
 Schedule OffloadAll(const Graph& g) {
   std::vector<int32_t> ids;
-  for (const Param& p : g.params) ids.push_back(p.id);
+  for (const Param& p : g.params) {
+    if (p.trainable) ids.push_back(p.id);
+  }
   absl::StatusOr<Schedule> s = OffloadStates(g, Prefetch(g), ids, 2);
   EXPECT_TRUE(s.ok()) << s.status();
   return *s;
@@ -215,6 +224,12 @@ TEST_P(ArchiveNumericsTest, FiveSteps_MatchUnshardedSingleProcess) {
     initial = [](const Graph& g) { return Prefetch(g); };
   } else if (kind == "offload") {
     initial = [](const Graph& g) { return OffloadAll(g); };
+  } else if (kind == "zero1") {
+    initial = [](const Graph& g) {
+      absl::StatusOr<Schedule> s = Zero1Schedule(g, 1, 1);  // tiny buckets
+      EXPECT_TRUE(s.ok()) << s.status();
+      return *s;
+    };
   } else if (kind == "switch") {
     // On demand, then everything persistent from step 3.
     hook = [](int, int step, Executor& e) {
@@ -242,7 +257,15 @@ TEST_P(ArchiveNumericsTest, FiveSteps_MatchUnshardedSingleProcess) {
     const double err = RelativeError(run.params[i], ref.params[i]);
     worst = std::max(worst, err);
     EXPECT_LE(err, kTolerance) << run.graph.params[i].name;
-    // Training moved every param well beyond the tolerance.
+    if (!run.graph.params[i].trainable) {
+      // Frozen: exactly its initial value, here and in PyTorch.
+      EXPECT_TRUE(at::equal(run.params[i], ref.initial[i]))
+          << run.graph.params[i].name;
+      EXPECT_TRUE(at::equal(ref.params[i], ref.initial[i]))
+          << run.graph.params[i].name;
+      continue;
+    }
+    // Training moved every trained param well beyond the tolerance.
     EXPECT_GT(RelativeError(ref.params[i], ref.initial[i]), 1e-3)
         << run.graph.params[i].name;
   }
@@ -270,6 +293,28 @@ INSTANTIATE_TEST_SUITE_P(
                      testing::Values(2)),
     [](const testing::TestParamInfo<NumericsCase>& info) {
       return absl::StrCat("world2_", std::get<2>(info.param), "_accum2");
+    });
+// Fine-tuning: a frozen tied embedding (a frozen prefix: the first unit's
+// output carries no gradient) and a frozen bias next to a trained weight.
+INSTANTIATE_TEST_SUITE_P(Frozen, ArchiveNumericsTest,
+                         testing::Combine(testing::Values("frozen"),
+                                          testing::Values(1, 2, 3),
+                                          testing::Values("on_demand",
+                                                          "prefetch", "offload",
+                                                          "switch", "zero1"),
+                                          testing::Values(1)),
+                         [](const testing::TestParamInfo<NumericsCase>& info) {
+                           return absl::StrCat("world", std::get<1>(info.param),
+                                               "_", std::get<2>(info.param));
+                         });
+INSTANTIATE_TEST_SUITE_P(
+    FrozenGradAccum, ArchiveNumericsTest,
+    testing::Combine(testing::Values("frozen"), testing::Values(2, 3),
+                     testing::Values("on_demand", "prefetch"),
+                     testing::Values(2)),
+    [](const testing::TestParamInfo<NumericsCase>& info) {
+      return absl::StrCat("world", std::get<1>(info.param), "_",
+                          std::get<2>(info.param), "_accum2");
     });
 INSTANTIATE_TEST_SUITE_P(
     Leaf, ArchiveNumericsTest,
@@ -318,6 +363,46 @@ TEST(ArchiveProgramTest, Residual_TiedParamAndSkippingValue) {
   EXPECT_EQ(reductions, 1);
 }
 
+TEST(ArchiveProgramTest, Frozen_ParamsLoadUntrainedAndAreNeverReduced) {
+  absl::StatusOr<Program> program = LoadArchiveProgram(Archive("frozen"));
+  ASSERT_TRUE(program.ok()) << program.status();
+  ASSERT_EQ(program->params.size(), 5u);
+  const std::vector<bool> trainable = {false, true, false, true, true};
+  for (size_t i = 0; i < trainable.size(); ++i) {
+    EXPECT_EQ(program->params[i].trainable, trainable[i])
+        << program->params[i].name;
+  }
+  absl::StatusOr<Graph> graph = DeriveGraph(*program, 2, 2, 12);
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  for (size_t i = 0; i < trainable.size(); ++i) {
+    EXPECT_EQ(graph->params[i].trainable, trainable[i]);
+  }
+  // Another model than the archive with every param trained.
+  absl::StatusOr<Program> residual = LoadArchiveProgram(Archive("residual"));
+  ASSERT_TRUE(residual.ok());
+  absl::StatusOr<Graph> trained = DeriveGraph(*residual, 2, 2, 12);
+  ASSERT_TRUE(trained.ok());
+  EXPECT_NE(graph->StructuralHash(), trained->StructuralHash());
+  // The baseline gathers the frozen params for every use and reduces only
+  // the trained ones (per micro-batch here: the least-memory plan).
+  for (const Schedule& s :
+       {OnDemand(*graph), *LeastMemorySchedule(*graph, ShardingMode::kZero3)}) {
+    for (const Action& a : s.actions) {
+      if (a.kind != ActionKind::kReduceScatter) continue;
+      for (int32_t id : a.param_ids) EXPECT_TRUE(trainable[id]) << id;
+    }
+    for (const OffloadEntry& o : s.offloads) {
+      for (int32_t id : o.param_ids) EXPECT_TRUE(trainable[id]) << id;
+    }
+  }
+  // A frozen param cannot be offloaded: it has no optimizer state.
+  absl::StatusOr<Schedule> offload =
+      OffloadStates(*graph, OnDemand(*graph), {0});
+  ASSERT_FALSE(offload.ok());
+  EXPECT_THAT(offload.status().message(),
+              HasSubstr("is frozen and has no optimizer state"));
+}
+
 TEST(ArchiveProgramTest, BrokenArchives_SayWhatIsWrong) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"bad_checksum", "model/units/002.pt does not match its sha256"},
@@ -326,7 +411,6 @@ TEST(ArchiveProgramTest, BrokenArchives_SayWhatIsWrong) {
        "units[1].inputs[0] 'x2' (unit 'blocks.0') is neither a batch input "
        "nor an output of an earlier unit"},
       {"missing_entry", "no entry 'model/units/001.pt'"},
-      {"frozen", "frozen params are not supported yet"},
       {"no_such_archive", "does not exist"},
   };
   for (const auto& [name, message] : cases) {

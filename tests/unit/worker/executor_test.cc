@@ -663,6 +663,118 @@ TEST(NumericsVariantsTest, GradAccum2_World2Zero1_MatchesUnsharded) {
       std::vector<int64_t>(kSteps, 1), "grad_accum 2 zero1");
 }
 
+// MicroBatch::loss_weight (the tensors source's count shares): the step
+// trains on, and reports, sum over ranks and micro-batches of weight * that
+// micro-batch's mean loss, not their plain mean.
+TEST(ExecutorTest, LossWeights_World2GradAccum2_TrainOnTheWeightedMean) {
+  constexpr int kWorld = 2;
+  constexpr int kAccum = 2;
+  constexpr int kWeightedSteps = 3;
+  // [rank][micro-batch], summing to 1 and far from the equal 1/4.
+  const double weights[kWorld][kAccum] = {{0.45, 0.05}, {0.1, 0.4}};
+  const ModelConfig config = TestModel(kWorld, kMicroBatch, "grad_accum=2");
+  auto data = MakeSyntheticTokens(kSeed, config.vocab, config.seq_len);
+  auto batches_of = [&](int step, int rank) {
+    auto batches =
+        ReadRankBatches(*data, step, kAccum, rank, kWorld, kMicroBatch);
+    EXPECT_TRUE(batches.ok());
+    for (int k = 0; k < kAccum; ++k) {
+      (*batches)[k].loss_weight = weights[rank][k];
+    }
+    return *batches;
+  };
+
+  // Reference: one process, full params, the weighted sum of the micro-
+  // batches' losses.
+  absl::StatusOr<Program> program = BuildModelProgram(config, kSeed);
+  ASSERT_TRUE(program.ok());
+  std::vector<at::Tensor> ref;
+  for (const ProgramParam& p : program->params) {
+    at::Tensor t = at::empty(p.shape, at::kFloat);
+    p.init(t.data_ptr<float>(), t.numel());
+    ref.push_back(t.requires_grad_());
+  }
+  const AdamWOptions o = TestAdamW();
+  torch::optim::AdamW optimizer(ref, torch::optim::AdamWOptions(o.lr)
+                                         .betas({o.beta1, o.beta2})
+                                         .eps(o.eps)
+                                         .weight_decay(o.weight_decay));
+  std::vector<double> ref_losses;
+  for (int step = 0; step < kWeightedSteps; ++step) {
+    optimizer.zero_grad();
+    at::Tensor loss = at::zeros({}, at::kFloat);
+    for (int r = 0; r < kWorld; ++r) {
+      for (const MicroBatch& b : batches_of(step, r)) {
+        loss = loss + RunUnsharded(*program, ref, b) * b.loss_weight;
+      }
+    }
+    ref_losses.push_back(loss.item<double>());
+    loss.backward();
+    torch::nn::utils::clip_grad_norm_(ref, o.grad_clip);
+    optimizer.step();
+  }
+
+  std::vector<std::vector<double>> losses(kWorld);
+  std::vector<at::Tensor> params;
+  RunLoopbackWorld(kWorld, [&](int rank, Communicator& comm) {
+    absl::StatusOr<Program> prog = BuildModelProgram(config, kSeed);
+    ASSERT_TRUE(prog.ok());
+    absl::StatusOr<Graph> graph = GraphOf(*prog, config);
+    ASSERT_TRUE(graph.ok());
+    auto store = ShardedParamStore::Create(*prog, rank, kWorld);
+    ASSERT_TRUE(store.ok());
+    ExecutorOptions options;
+    options.adamw = o;
+    auto executor = Executor::Create(&*prog, *graph, store->get(), &comm,
+                                     CountingCpuAllocator::Get(),
+                                     OnDemand(*graph), options);
+    ASSERT_TRUE(executor.ok()) << executor.status();
+    for (int step = 0; step < kWeightedSteps; ++step) {
+      absl::StatusOr<StepStats> stats =
+          (*executor)->RunStep(batches_of(step, rank));
+      ASSERT_TRUE(stats.ok()) << stats.status();
+      losses[rank].push_back(stats->loss);
+    }
+    for (int id = 0; id < (*store)->num_params(); ++id) {
+      absl::StatusOr<at::Tensor> value = (*store)->GatherValue(id, comm);
+      ASSERT_TRUE(value.ok());
+      if (rank == 0) params.push_back(*value);
+    }
+  });
+  ASSERT_EQ(params.size(), ref.size());
+  for (int s = 0; s < kWeightedSteps; ++s) {
+    EXPECT_EQ(losses[1][s], losses[0][s]) << "step " << s;
+    EXPECT_NEAR(losses[0][s], ref_losses[s], kTolerance * ref_losses[s])
+        << "step " << s;
+  }
+  for (size_t i = 0; i < ref.size(); ++i) {
+    EXPECT_LE(RelativeError(params[i], ref[i].detach()), kTolerance) << i;
+  }
+}
+
+TEST(ExecutorTest, LossWeights_SetOnSomeMicroBatchesOnly_Refused) {
+  RunLoopbackWorld(1, [](int rank, Communicator& comm) {
+    const ModelConfig config = TestModel(1, kMicroBatch, "grad_accum=2");
+    absl::StatusOr<Program> prog = BuildModelProgram(config, kSeed);
+    ASSERT_TRUE(prog.ok());
+    absl::StatusOr<Graph> graph = GraphOf(*prog, config);
+    ASSERT_TRUE(graph.ok());
+    auto store = ShardedParamStore::Create(*prog, rank, 1);
+    ASSERT_TRUE(store.ok());
+    auto executor = Executor::Create(&*prog, *graph, store->get(), &comm,
+                                     CountingCpuAllocator::Get(),
+                                     OnDemand(*graph), ExecutorOptions());
+    ASSERT_TRUE(executor.ok());
+    auto data = MakeSyntheticTokens(kSeed, config.vocab, config.seq_len);
+    auto batches = ReadRankBatches(*data, 0, 2, 0, 1, kMicroBatch);
+    ASSERT_TRUE(batches.ok());
+    (*batches)[1].loss_weight = 0.5;
+    absl::StatusOr<StepStats> stats = (*executor)->RunStep(*batches);
+    EXPECT_EQ(stats.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(stats.status().message().find("or none has"), std::string::npos);
+  });
+}
+
 TEST(ExecutorTest, PartialOffloadEntry_RejectedAsUnimplemented) {
   const ModelConfig config = TestModel(2, kMicroBatch);
   absl::StatusOr<Program> program = BuildModelProgram(config, kSeed);

@@ -105,5 +105,46 @@ TEST(ShardedParamStoreTest, ReduceScatterGrads_World3_MeanOverRanksInShards) {
   });
 }
 
+TEST(ShardedParamStoreTest, FrozenParam_GatheredButNoGradStatesOrStep) {
+  Program program = TwoParams();
+  program.params[1].trainable = false;  // b frozen
+  RunLoopbackWorld(2, [&](int rank, Communicator& comm) {
+    auto store = ShardedParamStore::Create(program, rank, 2);
+    ASSERT_TRUE(store.ok());
+    ShardedParamStore& s = **store;
+    EXPECT_TRUE(s.trainable(0));
+    EXPECT_FALSE(s.trainable(1));
+    EXPECT_FALSE(s.shard_grad(1).defined());
+    EXPECT_FALSE(s.exp_avg(1).defined());
+    EXPECT_FALSE(s.exp_avg_sq(1).defined());
+    EXPECT_EQ(s.state_bytes(1), 0);
+    EXPECT_GT(s.state_bytes(0), 0);
+    const at::Tensor b_shard = s.shard(1).clone();
+
+    ASSERT_TRUE(s.Gather({0, 1}, comm)->Wait().ok());
+    EXPECT_TRUE(s.full(0).requires_grad());
+    EXPECT_FALSE(s.full(1).requires_grad());
+    EXPECT_TRUE(at::equal(s.full(1), at::arange(5, at::kFloat) + 1000));
+    // The frozen value takes part in the forward; only a gets a gradient.
+    (s.full(0).sum() * s.full(1).sum()).backward();
+    EXPECT_FALSE(s.full(1).grad().defined());
+    ASSERT_TRUE(s.ReduceScatterGrads({0}, comm)->Wait().ok());
+    s.Release({0, 1});
+    // a's gradient is sum(b) = 5010 in all 21 elements, on every rank.
+    const double expected = 21.0 * 5010.0 * 5010.0;
+    absl::StatusOr<std::vector<double>> all =
+        comm.AllGatherScalars({s.ShardGradSquaredNorm()});
+    ASSERT_TRUE(all.ok());
+    EXPECT_DOUBLE_EQ((*all)[0] + (*all)[1], expected);
+
+    AdamWOptions o;
+    o.weight_decay = 0.1;
+    const at::Tensor a_shard = s.shard(0).clone();
+    s.AdamWStep(o, 1.0f, 1);
+    EXPECT_FALSE(at::equal(s.shard(0), a_shard));
+    EXPECT_TRUE(at::equal(s.shard(1), b_shard));  // not even weight decay
+  });
+}
+
 }  // namespace
 }  // namespace tandem

@@ -5,6 +5,7 @@
 // worked out by hand in the comments.
 #include "common/sim/simulator.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <sstream>
@@ -465,6 +466,95 @@ TEST_F(GradAccumTest,
   EXPECT_EQ(r.peak_bytes, kGradAccumStatic + 100 + 2 * 2000);
   EXPECT_EQ(r.peak_node_id, 3);
   EXPECT_EQ(r.peak_breakdown.gradients, 1000 + 2 * 2000);
+}
+
+// `graph` with `frozen` frozen and `schedule` without its reductions of them
+// (the schedule the lowering gives a frozen param).
+Graph Frozen(Graph graph, int32_t frozen) {
+  for (Param& p : graph.params) {
+    if (p.id == frozen) p.trainable = false;
+  }
+  return graph;
+}
+Schedule WithoutReductionsOf(Schedule schedule, int32_t frozen) {
+  std::vector<Action> kept;
+  for (Action a : schedule.actions) {
+    if (a.kind == ActionKind::kReduceScatter) {
+      a.param_ids.erase(
+          std::remove(a.param_ids.begin(), a.param_ids.end(), frozen),
+          a.param_ids.end());
+      if (a.param_ids.empty()) continue;
+    }
+    kept.push_back(a);
+  }
+  schedule.actions = std::move(kept);
+  return schedule;
+}
+
+// Freezing a.weight (p0) of the on-demand two-layer plan takes away exactly
+// what its training cost: its reduce-scatter (1 ms on the link, [17,18]) and
+// the optimizer's wait for it, its 1000-byte gradient shard and 2000 bytes of
+// Adam moments for the whole iteration, and its 2000-byte full gradient
+// from a.bwd's start until that reduce-scatter ended.
+TEST_F(TwoLayerTest, Simulate_FrozenParam_DropsItsGradientStatesAndReduction) {
+  const Schedule trained_plan = Load("sim_two_layer_on_demand.txt");
+  const SimResult trained = MustSimulate(graph_, trained_plan, TestHardware());
+  const Graph frozen_graph = Frozen(graph_, 0);
+  const Schedule frozen_plan = WithoutReductionsOf(trained_plan, 0);
+  ASSERT_EQ(frozen_plan.actions.size() + 1, trained_plan.actions.size());
+  const SimResult frozen =
+      MustSimulate(frozen_graph, frozen_plan, TestHardware());
+
+  constexpr int64_t kGradShard = 1000;
+  constexpr int64_t kStates = 2000;
+  constexpr int64_t kFullGrad = 2000;
+  EXPECT_NEAR(trained.comm_s - frozen.comm_s, 1 * kMs, kTolerance);
+  EXPECT_NEAR(trained.exposed_comm_s - frozen.exposed_comm_s, 1 * kMs,
+              kTolerance);
+  EXPECT_NEAR(frozen.iteration_s, 18 * kMs, kTolerance);
+  // Only b.weight's reduce-scatter is left.
+  int reduce_scatters = 0;
+  for (const CollectiveTimelineEntry& c : frozen.collectives) {
+    if (c.kind != ActionKind::kReduceScatter) continue;
+    ++reduce_scatters;
+    EXPECT_EQ(frozen_plan.actions[c.action_index].param_ids,
+              std::vector<int32_t>{1});
+  }
+  EXPECT_EQ(reduce_scatters, 1);
+  // Peak at b's start in both: only the static bytes differ.
+  EXPECT_EQ(trained.peak_node_id, 2);
+  EXPECT_EQ(frozen.peak_node_id, 2);
+  EXPECT_EQ(trained.peak_bytes - frozen.peak_bytes, kGradShard + kStates);
+  EXPECT_EQ(trained.peak_breakdown.gradients - frozen.peak_breakdown.gradients,
+            kGradShard);
+  EXPECT_EQ(trained.peak_breakdown.optimizer_states -
+                frozen.peak_breakdown.optimizer_states,
+            kStates);
+  EXPECT_EQ(frozen.peak_breakdown.gathered_params,
+            trained.peak_breakdown.gathered_params);
+  // After a.bwd the trained plan still holds p0's full gradient.
+  EXPECT_EQ(
+      trained.nodes[3].memory_after_bytes - frozen.nodes[3].memory_after_bytes,
+      kGradShard + kStates + kFullGrad);
+}
+
+// A persistent frozen param is not re-gathered after the optimizer (the step
+// does not change it): no refresh, and no gradient or states.
+TEST_F(GradAccumTest, Simulate_FrozenPersistentParam_IsNotRefreshed) {
+  const Schedule trained_plan =
+      LoadSchedule("sim_grad_accum_schedule.txt", graph_);
+  const SimResult trained = MustSimulate(graph_, trained_plan, TestHardware());
+  const SimResult frozen = MustSimulate(
+      Frozen(graph_, 0), WithoutReductionsOf(trained_plan, 0), TestHardware());
+  EXPECT_NEAR(trained.comm_s, 2 * kMs, kTolerance);
+  EXPECT_NEAR(frozen.comm_s, 0, kTolerance);
+  EXPECT_TRUE(frozen.collectives.empty());
+  EXPECT_NEAR(frozen.iteration_s, 7 * kMs, kTolerance);  // n0..n4 back to back
+  // Gradient shard 1000, full gradient 2000 and Adam moments 2000.
+  EXPECT_EQ(trained.peak_bytes - frozen.peak_bytes, 1000 + 2000 + 2000);
+  EXPECT_EQ(frozen.peak_bytes, 1000 + 2000 + 100);
+  EXPECT_EQ(frozen.peak_breakdown.gradients, 0);
+  EXPECT_EQ(frozen.peak_breakdown.optimizer_states, 0);
 }
 
 TEST(SimulatorTest, Simulate_TinyFixture_IsSelfConsistent) {

@@ -153,20 +153,19 @@ def final_params(ckpt_dir, world, manifest):
     return out
 
 
-def spec_yaml(archive, tokens_path, vocab, world, ckpt_dir):
+def job_yaml(archive, world, ckpt_dir, model_extra, data, batch_extra,
+             grad_accum=1):
+    """The job spec the numerics tests train: the archive, `data` (the
+    section's lines), and the optimizer and batch every reference uses."""
     return f"""name: exported-numerics
 model:
   kind: torchscript
   path: {archive}
-  vocab: {vocab}
-data:
-  kind: tokens
-  path: {tokens_path}
-  token_bytes: 2
-batch:
-  micro_batch: {GLOBAL_BATCH // world}
-  seq_len: {SEQ_LEN}
-train:
+{model_extra}data:
+{data}batch:
+  micro_batch: {GLOBAL_BATCH // (world * grad_accum)}
+  grad_accum: {grad_accum}
+{batch_extra}train:
   steps: {STEPS}
   lr: {LR}
   beta1: {BETAS[0]}
@@ -182,36 +181,19 @@ checkpoint:
   dir: {ckpt_dir}
   every: {STEPS}
 """
+
+
+def spec_yaml(archive, tokens_path, vocab, world, ckpt_dir):
+    """A job spec for a language model fed by a token file."""
+    return job_yaml(archive, world, ckpt_dir, f"  vocab: {vocab}\n",
+                    f"  kind: tokens\n  path: {tokens_path}\n  token_bytes: 2\n",
+                    f"  seq_len: {SEQ_LEN}\n")
 
 
 def tensors_spec_yaml(archive, data_path, world, ckpt_dir, grad_accum=1):
     """A job spec for an archive fed by a `tensors` file."""
-    return f"""name: exported-numerics
-model:
-  kind: torchscript
-  path: {archive}
-data:
-  kind: tensors
-  path: {data_path}
-batch:
-  micro_batch: {GLOBAL_BATCH // (world * grad_accum)}
-  grad_accum: {grad_accum}
-train:
-  steps: {STEPS}
-  lr: {LR}
-  beta1: {BETAS[0]}
-  beta2: {BETAS[1]}
-  eps: {EPS}
-  weight_decay: {WD}
-  grad_clip: {CLIP}
-  seed: 1
-parallel:
-  world_size: {world}
-  zero_stage: 3
-checkpoint:
-  dir: {ckpt_dir}
-  every: {STEPS}
-"""
+    return job_yaml(archive, world, ckpt_dir, "",
+                    f"  kind: tensors\n  path: {data_path}\n", "", grad_accum)
 
 
 def run_standalone(spec_path, world, schedule=None, timeout_s=120):

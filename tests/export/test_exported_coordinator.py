@@ -121,8 +121,8 @@ def training_data(name, tmp_path):
 
 @pytest.mark.parametrize("name,world", [
     ("gpt", 1), ("gpt", 2), ("gpt", 3),
-    ("encoder_lm", 2), ("encoder_lm", 3),
-    ("vit", 2), ("vit", 3)])
+    ("encoder_lm", 1), ("encoder_lm", 2), ("encoder_lm", 3),
+    ("vit", 1), ("vit", 2), ("vit", 3)])
 def test_exported_model_planned_and_switched_matches_pytorch(
         tmp_path, coordinator, name, world):
     mod = numerics.load_model(name)

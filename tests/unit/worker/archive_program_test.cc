@@ -103,20 +103,11 @@ Trajectory TrainReference(const std::string& archive, int world,
   Trajectory result;
   if (!program.ok()) return result;
   const int global = world * kMicroBatch * grad_accum;
-  std::vector<at::Tensor> params;
   // What PyTorch fine-tuning steps and clips: the params that require grad.
   std::vector<at::Tensor> trained;
-  for (const ProgramParam& p : program->params) {
-    at::Tensor t = at::empty(p.shape, at::kFloat);
-    p.init(t.data_ptr<float>(), t.numel());
-    params.push_back(t.requires_grad_(p.trainable));
-    if (p.trainable) trained.push_back(t);
-  }
+  std::vector<at::Tensor> params = InitialParams(*program, &trained);
   const AdamWOptions o = TestAdamW(archive);
-  torch::optim::AdamW optimizer(trained, torch::optim::AdamWOptions(o.lr)
-                                             .betas({o.beta1, o.beta2})
-                                             .eps(o.eps)
-                                             .weight_decay(o.weight_decay));
+  std::unique_ptr<torch::optim::AdamW> optimizer = TorchAdamW(trained, o);
   auto data = MakeSyntheticTokens(kSeed, kVocab, kSeqLen);
   absl::StatusOr<TokenInputs> names = TokenInputsOf(*program);
   EXPECT_TRUE(names.ok()) << names.status();
@@ -128,10 +119,10 @@ Trajectory TrainReference(const std::string& archive, int world,
     EXPECT_TRUE(batches.ok());
     at::Tensor loss = RunUnsharded(*program, params, (*batches)[0]);
     result.losses.push_back(loss.item<double>());
-    optimizer.zero_grad();
+    optimizer->zero_grad();
     loss.backward();
     torch::nn::utils::clip_grad_norm_(trained, o.grad_clip);
-    optimizer.step();
+    optimizer->step();
   }
   for (const at::Tensor& p : params) result.params.push_back(p.detach());
   return result;

@@ -115,17 +115,9 @@ Trajectory TrainReference(int world, int steps, const std::string& extra) {
   config.grad_accum = 1;
   absl::StatusOr<Program> program = BuildModelProgram(config, kSeed);
   EXPECT_TRUE(program.ok());
-  std::vector<at::Tensor> params;
-  for (const ProgramParam& p : program->params) {
-    at::Tensor t = at::empty(p.shape, at::kFloat);
-    p.init(t.data_ptr<float>(), t.numel());
-    params.push_back(t.requires_grad_());
-  }
+  std::vector<at::Tensor> params = InitialParams(*program);
   const AdamWOptions o = TestAdamW();
-  torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(o.lr)
-                                            .betas({o.beta1, o.beta2})
-                                            .eps(o.eps)
-                                            .weight_decay(o.weight_decay));
+  std::unique_ptr<torch::optim::AdamW> optimizer = TorchAdamW(params, o);
   auto data = MakeSyntheticTokens(kSeed, config.vocab, config.seq_len);
   Trajectory result;
   for (const at::Tensor& p : params)
@@ -135,10 +127,10 @@ Trajectory TrainReference(int world, int steps, const std::string& extra) {
     EXPECT_TRUE(batches.ok());
     at::Tensor act = RunUnsharded(*program, params, (*batches)[0]);
     result.losses.push_back(act.item<double>());
-    optimizer.zero_grad();
+    optimizer->zero_grad();
     act.backward();
     torch::nn::utils::clip_grad_norm_(params, o.grad_clip);
-    optimizer.step();
+    optimizer->step();
   }
   for (const at::Tensor& p : params) result.params.push_back(p.detach());
   return result;
@@ -688,20 +680,12 @@ TEST(ExecutorTest, LossWeights_World2GradAccum2_TrainOnTheWeightedMean) {
   // batches' losses.
   absl::StatusOr<Program> program = BuildModelProgram(config, kSeed);
   ASSERT_TRUE(program.ok());
-  std::vector<at::Tensor> ref;
-  for (const ProgramParam& p : program->params) {
-    at::Tensor t = at::empty(p.shape, at::kFloat);
-    p.init(t.data_ptr<float>(), t.numel());
-    ref.push_back(t.requires_grad_());
-  }
+  std::vector<at::Tensor> ref = InitialParams(*program);
   const AdamWOptions o = TestAdamW();
-  torch::optim::AdamW optimizer(ref, torch::optim::AdamWOptions(o.lr)
-                                         .betas({o.beta1, o.beta2})
-                                         .eps(o.eps)
-                                         .weight_decay(o.weight_decay));
+  std::unique_ptr<torch::optim::AdamW> optimizer = TorchAdamW(ref, o);
   std::vector<double> ref_losses;
   for (int step = 0; step < kWeightedSteps; ++step) {
-    optimizer.zero_grad();
+    optimizer->zero_grad();
     at::Tensor loss = at::zeros({}, at::kFloat);
     for (int r = 0; r < kWorld; ++r) {
       for (const MicroBatch& b : batches_of(step, r)) {
@@ -711,7 +695,7 @@ TEST(ExecutorTest, LossWeights_World2GradAccum2_TrainOnTheWeightedMean) {
     ref_losses.push_back(loss.item<double>());
     loss.backward();
     torch::nn::utils::clip_grad_norm_(ref, o.grad_clip);
-    optimizer.step();
+    optimizer->step();
   }
 
   std::vector<std::vector<double>> losses(kWorld);

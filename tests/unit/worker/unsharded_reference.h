@@ -6,13 +6,42 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "ATen/ATen.h"
 #include "ATen/core/Tensor.h"
+#include "torch/optim/adamw.h"
 #include "worker/runtime/program.h"
+#include "worker/runtime/sharded_param_store.h"
 
 namespace tandem {
+
+// The program's full params at their initial values; the trained ones
+// require grad. Appends the trained ones to `trained` when given.
+inline std::vector<at::Tensor> InitialParams(
+    const Program& program, std::vector<at::Tensor>* trained = nullptr) {
+  std::vector<at::Tensor> params;
+  for (const ProgramParam& p : program.params) {
+    at::Tensor t = at::empty(p.shape, at::kFloat);
+    p.init(t.data_ptr<float>(), t.numel());
+    params.push_back(t.requires_grad_(p.trainable));
+    if (p.trainable && trained != nullptr) trained->push_back(t);
+  }
+  return params;
+}
+
+// torch's AdamW over `params` with the worker's options (its own
+// implementation, for the reference).
+inline std::unique_ptr<torch::optim::AdamW> TorchAdamW(
+    const std::vector<at::Tensor>& params, const AdamWOptions& o) {
+  return std::make_unique<torch::optim::AdamW>(
+      params, torch::optim::AdamWOptions(o.lr)
+                  .betas({o.beta1, o.beta2})
+                  .eps(o.eps)
+                  .weight_decay(o.weight_decay));
+}
 
 // The program's forward in one process on full params: values by name.
 inline at::Tensor RunUnsharded(const Program& program,

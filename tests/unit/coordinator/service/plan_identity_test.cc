@@ -31,6 +31,23 @@ std::string ReadAll(const std::string& path) {
   return text.str();
 }
 
+// The job both tests plan: a 4-layer llama at world 2.
+v1::JobSpec SmallLlamaSpec() {
+  v1::JobSpec spec;
+  spec.set_name("identity");
+  spec.mutable_model()->set_preset("llama");
+  spec.mutable_model()->set_layers(4);
+  spec.mutable_model()->set_d_model(128);
+  spec.mutable_model()->set_heads(4);
+  spec.mutable_model()->set_ffn(256);
+  spec.mutable_model()->set_vocab(512);
+  spec.mutable_batch()->set_micro_batch(2);
+  spec.mutable_batch()->set_seq_len(64);
+  spec.mutable_train()->set_steps(50);
+  spec.mutable_parallel()->set_world_size(2);
+  return spec;
+}
+
 struct IdentityCase {
   std::string name;
   // optimize.policy, or empty with `passes`.
@@ -48,18 +65,7 @@ TEST_P(PlanIdentityTest, CoordinatorPlan_EqualsTandemPlans) {
       absl::StrCat(::testing::TempDir(), "/identity_", getpid(), "_", c.name);
   ASSERT_EQ(std::system(absl::StrCat("mkdir -p ", dir).c_str()), 0);
 
-  v1::JobSpec spec;
-  spec.set_name("identity");
-  spec.mutable_model()->set_preset("llama");
-  spec.mutable_model()->set_layers(4);
-  spec.mutable_model()->set_d_model(128);
-  spec.mutable_model()->set_heads(4);
-  spec.mutable_model()->set_ffn(256);
-  spec.mutable_model()->set_vocab(512);
-  spec.mutable_batch()->set_micro_batch(2);
-  spec.mutable_batch()->set_seq_len(64);
-  spec.mutable_train()->set_steps(50);
-  spec.mutable_parallel()->set_world_size(2);
+  v1::JobSpec spec = SmallLlamaSpec();
   spec.mutable_optimize()->set_warmup_steps(2);
   spec.mutable_optimize()->set_policy(c.policy);
   for (const std::string& p : c.passes) spec.mutable_optimize()->add_passes(p);
@@ -198,16 +204,7 @@ struct OfflineJob {
 };
 OfflineJob WriteOfflineJob(const std::string& dir) {
   EXPECT_EQ(std::system(absl::StrCat("mkdir -p ", dir).c_str()), 0);
-  v1::JobSpec spec;
-  spec.mutable_model()->set_preset("llama");
-  spec.mutable_model()->set_layers(4);
-  spec.mutable_model()->set_d_model(128);
-  spec.mutable_model()->set_heads(4);
-  spec.mutable_model()->set_ffn(256);
-  spec.mutable_model()->set_vocab(512);
-  spec.mutable_batch()->set_micro_batch(2);
-  spec.mutable_batch()->set_seq_len(64);
-  spec.mutable_parallel()->set_world_size(2);
+  v1::JobSpec spec = SmallLlamaSpec();
   ApplyJobSpecDefaults(spec);
   absl::StatusOr<Graph> graph = BuildModelGraph(*ModelConfigFromJobSpec(spec));
   EXPECT_TRUE(graph.ok()) << graph.status();

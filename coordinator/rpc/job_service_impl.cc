@@ -103,25 +103,27 @@ grpc::Status JobServiceImpl::Watch(
   if (!writer->Write(first)) return grpc::Status::OK;
   v1::Job known = *job;
   while (!context->IsCancelled()) {
-    absl::StatusOr<std::vector<v1::JobEvent>> events = jobs_->WaitForEvents(
+    // The job and its events from one snapshot: a terminal job comes with
+    // the event that ended it.
+    absl::StatusOr<JobManager::JobChanges> changes = jobs_->WaitForEvents(
         request->job_id(), after, known, std::chrono::milliseconds(500));
-    if (!events.ok()) return ToGrpc(events.status());
-    absl::StatusOr<v1::Job> now = jobs_->Get(request->job_id());
-    if (!now.ok()) return ToGrpc(now.status());
-    if (events->empty() && now->step() != known.step()) {
+    if (!changes.ok()) return ToGrpc(changes.status());
+    const v1::Job& now = changes->job;
+    const std::vector<v1::JobEvent>& events = changes->events;
+    if (events.empty() && now.step() != known.step()) {
       v1::WatchJobResponse progress;
-      *progress.mutable_job() = *now;
+      *progress.mutable_job() = now;
       if (!writer->Write(progress)) return grpc::Status::OK;
     }
-    for (const v1::JobEvent& e : *events) {
+    for (const v1::JobEvent& e : events) {
       v1::WatchJobResponse update;
-      *update.mutable_job() = *now;
+      *update.mutable_job() = now;
       *update.mutable_event() = e;
       if (!writer->Write(update)) return grpc::Status::OK;
       after = e.seq();
     }
-    known = *now;
-    if (IsTerminal(known.state()) && events->empty()) break;
+    known = now;
+    if (IsTerminal(known.state()) && events.empty()) break;
   }
   return grpc::Status::OK;
 }

@@ -238,7 +238,7 @@ absl::Status JobManager::UpdateOutcome(absl::string_view job_id, double speedup,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<v1::JobEvent>> JobManager::WaitForEvents(
+absl::StatusOr<JobManager::JobChanges> JobManager::WaitForEvents(
     absl::string_view job_id, int64_t after_seq, const v1::Job& known,
     std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
@@ -246,17 +246,17 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobManager::WaitForEvents(
   for (;;) {
     Record* r = Find(job_id);
     if (r == nullptr) return NotFound(job_id);
-    std::vector<v1::JobEvent> out;
+    JobChanges out;
     for (const v1::JobEvent& e : r->events) {
-      if (e.seq() > after_seq) out.push_back(e);
+      if (e.seq() > after_seq) out.events.push_back(e);
     }
-    if (!out.empty() || r->job.state() != known.state() ||
+    const bool timed_out = std::chrono::steady_clock::now() >= deadline;
+    if (timed_out || !out.events.empty() || r->job.state() != known.state() ||
         r->job.step() != known.step()) {
+      out.job = r->job;
       return out;
     }
-    if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
-      return std::vector<v1::JobEvent>();
-    }
+    changed_.wait_until(lock, deadline);
   }
 }
 

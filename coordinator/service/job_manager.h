@@ -77,11 +77,19 @@ class JobManager {
   absl::Status UpdateOutcome(absl::string_view job_id, double speedup,
                              double predicted_s, double measured_s);
 
+  // The job and its events after some seq, read under one lock: a job seen
+  // terminal here comes with the event that ended it.
+  struct JobChanges {
+    v1::Job job;
+    std::vector<v1::JobEvent> events;
+  };
   // Blocks until the job has events after `after_seq`, its state or step
-  // differs from `known`'s, or `timeout` passes; returns the new events.
-  absl::StatusOr<std::vector<v1::JobEvent>> WaitForEvents(
-      absl::string_view job_id, int64_t after_seq, const v1::Job& known,
-      std::chrono::milliseconds timeout);
+  // differs from `known`'s, or `timeout` passes; returns the job as it is
+  // then and the new events.
+  absl::StatusOr<JobChanges> WaitForEvents(absl::string_view job_id,
+                                           int64_t after_seq,
+                                           const v1::Job& known,
+                                           std::chrono::milliseconds timeout);
 
  private:
   struct Record {

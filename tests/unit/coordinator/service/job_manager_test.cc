@@ -116,15 +116,43 @@ TEST_F(JobManagerTest, WaitForEvents_WakesOnProgressAndEvents) {
     std::this_thread::sleep_for(30ms);
     ASSERT_TRUE(manager_->UpdateProgress(job->id(), 3, 2.5, 0).ok());
   });
-  auto events = manager_->WaitForEvents(job->id(), 1, *job, 5000ms);
+  auto changes = manager_->WaitForEvents(job->id(), 1, *job, 5000ms);
   t.join();
-  ASSERT_TRUE(events.ok());
-  EXPECT_TRUE(events->empty());
-  EXPECT_EQ(manager_->Get(job->id())->step(), 3);
-  // Nothing new: times out.
+  ASSERT_TRUE(changes.ok());
+  EXPECT_TRUE(changes->events.empty());
+  EXPECT_EQ(changes->job.step(), 3);
+  // Nothing new: times out, with the job as it is.
   auto none =
       manager_->WaitForEvents(job->id(), 1, *manager_->Get(job->id()), 20ms);
-  EXPECT_TRUE(none->empty());
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->events.empty());
+  EXPECT_EQ(none->job.step(), 3);
+}
+
+// A watcher that sees the job terminal sees the event that ended it in the
+// same answer (a watch stream ends at a terminal job with no new events).
+TEST_F(JobManagerTest, WaitForEvents_TerminalJobComesWithItsStateEvent) {
+  auto job = manager_->Submit(TinySpec());
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(
+      manager_->Transition(job->id(), v1::JOB_STATE_RUNNING, "registered")
+          .ok());
+  const v1::Job running = *manager_->Get(job->id());
+  const int64_t seen = manager_->Events(job->id(), 0)->back().seq();
+  std::thread t([&] {
+    std::this_thread::sleep_for(20ms);
+    ASSERT_TRUE(manager_
+                    ->Transition(job->id(), v1::JOB_STATE_SUCCEEDED,
+                                 "all 1 ranks finished 1 steps")
+                    .ok());
+  });
+  auto changes = manager_->WaitForEvents(job->id(), seen, running, 5000ms);
+  t.join();
+  ASSERT_TRUE(changes.ok());
+  EXPECT_EQ(changes->job.state(), v1::JOB_STATE_SUCCEEDED);
+  ASSERT_EQ(changes->events.size(), 1u);
+  EXPECT_EQ(changes->events[0].message(),
+            "SUCCEEDED: all 1 ranks finished 1 steps");
 }
 
 }  // namespace

@@ -14,10 +14,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -54,11 +56,16 @@ constexpr int kVocab = 16;  // the archives' embedding rows
 constexpr uint64_t kSeed = 5;
 constexpr double kTolerance = 1e-5;
 
-// The archives, written once per test binary run.
+// The archives, written once per test process and removed at its exit
+// (ctest runs each test in a process of its own).
 const std::string& ArchiveDir() {
   static const std::string* dir = [] {
     auto* d = new std::string(
         absl::StrCat(::testing::TempDir(), "/tandem_archives_", getpid()));
+    std::atexit([] {
+      std::error_code ignored;
+      std::filesystem::remove_all(ArchiveDir(), ignored);
+    });
     // The Python with torch: Debian's python3-torch here, PyTorch's own on
     // a GPU machine (scripts/gpu-check.sh sets TANDEM_PYTHON).
     const char* python = std::getenv("TANDEM_PYTHON");

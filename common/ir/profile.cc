@@ -50,6 +50,7 @@ bool Profile::operator==(const Profile& other) const {
          first_iteration == other.first_iteration &&
          last_iteration == other.last_iteration &&
          iteration_s == other.iteration_s && peak_bytes == other.peak_bytes &&
+         peak_min_bytes == other.peak_min_bytes && work == other.work &&
          host_copy_bytes == other.host_copy_bytes &&
          host_copy_s == other.host_copy_s &&
          compute_s_per_allgather_byte == other.compute_s_per_allgather_byte &&

@@ -70,6 +70,12 @@ struct Profile {
   // rank's); peak_bytes - peak_min_bytes is the spread of peaks the planner
   // keeps headroom for. 0: not measured.
   int64_t peak_min_bytes = 0;
+  // Mean elements of the rank's batch inputs per iteration over the window
+  // (an aggregate: the largest rank's): the work the node times were
+  // measured at. It varies with variable-length batches; the coordinator
+  // scales step times to a common work before judging drift. 0: not
+  // measured.
+  double work = 0;
   // Host-tier copies (OFFLOAD and RELOAD) over the window: bytes moved and
   // seconds the copy stream spent moving them. Their ratio is the host link
   // the planner prices offloading with. When no copy ran, the worker's

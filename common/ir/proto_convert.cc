@@ -343,6 +343,7 @@ v1::Schedule ToProto(const Schedule& schedule) {
   p->set_exposed_comm_s(schedule.prediction.exposed_comm_s);
   p->set_copy_s(schedule.prediction.copy_s);
   p->set_peak_bytes(schedule.prediction.peak_bytes);
+  p->set_work(schedule.prediction.work);
   v1::Provenance* v = out.mutable_provenance();
   for (const std::string& pass : schedule.provenance.passes) {
     v->add_passes(pass);
@@ -409,8 +410,9 @@ absl::StatusOr<Schedule> FromProto(const v1::Schedule& proto) {
     s.actions.push_back(std::move(a));
   }
   const v1::Prediction& p = proto.prediction();
-  s.prediction = {p.iteration_s(),    p.compute_s(), p.comm_s(),
-                  p.exposed_comm_s(), p.copy_s(),    p.peak_bytes()};
+  s.prediction = {
+      p.iteration_s(), p.compute_s(),  p.comm_s(), p.exposed_comm_s(),
+      p.copy_s(),      p.peak_bytes(), p.work()};
   const v1::Provenance& v = proto.provenance();
   s.provenance.passes.assign(v.passes().begin(), v.passes().end());
   s.provenance.window_first_iteration = v.window_first_iteration();
@@ -437,6 +439,7 @@ v1::Profile ToProto(const Profile& profile) {
   out.set_iteration_s(profile.iteration_s);
   out.set_peak_bytes(profile.peak_bytes);
   out.set_peak_min_bytes(profile.peak_min_bytes);
+  out.set_work(profile.work);
   out.set_host_copy_bytes(profile.host_copy_bytes);
   out.set_host_copy_s(profile.host_copy_s);
   out.set_compute_s_per_allgather_byte(profile.compute_s_per_allgather_byte);
@@ -482,6 +485,7 @@ absl::StatusOr<Profile> FromProto(const v1::Profile& proto) {
   p.iteration_s = proto.iteration_s();
   p.peak_bytes = proto.peak_bytes();
   p.peak_min_bytes = proto.peak_min_bytes();
+  p.work = proto.work();
   p.host_copy_bytes = proto.host_copy_bytes();
   p.host_copy_s = proto.host_copy_s();
   p.compute_s_per_allgather_byte = proto.compute_s_per_allgather_byte();

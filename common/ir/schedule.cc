@@ -68,7 +68,8 @@ bool Action::operator==(const Action& other) const {
 bool Prediction::operator==(const Prediction& other) const {
   return iteration_s == other.iteration_s && compute_s == other.compute_s &&
          comm_s == other.comm_s && exposed_comm_s == other.exposed_comm_s &&
-         copy_s == other.copy_s && peak_bytes == other.peak_bytes;
+         copy_s == other.copy_s && peak_bytes == other.peak_bytes &&
+         work == other.work;
 }
 
 bool Provenance::operator==(const Provenance& other) const {

@@ -76,6 +76,10 @@ struct Prediction {
   double exposed_comm_s = 0;
   double copy_s = 0;
   int64_t peak_bytes = 0;
+  // The work per iteration (elements of a rank's batch inputs, the largest
+  // rank's) of the profile the prediction was made from, which varies with
+  // variable-length batches (Profile::work). 0: not measured.
+  double work = 0;
   bool operator==(const Prediction& other) const;
 };
 

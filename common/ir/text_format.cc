@@ -978,13 +978,14 @@ absl::Status ParsePredictLine(const Line& line, Prediction* prediction) {
   Statement st(line);
   st.set_context("predict");
   RETURN_IF_ERROR(st.ReadAttributes(
-      {"iteration", "compute", "comm", "exposed", "copy", "peak"}));
+      {"iteration", "compute", "comm", "exposed", "copy", "peak", "work"}));
   RETURN_IF_ERROR(st.Read("iteration", ParseTime, &prediction->iteration_s));
   RETURN_IF_ERROR(st.Read("compute", ParseTime, &prediction->compute_s));
   RETURN_IF_ERROR(st.Read("comm", ParseTime, &prediction->comm_s));
   RETURN_IF_ERROR(st.Read("exposed", ParseTime, &prediction->exposed_comm_s));
   RETURN_IF_ERROR(st.Read("copy", ParseTime, &prediction->copy_s));
   RETURN_IF_ERROR(st.Read("peak", ParseBytes, &prediction->peak_bytes));
+  RETURN_IF_ERROR(st.Read("work", ParseNumber, &prediction->work));
   return absl::OkStatus();
 }
 
@@ -1094,8 +1095,8 @@ absl::Status ParseProfileHeader(const Line& line, Profile* profile) {
   Statement st(line);
   st.set_context("profile");
   RETURN_IF_ERROR(st.ReadAttributes({"graph", "rank", "version", "window",
-                                     "iteration", "peak", "peak_min", "copied",
-                                     "copy_time", "ag_cpu_per_byte",
+                                     "iteration", "peak", "peak_min", "work",
+                                     "copied", "copy_time", "ag_cpu_per_byte",
                                      "rs_cpu_per_byte", "copy_cpu_per_byte"}));
   RETURN_IF_ERROR(st.Require("graph", "0123456789abcdef"));
   RETURN_IF_ERROR(st.Read("graph", ParseString, &profile->graph_hash));
@@ -1109,6 +1110,7 @@ absl::Status ParseProfileHeader(const Line& line, Profile* profile) {
   RETURN_IF_ERROR(st.Read("iteration", ParseTime, &profile->iteration_s));
   RETURN_IF_ERROR(st.Read("peak", ParseBytes, &profile->peak_bytes));
   RETURN_IF_ERROR(st.Read("peak_min", ParseBytes, &profile->peak_min_bytes));
+  RETURN_IF_ERROR(st.Read("work", ParseNumber, &profile->work));
   RETURN_IF_ERROR(st.Read("copied", ParseBytes, &profile->host_copy_bytes));
   RETURN_IF_ERROR(st.Read("copy_time", ParseTime, &profile->host_copy_s));
   RETURN_IF_ERROR(st.Read("ag_cpu_per_byte", ParseNumber,
@@ -1329,7 +1331,8 @@ std::string PrintSchedule(const Schedule& schedule) {
       &out, "predict iteration=", FormatDouble(p.iteration_s),
       " compute=", FormatDouble(p.compute_s), " comm=", FormatDouble(p.comm_s),
       " exposed=", FormatDouble(p.exposed_comm_s),
-      " copy=", FormatDouble(p.copy_s), " peak=", p.peak_bytes, "\n");
+      " copy=", FormatDouble(p.copy_s), " peak=", p.peak_bytes,
+      p.work > 0 ? absl::StrCat(" work=", FormatDouble(p.work)) : "", "\n");
   const Provenance& v = schedule.provenance;
   out += "provenance";
   if (!v.passes.empty()) {
@@ -1441,6 +1444,8 @@ std::string PrintProfile(const Profile& profile) {
       profile.peak_min_bytes > 0
           ? absl::StrCat(" peak_min=", profile.peak_min_bytes)
           : "",
+      profile.work > 0 ? absl::StrCat(" work=", FormatDouble(profile.work))
+                       : "",
       profile.host_copy_bytes > 0 || profile.host_copy_s > 0
           ? absl::StrCat(" copied=", profile.host_copy_bytes,
                          " copy_time=", FormatDouble(profile.host_copy_s))

@@ -354,10 +354,11 @@ absl::Status ValidateSchedule(const Schedule& schedule, const Graph& graph) {
   const Prediction& p = schedule.prediction;
   if (!FiniteNonNegative(p.iteration_s) || !FiniteNonNegative(p.compute_s) ||
       !FiniteNonNegative(p.comm_s) || !FiniteNonNegative(p.exposed_comm_s) ||
-      !FiniteNonNegative(p.copy_s) || p.peak_bytes < 0) {
+      !FiniteNonNegative(p.copy_s) || p.peak_bytes < 0 ||
+      !FiniteNonNegative(p.work)) {
     return absl::InvalidArgumentError(
         "schedule prediction has a negative or non-finite value; predictions "
-        "are times in seconds and bytes, all >= 0.");
+        "are times in seconds, bytes and work (batch elements), all >= 0.");
   }
   if (!FiniteNonNegative(schedule.provenance.plan_wall_s) ||
       schedule.provenance.window_first_iteration >
@@ -392,6 +393,7 @@ absl::Status ValidateProfile(const Profile& profile, const Graph& graph) {
   if (!FiniteNonNegative(profile.iteration_s) || profile.peak_bytes < 0 ||
       profile.peak_min_bytes < 0 ||
       profile.peak_min_bytes > profile.peak_bytes ||
+      !FiniteNonNegative(profile.work) ||
       // -1: the least-memory fallback (common/lowering/least_memory.h).
       profile.schedule_version < -1 || profile.host_copy_bytes < 0 ||
       !FiniteNonNegative(profile.host_copy_s) ||
@@ -400,8 +402,9 @@ absl::Status ValidateProfile(const Profile& profile, const Graph& graph) {
       !FiniteNonNegative(profile.compute_s_per_copy_byte)) {
     return absl::InvalidArgumentError(
         "profile iteration time, peak bytes (the smallest peak at most the "
-        "largest), schedule version (>= -1), host-copy bytes and time and "
-        "the compute seconds per transferred byte must be finite and >= 0.");
+        "largest), work, schedule version (>= -1), host-copy bytes and time "
+        "and the compute seconds per transferred byte must be finite and "
+        ">= 0.");
   }
   const GraphIndex index(graph);
   Problems bad("invalid profile entries");

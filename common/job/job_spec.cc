@@ -11,6 +11,7 @@
 #include "common/archive/model_archive.h"
 #include "common/archive/tensor_data.h"
 #include "common/ir/proto_convert.h"
+#include "common/job/lr_schedule.h"
 
 namespace tandem {
 namespace {
@@ -47,6 +48,35 @@ class FieldErrors {
 template <typename T>
 void AtLeast(FieldErrors& errors, const char* path, T value, T min) {
   if (value < min) errors.Add(path, " must be >= ", min, ", got ", value);
+}
+
+// train.lr_schedule, warmup_steps and min_lr (common/job/lr_schedule.h).
+void ValidateLrSchedule(const v1::TrainSpec& t, FieldErrors& errors) {
+  const std::string& kind = t.lr_schedule();
+  if (std::find(kLrScheduleNames.begin(), kLrScheduleNames.end(), kind) ==
+      kLrScheduleNames.end()) {
+    errors.Add("train.lr_schedule must be one of ",
+               absl::StrJoin(kLrScheduleNames, ", "), ", got '", kind, "'");
+  }
+  if (t.warmup_steps() < 0) {
+    errors.Add("train.warmup_steps must be >= 0 (0: no warm-up), got ",
+               t.warmup_steps());
+  } else if (t.steps() >= 1 && t.warmup_steps() >= t.steps()) {
+    errors.Add("train.warmup_steps must be < train.steps (", t.steps(),
+               ") so that the run reaches train.lr, got ", t.warmup_steps());
+  }
+  if (!(std::isfinite(t.min_lr()) && t.min_lr() >= 0)) {
+    errors.Add("train.min_lr must be >= 0, got ", t.min_lr());
+  } else if (kind == "constant" && t.min_lr() != 0) {
+    errors.Add(
+        "train.min_lr is the floor of a decaying schedule, unused by "
+        "train.lr_schedule constant: set lr_schedule to cosine or "
+        "linear, or remove min_lr (got ",
+        t.min_lr(), ")");
+  } else if (t.lr() > 0 && t.min_lr() > t.lr()) {
+    errors.Add("train.min_lr must be <= train.lr (", t.lr(),
+               "), the peak it decays from, got ", t.min_lr());
+  }
 }
 
 // data.kind tensors: the file at data.path (OpenTensorDataFile) holds an
@@ -160,6 +190,7 @@ void ApplyJobSpecDefaults(v1::JobSpec& spec) {
 
   v1::TrainSpec& t = *spec.mutable_train();
   if (t.lr() == 0) t.set_lr(1e-3);
+  if (t.lr_schedule().empty()) t.set_lr_schedule("constant");
   if (t.beta1() == 0) t.set_beta1(0.9);
   if (t.beta2() == 0) t.set_beta2(0.95);
   if (t.eps() == 0) t.set_eps(1e-8);
@@ -265,6 +296,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
   if (!(std::isfinite(t.lr()) && t.lr() > 0)) {
     errors.Add("train.lr must be > 0, got ", t.lr());
   }
+  ValidateLrSchedule(t, errors);
   if (!(std::isfinite(t.weight_decay()) && t.weight_decay() >= 0)) {
     errors.Add("train.weight_decay must be >= 0, got ", t.weight_decay());
   }

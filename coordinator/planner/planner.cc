@@ -601,6 +601,8 @@ absl::StatusOr<PlanResult> PlanFromMeasurements(const Graph& graph,
     result.schedule.provenance.window_first_iteration =
         profile->first_iteration;
     result.schedule.provenance.window_last_iteration = profile->last_iteration;
+    // The node times were measured at this work: so is the prediction.
+    result.schedule.prediction.work = profile->work;
   }
   return result;
 }

@@ -18,6 +18,12 @@
 namespace tandem {
 namespace {
 
+// A schedule's predicted iteration time at the job's reference work (the
+// prediction is for the work of the window it was planned from).
+double PredictedAtReference(const WorkScale& work, const v1::Prediction& p) {
+  return work.ToReference(p.iteration_s(), p.work());
+}
+
 // How far the budget of a job with memory.budget_bytes 0 (the memory its
 // devices report) may move between runs for a cached plan to apply.
 constexpr double kCachedBudgetTolerance = 0.05;
@@ -140,9 +146,13 @@ absl::Status PlanningManager::Recover() {
       state.devices[w.rank] = {w.hostname, w.device, w.device_memory_bytes};
     }
     if (!state.schedules.empty()) {
+      // The reference work is the first plan's window's.
+      state.work.SetReference(
+          state.schedules.front().schedule.prediction().work());
       const v1::Schedule& s = state.schedules.back().schedule;
-      state.drift->SetPrediction(s.prediction().iteration_s(),
-                                 s.prediction().peak_bytes());
+      state.drift->SetPrediction(
+          PredictedAtReference(state.work, s.prediction()),
+          s.prediction().peak_bytes());
     }
   }
   return absl::OkStatus();
@@ -247,6 +257,8 @@ void PlanningManager::OnWindowLocked(const std::string& job_id,
   (void)store_->PutProfile(job_id, ToProto(aggregate));
   state.latest = std::move(aggregate);
   const Profile& latest = *state.latest;
+  // Times are scaled to the work of the window the first plan is made from.
+  state.work.SetReference(latest.work);
 
   // Under the memory guard, the ranks run the least-memory schedule.
   const int64_t active_version =
@@ -274,16 +286,23 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
   std::lock_guard<std::mutex> lock(mu_);
   JobPlanning& state = State(job_id, *job);
   state.max_step = std::max(state.max_step, progress.step());
-  auto& [slowest, peak, ranks] = state.steps[progress.step()];
+  auto& [slowest, peak, ranks, work] = state.steps[progress.step()];
   slowest = std::max(slowest, progress.iteration_s());
   peak = std::max(peak, progress.peak_bytes());
+  work = std::max(work, progress.work());
   if (++ranks < state.spec.parallel().world_size()) return;
-  const double measured = slowest;
+  // With variable-length batches, what the step would have taken at the
+  // reference work: every comparison below is at that one work.
+  state.work.Record(progress.schedule_version(), slowest,
+                    static_cast<double>(work));
+  const double measured =
+      state.work.ToReference(slowest, static_cast<double>(work));
+  const double measured_s = slowest;
   const int64_t measured_peak = peak;
   state.steps.erase(state.steps.begin(),
                     std::next(state.steps.find(progress.step())));
   if (metrics_ != nullptr) {
-    metrics_->measured_iteration_seconds->WithLabels({job_id}).Set(measured);
+    metrics_->measured_iteration_seconds->WithLabels({job_id}).Set(measured_s);
   }
   auto [range, first_step] = state.peak_by_version.try_emplace(
       progress.schedule_version(), measured_peak, measured_peak);
@@ -299,8 +318,11 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
   const int64_t active_version =
       state.schedules.empty() ? 0 : state.schedules.back().schedule.version();
   if (active_version == 0 || progress.schedule_version() != active_version) {
-    // The baseline's steps measure the job's noise for the first plan.
-    if (active_version == 0 && progress.schedule_version() == 0) {
+    // The baseline's steps measure the job's noise for the first plan,
+    // those run while that plan is on its way to the ranks included (with a
+    // short warm-up they are most of what the first windows are judged
+    // against).
+    if (progress.schedule_version() == 0 && !state.drift->has_prediction()) {
       state.drift->ObserveUnpredicted(measured);
     }
     return;
@@ -351,8 +373,8 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
   }
   if (reason.has_value() && state.pending_reason.empty() && !state.queued) {
     state.pending_reason = *reason;
-    const double predicted =
-        state.schedules.back().schedule.prediction().iteration_s();
+    const double predicted = PredictedAtReference(
+        state.work, state.schedules.back().schedule.prediction());
     (void)jobs_->RecordEvent(
         job_id, "drift",
         *reason == "drift"
@@ -481,7 +503,8 @@ void PlanningManager::ReportOutcomeLocked(const std::string& job_id,
   const double predicted =
       state.schedules.empty()
           ? 0
-          : state.schedules.back().schedule.prediction().iteration_s();
+          : PredictedAtReference(state.work,
+                                 state.schedules.back().schedule.prediction());
   (void)jobs_->UpdateOutcome(job_id, speedup, predicted, now->median_s);
   if (metrics_ != nullptr && speedup > 0) {
     metrics_->speedup->WithLabels({job_id}).Set(speedup);
@@ -539,8 +562,9 @@ void PlanningManager::OnScheduleActive(const std::string& job_id,
   if (version > 0) it->second.guard_active = false;
   for (const StoredSchedule& s : it->second.schedules) {
     if (s.schedule.version() == version) {
-      it->second.drift->SetPrediction(s.schedule.prediction().iteration_s(),
-                                      s.schedule.prediction().peak_bytes());
+      it->second.drift->SetPrediction(
+          PredictedAtReference(it->second.work, s.schedule.prediction()),
+          s.schedule.prediction().peak_bytes());
       if (metrics_ != nullptr) {
         metrics_->schedule_version->WithLabels({job_id}).Set(version);
         metrics_->predicted_iteration_seconds->WithLabels({job_id}).Set(
@@ -626,6 +650,8 @@ void PlanningManager::PlanOne(const std::string& job_id,
   // evidence the interference model is re-fitted to.
   std::vector<std::pair<int64_t, double>> measured_versions;
   std::map<int64_t, v1::Schedule> measured_schedules;
+  // Measured times are at the job's reference work (WorkScale).
+  WorkScale work;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = state_.find(job_id);
@@ -636,6 +662,7 @@ void PlanningManager::PlanOne(const std::string& job_id,
     }
     graph = *it->second.profiles.graph();
     if (it->second.latest) profile = *it->second.latest;
+    work = it->second.work;
     if (cached_plan) {
       cached_from = it->second.cached_from;
       cached = it->second.cached;
@@ -721,6 +748,7 @@ void PlanningManager::PlanOne(const std::string& job_id,
           absl::StrCat("rollback-to-v", rollback_to));
       if (rollback_measured_s > 0) {
         back->prediction.iteration_s = rollback_measured_s;
+        back->prediction.work = work.reference();
       }
       planned_on = "the measurements";
       return back;
@@ -746,7 +774,11 @@ void PlanningManager::PlanOne(const std::string& job_id,
           measured_version == 0
               ? StartingSchedule(graph, options.mode)
               : FromProto(measured_schedules[measured_version]);
-      if (s.ok()) options.measured.emplace_back(*std::move(s), seconds);
+      // Evidence at the work the profile's node times were measured at.
+      if (s.ok()) {
+        options.measured.emplace_back(
+            *std::move(s), work.Scale(seconds, work.reference(), profile.work));
+      }
     }
     absl::StatusOr<PlanResult> result =
         PlanFromMeasurements(graph, hardware.hw, &profile,
@@ -904,7 +936,7 @@ std::string PlanningManager::KeepActive(const std::string& job_id,
   const v1::Schedule& active = state.schedules.back().schedule;
   // Its median, else the window that drifted, else (unmeasured) the
   // prediction.
-  double expected = active.prediction().iteration_s();
+  double expected = PredictedAtReference(state.work, active.prediction());
   if (std::optional<ScheduleMeasurements::Summary> m =
           state.measured.Summarize(active.version())) {
     expected = m->median_s;

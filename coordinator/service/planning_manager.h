@@ -56,6 +56,7 @@
 #include "coordinator/service/job_manager.h"
 #include "coordinator/service/profile_aggregator.h"
 #include "coordinator/service/schedule_measurements.h"
+#include "coordinator/service/work_scale.h"
 #include "coordinator/store/job_store.h"
 #include "tandem/v1/worker_service.pb.h"
 
@@ -158,8 +159,12 @@ class PlanningManager {
     std::optional<v1::Schedule> cached;
     // The cache was looked up (once the graph and every device are known).
     bool cache_checked = false;
-    // step -> (slowest iteration_s, largest peak, ranks reported).
-    std::map<int64_t, std::tuple<double, int64_t, int>> steps;
+    // step -> (slowest iteration_s, largest peak, ranks reported, largest
+    // work).
+    std::map<int64_t, std::tuple<double, int64_t, int, int64_t>> steps;
+    // Step times scaled to one work (variable-length batches): what the
+    // drift detector, the rollback evidence and the outcome compare.
+    WorkScale work;
     int64_t max_step = 0;
     // Smallest and largest step peak (each the largest over the ranks) per
     // schedule version.

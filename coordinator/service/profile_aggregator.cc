@@ -23,6 +23,8 @@ absl::StatusOr<Profile> AggregateProfiles(
   for (const auto& [rank, p] : by_rank) {
     out.iteration_s = std::max(out.iteration_s, p.iteration_s);
     out.peak_bytes = std::max(out.peak_bytes, p.peak_bytes);
+    // Like node times: the rank with the most work sets the pace.
+    out.work = std::max(out.work, p.work);
     if (p.peak_min_bytes > 0) {
       out.peak_min_bytes = out.peak_min_bytes > 0
                                ? std::min(out.peak_min_bytes, p.peak_min_bytes)

@@ -27,10 +27,10 @@
 
 namespace tandem {
 
-// The aggregate of one window over ranks: iteration time, peak and each
-// node's time are the maxima over ranks (a node absent from the first rank's
-// profile is added; a node's overlap bytes are those of the rank whose time
-// is kept), and so are the interference probe's compute seconds per byte.
+// The aggregate of one window over ranks: iteration time, peak, work and
+// each node's time are the maxima over ranks (a node absent from the first
+// rank's profile is added; a node's overlap bytes are those of the rank whose
+// time is kept), and so are the interference probe's compute seconds per byte.
 // Collectives and memory samples are matched by position, and only against
 // ranks whose lists have the first rank's length (a rank that recorded a
 // different sequence cannot be matched entry by entry); issue-to-done and

@@ -176,6 +176,100 @@ def test_exported_model_planned_and_switched_matches_pytorch(
         f"{name} world {world}: params' relative error {total:.2e}")
 
 
+VAR_STEPS = 30
+VAR_SAMPLES = 30
+VAR_SEQ = 128
+
+
+def variable_length_arrays(size):
+    """GPT sequences of lengths 1..VAR_SEQ: each step's `size` samples are
+    capped by one of 16, 128, 32, 64 or 128 tokens (so whole steps differ
+    several times over in work), and every micro-batch is cut to its longest
+    sample (so ranks differ within a step)."""
+    g = torch.Generator().manual_seed(11)
+    seqs = torch.randint(0, VOCAB, (VAR_SAMPLES, VAR_SEQ + 1), generator=g)
+    caps = torch.tensor([16, 128, 32, 64, 128])[
+        torch.arange(VAR_SAMPLES) // size % 5]
+    lengths = 1 + (torch.rand(VAR_SAMPLES, generator=g) * caps).long()
+    return {"input_ids": seqs[:, :-1].contiguous(),
+            "labels": seqs[:, 1:].contiguous(), "lengths": lengths}
+
+
+def build_variable_gpt():
+    """The test GPT, wide and long enough (width 128, 128 positions) that a
+    step's compute, which follows its lengths, outweighs the machine's
+    noise."""
+    gpt = numerics.load_model("gpt")
+    torch.manual_seed(0)
+    module = gpt.GPT(vocab=VOCAB, d_model=128, n_head=4, n_layer=3,
+                     block_size=VAR_SEQ)
+    return module, gpt.example_batch(vocab=VOCAB, batch=4, seq=VAR_SEQ)
+
+
+def test_variable_lengths_under_default_drift_no_replan(tmp_path, coordinator):
+    """Variable-length batches through the coordinator with the default
+    drift settings: ranks run different lengths within a step and steps
+    differ several times over in work, yet the job is planned once, never
+    re-planned or rolled back (the coordinator judges step times scaled to
+    one work, coordinator/README.md "Variable work"), and trains like
+    PyTorch eager on the global token mean for VAR_STEPS steps."""
+    world = 2
+    module, batch = build_variable_gpt()
+    archive = str(tmp_path / "gpt.tandem")
+    manifest = tandem.export(module, batch, path=archive)
+    size = numerics.GLOBAL_BATCH
+    arrays = variable_length_arrays(size)
+    data = tmp_path / "gpt.safetensors"
+    with open(data, "wb") as f:
+        tandem.export.write_safetensors(list(arrays.items()), f)
+
+    def batch_of(_, step):
+        rows = torch.tensor([i % VAR_SAMPLES
+                             for i in range(step * size, (step + 1) * size)])
+        labels = arrays["labels"][rows].clone()
+        past = (torch.arange(VAR_SEQ)[None, :] >=
+                arrays["lengths"][rows][:, None])
+        labels[past] = -100
+        return {"input_ids": arrays["input_ids"][rows], "labels": labels}
+
+    # The ranks' cuts differ within a step, and steps differ.
+    m = size // world
+    cuts = [[int(arrays["lengths"][[(s * size + r * m + i) % VAR_SAMPLES
+                                    for i in range(m)]].max())
+             for r in range(world)] for s in range(VAR_STEPS)]
+    assert sum(len(set(c)) > 1 for c in cuts) >= VAR_STEPS // 4, cuts
+    assert len({max(c) for c in cuts}) >= 4, cuts
+
+    ckpt = tmp_path / "ckpt"
+    spec = job_spec(archive, {"tensors": str(data)}, world, str(ckpt),
+                    train={"steps": VAR_STEPS},
+                    checkpoint={"every": VAR_STEPS})
+    spec["optimize"] = {"warmup_steps": WARMUP}  # drift at its defaults
+    with tandem.Client(coordinator.address, timeout=10) as client:
+        job = client.submit(spec)
+        runs = run_workers(tmp_path, coordinator.address, job.id, world)
+        final, events = client.get(job.id)
+    messages = [f"{e.kind}: {e.message}" for e in events]
+    assert final.state == job_pb2.JOB_STATE_SUCCEEDED, messages
+    assert any("v1 (initial)" in m for m in messages), messages
+    unplanned = [m for m in messages
+                 if m.split(":")[0] in ("drift", "replan", "rollback",
+                                        "memory-guard")]
+    assert not unplanned, messages
+    versions = [d["schedule_version"] for d in runs[0]]
+    assert versions[0] == 0 and versions[-1] == 1, versions
+
+    module, _ = build_variable_gpt()
+    ref_losses, ref_params = numerics.reference(module, None, steps=VAR_STEPS,
+                                                batch_of=batch_of)
+    init, _ = build_variable_gpt()
+    numerics.check_matches(
+        "GPT variable lengths under the coordinator",
+        [d["loss"] for d in runs[0]], ref_losses,
+        numerics.final_params(str(ckpt), world, manifest), ref_params,
+        dict(init.named_parameters()), manifest, steps=VAR_STEPS)
+
+
 def test_archive_budget_below_its_params_refused_at_submit(tmp_path, coordinator):
     gpt = numerics.load_model("gpt")
     module, batch = gpt.build()

@@ -265,7 +265,7 @@ def split_noise(params, noise):
 
 
 def check_matches(what, losses, ref_losses, got_params, ref_params,
-                  init_params, manifest, noise=None):
+                  init_params, manifest, noise=None, steps=STEPS):
     """Losses step by step within RTOL of PyTorch's; all parameters as one
     vector within RTOL, each tensor within 10 * RTOL; and the run trained.
     `noise` ({param: slice}, key_biases) names elements whose true gradient
@@ -274,7 +274,7 @@ def check_matches(what, losses, ref_losses, got_params, ref_params,
     agree on. They are checked to have stayed small instead: an element with
     a real gradient moves by about lr per step (AdamW normalizes its step),
     while noise far below eps = 1e-8 moves it by a fraction of that."""
-    assert len(losses) == STEPS, f"{what}: {len(losses)} steps reported"
+    assert len(losses) == steps, f"{what}: {len(losses)} steps reported"
     for step, (got, want) in enumerate(zip(losses, ref_losses)):
         assert abs(got - want) <= RTOL * abs(want), (
             f"{what} step {step}: loss {got} vs PyTorch {want}")
@@ -287,9 +287,9 @@ def check_matches(what, losses, ref_losses, got_params, ref_params,
         for n in noise:
             for which, t in (("worker", got_noise[n]), ("PyTorch", ref_noise[n])):
                 drift = (t - init_noise[n]).abs().max().item()
-                assert drift <= 0.25 * STEPS * LR, (
+                assert drift <= 0.25 * steps * LR, (
                     f"{what}: {which}'s {n}[{noise[n].start}:{noise[n].stop}] "
-                    f"moved {drift:.3g}, a quarter of {STEPS} AdamW steps of "
+                    f"moved {drift:.3g}, a quarter of {steps} AdamW steps of "
                     f"lr {LR} or more: its gradient was not zero")
     # All parameters as one vector: relative error 1e-5. Per tensor, 1e-4:
     # a tensor initialized at zero (a LayerNorm or linear bias) has a norm of

@@ -14,6 +14,7 @@
 #include "common/archive/model_archive.h"
 #include "common/status_macros.h"
 #include "torch/csrc/jit/api/module.h"
+#include "torch/csrc/jit/runtime/graph_executor.h"
 #include "torch/csrc/jit/serialization/import.h"
 #include "worker/runtime/torch_status.h"
 
@@ -90,6 +91,12 @@ std::vector<at::Tensor> RunUnit(LoadedUnit& unit,
     for (const at::Tensor& b : unit.buffers) args.emplace_back(b);
   }
   for (const at::Tensor& in : inputs) args.emplace_back(in);
+  // TorchScript's profiling executor would time its first runs as profiling
+  // and compiling, and compile again for every new input shape (a
+  // variable-length batch); its CPU graphs fuse nothing. Units run their
+  // graphs as written instead: every step, shape and rank costs what the
+  // ops cost, as in eager mode (worker/README.md, "Exported models").
+  torch::jit::GraphOptimizerEnabledGuard interpreted(false);
   const c10::IValue result = unit.module.forward(std::move(args));
   std::vector<at::Tensor> out;
   if (result.isTuple()) {

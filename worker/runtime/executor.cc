@@ -634,6 +634,10 @@ absl::StatusOr<StepStats> Executor::RunStep(
     }
   }
   StepStats stats;
+  for (const MicroBatch& batch : batches) {
+    for (const auto& [name, tensor] : batch.tensors)
+      stats.work += tensor.numel();
+  }
   absl::Status status = TorchCall(absl::StrCat("step ", step_),
                                   [&] { return RunStepImpl(batches, &stats); });
   it_.reset();
@@ -731,8 +735,9 @@ absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
     it_->copies.push_back({"reload (left on host)", bytes,
                            store_->ReloadStates(on_host, *host_)});
   }
-  const double copy_wait_s =
-      store_->AdamWStep(options_.adamw, factor, step_ + 1);
+  AdamWOptions adamw = options_.adamw;
+  if (options_.lr_schedule) adamw.lr = options_.lr_schedule(step_);
+  const double copy_wait_s = store_->AdamWStep(adamw, factor, step_ + 1);
   RunActions(optimizer, AnchorPosition::kAfter);
   if (profiler_.enabled()) {
     profiler_.RecordNode(optimizer, Since(optimizer_start));
@@ -775,7 +780,7 @@ absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
                            c.handle->finished_at());
     }
   }
-  profiler_.EndIteration(stats->iteration_s, stats->peak_bytes);
+  profiler_.EndIteration(stats->iteration_s, stats->peak_bytes, stats->work);
   if (options_.budget_bytes <= 0) return absl::OkStatus();
   const bool switched = previous != nullptr;
   if (switched) {

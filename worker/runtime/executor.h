@@ -32,6 +32,7 @@
 #define TANDEM_WORKER_RUNTIME_EXECUTOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -57,6 +58,11 @@ namespace tandem {
 
 struct ExecutorOptions {
   AdamWOptions adamw;
+  // The learning rate of iteration `step` (0-based over the whole job: the
+  // first RunStep's is first_step, so a resumed job continues its curve),
+  // used in place of adamw.lr at that step's optimizer update. Empty:
+  // adamw.lr at every step. TrainingJob passes common/job/lr_schedule.h's.
+  std::function<double(int64_t step)> lr_schedule;
   // Peak bytes an iteration may reach (the meter's); 0 disables the check
   // and the memory guard.
   int64_t budget_bytes = 0;
@@ -99,6 +105,11 @@ struct StepStats {
   // this step; guard_reason says which peak tripped it.
   bool memory_guard = false;
   std::string guard_reason;
+  // Elements of this rank's batch inputs over its micro-batches: what the
+  // step's compute scales with. Constant for fixed shapes; with
+  // variable-length batches it tells the coordinator's drift detection how
+  // much work a step held (coordinator/README.md, "Variable work").
+  int64_t work = 0;
 };
 
 // Checks that this runtime can execute `schedule` on `graph`: the graph hash

@@ -72,12 +72,14 @@ void Profiler::RecordCopy(absl::string_view label, int64_t bytes,
   host_copy_s_ += std::chrono::duration<double>(end - start).count();
 }
 
-void Profiler::EndIteration(double iteration_s, int64_t peak_bytes) {
+void Profiler::EndIteration(double iteration_s, int64_t peak_bytes,
+                            int64_t work) {
   if (!enabled_) return;
   timeline_.End(iteration_s, peak_bytes);
   AccumulateOverlaps(timeline_.last());
   ++iterations_;
   iteration_sum_s_ += iteration_s;
+  work_sum_ += static_cast<double>(work);
   peak_bytes_ = std::max(peak_bytes_, peak_bytes);
   peak_min_bytes_ =
       peak_min_bytes_ > 0 ? std::min(peak_min_bytes_, peak_bytes) : peak_bytes;
@@ -178,6 +180,7 @@ Profile Profiler::Snapshot(const std::string& graph_hash, int32_t rank) const {
   p.first_iteration = first_iteration_;
   p.last_iteration = last_iteration_;
   p.iteration_s = iterations_ > 0 ? iteration_sum_s_ / iterations_ : 0;
+  p.work = iterations_ > 0 ? work_sum_ / iterations_ : 0;
   p.peak_bytes = peak_bytes_;
   p.peak_min_bytes = peak_min_bytes_;
   p.host_copy_bytes = host_copy_bytes_;
@@ -215,6 +218,7 @@ Profile Profiler::Snapshot(const std::string& graph_hash, int32_t rank) const {
 void Profiler::Reset() {
   iterations_ = 0;
   iteration_sum_s_ = 0;
+  work_sum_ = 0;
   peak_bytes_ = 0;
   peak_min_bytes_ = 0;
   host_copy_bytes_ = 0;

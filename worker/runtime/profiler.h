@@ -58,7 +58,9 @@ class Profiler {
   void RecordCopy(absl::string_view label, int64_t bytes,
                   TimelineClock::time_point start,
                   TimelineClock::time_point end);
-  void EndIteration(double iteration_s, int64_t peak_bytes);
+  // `work`: the elements of the iteration's batch inputs (StepStats::work),
+  // averaged into the window's Profile::work.
+  void EndIteration(double iteration_s, int64_t peak_bytes, int64_t work = 0);
   // The interference probe's compute seconds per byte moved
   // (interference_probe.h), reported in every snapshot.
   void SetInterference(double per_allgather_byte,
@@ -106,6 +108,7 @@ class Profiler {
   int64_t last_iteration_ = 0;
   int iterations_ = 0;
   double iteration_sum_s_ = 0;
+  double work_sum_ = 0;
   int64_t peak_bytes_ = 0;
   // The smallest iteration peak in the window (0: no iteration yet).
   int64_t peak_min_bytes_ = 0;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/job/job_spec.h"
+#include "common/job/lr_schedule.h"
 #include "common/models/graph_builder.h"
 #include "common/status_macros.h"
 #include "worker/data/micro_batch.h"
@@ -253,6 +254,11 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
   exec.adamw.eps = spec.train().eps();
   exec.adamw.weight_decay = spec.train().weight_decay();
   exec.adamw.grad_clip = spec.train().grad_clip();
+  // Each step's rate from train.lr_schedule, by the executor's own step
+  // count, which starts at the checkpoint's step on a resume.
+  exec.lr_schedule = [train = spec.train()](int64_t step) {
+    return LearningRate(train, step);
+  };
   exec.budget_bytes = spec.memory().budget_bytes();
   ASSIGN_OR_RETURN(
       job->executor_,
@@ -473,8 +479,8 @@ std::string StepJson(const StepStats& s, int rank) {
                       ",\"exposed_comm_s\":", json(s.exposed_comm_s),
                       ",\"peak_bytes\":", s.peak_bytes,
                       ",\"schedule_version\":", s.schedule_version,
-                      ",\"grad_norm\":", json(s.grad_norm), ",\"rank\":", rank,
-                      "}");
+                      ",\"grad_norm\":", json(s.grad_norm), ",\"work\":", s.work,
+                      ",\"rank\":", rank, "}");
 }
 
 }  // namespace tandem

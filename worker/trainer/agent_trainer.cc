@@ -141,6 +141,12 @@ absl::Status Train(const AgentTrainerOptions& options, MemoryMeter* meter,
           : std::max(1, static_cast<int>(spec.optimize().warmup_steps()));
   int in_window = 0;
   int64_t applied_version = executor.active_schedule().version;
+  // The process's first step pays one-time costs (first calls into the
+  // model, the allocator's first blocks, the collectives' connections), and
+  // a schedule's first step its own (new buffers, the persistent params'
+  // gathers): neither is profiled, or the plan made from the window would
+  // price them into every step (worker/README.md, "Profiling").
+  bool unprofiled = true;
 
   auto stop_signal = [&]() -> absl::Status {
     const int signal = options.stop_signal ? options.stop_signal->load() : 0;
@@ -180,7 +186,7 @@ absl::Status Train(const AgentTrainerOptions& options, MemoryMeter* meter,
       if (applied_version != kLeastMemoryVersion) {
         agent.ReportApplied(applied_version, step);
       }
-      in_window = 0;  // the profiler started a new window
+      unprofiled = true;
     }
     if (s.memory_guard) {
       // Every rank runs the least-memory schedule from the next step: the
@@ -195,12 +201,17 @@ absl::Status Train(const AgentTrainerOptions& options, MemoryMeter* meter,
     progress.set_exposed_comm_s(s.exposed_comm_s);
     progress.set_peak_bytes(s.peak_bytes);
     progress.set_schedule_version(s.schedule_version);
+    progress.set_work(s.work);
     // The last step's trace goes before its progress: once every rank's last
     // step arrived the job ends and the coordinator reads no further.
     const bool last_step = step + 1 == spec.train().steps();
     if (last_step) report_timeline();
     agent.ReportProgress(progress);
-    if (++in_window >= window) {
+    if (unprofiled) {
+      executor.profiler().Reset();
+      in_window = 0;
+      unprofiled = false;
+    } else if (++in_window >= window) {
       agent.ReportProfile(ToProto(executor.ProfileSnapshot()));
       if (!last_step) report_timeline();
       executor.profiler().Reset();

@@ -3,11 +3,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/job/lr_schedule.h"
 
 namespace tandem {
 namespace {
@@ -149,6 +152,40 @@ INSTANTIATE_TEST_SUITE_P(
                  "train.steps must be >= 1, got 0"},
         SpecCase{"lr", [](v1::JobSpec& s) { s.mutable_train()->set_lr(-1); },
                  "train.lr must be > 0, got -1"},
+        SpecCase{
+            "lr_schedule",
+            [](v1::JobSpec& s) { s.mutable_train()->set_lr_schedule("cosin"); },
+            "train.lr_schedule must be one of constant, cosine, linear, "
+            "got 'cosin'"},
+        SpecCase{
+            "warmup_negative",
+            [](v1::JobSpec& s) { s.mutable_train()->set_warmup_steps(-1); },
+            "train.warmup_steps must be >= 0 (0: no warm-up), got -1"},
+        SpecCase{"warmup_whole_run",
+                 [](v1::JobSpec& s) {
+                   s.mutable_train()->set_lr_schedule("cosine");
+                   s.mutable_train()->set_warmup_steps(5);
+                 },
+                 "train.warmup_steps must be < train.steps (5) so that the "
+                 "run reaches train.lr, got 5"},
+        SpecCase{"min_lr_negative",
+                 [](v1::JobSpec& s) {
+                   s.mutable_train()->set_lr_schedule("linear");
+                   s.mutable_train()->set_min_lr(-1e-5);
+                 },
+                 "train.min_lr must be >= 0, got -1e-05"},
+        SpecCase{"min_lr_above_lr",
+                 [](v1::JobSpec& s) {
+                   s.mutable_train()->set_lr_schedule("cosine");
+                   s.mutable_train()->set_min_lr(0.01);
+                 },
+                 "train.min_lr must be <= train.lr (0.001), the peak it "
+                 "decays from, got 0.01"},
+        SpecCase{"min_lr_constant",
+                 [](v1::JobSpec& s) { s.mutable_train()->set_min_lr(1e-4); },
+                 "train.min_lr is the floor of a decaying schedule, unused by "
+                 "train.lr_schedule constant: set lr_schedule to cosine or "
+                 "linear, or remove min_lr (got 0.0001)"},
         SpecCase{"beta",
                  [](v1::JobSpec& s) { s.mutable_train()->set_beta2(1.5); },
                  "train.beta2 must be in [0, 1)"},
@@ -192,6 +229,22 @@ INSTANTIATE_TEST_SUITE_P(
             "comm.max_in_flight must be between 1 and 64, got 65"}),
     [](const auto& info) { return std::string(info.param.what); });
 
+TEST(JobSpecTest, LrSchedule_DefaultsToConstant_DecaysValidate) {
+  v1::JobSpec spec = TinySpec();
+  EXPECT_EQ(spec.train().lr_schedule(), "constant");
+  EXPECT_EQ(spec.train().warmup_steps(), 0);
+  EXPECT_EQ(spec.train().min_lr(), 0);
+  // Warm-up to the last step but one, a floor equal to the peak: the
+  // extremes allowed.
+  spec.mutable_train()->set_lr_schedule("cosine");
+  spec.mutable_train()->set_warmup_steps(4);
+  spec.mutable_train()->set_min_lr(spec.train().lr());
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  spec.mutable_train()->set_lr_schedule("constant");
+  spec.mutable_train()->set_min_lr(0);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+}
+
 TEST(JobSpecTest, SeveralErrors_AreAllListed) {
   v1::JobSpec spec = TinySpec();
   spec.mutable_parallel()->set_world_size(0);
@@ -199,6 +252,105 @@ TEST(JobSpecTest, SeveralErrors_AreAllListed) {
   const std::string msg(ValidateJobSpec(spec).message());
   EXPECT_THAT(msg, HasSubstr("parallel.world_size"));
   EXPECT_THAT(msg, HasSubstr("batch.seq_len"));
+}
+
+}  // namespace
+}  // namespace tandem
+
+// ------------------------------------------- LearningRate (lr_schedule.h)
+
+namespace tandem {
+namespace {
+
+v1::TrainSpec Train(const char* schedule, int64_t steps, int64_t warmup,
+                    double lr, double min_lr) {
+  v1::TrainSpec t;
+  t.set_lr_schedule(schedule);
+  t.set_steps(steps);
+  t.set_warmup_steps(warmup);
+  t.set_lr(lr);
+  t.set_min_lr(min_lr);
+  return t;
+}
+
+TEST(LearningRateTest, Constant_NoWarmup_IsLrThroughout) {
+  const v1::TrainSpec t = Train("constant", 10, 0, 3e-4, 0);
+  for (int64_t s : {0, 1, 9, 10, 1000}) {
+    EXPECT_DOUBLE_EQ(LearningRate(t, s), 3e-4) << s;
+  }
+  // Before defaults, an empty schedule is constant.
+  EXPECT_DOUBLE_EQ(LearningRate(Train("", 10, 0, 3e-4, 0), 7), 3e-4);
+}
+
+TEST(LearningRateTest, Warmup_ClimbsToLrAtStepW_ThenConstant) {
+  const v1::TrainSpec t = Train("constant", 10, 3, 1.0, 0);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 0), 0.25);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 1), 0.5);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 2), 0.75);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 3), 1.0);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 9), 1.0);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 50), 1.0);
+  // A negative step is step 0.
+  EXPECT_DOUBLE_EQ(LearningRate(t, -3), 0.25);
+}
+
+TEST(LearningRateTest, Cosine_NoWarmup_ReachesFloorAtStepN) {
+  const double pi = std::acos(-1.0);
+  const v1::TrainSpec t = Train("cosine", 10, 0, 1.0, 0.1);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 0), 1.0);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 5), 0.55);  // halfway
+  // The last step runs one decay step above the floor; step N is the floor.
+  EXPECT_DOUBLE_EQ(LearningRate(t, 9),
+                   0.1 + 0.9 * (1 + std::cos(pi * 9 / 10)) / 2);
+  EXPECT_GT(LearningRate(t, 9), 0.1);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 10), 0.1);
+  // Beyond N it stays at the floor (torch's cosine would climb back).
+  EXPECT_DOUBLE_EQ(LearningRate(t, 15), 0.1);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 1000), 0.1);
+  for (int64_t s = 1; s <= 10; ++s) {
+    EXPECT_LT(LearningRate(t, s), LearningRate(t, s - 1)) << s;
+  }
+}
+
+TEST(LearningRateTest, Cosine_AfterWarmup_StartsAtLr) {
+  const double pi = std::acos(-1.0);
+  const v1::TrainSpec t = Train("cosine", 12, 4, 2e-3, 1e-4);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 0), 2e-3 / 5);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 3), 2e-3 * 4 / 5);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 4), 2e-3);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 6),
+                   1e-4 + (2e-3 - 1e-4) * (1 + std::cos(pi * 2 / 8)) / 2);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 12), 1e-4);
+}
+
+TEST(LearningRateTest, Linear_WarmupThenStraightLineToFloor) {
+  const v1::TrainSpec t = Train("linear", 6, 2, 1.0, 0.2);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 0), 1.0 / 3);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 1), 2.0 / 3);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 2), 1.0);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 3), 0.8);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 5), 0.4);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 6), 0.2);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 7), 0.2);
+  // A floor of 0: the last step still trains.
+  EXPECT_DOUBLE_EQ(LearningRate(Train("linear", 4, 0, 1.0, 0), 3), 0.25);
+}
+
+TEST(LearningRateTest, WarmupToLastStepButOne_LastStepAtLr) {
+  for (const char* schedule : {"cosine", "linear", "constant"}) {
+    const v1::TrainSpec t = Train(schedule, 5, 4, 1.0, 0.0);
+    for (int64_t s = 0; s < 4; ++s) {
+      EXPECT_DOUBLE_EQ(LearningRate(t, s), (s + 1) / 5.0) << schedule << s;
+    }
+    EXPECT_DOUBLE_EQ(LearningRate(t, 4), 1.0) << schedule;
+  }
+  EXPECT_DOUBLE_EQ(LearningRate(Train("cosine", 5, 4, 1.0, 0.0), 5), 0.0);
+  EXPECT_DOUBLE_EQ(LearningRate(Train("linear", 5, 4, 1.0, 0.0), 5), 0.0);
+}
+
+TEST(LearningRateTest, FloorEqualToLr_IsConstantAfterWarmup) {
+  const v1::TrainSpec t = Train("cosine", 8, 2, 1e-3, 1e-3);
+  for (int64_t s = 2; s < 20; ++s) EXPECT_DOUBLE_EQ(LearningRate(t, s), 1e-3);
 }
 
 }  // namespace

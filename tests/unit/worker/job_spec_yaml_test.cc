@@ -6,6 +6,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace tandem {
@@ -46,6 +47,46 @@ optimize: {passes: prefetch}
   EXPECT_EQ(spec->data().seed(), 18446744073709551615ULL);
   EXPECT_EQ(spec->memory().budget_bytes(), int64_t{3} << 29);
   ASSERT_EQ(spec->optimize().passes_size(), 1);
+}
+
+// The schedule keys of a standalone worker's spec (common/job/
+// lr_schedule.h): parsed with their types, the default filled and the values
+// checked by LoadJobSpec.
+TEST(JobSpecYamlTest, LrSchedule_ParsedDefaultedAndValidated) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(
+      "train: {steps: 10, lr_schedule: cosine, warmup_steps: 3, "
+      "min_lr: 1e-5}");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->train().lr_schedule(), "cosine");
+  EXPECT_EQ(spec->train().warmup_steps(), 3);
+  EXPECT_DOUBLE_EQ(spec->train().min_lr(), 1e-5);
+  EXPECT_NE(ParseJobSpecYaml("train: {warmup_steps: ten}")
+                .status()
+                .message()
+                .find("train.warmup_steps: expected an integer, got 'ten'"),
+            std::string::npos);
+
+  char path[] = "/tmp/tandem_spec_XXXXXX.yaml";
+  close(mkstemps(path, 5));
+  auto load = [&](const std::string& train) {
+    const std::string text = absl::StrCat(
+        "name: x\nmodel: {preset: tiny-llama}\n"
+        "batch: {micro_batch: 1, seq_len: 8}\ntrain: {steps: 10",
+        train, "}\n");
+    std::ofstream(path) << text;
+    return LoadJobSpec(path);
+  };
+  absl::StatusOr<v1::JobSpec> defaulted = load("");
+  ASSERT_TRUE(defaulted.ok()) << defaulted.status();
+  EXPECT_EQ(defaulted->train().lr_schedule(), "constant");
+  absl::StatusOr<v1::JobSpec> bad =
+      load(", lr_schedule: linear, warmup_steps: 10");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find(
+                "train.warmup_steps must be < train.steps (10)"),
+            std::string::npos)
+      << bad.status();
+  std::remove(path);
 }
 
 struct BadCase {

@@ -13,9 +13,10 @@ TEST(ProfilerTest, Snapshot_AveragesOverWindow) {
     p.RecordNode(0, it == 0 ? 1.0 : 3.0);
     p.RecordMemory(1, 100 * (it + 1), 200);
     p.RecordCollective({CollectiveKind::kAllGather, 4, {}, 64, 0.5, 0.1, 0});
-    p.EndIteration(2.0 + it, 1000 * (it + 1));
+    p.EndIteration(2.0 + it, 1000 * (it + 1), it == 0 ? 96 : 160);
   }
   const Profile s = p.Snapshot("abc", 1);
+  EXPECT_DOUBLE_EQ(s.work, 128);
   EXPECT_EQ(s.first_iteration, 10);
   EXPECT_EQ(s.last_iteration, 11);
   EXPECT_EQ(s.schedule_version, 1);

@@ -73,6 +73,7 @@ class PlanningManagerTest : public ::testing::Test {
     p.first_iteration = first;
     p.last_iteration = last;
     p.iteration_s = 0.05 * scale;
+    p.work = window_work_;
     for (const Node& n : graph_.nodes) {
       p.nodes.push_back({n.id, 1e-3 * scale, 2});
     }
@@ -97,6 +98,8 @@ class PlanningManagerTest : public ::testing::Test {
   v1::Job job_;
   Graph graph_;
   std::vector<v1::ScheduleUpdate> published_;
+  // The work the profiles report (Profile::work).
+  double window_work_ = 0;
 };
 
 TEST_F(PlanningManagerTest, FirstWindowAfterWarmup_PlansAndPublishesV1) {
@@ -238,6 +241,76 @@ void Steps(PlanningManager& planning, const std::string& job, int64_t first,
       p.set_schedule_version(version);
       p.set_iteration_s(seconds);
       planning.OnProgress(job, r, p);
+    }
+  }
+}
+
+// Variable-length batches: each step's work (its batch elements) cycles
+// through 1/4, 1, 1/2 and 2 times the window's, and its time follows it
+// (t = the time at the window's work + slope x (work - window's); compute
+// per element is the schedule's no matter), every rank alike. With the
+// work reported, every step scaled to the window's work measures the
+// prediction: no drift, no re-plan, in 40 steps. The same times without the
+// work measure a median more than drift_threshold off the prediction (the
+// check that the test can fail; the baseline's noise keeps the detector
+// from firing on it).
+void VariableSteps(PlanningManager& planning, const std::string& job,
+                   int64_t first, int n, int64_t version, double at_window,
+                   double window_work, double slope, bool report_work) {
+  constexpr double kCycle[] = {0.25, 1, 0.5, 2};
+  for (int64_t step = first; step < first + n; ++step) {
+    const double work = window_work * kCycle[step % 4];
+    for (int r = 0; r < 2; ++r) {
+      v1::IterationProgress p;
+      p.set_step(step);
+      p.set_schedule_version(version);
+      p.set_iteration_s(at_window + slope * (work - window_work));
+      if (report_work) p.set_work(static_cast<int64_t>(work));
+      planning.OnProgress(job, r, p);
+    }
+  }
+}
+
+TEST_F(PlanningManagerTest, VariableWork_StepsScaledToTheWindowsWork_NoDrift) {
+  for (const bool report_work : {true, false}) {
+    SCOPED_TRACE(report_work ? "work reported" : "work not reported");
+    job_ = *jobs_->Submit(Spec());
+    published_.clear();
+    window_work_ = report_work ? 1024 : 0;
+    ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+    // Half of a step or more is compute that scales with its work. The
+    // baseline's first 2 steps make the window; 3 more run while v1 is on
+    // its way (as on a real job: they fit the slope, but measure no noise
+    // for the detector).
+    const double slope = 0.010 / 1024;
+    VariableSteps(*planning_, job_.id(), 0, 2, 0, 0.020, 1024, slope,
+                  report_work);
+    SendWindow(0, 1, 0);
+    ASSERT_EQ(published_.size(), 1u);
+    const v1::Schedule& v1 = published_[0].schedule();
+    EXPECT_EQ(v1.prediction().work(), window_work_);
+    VariableSteps(*planning_, job_.id(), 2, 3, 0, 0.020, 1024, slope,
+                  report_work);
+    planning_->OnScheduleActive(job_.id(), 1);
+    const double predicted = v1.prediction().iteration_s();
+    ASSERT_GT(predicted, 0.9 * slope * 1024);
+    VariableSteps(*planning_, job_.id(), 5, 40, 1, predicted, 1024, slope,
+                  report_work);
+    planning_->Drain();
+    if (report_work) {
+      EXPECT_EQ(CountEvents(*jobs_, job_.id(), "drift"), 0);
+      EXPECT_EQ(CountEvents(*jobs_, job_.id(), "rollback"), 0);
+      EXPECT_EQ(published_.size(), 1u);
+      // The job's measured time is at the window's work too.
+      EXPECT_NEAR(jobs_->Get(job_.id())->measured_iteration_s(), predicted,
+                  1e-9);
+    } else {
+      // As measured, the steps' median is a median work's time, not the
+      // window's: off the prediction by more than drift_threshold.
+      EXPECT_GT(
+          std::abs(jobs_->Get(job_.id())->measured_iteration_s() / predicted -
+                   1),
+          0.1);
     }
   }
 }

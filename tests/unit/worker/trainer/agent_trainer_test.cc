@@ -146,11 +146,24 @@ TEST(AgentTrainerTest, RunAgent_WorldOne_TrainsSwitchesAndReportsEveryStep) {
   ASSERT_EQ(applied.size(), 1u);
   EXPECT_EQ(applied[0].applied().version(), 1);
   EXPECT_EQ(applied[0].applied().step(), kSwitchStep);
-  // Profile windows of one step (warmup_steps 1), a timeline with them. The
-  // last window's profile would follow the last progress report, which ends
-  // the job: the agent drops it once stopped.
-  EXPECT_EQ(OfKind(sent, v1::WorkerMessage::kProfile).size(),
-            static_cast<size_t>(kSteps - 1));
+  // Profile windows of one step (warmup_steps 1), a timeline with them:
+  // step 1's. Step 0 (the process's first) and step 2 (the switch, v1's
+  // first) pay one-time costs and are not profiled; the last window's
+  // profile would follow the last progress report, which ends the job: the
+  // agent drops it once stopped.
+  const std::vector<v1::WorkerMessage> profiles =
+      OfKind(sent, v1::WorkerMessage::kProfile);
+  ASSERT_EQ(profiles.size(), 1u);
+  EXPECT_EQ(profiles[0].profile().first_iteration(), 1);
+  EXPECT_EQ(profiles[0].profile().last_iteration(), 1);
+  EXPECT_EQ(profiles[0].profile().schedule_version(), 0);
+  // Every step holds the same work (fixed shapes): the profile says so too.
+  EXPECT_GT(progress[0].progress().work(), 0);
+  for (const v1::WorkerMessage& m : progress) {
+    EXPECT_EQ(m.progress().work(), progress[0].progress().work());
+  }
+  EXPECT_EQ(profiles[0].profile().work(),
+            static_cast<double>(progress[0].progress().work()));
   EXPECT_FALSE(OfKind(sent, v1::WorkerMessage::kTimeline).empty());
   EXPECT_TRUE(OfKind(sent, v1::WorkerMessage::kError).empty());
 

@@ -479,8 +479,8 @@ std::string StepJson(const StepStats& s, int rank) {
                       ",\"exposed_comm_s\":", json(s.exposed_comm_s),
                       ",\"peak_bytes\":", s.peak_bytes,
                       ",\"schedule_version\":", s.schedule_version,
-                      ",\"grad_norm\":", json(s.grad_norm), ",\"work\":", s.work,
-                      ",\"rank\":", rank, "}");
+                      ",\"grad_norm\":", json(s.grad_norm),
+                      ",\"work\":", s.work, ",\"rank\":", rank, "}");
 }
 
 }  // namespace tandem

@@ -297,7 +297,7 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
                     static_cast<double>(work));
   const double measured =
       state.work.ToReference(slowest, static_cast<double>(work));
-  const double measured_s = slowest;
+  const double measured_s = slowest;  // as measured, for the metric
   const int64_t measured_peak = peak;
   state.steps.erase(state.steps.begin(),
                     std::next(state.steps.find(progress.step())));
@@ -646,12 +646,13 @@ void PlanningManager::PlanOne(const std::string& job_id,
   bool profiled_least_memory = false;
   // Headroom beyond MemoryHeadroom, from the memory guard's trips.
   int64_t extra_headroom = 0;
-  // Versions measured on this job (0: the baseline) and their medians: the
-  // evidence the interference model is re-fitted to.
+  // Versions measured on this job (0: the baseline) and their medians,
+  // scaled to the work of the profile planned from: the evidence the
+  // interference model is re-fitted to.
   std::vector<std::pair<int64_t, double>> measured_versions;
   std::map<int64_t, v1::Schedule> measured_schedules;
-  // Measured times are at the job's reference work (WorkScale).
-  WorkScale work;
+  // The work measured times are scaled to (WorkScale).
+  double reference_work = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = state_.find(job_id);
@@ -662,7 +663,11 @@ void PlanningManager::PlanOne(const std::string& job_id,
     }
     graph = *it->second.profiles.graph();
     if (it->second.latest) profile = *it->second.latest;
-    work = it->second.work;
+    const WorkScale& work = it->second.work;
+    reference_work = work.reference();
+    auto at_profile = [&](double seconds) {
+      return work.Scale(seconds, reference_work, profile.work);
+    };
     if (cached_plan) {
       cached_from = it->second.cached_from;
       cached = it->second.cached;
@@ -689,12 +694,13 @@ void PlanningManager::PlanOne(const std::string& job_id,
     profiled_least_memory = profile.schedule_version == kLeastMemoryVersion;
     if (std::optional<ScheduleMeasurements::Summary> m =
             it->second.measured.Summarize(0)) {
-      measured_versions.emplace_back(0, m->median_s);
+      measured_versions.emplace_back(0, at_profile(m->median_s));
     }
     for (const StoredSchedule& s : it->second.schedules) {
       if (std::optional<ScheduleMeasurements::Summary> m =
               it->second.measured.Summarize(s.schedule.version())) {
-        measured_versions.emplace_back(s.schedule.version(), m->median_s);
+        measured_versions.emplace_back(s.schedule.version(),
+                                       at_profile(m->median_s));
         measured_schedules[s.schedule.version()] = s.schedule;
       }
     }
@@ -748,7 +754,7 @@ void PlanningManager::PlanOne(const std::string& job_id,
           absl::StrCat("rollback-to-v", rollback_to));
       if (rollback_measured_s > 0) {
         back->prediction.iteration_s = rollback_measured_s;
-        back->prediction.work = work.reference();
+        back->prediction.work = reference_work;
       }
       planned_on = "the measurements";
       return back;
@@ -774,11 +780,7 @@ void PlanningManager::PlanOne(const std::string& job_id,
           measured_version == 0
               ? StartingSchedule(graph, options.mode)
               : FromProto(measured_schedules[measured_version]);
-      // Evidence at the work the profile's node times were measured at.
-      if (s.ok()) {
-        options.measured.emplace_back(
-            *std::move(s), work.Scale(seconds, work.reference(), profile.work));
-      }
+      if (s.ok()) options.measured.emplace_back(*std::move(s), seconds);
     }
     absl::StatusOr<PlanResult> result =
         PlanFromMeasurements(graph, hardware.hw, &profile,

@@ -154,9 +154,13 @@ def final_params(ckpt_dir, world, manifest):
 
 
 def job_yaml(archive, world, ckpt_dir, model_extra, data, batch_extra,
-             grad_accum=1):
+             grad_accum=1, train=None, every=STEPS):
     """The job spec the numerics tests train: the archive, `data` (the
-    section's lines), and the optimizer and batch every reference uses."""
+    section's lines), and the optimizer and batch every reference uses.
+    `train`: the train keys before the optimizer's (default: STEPS steps at
+    LR); `every`: the checkpoint interval."""
+    train = train or {"steps": STEPS, "lr": LR}
+    keys = "".join(f"  {k}: {v}\n" for k, v in train.items())
     return f"""name: exported-numerics
 model:
   kind: torchscript
@@ -166,9 +170,7 @@ model:
   micro_batch: {GLOBAL_BATCH // (world * grad_accum)}
   grad_accum: {grad_accum}
 {batch_extra}train:
-  steps: {STEPS}
-  lr: {LR}
-  beta1: {BETAS[0]}
+{keys}  beta1: {BETAS[0]}
   beta2: {BETAS[1]}
   eps: {EPS}
   weight_decay: {WD}
@@ -179,15 +181,16 @@ parallel:
   zero_stage: 3
 checkpoint:
   dir: {ckpt_dir}
-  every: {STEPS}
+  every: {every}
 """
 
 
-def spec_yaml(archive, tokens_path, vocab, world, ckpt_dir):
-    """A job spec for a language model fed by a token file."""
+def spec_yaml(archive, tokens_path, vocab, world, ckpt_dir, **extra):
+    """A job spec for a language model fed by a token file (`extra`:
+    job_yaml's train and every)."""
     return job_yaml(archive, world, ckpt_dir, f"  vocab: {vocab}\n",
                     f"  kind: tokens\n  path: {tokens_path}\n  token_bytes: 2\n",
-                    f"  seq_len: {SEQ_LEN}\n")
+                    f"  seq_len: {SEQ_LEN}\n", **extra)
 
 
 def tensors_spec_yaml(archive, data_path, world, ckpt_dir, grad_accum=1):

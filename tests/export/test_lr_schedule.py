@@ -80,36 +80,6 @@ def train_section(schedule, warmup, min_lr):
             "warmup_steps": warmup, "min_lr": min_lr}
 
 
-def spec_yaml(archive, tokens_path, world, ckpt, train, every=STEPS):
-    keys = "".join(f"  {k}: {v}\n" for k, v in train.items())
-    return f"""name: lr-schedule
-model:
-  kind: torchscript
-  path: {archive}
-  vocab: {VOCAB}
-data:
-  kind: tokens
-  path: {tokens_path}
-  token_bytes: 2
-batch:
-  micro_batch: {numerics.GLOBAL_BATCH // world}
-  seq_len: {numerics.SEQ_LEN}
-train:
-{keys}  beta1: {numerics.BETAS[0]}
-  beta2: {numerics.BETAS[1]}
-  eps: {numerics.EPS}
-  weight_decay: {numerics.WD}
-  grad_clip: {numerics.CLIP}
-  seed: 1
-parallel:
-  world_size: {world}
-  zero_stage: 3
-checkpoint:
-  dir: {ckpt}
-  every: {every}
-"""
-
-
 def run_worker(spec_path, world):
     """Trains spec_path at `world`; returns rank 0's {step: loss}."""
     runs = numerics.run_standalone(spec_path, world)
@@ -174,7 +144,8 @@ def train_and_compare(tmp_path, gpt, tokens, world, train, every=STEPS):
     tokens_path, token_ids = tokens
     ckpt = tmp_path / "ckpt"
     spec = tmp_path / "spec.yaml"
-    spec.write_text(spec_yaml(archive, tokens_path, world, ckpt, train, every))
+    spec.write_text(numerics.spec_yaml(archive, tokens_path, VOCAB, world, ckpt,
+                                       train=train, every=every))
     by_step = run_worker(spec, world)
     losses = [by_step[s] for s in sorted(by_step)]
     assert sorted(by_step) == list(range(STEPS))

@@ -36,7 +36,7 @@ import tandem  # noqa: E402
 import test_exported_numerics as numerics  # noqa: E402
 
 STEPS = numerics.STEPS
-GLOBAL = 6  # samples per step over all ranks and micro-batches
+GLOBAL = numerics.GLOBAL_BATCH  # samples per step, all ranks and micro-batches
 SEQ = 32
 MLP_SAMPLES = 20  # not a multiple of GLOBAL: steps 3 and 6 wrap
 GPT_SAMPLES = 28
@@ -54,35 +54,6 @@ def step_rows(step, samples, size=GLOBAL):
     """File rows of step `step`'s global batch, as documented."""
     return torch.tensor([i % samples for i in range(step * size,
                                                     (step + 1) * size)])
-
-
-def spec_text(archive, data, world, grad_accum, ckpt):
-    return f"""name: tensors-source
-model:
-  kind: torchscript
-  path: {archive}
-data:
-  kind: tensors
-  path: {data}
-batch:
-  micro_batch: {GLOBAL // (world * grad_accum)}
-  grad_accum: {grad_accum}
-train:
-  steps: {STEPS}
-  lr: {numerics.LR}
-  beta1: {numerics.BETAS[0]}
-  beta2: {numerics.BETAS[1]}
-  eps: {numerics.EPS}
-  weight_decay: {numerics.WD}
-  grad_clip: {numerics.CLIP}
-  seed: 1
-parallel:
-  world_size: {world}
-  zero_stage: 3
-checkpoint:
-  dir: {ckpt}
-  every: {STEPS}
-"""
 
 
 def reference(module, batch_of):
@@ -108,8 +79,8 @@ def train_and_compare(tmp_path, mod, archive, manifest, data, world,
     ref_losses, ref_params = reference(module, batch_of)
     losses, ckpt = numerics.train(
         tmp_path, archive, None, None, world, tag=f"-a{grad_accum}",
-        spec_text=lambda ckpt: spec_text(archive, data, world, grad_accum,
-                                         ckpt))
+        spec_text=lambda ckpt: numerics.tensors_spec_yaml(
+            archive, data, world, ckpt, grad_accum))
     init, _ = mod.build()
     numerics.check_matches(what, losses, ref_losses,
                            numerics.final_params(ckpt, world, manifest),
@@ -174,7 +145,7 @@ def test_missing_array_refused_naming_it(tmp_path, mlp):
     write_tensors(data, {"features": torch.zeros(4, 16),
                          "labels": torch.zeros(4, dtype=torch.long)})
     spec = tmp_path / "spec.yaml"
-    spec.write_text(spec_text(archive, data, 1, 1, tmp_path / "ckpt"))
+    spec.write_text(numerics.tensors_spec_yaml(archive, data, 1, tmp_path / "ckpt"))
     (rc, out, err), = numerics.run_standalone(spec, 1, timeout_s=20)
     assert rc != 0
     assert (f"data.path: '{data}' has no array 'label', which the model "

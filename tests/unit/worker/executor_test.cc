@@ -539,11 +539,56 @@ TEST(NumericsVariantsTest, AdaptiveOffloadPlan_World2Partial_MatchesUnsharded) {
   }
 }
 
+// What the last step's timeline shows of the host tier: bytes the copy
+// stream offloaded and reloaded, when the last offload ended and when the
+// first backward node began (-1: none). An offload still running when the
+// step ended has no span yet.
+struct StepCopies {
+  int64_t offloaded = 0;
+  int64_t reloaded = 0;
+  double offload_end_s = -1;
+  double backward_start_s = -1;
+  // The offload races the copy thread, so a step's peak shows the plan's
+  // memory only if every offload was done before backward began (a loaded
+  // machine can starve the copy thread).
+  bool OffloadsDoneBeforeBackward(int64_t bytes) const {
+    return offloaded == bytes && backward_start_s >= 0 &&
+           offload_end_s <= backward_start_s;
+  }
+};
+
+StepCopies LastStepCopies(Executor& executor, const Graph& graph) {
+  StepCopies out;
+  for (const auto& span : executor.profiler().timeline().last().spans) {
+    const Node* node = span.kind == IterationTimeline::SpanKind::kNode
+                           ? graph.FindNode(span.node_id)
+                           : nullptr;
+    if (node != nullptr && node->phase == Phase::kBackward &&
+        (out.backward_start_s < 0 || span.start_s < out.backward_start_s)) {
+      out.backward_start_s = span.start_s;
+    }
+    if (span.stream != IterationTimeline::Stream::kCopy) continue;
+    EXPECT_GT(span.duration_s, 0);
+    if (span.label.rfind("reload", 0) == 0) {
+      out.reloaded += span.bytes;
+    } else {
+      out.offloaded += span.bytes;
+      out.offload_end_s =
+          std::max(out.offload_end_s, span.start_s + span.duration_s);
+    }
+  }
+  return out;
+}
+
 // One rank's run of `schedule`: per-step losses, and over the steps the most
 // bytes the counting allocator held and the most bytes of state on the host.
 struct World1Run {
   std::vector<double> losses;
   int64_t peak_bytes = 0;
+  // The most bytes over the steps whose offloads were all done before
+  // backward began (StepCopies), and how many steps those were.
+  int64_t judged_peak_bytes = 0;
+  int judged_steps = 0;
   int64_t offloaded_bytes = 0;
   Profile profile;
   // ShardedParamStore::state_bytes by param id.
@@ -563,6 +608,10 @@ World1Run RunWorld1(const ModelConfig& config, const Schedule& schedule,
     auto executor = Executor::Create(&*program, *graph, store->get(), &comm,
                                      CountingCpuAllocator::Get(), schedule, {});
     ASSERT_TRUE(executor.ok()) << executor.status();
+    int64_t offload_bytes = 0;
+    for (const OffloadEntry& e : schedule.offloads) {
+      for (int32_t id : e.param_ids) offload_bytes += (*store)->state_bytes(id);
+    }
     auto data = MakeSyntheticTokens(kSeed, config.vocab, config.seq_len);
     for (int step = 0; step < steps; ++step) {
       auto batches = ReadRankBatches(*data, step, 1, 0, 1, config.micro_batch);
@@ -571,6 +620,12 @@ World1Run RunWorld1(const ModelConfig& config, const Schedule& schedule,
       ASSERT_TRUE(stats.ok()) << stats.status();
       run.losses.push_back(stats->loss);
       run.peak_bytes = std::max(run.peak_bytes, stats->peak_bytes);
+      if (LastStepCopies(**executor, *graph)
+              .OffloadsDoneBeforeBackward(offload_bytes)) {
+        ++run.judged_steps;
+        run.judged_peak_bytes =
+            std::max(run.judged_peak_bytes, stats->peak_bytes);
+      }
       run.offloaded_bytes =
           std::max(run.offloaded_bytes, stats->offloaded_bytes);
     }
@@ -587,7 +642,8 @@ World1Run RunWorld1(const ModelConfig& config, const Schedule& schedule,
 // plans a partial offload for a budget below what the baseline needs, and
 // the counting allocator's peak under that plan stays within the budget,
 // while the same plan with nothing offloaded exceeds it; the host tier held
-// exactly the offloaded params' states; losses are those of no offload.
+// exactly the offloaded params' states; losses are those of no offload. The
+// peak is judged on steps whose offloads beat the copy thread to backward.
 TEST(ExecutorTest,
      AdaptiveOffloadPlan_PartialOffload_MeasuredPeakWithinBudget) {
   constexpr int kRunSteps = 3;
@@ -617,9 +673,12 @@ TEST(ExecutorTest,
   partial.version = 1;
   ASSERT_TRUE(CheckRunnableSchedule(*graph, partial).ok())
       << CheckRunnableSchedule(*graph, partial);
-  const World1Run with = RunWorld1(config, partial, kRunSteps);
+  // More steps under the plan: only those whose offloads beat the copy
+  // thread's race to backward are judged (StepCopies).
+  constexpr int kPlanSteps = 6;
+  const World1Run with = RunWorld1(config, partial, kPlanSteps);
   const World1Run without =
-      RunWorld1(config, WithoutOffloads(partial), kRunSteps);
+      RunWorld1(config, WithoutOffloads(partial), kPlanSteps);
   ASSERT_FALSE(HasFatalFailure());
 
   int64_t offloaded_state_bytes = 0;
@@ -630,21 +689,27 @@ TEST(ExecutorTest,
       "adaptive offload: %zu of %zu params' states (%lld B) at budget %lld B; "
       "simulated peaks %lld B nothing offloaded, %lld B all; measured peaks: "
       "baseline %lld B, plan %lld B, plan without offloads %lld B (unmodeled "
-      "%lld B); offloaded per budget, loosest first: %s\n",
+      "%lld B, %d of %d steps judged); offloaded per budget, loosest first: "
+      "%s\n",
       offloaded, all, static_cast<long long>(offloaded_state_bytes),
       static_cast<long long>(plan.budget),
       static_cast<long long>(plan.none_peak),
       static_cast<long long>(plan.floor_peak),
       static_cast<long long>(measured.peak_bytes),
-      static_cast<long long>(with.peak_bytes),
+      static_cast<long long>(with.judged_peak_bytes),
       static_cast<long long>(without.peak_bytes),
-      static_cast<long long>(hw.unmodeled_bytes), plan.counts.c_str());
+      static_cast<long long>(hw.unmodeled_bytes), with.judged_steps, kPlanSteps,
+      plan.counts.c_str());
   EXPECT_LT(plan.budget, measured.peak_bytes);
-  EXPECT_LE(with.peak_bytes, plan.budget);
   EXPECT_GT(without.peak_bytes, plan.budget);
   EXPECT_EQ(with.offloaded_bytes, offloaded_state_bytes);
   EXPECT_EQ(without.offloaded_bytes, 0);
   EXPECT_EQ(with.losses, without.losses);
+  if (with.judged_steps == 0) {
+    GTEST_SKIP() << "no step's offloads finished before backward began in "
+                 << kPlanSteps << " steps (copy thread starved)";
+  }
+  EXPECT_LE(with.judged_peak_bytes, plan.budget);
 }
 
 // grad_accum 2 with ZeRO-1: gradients accumulate across micro-batches in the
@@ -851,37 +916,17 @@ TEST(ExecutorTest, OffloadAllStates_LowersCountedPeakByStateBytes) {
         offloaded[offload] = stats->offloaded_bytes;
         // The timeline's copy stream shows the offload and the reload, each
         // moving every state byte.
-        int64_t copied[2] = {0, 0};
-        double offload_end_s = -1;
-        double backward_start_s = -1;
-        for (const auto& span :
-             (*executor)->profiler().timeline().last().spans) {
-          const Node* node = span.kind == IterationTimeline::SpanKind::kNode
-                                 ? graph->FindNode(span.node_id)
-                                 : nullptr;
-          if (node != nullptr && node->phase == Phase::kBackward &&
-              (backward_start_s < 0 || span.start_s < backward_start_s)) {
-            backward_start_s = span.start_s;
-          }
-          if (span.stream != IterationTimeline::Stream::kCopy) continue;
-          EXPECT_GT(span.duration_s, 0);
-          const bool reload = span.label.rfind("reload", 0) == 0;
-          copied[reload ? 1 : 0] += span.bytes;
-          if (!reload) {
-            offload_end_s =
-                std::max(offload_end_s, span.start_s + span.duration_s);
-          }
-        }
-        EXPECT_EQ(copied[1], offload ? state_bytes : 0);
+        const StepCopies copies = LastStepCopies(**executor, *graph);
+        EXPECT_EQ(copies.reloaded, offload ? state_bytes : 0);
         if (!offload) {
-          EXPECT_EQ(copied[0], 0);
+          EXPECT_EQ(copies.offloaded, 0);
           peaks[0] = stats->peak_bytes;
           continue;
         }
-        // An offload still running when the step ended has no span yet.
-        EXPECT_TRUE(copied[0] == 0 || copied[0] == state_bytes) << copied[0];
-        ASSERT_GE(backward_start_s, 0);
-        if (copied[0] == state_bytes && offload_end_s <= backward_start_s) {
+        EXPECT_TRUE(copies.offloaded == 0 || copies.offloaded == state_bytes)
+            << copies.offloaded;
+        ASSERT_GE(copies.backward_start_s, 0);
+        if (copies.OffloadsDoneBeforeBackward(state_bytes)) {
           ++judged;
           peaks[1] = peaks[1] == 0 ? stats->peak_bytes
                                    : std::min(peaks[1], stats->peak_bytes);

@@ -1,16 +1,25 @@
 #include "common/archive/safetensors.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace tandem {
 namespace {
+
+constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;
 
 struct DTypeName {
   const char* safetensors;
@@ -152,6 +161,76 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
     }
   }
   return header;
+}
+
+}  // namespace tandem
+
+namespace tandem {
+
+ScopedFd::~ScopedFd() {
+  if (fd_ >= 0) close(fd_);
+}
+
+ScopedFd& ScopedFd::operator=(ScopedFd&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+absl::Status ReadFileBytes(int fd, const std::string& path, uint64_t offset,
+                           uint64_t size, char* out) {
+  while (size > 0) {
+    const ssize_t got = pread(fd, out, size, static_cast<off_t>(offset));
+    if (got <= 0) {
+      if (got < 0 && errno == EINTR) continue;
+      return absl::DataLossError(absl::StrCat(
+          "'", path, "': short read at byte ", offset, " (",
+          got < 0 ? std::strerror(errno) : "file changed while training?",
+          ")"));
+    }
+    out += got;
+    offset += static_cast<uint64_t>(got);
+    size -= static_cast<uint64_t>(got);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SafetensorsFile> OpenSafetensorsFile(
+    const std::string& path, absl::string_view not_found_fix,
+    absl::string_view fix) {
+  SafetensorsFile file;
+  file.path = path;
+  file.fd = ScopedFd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (file.fd.get() < 0) {
+    return absl::NotFoundError(absl::StrCat(
+        "'", path, "': ", std::strerror(errno), "; ", not_found_fix));
+  }
+  struct stat st {};
+  if (fstat(file.fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", path, "' is not a regular file"));
+  }
+  file.size = static_cast<uint64_t>(st.st_size);
+  std::string head(std::min<uint64_t>(file.size, 8), '\0');
+  RETURN_IF_ERROR(
+      ReadFileBytes(file.fd.get(), path, 0, head.size(), head.data()));
+  if (head.size() == 8) {
+    uint64_t header_size = 0;
+    for (int i = 7; i >= 0; --i) {
+      header_size = (header_size << 8) | static_cast<uint8_t>(head[i]);
+    }
+    // A larger length is the parser's to refuse ("runs past the end").
+    const uint64_t n = std::min({header_size, file.size - 8, kMaxHeaderBytes});
+    head.resize(8 + n);
+    RETURN_IF_ERROR(ReadFileBytes(file.fd.get(), path, 8, n, head.data() + 8));
+  }
+  ASSIGN_OR_RETURN(file.header,
+                   ParseSafetensorsHeader(head, file.size,
+                                          absl::StrCat("'", path, "'"), fix));
+  return file;
 }
 
 }  // namespace tandem

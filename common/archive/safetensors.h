@@ -44,6 +44,44 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
 // Bytes per element of an archive dtype name; 0 for names it does not know.
 int64_t DTypeElementBytes(absl::string_view dtype);
 
+// A file descriptor, closed on destruction.
+class ScopedFd {
+ public:
+  explicit ScopedFd(int fd = -1) : fd_(fd) {}
+  ~ScopedFd();
+  ScopedFd(ScopedFd&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  ScopedFd& operator=(ScopedFd&& other) noexcept;
+  ScopedFd(const ScopedFd&) = delete;
+  ScopedFd& operator=(const ScopedFd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// A safetensors file opened for reading: its header read (reading a
+// tensor's bytes is the caller's, with ReadFileBytes).
+struct SafetensorsFile {
+  std::string path;
+  ScopedFd fd;
+  uint64_t size = 0;
+  // Offsets are absolute in the file.
+  SafetensorsHeader header;
+};
+
+// Opens `path` and parses its header (at most 100 MiB of it). Errors:
+// NotFound (missing or unreadable: the message adds `not_found_fix`),
+// InvalidArgument (not a regular file, or a bad header: the message adds
+// `fix`). Messages name the file, never a spec field.
+absl::StatusOr<SafetensorsFile> OpenSafetensorsFile(
+    const std::string& path, absl::string_view not_found_fix,
+    absl::string_view fix);
+
+// Reads `size` bytes at `offset` of the open file `fd` into `out`. Errors:
+// DataLoss naming `path` on a short read.
+absl::Status ReadFileBytes(int fd, const std::string& path, uint64_t offset,
+                           uint64_t size, char* out);
+
 }  // namespace tandem
 
 #endif  // TANDEM_COMMON_ARCHIVE_SAFETENSORS_H_

@@ -1,24 +1,18 @@
 #include "common/archive/tensor_data.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace tandem {
 namespace {
 
 constexpr size_t kMaxNamesListed = 8;
-constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;
 constexpr char kHowToWrite[] =
     "write it with safetensors.torch.save_file({name: tensor, ...}, path), "
     "the sample as every array's dim 0";
@@ -57,79 +51,16 @@ std::string NamesHeld(const TensorDataFile& file) {
   return names.empty() ? "none" : absl::StrJoin(names, ", ");
 }
 
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
 }  // namespace
 
-absl::Status ReadFileBytes(int fd, const std::string& path, uint64_t offset,
-                           uint64_t size, char* out) {
-  while (size > 0) {
-    const ssize_t got = pread(fd, out, size, static_cast<off_t>(offset));
-    if (got <= 0) {
-      if (got < 0 && errno == EINTR) continue;
-      return absl::DataLossError(absl::StrCat(
-          "'", path, "': short read at byte ", offset, " (",
-          got < 0 ? std::strerror(errno) : "file changed while training?",
-          ")"));
-    }
-    out += got;
-    offset += static_cast<uint64_t>(got);
-    size -= static_cast<uint64_t>(got);
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<TensorDataFile> OpenTensorDataFile(const std::string& path) {
-  Fd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
-    return absl::NotFoundError(absl::StrCat("'", path,
-                                            "': ", std::strerror(errno),
-                                            "; point it at the tensors file"));
-  }
-  struct stat st {};
-  if (fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", path, "' is not a regular file"));
-  }
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  ASSIGN_OR_RETURN(
+      SafetensorsFile opened,
+      OpenSafetensorsFile(path, "point it at the tensors file", kHowToWrite));
   const std::string what = absl::StrCat("'", path, "'");
-  std::string head(std::min<uint64_t>(file_size, 8), '\0');
-  if (absl::Status s =
-          ReadFileBytes(fd.get(), path, 0, head.size(), head.data());
-      !s.ok()) {
-    return s;
-  }
-  if (head.size() == 8) {
-    uint64_t header_size = 0;
-    for (int i = 7; i >= 0; --i) {
-      header_size = (header_size << 8) | static_cast<uint8_t>(head[i]);
-    }
-    // A larger length is the parser's to refuse ("runs past the end").
-    const uint64_t n = std::min({header_size, file_size - 8, kMaxHeaderBytes});
-    head.resize(8 + n);
-    if (absl::Status s = ReadFileBytes(fd.get(), path, 8, n, head.data() + 8);
-        !s.ok()) {
-      return s;
-    }
-  }
   TensorDataFile file;
   file.path = path;
-  {
-    absl::StatusOr<SafetensorsHeader> header =
-        ParseSafetensorsHeader(head, file_size, what, kHowToWrite);
-    if (!header.ok()) return header.status();
-    file.header = *std::move(header);
-  }
+  file.header = std::move(opened.header);
   if (file.header.tensors.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, " holds no arrays; ", kHowToWrite));
@@ -160,7 +91,7 @@ absl::StatusOr<TensorDataFile> OpenTensorDataFile(const std::string& path) {
     }
     file.lengths.resize(static_cast<size_t>(file.samples));
     if (absl::Status s =
-            ReadFileBytes(fd.get(), path, l->begin, l->end - l->begin,
+            ReadFileBytes(opened.fd.get(), path, l->begin, l->end - l->begin,
                           reinterpret_cast<char*>(file.lengths.data()));
         !s.ok()) {
       return s;

@@ -52,11 +52,6 @@ absl::StatusOr<TensorDataFile> OpenTensorDataFile(const std::string& path);
 std::vector<std::string> TensorDataProblems(
     const TensorDataFile& file, absl::Span<const v1::ArchiveInput> inputs);
 
-// Reads `size` bytes at `offset` of the open file `fd` into `out`. Errors:
-// DataLoss naming `path` on a short read.
-absl::Status ReadFileBytes(int fd, const std::string& path, uint64_t offset,
-                           uint64_t size, char* out);
-
 }  // namespace tandem
 
 #endif  // TANDEM_COMMON_ARCHIVE_TENSOR_DATA_H_

@@ -10,8 +10,11 @@
 #include "absl/strings/str_join.h"
 #include "common/archive/model_archive.h"
 #include "common/archive/tensor_data.h"
+#include "common/archive/weights_file.h"
 #include "common/ir/proto_convert.h"
 #include "common/job/lr_schedule.h"
+#include "common/models/hf_names.h"
+#include "common/status_macros.h"
 
 namespace tandem {
 namespace {
@@ -96,6 +99,25 @@ void ValidateTensorData(const v1::JobSpec& spec,
   }
 }
 
+// model.init_from: a weight file holding exactly `params`.
+void ValidateInitFrom(const std::string& path,
+                      absl::Span<const WeightTensor> params,
+                      FieldErrors& errors) {
+  if (path.empty()) return;
+  absl::StatusOr<SafetensorsFile> file = OpenSafetensorsFile(
+      path, "point it at a weights file (tandem export-weights -o FILE)",
+      "write it with safetensors or tandem export-weights");
+  if (!file.ok()) {
+    errors.Add("model.init_from: ", file.status().message());
+    return;
+  }
+  absl::StatusOr<std::vector<std::vector<WeightPiece>>> matched =
+      MatchWeights(file->header, params, absl::StrCat("'", path, "'"));
+  if (!matched.ok()) {
+    errors.Add("model.init_from: ", matched.status().message());
+  }
+}
+
 // model.kind torchscript: no builtin fields, and an archive that reads
 // (ReadArchiveManifest) and that the data source can feed: the token
 // sources feed inputs of roles tokens and targets, data.kind tensors every
@@ -130,6 +152,7 @@ void ValidateArchiveModel(const v1::JobSpec& spec, FieldErrors& errors) {
     errors.Add("model.path: ", manifest.status().message());
     return;
   }
+  ValidateInitFrom(m.init_from(), ArchiveWeightTensors(*manifest), errors);
   if (spec.data().kind() == "tensors") {
     if (!spec.data().path().empty()) {
       ValidateTensorData(spec, *manifest, errors);
@@ -382,8 +405,13 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
   if (absl::Status s = errors.ToStatus(); !s.ok()) return s;
   if (torchscript) return absl::OkStatus();
   // The model's own rules (divisibility, expert counts) once fields are sane.
-  absl::StatusOr<ModelConfig> config = ModelConfigFromJobSpec(spec);
-  return config.status();
+  ASSIGN_OR_RETURN(const ModelConfig config, ModelConfigFromJobSpec(spec));
+  if (!m.init_from().empty()) {
+    ASSIGN_OR_RETURN(const std::vector<WeightTensor> params,
+                     BuiltinWeightTensors(config));
+    ValidateInitFrom(m.init_from(), params, errors);
+  }
+  return errors.ToStatus();
 }
 
 absl::StatusOr<ModelConfig> ModelConfigFromJobSpec(const v1::JobSpec& spec) {

@@ -158,6 +158,7 @@ absl::StatusOr<Program> LoadArchiveProgram(const std::string& path) {
     const SafetensorsTensor* t = archive.weights.Find(p.name());
     ProgramParam param;
     param.name = p.name();
+    param.export_name = p.name();
     param.shape.assign(p.shape().begin(), p.shape().end());
     param.unit = p.units(0);
     param.trainable = p.requires_grad();

@@ -12,6 +12,7 @@
 #include "ATen/ATen.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/models/hf_names.h"
 #include "common/status_macros.h"
 
 namespace tandem {
@@ -287,6 +288,9 @@ absl::StatusOr<Program> BuildModelProgram(const ModelConfig& c, uint64_t seed) {
         in[0].reshape({-1, vocab}), in[1].reshape({-1}))};
   };
   program.nodes.push_back(std::move(loss));
+  for (ProgramParam& p : program.params) {
+    ASSIGN_OR_RETURN(p.export_name, HuggingFaceName(p.name));
+  }
   return program;
 }
 

@@ -38,6 +38,9 @@ struct ProgramParam {
   // like any other, but no gradient, no reduce-scatter, no optimizer state,
   // never updated (Param::trainable in the graph).
   bool trainable = true;
+  // Its name in weight files (common/archive/weights_file.h): Hugging Face's
+  // for the built-in models, `name` for exported ones.
+  std::string export_name;
 };
 
 // A batch input the program reads.

@@ -19,6 +19,7 @@
 #include "worker/data/micro_batch.h"
 #include "worker/models/archive_program.h"
 #include "worker/models/builtin_models.h"
+#include "worker/models/init_from.h"
 #include "worker/runtime/interference_probe.h"
 #include "worker/runtime/torch_status.h"
 
@@ -60,10 +61,15 @@ std::string TensorBytes(const at::Tensor& t) {
   return std::string(static_cast<const char*>(cpu.data_ptr()), cpu.nbytes());
 }
 
-// Fills `state` with the shards, the AdamW moments (on the device: the
+// Fills `state` with the params' list (names, shapes and export names, for
+// tandem export-weights), the shards, the AdamW moments (on the device: the
 // optimizer just used them; frozen params have none) and the CPU RNG's
 // state.
-void FillCheckpoint(const ShardedParamStore& store, RankCheckpoint& state) {
+void FillCheckpoint(const Program& program, const ShardedParamStore& store,
+                    RankCheckpoint& state) {
+  state.blobs.emplace_back(
+      kCheckpointTensorsBlob,
+      CheckpointTensorsText(ProgramWeightTensors(program)));
   for (int32_t id = 0; id < store.num_params(); ++id) {
     TORCH_CHECK(!store.states_on_host(id), "states of '", store.name(id),
                 "' are on the host tier at a checkpoint");
@@ -150,6 +156,10 @@ absl::StatusOr<ModelParts> PrepareModel(const v1::JobSpec& spec, int world) {
     c.grad_accum = spec.batch().grad_accum();
     c.world_size = world;
     ASSIGN_OR_RETURN(parts.program, LoadArchiveProgram(spec.model().path()));
+    if (!spec.model().init_from().empty()) {
+      RETURN_IF_ERROR(
+          InitFromWeightsFile(spec.model().init_from(), parts.program));
+    }
     // The tensors source feeds every input by name; the token sources need
     // the roles.
     if (spec.data().kind() != "tensors") {
@@ -163,6 +173,10 @@ absl::StatusOr<ModelParts> PrepareModel(const v1::JobSpec& spec, int world) {
   ASSIGN_OR_RETURN(parts.config, ModelConfigFromJobSpec(at_world));
   ASSIGN_OR_RETURN(parts.program,
                    BuildModelProgram(parts.config, spec.train().seed()));
+  if (!spec.model().init_from().empty()) {
+    RETURN_IF_ERROR(
+        InitFromWeightsFile(spec.model().init_from(), parts.program));
+  }
   ASSIGN_OR_RETURN(
       parts.graph,
       DeriveGraph(parts.program, world, parts.config.grad_accum,
@@ -444,7 +458,7 @@ absl::Status TrainingJob::WriteCheckpoint(int64_t steps_done) {
   state.rank = rank_;
   absl::Status written = TorchCall("checkpointing", [&] {
     store_->WaitStates();
-    FillCheckpoint(*store_, state);
+    FillCheckpoint(model_->program, *store_, state);
   });
   if (written.ok()) written = checkpoints_->WriteRank(state);
   ASSIGN_OR_RETURN(std::vector<double> ok,

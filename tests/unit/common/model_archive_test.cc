@@ -19,6 +19,7 @@
 #include "common/job/job_spec.h"
 #include "common/sha256.h"
 #include "google/protobuf/util/json_util.h"
+#include "tests/unit/common/test_safetensors.h"
 
 namespace tandem {
 namespace {
@@ -91,33 +92,6 @@ std::string ZipBytes(const std::vector<Entry>& entries) {
   Put32(out, directory_offset);
   Put16(out, 0);
   return out;
-}
-
-struct Tensor {
-  std::string name;
-  std::string dtype;  // safetensors' names
-  std::vector<int64_t> shape;
-  int64_t bytes;
-};
-
-std::string SafetensorsBytes(const std::vector<Tensor>& tensors) {
-  std::string header = "{\"__metadata__\":{\"format\":\"pt\"}";
-  std::string data;
-  for (const Tensor& t : tensors) {
-    std::string shape;
-    for (int64_t d : t.shape)
-      absl::StrAppend(&shape, shape.empty() ? "" : ",", d);
-    absl::StrAppend(&header, ",\"", t.name, "\":{\"dtype\":\"", t.dtype,
-                    "\",\"shape\":[", shape, "],\"data_offsets\":[",
-                    data.size(), ",", data.size() + t.bytes, "]}");
-    data += std::string(t.bytes, '\x01');
-  }
-  header += "}";
-  std::string out;
-  uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i)
-    out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
-  return out + header + data;
 }
 
 // Two units: embed (tokens -> h) and head (h, targets -> loss), the

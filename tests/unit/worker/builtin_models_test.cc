@@ -1,14 +1,21 @@
 #include "worker/models/builtin_models.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
 #include "common/models/graph_builder.h"
 #include "common/models/model_config.h"
 #include "gtest/gtest.h"
+#include "tests/unit/common/test_safetensors.h"
+#include "worker/models/init_from.h"
 #include "worker/runtime/program.h"
 
 namespace tandem {
@@ -126,6 +133,98 @@ TEST(BuiltinModelsTest, UnsupportedConfigs_RejectedWithFieldNames) {
   config = Config("layers=1 d_model=12 heads=4 kv_heads=4 vocab=32");
   EXPECT_NE(BuildModelProgram(config, 1).status().message().find("even"),
             std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// model.init_from: each param takes its values from the weight file, by
+// Hugging Face name, converted to fp32 from the file's dtype; a MoE expert
+// stack is assembled from one tensor per expert, in expert order.
+TEST(InitFromTest, WeightFile_ParamsTakeItsValues_AnyFloatDType) {
+  const ModelConfig config = Config(
+      "arch=moe layers=1 d_model=8 heads=2 kv_heads=1 ffn=6 vocab=16 experts=3 "
+      "top_k=2 seq_len=4 micro_batch=1 dtype=f32");
+  absl::StatusOr<Program> program = BuildModelProgram(config, 7);
+  ASSERT_TRUE(program.ok()) << program.status();
+  // Each tensor's values: its index in the file * 100 + position, in a
+  // dtype that holds them exactly (bf16 keeps 8 bits of mantissa: small
+  // values only).
+  const char* dtypes[] = {"F32", "BF16", "F16"};
+  std::vector<Tensor> tensors;
+  std::map<std::string, at::Tensor> values;
+  int index = 0;
+  for (const ProgramParam& p : program->params) {
+    const size_t star = p.export_name.find('*');
+    const int64_t count = star == std::string::npos ? 1 : p.shape[0];
+    std::vector<int64_t> shape = p.shape;
+    if (count > 1 || star != std::string::npos) shape.erase(shape.begin());
+    for (int64_t e = 0; e < count; ++e) {
+      const std::string name =
+          star == std::string::npos
+              ? p.export_name
+              : absl::StrCat(p.export_name.substr(0, star), e,
+                             p.export_name.substr(star + 1));
+      const char* dtype = dtypes[index % 3];
+      at::Tensor v = at::arange(at::IntArrayRef(shape).empty()
+                                    ? 1
+                                    : c10::multiply_integers(shape),
+                                at::kFloat)
+                         .remainder(64)
+                         .add(index % 16)
+                         .reshape(shape);
+      const at::ScalarType type = dtype == std::string("F32")    ? at::kFloat
+                                  : dtype == std::string("BF16") ? at::kBFloat16
+                                                                 : at::kHalf;
+      const at::Tensor stored = v.to(type).contiguous();
+      tensors.push_back(
+          {name, dtype, shape, stored.nbytes(),
+           std::string(static_cast<const char*>(stored.data_ptr()),
+                       stored.nbytes())});
+      values[name] = v;
+      ++index;
+    }
+  }
+  const std::string path = absl::StrCat(::testing::TempDir(), "init_from_",
+                                        getpid(), ".safetensors");
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      << SafetensorsBytes(tensors);
+  ASSERT_TRUE(InitFromWeightsFile(path, *program).ok());
+  for (const ProgramParam& p : program->params) {
+    at::Tensor got = at::empty(p.shape, at::kFloat);
+    p.init(got.data_ptr<float>(), got.numel());
+    const size_t star = p.export_name.find('*');
+    at::Tensor want;
+    if (star == std::string::npos) {
+      want = values.at(p.export_name);
+    } else {
+      std::vector<at::Tensor> experts;
+      for (int64_t e = 0; e < p.shape[0]; ++e) {
+        experts.push_back(values.at(absl::StrCat(
+            p.export_name.substr(0, star), e, p.export_name.substr(star + 1))));
+      }
+      want = at::stack(experts);
+    }
+    EXPECT_TRUE(at::equal(got, want)) << p.name << " (" << p.export_name << ")";
+  }
+  // Another model's file: the first tensor at fault is named.
+  absl::StatusOr<Program> wider = BuildModelProgram(
+      Config("arch=moe layers=1 d_model=8 heads=2 kv_heads=1 ffn=8 vocab=16 "
+             "experts=3 top_k=2 seq_len=4 micro_batch=1"),
+      7);
+  ASSERT_TRUE(wider.ok());
+  const absl::Status refused = InitFromWeightsFile(path, *wider);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find(
+                "tensor 'model.layers.0.block_sparse_moe.experts.0.w1.weight' "
+                "has shape [6, 8], but the model's param "
+                "'layers.0.moe.w_gate' needs [8, 8]"),
+            std::string::npos)
+      << refused;
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -82,7 +82,7 @@ def test_sbatch_two_tasks_run_job_to_succeeded(slurm, coordinator, tmp_path):
         nodes.add(log.split("[")[1].split("]")[0])
         assert "job %s rank %d of 2" % (job.id, rank) in log, log
         steps = (logs / ("rank-%d.jsonl" % rank)).read_text().splitlines()
-        assert '"final_param_checksum"' in steps[-1], steps[-3:]
+        assert '"param_digests"' in steps[-1], steps[-3:]
     assert nodes == {"node1", "node2"}
 
 

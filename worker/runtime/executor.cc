@@ -826,15 +826,21 @@ bool Executor::NearBudget(int64_t peak) const {
   return peak >= options_.budget_bytes - band;
 }
 
-absl::StatusOr<double> Executor::ParamChecksum() {
+absl::StatusOr<std::vector<double>> Executor::ParamDigests() {
   if (!broken_.ok()) return broken_;
-  ASSIGN_OR_RETURN(const double local, TorchCallOr<double>("checksum", [&] {
-                     return store_->ShardParamSum();
+  ASSIGN_OR_RETURN(const std::vector<double> local,
+                   TorchCallOr<std::vector<double>>("param digests", [&] {
+                     return store_->ShardDigests();
                    }));
-  ASSIGN_OR_RETURN(std::vector<double> all, comm_->AllGatherScalars({local}));
-  double sum = 0;
-  for (double v : all) sum += v;
-  return sum;
+  ASSIGN_OR_RETURN(const std::vector<double> all,
+                   comm_->AllGatherScalars(local));
+  std::vector<double> digests(local.size(), 0.0);
+  for (size_t r = 0; r < all.size() / std::max<size_t>(local.size(), 1); ++r) {
+    for (size_t i = 0; i < local.size(); ++i) {
+      digests[i] += all[r * local.size() + i];
+    }
+  }
+  return digests;
 }
 
 Profile Executor::ProfileSnapshot() const {

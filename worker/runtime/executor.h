@@ -154,9 +154,11 @@ class Executor {
   // memory guard switches instead), after which the executor is broken.
   absl::StatusOr<StepStats> RunStep(absl::Span<const MicroBatch> batches);
 
-  // float64 sum of every full param, identical on every rank (collective:
-  // every rank calls it at the same point).
-  absl::StatusOr<double> ParamChecksum();
+  // Per param, a digest of its full value that sees every element's place
+  // (ShardedParamStore::ShardDigests summed over the ranks in rank order):
+  // identical on every rank, and equal to fp32 rounding across world sizes
+  // and schedules. Collective: every rank calls it at the same point.
+  absl::StatusOr<std::vector<double>> ParamDigests();
 
   int64_t step() const { return step_; }
   const Graph& graph() const { return graph_; }

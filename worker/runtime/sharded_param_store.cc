@@ -325,12 +325,24 @@ double ShardedParamStore::AdamWStep(const AdamWOptions& o, float factor,
   return waited_s;
 }
 
-double ShardedParamStore::ShardParamSum() const {
-  double sum = 0;
+std::vector<double> ShardedParamStore::ShardDigests() const {
+  // The golden ratio's fraction: positions i and j get far-apart weights
+  // for any i != j, so a value in the wrong place changes the digest.
+  constexpr double kStride = 0.6180339887498949;
+  std::vector<double> out;
+  out.reserve(params_.size());
   for (const Entry& e : params_) {
-    sum += e.shard.to(at::kDouble).sum().item<double>();
+    const at::Tensor shard = e.shard.to(at::kCPU).to(at::kDouble);
+    const double first = static_cast<double>(rank_ * e.shard_numel);
+    const at::Tensor w =
+        at::frac(at::arange(first, first + static_cast<double>(e.shard_numel),
+                            at::kDouble) *
+                 kStride) *
+            2 -
+        1;
+    out.push_back((shard * w).sum().item<double>());
   }
-  return sum;
+  return out;
 }
 
 absl::StatusOr<at::Tensor> ShardedParamStore::GatherValue(int32_t id,

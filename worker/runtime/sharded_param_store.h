@@ -146,8 +146,10 @@ class ShardedParamStore {
   // that param's states still in flight (none may be left on the host).
   // Returns the seconds spent waiting for reloads.
   double AdamWStep(const AdamWOptions& options, float factor, int64_t step);
-  // float64 sum of this rank's shard values (padding is zero).
-  double ShardParamSum() const;
+  // Per param, this rank's share of its digest (Executor::ParamDigests):
+  // the float64 sum over the shard's values x of x * w(position in the
+  // full param), w(i) = 2 * frac(i * 0.618...) - 1 (padding is zero).
+  std::vector<double> ShardDigests() const;
   // The full value of `id` as a new tensor (blocking all-gather).
   absl::StatusOr<at::Tensor> GatherValue(int32_t id, Communicator& comm);
 

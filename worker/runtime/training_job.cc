@@ -204,6 +204,7 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
   job->model_ = model;
   job->rank_ = rank;
   job->world_ = world;
+  job->steps_ = spec.train().steps();
   const ModelConfig& config = model->config;
   if (spec.data().kind() == "tensors") {
     ASSIGN_OR_RETURN(job->tensors_,
@@ -484,6 +485,18 @@ absl::Status TrainingJob::WriteCheckpoint(int64_t steps_done) {
   }
   checkpoints_->Prune(kCheckpointsKept);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> TrainingJob::FinalJson() {
+  ASSIGN_OR_RETURN(const std::vector<double> digests,
+                   executor_->ParamDigests());
+  std::string out = "{\"param_digests\":{";
+  for (int32_t id = 0; id < store_->num_params(); ++id) {
+    absl::StrAppend(&out, id == 0 ? "" : ",", "\"", store_->name(id),
+                    "\":", absl::StrFormat("%.17g", digests[id]));
+  }
+  absl::StrAppend(&out, "},\"steps\":", steps_, ",\"rank\":", rank_, "}");
+  return out;
 }
 
 std::string StepJson(const StepStats& s, int rank) {

@@ -99,6 +99,11 @@ class TrainingJob {
   Executor& executor() { return *executor_; }
   Communicator& comm() { return *comm_; }
 
+  // The run's last JSON line (without the newline), identical on every rank
+  // but for "rank": {"param_digests":{"<param>":..,...},"steps":N,"rank":r},
+  // the digests of Executor::ParamDigests. Collective.
+  absl::StatusOr<std::string> FinalJson();
+
  private:
   TrainingJob() = default;
   absl::StatusOr<StepStats> RunAndReport(int64_t step);
@@ -129,6 +134,8 @@ class TrainingJob {
   std::unique_ptr<CheckpointDirectory> checkpoints_;
   int64_t checkpoint_every_ = 0;
   int64_t first_step_ = 0;
+  // train.steps.
+  int64_t steps_ = 0;
 };
 
 // One step's JSON line (without the newline):

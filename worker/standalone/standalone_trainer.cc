@@ -26,7 +26,6 @@
 namespace tandem {
 namespace {
 
-std::string Json(double v) { return absl::StrFormat("%.17g", v); }
 
 absl::StatusOr<Schedule> LoadSchedule(const std::string& path,
                                       const Graph& graph, int zero_stage) {
@@ -104,9 +103,8 @@ absl::Status RunStandalone(const StandaloneOptions& options,
     out << StepJson(s, rank) << "\n";
     out.flush();
   }
-  ASSIGN_OR_RETURN(const double checksum, job->executor().ParamChecksum());
-  out << "{\"final_param_checksum\":" << Json(checksum)
-      << ",\"steps\":" << spec.train().steps() << ",\"rank\":" << rank << "}\n";
+  ASSIGN_OR_RETURN(const std::string final_json, job->FinalJson());
+  out << final_json << "\n";
   out.flush();
   if (!options.profile_out.empty()) {
     RETURN_IF_ERROR(

@@ -4,9 +4,10 @@
 // spec.train.steps steps and writes one JSON object per line per step:
 //   {"step":0,"loss":...,"iteration_s":...,"exposed_comm_s":...,
 //    "peak_bytes":...,"schedule_version":...,"grad_norm":...,"rank":0}
-// and a final {"final_param_checksum":...,"steps":N,"rank":r}. The loss is
-// the global-batch mean and the checksum the float64 sum of every full
-// param; both are identical on every rank. With checkpoint.dir set it
+// and a final {"param_digests":{"<param>":...,...},"steps":N,"rank":r}.
+// The loss is the global-batch mean and each digest a position-weighted
+// float64 sum of a full param (Executor::ParamDigests); both are identical
+// on every rank. With checkpoint.dir set it
 // resumes from the newest complete checkpoint and prints only the steps it
 // runs. Without --schedule it runs the baseline of the spec's zero_stage.
 #ifndef TANDEM_WORKER_STANDALONE_STANDALONE_TRAINER_H_

@@ -218,9 +218,8 @@ absl::Status Train(const AgentTrainerOptions& options, MemoryMeter* meter,
       in_window = 0;
     }
   }
-  ASSIGN_OR_RETURN(const double checksum, executor.ParamChecksum());
-  out << "{\"final_param_checksum\":" << absl::StrFormat("%.17g", checksum)
-      << ",\"steps\":" << spec.train().steps() << ",\"rank\":" << rank << "}\n";
+  ASSIGN_OR_RETURN(const std::string final_json, job->FinalJson());
+  out << final_json << "\n";
   out.flush();
   // The coordinator ends the job once every rank's last step reached it
   // (re-sent after a reconnect); wait for that before hanging up.

@@ -32,21 +32,26 @@ import json, sys
 def load(path):
     lines = [json.loads(l) for l in open(path) if l.strip()]
     steps = [l for l in lines if "step" in l and "loss" in l]
-    final = [l for l in lines if "final_param_checksum" in l]
+    final = [l for l in lines if "param_digests" in l]
     assert len(steps) == 3 and len(final) == 1, lines
     for s in steps:
         for key in ("iteration_s", "exposed_comm_s", "peak_bytes"):
             assert key in s, (key, s)
-    return [s["loss"] for s in steps], final[0]["final_param_checksum"]
+    return [s["loss"] for s in steps], final[0]["param_digests"]
 l2, c2 = load(sys.argv[1])
 l1, c1 = load(sys.argv[2])
 r1, rc1 = load(sys.argv[3])
 assert (r1, rc1) == (l2, c2), ("ranks differ", r1, rc1, l2, c2)
 for a, b in zip(l2, l1):
     assert abs(a - b) <= 1e-5 * abs(b), (l2, l1)
-assert abs(c2 - c1) <= 1e-5 * max(1.0, abs(c1)), (c2, c1)
+# One digest per param, each sensitive to where every value sits: world 2's
+# shards put back together are world 1's params, to fp32 rounding.
+assert list(c2) == list(c1) and len(c1) > 2, (c2, c1)
+for name in c1:
+    assert abs(c2[name] - c1[name]) <= 1e-4 * max(1.0, abs(c1[name])), (
+        name, c2[name], c1[name])
 assert l2[-1] < l2[0], l2
-print("losses", l2, "checksum", c2)
+print("losses", l2, "digests", len(c2))
 PY
 grep -q "^profile graph=" "$TMP/profile.txt.rank0"
 grep -q "^collective allgather" "$TMP/profile.txt.rank1"

@@ -138,7 +138,7 @@ Trajectory TrainReference(const std::string& archive, int world,
 struct ShardedRun {
   std::vector<std::vector<double>> losses;
   std::vector<std::vector<int64_t>> versions;
-  std::vector<double> checksums;
+  std::vector<std::vector<double>> digests;
   std::vector<at::Tensor> params;  // rank 0's gathered values
   Graph graph;
 };
@@ -151,7 +151,7 @@ ShardedRun TrainSharded(const std::string& archive, int world, int grad_accum,
   ShardedRun run;
   run.losses.resize(world);
   run.versions.resize(world);
-  run.checksums.resize(world);
+  run.digests.resize(world);
   RunLoopbackWorld(world, [&](int rank, Communicator& comm) {
     // Each rank loads its own program, as a worker process does.
     absl::StatusOr<Program> program = LoadArchiveProgram(Archive(archive));
@@ -181,9 +181,9 @@ ShardedRun TrainSharded(const std::string& archive, int world, int grad_accum,
       run.losses[rank].push_back(stats->loss);
       run.versions[rank].push_back(stats->schedule_version);
     }
-    absl::StatusOr<double> checksum = (*executor)->ParamChecksum();
-    ASSERT_TRUE(checksum.ok());
-    run.checksums[rank] = *checksum;
+    absl::StatusOr<std::vector<double>> digests = (*executor)->ParamDigests();
+    ASSERT_TRUE(digests.ok());
+    run.digests[rank] = *digests;
     for (int id = 0; id < (*store)->num_params(); ++id) {
       absl::StatusOr<at::Tensor> value = (*store)->GatherValue(id, comm);
       ASSERT_TRUE(value.ok());
@@ -242,7 +242,7 @@ TEST_P(ArchiveNumericsTest, FiveSteps_MatchUnshardedSingleProcess) {
   ASSERT_EQ(run.params.size(), ref.params.size());
   for (int r = 0; r < world; ++r) {
     EXPECT_EQ(run.losses[r], run.losses[0]) << "rank " << r;
-    EXPECT_EQ(run.checksums[r], run.checksums[0]) << "rank " << r;
+    EXPECT_EQ(run.digests[r], run.digests[0]) << "rank " << r;
     EXPECT_EQ(run.versions[r], expected_versions) << "rank " << r;
   }
   for (int s = 0; s < kSteps; ++s) {

@@ -152,7 +152,7 @@ struct ShardedRun {
   // Per rank.
   std::vector<std::vector<double>> losses;
   std::vector<std::vector<int64_t>> versions;
-  std::vector<double> checksums;
+  std::vector<std::vector<double>> digests;
   std::vector<int64_t> peaks;
   // Full params after training, from rank 0.
   std::vector<at::Tensor> params;
@@ -168,7 +168,7 @@ ShardedRun TrainSharded(int world, int steps, const ScheduleMaker& initial,
   ShardedRun run;
   run.losses.resize(world);
   run.versions.resize(world);
-  run.checksums.resize(world);
+  run.digests.resize(world);
   run.peaks.resize(world);
   const ModelConfig config =
       model != nullptr ? *model : TestModel(world, kMicroBatch);
@@ -197,9 +197,9 @@ ShardedRun TrainSharded(int world, int steps, const ScheduleMaker& initial,
       run.versions[rank].push_back(stats->schedule_version);
       run.peaks[rank] = std::max(run.peaks[rank], stats->peak_bytes);
     }
-    absl::StatusOr<double> checksum = (*executor)->ParamChecksum();
-    ASSERT_TRUE(checksum.ok());
-    run.checksums[rank] = *checksum;
+    absl::StatusOr<std::vector<double>> digests = (*executor)->ParamDigests();
+    ASSERT_TRUE(digests.ok());
+    run.digests[rank] = *digests;
     for (int id = 0; id < (*store)->num_params(); ++id) {
       absl::StatusOr<at::Tensor> value = (*store)->GatherValue(id, comm);
       ASSERT_TRUE(value.ok());
@@ -247,7 +247,8 @@ class NumericsTest
     : public testing::TestWithParam<std::tuple<int, std::string>> {};
 
 // Sharded training under `initial` (and whatever `hook` offers) matches the
-// unsharded reference; every rank reports the same losses and checksum.
+// unsharded reference; every rank reports the same losses and param
+// digests, which are those of the full params.
 // Returns the sharded run.
 ShardedRun ExpectMatchesReference(int world, const std::string& extra,
                                   const ScheduleMaker& initial,
@@ -262,8 +263,15 @@ ShardedRun ExpectMatchesReference(int world, const std::string& extra,
   if (run.params.size() != ref.params.size()) return run;
   for (int r = 0; r < world; ++r) {
     EXPECT_EQ(run.losses[r], run.losses[0]) << "rank " << r;
-    EXPECT_EQ(run.checksums[r], run.checksums[0]) << "rank " << r;
+    EXPECT_EQ(run.digests[r], run.digests[0]) << "rank " << r;
     EXPECT_EQ(run.versions[r], expected_versions) << "rank " << r;
+  }
+  EXPECT_EQ(run.digests[0].size(), run.params.size());
+  for (size_t i = 0; i < std::min(run.params.size(), run.digests[0].size());
+       ++i) {
+    EXPECT_NEAR(run.digests[0][i], FullParamDigest(run.params[i]),
+                1e-12 * run.params[i].abs().sum().item<double>())
+        << "param " << i;
   }
   for (int s = 0; s < kSteps; ++s) {
     EXPECT_NEAR(run.losses[0][s], ref.losses[s],
@@ -532,7 +540,7 @@ TEST(NumericsVariantsTest, AdaptiveOffloadPlan_World2Partial_MatchesUnsharded) {
       TrainSharded(2, kSteps, [&](const Graph&) { return kept; });
   // Offloading moves states to the host and back unchanged.
   EXPECT_EQ(with.losses[0], without.losses[0]);
-  EXPECT_EQ(with.checksums[0], without.checksums[0]);
+  EXPECT_EQ(with.digests[0], without.digests[0]);
   ASSERT_EQ(with.params.size(), without.params.size());
   for (size_t i = 0; i < with.params.size(); ++i) {
     EXPECT_TRUE(at::equal(with.params[i], without.params[i])) << "param " << i;

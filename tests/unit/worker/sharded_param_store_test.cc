@@ -7,6 +7,7 @@
 #include "ATen/ATen.h"
 #include "gtest/gtest.h"
 #include "tests/unit/worker/loopback_world.h"
+#include "tests/unit/worker/unsharded_reference.h"
 #include "worker/runtime/memory_meter.h"
 #include "worker/runtime/program.h"
 
@@ -37,6 +38,29 @@ TEST(ShardedParamStoreTest, Shards_PaddedToWorldMultiple_RankOwnsSlice) {
   EXPECT_EQ((*store)->shard(1)[0].item<float>(), 1004.0f);
   EXPECT_EQ((*store)->shard(1)[1].item<float>(), 0.0f);
   EXPECT_FALSE((*store)->allocated(0));
+}
+
+// The ranks' digest shares add up to the full param's digest, and a value
+// moved to another place changes it (a plain sum would not see it).
+TEST(ShardedParamStoreTest, ShardDigests_SumToTheFullDigest_SeePlaces) {
+  const Program program = TwoParams();
+  std::vector<double> summed(2, 0.0);
+  for (int rank = 0; rank < 3; ++rank) {
+    auto store = ShardedParamStore::Create(program, rank, 3);
+    ASSERT_TRUE(store.ok());
+    const std::vector<double> shares = (*store)->ShardDigests();
+    ASSERT_EQ(shares.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) summed[i] += shares[i];
+  }
+  const at::Tensor a = at::arange(21, at::kDouble);
+  const at::Tensor b = at::arange(5, at::kDouble) + 1000;
+  EXPECT_NEAR(summed[0], FullParamDigest(a), 1e-9);
+  EXPECT_NEAR(summed[1], FullParamDigest(b), 1e-9);
+  // b with its first two values swapped: same sum, another digest.
+  const at::Tensor swapped =
+      at::tensor({1001.0, 1000.0, 1002.0, 1003.0, 1004.0}, at::kDouble);
+  EXPECT_EQ(swapped.sum().item<double>(), b.sum().item<double>());
+  EXPECT_GT(std::abs(FullParamDigest(swapped) - summed[1]), 0.1);
 }
 
 TEST(ShardedParamStoreTest, GatherRelease_World3_ValuesAndCountedMemory) {

@@ -67,6 +67,15 @@ struct Trajectory {
   std::vector<at::Tensor> params;
 };
 
+// The digest Executor::ParamDigests reports for a param, computed from its
+// full value rather than from shards: the float64 sum of x_i * (2 *
+// frac(i * 0.618...) - 1) over its elements in row-major order.
+inline double FullParamDigest(const at::Tensor& full) {
+  const at::Tensor x = full.reshape({-1}).to(at::kDouble);
+  const at::Tensor i = at::arange(x.numel(), x.options());
+  return (x * ((i * 0.6180339887498949).frac() * 2 - 1)).sum().item<double>();
+}
+
 }  // namespace tandem
 
 #endif  // TANDEM_TESTS_UNIT_WORKER_UNSHARDED_REFERENCE_H_

@@ -167,11 +167,13 @@ TEST(AgentTrainerTest, RunAgent_WorldOne_TrainsSwitchesAndReportsEveryStep) {
   EXPECT_FALSE(OfKind(sent, v1::WorkerMessage::kTimeline).empty());
   EXPECT_TRUE(OfKind(sent, v1::WorkerMessage::kError).empty());
 
-  // stdout: one JSON line per step, then the final checksum.
+  // stdout: one JSON line per step, then the final param digests.
   const std::vector<std::string> lines =
       absl::StrSplit(out.str(), '\n', absl::SkipEmpty());
   ASSERT_EQ(lines.size(), static_cast<size_t>(kSteps + 1));
   EXPECT_THAT(lines[0], HasSubstr("\"step\":0"));
+  EXPECT_THAT(lines[kSteps],
+              HasSubstr("{\"param_digests\":{\"embed.weight\":"));
   EXPECT_THAT(lines[kSteps], HasSubstr("\"steps\":4,\"rank\":0"));
 }
 

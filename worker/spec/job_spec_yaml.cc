@@ -249,6 +249,7 @@ absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path) {
     }
   };
   resolve(spec->mutable_model()->mutable_path());
+  resolve(spec->mutable_model()->mutable_init_from());
   resolve(spec->mutable_data()->mutable_path());
   resolve(spec->mutable_checkpoint()->mutable_dir());
   ApplyJobSpecDefaults(*spec);

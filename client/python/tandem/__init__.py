@@ -36,6 +36,10 @@ _LAZY = {
     "ArchiveError": "tandem.export",
     "load_archive": "tandem.export",
     "run_archive": "tandem.export",
+    # Weight files: the standard library only.
+    "export_weights": "tandem.weights",
+    "read_weights": "tandem.weights",
+    "read_safetensors": "tandem.weights",
 }
 
 __all__ = ["TandemError", "SpecError"] + sorted(_LAZY)

@@ -11,12 +11,16 @@
     tandem export my_model.py:build [--example-batch FILE]
                   [--wrap A,B | --wrap-min-params N] [--dynamic NAME:DIM,...]
                   -o model.tandem
+    tandem export-weights JOB_OR_CHECKPOINT -o model.safetensors [--step N]
 
 Exit status: 0 on success (for watch: the job SUCCEEDED); 1 when the
 coordinator refused or could not be reached, or a watched job FAILED or was
 CANCELLED; 2 for usage errors, including a job spec file that does not fit
 the JobSpec schema; 130 on Ctrl-C. `tandem export` needs no coordinator: 1
-when the model cannot be captured, 2 for bad arguments.
+when the model cannot be captured, 2 for bad arguments. `tandem
+export-weights` asks the coordinator only for a job id's checkpoint.dir: 1
+when the checkpoint cannot be found, read or verified (or the coordinator
+cannot be asked), 2 for bad arguments.
 """
 
 import argparse
@@ -385,6 +389,30 @@ def run_export(args):
         return EXIT_INTERRUPTED
 
 
+# ---------------------------------------------------------------- weights
+
+def run_export_weights(args):
+    """`tandem export-weights`: reads the checkpoint files itself (pure
+    Python, tandem.weights); the coordinator is asked only for a job id's
+    checkpoint.dir."""
+    from tandem import weights
+
+    try:
+        summary = weights.export_weights(
+            args.source, args.output, step=args.step,
+            verify=not args.no_verify,
+            coordinator=args.coordinator or default_address(),
+            timeout=args.timeout)
+    except TandemError as e:
+        _err(e.message)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")
+        return EXIT_INTERRUPTED
+    _out(weights.describe(summary))
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------- parser
 
 class _Parser(argparse.ArgumentParser):
@@ -510,6 +538,31 @@ def build_parser():
                     help="dims that vary from batch to batch (default: every "
                          "dim >= 1 of every input; dim 0 always varies)")
     sp.add_argument("--name", help="the model's name (default: its class)")
+
+    sp = sub.add_parser(
+        "export-weights", parents=[common],
+        help="write a checkpoint's full weights as one safetensors file",
+        description="Write the full, unsharded weights of a job's checkpoint "
+                    "as one safetensors file (Hugging Face names for the "
+                    "built-in models). Reads the checkpoint files itself: "
+                    "run it where the workers' shared checkpoint directory "
+                    "is readable. No torch needed; the coordinator is asked "
+                    "only for a job id's checkpoint.dir.")
+    sp.set_defaults(fn=None, export_weights=True)
+    sp.add_argument("source", metavar="JOB_OR_CHECKPOINT",
+                    help="a job's checkpoint.dir (its newest complete "
+                         "checkpoint), one of its step-NNNNNNNN directories, "
+                         "or a job id")
+    sp.add_argument("-o", "--output", required=True, metavar="FILE",
+                    help="the safetensors file to write (replaced only on "
+                         "success)")
+    sp.add_argument("--step", type=int, metavar="N",
+                    help="the checkpoint taken after N steps (default: the "
+                         "newest complete one)")
+    sp.add_argument("--no-verify", action="store_true",
+                    help="skip the rank files' checksums (lengths and "
+                         "structure are still checked); checksumming runs "
+                         "at about 100 MB/s per CPU")
     return p
 
 
@@ -518,6 +571,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if getattr(args, "export", False):
         return run_export(args)
+    if getattr(args, "export_weights", False):
+        if args.timeout is not None and args.timeout <= 0:
+            parser.error("--timeout must be > 0")
+        return run_export_weights(args)
     if not getattr(args, "fn", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE

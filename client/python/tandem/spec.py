@@ -290,13 +290,14 @@ def parse_yaml(text, source=None):
 # Fields naming a file or directory: in a spec file, a relative value is
 # relative to the file's own directory (the coordinator and the workers do
 # not share the submitting shell's working directory).
-_PATH_FIELDS = (("model", "path"), ("data", "path"), ("checkpoint", "dir"))
+_PATH_FIELDS = (("model", "path"), ("model", "init_from"), ("data", "path"),
+                ("checkpoint", "dir"))
 
 
 def load_spec_file(path):
     """Reads a YAML job spec file into a ``JobSpec``. Relative
-    ``model.path``, ``data.path`` and ``checkpoint.dir`` are made absolute
-    against the spec file's directory."""
+    ``model.path``, ``model.init_from``, ``data.path`` and ``checkpoint.dir``
+    are made absolute against the spec file's directory."""
     path = os.fspath(path)
     try:
         with open(path, encoding="utf-8") as f:

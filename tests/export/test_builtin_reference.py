@@ -56,10 +56,10 @@ INIT_SEED = 5
 
 
 def builtin_yaml(preset, init_from, tokens_path, world, ckpt_dir,
-                 steps=STEPS):
+                 steps=STEPS, micro_batch=None):
     """A builtin job spec: CONFIGS[preset] starting from `init_from`, fed
-    by the token file, with the numerics tests' batch and optimizer, one
-    checkpoint at the end."""
+    by the token file, with the numerics tests' batch (or `micro_batch`
+    sequences per rank) and optimizer, one checkpoint at the end."""
     c = CONFIGS[preset]
     moe = (f"  experts: {c.experts}\n  top_k: {c.top_k}\n"
            if c.experts else "")
@@ -79,7 +79,7 @@ data:
   path: {tokens_path}
   token_bytes: 2
 batch:
-  micro_batch: {numerics.GLOBAL_BATCH // world}
+  micro_batch: {micro_batch or numerics.GLOBAL_BATCH // world}
   seq_len: {numerics.SEQ_LEN}
   grad_accum: 1
 train:

@@ -132,7 +132,8 @@ class Reader {
 std::string MetaText(const CheckpointMeta& m, int32_t rank) {
   return absl::StrCat("step=", m.step, "\nworld=", m.world_size,
                       "\nrank=", rank, "\ngraph_hash=", m.graph_hash,
-                      "\ndata_step=", m.data_step, "\n");
+                      "\ndata_step=", m.data_step,
+                      "\ndata_sequences=", m.data_sequences, "\n");
 }
 
 std::string RankFileName(int32_t rank) {
@@ -196,7 +197,8 @@ absl::Status CheckpointDirectory::WriteManifest(
   std::string text =
       absl::StrCat("tandem-checkpoint ", kCheckpointFormatVersion, "\nstep ",
                    meta.step, "\nworld ", meta.world_size, "\ngraph_hash ",
-                   meta.graph_hash, "\ndata_step ", meta.data_step, "\nfiles");
+                   meta.graph_hash, "\ndata_step ", meta.data_step,
+                   "\ndata_sequences ", meta.data_sequences, "\nfiles");
   for (int32_t r = 0; r < meta.world_size; ++r) {
     absl::StrAppend(&text, " ", RankFileName(r));
   }
@@ -263,6 +265,10 @@ absl::StatusOr<CheckpointMeta> CheckpointDirectory::ReadManifest(
     } else if (kv.first == "data_step") {
       if (!absl::SimpleAtoi(kv.second, &meta.data_step)) {
         return corrupt("bad data_step");
+      }
+    } else if (kv.first == "data_sequences") {
+      if (!absl::SimpleAtoi(kv.second, &meta.data_sequences)) {
+        return corrupt("bad data_sequences");
       }
     }
   }
@@ -341,10 +347,14 @@ absl::StatusOr<RankCheckpoint> CheckpointDirectory::ReadRank(
     if (kv.first == "data_step") {
       (void)absl::SimpleAtoi(kv.second, &out.meta.data_step);
     }
+    if (kv.first == "data_sequences") {
+      (void)absl::SimpleAtoi(kv.second, &out.meta.data_sequences);
+    }
   }
   if (out.meta.step != meta.step || out.meta.world_size != meta.world_size ||
       out.meta.graph_hash != meta.graph_hash ||
-      out.meta.data_step != meta.data_step || file_rank != rank) {
+      out.meta.data_step != meta.data_step ||
+      out.meta.data_sequences != meta.data_sequences || file_rank != rank) {
     return absl::FailedPreconditionError(
         absl::StrCat("'", path, "' does not match its manifest (",
                      MetaText(out.meta, file_rank), ")"));

@@ -17,14 +17,20 @@
 // Rank file, format version 1 (integers little-endian):
 //   "TNDMCKPT"  u32 format version  u32 0  u64 payload length
 //   payload:    u32 length + "key=value\n" metadata (step, world, rank,
-//               graph_hash, data_step), u32 blob count, and per blob
-//               u32 name length, name, u64 byte length, bytes
+//               graph_hash, data_step, data_sequences), u32 blob count,
+//               and per blob u32 name length, name, u64 byte length, bytes
 //   u64 checksum of the payload (FNV-1a over 64-bit words)
 // A truncated file fails the length check and a corrupted one the checksum.
 //
+// The runtime's blobs (worker/runtime/training_job.cc): "tensors" (every
+// param's name, shape and export name: common/archive/weights_file.h),
+// per param "param/<name>/shard" and, if trained, ".../exp_avg" and
+// ".../exp_avg_sq" (float32, ceil(numel / world) elements, the last rank's
+// tail zero padding), and "rng/cpu".
+//
 // MANIFEST, text: "tandem-checkpoint <version>" then "step", "world",
-// "graph_hash", "data_step" and "files" lines, and a last line
-// "checksum <hex>" over everything before it.
+// "graph_hash", "data_step", "data_sequences" and "files" lines, and a last
+// line "checksum <hex>" over everything before it.
 #ifndef TANDEM_WORKER_CHECKPOINT_CHECKPOINT_FILES_H_
 #define TANDEM_WORKER_CHECKPOINT_CHECKPOINT_FILES_H_
 
@@ -51,6 +57,11 @@ struct CheckpointMeta {
   std::string graph_hash;
   // Position in the data stream: the next global batch's index.
   int64_t data_step = 0;
+  // The next sequence (sample) of the data the job reads: where a resume
+  // at another global batch size (world, micro_batch, grad_accum) goes on.
+  // -1: not recorded (written before it was), read as data_step global
+  // batches of the resuming job's size.
+  int64_t data_sequences = -1;
 };
 
 // One rank's state.

@@ -55,13 +55,14 @@ MicroBatch MakeMicroBatch(const std::vector<int64_t>& rows, int64_t n,
 
 absl::StatusOr<std::vector<MicroBatch>> ReadRankBatches(
     const TokenSource& source, int64_t step, int32_t grad_accum, int32_t rank,
-    int32_t world, int32_t per_rank, const TokenInputs& names) {
+    int32_t world, int32_t per_rank, const TokenInputs& names,
+    int64_t first_sequence) {
   std::vector<MicroBatch> batches;
   for (int32_t k = 0; k < grad_accum; ++k) {
-    ASSIGN_OR_RETURN(
-        std::vector<int64_t> rows,
-        ReadSequences(source, RankSequenceIndices(step, k, grad_accum, rank,
-                                                  world, per_rank)));
+    ASSIGN_OR_RETURN(std::vector<int64_t> rows,
+                     ReadSequences(source, RankSequenceIndices(
+                                               step, k, grad_accum, rank, world,
+                                               per_rank, first_sequence)));
     batches.push_back(MakeMicroBatch(rows, per_rank, source.seq_len(), names));
   }
   return batches;
@@ -113,9 +114,10 @@ MicroBatch ToMicroBatch(const HostMicroBatch& host) {
 
 absl::StatusOr<std::vector<MicroBatch>> ReadRankBatches(
     const TensorSource& source, int64_t step, int32_t grad_accum, int32_t rank,
-    int32_t world, int32_t per_rank, int64_t* counted) {
-  ASSIGN_OR_RETURN(std::vector<HostMicroBatch> host,
-                   source.ReadRank(step, grad_accum, rank, world, per_rank));
+    int32_t world, int32_t per_rank, int64_t* counted, int64_t first_sample) {
+  ASSIGN_OR_RETURN(
+      std::vector<HostMicroBatch> host,
+      source.ReadRank(step, grad_accum, rank, world, per_rank, first_sample));
   std::vector<MicroBatch> batches;
   if (counted != nullptr) *counted = 0;
   for (const HostMicroBatch& h : host) {

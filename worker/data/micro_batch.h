@@ -32,10 +32,12 @@ absl::StatusOr<TokenInputs> TokenInputsOf(const Program& program);
 MicroBatch MakeMicroBatch(const std::vector<int64_t>& rows, int64_t n,
                           int64_t seq_len, const TokenInputs& names = {});
 
-// Rank `rank`'s micro-batches of step `step` from `source`.
+// Rank `rank`'s micro-batches of step `step` from `source`
+// (RankSequenceIndices, from `first_sequence`).
 absl::StatusOr<std::vector<MicroBatch>> ReadRankBatches(
     const TokenSource& source, int64_t step, int32_t grad_accum, int32_t rank,
-    int32_t world, int32_t per_rank, const TokenInputs& names = {});
+    int32_t world, int32_t per_rank, const TokenInputs& names = {},
+    int64_t first_sequence = 0);
 
 // The program's inputs as the archive declares them, for
 // TensorSource::Open.
@@ -49,7 +51,8 @@ MicroBatch ToMicroBatch(const HostMicroBatch& host);
 // receives the items the rank's micro-batches count.
 absl::StatusOr<std::vector<MicroBatch>> ReadRankBatches(
     const TensorSource& source, int64_t step, int32_t grad_accum, int32_t rank,
-    int32_t world, int32_t per_rank, int64_t* counted = nullptr);
+    int32_t world, int32_t per_rank, int64_t* counted = nullptr,
+    int64_t first_sample = 0);
 
 }  // namespace tandem
 

@@ -135,14 +135,14 @@ absl::Status TensorSource::ReadInput(const Input& in,
 
 absl::StatusOr<std::vector<HostMicroBatch>> TensorSource::ReadRank(
     int64_t step, int32_t grad_accum, int32_t rank, int32_t world,
-    int32_t per_rank) const {
+    int32_t per_rank, int64_t first_sample) const {
   // Every rank counts the whole global batch, micro-batch by micro-batch.
   int64_t global = 0;
   for (int32_t k = 0; k < grad_accum; ++k) {
     for (int32_t r = 0; r < world; ++r) {
       int64_t count = 0;
-      const std::vector<int64_t> indices =
-          RankSequenceIndices(step, k, grad_accum, r, world, per_rank);
+      const std::vector<int64_t> indices = RankSequenceIndices(
+          step, k, grad_accum, r, world, per_rank, first_sample);
       for (int64_t i : indices) count += counted(i % file_.samples);
       if (count == 0) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -159,8 +159,8 @@ absl::StatusOr<std::vector<HostMicroBatch>> TensorSource::ReadRank(
   std::vector<HostMicroBatch> batches(static_cast<size_t>(grad_accum));
   for (int32_t k = 0; k < grad_accum; ++k) {
     HostMicroBatch& b = batches[k];
-    for (int64_t i :
-         RankSequenceIndices(step, k, grad_accum, rank, world, per_rank)) {
+    for (int64_t i : RankSequenceIndices(step, k, grad_accum, rank, world,
+                                         per_rank, first_sample)) {
       b.samples.push_back(i % file_.samples);
       b.counted += counted(b.samples.back());
     }

@@ -78,14 +78,13 @@ class TensorSource {
   int64_t counted(int64_t sample) const;
 
   // Rank `rank`'s `grad_accum` micro-batches of step `step`, each with
-  // `per_rank` samples. Errors: DataLoss on a short read; InvalidArgument
-  // when a micro-batch of the step (on any rank: every rank fails alike)
-  // counts no item, naming it and its samples.
-  absl::StatusOr<std::vector<HostMicroBatch>> ReadRank(int64_t step,
-                                                       int32_t grad_accum,
-                                                       int32_t rank,
-                                                       int32_t world,
-                                                       int32_t per_rank) const;
+  // `per_rank` samples (RankSequenceIndices, from `first_sample`). Errors:
+  // DataLoss on a short read; InvalidArgument when a micro-batch of the step
+  // (on any rank: every rank fails alike) counts no item, naming it and its
+  // samples.
+  absl::StatusOr<std::vector<HostMicroBatch>> ReadRank(
+      int64_t step, int32_t grad_accum, int32_t rank, int32_t world,
+      int32_t per_rank, int64_t first_sample = 0) const;
 
  private:
   struct Input {

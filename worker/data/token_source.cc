@@ -141,10 +141,11 @@ absl::StatusOr<std::unique_ptr<TokenSource>> OpenTokenFile(
 
 std::vector<int64_t> RankSequenceIndices(int64_t step, int32_t micro_batch,
                                          int32_t grad_accum, int32_t rank,
-                                         int32_t world, int32_t per_rank) {
+                                         int32_t world, int32_t per_rank,
+                                         int64_t first_sequence) {
   const int64_t batch = step * grad_accum + micro_batch;
-  const int64_t first =
-      batch * world * per_rank + static_cast<int64_t>(rank) * per_rank;
+  const int64_t first = first_sequence + batch * world * per_rank +
+                        static_cast<int64_t>(rank) * per_rank;
   std::vector<int64_t> indices(static_cast<size_t>(per_rank));
   for (int32_t i = 0; i < per_rank; ++i) indices[i] = first + i;
   return indices;

@@ -43,10 +43,14 @@ absl::StatusOr<std::unique_ptr<TokenSource>> OpenTokenFile(
 // The global sequence indices rank `rank` reads for micro-batch
 // `micro_batch` of step `step`: global batch b = (step * grad_accum +
 // micro_batch) holds world * per_rank sequences, rank r reads
-// [b*world*per_rank + r*per_rank, ... + per_rank).
+// first_sequence + [b*world*per_rank + r*per_rank, ... + per_rank).
+// `first_sequence`: where step 0 starts (a job resumed at another global
+// batch size counts its steps from the resume and starts where the
+// checkpoint's data stopped).
 std::vector<int64_t> RankSequenceIndices(int64_t step, int32_t micro_batch,
                                          int32_t grad_accum, int32_t rank,
-                                         int32_t world, int32_t per_rank);
+                                         int32_t world, int32_t per_rank,
+                                         int64_t first_sequence = 0);
 
 // Reads the sequences of `indices` into one row-major [n, seq_len + 1]
 // buffer.

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -12,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/job/job_spec.h"
 #include "common/job/lr_schedule.h"
 #include "common/models/graph_builder.h"
@@ -86,46 +89,161 @@ void FillCheckpoint(const Program& program, const ShardedParamStore& store,
   state.blobs.emplace_back("rng/cpu", TensorBytes(gen.get_state()));
 }
 
-// Every blob Restore needs is there with the store's sizes.
-absl::Status CheckRestorable(const RankCheckpoint& state,
-                             const ShardedParamStore& store) {
+// A stretch of this rank's shard that a checkpoint rank holds: `count`
+// values from offset `from` of old rank `rank`'s shard, to offset `to`.
+struct ShardPiece {
+  int32_t rank;
+  int64_t from;
+  int64_t to;
+  int64_t count;
+};
+
+// Where rank `rank`'s shard of a `numel`-element param (world `world`) lies
+// in the shards of a checkpoint written by `old_world` ranks: every rank's
+// shard is ceil(numel / world) consecutive values of the flattened param.
+std::vector<ShardPiece> ShardPieces(int64_t numel, int32_t old_world,
+                                    int32_t world, int32_t rank) {
+  const int64_t old_shard = (numel + old_world - 1) / old_world;
+  const int64_t shard = (numel + world - 1) / world;
+  const int64_t begin = std::min(numel, rank * shard);
+  const int64_t end = std::min(numel, begin + shard);
+  std::vector<ShardPiece> out;
+  for (int64_t at = begin; at < end;) {
+    const int32_t q = static_cast<int32_t>(at / old_shard);
+    const int64_t stop = std::min(end, (q + 1) * old_shard);
+    out.push_back({q, at - q * old_shard, at - begin, stop - at});
+    at = stop;
+  }
+  return out;
+}
+
+// This rank's state in one checkpoint, read and checked but not yet
+// applied: the rank files its shards come from (at another world size,
+// several or none of the same number), each whole.
+struct RestoreSource {
+  CheckpointMeta meta;
+  std::map<int32_t, RankCheckpoint> files;
+  // The rank whose CPU RNG state this rank takes.
+  int32_t rng_rank = 0;
+};
+
+// Reads and checks what rank `rank` of `world` needs of checkpoint `meta`.
+// Errors: FailedPrecondition when the checkpoint holds other params than
+// `program` (or, without a params list, is of another graph than
+// `graph_hash`: resuming it cannot work, fatal), DataLoss or NotFound for an
+// unreadable or damaged file (another checkpoint may do).
+absl::StatusOr<RestoreSource> ReadRestoreSource(const CheckpointDirectory& dir,
+                                                const CheckpointMeta& meta,
+                                                const Program& program,
+                                                const std::string& graph_hash,
+                                                const ShardedParamStore& store,
+                                                int32_t rank, int32_t world) {
+  RestoreSource source;
+  source.meta = meta;
+  source.rng_rank = rank % meta.world_size;
+  auto file = [&](int32_t r) -> absl::StatusOr<const RankCheckpoint*> {
+    auto it = source.files.find(r);
+    if (it == source.files.end()) {
+      ASSIGN_OR_RETURN(RankCheckpoint read, dir.ReadRank(meta, r));
+      it = source.files.emplace(r, std::move(read)).first;
+    }
+    return &it->second;
+  };
+  const std::string where = dir.StepDir(meta.step);
+  ASSIGN_OR_RETURN(const RankCheckpoint* own, file(source.rng_rank));
+  if (own->Find("rng/cpu") == nullptr) {
+    return absl::DataLossError(
+        absl::StrCat("rank ", source.rng_rank, "'s blob 'rng/cpu' is missing"));
+  }
+  // The params' names, shapes and export names, which the shards' layout
+  // follows, must be this model's (checkpoints written before the list
+  // existed resume only at their own world size).
+  const std::string* listed = own->Find(kCheckpointTensorsBlob);
+  if (listed == nullptr && meta.world_size != world) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", where, " was written by ", meta.world_size,
+        " ranks by a worker that did not record its params' shapes, so it "
+        "cannot be resharded to ",
+        world,
+        " ranks; resume it with "
+        "parallel.world_size ",
+        meta.world_size, ", or point checkpoint.dir at an empty directory"));
+  }
+  if (listed == nullptr && meta.graph_hash != graph_hash) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", where, " is of another model (graph ",
+                     meta.graph_hash, ", this job's is ", graph_hash,
+                     "); resume it with the job spec that wrote it, or point "
+                     "checkpoint.dir at an empty directory to start afresh"));
+  }
+  if (listed != nullptr) {
+    const std::string mine =
+        CheckpointTensorsText(ProgramWeightTensors(program));
+    if (*listed != mine) {
+      const std::vector<absl::string_view> theirs =
+          absl::StrSplit(*listed, '\n');
+      const std::vector<absl::string_view> ours = absl::StrSplit(mine, '\n');
+      size_t i = 0;
+      while (i < theirs.size() && i < ours.size() && theirs[i] == ours[i]) ++i;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint ", where, " is of another model: its param ", i, " is '",
+          i < theirs.size() ? theirs[i] : "(none)", "', this job's is '",
+          i < ours.size() ? ours[i] : "(none)",
+          "'; resume it with the job spec that wrote it (any world size), or "
+          "point checkpoint.dir at an empty directory to start afresh"));
+    }
+  }
   for (int32_t id = 0; id < store.num_params(); ++id) {
-    const size_t bytes =
-        static_cast<size_t>(store.shard_numel(id)) * sizeof(float);
-    for (const char* what : {"shard", "exp_avg", "exp_avg_sq"}) {
-      if (!store.trainable(id) && std::string(what) != "shard") continue;
-      const std::string name = ParamBlob(store, id, what);
-      const std::string* blob = state.Find(name);
-      if (blob == nullptr || blob->size() != bytes) {
-        return absl::DataLossError(absl::StrCat(
-            "blob '", name, "' is ", blob == nullptr ? "missing" : "mis-sized",
-            " (expected ", bytes, " bytes)"));
+    const int64_t old_shard =
+        (store.numel(id) + meta.world_size - 1) / meta.world_size;
+    for (const ShardPiece& piece :
+         ShardPieces(store.numel(id), meta.world_size, world, rank)) {
+      ASSIGN_OR_RETURN(const RankCheckpoint* from, file(piece.rank));
+      for (const char* what : {"shard", "exp_avg", "exp_avg_sq"}) {
+        if (!store.trainable(id) && std::string(what) != "shard") continue;
+        const std::string name = ParamBlob(store, id, what);
+        const std::string* blob = from->Find(name);
+        const size_t bytes = static_cast<size_t>(old_shard) * sizeof(float);
+        if (blob == nullptr || blob->size() != bytes) {
+          return absl::DataLossError(
+              absl::StrCat("rank ", piece.rank, "'s blob '", name, "' is ",
+                           blob == nullptr ? "missing" : "mis-sized",
+                           " (expected ", bytes, " bytes)"));
+        }
       }
     }
   }
-  if (state.Find("rng/cpu") == nullptr) {
-    return absl::DataLossError("blob 'rng/cpu' is missing");
+  return source;
+}
+
+// Puts `pieces` of the checkpoint's blobs `what` of param `id` into `dst`
+// (this rank's shard; padding zero).
+void CopyPieces(const RestoreSource& source, const ShardedParamStore& store,
+                int32_t id, const std::vector<ShardPiece>& pieces,
+                const char* what, const at::Tensor& dst) {
+  at::Tensor values = at::zeros({dst.numel()}, at::kFloat);
+  float* out = values.data_ptr<float>();
+  for (const ShardPiece& piece : pieces) {
+    const std::string& blob =
+        *source.files.at(piece.rank).Find(ParamBlob(store, id, what));
+    std::memcpy(out + piece.to, blob.data() + piece.from * sizeof(float),
+                static_cast<size_t>(piece.count) * sizeof(float));
   }
-  return absl::OkStatus();
+  at::Tensor target = dst;
+  target.copy_(values);
 }
 
-void CopyInto(const std::string& bytes, const at::Tensor& dst) {
-  const at::Tensor src =
-      at::from_blob(const_cast<char*>(bytes.data()), {dst.numel()},
-                    dst.options().device(at::kCPU));
-  at::Tensor out = dst;
-  out.copy_(src);
-}
-
-void Restore(const RankCheckpoint& state, ShardedParamStore& store) {
+void Restore(const RestoreSource& source, ShardedParamStore& store) {
   for (int32_t id = 0; id < store.num_params(); ++id) {
-    CopyInto(*state.Find(ParamBlob(store, id, "shard")), store.shard(id));
+    const std::vector<ShardPiece> pieces =
+        ShardPieces(store.numel(id), source.meta.world_size, store.world_size(),
+                    store.rank());
+    CopyPieces(source, store, id, pieces, "shard", store.shard(id));
     if (!store.trainable(id)) continue;
-    CopyInto(*state.Find(ParamBlob(store, id, "exp_avg")), store.exp_avg(id));
-    CopyInto(*state.Find(ParamBlob(store, id, "exp_avg_sq")),
-             store.exp_avg_sq(id));
+    CopyPieces(source, store, id, pieces, "exp_avg", store.exp_avg(id));
+    CopyPieces(source, store, id, pieces, "exp_avg_sq", store.exp_avg_sq(id));
   }
-  const std::string& rng = *state.Find("rng/cpu");
+  const std::string& rng = *source.files.at(source.rng_rank).Find("rng/cpu");
   at::Tensor rng_state =
       at::empty({static_cast<int64_t>(rng.size())}, at::kByte);
   std::memcpy(rng_state.data_ptr(), rng.data(), rng.size());
@@ -310,13 +428,17 @@ absl::StatusOr<StepStats> TrainingJob::RunAndReport(int64_t step) {
   if (tensors_ != nullptr) {
     // Shapes may differ by micro-batch, step and rank (variable lengths):
     // the program and the schedule do not depend on them.
-    ASSIGN_OR_RETURN(batches,
-                     ReadRankBatches(*tensors_, step, config.grad_accum, rank_,
-                                     world_, config.micro_batch, &tokens));
+    ASSIGN_OR_RETURN(
+        batches,
+        ReadRankBatches(*tensors_, step - data_origin_step_, config.grad_accum,
+                        rank_, world_, config.micro_batch, &tokens,
+                        data_origin_sequence_));
   } else {
     ASSIGN_OR_RETURN(
-        batches, ReadRankBatches(*data_, step, config.grad_accum, rank_, world_,
-                                 config.micro_batch, model_->token_inputs));
+        batches,
+        ReadRankBatches(*data_, step - data_origin_step_, config.grad_accum,
+                        rank_, world_, config.micro_batch, model_->token_inputs,
+                        data_origin_sequence_));
   }
   // Tokens are read on the host; the model's first node indexes the
   // embedding on the device with them.
@@ -383,30 +505,17 @@ absl::StatusOr<int64_t> TrainingJob::Resume() {
   for (int64_t step : steps) {
     const std::string where = checkpoints_->StepDir(step);
     absl::Status problem;
-    RankCheckpoint state;
+    RestoreSource source;
     absl::StatusOr<CheckpointMeta> meta = checkpoints_->ReadManifest(step);
     if (meta.ok()) {
-      // Every rank reads the same manifest, so all refuse together.
-      if (meta->world_size != world_) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "checkpoint ", where, " was written by ", meta->world_size,
-            " ranks, but this job runs ", world_,
-            "; resume it with parallel.world_size ", meta->world_size,
-            ", or point checkpoint.dir at an empty directory to start "
-            "afresh"));
-      }
-      if (meta->graph_hash != hash) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "checkpoint ", where, " is of another model (graph ",
-            meta->graph_hash, ", this job's is ", hash,
-            "); resume it with the job spec that wrote it, or point "
-            "checkpoint.dir at an empty directory to start afresh"));
-      }
-      absl::StatusOr<RankCheckpoint> read =
-          checkpoints_->ReadRank(*meta, rank_);
+      absl::StatusOr<RestoreSource> read = ReadRestoreSource(
+          *checkpoints_, *meta, model_->program, hash, *store_, rank_, world_);
       if (read.ok()) {
-        state = *std::move(read);
-        problem = CheckRestorable(state, *store_);
+        source = *std::move(read);
+      } else if (read.status().code() ==
+                 absl::StatusCode::kFailedPrecondition) {
+        // Every rank reads the same params list, so all refuse together.
+        return read.status();
       } else {
         problem = read.status();
       }
@@ -436,9 +545,24 @@ absl::StatusOr<int64_t> TrainingJob::Resume() {
       continue;
     }
     RETURN_IF_ERROR(
-        TorchCall("restoring a checkpoint", [&] { Restore(state, *store_); }));
-    std::fprintf(stderr, "tandem-worker rank %d: resumed from %s (step %lld)\n",
-                 rank_, where.c_str(), static_cast<long long>(step));
+        TorchCall("restoring a checkpoint", [&] { Restore(source, *store_); }));
+    // The data goes on where the checkpoint's stopped, in steps of this
+    // job's global batch.
+    data_origin_step_ = meta->data_step;
+    data_origin_sequence_ = meta->data_sequences >= 0
+                                ? meta->data_sequences
+                                : meta->data_step * GlobalBatch();
+    if (meta->world_size != world_) {
+      std::fprintf(stderr,
+                   "tandem-worker rank %d: resumed from %s (step %lld), "
+                   "resharded from %d ranks to %d\n",
+                   rank_, where.c_str(), static_cast<long long>(step),
+                   meta->world_size, world_);
+    } else {
+      std::fprintf(stderr,
+                   "tandem-worker rank %d: resumed from %s (step %lld)\n",
+                   rank_, where.c_str(), static_cast<long long>(step));
+    }
     return meta->data_step;
   }
   if (!steps.empty()) {
@@ -456,6 +580,8 @@ absl::Status TrainingJob::WriteCheckpoint(int64_t steps_done) {
   state.meta.world_size = world_;
   state.meta.graph_hash = model_->graph.StructuralHash();
   state.meta.data_step = steps_done;  // batches are indexed by step
+  state.meta.data_sequences =
+      data_origin_sequence_ + (steps_done - data_origin_step_) * GlobalBatch();
   state.rank = rank_;
   absl::Status written = TorchCall("checkpointing", [&] {
     store_->WaitStates();

@@ -75,9 +75,10 @@ class TrainingJob {
   // that all ranks built the same graph, shards the params and installs
   // `initial` (checked like Executor::Create). `model` and `meter` must
   // outlive the job. `initial`'s mode must be the spec's zero_stage. Resumes
-  // from a checkpoint when there is one. Errors besides the executor's:
-  // FailedPrecondition when the newest checkpoint is of another world size,
-  // model or format version (the message says how to go on).
+  // from a checkpoint when there is one, resharded when it was written at
+  // another world size. Errors besides the executor's: FailedPrecondition
+  // when the newest checkpoint is of another model or format version (the
+  // message says how to go on).
   static absl::StatusOr<std::unique_ptr<TrainingJob>> Start(
       const v1::JobSpec& spec, const ModelParts* model, int rank, int world,
       c10::intrusive_ptr<c10d::ProcessGroup> group, Schedule initial,
@@ -134,6 +135,17 @@ class TrainingJob {
   std::unique_ptr<CheckpointDirectory> checkpoints_;
   int64_t checkpoint_every_ = 0;
   int64_t first_step_ = 0;
+  // The data's position: step s reads the global batch that starts at
+  // sequence data_origin_sequence_ + (s - data_origin_step_) *
+  // GlobalBatch() (a resume at another global batch size goes on where
+  // the checkpoint's data stopped).
+  int64_t data_origin_step_ = 0;
+  int64_t data_origin_sequence_ = 0;
+  // Sequences (samples) per step over all ranks.
+  int64_t GlobalBatch() const {
+    return int64_t{model_->config.micro_batch} * model_->config.grad_accum *
+           world_;
+  }
   // train.steps.
   int64_t steps_ = 0;
 };

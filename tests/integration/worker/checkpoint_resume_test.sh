@@ -10,8 +10,9 @@
 #   3. the newest checkpoint's rank-1 file corrupted and the previous one's
 #      rank-0 file truncated: both are detected and logged, and training
 #      resumes from the one before, again with the reference's exact losses;
-#   4. a checkpoint of another world size or model is refused with a clear
-#      error;
+#   4. a checkpoint resumes at another world size (resharded: the numerics
+#      are tests/export/test_resume_world_size.py's), and one of another
+#      model is refused with a clear error;
 #   5. ZeRO-1 (zero_stage 1) trains the same losses as ZeRO-3 (to fp32
 #      rounding).
 #   checkpoint_resume_test.sh TANDEM_WORKER RUN_STANDALONE_SH
@@ -187,13 +188,15 @@ grep -q "resumed from $CK/step-00000028" "$TMP/fallback-logs/rank0.err"
 same_as_reference "$TMP/fallback.losses"
 echo "corrupted and truncated checkpoints detected; resumed from step 28 exactly"
 
-# 4. Another world size or model is refused, naming what to do.
+# 4. Another world size resumes, resharded; another model is refused,
+# naming what to do.
 spec $((REF_STEPS + 2)) "$CK" > "$TMP/w1.yaml"
-if "$RUNNER" 1 "$TMP/w1.yaml" > /dev/null 2> "$TMP/w1.err"; then
-  echo "a world-2 checkpoint was accepted at world 1" >&2; exit 1
-fi
-grep -q "written by 2 ranks, but this job runs 1" "$TMP/w1.err" || {
-  cat "$TMP/w1.err" >&2; exit 1; }
+TANDEM_LOG_DIR="$TMP/w1-logs" "$RUNNER" 1 "$TMP/w1.yaml" > "$TMP/w1.out"
+losses "$TMP/w1.out" > "$TMP/w1.losses"
+[ "$(cut -d' ' -f1 "$TMP/w1.losses" | tr '\n' ' ')" = "34 35 " ] || {
+  cat "$TMP/w1.out" "$TMP/w1-logs/rank0.err" >&2; exit 1; }
+grep -q "resharded from 2 ranks to 1" "$TMP/w1-logs/rank0.err" || {
+  cat "$TMP/w1-logs/rank0.err" >&2; exit 1; }
 spec $((REF_STEPS + 2)) "$CK" 3 3 > "$TMP/other_model.yaml"
 if TANDEM_LOG_DIR="$TMP/model-logs" "$RUNNER" 2 "$TMP/other_model.yaml" \
     > /dev/null 2> "$TMP/model.err"; then
@@ -201,7 +204,7 @@ if TANDEM_LOG_DIR="$TMP/model-logs" "$RUNNER" 2 "$TMP/other_model.yaml" \
 fi
 grep -q "is of another model" "$TMP/model-logs/rank0.err" || {
   cat "$TMP/model.err" "$TMP/model-logs/rank0.err" >&2; exit 1; }
-echo "other world size and other model refused"
+echo "world-2 checkpoint resumed at world 1; other model refused"
 
 # 5. ZeRO-1 through the CLI: the same losses as ZeRO-3.
 spec 10 "" 1 > "$TMP/zero1.yaml"

@@ -1,9 +1,12 @@
 #include "worker/runtime/training_job.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <future>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -413,9 +416,16 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
 }
 
 absl::StatusOr<StepStats> TrainingJob::Step(int64_t step) {
+  // An earlier checkpoint's files are written while this step trains; the
+  // ranks agree on its manifest at the first step boundary after.
+  if (pending_.has_value()) RETURN_IF_ERROR(FinishCheckpoint(/*wait=*/false));
   ASSIGN_OR_RETURN(StepStats stats, RunAndReport(step));
   if (checkpoints_ != nullptr && (step + 1) % checkpoint_every_ == 0) {
     RETURN_IF_ERROR(WriteCheckpoint(step + 1));
+  }
+  // Nothing trains after the last step to hide the write behind.
+  if (pending_.has_value() && step + 1 >= steps_) {
+    RETURN_IF_ERROR(FinishCheckpoint(/*wait=*/true));
   }
   return stats;
 }
@@ -575,22 +585,56 @@ absl::StatusOr<int64_t> TrainingJob::Resume() {
 }
 
 absl::Status TrainingJob::WriteCheckpoint(int64_t steps_done) {
-  RankCheckpoint state;
-  state.meta.step = steps_done;
-  state.meta.world_size = world_;
-  state.meta.graph_hash = model_->graph.StructuralHash();
-  state.meta.data_step = steps_done;  // batches are indexed by step
-  state.meta.data_sequences =
+  // At most one checkpoint in flight.
+  if (pending_.has_value()) RETURN_IF_ERROR(FinishCheckpoint(/*wait=*/true));
+  auto state = std::make_shared<RankCheckpoint>();
+  state->meta.step = steps_done;
+  state->meta.world_size = world_;
+  state->meta.graph_hash = model_->graph.StructuralHash();
+  state->meta.data_step = steps_done;  // batches are indexed by step
+  state->meta.data_sequences =
       data_origin_sequence_ + (steps_done - data_origin_step_) * GlobalBatch();
-  state.rank = rank_;
-  absl::Status written = TorchCall("checkpointing", [&] {
+  state->rank = rank_;
+  // The snapshot: the blobs are copies, so training may change the shards
+  // while the files are written.
+  const absl::Status snapshot = TorchCall("checkpointing", [&] {
     store_->WaitStates();
-    FillCheckpoint(model_->program, *store_, state);
+    FillCheckpoint(model_->program, *store_, *state);
   });
-  if (written.ok()) written = checkpoints_->WriteRank(state);
+  PendingCheckpoint pending;
+  pending.meta = state->meta;
+  if (snapshot.ok()) {
+    pending.written = std::async(
+        std::launch::async, [dir = *checkpoints_, state = std::move(state)] {
+          return dir.WriteRank(*state);
+        });
+  } else {
+    std::promise<absl::Status> failed;
+    failed.set_value(snapshot);
+    pending.written = failed.get_future();
+  }
+  pending_ = std::move(pending);
+  return absl::OkStatus();
+}
+
+absl::Status TrainingJob::FinishCheckpoint(bool wait) {
+  PendingCheckpoint& pending = *pending_;
+  const bool done = wait || pending.written.wait_for(std::chrono::seconds(0)) ==
+                                std::future_status::ready;
+  // Every rank must decide alike: the manifest only once every file is
+  // durable, and none may wait for another's write in a collective.
+  ASSIGN_OR_RETURN(std::vector<double> all_done,
+                   comm_->AllGatherScalars({done ? 1.0 : 0.0}));
+  if (!std::all_of(all_done.begin(), all_done.end(),
+                   [](double v) { return v; })) {
+    return absl::OkStatus();  // asked again after the next step
+  }
+  const absl::Status written = pending.written.get();
+  const CheckpointMeta meta = pending.meta;
+  pending_.reset();
   ASSIGN_OR_RETURN(std::vector<double> ok,
                    comm_->AllGatherScalars({written.ok() ? 1.0 : 0.0}));
-  const std::string where = checkpoints_->StepDir(steps_done);
+  const std::string where = checkpoints_->StepDir(meta.step);
   if (!written.ok()) {
     std::fprintf(stderr, "tandem-worker rank %d: writing checkpoint %s: %s\n",
                  rank_, where.c_str(), std::string(written.message()).c_str());
@@ -604,7 +648,7 @@ absl::Status TrainingJob::WriteCheckpoint(int64_t steps_done) {
   }
   if (rank_ != 0) return absl::OkStatus();
   // Every rank's file is durable: the manifest makes the checkpoint count.
-  if (absl::Status s = checkpoints_->WriteManifest(state.meta); !s.ok()) {
+  if (absl::Status s = checkpoints_->WriteManifest(meta); !s.ok()) {
     std::fprintf(stderr, "tandem-worker rank 0: writing checkpoint %s: %s\n",
                  where.c_str(), std::string(s.message()).c_str());
     return absl::OkStatus();

@@ -14,7 +14,9 @@
 #ifndef TANDEM_WORKER_RUNTIME_TRAINING_JOB_H_
 #define TANDEM_WORKER_RUNTIME_TRAINING_JOB_H_
 
+#include <future>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -111,8 +113,16 @@ class TrainingJob {
   // Restores the newest usable checkpoint into the store; returns its step
   // (0 when there is none).
   absl::StatusOr<int64_t> Resume();
-  // Writes the checkpoint after `steps_done` steps (collective).
+  // Starts the checkpoint after `steps_done` steps: snapshots this rank's
+  // state (copies) and writes its file in the background; FinishCheckpoint
+  // writes the manifest once every rank's file is durable. Waits for an
+  // earlier one still in flight first (collective).
   absl::Status WriteCheckpoint(int64_t steps_done);
+  // Collective, with pending_ set: when every rank's write is done (or,
+  // with `wait`, after waiting for this rank's), rank 0 writes the manifest
+  // if every write succeeded, and pending_ is cleared; otherwise nothing
+  // changes. A failed write is logged, never fatal.
+  absl::Status FinishCheckpoint(bool wait);
 
   const ModelParts* model_ = nullptr;
   int rank_ = 0;
@@ -133,6 +143,12 @@ class TrainingJob {
   ScheduleFootprint footprint_;
   // Checkpoints: null when checkpoint.dir is empty.
   std::unique_ptr<CheckpointDirectory> checkpoints_;
+  // A checkpoint whose rank file is being written in the background.
+  struct PendingCheckpoint {
+    CheckpointMeta meta;
+    std::future<absl::Status> written;
+  };
+  std::optional<PendingCheckpoint> pending_;
   int64_t checkpoint_every_ = 0;
   int64_t first_step_ = 0;
   // The data's position: step s reads the global batch that starts at

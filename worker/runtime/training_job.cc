@@ -1,5 +1,9 @@
 #include "worker/runtime/training_job.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -606,6 +610,10 @@ absl::Status TrainingJob::WriteCheckpoint(int64_t steps_done) {
   if (snapshot.ok()) {
     pending.written = std::async(
         std::launch::async, [dir = *checkpoints_, state = std::move(state)] {
+          // Training comes first: the writer runs at the lowest nice
+          // level, a small share of a busy CPU but never starved.
+          (void)setpriority(PRIO_PROCESS,
+                            static_cast<id_t>(syscall(SYS_gettid)), 19);
           return dir.WriteRank(*state);
         });
   } else {

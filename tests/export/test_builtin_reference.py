@@ -63,41 +63,15 @@ def builtin_yaml(preset, init_from, tokens_path, world, ckpt_dir,
     c = CONFIGS[preset]
     moe = (f"  experts: {c.experts}\n  top_k: {c.top_k}\n"
            if c.experts else "")
-    return f"""name: builtin-reference
-model:
-  kind: builtin
-  preset: {preset}
-  layers: {c.layers}
-  d_model: {c.d_model}
-  heads: {c.heads}
-  kv_heads: {c.kv_heads}
-  ffn: {c.ffn}
-  vocab: {c.vocab}
-{moe}  init_from: {init_from}
-data:
-  kind: tokens
-  path: {tokens_path}
-  token_bytes: 2
-batch:
-  micro_batch: {micro_batch or numerics.GLOBAL_BATCH // world}
-  seq_len: {numerics.SEQ_LEN}
-  grad_accum: 1
-train:
-  steps: {steps}
-  lr: {numerics.LR}
-  beta1: {numerics.BETAS[0]}
-  beta2: {numerics.BETAS[1]}
-  eps: {numerics.EPS}
-  weight_decay: {numerics.WD}
-  grad_clip: {numerics.CLIP}
-  seed: 1
-parallel:
-  world_size: {world}
-  zero_stage: 3
-checkpoint:
-  dir: {ckpt_dir}
-  every: {steps}
-"""
+    model = (f"  preset: {preset}\n  layers: {c.layers}\n"
+             f"  d_model: {c.d_model}\n  heads: {c.heads}\n"
+             f"  kv_heads: {c.kv_heads}\n  ffn: {c.ffn}\n"
+             f"  vocab: {c.vocab}\n{moe}  init_from: {init_from}\n")
+    data = f"  kind: tokens\n  path: {tokens_path}\n  token_bytes: 2\n"
+    return numerics.job_yaml(None, world, ckpt_dir, model, data,
+                             f"  seq_len: {numerics.SEQ_LEN}\n",
+                             train={"steps": steps, "lr": numerics.LR},
+                             every=steps, micro_batch=micro_batch)
 
 
 def tokens_file(tmp_path, vocab):

@@ -154,20 +154,23 @@ def final_params(ckpt_dir, world, manifest):
 
 
 def job_yaml(archive, world, ckpt_dir, model_extra, data, batch_extra,
-             grad_accum=1, train=None, every=STEPS):
-    """The job spec the numerics tests train: the archive, `data` (the
-    section's lines), and the optimizer and batch every reference uses.
-    `train`: the train keys before the optimizer's (default: STEPS steps at
-    LR); `every`: the checkpoint interval."""
+             grad_accum=1, train=None, every=STEPS, micro_batch=None):
+    """The job spec the numerics tests train: the archive (None: a builtin
+    model, all in `model_extra`), `data` (the section's lines), and the
+    optimizer and batch every reference uses (`micro_batch` sequences per
+    rank; default: the global batch split over the ranks). `train`: the
+    train keys before the optimizer's (default: STEPS steps at LR);
+    `every`: the checkpoint interval."""
     train = train or {"steps": STEPS, "lr": LR}
     keys = "".join(f"  {k}: {v}\n" for k, v in train.items())
+    model = (f"  kind: torchscript\n  path: {archive}\n" if archive
+             else "  kind: builtin\n")
+    micro_batch = micro_batch or GLOBAL_BATCH // (world * grad_accum)
     return f"""name: exported-numerics
 model:
-  kind: torchscript
-  path: {archive}
-{model_extra}data:
+{model}{model_extra}data:
 {data}batch:
-  micro_batch: {GLOBAL_BATCH // (world * grad_accum)}
+  micro_batch: {micro_batch}
   grad_accum: {grad_accum}
 {batch_extra}train:
 {keys}  beta1: {BETAS[0]}

@@ -54,7 +54,8 @@ class ModelGraphBuilder {
         s_(config.seq_len),
         t_(int64_t{config.micro_batch} * config.seq_len),
         d_(config.d_model),
-        hd_(config.head_dim()) {}
+        hd_(config.head_dim()),
+        q_dim_(int64_t{config.heads} * config.head_dim()) {}
 
   Graph Build() {
     graph_.name = c_.name;
@@ -187,34 +188,48 @@ class ModelGraphBuilder {
         // mask.
         const double core = 2.0 * b_ * static_cast<double>(s_) * s_ * q_dim;
         cost.flops = projections + core + elementwise;
-        // Flash-attention style: input, normed input, q, attention output
-        // (4 * d wide), k and v, plus one fp32 logsumexp per head and token.
-        cost.saved_bytes =
-            t_ * (4 * d_ + 2 * int64_t{c_.kv_heads} * hd_) * dt_ +
-            t_ * int64_t{c_.heads} * 4;
+        // What the worker's eager ops save (worker/models/builtin_models.cc,
+        // as its memory profile measures them): the input and RMSNorm's
+        // (below), the normed input, q after rotary, the k^T copy the batched
+        // matmul makes, v and the attention output (q_dim wide each), the
+        // softmax probabilities (b * heads * s^2: the attention matrix is
+        // materialized, no flash attention), the causal mask (s^2 bools) and
+        // the fp32 rotary tables of q and k (cos and sin, s * hd / 2 each).
+        cost.saved_bytes = t_ * (RmsNormSaved() + d_ + 4 * q_dim_) * dt_ +
+                           b_ * int64_t{c_.heads} * s_ * s_ * dt_ + s_ * s_ +
+                           16 * s_ * (hd_ / 2);
         cost.checkpointable = true;
         break;
       }
       case BlockKind::kMlp:
         cost.flops = 2 * t * 3 * d * ffn + kSwiGluFlops * t * ffn + elementwise;
-        // Input, normed input, gate, up and their product.
-        cost.saved_bytes = t_ * (2 * d_ + 3 * int64_t{c_.ffn}) * dt_;
+        // The input and RMSNorm's, the normed input, gate, silu(gate), up and
+        // their product.
+        cost.saved_bytes =
+            t_ * (RmsNormSaved() + d_ + 4 * int64_t{c_.ffn}) * dt_;
         cost.checkpointable = true;
         break;
-      case BlockKind::kMoe:
+      case BlockKind::kMoe: {
         cost.flops = 2 * t * d * experts +
                      top_k * (2 * t * 3 * d * ffn + kSwiGluFlops * t * ffn) +
                      elementwise;
-        // Input and normed input, fp32 router probabilities, and per routed
-        // token copy its input and the expert's gate, up and product.
-        cost.saved_bytes =
-            t_ * 2 * d_ * dt_ + t_ * int64_t{c_.experts} * 4 +
-            t_ * int64_t{c_.top_k} * (d_ + 3 * int64_t{c_.ffn}) * dt_;
+        // The input and RMSNorm's, the normed input, the router
+        // probabilities and the top-k weights' sum; per routed token its
+        // input copy, the expert's gate, silu(gate), up, product and output,
+        // the weighted output, its top-k probability and weight, and 32
+        // bytes of int64 indices (top-k, the expert's token and slot
+        // positions, the weight index).
+        const int64_t per_token = RmsNormSaved() + d_ + int64_t{c_.experts} + 1;
+        const int64_t per_routed = 3 * d_ + 4 * int64_t{c_.ffn} + 2;
+        cost.saved_bytes = t_ * per_token * dt_ +
+                           t_ * int64_t{c_.top_k} * (per_routed * dt_ + 32);
         cost.checkpointable = true;
         break;
+      }
       case BlockKind::kNorm:
         cost.flops = kNormFlops * t * d;
-        cost.saved_bytes = t_ * d_ * dt_;
+        // The input and RMSNorm's; the output is lm_head's.
+        cost.saved_bytes = t_ * RmsNormSaved() * dt_;
         break;
       case BlockKind::kLmHead:
         cost.flops = 2 * t * d * vocab;
@@ -235,6 +250,11 @@ class ModelGraphBuilder {
     cost.bytes += ParamBytes(block);
     return cost;
   }
+
+  // Elements per token a block's RMSNorm keeps for backward, its input
+  // included: the input, its square (the mean's input), the rsqrt and the
+  // scaled input (the normed output is counted by whoever reads it).
+  int64_t RmsNormSaved() const { return 3 * d_ + 1; }
 
   // Roofline: a node takes as long as its FLOPs or its memory traffic needs,
   // whichever is longer.
@@ -308,6 +328,7 @@ class ModelGraphBuilder {
   const int64_t t_;
   const int64_t d_;
   const int64_t hd_;
+  const int64_t q_dim_;
   Graph graph_;
 };
 

@@ -51,12 +51,19 @@
 //   bytes are the params read plus activations read and written once
 //   (backward: 2x, 3x with recompute); the optimizer reads and writes param,
 //   grad, fp32 master (non-f32 dtypes) and two fp32 moments per shard element.
-// - activation_bytes (forward only, flash-attention style, no s^2 matrix):
-//   embed T*8 (token ids); attn T*(4d + 2*kv_heads*hd)*dtype + T*heads*4;
-//   mlp T*(2d + 3ffn)*dtype; moe T*2d*dtype + T*experts*4 +
-//   T*top_k*(d + 3ffn)*dtype; norm and lm_head T*d*dtype; loss T*vocab*4.
-//   Under checkpointing attn/mlp/moe keep T*d*dtype and their backward's
-//   workspace_bytes is the full amount above; otherwise workspace is 0.
+// - activation_bytes (forward only): what the worker's eager libtorch ops
+//   save for backward (worker/models/builtin_models.cc), a block's input
+//   counted and its output left to the block that reads it. RMSNorm keeps
+//   R = 3d + 1 per token (input, its square, rsqrt, scaled input). embed
+//   T*8 (token ids); attn T*(R + d + 4*heads*hd)*dtype + b*heads*s^2*dtype
+//   (the softmax probabilities: the attention matrix is materialized, no
+//   flash attention) + s^2 (causal mask) + 16*s*(hd/2) (the fp32 rotary
+//   cos and sin tables of q and k); mlp T*(R + d + 4ffn)*dtype; moe
+//   T*(R + d + experts + 1)*dtype + T*top_k*((3d + 4ffn + 2)*dtype + 32);
+//   norm T*R*dtype; lm_head T*d*dtype; loss T*vocab*4. Under checkpointing
+//   attn/mlp/moe keep T*d*dtype and their backward's workspace_bytes is the
+//   full amount above; otherwise workspace is 0. Backward's own temporaries
+//   (e.g. the gradient of the attention matrix) are not modeled.
 #ifndef TANDEM_COMMON_MODELS_GRAPH_BUILDER_H_
 #define TANDEM_COMMON_MODELS_GRAPH_BUILDER_H_
 

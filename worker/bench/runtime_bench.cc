@@ -8,11 +8,15 @@
 // back from the optimizer by host-link time) against offloading every
 // param's states; and ZeRO-1 (bucketed reduce-scatter, replicated params)
 // against ZeRO-3 at the same world size. Offloaded states go to the CPU host
-// tier (mmap'd files under $TANDEM_OFFLOAD_DIR or /tmp).
+// tier (mmap'd files under $TANDEM_OFFLOAD_DIR or /tmp). Last, activation
+// checkpointing at world 1 (one rank, so the process's counted peak is that
+// rank's): the counted peak with and without it, against the drop the
+// simulator predicts from the graph builder's estimates.
 // Ranks are threads of this process, each with its own process group, one
 // intra-op thread and OPENBLAS_NUM_THREADS=1 (set it in the environment).
 //
 //   build/bench/runtime_bench [--steps N] [--layers L] [--world W]
+//                             [--case all|checkpointing]
 #include <unistd.h>
 
 #include <algorithm>
@@ -321,25 +325,95 @@ void RunOffloadAndZero1(const ModelConfig& config, int world, int steps) {
   }
 }
 
+// Activation checkpointing at world 1 on `config`'s model: the counted peak
+// (max over the measured steps) and median iteration with and without it
+// under the on-demand schedule, and the drop in peak the simulator predicts
+// for the two graphs (the builder's activation and workspace bytes) on the
+// H100 memory model with the worker's collective buffers. Bytes the model
+// does not count (what CalibrateMemory measures) are the same in both runs
+// and cancel in the drop.
+void RunCheckpointingMemory(ModelConfig config, int steps) {
+  config.world_size = 1;
+  std::printf(
+      "\nactivation checkpointing, world 1 (%d layers, d_model %d, %d heads, "
+      "seq %d, micro-batch %d), on-demand\n",
+      config.layers, config.d_model, config.heads, config.seq_len,
+      config.micro_batch);
+  std::printf("%-16s %12s %12s %14s\n", "model", "iteration_s", "peak_MiB",
+              "simulated_MiB");
+  auto on_demand = [](const Graph& g) { return OnDemandSchedule(g, 1); };
+  int64_t measured[2] = {0, 0};
+  int64_t simulated[2] = {0, 0};
+  for (int checkpointing = 0; checkpointing < 2; ++checkpointing) {
+    config.activation_checkpointing = checkpointing == 1;
+    absl::StatusOr<Graph> graph = BuildModelGraph(config);
+    if (!graph.ok()) {
+      std::fprintf(stderr, "%s\n",
+                   std::string(graph.status().message()).c_str());
+      std::exit(1);
+    }
+    HardwareModel hw = HardwareModel::H100(1);
+    hw.collective_buffers = true;
+    absl::StatusOr<Schedule> schedule = on_demand(*graph);
+    absl::StatusOr<SimResult> sim =
+        schedule.ok() ? Simulate(*graph, *schedule, hw)
+                      : absl::StatusOr<SimResult>(schedule.status());
+    if (!sim.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(sim.status().message()).c_str());
+      std::exit(1);
+    }
+    const Summary r =
+        Summarize(Run(config, 1, steps, on_demand, [](int) { return true; }));
+    measured[checkpointing] = r.peak_bytes;
+    simulated[checkpointing] = sim->peak_bytes;
+    std::printf("%-16s %12.4f %12.2f %14.2f\n",
+                checkpointing ? "checkpointing" : "no checkpointing",
+                r.iteration_s, r.peak_bytes / 1048576.0,
+                sim->peak_bytes / 1048576.0);
+  }
+  const double drop = static_cast<double>(measured[0] - measured[1]);
+  const double predicted = static_cast<double>(simulated[0] - simulated[1]);
+  std::printf(
+      "peak drop: counted %.2f MiB (%.1f%% of the peak), predicted %.2f MiB; "
+      "prediction %+.1f%% of the counted drop\n",
+      drop / 1048576.0, 100.0 * drop / static_cast<double>(measured[0]),
+      predicted / 1048576.0, 100.0 * (predicted - drop) / drop);
+}
+
 int Main(int argc, char** argv) {
   CountingCpuAllocator::Install();
   at::set_num_threads(1);
   int steps = 10, layers = 4, world = 2;
+  std::string which = "all";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
+    if (flag == "--case") {
+      which = argv[i + 1];
+      continue;
+    }
     int* target = flag == "--steps"    ? &steps
                   : flag == "--layers" ? &layers
                   : flag == "--world"  ? &world
                                        : nullptr;
     if (target == nullptr || !absl::SimpleAtoi(argv[i + 1], target)) {
-      std::fprintf(stderr, "usage: %s [--steps N] [--layers L] [--world W]\n",
-                   argv[0]);
-      return 2;
+      which = "";
+      break;
     }
+  }
+  if (which != "all" && which != "checkpointing") {
+    std::fprintf(stderr,
+                 "usage: %s [--steps N] [--layers L] [--world W] [--case "
+                 "all|checkpointing]\n",
+                 argv[0]);
+    return 2;
   }
   absl::StatusOr<ModelConfig> config = ParseModelConfig(
       absl::StrCat("preset=tiny-llama layers=", layers, " world=", world));
   if (!config.ok()) return 2;
+  if (which == "checkpointing") {
+    RunCheckpointingMemory(*config, steps);
+    return 0;
+  }
   std::printf(
       "tiny Llama: %d layers, d_model %d, seq %d, micro-batch %d per "
       "rank, world %d, %d measured steps (median)\n",
@@ -427,6 +501,7 @@ int Main(int argc, char** argv) {
       per_iteration * 1e6, nodes, collectives, 100.0 * per_iteration / m_off,
       m_off);
   RunOffloadAndZero1(*config, world, steps);
+  RunCheckpointingMemory(*config, steps);
   return 0;
 }
 

@@ -179,11 +179,6 @@ absl::StatusOr<Program> BuildModelProgram(const ModelConfig& c, uint64_t seed) {
         "d_model / heads (", c.head_dim(),
         ") must be even for rotary embeddings; change d_model or heads"));
   }
-  if (c.activation_checkpointing) {
-    return absl::InvalidArgumentError(
-        "activation checkpointing is not supported by the worker yet; set "
-        "model.activation_checkpointing to false");
-  }
   const Dims dims{c.heads, c.kv_heads, c.head_dim(), c.top_k};
   const int64_t d = c.d_model;
   const int64_t q_dim = int64_t{c.heads} * c.head_dim();
@@ -246,6 +241,9 @@ absl::StatusOr<Program> BuildModelProgram(const ModelConfig& c, uint64_t seed) {
              [dims](const at::Tensor& x, absl::Span<const at::Tensor> p) {
                return Attention(x, p, dims);
              });
+    // Activation checkpointing recomputes the attn and mlp/moe blocks, as
+    // the graph builder marks them (Node::recompute).
+    program.nodes.back().recompute = c.activation_checkpointing;
 
     const int32_t mlp_norm = add(unit + ".mlp_norm.weight", {d}, unit, true);
     if (c.arch == ModelArch::kLlama) {
@@ -269,6 +267,7 @@ absl::StatusOr<Program> BuildModelProgram(const ModelConfig& c, uint64_t seed) {
             return Moe(x, p, dims);
           });
     }
+    program.nodes.back().recompute = c.activation_checkpointing;
   }
   add_node("norm", {add("norm.weight", {d}, "head", true)},
            [](const at::Tensor& x, absl::Span<const at::Tensor> p) {

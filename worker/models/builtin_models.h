@@ -11,7 +11,8 @@
 // one value named after itself, which the next node reads: the residual
 // stream [b, s, d] through the layers, the logits [b, s, vocab] out of
 // lm_head; loss reads lm_head and targets and writes the scalar mean
-// cross-entropy "loss".
+// cross-entropy "loss". With activation_checkpointing the attn and mlp/moe
+// nodes are marked ProgramNode::recompute (the builder's recomputed blocks).
 #ifndef TANDEM_WORKER_MODELS_BUILTIN_MODELS_H_
 #define TANDEM_WORKER_MODELS_BUILTIN_MODELS_H_
 
@@ -27,8 +28,7 @@ namespace tandem {
 // (normal(0, 0.02) for matrices, output projections scaled by
 // 1/sqrt(2 * layers), ones for norms). The same seed gives the same params at
 // every world size. Errors: InvalidArgument for configs the worker cannot run
-// (ValidateModelConfig, non-f32 dtypes, an odd head dimension, activation
-// checkpointing).
+// (ValidateModelConfig, non-f32 dtypes, an odd head dimension).
 absl::StatusOr<Program> BuildModelProgram(const ModelConfig& config,
                                           uint64_t seed);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,10 +15,109 @@
 #include "common/lowering/least_memory.h"
 #include "common/lowering/schedule_semantics.h"
 #include "common/status_macros.h"
+#include "torch/csrc/autograd/autograd.h"
+#include "torch/csrc/autograd/custom_function.h"
+#include "torch/custom_class.h"
 #include "worker/runtime/torch_status.h"
 
 namespace tandem {
 namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Activation checkpointing (ProgramNode::recompute): what a recomputing
+// node's backward needs besides its saved inputs. The autograd context holds
+// it in saved_data, which takes IValues only: hence a registered custom
+// class.
+struct RecomputeState : torch::CustomClassHolder {
+  const ProgramNode* node = nullptr;
+  size_t num_inputs = 0;
+  // The node's full params: the store's leaves themselves, not saved
+  // variables. Their storage is released after forward and gathered again,
+  // in place, before this backward; the recompute reads it through detached
+  // aliases, so it sees the values gathered then (the same as in forward:
+  // the optimizer runs after every backward).
+  std::vector<at::Tensor> params;
+  // Run first in backward: fails the step unless the params are gathered.
+  std::function<void()> check_params;
+};
+
+const auto kRecomputeStateClass =
+    torch::class_<RecomputeState>("tandem", "RecomputeState");
+
+// A node run without keeping its activations: forward runs with grad
+// disabled (Function::apply) and keeps only the node's inputs; backward runs
+// the node's forward again with grad enabled, on detached inputs and params,
+// and back-propagates the incoming gradients through it. The params are
+// inputs of the function, so their gradients go to their accumulators
+// (AccumulateGrad of the full leaves) as they do from an ordinary node's
+// ops: accumulation across micro-batches, reduce-scatters and frozen params
+// see no difference.
+class RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
+ public:
+  // `args`: the node's inputs, then its params.
+  static variable_list forward(
+      AutogradContext* ctx, at::TensorList args,
+      const c10::intrusive_ptr<RecomputeState>& state) {
+    const size_t n = state->num_inputs;
+    ctx->save_for_backward(args.slice(0, n).vec());
+    ctx->saved_data["state"] = state;
+    // An output no gradient reaches is left out of the recompute's backward.
+    ctx->set_materialize_grads(false);
+    return state->node->forward(
+        absl::MakeConstSpan(args.data(), n),
+        absl::MakeConstSpan(args.data() + n, args.size() - n));
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const c10::intrusive_ptr<RecomputeState> state =
+        ctx->saved_data.at("state").toCustomClass<RecomputeState>();
+    state->check_params();
+    const variable_list saved = ctx->get_saved_variables();
+    const size_t n = saved.size();
+    const size_t m = state->params.size();
+    // Detached aliases of the arguments (sharing their storage): the
+    // recompute's own graph ends at them, and its gradients for them are
+    // returned. One gradient per forward argument, the state's undefined.
+    std::vector<at::Tensor> args;
+    variable_list targets;
+    std::vector<size_t> target_arg;
+    for (size_t a = 0; a < n + m; ++a) {
+      at::Tensor t = a < n ? saved[a].detach() : state->params[a - n].detach();
+      if (ctx->needs_input_grad(a)) {
+        t.requires_grad_();
+        targets.push_back(t);
+        target_arg.push_back(a);
+      }
+      args.push_back(std::move(t));
+    }
+    variable_list result(n + m + 1);
+    std::vector<at::Tensor> outputs;
+    {
+      at::AutoGradMode enable(true);
+      outputs = state->node->forward(absl::MakeConstSpan(args.data(), n),
+                                     absl::MakeConstSpan(args.data() + n, m));
+    }
+    TORCH_CHECK(outputs.size() == grads.size(), "node '", state->node->name,
+                "' returned ", outputs.size(), " tensors when recomputed, ",
+                grads.size(), " in forward");
+    variable_list roots;
+    variable_list root_grads;
+    for (size_t o = 0; o < outputs.size(); ++o) {
+      if (grads[o].defined() && outputs[o].requires_grad()) {
+        roots.push_back(outputs[o]);
+        root_grads.push_back(grads[o]);
+      }
+    }
+    if (roots.empty() || targets.empty()) return result;
+    const variable_list got = torch::autograd::grad(
+        roots, targets, root_grads, /*retain_graph=*/false,
+        /*create_graph=*/false, /*allow_unused=*/true);
+    for (size_t t = 0; t < targets.size(); ++t) result[target_arg[t]] = got[t];
+    return result;
+  }
+};
 
 // IterationState::boundary_pending of a boundary no gradient crosses because
 // no node before it trains (a frozen prefix): it fires after backward.
@@ -528,7 +628,26 @@ void Executor::RunMicroBatch(int k, const MicroBatch& batch) {
                 "between theirs; make it part of the unit before it");
     const int64_t memory_before = profiling ? meter_->current_bytes() : 0;
     const SteadyTime start = profiling ? Now() : SteadyTime();
-    std::vector<at::Tensor> out = node.forward(inputs, params);
+    std::vector<at::Tensor> out;
+    if (node.recompute) {
+      // Its backward twin recomputes it on the params gathered then.
+      // StartBackwardNode checks them when the boundary before the twin
+      // fires; the recompute checks again in case autograd reaches the node
+      // first (a value skipping the boundary).
+      auto state = c10::make_intrusive<RecomputeState>();
+      state->node = &node;
+      state->num_inputs = inputs.size();
+      state->params = params;
+      const int backward_pos = base + 2 * n - 1 - i;
+      state->check_params = [this, backward_pos] {
+        EnsureParams(backward_pos);
+      };
+      std::vector<at::Tensor> args = inputs;
+      args.insert(args.end(), params.begin(), params.end());
+      out = RecomputeFunction::apply(at::TensorList(args), state);
+    } else {
+      out = node.forward(inputs, params);
+    }
     inputs.clear();
     TORCH_CHECK(out.size() == flow_.node_outputs[i].size(), "node '", node.name,
                 "' returned ", out.size(), " tensors for its ",

@@ -4,9 +4,13 @@
 // backward is one autograd pass per micro-batch, with the actions anchored at
 // backward nodes fired from hooks on the forward outputs (the hook on node i's
 // output runs when node i+1's backward has finished and node i's is about to
-// start). The optimizer node drains the reduce-scatters, exchanges the loss,
-// the gradient norm and the schedule agreement in one small all-gather, clips
-// and steps AdamW on this rank's shards.
+// start). A node marked ProgramNode::recompute (activation checkpointing)
+// runs forward without keeping its activations, only its inputs, and runs
+// again inside its backward, on the params gathered for that backward node
+// (worker/README.md, "Activation checkpointing"). The optimizer node drains
+// the reduce-scatters, exchanges the loss, the gradient norm and the schedule
+// agreement in one small all-gather, clips and steps AdamW on this rank's
+// shards.
 //
 // It performs exactly the schedule's ALLGATHER, WAIT, RELEASE,
 // REDUCE_SCATTER, OFFLOAD and RELOAD actions. In ZeRO-3 mode persistent

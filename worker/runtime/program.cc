@@ -129,6 +129,7 @@ absl::StatusOr<Graph> DeriveGraph(const Program& program, int32_t world_size,
       Node& n = add_node(absl::StrCat(prefix, program.nodes[i].name, ".bwd"),
                          Phase::kBackward, k);
       n.forward_id = forward_ids[i];
+      n.recompute = program.nodes[i].recompute;
       n.param_ids = program.nodes[i].param_ids;
     }
   }

@@ -86,6 +86,13 @@ struct ProgramNode {
   std::function<std::vector<at::Tensor>(absl::Span<const at::Tensor> inputs,
                                         absl::Span<const at::Tensor> params)>
       forward;
+  // Activation checkpointing: the executor runs `forward` without keeping
+  // its intermediate activations (only its inputs) and runs it again in
+  // backward, on the params gathered then, to back-propagate through it.
+  // `forward` must then compute the same values from the same inputs and
+  // params every time (no randomness of its own). The graph's backward twin
+  // is marked Node::recompute.
+  bool recompute = false;
 };
 
 struct Program {
@@ -119,8 +126,9 @@ absl::StatusOr<ProgramFlow> AnalyzeProgramFlow(const Program& program);
 // The iteration graph `program` runs with `micro_batches` gradient-
 // accumulation passes: params in program order (ids 0..), then per
 // micro-batch the forward nodes and their backward twins "<name>.bwd" in
-// reverse (names prefixed "mb<k>." when micro_batches > 1), then one
-// "optimizer" node. Times and sizes are left 0: see AnnotateEstimates.
+// reverse (names prefixed "mb<k>." when micro_batches > 1; a twin is marked
+// recompute when its node is), then one "optimizer" node. Times and sizes are
+// left 0: see AnnotateEstimates.
 // Fails when names repeat, a node names an unknown param, or the value flow
 // is broken (AnalyzeProgramFlow).
 absl::StatusOr<Graph> DeriveGraph(const Program& program, int32_t world_size,

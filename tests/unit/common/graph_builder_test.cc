@@ -300,14 +300,17 @@ TEST(BuildModelGraphTest, Checkpointing_RecomputesBlocksAndKeepsOnlyInputs) {
 }
 
 TEST(BuildModelGraphTest, SmallLlama_ActivationBytesFollowFormulas) {
-  // T = 16 tokens, d 16, kv_heads * hd = 8, ffn 40, vocab 50, heads 4, f32.
+  // T = 16 tokens (b 2, s 8), d 16, heads 4 of hd 4, ffn 40, vocab 50, f32;
+  // RMSNorm keeps 3d + 1 = 49 per token.
   const Graph g = Build(kSmallLlama);
   EXPECT_EQ(NodeNamed(g, "embed").activation_bytes, 16 * 8);
-  EXPECT_EQ(NodeNamed(g, "layers.0.attn").activation_bytes,
-            16 * (4 * 16 + 2 * 8) * 4 + 16 * 4 * 4);
+  // Plus the b * heads * s^2 probabilities, the s^2 mask, the rotary tables.
+  EXPECT_EQ(
+      NodeNamed(g, "layers.0.attn").activation_bytes,
+      16 * (49 + 16 + 4 * 16) * 4 + 2 * 4 * 8 * 8 * 4 + 8 * 8 + 16 * 8 * 2);
   EXPECT_EQ(NodeNamed(g, "layers.0.mlp").activation_bytes,
-            16 * (2 * 16 + 3 * 40) * 4);
-  EXPECT_EQ(NodeNamed(g, "norm").activation_bytes, 16 * 16 * 4);
+            16 * (49 + 16 + 4 * 40) * 4);
+  EXPECT_EQ(NodeNamed(g, "norm").activation_bytes, 16 * 49 * 4);
   EXPECT_EQ(NodeNamed(g, "lm_head").activation_bytes, 16 * 16 * 4);
   EXPECT_EQ(NodeNamed(g, "loss").activation_bytes, 16 * 50 * 4);
   EXPECT_EQ(NodeNamed(g, "loss.bwd").activation_bytes, 0);
@@ -315,9 +318,10 @@ TEST(BuildModelGraphTest, SmallLlama_ActivationBytesFollowFormulas) {
 
 TEST(BuildModelGraphTest, SmallMoe_ActivationBytesCountRoutedTokens) {
   const Graph g = Build(With(kSmallMoe, "dtype=bf16"));
-  // T * 2d * 2 + T * experts * 4 + T * top_k * (d + 3 ffn) * 2
+  // T * (3d + 1 + d + experts + 1) * 2 + T * top_k * ((3d + 4ffn + 2) * 2
+  // + 32)
   EXPECT_EQ(NodeNamed(g, "layers.0.moe").activation_bytes,
-            16 * 32 * 2 + 16 * 4 * 4 + 16 * 2 * (16 + 72) * 2);
+            16 * (49 + 16 + 4 + 1) * 2 + 16 * 2 * ((48 + 96 + 2) * 2 + 32));
 }
 
 TEST(BuildModelGraphTest, SmallLlama_FlopsFollowFormulas) {
@@ -381,9 +385,11 @@ TEST(BuildModelGraphTest, Times_FollowTheRoofline) {
   // Norm and embed are memory-bound: slower than their FLOPs alone.
   const Node& norm = NodeNamed(g, "norm");
   EXPECT_GT(norm.time_s, norm.flops / c.device_flops);
-  // T * d * bf16: read input, write output, save one copy; plus the weight.
-  EXPECT_DOUBLE_EQ(norm.time_s,
-                   (3.0 * 4096 * 4096 * 2 + 4096 * 2) / c.device_bytes_per_s);
+  // T * d * bf16: read input, write output, save RMSNorm's 3d + 1 per
+  // token; plus the weight.
+  EXPECT_DOUBLE_EQ(norm.time_s, (2.0 * 4096 * 4096 * 2 +
+                                 4096.0 * (3 * 4096 + 1) * 2 + 4096 * 2) /
+                                    c.device_bytes_per_s);
   EXPECT_GT(NodeNamed(g, "embed").time_s, 0);
   EXPECT_GT(NodeNamed(g, "optimizer").time_s, 0);
 }
@@ -486,8 +492,8 @@ TEST(SummarizeGraphTest, SmallLlama_TotalsMatchNodeSums) {
   EXPECT_DOUBLE_EQ(s.optimizer_time_s, opt_t);
   EXPECT_EQ(s.forward_activation_bytes, act);
   EXPECT_EQ(s.max_workspace_bytes, ws);
-  // The largest workspace is a recomputed mlp: T * (2d + 3 ffn) * 4.
-  EXPECT_EQ(s.max_workspace_bytes, 16 * (2 * 16 + 3 * 40) * 4);
+  // The largest workspace is a recomputed mlp: T * (4d + 1 + 4 ffn) * 4.
+  EXPECT_EQ(s.max_workspace_bytes, 16 * (4 * 16 + 1 + 4 * 40) * 4);
 }
 
 TEST(SummarizeGraphTest, EmptyGraph_IsAllZero) {

@@ -53,6 +53,7 @@ void ExpectSameGraphAsBuilder(const ModelConfig& config) {
     EXPECT_EQ(a.phase, b.phase);
     EXPECT_EQ(a.micro_batch, b.micro_batch);
     EXPECT_EQ(a.forward_id, b.forward_id);
+    EXPECT_EQ(a.recompute, b.recompute) << a.name;
     EXPECT_EQ(a.param_ids, b.param_ids) << a.name;
   }
   ASSERT_TRUE(AnnotateEstimates(*built, *derived).ok());
@@ -71,6 +72,50 @@ TEST(BuiltinModelsTest, GradAccumAndGqa_GraphEqualsBuilderGraph) {
   ExpectSameGraphAsBuilder(
       Config("layers=3 d_model=48 heads=6 kv_heads=2 ffn=80 vocab=96 "
              "grad_accum=3 world=4"));
+}
+
+// Activation checkpointing: the attn and mlp/moe nodes are marked
+// recompute, and so are their backward twins in the derived graph, as the
+// builder marks them.
+TEST(BuiltinModelsTest, Checkpointing_GraphEqualsBuilderGraph) {
+  for (const char* text :
+       {"preset=tiny-llama checkpointing=true",
+        "preset=tiny-moe checkpointing=true grad_accum=2",
+        "layers=3 d_model=48 heads=6 kv_heads=2 ffn=80 vocab=96 grad_accum=3 "
+        "world=4 checkpointing=true"}) {
+    SCOPED_TRACE(text);
+    const ModelConfig config = Config(text);
+    ExpectSameGraphAsBuilder(config);
+    absl::StatusOr<Program> program = BuildModelProgram(config, 7);
+    ASSERT_TRUE(program.ok()) << program.status();
+    int recomputed = 0;
+    for (const ProgramNode& node : program->nodes) {
+      const bool block = node.name.find(".attn") != std::string::npos ||
+                         node.name.find(".mlp") != std::string::npos ||
+                         node.name.find(".moe") != std::string::npos;
+      EXPECT_EQ(node.recompute, block) << node.name;
+      recomputed += node.recompute ? 1 : 0;
+    }
+    EXPECT_EQ(recomputed, 2 * config.layers);
+    absl::StatusOr<Graph> derived =
+        DeriveGraph(*program, config.world_size, config.grad_accum,
+                    int64_t{config.micro_batch} * config.seq_len);
+    ASSERT_TRUE(derived.ok()) << derived.status();
+    int twins = 0;
+    for (const Node& n : derived->nodes) {
+      if (n.recompute) {
+        EXPECT_EQ(n.phase, Phase::kBackward) << n.name;
+        ++twins;
+      }
+    }
+    EXPECT_EQ(twins, 2 * config.layers * config.grad_accum);
+    // Without checkpointing the hash differs: recompute is structural.
+    ModelConfig plain = config;
+    plain.activation_checkpointing = false;
+    absl::StatusOr<Graph> built = BuildModelGraph(plain);
+    ASSERT_TRUE(built.ok());
+    EXPECT_NE(derived->StructuralHash(), built->StructuralHash());
+  }
 }
 
 TEST(BuiltinModelsTest, ParamShapes_MatchTensorsTheForwardAccepts) {

@@ -12,7 +12,6 @@
 #include "ATen/Parallel.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "common/ir/proto_convert.h"
 #include "common/ir/text_format.h"
 #include "common/status_macros.h"
@@ -25,7 +24,6 @@
 
 namespace tandem {
 namespace {
-
 
 absl::StatusOr<Schedule> LoadSchedule(const std::string& path,
                                       const Graph& graph, int zero_stage) {

@@ -142,15 +142,20 @@ def final_params(ckpt_dir, world, manifest):
     assert os.path.exists(os.path.join(last, "MANIFEST"))
     ranks = [read_rank_checkpoint(os.path.join(last, f"rank-{r}.ckpt"))
              for r in range(world)]
-    out = {}
-    for p in manifest.params:
-        shards = [torch.frombuffer(bytearray(b[f"param/{p.name}/shard"]),
-                                   dtype=torch.float32) for b in ranks]
-        numel = 1
-        for d in p.shape:
-            numel *= d
-        out[p.name] = torch.cat(shards)[:numel].view(*p.shape)
-    return out
+    return {p.name: full_blob(ranks, p.name, "shard", list(p.shape))
+            for p in manifest.params}
+
+
+def full_blob(ranks, name, what, shape):
+    """Param `name`'s blob `what` ("shard", "exp_avg", "exp_avg_sq") put
+    back together from every rank's (read_rank_checkpoint), in rank order,
+    the last rank's padding dropped, shaped `shape`."""
+    shards = [torch.frombuffer(bytearray(b[f"param/{name}/{what}"]),
+                               dtype=torch.float32) for b in ranks]
+    numel = 1
+    for d in shape:
+        numel *= d
+    return torch.cat(shards)[:numel].view(*shape)
 
 
 def job_yaml(archive, world, ckpt_dir, model_extra, data, batch_extra,

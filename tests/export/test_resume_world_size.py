@@ -67,14 +67,8 @@ def checkpoint_moments(step_dir):
         name, dtype, shape, export = line.split("\t")
         assert dtype == "float32", line
         shape = [int(d) for d in shape.split(",")] if shape else []
-        numel = 1
-        for d in shape:
-            numel *= d
-        full = []
-        for what in ("exp_avg", "exp_avg_sq"):
-            shards = [torch.frombuffer(bytearray(b[f"param/{name}/{what}"]),
-                                       dtype=torch.float32) for b in ranks]
-            full.append(torch.cat(shards)[:numel].view(*shape))
+        full = [numerics.full_blob(ranks, name, what, shape)
+                for what in ("exp_avg", "exp_avg_sq")]
         if "*" in export:  # a stacked param: one tensor per index
             for i in range(shape[0]):
                 out[export.replace("*", str(i))] = (full[0][i], full[1][i])

@@ -105,6 +105,15 @@ int64_t Graph::TotalParamNumel() const {
   return total;
 }
 
+int64_t Graph::GradShardBytes(const Param& param) const {
+  return param.shard_numel(std::max(world_size, 1)) *
+         DTypeBytes(GradReduceDType(param));
+}
+
+int64_t Graph::ReduceScatterBytes(const Param& param) const {
+  return GradShardBytes(param) * std::max(world_size, 1);
+}
+
 namespace {
 
 // FNV-1a, 64 bit: stable across platforms and releases, unlike std::hash.
@@ -171,6 +180,16 @@ std::string Graph::StructuralHash() const {
       if (!p.trainable) h.Int(p.id);
     }
   }
+  // Likewise a reduce dtype, only when it changes what some gradient is
+  // reduced in.
+  bool reduce_differs = false;
+  for (const Param& p : params) {
+    reduce_differs |= p.trainable && GradReduceDType(p) != p.dtype;
+  }
+  if (reduce_differs) {
+    h.String("reduce");
+    h.String(DTypeName(*reduce_dtype));
+  }
   char buf[17];
   std::snprintf(buf, sizeof(buf), "%016llx",
                 static_cast<unsigned long long>(h.value()));
@@ -181,7 +200,7 @@ bool Graph::operator==(const Graph& other) const {
   return name == other.name && world_size == other.world_size &&
          micro_batches == other.micro_batches &&
          tokens_per_micro_batch == other.tokens_per_micro_batch &&
-         params == other.params && nodes == other.nodes;
+         reduce_dtype == other.reduce_dtype && params == other.params && nodes == other.nodes;
 }
 
 GraphIndex::GraphIndex(const Graph& graph) {

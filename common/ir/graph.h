@@ -87,6 +87,9 @@ struct Graph {
   int32_t micro_batches = 1;
   // Tokens per rank per micro-batch.
   int64_t tokens_per_micro_batch = 0;
+  // Mixed precision: gradients are reduce-scattered in this dtype (f32 for
+  // bf16 params that reduce in f32); unset, each param's own dtype.
+  std::optional<DType> reduce_dtype;
   std::vector<Param> params;
   // Execution order.
   std::vector<Node> nodes;
@@ -97,11 +100,20 @@ struct Graph {
   const Node* FindNode(int32_t id) const;
 
   int64_t TotalParamNumel() const;
+  // The dtype `param`'s gradient is reduce-scattered in.
+  DType GradReduceDType(const Param& param) const {
+    return reduce_dtype.value_or(param.dtype);
+  }
+  // Bytes of `param`'s gradient shard on one rank, reduced once per step (in
+  // its reduce dtype), and of the padded buffer its reduce-scatter moves.
+  int64_t GradShardBytes(const Param& param) const;
+  int64_t ReduceScatterBytes(const Param& param) const;
   // Structural hash: 16 lowercase hex digits over param names, shapes, dtypes,
-  // which params are frozen and the node order (names, phases, params,
-  // twins). Times, FLOPs, byte estimates and the world size do not change it;
-  // a graph whose params all train hashes as it did before frozen params
-  // existed.
+  // which params are frozen, a reduce dtype that differs from a trained
+  // param's dtype, and the node order (names, phases, params, twins). Times,
+  // FLOPs, byte estimates and the world size do not change it; a graph whose
+  // params all train in their own dtype hashes as it did before frozen params
+  // and reduce dtypes existed.
   std::string StructuralHash() const;
 
   bool operator==(const Graph& other) const;

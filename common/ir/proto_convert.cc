@@ -146,6 +146,9 @@ v1::Graph ToProto(const Graph& graph) {
   out.set_world_size(graph.world_size);
   out.set_micro_batches(graph.micro_batches);
   out.set_tokens_per_micro_batch(graph.tokens_per_micro_batch);
+  if (graph.reduce_dtype.has_value()) {
+    out.set_reduce_dtype(ToProtoDType(*graph.reduce_dtype));
+  }
   out.mutable_params()->Reserve(static_cast<int>(graph.params.size()));
   for (const Param& p : graph.params) {
     v1::Param* q = out.add_params();
@@ -184,6 +187,11 @@ absl::StatusOr<Graph> FromProto(const v1::Graph& proto) {
   g.world_size = proto.world_size();
   g.micro_batches = proto.micro_batches();
   g.tokens_per_micro_batch = proto.tokens_per_micro_batch();
+  if (proto.reduce_dtype() != v1::DTYPE_UNSPECIFIED) {
+    auto reduce = FromProtoDType(proto.reduce_dtype(), "graph reduce_dtype");
+    if (!reduce.ok()) return reduce.status();
+    g.reduce_dtype = *reduce;
+  }
   g.params.reserve(proto.params_size());
   for (const v1::Param& q : proto.params()) {
     Param p;

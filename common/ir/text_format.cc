@@ -772,17 +772,31 @@ absl::Status UnknownStatement(const Line& line, absl::string_view document,
 constexpr absl::string_view kGraphExample =
     "graph NAME world=2 micro_batches=1 tokens=512";
 
+// The graph's optional reduce=DTYPE.
+absl::StatusOr<DType> ParseReduceDType(absl::string_view s) {
+  std::optional<DType> parsed = ParseDType(s);
+  if (!parsed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown dtype ", Shown(s), " (expected f32, bf16 or f16)"));
+  }
+  return *parsed;
+}
+
 absl::Status ParseGraphHeader(const Line& line, Graph* graph) {
   Statement st(line);
   st.set_context("graph");
   ASSIGN_OR_RETURN(absl::string_view name, st.Positional("the graph name"));
   ASSIGN_OR_RETURN(graph->name, st.Check(ParseString(name)));
-  RETURN_IF_ERROR(st.ReadAttributes({"world", "micro_batches", "tokens"}));
+  RETURN_IF_ERROR(
+      st.ReadAttributes({"world", "micro_batches", "tokens", "reduce"}));
   RETURN_IF_ERROR(st.Read("world", ParseInteger<int32_t>, &graph->world_size));
   RETURN_IF_ERROR(
       st.Read("micro_batches", ParseInteger<int32_t>, &graph->micro_batches));
   RETURN_IF_ERROR(
       st.Read("tokens", ParseInteger<int64_t>, &graph->tokens_per_micro_batch));
+  DType reduce = DType::kF32;
+  RETURN_IF_ERROR(st.Read("reduce", ParseReduceDType, &reduce));
+  if (st.Attribute("reduce")) graph->reduce_dtype = reduce;
   return absl::OkStatus();
 }
 
@@ -1211,7 +1225,11 @@ std::string PrintGraph(const Graph& graph) {
   std::string out = absl::StrCat(
       "graph ", FormatString(graph.name), " world=", graph.world_size,
       " micro_batches=", graph.micro_batches,
-      " tokens=", graph.tokens_per_micro_batch, "\n");
+      " tokens=", graph.tokens_per_micro_batch);
+  if (graph.reduce_dtype.has_value()) {
+    absl::StrAppend(&out, " reduce=", DTypeName(*graph.reduce_dtype));
+  }
+  out += "\n";
   for (const Param& p : graph.params) {
     absl::StrAppend(&out, "param ", FormatId('p', p.id), " ",
                     FormatString(p.name), " ", DTypeName(p.dtype), "[",

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -184,6 +185,72 @@ void ValidateArchiveModel(const v1::JobSpec& spec, FieldErrors& errors) {
   }
 }
 
+// A proto dtype the graph knows (f32, bf16, f16); nullopt for unspecified
+// or an unknown number.
+std::optional<DType> KnownDType(v1::DType d) {
+  absl::StatusOr<DType> known = FromProtoDType(d, "");
+  if (!known.ok()) return std::nullopt;
+  return *known;
+}
+
+// model.dtype, train.master_dtype and train.reduce_dtype: params gathered
+// and computed in model.dtype, master weights and Adam moments kept in f32
+// in the shards, gradients reduce-scattered in train.reduce_dtype.
+void ValidatePrecision(const v1::JobSpec& spec, FieldErrors& errors) {
+  const v1::ModelSpec& m = spec.model();
+  const v1::TrainSpec& t = spec.train();
+  const bool torchscript = m.kind() == "torchscript";
+  const std::optional<DType> model = KnownDType(m.dtype());
+  if (!model.has_value()) {
+    errors.Add("model.dtype must be f32, bf16 or f16, got ",
+               static_cast<int>(m.dtype()));
+  } else if (torchscript && *model != DType::kF32) {
+    errors.Add("model.dtype ", DTypeName(*model),
+               " applies to builtin models; an exported model runs in its "
+               "archive's float32: write model.dtype f32 or remove it");
+  } else if (*model == DType::kF16) {
+    errors.Add(
+        "model.dtype f16 needs loss scaling, which the worker does not do "
+        "yet: use bf16 (the same memory, f32's exponent range)");
+  }
+
+  if (t.master_dtype() != v1::DTYPE_F32 &&
+      t.master_dtype() != v1::DTYPE_UNSPECIFIED) {
+    const std::optional<DType> master = KnownDType(t.master_dtype());
+    errors.Add("train.master_dtype must be f32, got ",
+               master.has_value()
+                   ? std::string(DTypeName(*master))
+                   : absl::StrCat(static_cast<int>(t.master_dtype())),
+               ": the shards keep the master weights and Adam moments in f32 "
+               "whatever model.dtype is; write f32 or remove it");
+  }
+
+  // Equal to model.dtype (the default) is always accepted; an unknown
+  // model.dtype is reported above.
+  if (t.reduce_dtype() == v1::DTYPE_UNSPECIFIED ||
+      t.reduce_dtype() == m.dtype()) {
+    return;
+  }
+  const std::optional<DType> reduce = KnownDType(t.reduce_dtype());
+  if (!reduce.has_value()) {
+    errors.Add("train.reduce_dtype must be f32, bf16 or f16, got ",
+               static_cast<int>(t.reduce_dtype()));
+  } else if (model.has_value() && *reduce != DType::kF32) {
+    const absl::string_view r = DTypeName(*reduce);
+    const absl::string_view d = DTypeName(*model);
+    if (*model == DType::kF32) {
+      errors.Add("train.reduce_dtype ", r,
+                 " would round the f32 gradients of model.dtype f32: use f32",
+                 *reduce == DType::kBF16 && !torchscript
+                     ? ", or set model.dtype bf16"
+                     : "");
+    } else {
+      errors.Add("train.reduce_dtype ", r, " must be f32 or model.dtype (", d,
+                 "), the dtype the gradients are computed in: use f32 or ", d);
+    }
+  }
+}
+
 }  // namespace
 
 void ApplyJobSpecDefaults(v1::JobSpec& spec) {
@@ -218,6 +285,11 @@ void ApplyJobSpecDefaults(v1::JobSpec& spec) {
   if (t.beta2() == 0) t.set_beta2(0.95);
   if (t.eps() == 0) t.set_eps(1e-8);
   if (t.grad_clip() == 0) t.set_grad_clip(1.0);
+  if (t.master_dtype() == v1::DTYPE_UNSPECIFIED) {
+    t.set_master_dtype(v1::DTYPE_F32);
+  }
+  // After model.dtype's own default.
+  if (t.reduce_dtype() == v1::DTYPE_UNSPECIFIED) t.set_reduce_dtype(m.dtype());
 
   v1::ParallelSpec& par = *spec.mutable_parallel();
   if (par.world_size() == 0) par.set_world_size(1);
@@ -336,6 +408,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
     errors.Add("train.grad_clip must be >= 0 (0 disables it), got ",
                t.grad_clip());
   }
+  ValidatePrecision(spec, errors);
 
   const v1::ParallelSpec& par = spec.parallel();
   if (par.world_size() < 1 || par.world_size() > kMaxWorldSize) {
@@ -433,6 +506,12 @@ absl::StatusOr<ModelConfig> ModelConfigFromJobSpec(const v1::JobSpec& spec) {
   c.grad_accum = spec.batch().grad_accum();
   // Defaults make the dtype f32 when unset.
   c.dtype = FromProtoDType(m.dtype(), "model.dtype").value_or(DType::kF32);
+  // Unset: the same as model.dtype (ModelConfig's nullopt).
+  if (spec.train().reduce_dtype() != v1::DTYPE_UNSPECIFIED) {
+    c.reduce_dtype =
+        FromProtoDType(spec.train().reduce_dtype(), "train.reduce_dtype")
+            .value_or(c.dtype);
+  }
   c.activation_checkpointing = m.activation_checkpointing();
   c.world_size = spec.parallel().world_size();
   absl::Status status = ValidateModelConfig(c);

@@ -31,8 +31,9 @@ inline constexpr int32_t kDefaultCommMaxInFlight = 4;
 // default to 0), parallel.{world_size 1, zero_stage 3}, optimize.{policy
 // tandem unless passes are given, warmup_steps 3, drift_threshold 0.1,
 // drift_window 5}, comm.max_in_flight 4 (comm.chunk_bytes 0: automatic),
-// data.token_bytes 2, model.dtype f32 and, for presets with a known shape,
-// model sizes. Idempotent.
+// data.token_bytes 2, model.dtype f32, train.master_dtype f32,
+// train.reduce_dtype model.dtype and, for presets with a known shape, model
+// sizes. Idempotent.
 void ApplyJobSpecDefaults(v1::JobSpec& spec);
 
 // Checks optimize.policy and optimize.passes against the planner's pass

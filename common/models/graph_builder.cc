@@ -62,6 +62,10 @@ class ModelGraphBuilder {
     graph_.world_size = c_.world_size;
     graph_.micro_batches = c_.grad_accum;
     graph_.tokens_per_micro_batch = t_;
+    // Set only when it changes what gradients are reduced in.
+    if (c_.reduce_dtype.has_value() && *c_.reduce_dtype != c_.dtype) {
+      graph_.reduce_dtype = c_.reduce_dtype;
+    }
     std::vector<Block> blocks = AddParamsAndBlocks();
     const bool prefixed = c_.grad_accum > 1;
     for (int32_t k = 0; k < c_.grad_accum; ++k) {
@@ -306,15 +310,17 @@ class ModelGraphBuilder {
     n.workspace_bytes = recompute ? cost.saved_bytes : 0;
   }
 
-  // AdamW steps this rank's shards: reads and writes the param, gradient,
-  // fp32 master copy (for non-fp32 params) and two fp32 moments.
+  // AdamW steps this rank's shards: reads and writes the param, gradient (in
+  // the reduce dtype), fp32 master copy (for non-fp32 params) and two fp32
+  // moments.
   void AddOptimizer() {
     double shard_elements = 0;
     for (const Param& p : graph_.params) {
       shard_elements += static_cast<double>(p.shard_numel(c_.world_size));
     }
     const double master = c_.dtype == DType::kF32 ? 0 : 4;
-    const double bytes_per_element = 2 * (2.0 * dt_ + master + 2 * 4);
+    const double grad = DTypeBytes(c_.reduce_dtype.value_or(c_.dtype));
+    const double bytes_per_element = 2 * (dt_ + grad + master + 2 * 4);
     Node& n = NewNode("optimizer", Phase::kOptimizer, 0);
     n.flops = kOptimizerFlops * shard_elements;
     n.time_s = Time(n.flops, bytes_per_element * shard_elements);

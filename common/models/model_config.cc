@@ -130,7 +130,7 @@ constexpr absl::string_view kKeys[] = {
     "top_k",      "seq_len",      "micro_batch",
     "grad_accum", "dtype",        "checkpointing",
     "world",      "device_flops", "device_bytes_per_s",
-    "name",
+    "name",       "reduce_dtype",
 };
 
 // Levenshtein distance, for "did you mean" hints on short keys.
@@ -219,13 +219,17 @@ absl::Status ApplyKey(absl::string_view key, absl::string_view value,
     }
     return absl::OkStatus();
   }
-  if (key == "dtype") {
+  if (key == "dtype" || key == "reduce_dtype") {
     std::optional<DType> d = ParseDType(value);
     if (!d.has_value()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "dtype: unknown dtype '", value, "' (expected f32, bf16 or f16)"));
+          key, ": unknown dtype '", value, "' (expected f32, bf16 or f16)"));
     }
-    c->dtype = *d;
+    if (key == "dtype") {
+      c->dtype = *d;
+    } else {
+      c->reduce_dtype = *d;
+    }
     return absl::OkStatus();
   }
   if (key == "name") {
@@ -359,6 +363,13 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   RETURN_IF_ERROR(AtLeast("micro_batch", c.micro_batch, 1));
   RETURN_IF_ERROR(AtLeast("grad_accum", c.grad_accum, 1));
   RETURN_IF_ERROR(AtLeast("world", c.world_size, 1));
+  if (c.reduce_dtype.has_value() && *c.reduce_dtype != DType::kF32 &&
+      *c.reduce_dtype != c.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reduce_dtype (", DTypeName(*c.reduce_dtype), ") must be f32 or dtype (",
+        DTypeName(c.dtype), "): reducing in another dtype would round the ",
+        "gradients"));
+  }
   if (c.d_model % c.heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "heads (", c.heads, ") must divide d_model (", c.d_model, ")"));

@@ -5,6 +5,7 @@
 #define TANDEM_COMMON_MODELS_MODEL_CONFIG_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,7 +36,13 @@ struct ModelConfig {
   int32_t micro_batch = 1;
   // Gradient-accumulation micro-batches per step.
   int32_t grad_accum = 1;
+  // Params are gathered and computed in `dtype`; a non-f32 param keeps an
+  // f32 master copy with its Adam moments (common/README.md, "Mixed
+  // precision").
   DType dtype = DType::kF32;
+  // Gradients are reduce-scattered in this dtype: f32, or `dtype` (the
+  // default when unset).
+  std::optional<DType> reduce_dtype;
   bool activation_checkpointing = false;
   int32_t world_size = 1;
 
@@ -59,7 +66,7 @@ std::vector<std::string> ModelPresetNames();
 // "preset=llama3-70b micro_batch=2 seq_len=1024 checkpointing=true world=32".
 // Keys: preset (applied first), arch (llama|moe), layers, d_model, heads,
 // kv_heads, ffn, vocab, experts, top_k, seq_len, micro_batch, grad_accum,
-// dtype (f32|bf16|f16), checkpointing, world, device_flops,
+// dtype (f32|bf16|f16), reduce_dtype (f32|bf16|f16), checkpointing, world, device_flops,
 // device_bytes_per_s, name.
 // Each key at most once; checkpointing takes true|false (or 1|0, yes|no,
 // on|off). Keys not given keep ModelConfig's defaults. Errors name the key and
@@ -75,7 +82,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view text,
 // >= 1, heads divide d_model, kv_heads divide heads, experts/top_k are set
 // (1 <= top_k <= experts) for arch=moe and zero for arch=llama, device rates
 // are finite and positive, the name is one printable token, and the derived
-// sizes (bytes, graph nodes) stay far from int64 overflow. Returns
+// sizes (bytes, graph nodes) stay far from int64 overflow, and reduce_dtype
+// is f32 or dtype. Returns
 // InvalidArgument naming the first offending field.
 absl::Status ValidateModelConfig(const ModelConfig& config);
 

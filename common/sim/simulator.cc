@@ -120,6 +120,10 @@ struct ParamInfo {
   int64_t shard_bytes = 0;
   int64_t padded_bytes = 0;
   int64_t state_bytes = 0;
+  // The gradient shard and the reduce-scatter's padded buffer, in the
+  // graph's reduce dtype.
+  int64_t grad_shard_bytes = 0;
+  int64_t reduce_bytes = 0;
 };
 
 struct GroupInfo {
@@ -189,11 +193,13 @@ class Replay {
       info.full_bytes = p.bytes();
       info.shard_bytes = shard * elem;
       info.padded_bytes = shard * world * elem;
+      info.grad_shard_bytes = graph_.GradShardBytes(p);
+      info.reduce_bytes = graph_.ReduceScatterBytes(p);
       // A frozen param has no gradient and no optimizer state.
       info.state_bytes =
           p.trainable ? shard * OptimizerStateBytesPerElement(p.dtype) : 0;
       base_[kShardedParams] += zero1_ ? info.full_bytes : info.shard_bytes;
-      if (p.trainable) base_[kGradients] += info.shard_bytes;
+      if (p.trainable) base_[kGradients] += info.grad_shard_bytes;
       base_[kOptimizerStates] += info.state_bytes;
     }
     base_[kUnmodeled] = std::max<int64_t>(hw_.unmodeled_bytes, 0);
@@ -311,7 +317,7 @@ class Replay {
                   absl::StrCat(DescribeAction(index, a), ": unknown param p",
                                id, "; re-plan for this graph"));
             }
-            rs_bytes_[i] += params_[pos].padded_bytes;
+            rs_bytes_[i] += params_[pos].reduce_bytes;
             ++reduce_count[pos];
           }
           break;
@@ -331,8 +337,9 @@ class Replay {
     // A gradient reduced per micro-batch accumulates its shards in fp32.
     for (size_t p = 0; p < graph_.params.size(); ++p) {
       if (reduce_count[p] < 2 || !graph_.params[p].trainable) continue;
-      const int64_t elem = DTypeBytes(graph_.params[p].dtype);
-      base_[kGradients] += params_[p].shard_bytes / elem * (4 - elem);
+      const Param& param = graph_.params[p];
+      const int64_t elem = DTypeBytes(graph_.GradReduceDType(param));
+      base_[kGradients] += params_[p].grad_shard_bytes / elem * (4 - elem);
     }
     for (size_t s = 1; s < slot_begin_.size(); ++s) {
       slot_begin_[s] += slot_begin_[s - 1];

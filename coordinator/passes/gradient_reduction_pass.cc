@@ -49,8 +49,7 @@ std::vector<ReduceGroup> ReduceGroups(const PlanningContext& context) {
     ReduceGroup& g = by_node[at];
     g.param_ids.push_back(param.id);
     g.gradient_bytes += param.bytes();
-    padded[at] +=
-        param.shard_numel(world) * world * int64_t{DTypeBytes(param.dtype)};
+    padded[at] += graph.ReduceScatterBytes(param);
     runs[at] = std::max(runs[at], r.size());
     if (modes[p] == GradientReduction::kPerMicroBatch) {
       g.any_per_micro_batch = true;

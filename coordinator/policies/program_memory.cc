@@ -88,7 +88,8 @@ ProgramMemory EstimateProgramMemory(const Graph& graph,
   for (const Param& p : graph.params) {
     const int64_t shard = p.shard_numel(world) * DTypeBytes(p.dtype);
     // The gradient shard: none for a frozen param (nor states).
-    level += (zero1 ? p.bytes() : shard) + (p.trainable ? shard : 0);
+    level += (zero1 ? p.bytes() : shard) +
+             (p.trainable ? graph.GradShardBytes(p) : 0);
     states += ParamStateBytes(p, world);
   }
   level += states;

@@ -37,9 +37,30 @@ other, and the Hugging Face names check `tandem export-weights` and
 position; labels are already shifted (position t predicts labels[:, t]), as
 the token data source feeds them.
 
+Precision: the model computes in its params' dtype, in Hugging Face's
+conventions. In float32 every cast below is the identity, so f32 is the
+plain math above, op for op. In bfloat16 (`model.to(torch.bfloat16)`): the
+embedding lookup, projections, SwiGLU, residual adds and lm_head are bf16;
+RMSNorm computes in f32 (x.float() * rsqrt(mean(x^2) + eps)), casts the
+result to bf16 and multiplies by the bf16 weight; rotary cos and sin are
+computed in f32 and cast to bf16, the rotation is bf16; attention scores
+are bf16, their softmax f32, cast back to bf16 for the product with V;
+Mixtral's router logits are bf16, their softmax, top-k and renormalization
+f32, the routing weights cast to bf16; the logits are cast to f32 for the
+cross-entropy, so the loss is f32.
+
+`train` trains a model as a data-parallel job does under a mixed-precision
+policy: f32 master weights (the model's own params) and torch.optim.AdamW
+on them; each step the compute copy is the masters rounded to the compute
+dtype; every rank's loss and gradient are computed separately in the
+compute dtype on its slice of the batch; the ranks' gradients are cast to
+the reduce dtype, summed in rank order and divided by the world size, then
+cast to f32 for clipping and AdamW.
+
 Run this file to self-check it: python3 tests/reference/hf_models.py
 """
 
+import copy
 import dataclasses
 import json
 import math
@@ -77,8 +98,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        variance = x.pow(2).mean(-1, keepdim=True)
-        return x * torch.rsqrt(variance + self.eps) * self.weight
+        # In f32 x.float() and .to(x.dtype) are x itself: x * rsqrt(..) *
+        # weight. In bf16 the normalization is f32, rounded once to bf16.
+        xf = x.float()
+        variance = xf.pow(2).mean(-1, keepdim=True)
+        return (xf * torch.rsqrt(variance + self.eps)).to(x.dtype) * \
+            self.weight
 
 
 def rotary_cos_sin(seq_len, head_dim, theta, device=None):
@@ -98,7 +123,9 @@ def rotate_half(x):
 
 
 def apply_rotary(x, cos, sin):
-    """x [b, heads, s, head_dim]."""
+    """x [b, heads, s, head_dim]; cos and sin (f32) are cast to x's dtype
+    first (the identity in f32)."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return x * cos + rotate_half(x) * sin
 
 
@@ -260,14 +287,116 @@ def draw_init(model, seed, std=0.02):
     return out
 
 
+# ------------------------------------------------------- mixed precision
+
+def rank_slice(batch, world, grad_accum, rank, micro):
+    """Rank `rank`'s part of micro-batch `micro` of a global batch ({name:
+    tensor [G, ...]}), as the worker splits it: the batch is grad_accum
+    contiguous micro-batches, each cut into `world` contiguous rank slices."""
+    size = len(next(iter(batch.values())))
+    n = size // (world * grad_accum)
+    assert n * world * grad_accum == size, (
+        f"{size} rows do not split over {world} ranks x {grad_accum}")
+    first = (micro * world + rank) * n
+    rows = slice(first, first + n)
+    return {name: t[rows] for name, t in batch.items()}
+
+
+def reduce_grads(grads, reduce_dtype):
+    """The ranks' gradients of one param (rank order; None: the rank's
+    graph did not reach it, a zero) cast to reduce_dtype, summed in rank
+    order in reduce_dtype, divided by the world size in reduce_dtype, and
+    cast to f32: the master's gradient."""
+    assert any(g is not None for g in grads)
+    like = next(g for g in grads if g is not None)
+    acc = None
+    for g in grads:
+        g = (torch.zeros_like(like) if g is None else g).to(reduce_dtype)
+        acc = g if acc is None else acc + g
+    return (acc / len(grads)).to(torch.float32)
+
+
+def train(model, batch_of, steps, adamw, clip, world=1, grad_accum=1,
+          dtype=torch.float32, reduce_dtype=None, grads=None):
+    """Trains `model` in place for `steps` steps as a data-parallel job of
+    `world` ranks under a mixed-precision policy; returns (the global loss
+    of every step, {name: final master param}).
+
+    batch_of(step) is the step's global batch ({"input_ids", "labels"}).
+    The model's own params are the f32 master weights, stepped by
+    torch.optim.AdamW(**adamw) after torch.nn.utils.clip_grad_norm_(clip) on
+    f32 gradients. Each step the compute copy is the masters cast to `dtype`
+    (for bf16: rounded to nearest even); each rank runs forward and backward
+    on the compute copy for its slices of the batch (rank_slice), its loss
+    the mean over its tokens (grad_accum > 1: each micro-batch's mean loss
+    / grad_accum, gradients accumulated in `dtype` by autograd); the ranks'
+    gradients are reduced in `reduce_dtype` (default `dtype`; reduce_grads);
+    the step's loss is the mean of the ranks' losses. `grads`, a list,
+    receives every step's {name: f32 gradient AdamW steps with} (reduced
+    and clipped).
+
+    With dtype f32, world 1 and grad_accum 1 this is plain eager training:
+    loss.backward(), clip, AdamW.step() on the model itself, bit for bit."""
+    reduce_dtype = reduce_dtype or dtype
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    masters = dict(model.named_parameters())
+    assert all(masters[n].dtype == torch.float32 for n in names), \
+        "master weights are f32"
+    masters = [masters[n] for n in names]
+    opt = torch.optim.AdamW(masters, **adamw)
+    compute = copy.deepcopy(model).to(dtype)
+    params = dict(compute.named_parameters())
+    params = [params[n] for n in names]
+    losses = []
+    for step in range(steps):
+        batch = batch_of(step)
+        with torch.no_grad():
+            for c, m in zip(params, masters):
+                c.copy_(m)
+        rank_losses, rank_grads = [], []
+        for rank in range(world):
+            for c in params:
+                c.grad = None
+            total = None
+            for micro in range(grad_accum):
+                loss = compute(**rank_slice(batch, world, grad_accum, rank,
+                                            micro))
+                assert loss.dtype == torch.float32
+                (loss / grad_accum if grad_accum > 1 else loss).backward()
+                total = loss.detach() if total is None else \
+                    total + loss.detach()
+            rank_losses.append(total / grad_accum if grad_accum > 1 else total)
+            rank_grads.append([c.grad for c in params])
+        for i, m in enumerate(masters):
+            m.grad = reduce_grads([g[i] for g in rank_grads], reduce_dtype)
+        torch.nn.utils.clip_grad_norm_(masters, clip)
+        if grads is not None:
+            grads.append({n: m.grad.clone() for n, m in zip(names, masters)})
+        opt.step()
+        loss = rank_losses[0]
+        for l in rank_losses[1:]:
+            loss = loss + l
+        losses.append((loss / world if world > 1 else loss).item())
+    return losses, {n: p.detach().clone() for n, p in
+                    model.named_parameters()}
+
+
 # ------------------------------------------------------------ safetensors
 
-_DTYPES = {torch.float32: ("F32", 4), torch.int64: ("I64", 8)}
-_BY_NAME = {"F32": (torch.float32, 4), "I64": (torch.int64, 8)}
+_DTYPES = {torch.float32: ("F32", 4), torch.bfloat16: ("BF16", 2),
+           torch.float16: ("F16", 2), torch.int64: ("I64", 8)}
+_BY_NAME = {name: (dtype, size) for dtype, (name, size) in _DTYPES.items()}
+
+
+def _raw_bytes(t):
+    """t's little-endian bytes (numpy has no bfloat16: its bits as int16)."""
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy().tobytes()
 
 
 def write_safetensors(tensors, path, metadata=None):
-    """Writes {name: tensor} (float32 or int64) as a safetensors file: an
+    """Writes {name: tensor} (f32, bf16, f16 or int64) as a safetensors file: an
     8-byte little-endian header length, the JSON header (padded with spaces
     to 8 bytes) mapping names to dtype, shape and data_offsets, then the
     raw little-endian data in the header's order."""
@@ -277,7 +406,7 @@ def write_safetensors(tensors, path, metadata=None):
     for name, t in tensors.items():
         t = t.detach().contiguous().cpu()
         dtype, size = _DTYPES[t.dtype]
-        data = t.numpy().tobytes() if t.numel() else b""
+        data = _raw_bytes(t) if t.numel() else b""
         assert len(data) == t.numel() * size
         header[name] = {"dtype": dtype, "shape": list(t.shape),
                         "data_offsets": [offset, offset + len(data)]}
@@ -318,6 +447,83 @@ def read_safetensors(path):
 
 
 # ------------------------------------------------------------- self-check
+
+def check_precision():
+    """`train` and the bf16 conventions: f32 at world 1 is plain eager
+    training bit for bit; the bf16 forward rounds where the conventions say
+    (RMSNorm against its f32 computation rounded once, the f32 loss) and
+    stays close to f32; the reduction sums in the reduce dtype."""
+    c = Config(2, 32, 4, 2, 48, 64)
+    adamw = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
+    g = torch.Generator().manual_seed(3)
+    data = torch.randint(0, c.vocab, (4, 4, 13), generator=g)
+
+    def batch_of(step):
+        return {"input_ids": data[step, :, :-1], "labels": data[step, :, 1:]}
+
+    def fresh():
+        m = CausalLM(c)
+        m.load_state_dict(draw_init(m, 2))
+        return m
+
+    m = fresh()
+    opt = torch.optim.AdamW(m.parameters(), **adamw)
+    want = []
+    for step in range(4):
+        opt.zero_grad()
+        loss = m(**batch_of(step))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(m.parameters()), 1.0)
+        opt.step()
+        want.append(loss.item())
+    losses, params = train(fresh(), batch_of, 4, adamw, 1.0)
+    assert losses == want
+    assert all(torch.equal(params[n], p) for n, p in m.named_parameters())
+
+    # bf16: RMSNorm normalizes in f32 and rounds once before the weight.
+    norm = RMSNorm(32, 1e-5).to(torch.bfloat16)
+    with torch.no_grad():
+        norm.weight.normal_()
+    x = torch.randn(3, 32).to(torch.bfloat16)
+    xf = x.float()
+    y = (xf / (xf.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt())
+    got = norm(x)
+    assert got.dtype == torch.bfloat16
+    assert torch.allclose(got.float(), (y.to(torch.bfloat16) *
+                                        norm.weight).float(), rtol=2 ** -7)
+    # The model: a bf16 forward, an f32 loss, near the f32 model's.
+    m = fresh()
+    lo = copy.deepcopy(m).to(torch.bfloat16)
+    b = batch_of(0)
+    with torch.no_grad():
+        l32, l16 = m(**b), lo(**b)
+        assert lo.logits(b["input_ids"]).dtype == torch.bfloat16
+    assert l16.dtype == torch.float32 and l16.item() != l32.item()
+    assert abs(l16.item() - l32.item()) < 2 ** -8 * l32.item()
+    # The reduction: cast, summed and divided in the reduce dtype.
+    a = torch.tensor([1.0, 3.0]).to(torch.bfloat16)
+    b_ = torch.tensor([2 ** -8, 2 ** -7]).to(torch.bfloat16)
+    assert reduce_grads([a, b_], torch.bfloat16).tolist() == [0.5, 1.5]
+    assert reduce_grads([a, b_], torch.float32).tolist() == [
+        (1 + 2 ** -8) / 2, (3 + 2 ** -7) / 2]
+    assert reduce_grads([None, b_], torch.float32).tolist() == [
+        2 ** -9, 2 ** -8]
+    # bf16 training at world 2 stays near f32 and differs from it; the
+    # reduce dtype matters at world 2 and not at world 1.
+    runs = {(w, r): train(fresh(), batch_of, 4, adamw, 1.0, world=w,
+                          dtype=torch.bfloat16, reduce_dtype=r)
+            for w in (1, 2) for r in (torch.bfloat16, torch.float32)}
+    for (w, r), (losses, params) in runs.items():
+        assert all(p.dtype == torch.float32 for p in params.values())
+        for a_, b_ in zip(losses, want):
+            assert a_ != b_ and abs(a_ - b_) < 2 ** -8 * b_, (w, r, a_, b_)
+    def same(a, b):
+        return a[0] == b[0] and all(torch.equal(a[1][n], b[1][n])
+                                    for n in a[1])
+
+    assert same(runs[1, torch.bfloat16], runs[1, torch.float32])
+    assert not same(runs[2, torch.bfloat16], runs[2, torch.float32])
+
 
 def hf_names(c):
     names = ["model.embed_tokens.weight"]
@@ -421,11 +627,13 @@ def self_check():
             logp = torch.log_softmax(m.logits(x), -1)
             want = -logp.gather(-1, labels[..., None]).mean()
             assert torch.allclose(m(x, labels), want, atol=1e-6)
+    check_precision()
     import os
     import tempfile
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "w.safetensors")
-        sd = dict(m.state_dict(), count=torch.arange(3))
+        sd = dict(m.state_dict(), count=torch.arange(3),
+                  half=torch.randn(5).to(torch.bfloat16))
         write_safetensors(sd, path, {"k": 1})
         back, meta = read_safetensors(path)
         assert list(back) == list(sd) and meta == {"k": "1"}

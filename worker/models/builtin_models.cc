@@ -68,8 +68,16 @@ std::function<void(float*, int64_t)> OnesInit() {
   };
 }
 
+// Mixed precision follows Hugging Face's Llama and Mixtral: activations and
+// params in the program's dtype, with RMSNorm's statistics, the attention
+// softmax, the router's probabilities and the loss computed in f32. At f32
+// every cast below is a no-op.
+
+// In f32, then cast back before the weight (as LlamaRMSNorm).
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) {
-  return x * at::rsqrt(x.pow(2).mean({-1}, /*keepdim=*/true) + kNormEps) *
+  const at::Tensor xf = x.to(at::kFloat);
+  return (xf * at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + kNormEps))
+             .to(x.scalar_type()) *
          weight;
 }
 
@@ -82,8 +90,8 @@ at::Tensor Rope(const at::Tensor& x) {
   at::Tensor inv_freq =
       at::pow(kRopeBase, at::arange(0, half, f32) * (-2.0 / (2 * half)));
   at::Tensor angles = at::outer(at::arange(0, s, f32), inv_freq);  // [s, half]
-  at::Tensor cos = angles.cos();
-  at::Tensor sin = angles.sin();
+  at::Tensor cos = angles.cos().to(x.scalar_type());
+  at::Tensor sin = angles.sin().to(x.scalar_type());
   at::Tensor x1 = x.narrow(-1, 0, half);
   at::Tensor x2 = x.narrow(-1, half, half);
   return at::cat({x1 * cos - x2 * sin, x1 * sin + x2 * cos}, -1);
@@ -123,7 +131,8 @@ at::Tensor Attention(const at::Tensor& x, absl::Span<const at::Tensor> p,
   const at::Tensor future =
       at::ones({s, s}, scores.options().dtype(at::kBool)).triu(1);
   scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
-  const at::Tensor out = at::matmul(at::softmax(scores, -1), v)
+  const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(v.scalar_type());
+  const at::Tensor out = at::matmul(probs, v)
                              .transpose(1, 2)
                              .reshape({b, s, dims.heads * dims.head_dim});
   return x + at::linear(out, p[4]);
@@ -147,9 +156,10 @@ at::Tensor Moe(const at::Tensor& x, absl::Span<const at::Tensor> p,
                const Dims& dims) {
   const int64_t d = x.size(-1);
   const at::Tensor h = RmsNorm(x, p[0]).reshape({-1, d});
-  const at::Tensor probs = at::softmax(at::linear(h, p[1]), -1);
+  const at::Tensor probs = at::softmax(at::linear(h, p[1]), -1, at::kFloat);
   auto [top_p, top_i] = at::topk(probs, dims.top_k, -1);
-  const at::Tensor weights = (top_p / top_p.sum({-1}, true)).reshape({-1});
+  const at::Tensor weights =
+      (top_p / top_p.sum({-1}, true)).reshape({-1}).to(h.scalar_type());
   at::Tensor out = at::zeros_like(h);
   const int64_t experts = p[1].size(0);
   for (int64_t e = 0; e < experts; ++e) {
@@ -169,10 +179,10 @@ at::Tensor Moe(const at::Tensor& x, absl::Span<const at::Tensor> p,
 
 absl::StatusOr<Program> BuildModelProgram(const ModelConfig& c, uint64_t seed) {
   RETURN_IF_ERROR(ValidateModelConfig(c));
-  if (c.dtype != DType::kF32) {
+  if (c.dtype == DType::kF16) {
     return absl::InvalidArgumentError(
-        absl::StrCat("model.dtype ", DTypeName(c.dtype),
-                     " is not supported by the worker yet; use f32"));
+        "model.dtype f16 needs loss scaling, which the worker does not do "
+        "yet: use bf16");
   }
   if (c.head_dim() % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -190,6 +200,8 @@ absl::StatusOr<Program> BuildModelProgram(const ModelConfig& c, uint64_t seed) {
 
   Program program;
   program.name = c.name;
+  program.dtype = c.dtype;
+  program.reduce_dtype = c.reduce_dtype.value_or(c.dtype);
   auto add = [&](std::string name, std::vector<int64_t> shape, std::string unit,
                  bool norm, double std = kInitStd) {
     ProgramParam p;
@@ -284,7 +296,7 @@ absl::StatusOr<Program> BuildModelProgram(const ModelConfig& c, uint64_t seed) {
   loss.forward = [vocab](absl::Span<const at::Tensor> in,
                          absl::Span<const at::Tensor>) {
     return std::vector<at::Tensor>{at::cross_entropy_loss(
-        in[0].reshape({-1, vocab}), in[1].reshape({-1}))};
+        in[0].reshape({-1, vocab}).to(at::kFloat), in[1].reshape({-1}))};
   };
   program.nodes.push_back(std::move(loss));
   for (ProgramParam& p : program.params) {

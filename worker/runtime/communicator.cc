@@ -268,6 +268,11 @@ void Communicator::AllGather(const at::Tensor& input,
     group_->_allgather_base(out, in)->wait();
     return;
   }
+  if (in.scalar_type() == at::kBFloat16) {
+    // Gloo moves no bf16: move the bits as int16.
+    AllGather(in.view(at::kShort), output.view(at::kShort));
+    return;
+  }
   // Rank j's elements [offset, offset + length) land at j * n + offset.
   const int64_t n = input.numel();
   auto issue = [&](int64_t offset, int64_t length) {
@@ -296,18 +301,23 @@ void Communicator::ReduceScatterSum(const at::Tensor& input,
   // Per piece [offset, offset + length) of each rank's chunk: row j of `send`
   // goes to rank j, row j of `received` is rank j's contribution to this
   // rank's chunk, summed in rank order once the piece arrived.
-  const at::Tensor rows = in.reshape({world_size_, n});
+  // Gloo moves no bf16: the pieces travel as int16 bits and are summed as
+  // bf16.
+  const bool bits = in.scalar_type() == at::kBFloat16;
+  const at::Tensor wire = bits ? in.view(at::kShort) : in;
+  const at::Tensor rows = wire.reshape({world_size_, n});
   std::deque<at::Tensor> received;
   std::vector<int64_t> equal_splits;
   auto issue = [&](int64_t offset, int64_t length) {
     at::Tensor send =
-        length == n ? in : rows.narrow(1, offset, length).contiguous().view(-1);
+        length == n ? wire : rows.narrow(1, offset, length).contiguous().view(-1);
     received.push_back(at::empty_like(send));
     return group_->alltoall_base(received.back(), send, equal_splits,
                                  equal_splits);
   };
   auto sum = [&](int64_t offset, int64_t length) {
-    const at::Tensor got = std::move(received.front());
+    const at::Tensor got = bits ? received.front().view(at::kBFloat16)
+                                : std::move(received.front());
     received.pop_front();
     at::Tensor o = out.narrow(0, offset, length);
     o.copy_(got.narrow(0, 0, length));

@@ -14,6 +14,7 @@
 #include "common/ir/validate.h"
 #include "common/lowering/least_memory.h"
 #include "common/lowering/schedule_semantics.h"
+#include "common/sim/simulator.h"
 #include "common/status_macros.h"
 #include "torch/csrc/autograd/autograd.h"
 #include "torch/csrc/autograd/custom_function.h"
@@ -160,7 +161,7 @@ absl::Status CheckRunnableSchedule(const Graph& graph,
     int64_t states = 0;
     for (int32_t id : o.param_ids) {
       const Param& p = graph.params[index.ParamPos(id)];
-      states += p.shard_numel(world) * 2 * static_cast<int64_t>(sizeof(float));
+      states += p.shard_numel(world) * OptimizerStateBytesPerElement(p.dtype);
       int32_t& owner = offloaded_by[index.ParamPos(id)];
       if (owner >= 0) {
         return absl::InvalidArgumentError(absl::StrCat(

@@ -83,6 +83,9 @@ absl::StatusOr<Graph> DeriveGraph(const Program& program, int32_t world_size,
   graph.world_size = world_size;
   graph.micro_batches = micro_batches;
   graph.tokens_per_micro_batch = tokens_per_micro_batch;
+  if (program.reduce_dtype != program.dtype) {
+    graph.reduce_dtype = program.reduce_dtype;
+  }
   absl::flat_hash_set<std::string> names;
   for (const ProgramParam& p : program.params) {
     if (!names.insert(p.name).second) {
@@ -93,7 +96,7 @@ absl::StatusOr<Graph> DeriveGraph(const Program& program, int32_t world_size,
     param.id = static_cast<int32_t>(graph.params.size());
     param.name = p.name;
     param.shape = p.shape;
-    param.dtype = DType::kF32;
+    param.dtype = program.dtype;
     param.unit = p.unit;
     param.trainable = p.trainable;
     graph.params.push_back(std::move(param));

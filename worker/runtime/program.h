@@ -104,6 +104,12 @@ struct Program {
   // The value holding the scalar loss (the mean over this rank's tokens or
   // samples of the micro-batch): an output of the last node.
   std::string loss;
+  // Mixed precision (worker/README.md, "Mixed precision"): params are
+  // gathered and computed in `dtype` (the nodes' forwards receive them so);
+  // a non-f32 param's shard keeps an f32 master copy, and gradients are
+  // reduce-scattered in `reduce_dtype` (f32 or `dtype`).
+  DType dtype = DType::kF32;
+  DType reduce_dtype = DType::kF32;
 };
 
 // The values of a program, numbered: inputs first, then node outputs in

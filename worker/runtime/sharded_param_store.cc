@@ -35,11 +35,24 @@ void ResizeStorage(const at::Tensor& t, size_t bytes) {
 #endif
 }
 
-// A plain tensor over `count` floats at `data`: no autograd, no version
-// counter shared with the full tensor it aliases.
-at::Tensor Alias(float* data, int64_t count, at::Device device) {
+// A plain tensor over `count` elements of `dtype` at `data`: no autograd, no
+// version counter shared with the full tensor it aliases.
+at::Tensor Alias(void* data, int64_t count, at::ScalarType dtype,
+                 at::Device device) {
   return at::from_blob(data, {count},
-                       at::TensorOptions().dtype(at::kFloat).device(device));
+                       at::TensorOptions().dtype(dtype).device(device));
+}
+
+at::ScalarType ScalarTypeOf(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return at::kBFloat16;
+    case DType::kF16:
+      return at::kHalf;
+    case DType::kF32:
+      break;
+  }
+  return at::kFloat;
 }
 
 }  // namespace
@@ -50,8 +63,16 @@ absl::StatusOr<std::unique_ptr<ShardedParamStore>> ShardedParamStore::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " outside world size ", world_size));
   }
+  const at::ScalarType dtype = ScalarTypeOf(program.dtype);
+  const at::ScalarType reduce_dtype = ScalarTypeOf(program.reduce_dtype);
+  if (reduce_dtype != at::kFloat && reduce_dtype != dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "program '", program.name, "' reduces gradients in ",
+        DTypeName(program.reduce_dtype), "; use f32 or its own dtype ",
+        DTypeName(program.dtype)));
+  }
   std::unique_ptr<ShardedParamStore> store(
-      new ShardedParamStore(rank, world_size, device));
+      new ShardedParamStore(rank, world_size, device, dtype, reduce_dtype));
   absl::Status status = TorchCall("initializing params", [&] {
     const auto f32 = at::TensorOptions().dtype(at::kFloat);
     for (const ProgramParam& p : program.params) {
@@ -64,15 +85,18 @@ absl::StatusOr<std::unique_ptr<ShardedParamStore>> ShardedParamStore::Create(
       // Whole padded value, then this rank's slice.
       at::Tensor padded = at::zeros({e.shard_numel * world_size}, f32);
       p.init(padded.data_ptr<float>(), e.numel);
-      e.shard = padded.narrow(0, rank * e.shard_numel, e.shard_numel)
-                    .clone()
-                    .to(device);
+      at::Tensor master = padded.narrow(0, rank * e.shard_numel, e.shard_numel)
+                              .clone()
+                              .to(device);
+      e.shard = master.to(dtype);
+      e.has_master = e.trainable && dtype != at::kFloat;
+      if (e.has_master) e.master = master;
       if (e.trainable) {
-        e.shard_grad = at::zeros_like(e.shard);
-        e.exp_avg = at::zeros_like(e.shard);
-        e.exp_avg_sq = at::zeros_like(e.shard);
+        e.shard_grad = at::zeros_like(master, reduce_dtype);
+        e.exp_avg = at::zeros_like(master);
+        e.exp_avg_sq = at::zeros_like(master);
       }
-      e.full = at::empty(p.shape, f32.device(device));
+      e.full = at::empty(p.shape, f32.dtype(dtype).device(device));
       ResizeStorage(e.full, 0);
       // A frozen param's uses carry no gradient to it.
       e.full.set_requires_grad(e.trainable);
@@ -97,7 +121,7 @@ CollectiveHandle ShardedParamStore::Gather(absl::Span<const int32_t> ids,
                                            Communicator& comm, bool refresh) {
   struct Piece {
     at::Tensor shard;  // this rank's shard, read on the comm thread
-    float* dest;       // the full storage
+    void* dest;        // the full storage
     int64_t numel;
     int64_t shard_numel;
     int64_t offset;  // in the packed buffer
@@ -113,35 +137,36 @@ CollectiveHandle ShardedParamStore::Gather(absl::Span<const int32_t> ids,
     } else {
       TORCH_CHECK(!allocated(id), "gather of '", e.name,
                   "' while it is still gathered");
-      ResizeStorage(e.full, static_cast<size_t>(e.numel) * sizeof(float));
+      ResizeStorage(e.full, static_cast<size_t>(full_bytes(id)));
     }
-    pieces.push_back({e.shard,
-                      static_cast<float*>(e.full.storage().data_ptr().get()),
-                      e.numel, e.shard_numel, packed});
+    pieces.push_back({e.shard, e.full.storage().data_ptr().get(), e.numel,
+                      e.shard_numel, packed});
     packed += e.shard_numel;
   }
   const int world = world_size_;
   const at::Device device = device_;
-  CollectiveHandle handle =
-      comm.Submit([pieces = std::move(pieces), packed, world, device, &comm] {
-        const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
-        at::Tensor in = at::empty({packed}, f32);
-        for (const Piece& p : pieces) {
-          in.narrow(0, p.offset, p.shard_numel).copy_(p.shard);
-        }
-        at::Tensor out = at::empty({packed * world}, f32);
-        comm.AllGather(in, out);
-        for (const Piece& p : pieces) {
-          for (int j = 0; j < world; ++j) {
-            const int64_t begin = j * p.shard_numel;
-            const int64_t count =
-                std::min(p.shard_numel, p.numel - begin);  // drop padding
-            if (count <= 0) break;
-            Alias(p.dest + begin, count, device)
-                .copy_(out.narrow(0, j * packed + p.offset, count));
-          }
-        }
-      });
+  const at::ScalarType dtype = dtype_;
+  CollectiveHandle handle = comm.Submit([pieces = std::move(pieces), packed,
+                                         world, device, dtype, &comm] {
+    const auto options = at::TensorOptions().dtype(dtype).device(device);
+    at::Tensor in = at::empty({packed}, options);
+    for (const Piece& p : pieces) {
+      in.narrow(0, p.offset, p.shard_numel).copy_(p.shard);
+    }
+    at::Tensor out = at::empty({packed * world}, options);
+    comm.AllGather(in, out);
+    for (const Piece& p : pieces) {
+      const at::Tensor dest = Alias(p.dest, p.numel, dtype, device);
+      for (int j = 0; j < world; ++j) {
+        const int64_t begin = j * p.shard_numel;
+        const int64_t count =
+            std::min(p.shard_numel, p.numel - begin);  // drop padding
+        if (count <= 0) break;
+        dest.narrow(0, begin, count)
+            .copy_(out.narrow(0, j * packed + p.offset, count));
+      }
+    }
+  });
   for (int32_t id : ids) params_[id].pending_gather = handle;
   return handle;
 }
@@ -162,6 +187,9 @@ CollectiveHandle ShardedParamStore::ReduceScatterGrads(
   struct Piece {
     at::Tensor grad;        // full gradient, or undefined for zero
     at::Tensor shard_grad;  // accumulated on the comm thread
+    // Set when this reduce starts accumulating in fp32: shard_grad's value
+    // so far (in the reduce dtype), copied into shard_grad first.
+    at::Tensor promoted_from;
     int64_t numel;
     int64_t shard_numel;
     int64_t offset;
@@ -174,17 +202,28 @@ CollectiveHandle ShardedParamStore::ReduceScatterGrads(
                 "', which has no gradient");
     at::Tensor grad = e.full.grad();
     e.full.mutable_grad() = at::Tensor();
-    pieces.push_back(
-        {std::move(grad), e.shard_grad, e.numel, e.shard_numel, packed});
+    // A second reduce in one step accumulates in fp32 (the comm thread runs
+    // reduces in order: the first has finished writing the old tensor when
+    // this one copies it).
+    at::Tensor promoted_from;
+    if (++e.reduces > 1 && e.shard_grad.scalar_type() != at::kFloat) {
+      promoted_from = e.shard_grad;
+      e.shard_grad = at::empty_like(promoted_from, at::kFloat);
+    }
+    pieces.push_back({std::move(grad), e.shard_grad, std::move(promoted_from),
+                      e.numel, e.shard_numel, packed});
     packed += e.shard_numel;
   }
   const int world = world_size_;
   const at::Device device = device_;
+  const at::ScalarType reduce_dtype = reduce_dtype_;
   return comm.Submit(
-      [pieces = std::move(pieces), packed, world, device, &comm]() mutable {
-        const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+      [pieces = std::move(pieces), packed, world, device, reduce_dtype,
+       &comm]() mutable {
+        const auto options =
+            at::TensorOptions().dtype(reduce_dtype).device(device);
         // Chunk j (for rank j) holds every param's slice j, in order.
-        at::Tensor in = at::zeros({packed * world}, f32);
+        at::Tensor in = at::zeros({packed * world}, options);
         for (const Piece& p : pieces) {
           if (!p.grad.defined()) continue;
           const at::Tensor flat = p.grad.reshape({-1});
@@ -197,12 +236,16 @@ CollectiveHandle ShardedParamStore::ReduceScatterGrads(
           }
         }
         for (Piece& p : pieces) p.grad = at::Tensor();  // free early
-        at::Tensor out = at::empty({packed}, f32);
+        at::Tensor out = at::empty({packed}, options);
         comm.ReduceScatterSum(in, out);
         // Each rank's loss is the mean over its own tokens: the global mean's
         // gradient is the mean of the ranks' gradients.
         out.div_(static_cast<double>(world));
-        for (const Piece& p : pieces) {
+        for (Piece& p : pieces) {
+          if (p.promoted_from.defined()) {
+            p.shard_grad.copy_(p.promoted_from);
+            p.promoted_from = at::Tensor();
+          }
           p.shard_grad.add_(out.narrow(0, p.offset, p.shard_numel));
         }
       });
@@ -211,7 +254,8 @@ CollectiveHandle ShardedParamStore::ReduceScatterGrads(
 absl::StatusOr<CollectiveHandle> ShardedParamStore::OffloadStates(
     absl::Span<const int32_t> ids, HostTier& tier) {
   struct Piece {
-    at::Tensor avg, avg_sq, host;  // the device copies die with the copy
+    // The device copies die with the copy; master undefined for fp32.
+    at::Tensor avg, avg_sq, master, host;
   };
   std::vector<Piece> pieces;
   std::vector<int32_t> moved;
@@ -219,14 +263,16 @@ absl::StatusOr<CollectiveHandle> ShardedParamStore::OffloadStates(
     Entry& e = params_[id];
     if (e.states_on_host || !e.trainable) continue;
     if (!e.host_states.defined()) {
-      absl::StatusOr<at::Tensor> host = tier.Allocate(2 * e.shard_numel);
+      absl::StatusOr<at::Tensor> host =
+          tier.Allocate(StateCount(e) * e.shard_numel);
       if (!host.ok()) return host.status();
       e.host_states = *std::move(host);
     }
-    pieces.push_back(
-        {std::move(e.exp_avg), std::move(e.exp_avg_sq), e.host_states});
+    pieces.push_back({std::move(e.exp_avg), std::move(e.exp_avg_sq),
+                      std::move(e.master), e.host_states});
     e.exp_avg = at::Tensor();
     e.exp_avg_sq = at::Tensor();
+    e.master = at::Tensor();
     e.states_on_host = true;
     moved.push_back(id);
   }
@@ -237,8 +283,10 @@ absl::StatusOr<CollectiveHandle> ShardedParamStore::OffloadStates(
           const int64_t n = p.avg.numel();
           tier.Copy(p.avg, p.host.narrow(0, 0, n));
           tier.Copy(p.avg_sq, p.host.narrow(0, n, n));
+          if (p.master.defined()) tier.Copy(p.master, p.host.narrow(0, 2 * n, n));
           p.avg = at::Tensor();  // free the device memory now
           p.avg_sq = at::Tensor();
+          p.master = at::Tensor();
         }
       });
   for (int32_t id : moved) params_[id].pending_copy = handle;
@@ -248,17 +296,18 @@ absl::StatusOr<CollectiveHandle> ShardedParamStore::OffloadStates(
 CollectiveHandle ShardedParamStore::ReloadStates(absl::Span<const int32_t> ids,
                                                  HostTier& tier) {
   struct Piece {
-    at::Tensor host, avg, avg_sq;
+    at::Tensor host, avg, avg_sq, master;
   };
   std::vector<Piece> pieces;
   std::vector<int32_t> moved;
   for (int32_t id : ids) {
     Entry& e = params_[id];
     if (!e.states_on_host) continue;
-    e.exp_avg = at::empty_like(e.shard);
-    e.exp_avg_sq = at::empty_like(e.shard);
+    e.exp_avg = at::empty_like(e.shard, at::kFloat);
+    e.exp_avg_sq = at::empty_like(e.shard, at::kFloat);
+    if (e.has_master) e.master = at::empty_like(e.shard, at::kFloat);
     e.states_on_host = false;
-    pieces.push_back({e.host_states, e.exp_avg, e.exp_avg_sq});
+    pieces.push_back({e.host_states, e.exp_avg, e.exp_avg_sq, e.master});
     moved.push_back(id);
   }
   if (pieces.empty()) return nullptr;
@@ -267,6 +316,7 @@ CollectiveHandle ShardedParamStore::ReloadStates(absl::Span<const int32_t> ids,
       const int64_t n = p.avg.numel();
       tier.Copy(p.host.narrow(0, 0, n), p.avg);
       tier.Copy(p.host.narrow(0, n, n), p.avg_sq);
+      if (p.master.defined()) tier.Copy(p.host.narrow(0, 2 * n, n), p.master);
     }
   });
   for (int32_t id : moved) params_[id].pending_copy = handle;
@@ -281,6 +331,24 @@ void ShardedParamStore::WaitStates() {
                 "' failed: ", std::string(s.message()));
     e.pending_copy = nullptr;
   }
+}
+
+at::Tensor ShardedParamStore::MasterShard(int32_t id) const {
+  const Entry& e = params_[id];
+  if (!e.has_master) return e.shard.to(at::kFloat);
+  if (!e.states_on_host) return e.master;
+  return e.host_states.narrow(0, 2 * e.shard_numel, e.shard_numel)
+      .to(e.shard.device());
+}
+
+void ShardedParamStore::SetMasterShard(int32_t id, const at::Tensor& values) {
+  Entry& e = params_[id];
+  TORCH_CHECK(values.numel() == e.shard_numel, "'", e.name, "' has ",
+              e.shard_numel, " values in a shard, got ", values.numel());
+  TORCH_CHECK(!e.states_on_host || !e.has_master, "the master of '", e.name,
+              "' is on the host tier");
+  if (e.has_master) e.master.copy_(values.reshape({-1}));
+  e.shard.copy_(values.reshape({-1}));
 }
 
 double ShardedParamStore::ShardGradSquaredNorm() const {
@@ -312,15 +380,25 @@ double ShardedParamStore::AdamWStep(const AdamWOptions& o, float factor,
       waited_s += e.pending_copy->waited_s() - before;
       e.pending_copy = nullptr;
     }
-    at::Tensor& g = e.shard_grad;
+    // fp32 gradient and master (an fp32 shard is its own).
+    at::Tensor g = e.shard_grad.to(at::kFloat);
+    at::Tensor& master = e.has_master ? e.master : e.shard;
     if (factor != 1.0f) g.mul_(factor);
-    e.shard.mul_(1 - o.lr * o.weight_decay);
+    master.mul_(1 - o.lr * o.weight_decay);
     e.exp_avg.mul_(o.beta1).add_(g, 1 - o.beta1);
     e.exp_avg_sq.mul_(o.beta2).addcmul_(g, g, 1 - o.beta2);
     const at::Tensor denom =
         (e.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(o.eps);
-    e.shard.addcdiv_(e.exp_avg, denom, -step_size);
-    g.zero_();
+    master.addcdiv_(e.exp_avg, denom, -step_size);
+    if (e.has_master) e.shard.copy_(master);
+    // Reduced once this step: the gradient goes back to the reduce dtype
+    // (a schedule that now reduces once needs no fp32 accumulator).
+    if (e.reduces <= 1 && e.shard_grad.scalar_type() != reduce_dtype_) {
+      e.shard_grad = at::zeros_like(e.shard_grad, reduce_dtype_);
+    } else {
+      e.shard_grad.zero_();
+    }
+    e.reduces = 0;
   }
   return waited_s;
 }
@@ -332,7 +410,9 @@ std::vector<double> ShardedParamStore::ShardDigests() const {
   std::vector<double> out;
   out.reserve(params_.size());
   for (const Entry& e : params_) {
-    const at::Tensor shard = e.shard.to(at::kCPU).to(at::kDouble);
+    const at::Tensor shard = MasterShard(&e - params_.data())
+                                 .to(at::kCPU)
+                                 .to(at::kDouble);
     const double first = static_cast<double>(rank_ * e.shard_numel);
     const at::Tensor w =
         at::frac(at::arange(first, first + static_cast<double>(e.shard_numel),
@@ -350,9 +430,9 @@ absl::StatusOr<at::Tensor> ShardedParamStore::GatherValue(int32_t id,
   const Entry& e = params_[id];
   at::Tensor out;
   CollectiveHandle h = comm.Submit([&] {
-    at::Tensor all =
-        at::empty({e.shard_numel * world_size_}, e.shard.options());
-    comm.AllGather(e.shard, all);
+    const at::Tensor master = MasterShard(id);
+    at::Tensor all = at::empty({e.shard_numel * world_size_}, master.options());
+    comm.AllGather(master, all);
     out = all.narrow(0, 0, e.numel).view(e.full.sizes()).clone();
   });
   absl::Status status = h->Wait();

@@ -11,8 +11,17 @@
 // through an alias of the storage, which leaves the autograd version counter
 // alone, so backward accepts the saved tensors.
 //
-// Optimizer states (the AdamW moments; the fp32 shard is the master copy)
-// can move to a host tier (host_tier.h) and back, on its copy thread:
+// Mixed precision (Program::dtype not f32, worker/README.md "Mixed
+// precision"): the shard, the gathered full tensors and their gradients are
+// in the program's dtype; a trained param also keeps an fp32 master shard,
+// which the optimizer updates and rounds into the shard after each step.
+// Gradients are reduce-scattered in Program::reduce_dtype, and the shard
+// gradient is held in it; a param reduced more than once in a step
+// accumulates in fp32 from its second reduce on. These are the sizes the
+// simulator counts (common/sim/simulator.h).
+//
+// Optimizer states (the AdamW moments, and the fp32 master of a non-fp32
+// param; an fp32 shard is its own master) can move to a host tier (host_tier.h) and back, on its copy thread:
 // OffloadStates frees their device memory once the copy is done,
 // ReloadStates allocates it again at once and fills it asynchronously, and
 // the optimizer step waits, param by param, only for the states it is about
@@ -69,8 +78,11 @@ class ShardedParamStore {
   int64_t numel(int32_t id) const { return params_[id].numel; }
   int64_t shard_numel(int32_t id) const { return params_[id].shard_numel; }
   int64_t full_bytes(int32_t id) const {
-    return params_[id].numel * static_cast<int64_t>(sizeof(float));
+    return params_[id].numel * static_cast<int64_t>(at::elementSize(dtype_));
   }
+  // The dtype params are gathered and computed in, and gradients reduced in.
+  at::ScalarType dtype() const { return dtype_; }
+  at::ScalarType reduce_dtype() const { return reduce_dtype_; }
   // False for a frozen param.
   bool trainable(int32_t id) const { return params_[id].trainable; }
 
@@ -81,9 +93,16 @@ class ShardedParamStore {
   bool materialized(int32_t id) const;
   // Storage allocated (gathered or being gathered).
   bool allocated(int32_t id) const;
-  // This rank's slice of the param, and its gradient (undefined when
-  // frozen).
+  // This rank's slice of the param (in dtype()), and its gradient (undefined
+  // when frozen).
   const at::Tensor& shard(int32_t id) const { return params_[id].shard; }
+  // This rank's slice in fp32: the master copy (a new tensor for a frozen
+  // non-fp32 param, which has none, or for a master on the host tier: call
+  // WaitStates first). What checkpoints store.
+  at::Tensor MasterShard(int32_t id) const;
+  // Sets this rank's slice from fp32 `values` (shard_numel elements): the
+  // master, and the shard rounded from it.
+  void SetMasterShard(int32_t id, const at::Tensor& values);
   const at::Tensor& shard_grad(int32_t id) const {
     return params_[id].shard_grad;
   }
@@ -107,11 +126,12 @@ class ShardedParamStore {
   CollectiveHandle ReduceScatterGrads(absl::Span<const int32_t> ids,
                                       Communicator& comm);
 
-  // Bytes of optimizer state this rank holds for `id` (AdamW moments; none
-  // for a frozen param).
+  // Bytes of optimizer state this rank holds for `id` (AdamW moments and a
+  // non-fp32 param's master; none for a frozen param).
   int64_t state_bytes(int32_t id) const {
     if (!params_[id].trainable) return 0;
-    return 2 * params_[id].shard_numel * static_cast<int64_t>(sizeof(float));
+    return StateCount(params_[id]) * params_[id].shard_numel *
+           static_cast<int64_t>(sizeof(float));
   }
   // The states of `id` are on the host tier, or on their way there.
   bool states_on_host(int32_t id) const { return params_[id].states_on_host; }
@@ -139,18 +159,20 @@ class ShardedParamStore {
   // Sum of squares of this rank's shard gradients (frozen params have none:
   // they count in no norm, as in clip_grad_norm_ over the trained params).
   double ShardGradSquaredNorm() const;
-  // Multiplies every shard gradient by `factor` (clipping) and steps AdamW
-  // on the trained params' shards, torch.optim.AdamW's update with `step`
-  // 1-based; then zeroes the shard gradients. Frozen shards stay as they
+  // Multiplies every shard gradient (in fp32) by `factor` (clipping) and
+  // steps AdamW on the trained params' masters, torch.optim.AdamW's update
+  // with `step` 1-based, rounding non-fp32 shards from them; then zeroes the
+  // shard gradients. Frozen shards stay as they
   // are. Before each param it waits for a reload of
   // that param's states still in flight (none may be left on the host).
   // Returns the seconds spent waiting for reloads.
   double AdamWStep(const AdamWOptions& options, float factor, int64_t step);
   // Per param, this rank's share of its digest (Executor::ParamDigests):
-  // the float64 sum over the shard's values x of x * w(position in the
-  // full param), w(i) = 2 * frac(i * 0.618...) - 1 (padding is zero).
+  // the float64 sum over the master shard's values x of x * w(position in
+  // the full param), w(i) = 2 * frac(i * 0.618...) - 1 (padding is zero).
   std::vector<double> ShardDigests() const;
-  // The full value of `id` as a new tensor (blocking all-gather).
+  // The full fp32 (master) value of `id` as a new tensor (blocking
+  // all-gather).
   absl::StatusOr<at::Tensor> GatherValue(int32_t id, Communicator& comm);
 
  private:
@@ -161,23 +183,38 @@ class ShardedParamStore {
     bool trainable = true;
     at::Tensor full;
     at::Tensor shard;
+    // fp32 master of a trained non-fp32 param (a state: it moves to the host
+    // tier with the moments).
+    at::Tensor master;
+    bool has_master = false;
     at::Tensor shard_grad;
+    // Reduce-scatters into shard_grad since the last optimizer step.
+    int reduces = 0;
     at::Tensor exp_avg;
     at::Tensor exp_avg_sq;
     CollectiveHandle pending_gather;
-    // Host-tier copy of the moments: [exp_avg | exp_avg_sq], allocated at the
-    // first offload and kept.
+    // Host-tier copy of the states: [exp_avg | exp_avg_sq | master],
+    // allocated at the first offload and kept.
     at::Tensor host_states;
     bool states_on_host = false;
     // The latest offload or reload of the states.
     CollectiveHandle pending_copy;
   };
-  ShardedParamStore(int rank, int world_size, at::Device device)
-      : rank_(rank), world_size_(world_size), device_(device) {}
+  ShardedParamStore(int rank, int world_size, at::Device device,
+                    at::ScalarType dtype, at::ScalarType reduce_dtype)
+      : rank_(rank),
+        world_size_(world_size),
+        device_(device),
+        dtype_(dtype),
+        reduce_dtype_(reduce_dtype) {}
+  // fp32 state tensors of `e`: the two moments, and its master.
+  static int64_t StateCount(const Entry& e) { return e.has_master ? 3 : 2; }
 
   const int rank_;
   const int world_size_;
   const at::Device device_;
+  const at::ScalarType dtype_;
+  const at::ScalarType reduce_dtype_;
   std::vector<Entry> params_;
 };
 

@@ -83,8 +83,9 @@ void FillCheckpoint(const Program& program, const ShardedParamStore& store,
   for (int32_t id = 0; id < store.num_params(); ++id) {
     TORCH_CHECK(!store.states_on_host(id), "states of '", store.name(id),
                 "' are on the host tier at a checkpoint");
+    // The fp32 master (the shard itself at f32).
     state.blobs.emplace_back(ParamBlob(store, id, "shard"),
-                             TensorBytes(store.shard(id)));
+                             TensorBytes(store.MasterShard(id)));
     if (!store.trainable(id)) continue;
     state.blobs.emplace_back(ParamBlob(store, id, "exp_avg"),
                              TensorBytes(store.exp_avg(id)));
@@ -223,12 +224,12 @@ absl::StatusOr<RestoreSource> ReadRestoreSource(const CheckpointDirectory& dir,
   return source;
 }
 
-// Puts `pieces` of the checkpoint's blobs `what` of param `id` into `dst`
-// (this rank's shard; padding zero).
-void CopyPieces(const RestoreSource& source, const ShardedParamStore& store,
-                int32_t id, const std::vector<ShardPiece>& pieces,
-                const char* what, const at::Tensor& dst) {
-  at::Tensor values = at::zeros({dst.numel()}, at::kFloat);
+// `pieces` of the checkpoint's fp32 blobs `what` of param `id`: this rank's
+// shard (padding zero).
+at::Tensor ReadPieces(const RestoreSource& source,
+                      const ShardedParamStore& store, int32_t id,
+                      const std::vector<ShardPiece>& pieces, const char* what) {
+  at::Tensor values = at::zeros({store.shard_numel(id)}, at::kFloat);
   float* out = values.data_ptr<float>();
   for (const ShardPiece& piece : pieces) {
     const std::string& blob =
@@ -236,8 +237,7 @@ void CopyPieces(const RestoreSource& source, const ShardedParamStore& store,
     std::memcpy(out + piece.to, blob.data() + piece.from * sizeof(float),
                 static_cast<size_t>(piece.count) * sizeof(float));
   }
-  at::Tensor target = dst;
-  target.copy_(values);
+  return values;
 }
 
 void Restore(const RestoreSource& source, ShardedParamStore& store) {
@@ -245,10 +245,14 @@ void Restore(const RestoreSource& source, ShardedParamStore& store) {
     const std::vector<ShardPiece> pieces =
         ShardPieces(store.numel(id), source.meta.world_size, store.world_size(),
                     store.rank());
-    CopyPieces(source, store, id, pieces, "shard", store.shard(id));
+    store.SetMasterShard(id, ReadPieces(source, store, id, pieces, "shard"));
     if (!store.trainable(id)) continue;
-    CopyPieces(source, store, id, pieces, "exp_avg", store.exp_avg(id));
-    CopyPieces(source, store, id, pieces, "exp_avg_sq", store.exp_avg_sq(id));
+    for (const char* what : {"exp_avg", "exp_avg_sq"}) {
+      at::Tensor target = std::string(what) == "exp_avg"
+                              ? store.exp_avg(id)
+                              : store.exp_avg_sq(id);
+      target.copy_(ReadPieces(source, store, id, pieces, what));
+    }
   }
   const std::string& rng = *source.files.at(source.rng_rank).Find("rng/cpu");
   at::Tensor rng_state =

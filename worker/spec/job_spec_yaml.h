@@ -8,7 +8,8 @@
 // Defaults and value checks are common/job/job_spec.h's
 // (ApplyJobSpecDefaults, ValidateJobSpec), which LoadJobSpec also runs.
 // Byte counts (memory.budget_bytes) also accept KiB, MiB, GiB and TiB
-// suffixes; dtypes are f32, bf16 or f16. No libtorch.
+// suffixes; dtypes (model.dtype, train.master_dtype, train.reduce_dtype) are
+// f32, bf16 or f16, or the proto names (DTYPE_BF16). No libtorch.
 #ifndef TANDEM_WORKER_SPEC_JOB_SPEC_YAML_H_
 #define TANDEM_WORKER_SPEC_JOB_SPEC_YAML_H_
 

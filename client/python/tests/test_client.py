@@ -59,6 +59,54 @@ def test_several_invalid_fields_are_all_reported(client):
     assert "train.lr must be > 0, got -1" in e.value.message
 
 
+# Mixed precision (model.dtype, train.master_dtype, train.reduce_dtype):
+# defaults and checks are the coordinator's (common/job/job_spec.cc).
+def test_reduce_dtype_defaults_to_model_dtype(client):
+    f32 = client.submit(small_spec()).spec
+    assert f32.train.master_dtype == graph_pb2.DTYPE_F32
+    assert f32.train.reduce_dtype == graph_pb2.DTYPE_F32
+    bf16 = client.submit(small_spec(model={"dtype": "bf16"})).spec
+    assert bf16.model.dtype == graph_pb2.DTYPE_BF16
+    assert bf16.train.master_dtype == graph_pb2.DTYPE_F32
+    assert bf16.train.reduce_dtype == graph_pb2.DTYPE_BF16
+
+
+@pytest.mark.parametrize("dtype,reduce", [
+    ("f32", "f32"), ("bf16", "f32"), ("bf16", "bf16")])
+def test_precision_combinations_accepted(client, dtype, reduce):
+    job = client.submit(small_spec(
+        model={"dtype": dtype},
+        train={"master_dtype": "f32", "reduce_dtype": reduce}))
+    assert job.state == job_pb2.JOB_STATE_PENDING
+    assert tandem.spec_to_dict(job.spec)["train"]["reduce_dtype"] == reduce
+    client.cancel(job.id)
+
+
+@pytest.mark.parametrize("model,train,message", [
+    ({"dtype": "bf16"}, {"master_dtype": "bf16"},
+     "train.master_dtype must be f32, got bf16: the shards keep the master "
+     "weights and Adam moments in f32 whatever model.dtype is; write f32 or "
+     "remove it"),
+    ({}, {"reduce_dtype": "bf16"},
+     "train.reduce_dtype bf16 would round the f32 gradients of model.dtype "
+     "f32: use f32, or set model.dtype bf16"),
+    ({}, {"reduce_dtype": "f16"},
+     "train.reduce_dtype f16 would round the f32 gradients of model.dtype "
+     "f32: use f32"),
+    ({"dtype": "bf16"}, {"reduce_dtype": "f16"},
+     "train.reduce_dtype f16 must be f32 or model.dtype (bf16), the dtype "
+     "the gradients are computed in: use f32 or bf16"),
+    ({"dtype": "f16"}, {},
+     "model.dtype f16 needs loss scaling, which the worker does not do yet: "
+     "use bf16 (the same memory, f32's exponent range)"),
+])
+def test_precision_refusals_say_what_to_write(client, model, train, message):
+    with pytest.raises(tandem.TandemError) as e:
+        client.submit(small_spec(model=model, train=train))
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert str(e.value) == "invalid job spec: " + message
+
+
 def test_reference_policy_and_own_passes_are_accepted(client):
     job = client.submit(small_spec(optimize={"policy": "fsdp"}))
     assert job.spec.optimize.policy == "fsdp"

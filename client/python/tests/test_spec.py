@@ -99,6 +99,21 @@ def test_dtype_spellings(text, value):
     assert S.parse_yaml("model:\n  dtype: %s\n" % text).model.dtype == value
 
 
+@pytest.mark.parametrize("key", ["master_dtype", "reduce_dtype"])
+@pytest.mark.parametrize("text,value", [
+    ("f32", graph_pb2.DTYPE_F32), ("float32", graph_pb2.DTYPE_F32),
+    ("bf16", graph_pb2.DTYPE_BF16), ("DTYPE_BF16", graph_pb2.DTYPE_BF16),
+])
+def test_train_dtypes_parse_like_model_dtype(key, text, value):
+    spec = S.parse_yaml("train:\n  %s: %s\n" % (key, text))
+    assert getattr(spec.train, key) == value
+    with pytest.raises(SpecError) as e:
+        S.parse_yaml("train:\n  %s: f64\n" % key)
+    assert str(e.value) == ("train.%s: expected one of f32, bf16, f16, "
+                            "got 'f64'" % key)
+    assert e.value.path == "train." + key
+
+
 def test_unspecified_enum_value_is_not_accepted():
     with pytest.raises(SpecError, match="expected one of f32, bf16, f16"):
         S.parse_yaml("model:\n  dtype: unspecified\n")

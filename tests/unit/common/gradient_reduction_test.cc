@@ -264,5 +264,44 @@ TEST(GradientReductionTest, Simulator_PerMicroBatchTradesLinkBytesForMemory) {
   }
 }
 
+// bf16 params reduced in f32: the reduce-scatters move f32 and the gradient
+// shards are f32 (reduced once, or accumulated per micro-batch); in bf16
+// they move half the bytes, and only an accumulated shard is f32.
+TEST(GradientReductionTest, Simulator_ReduceDType_SetsLinkAndShardBytes) {
+  for (const char* reduce : {"bf16", "f32"}) {
+    absl::StatusOr<ModelConfig> config =
+        ParseModelConfig(std::string("preset=tiny-llama world=4 grad_accum=2 "
+                                     "dtype=bf16 reduce_dtype=") +
+                         reduce);
+    ASSERT_TRUE(config.ok()) << config.status();
+    absl::StatusOr<Graph> g = BuildModelGraph(*config);
+    ASSERT_TRUE(g.ok()) << g.status();
+    const int64_t elem = std::string(reduce) == "f32" ? 4 : 2;
+    int64_t full = 0, shard_elems = 0;
+    for (const Param& p : g->params) {
+      full += p.bytes();
+      shard_elems += p.shard_numel(4);
+    }
+    const HardwareModel hw = HardwareModel::H100(4);
+    absl::StatusOr<SimResult> once = Simulate(*g, LowerZero3(*g, {}), hw);
+    absl::StatusOr<SimResult> per =
+        Simulate(*g,
+                 LowerZero3(*g, {}, GatherGrouping::kPerNode,
+                            GradientReduction::kPerMicroBatch),
+                 hw);
+    ASSERT_TRUE(once.ok() && per.ok());
+    int64_t once_bytes = 0;
+    for (const CollectiveTimelineEntry& c : once->collectives) {
+      if (c.kind == ActionKind::kReduceScatter) once_bytes += c.bytes;
+    }
+    EXPECT_EQ(once_bytes, shard_elems * 4 * elem) << reduce;
+    EXPECT_EQ(once->peak_breakdown.gradients, full + shard_elems * elem)
+        << reduce;
+    // Accumulated per micro-batch: fp32 shards whatever the reduce dtype.
+    EXPECT_GE(per->peak_breakdown.gradients, shard_elems * 4) << reduce;
+    EXPECT_LE(per->peak_breakdown.gradients, full + shard_elems * 4) << reduce;
+  }
+}
+
 }  // namespace
 }  // namespace tandem

@@ -113,6 +113,27 @@ TEST(GraphTest, StructuralHash_EstimatesAndWorld_DoNotChangeIt) {
   EXPECT_EQ(g.StructuralHash(), before);
 }
 
+// A reduce dtype counts only where it changes what a trained param's
+// gradient is reduced in: graphs from before it existed keep their hash.
+TEST(GraphTest, StructuralHash_ReduceDType_CountsWhereItDiffers) {
+  Graph g = TwoLayerGraph();
+  for (Param& p : g.params) p.dtype = DType::kBF16;
+  const std::string bf16 = g.StructuralHash();
+  g.reduce_dtype = DType::kBF16;
+  EXPECT_EQ(g.StructuralHash(), bf16);
+  g.reduce_dtype = DType::kF32;
+  EXPECT_NE(g.StructuralHash(), bf16);
+  EXPECT_EQ(g.GradReduceDType(g.params[0]), DType::kF32);
+  EXPECT_EQ(g.ReduceScatterBytes(g.params[0]),
+            2 * g.params[0].shard_numel(g.world_size) * g.world_size * 2);
+  // All f32: an f32 reduce is what they had.
+  Graph f32 = TwoLayerGraph();
+  for (Param& p : f32.params) p.dtype = DType::kF32;
+  const std::string before = f32.StructuralHash();
+  f32.reduce_dtype = DType::kF32;
+  EXPECT_EQ(f32.StructuralHash(), before);
+}
+
 TEST(GraphTest, Find_KnownAndUnknownIds) {
   const Graph g = TwoLayerGraph();
   ASSERT_NE(g.FindParam(3), nullptr);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,149 @@ TEST(JobSpecTest, ModelConfig_MatchesSpec) {
   EXPECT_EQ(c->seq_len, 16);
   EXPECT_EQ(c->world_size, 2);
 }
+
+// Mixed precision: model.dtype, train.master_dtype, train.reduce_dtype.
+TEST(JobSpecTest, Precision_Defaults_ReduceFollowsModelDType) {
+  const v1::JobSpec f32 = TinySpec();
+  EXPECT_EQ(f32.model().dtype(), v1::DTYPE_F32);
+  EXPECT_EQ(f32.train().master_dtype(), v1::DTYPE_F32);
+  EXPECT_EQ(f32.train().reduce_dtype(), v1::DTYPE_F32);
+
+  v1::JobSpec bf16;
+  bf16.mutable_model()->set_dtype(v1::DTYPE_BF16);
+  ApplyJobSpecDefaults(bf16);
+  EXPECT_EQ(bf16.train().master_dtype(), v1::DTYPE_F32);
+  EXPECT_EQ(bf16.train().reduce_dtype(), v1::DTYPE_BF16);
+  // A reduce dtype given stays.
+  v1::JobSpec given;
+  given.mutable_model()->set_dtype(v1::DTYPE_BF16);
+  given.mutable_train()->set_reduce_dtype(v1::DTYPE_F32);
+  ApplyJobSpecDefaults(given);
+  EXPECT_EQ(given.train().reduce_dtype(), v1::DTYPE_F32);
+}
+
+TEST(JobSpecTest, Precision_AcceptedCombinations_ReachTheModelConfig) {
+  struct Combo {
+    v1::DType model, reduce;
+    DType config_dtype, config_reduce;
+  };
+  for (const Combo& c : {
+           Combo{v1::DTYPE_F32, v1::DTYPE_F32, DType::kF32, DType::kF32},
+           Combo{v1::DTYPE_BF16, v1::DTYPE_F32, DType::kBF16, DType::kF32},
+           Combo{v1::DTYPE_BF16, v1::DTYPE_BF16, DType::kBF16, DType::kBF16},
+       }) {
+    v1::JobSpec spec = TinySpec();
+    spec.mutable_model()->set_dtype(c.model);
+    spec.mutable_train()->set_reduce_dtype(c.reduce);
+    spec.mutable_train()->set_master_dtype(v1::DTYPE_F32);
+    EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+    absl::StatusOr<ModelConfig> config = ModelConfigFromJobSpec(spec);
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_EQ(config->dtype, c.config_dtype);
+    EXPECT_EQ(config->reduce_dtype, c.config_reduce);
+  }
+  // bf16 with the reduce dtype left to its default.
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_model()->set_dtype(v1::DTYPE_BF16);
+  spec.mutable_train()->clear_reduce_dtype();
+  ApplyJobSpecDefaults(spec);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  EXPECT_EQ(ModelConfigFromJobSpec(spec)->reduce_dtype, DType::kBF16);
+  // Unset (no defaults applied): ModelConfig's nullopt, model.dtype's.
+  spec.mutable_train()->clear_reduce_dtype();
+  EXPECT_EQ(ModelConfigFromJobSpec(spec)->reduce_dtype, std::nullopt);
+}
+
+struct PrecisionCase {
+  const char* what;
+  std::function<void(v1::JobSpec&)> apply;
+  const char* message;  // the whole status message
+};
+
+class JobSpecPrecisionErrorTest
+    : public ::testing::TestWithParam<PrecisionCase> {};
+
+TEST_P(JobSpecPrecisionErrorTest, Refused_SaysWhatToWriteInstead) {
+  v1::JobSpec spec = TinySpec();
+  GetParam().apply(spec);
+  const absl::Status s = ValidateJobSpec(spec);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), GetParam().message);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Precision, JobSpecPrecisionErrorTest,
+    ::testing::Values(
+        PrecisionCase{
+            "master_bf16",
+            [](v1::JobSpec& s) {
+              s.mutable_model()->set_dtype(v1::DTYPE_BF16);
+              s.mutable_train()->set_master_dtype(v1::DTYPE_BF16);
+            },
+            "invalid job spec: train.master_dtype must be f32, got bf16: the "
+            "shards keep the master weights and Adam moments in f32 whatever "
+            "model.dtype is; write f32 or remove it"},
+        PrecisionCase{"master_unknown",
+                      [](v1::JobSpec& s) {
+                        s.mutable_train()->set_master_dtype(
+                            static_cast<v1::DType>(9));
+                      },
+                      "invalid job spec: train.master_dtype must be f32, got "
+                      "9: the shards keep the master weights and Adam moments "
+                      "in f32 whatever model.dtype is; write f32 or remove "
+                      "it"},
+        PrecisionCase{
+            "reduce_bf16_of_f32",
+            [](v1::JobSpec& s) {
+              s.mutable_train()->set_reduce_dtype(v1::DTYPE_BF16);
+            },
+            "invalid job spec: train.reduce_dtype bf16 would round the f32 "
+            "gradients of model.dtype f32: use f32, or set model.dtype bf16"},
+        PrecisionCase{"reduce_f16_of_f32",
+                      [](v1::JobSpec& s) {
+                        s.mutable_train()->set_reduce_dtype(v1::DTYPE_F16);
+                      },
+                      "invalid job spec: train.reduce_dtype f16 would round "
+                      "the f32 gradients of model.dtype f32: use f32"},
+        PrecisionCase{"reduce_f16_of_bf16",
+                      [](v1::JobSpec& s) {
+                        s.mutable_model()->set_dtype(v1::DTYPE_BF16);
+                        s.mutable_train()->set_reduce_dtype(v1::DTYPE_F16);
+                      },
+                      "invalid job spec: train.reduce_dtype f16 must be f32 "
+                      "or model.dtype (bf16), the dtype the gradients are "
+                      "computed in: use f32 or bf16"},
+        PrecisionCase{"reduce_unknown",
+                      [](v1::JobSpec& s) {
+                        s.mutable_train()->set_reduce_dtype(
+                            static_cast<v1::DType>(9));
+                      },
+                      "invalid job spec: train.reduce_dtype must be f32, bf16 "
+                      "or f16, got 9"},
+        PrecisionCase{
+            "model_f16_reduce_f32",
+            [](v1::JobSpec& s) { s.mutable_model()->set_dtype(v1::DTYPE_F16); },
+            "invalid job spec: model.dtype f16 needs loss scaling, "
+            "which the worker does not do yet: use bf16 (the same "
+            "memory, f32's exponent range)"},
+        PrecisionCase{"model_f16_reduce_default",
+                      [](v1::JobSpec& s) {
+                        s.mutable_model()->set_dtype(v1::DTYPE_F16);
+                        s.mutable_train()->clear_reduce_dtype();
+                        ApplyJobSpecDefaults(s);  // reduce_dtype f16
+                      },
+                      "invalid job spec: model.dtype f16 needs loss scaling, "
+                      "which the worker does not do yet: use bf16 (the same "
+                      "memory, f32's exponent range)"},
+        PrecisionCase{"model_unknown",
+                      [](v1::JobSpec& s) {
+                        s.mutable_model()->set_dtype(static_cast<v1::DType>(9));
+                        s.mutable_train()->set_reduce_dtype(
+                            static_cast<v1::DType>(9));
+                      },
+                      "invalid job spec: model.dtype must be f32, bf16 or "
+                      "f16, got 9"}),
+    [](const auto& info) { return std::string(info.param.what); });
 
 struct SpecCase {
   const char* what;

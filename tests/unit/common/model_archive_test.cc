@@ -494,6 +494,33 @@ TEST_F(JobSpecArchiveTest, Validate_Problems_ByField) {
   EXPECT_THAT(ValidateJobSpec(spec).message(), HasSubstr("model.vocab"));
 }
 
+// An exported model runs in its archive's float32: model.dtype stays f32,
+// and so does the reduce dtype.
+TEST_F(JobSpecArchiveTest, Validate_NonF32Dtype_Refused) {
+  Write();
+  v1::JobSpec spec = Spec();
+  EXPECT_EQ(spec.train().reduce_dtype(), v1::DTYPE_F32);
+  spec.mutable_model()->set_dtype(v1::DTYPE_BF16);
+  EXPECT_EQ(ValidateJobSpec(spec).message(),
+            "invalid job spec: model.dtype bf16 applies to builtin models; an "
+            "exported model runs in its archive's float32: write model.dtype "
+            "f32 or remove it");
+  // f16 too, with this message rather than f16's (which suggests bf16).
+  spec.mutable_model()->set_dtype(v1::DTYPE_F16);
+  spec.mutable_train()->clear_reduce_dtype();
+  ApplyJobSpecDefaults(spec);
+  EXPECT_EQ(ValidateJobSpec(spec).message(),
+            "invalid job spec: model.dtype f16 applies to builtin models; an "
+            "exported model runs in its archive's float32: write model.dtype "
+            "f32 or remove it");
+
+  spec = Spec();
+  spec.mutable_train()->set_reduce_dtype(v1::DTYPE_BF16);
+  EXPECT_EQ(ValidateJobSpec(spec).message(),
+            "invalid job spec: train.reduce_dtype bf16 would round the f32 "
+            "gradients of model.dtype f32: use f32");
+}
+
 TEST_F(JobSpecArchiveTest, Validate_BadArchive_NamesModelPath) {
   Write([](v1::ArchiveManifest& m) { m.set_format_version(3); });
   EXPECT_THAT(ValidateJobSpec(Spec()).message(), HasSubstr("model.path: '"));

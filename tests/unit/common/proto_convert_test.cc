@@ -23,6 +23,18 @@ TEST(ProtoConvertTest, Graph_RoundTrip_IsEqual) {
   EXPECT_EQ(*back, g);
 }
 
+TEST(ProtoConvertTest, Graph_ReduceDType_RoundTrips) {
+  Graph g = TwoLayerGraph();
+  for (Param& p : g.params) p.dtype = DType::kBF16;
+  EXPECT_EQ(ToProto(g).reduce_dtype(), v1::DTYPE_UNSPECIFIED);
+  g.reduce_dtype = DType::kF32;
+  const v1::Graph proto = ToProto(g);
+  EXPECT_EQ(proto.reduce_dtype(), v1::DTYPE_F32);
+  auto back = FromProto(proto);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, g);
+}
+
 TEST(ProtoConvertTest, Graph_ToProto_FillsDerivedFields) {
   const Graph g = TwoLayerGraph();
   const v1::Graph proto = ToProto(g);

@@ -233,6 +233,17 @@ TEST(PrintGraphTest, PrintGraph_FullGraph_ParsesBackEqual) {
   EXPECT_EQ(parsed->StructuralHash(), graph.StructuralHash());
 }
 
+TEST(PrintGraphTest, PrintGraph_ReduceDType_PrintedAndParsedBack) {
+  Graph graph = MakeGraph();
+  EXPECT_FALSE(absl::StrContains(PrintGraph(graph), "reduce="));
+  graph.reduce_dtype = DType::kF32;
+  const std::string text = PrintGraph(graph);
+  EXPECT_TRUE(absl::StrContains(text, " reduce=f32\n")) << text;
+  absl::StatusOr<Graph> parsed = ParseGraph(text);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(*parsed, graph);
+}
+
 TEST(PrintGraphTest, PrintGraph_SmallGraph_GivesReadableText) {
   Graph graph;
   graph.name = "tiny";
@@ -741,7 +752,9 @@ const MalformedCase kMalformedCases[] = {
     {"UnknownHeaderAttribute", Doc::kGraph, "graph g worlds=2\n",
      "line 1: graph: ",
      "unknown attribute 'worlds' (expected one of world, micro_batches, "
-     "tokens)"},
+     "tokens, reduce)"},
+    {"BadReduceDType", Doc::kGraph, "graph g reduce=f64\n", "line 1: graph: ",
+     "unknown dtype 'f64' (expected f32, bf16 or f16)"},
     // Params.
     {"BadParamIdPrefix", Doc::kGraph, "graph g\nparam x3 w f32[1]\n",
      "line 2: param: ", "expected a param id like p3, got 'x3'"},

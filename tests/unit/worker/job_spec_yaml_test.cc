@@ -89,6 +89,78 @@ TEST(JobSpecYamlTest, LrSchedule_ParsedDefaultedAndValidated) {
   std::remove(path);
 }
 
+// train.master_dtype and train.reduce_dtype read as model.dtype does, and
+// LoadJobSpec fills and checks them (common/job/job_spec.h).
+TEST(JobSpecYamlTest, PrecisionDTypes_ParsedDefaultedAndValidated) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecYaml(
+      "model: {dtype: bf16}\n"
+      "train: {master_dtype: F32, reduce_dtype: DTYPE_F32}");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().dtype(), v1::DTYPE_BF16);
+  EXPECT_EQ(spec->train().master_dtype(), v1::DTYPE_F32);
+  EXPECT_EQ(spec->train().reduce_dtype(), v1::DTYPE_F32);
+  for (const char* key : {"master_dtype", "reduce_dtype"}) {
+    const absl::Status bad =
+        ParseJobSpecYaml(absl::StrCat("train: {", key, ": f64}")).status();
+    EXPECT_EQ(bad.message(),
+              absl::StrCat("train.", key,
+                           ": expected one of f32, bf16, f16, got 'f64' "
+                           "(line 1)"));
+  }
+
+  char path[] = "/tmp/tandem_spec_XXXXXX.yaml";
+  close(mkstemps(path, 5));
+  auto load = [&](const char* model, const char* train) {
+    std::ofstream(path) << absl::StrCat(
+        "name: x\nmodel: {preset: tiny-llama", model,
+        "}\nbatch: {micro_batch: 1, seq_len: 8}\ntrain: {steps: 10", train,
+        "}\n");
+    return LoadJobSpec(path);
+  };
+  struct Accepted {
+    const char* model;
+    const char* train;
+    v1::DType reduce;
+  };
+  const Accepted accepted[] = {
+      {"", "", v1::DTYPE_F32},
+      {", dtype: bf16", "", v1::DTYPE_BF16},
+      {", dtype: bf16", ", reduce_dtype: f32", v1::DTYPE_F32},
+      {", dtype: bf16", ", reduce_dtype: bf16", v1::DTYPE_BF16},
+      {", dtype: f32", ", reduce_dtype: f32, master_dtype: f32", v1::DTYPE_F32},
+  };
+  for (const Accepted& a : accepted) {
+    absl::StatusOr<v1::JobSpec> loaded = load(a.model, a.train);
+    ASSERT_TRUE(loaded.ok()) << a.model << a.train << ": " << loaded.status();
+    EXPECT_EQ(loaded->train().master_dtype(), v1::DTYPE_F32);
+    EXPECT_EQ(loaded->train().reduce_dtype(), a.reduce) << a.model << a.train;
+  }
+  struct Refused {
+    const char* model;
+    const char* train;
+    const char* message;
+  };
+  const Refused refused[] = {
+      {", dtype: bf16", ", master_dtype: bf16",
+       "train.master_dtype must be f32, got bf16: the shards keep the master "
+       "weights and Adam moments in f32 whatever model.dtype is; write f32 or "
+       "remove it"},
+      {"", ", reduce_dtype: bf16",
+       "train.reduce_dtype bf16 would round the f32 gradients of model.dtype "
+       "f32: use f32, or set model.dtype bf16"},
+      {", dtype: f16", "",
+       "model.dtype f16 needs loss scaling, which the worker does not do yet: "
+       "use bf16 (the same memory, f32's exponent range)"},
+  };
+  for (const Refused& r : refused) {
+    const absl::Status bad = load(r.model, r.train).status();
+    EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(bad.message(),
+              absl::StrCat(path, ": invalid job spec: ", r.message));
+  }
+  std::remove(path);
+}
+
 struct BadCase {
   const char* yaml;
   const char* expected;

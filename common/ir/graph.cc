@@ -200,7 +200,8 @@ bool Graph::operator==(const Graph& other) const {
   return name == other.name && world_size == other.world_size &&
          micro_batches == other.micro_batches &&
          tokens_per_micro_batch == other.tokens_per_micro_batch &&
-         reduce_dtype == other.reduce_dtype && params == other.params && nodes == other.nodes;
+         reduce_dtype == other.reduce_dtype && params == other.params &&
+         nodes == other.nodes;
 }
 
 GraphIndex::GraphIndex(const Graph& graph) {

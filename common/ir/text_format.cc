@@ -1222,10 +1222,10 @@ absl::Status ParseMemoryLine(const Line& line, Profile* profile) {
 // Public API.
 
 std::string PrintGraph(const Graph& graph) {
-  std::string out = absl::StrCat(
-      "graph ", FormatString(graph.name), " world=", graph.world_size,
-      " micro_batches=", graph.micro_batches,
-      " tokens=", graph.tokens_per_micro_batch);
+  std::string out = absl::StrCat("graph ", FormatString(graph.name),
+                                 " world=", graph.world_size,
+                                 " micro_batches=", graph.micro_batches,
+                                 " tokens=", graph.tokens_per_micro_batch);
   if (graph.reduce_dtype.has_value()) {
     absl::StrAppend(&out, " reduce=", DTypeName(*graph.reduce_dtype));
   }

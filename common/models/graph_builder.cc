@@ -43,6 +43,8 @@ struct BlockCost {
   int64_t saved_bytes = 0;
   // attn/mlp/moe: recomputed in backward under activation checkpointing.
   bool checkpointable = false;
+  // Temporaries of the backward node alone.
+  int64_t backward_workspace_bytes = 0;
 };
 
 class ModelGraphBuilder {
@@ -184,6 +186,11 @@ class ModelGraphBuilder {
       case BlockKind::kEmbed:
         cost.saved_bytes = t_ * 8;  // int64 token ids
         cost.bytes = t * 8 + residual_io;
+        // Below fp32, the embedding's gradient is accumulated in an fp32
+        // [vocab, d] buffer, then cast.
+        if (dt_ != 4) {
+          cost.backward_workspace_bytes = int64_t{c_.vocab} * d_ * 4;
+        }
         break;
       case BlockKind::kAttn: {
         const double projections =
@@ -197,11 +204,13 @@ class ModelGraphBuilder {
         // (below), the normed input, q after rotary, the k^T copy the batched
         // matmul makes, v and the attention output (q_dim wide each), the
         // softmax probabilities (b * heads * s^2: the attention matrix is
-        // materialized, no flash attention), the causal mask (s^2 bools) and
-        // the fp32 rotary tables of q and k (cos and sin, s * hd / 2 each).
-        cost.saved_bytes = t_ * (RmsNormSaved() + d_ + 4 * q_dim_) * dt_ +
-                           b_ * int64_t{c_.heads} * s_ * s_ * dt_ + s_ * s_ +
-                           16 * s_ * (hd_ / 2);
+        // materialized, no flash attention; computed in fp32, plus their
+        // cast below fp32), the causal mask (s^2 bools) and the rotary
+        // tables of q and k (cos and sin, s * hd / 2 each).
+        const int64_t probs = dt_ == 4 ? 4 : 4 + dt_;
+        cost.saved_bytes = t_ * (RmsNormBytes() + (d_ + 4 * q_dim_) * dt_) +
+                           b_ * int64_t{c_.heads} * s_ * s_ * probs + s_ * s_ +
+                           4 * s_ * (hd_ / 2) * dt_;
         cost.checkpointable = true;
         break;
       }
@@ -210,7 +219,7 @@ class ModelGraphBuilder {
         // The input and RMSNorm's, the normed input, gate, silu(gate), up and
         // their product.
         cost.saved_bytes =
-            t_ * (RmsNormSaved() + d_ + 4 * int64_t{c_.ffn}) * dt_;
+            t_ * (RmsNormBytes() + (d_ + 4 * int64_t{c_.ffn}) * dt_);
         cost.checkpointable = true;
         break;
       case BlockKind::kMoe: {
@@ -218,22 +227,23 @@ class ModelGraphBuilder {
                      top_k * (2 * t * 3 * d * ffn + kSwiGluFlops * t * ffn) +
                      elementwise;
         // The input and RMSNorm's, the normed input, the router
-        // probabilities and the top-k weights' sum; per routed token its
-        // input copy, the expert's gate, silu(gate), up, product and output,
-        // the weighted output, its top-k probability and weight, and 32
-        // bytes of int64 indices (top-k, the expert's token and slot
-        // positions, the weight index).
-        const int64_t per_token = RmsNormSaved() + d_ + int64_t{c_.experts} + 1;
-        const int64_t per_routed = 3 * d_ + 4 * int64_t{c_.ffn} + 2;
-        cost.saved_bytes = t_ * per_token * dt_ +
-                           t_ * int64_t{c_.top_k} * (per_routed * dt_ + 32);
+        // probabilities and the top-k weights' sum (fp32); per routed token
+        // its input copy, the expert's gate, silu(gate), up, product and
+        // output, the weighted output, its weight, its top-k probability
+        // (fp32), and 32 bytes of int64 indices (top-k, the expert's token
+        // and slot positions, the weight index).
+        const int64_t per_token =
+            RmsNormBytes() + d_ * dt_ + (int64_t{c_.experts} + 1) * 4;
+        const int64_t per_routed = (3 * d_ + 4 * int64_t{c_.ffn} + 1) * dt_ + 4;
+        cost.saved_bytes =
+            t_ * per_token + t_ * int64_t{c_.top_k} * (per_routed + 32);
         cost.checkpointable = true;
         break;
       }
       case BlockKind::kNorm:
         cost.flops = kNormFlops * t * d;
         // The input and RMSNorm's; the output is lm_head's.
-        cost.saved_bytes = t_ * RmsNormSaved() * dt_;
+        cost.saved_bytes = t_ * RmsNormBytes();
         break;
       case BlockKind::kLmHead:
         cost.flops = 2 * t * d * vocab;
@@ -255,10 +265,11 @@ class ModelGraphBuilder {
     return cost;
   }
 
-  // Elements per token a block's RMSNorm keeps for backward, its input
-  // included: the input, its square (the mean's input), the rsqrt and the
-  // scaled input (the normed output is counted by whoever reads it).
-  int64_t RmsNormSaved() const { return 3 * d_ + 1; }
+  // Bytes per token a block's RMSNorm keeps for backward, its input
+  // included: the input and its square (the mean's input) in fp32, the fp32
+  // rsqrt, and the scaled input in the model's dtype (the normed output is
+  // counted by whoever reads it).
+  int64_t RmsNormBytes() const { return 8 * d_ + 4 + d_ * dt_; }
 
   // Roofline: a node takes as long as its FLOPs or its memory traffic needs,
   // whichever is longer.
@@ -307,7 +318,8 @@ class ModelGraphBuilder {
     n.flops = passes * cost.flops;
     n.time_s = Time(n.flops, passes * cost.bytes);
     // The recomputed activations live only while this node runs.
-    n.workspace_bytes = recompute ? cost.saved_bytes : 0;
+    n.workspace_bytes =
+        (recompute ? cost.saved_bytes : 0) + cost.backward_workspace_bytes;
   }
 
   // AdamW steps this rank's shards: reads and writes the param, gradient (in

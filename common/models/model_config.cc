@@ -366,9 +366,9 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
   if (c.reduce_dtype.has_value() && *c.reduce_dtype != DType::kF32 &&
       *c.reduce_dtype != c.dtype) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "reduce_dtype (", DTypeName(*c.reduce_dtype), ") must be f32 or dtype (",
-        DTypeName(c.dtype), "): reducing in another dtype would round the ",
-        "gradients"));
+        "reduce_dtype (", DTypeName(*c.reduce_dtype),
+        ") must be f32 or dtype (", DTypeName(c.dtype),
+        "): reducing in another dtype would round the ", "gradients"));
   }
   if (c.d_model % c.heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(

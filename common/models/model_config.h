@@ -66,12 +66,12 @@ std::vector<std::string> ModelPresetNames();
 // "preset=llama3-70b micro_batch=2 seq_len=1024 checkpointing=true world=32".
 // Keys: preset (applied first), arch (llama|moe), layers, d_model, heads,
 // kv_heads, ffn, vocab, experts, top_k, seq_len, micro_batch, grad_accum,
-// dtype (f32|bf16|f16), reduce_dtype (f32|bf16|f16), checkpointing, world, device_flops,
-// device_bytes_per_s, name.
-// Each key at most once; checkpointing takes true|false (or 1|0, yes|no,
-// on|off). Keys not given keep ModelConfig's defaults. Errors name the key and
-// say what to write instead, e.g. "unknown key 'layer' (expected one of ...)".
-// Parsing checks syntax only: run ValidateModelConfig on the result.
+// dtype (f32|bf16|f16), reduce_dtype (f32|bf16|f16), checkpointing, world,
+// device_flops, device_bytes_per_s, name. Each key at most once; checkpointing
+// takes true|false (or 1|0, yes|no, on|off). Keys not given keep ModelConfig's
+// defaults. Errors name the key and say what to write instead, e.g. "unknown
+// key 'layer' (expected one of ...)". Parsing checks syntax only: run
+// ValidateModelConfig on the result.
 absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view text);
 // The same, starting from `base` instead of the defaults; a preset key
 // replaces `base`.

@@ -306,7 +306,9 @@ def reduce_grads(grads, reduce_dtype):
     """The ranks' gradients of one param (rank order; None: the rank's
     graph did not reach it, a zero) cast to reduce_dtype, summed in rank
     order in reduce_dtype, divided by the world size in reduce_dtype, and
-    cast to f32: the master's gradient."""
+    cast to f32: the master's gradient. At a world size that is a power of
+    two, dividing here equals weighting each rank's loss by 1 / world
+    before backward (both scalings are exact)."""
     assert any(g is not None for g in grads)
     like = next(g for g in grads if g is not None)
     acc = None
@@ -374,8 +376,8 @@ def train(model, batch_of, steps, adamw, clip, world=1, grad_accum=1,
             grads.append({n: m.grad.clone() for n, m in zip(names, masters)})
         opt.step()
         loss = rank_losses[0]
-        for l in rank_losses[1:]:
-            loss = loss + l
+        for other in rank_losses[1:]:
+            loss = loss + other
         losses.append((loss / world if world > 1 else loss).item())
     return losses, {n: p.detach().clone() for n, p in
                     model.named_parameters()}
@@ -396,10 +398,10 @@ def _raw_bytes(t):
 
 
 def write_safetensors(tensors, path, metadata=None):
-    """Writes {name: tensor} (f32, bf16, f16 or int64) as a safetensors file: an
-    8-byte little-endian header length, the JSON header (padded with spaces
-    to 8 bytes) mapping names to dtype, shape and data_offsets, then the
-    raw little-endian data in the header's order."""
+    """Writes {name: tensor} (f32, bf16, f16 or int64) as a safetensors
+    file: an 8-byte little-endian header length, the JSON header (padded
+    with spaces to 8 bytes) mapping names to dtype, shape and data_offsets,
+    then the raw little-endian data in the header's order."""
     header, blobs, offset = {}, [], 0
     if metadata:
         header["__metadata__"] = {k: str(v) for k, v in metadata.items()}

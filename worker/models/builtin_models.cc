@@ -131,10 +131,10 @@ at::Tensor Attention(const at::Tensor& x, absl::Span<const at::Tensor> p,
   const at::Tensor future =
       at::ones({s, s}, scores.options().dtype(at::kBool)).triu(1);
   scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
-  const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(v.scalar_type());
-  const at::Tensor out = at::matmul(probs, v)
-                             .transpose(1, 2)
-                             .reshape({b, s, dims.heads * dims.head_dim});
+  const at::Tensor probs =
+      at::softmax(scores, -1, at::kFloat).to(v.scalar_type());
+  const at::Tensor out = at::matmul(probs, v).transpose(1, 2).reshape(
+      {b, s, dims.heads * dims.head_dim});
   return x + at::linear(out, p[4]);
 }
 

@@ -269,8 +269,9 @@ void Communicator::AllGather(const at::Tensor& input,
     return;
   }
   if (in.scalar_type() == at::kBFloat16) {
-    // Gloo moves no bf16: move the bits as int16.
-    AllGather(in.view(at::kShort), output.view(at::kShort));
+    // Gloo moves no bf16: move the bits as f16 (copied, never
+    // computed on).
+    AllGather(in.view(at::kHalf), output.view(at::kHalf));
     return;
   }
   // Rank j's elements [offset, offset + length) land at j * n + offset.
@@ -301,16 +302,17 @@ void Communicator::ReduceScatterSum(const at::Tensor& input,
   // Per piece [offset, offset + length) of each rank's chunk: row j of `send`
   // goes to rank j, row j of `received` is rank j's contribution to this
   // rank's chunk, summed in rank order once the piece arrived.
-  // Gloo moves no bf16: the pieces travel as int16 bits and are summed as
-  // bf16.
+  // Gloo moves no bf16: the pieces travel as f16 bits (copied, never computed
+  // on) and are summed as bf16.
   const bool bits = in.scalar_type() == at::kBFloat16;
-  const at::Tensor wire = bits ? in.view(at::kShort) : in;
+  const at::Tensor wire = bits ? in.view(at::kHalf) : in;
   const at::Tensor rows = wire.reshape({world_size_, n});
   std::deque<at::Tensor> received;
   std::vector<int64_t> equal_splits;
   auto issue = [&](int64_t offset, int64_t length) {
     at::Tensor send =
-        length == n ? wire : rows.narrow(1, offset, length).contiguous().view(-1);
+        length == n ? wire
+                    : rows.narrow(1, offset, length).contiguous().view(-1);
     received.push_back(at::empty_like(send));
     return group_->alltoall_base(received.back(), send, equal_splits,
                                  equal_splits);

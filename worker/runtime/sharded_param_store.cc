@@ -66,10 +66,10 @@ absl::StatusOr<std::unique_ptr<ShardedParamStore>> ShardedParamStore::Create(
   const at::ScalarType dtype = ScalarTypeOf(program.dtype);
   const at::ScalarType reduce_dtype = ScalarTypeOf(program.reduce_dtype);
   if (reduce_dtype != at::kFloat && reduce_dtype != dtype) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "program '", program.name, "' reduces gradients in ",
-        DTypeName(program.reduce_dtype), "; use f32 or its own dtype ",
-        DTypeName(program.dtype)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("program '", program.name, "' reduces gradients in ",
+                     DTypeName(program.reduce_dtype),
+                     "; use f32 or its own dtype ", DTypeName(program.dtype)));
   }
   std::unique_ptr<ShardedParamStore> store(
       new ShardedParamStore(rank, world_size, device, dtype, reduce_dtype));
@@ -146,27 +146,27 @@ CollectiveHandle ShardedParamStore::Gather(absl::Span<const int32_t> ids,
   const int world = world_size_;
   const at::Device device = device_;
   const at::ScalarType dtype = dtype_;
-  CollectiveHandle handle = comm.Submit([pieces = std::move(pieces), packed,
-                                         world, device, dtype, &comm] {
-    const auto options = at::TensorOptions().dtype(dtype).device(device);
-    at::Tensor in = at::empty({packed}, options);
-    for (const Piece& p : pieces) {
-      in.narrow(0, p.offset, p.shard_numel).copy_(p.shard);
-    }
-    at::Tensor out = at::empty({packed * world}, options);
-    comm.AllGather(in, out);
-    for (const Piece& p : pieces) {
-      const at::Tensor dest = Alias(p.dest, p.numel, dtype, device);
-      for (int j = 0; j < world; ++j) {
-        const int64_t begin = j * p.shard_numel;
-        const int64_t count =
-            std::min(p.shard_numel, p.numel - begin);  // drop padding
-        if (count <= 0) break;
-        dest.narrow(0, begin, count)
-            .copy_(out.narrow(0, j * packed + p.offset, count));
-      }
-    }
-  });
+  CollectiveHandle handle = comm.Submit(
+      [pieces = std::move(pieces), packed, world, device, dtype, &comm] {
+        const auto options = at::TensorOptions().dtype(dtype).device(device);
+        at::Tensor in = at::empty({packed}, options);
+        for (const Piece& p : pieces) {
+          in.narrow(0, p.offset, p.shard_numel).copy_(p.shard);
+        }
+        at::Tensor out = at::empty({packed * world}, options);
+        comm.AllGather(in, out);
+        for (const Piece& p : pieces) {
+          const at::Tensor dest = Alias(p.dest, p.numel, dtype, device);
+          for (int j = 0; j < world; ++j) {
+            const int64_t begin = j * p.shard_numel;
+            const int64_t count =
+                std::min(p.shard_numel, p.numel - begin);  // drop padding
+            if (count <= 0) break;
+            dest.narrow(0, begin, count)
+                .copy_(out.narrow(0, j * packed + p.offset, count));
+          }
+        }
+      });
   for (int32_t id : ids) params_[id].pending_gather = handle;
   return handle;
 }
@@ -217,38 +217,36 @@ CollectiveHandle ShardedParamStore::ReduceScatterGrads(
   const int world = world_size_;
   const at::Device device = device_;
   const at::ScalarType reduce_dtype = reduce_dtype_;
-  return comm.Submit(
-      [pieces = std::move(pieces), packed, world, device, reduce_dtype,
-       &comm]() mutable {
-        const auto options =
-            at::TensorOptions().dtype(reduce_dtype).device(device);
-        // Chunk j (for rank j) holds every param's slice j, in order.
-        at::Tensor in = at::zeros({packed * world}, options);
-        for (const Piece& p : pieces) {
-          if (!p.grad.defined()) continue;
-          const at::Tensor flat = p.grad.reshape({-1});
-          for (int j = 0; j < world; ++j) {
-            const int64_t begin = j * p.shard_numel;
-            const int64_t count = std::min(p.shard_numel, p.numel - begin);
-            if (count <= 0) break;
-            in.narrow(0, j * packed + p.offset, count)
-                .copy_(flat.narrow(0, begin, count));
-          }
-        }
-        for (Piece& p : pieces) p.grad = at::Tensor();  // free early
-        at::Tensor out = at::empty({packed}, options);
-        comm.ReduceScatterSum(in, out);
-        // Each rank's loss is the mean over its own tokens: the global mean's
-        // gradient is the mean of the ranks' gradients.
-        out.div_(static_cast<double>(world));
-        for (Piece& p : pieces) {
-          if (p.promoted_from.defined()) {
-            p.shard_grad.copy_(p.promoted_from);
-            p.promoted_from = at::Tensor();
-          }
-          p.shard_grad.add_(out.narrow(0, p.offset, p.shard_numel));
-        }
-      });
+  return comm.Submit([pieces = std::move(pieces), packed, world, device,
+                      reduce_dtype, &comm]() mutable {
+    const auto options = at::TensorOptions().dtype(reduce_dtype).device(device);
+    // Chunk j (for rank j) holds every param's slice j, in order.
+    at::Tensor in = at::zeros({packed * world}, options);
+    for (const Piece& p : pieces) {
+      if (!p.grad.defined()) continue;
+      const at::Tensor flat = p.grad.reshape({-1});
+      for (int j = 0; j < world; ++j) {
+        const int64_t begin = j * p.shard_numel;
+        const int64_t count = std::min(p.shard_numel, p.numel - begin);
+        if (count <= 0) break;
+        in.narrow(0, j * packed + p.offset, count)
+            .copy_(flat.narrow(0, begin, count));
+      }
+    }
+    for (Piece& p : pieces) p.grad = at::Tensor();  // free early
+    at::Tensor out = at::empty({packed}, options);
+    comm.ReduceScatterSum(in, out);
+    // Each rank's loss is the mean over its own tokens: the global mean's
+    // gradient is the mean of the ranks' gradients.
+    out.div_(static_cast<double>(world));
+    for (Piece& p : pieces) {
+      if (p.promoted_from.defined()) {
+        p.shard_grad.copy_(p.promoted_from);
+        p.promoted_from = at::Tensor();
+      }
+      p.shard_grad.add_(out.narrow(0, p.offset, p.shard_numel));
+    }
+  });
 }
 
 absl::StatusOr<CollectiveHandle> ShardedParamStore::OffloadStates(
@@ -283,7 +281,8 @@ absl::StatusOr<CollectiveHandle> ShardedParamStore::OffloadStates(
           const int64_t n = p.avg.numel();
           tier.Copy(p.avg, p.host.narrow(0, 0, n));
           tier.Copy(p.avg_sq, p.host.narrow(0, n, n));
-          if (p.master.defined()) tier.Copy(p.master, p.host.narrow(0, 2 * n, n));
+          if (p.master.defined())
+            tier.Copy(p.master, p.host.narrow(0, 2 * n, n));
           p.avg = at::Tensor();  // free the device memory now
           p.avg_sq = at::Tensor();
           p.master = at::Tensor();
@@ -410,9 +409,8 @@ std::vector<double> ShardedParamStore::ShardDigests() const {
   std::vector<double> out;
   out.reserve(params_.size());
   for (const Entry& e : params_) {
-    const at::Tensor shard = MasterShard(&e - params_.data())
-                                 .to(at::kCPU)
-                                 .to(at::kDouble);
+    const at::Tensor shard =
+        MasterShard(&e - params_.data()).to(at::kCPU).to(at::kDouble);
     const double first = static_cast<double>(rank_ * e.shard_numel);
     const at::Tensor w =
         at::frac(at::arange(first, first + static_cast<double>(e.shard_numel),

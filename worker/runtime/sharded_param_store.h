@@ -21,11 +21,11 @@
 // simulator counts (common/sim/simulator.h).
 //
 // Optimizer states (the AdamW moments, and the fp32 master of a non-fp32
-// param; an fp32 shard is its own master) can move to a host tier (host_tier.h) and back, on its copy thread:
-// OffloadStates frees their device memory once the copy is done,
-// ReloadStates allocates it again at once and fills it asynchronously, and
-// the optimizer step waits, param by param, only for the states it is about
-// to update.
+// param; an fp32 shard is its own master) can move to a host tier (host_tier.h)
+// and back, on its copy thread: OffloadStates frees their device memory once
+// the copy is done, ReloadStates allocates it again at once and fills it
+// asynchronously, and the optimizer step waits, param by param, only for the
+// states it is about to update.
 //
 // Threading: Gather/Release/ReduceScatterGrads/optimizer calls come from the
 // compute thread; the communication thread packs and unpacks the buffers

@@ -248,9 +248,8 @@ void Restore(const RestoreSource& source, ShardedParamStore& store) {
     store.SetMasterShard(id, ReadPieces(source, store, id, pieces, "shard"));
     if (!store.trainable(id)) continue;
     for (const char* what : {"exp_avg", "exp_avg_sq"}) {
-      at::Tensor target = std::string(what) == "exp_avg"
-                              ? store.exp_avg(id)
-                              : store.exp_avg_sq(id);
+      at::Tensor target = std::string(what) == "exp_avg" ? store.exp_avg(id)
+                                                         : store.exp_avg_sq(id);
       target.copy_(ReadPieces(source, store, id, pieces, what));
     }
   }

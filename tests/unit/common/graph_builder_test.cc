@@ -318,10 +318,15 @@ TEST(BuildModelGraphTest, SmallLlama_ActivationBytesFollowFormulas) {
 
 TEST(BuildModelGraphTest, SmallMoe_ActivationBytesCountRoutedTokens) {
   const Graph g = Build(With(kSmallMoe, "dtype=bf16"));
-  // T * (3d + 1 + d + experts + 1) * 2 + T * top_k * ((3d + 4ffn + 2) * 2
-  // + 32)
+  // T * (RMSNorm's 8d + 4 + 2d, the normed input 2d, fp32 router
+  // probabilities and their sum (experts + 1) * 4) + T * top_k * ((3d + 4ffn
+  // + 1) * 2 + 4 + 32)
   EXPECT_EQ(NodeNamed(g, "layers.0.moe").activation_bytes,
-            16 * (49 + 16 + 4 + 1) * 2 + 16 * 2 * ((48 + 96 + 2) * 2 + 32));
+            16 * (8 * 16 + 4 + 2 * 16 + 2 * 16 + 5 * 4) +
+                16 * 2 * ((48 + 96 + 1) * 2 + 4 + 32));
+  // Below fp32 the embedding's backward accumulates in an fp32 [vocab, d].
+  EXPECT_EQ(NodeNamed(g, "embed.bwd").workspace_bytes, 50 * 16 * 4);
+  EXPECT_EQ(NodeNamed(Build(kSmallMoe), "embed.bwd").workspace_bytes, 0);
 }
 
 TEST(BuildModelGraphTest, SmallLlama_FlopsFollowFormulas) {
@@ -385,10 +390,10 @@ TEST(BuildModelGraphTest, Times_FollowTheRoofline) {
   // Norm and embed are memory-bound: slower than their FLOPs alone.
   const Node& norm = NodeNamed(g, "norm");
   EXPECT_GT(norm.time_s, norm.flops / c.device_flops);
-  // T * d * bf16: read input, write output, save RMSNorm's 3d + 1 per
-  // token; plus the weight.
+  // T * d * bf16: read input, write output, save RMSNorm's 8d + 4 (fp32)
+  // and 2d (bf16) bytes per token; plus the weight.
   EXPECT_DOUBLE_EQ(norm.time_s, (2.0 * 4096 * 4096 * 2 +
-                                 4096.0 * (3 * 4096 + 1) * 2 + 4096 * 2) /
+                                 4096.0 * (10 * 4096 + 4) + 4096 * 2) /
                                     c.device_bytes_per_s);
   EXPECT_GT(NodeNamed(g, "embed").time_s, 0);
   EXPECT_GT(NodeNamed(g, "optimizer").time_s, 0);

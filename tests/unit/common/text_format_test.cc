@@ -753,8 +753,8 @@ const MalformedCase kMalformedCases[] = {
      "line 1: graph: ",
      "unknown attribute 'worlds' (expected one of world, micro_batches, "
      "tokens, reduce)"},
-    {"BadReduceDType", Doc::kGraph, "graph g reduce=f64\n", "line 1: graph: ",
-     "unknown dtype 'f64' (expected f32, bf16 or f16)"},
+    {"BadReduceDType", Doc::kGraph, "graph g reduce=f64\n",
+     "line 1: graph: ", "unknown dtype 'f64' (expected f32, bf16 or f16)"},
     // Params.
     {"BadParamIdPrefix", Doc::kGraph, "graph g\nparam x3 w f32[1]\n",
      "line 2: param: ", "expected a param id like p3, got 'x3'"},

@@ -74,6 +74,22 @@ TEST(BuiltinModelsTest, GradAccumAndGqa_GraphEqualsBuilderGraph) {
              "grad_accum=3 world=4"));
 }
 
+// Mixed precision: bf16 params, and the reduce dtype where it differs.
+TEST(BuiltinModelsTest, MixedPrecision_GraphEqualsBuilderGraph) {
+  for (const char* text : {"preset=tiny-llama dtype=bf16",
+                           "preset=tiny-moe dtype=bf16 reduce_dtype=f32",
+                           "preset=tiny-llama dtype=bf16 reduce_dtype=bf16"}) {
+    SCOPED_TRACE(text);
+    const ModelConfig config = Config(text);
+    ExpectSameGraphAsBuilder(config);
+    absl::StatusOr<Graph> built = BuildModelGraph(config);
+    ASSERT_TRUE(built.ok());
+    EXPECT_EQ(built->params[0].dtype, DType::kBF16);
+    EXPECT_EQ(built->GradReduceDType(built->params[0]),
+              config.reduce_dtype.value_or(DType::kBF16));
+  }
+}
+
 // Activation checkpointing: the attn and mlp/moe nodes are marked
 // recompute, and so are their backward twins in the derived graph, as the
 // builder marks them.
@@ -172,9 +188,16 @@ TEST(BuiltinModelsTest, Init_SameSeedSameValues_DifferentSeedDifferent) {
 TEST(BuiltinModelsTest, UnsupportedConfigs_RejectedWithFieldNames) {
   ModelConfig config =
       Config("layers=1 d_model=16 heads=2 kv_heads=2 vocab=32");
-  config.dtype = DType::kBF16;
-  EXPECT_NE(BuildModelProgram(config, 1).status().message().find("dtype"),
+  config.dtype = DType::kF16;
+  EXPECT_NE(BuildModelProgram(config, 1).status().message().find("f16"),
             std::string::npos);
+  config.dtype = DType::kBF16;
+  absl::StatusOr<Program> bf16 = BuildModelProgram(config, 1);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ(bf16->dtype, DType::kBF16);
+  EXPECT_EQ(bf16->reduce_dtype, DType::kBF16);
+  config.reduce_dtype = DType::kF32;
+  EXPECT_EQ(BuildModelProgram(config, 1)->reduce_dtype, DType::kF32);
   config = Config("layers=1 d_model=12 heads=4 kv_heads=4 vocab=32");
   EXPECT_NE(BuildModelProgram(config, 1).status().message().find("even"),
             std::string::npos);

@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 #include "tests/unit/worker/loopback_world.h"
 #include "tests/unit/worker/unsharded_reference.h"
+#include "worker/runtime/host_tier.h"
 #include "worker/runtime/memory_meter.h"
 #include "worker/runtime/program.h"
 
@@ -168,6 +169,132 @@ TEST(ShardedParamStoreTest, FrozenParam_GatheredButNoGradStatesOrStep) {
     EXPECT_FALSE(at::equal(s.shard(0), a_shard));
     EXPECT_TRUE(at::equal(s.shard(1), b_shard));  // not even weight decay
   });
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// Values that bf16 does not hold exactly (1/3 steps): the master keeps them,
+// the shard and the gathered params are their bf16 roundings.
+Program Bf16Params(DType reduce) {
+  Program p;
+  p.name = "bf16";
+  p.dtype = DType::kBF16;
+  p.reduce_dtype = reduce;
+  auto thirds = [](float base) {
+    return [base](float* data, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) {
+        data[i] = base + static_cast<float>(i) / 3.0f;
+      }
+    };
+  };
+  p.params.push_back({"a", {7, 3}, "u", thirds(1)});
+  p.params.push_back({"b", {5}, "u", thirds(100)});
+  return p;
+}
+
+// Mixed precision at world 3: params are gathered as the bf16 rounding of
+// the f32 masters (half the bytes of f32); gradients reduce in the reduce
+// dtype into shards of it; a second reduce in one step accumulates in f32,
+// and a step with one reduce puts the shard back in the reduce dtype; the
+// optimizer steps the masters and rounds the shards from them.
+TEST(ShardedParamStoreTest, Bf16_GathersRoundedMastersAndReducesInReduceDType) {
+  for (DType reduce : {DType::kBF16, DType::kF32}) {
+    const Program program = Bf16Params(reduce);
+    const at::ScalarType reduce_type =
+        reduce == DType::kF32 ? at::kFloat : at::kBFloat16;
+    RunLoopbackWorld(3, [&](int rank, Communicator& comm) {
+      auto store = ShardedParamStore::Create(program, rank, 3);
+      ASSERT_TRUE(store.ok()) << store.status();
+      ShardedParamStore& s = **store;
+      EXPECT_EQ(s.full_bytes(0), 21 * 2);
+      EXPECT_EQ(s.state_bytes(0), 3 * 7 * 4);  // moments and master
+      const at::Tensor master_a = at::arange(21, at::kFloat) / 3.0f + 1;
+      EXPECT_TRUE(at::equal(s.MasterShard(0), master_a.narrow(0, rank * 7, 7)));
+      ASSERT_TRUE(s.Gather({0, 1}, comm)->Wait().ok());
+      EXPECT_EQ(s.full(0).scalar_type(), at::kBFloat16);
+      EXPECT_TRUE(
+          at::equal(s.full(0), master_a.to(at::kBFloat16).view({7, 3})));
+      EXPECT_FALSE(at::equal(s.full(0).to(at::kFloat), master_a.view({7, 3})));
+
+      // Micro-batch 1: grad of a on rank r is r + 1; reduced in its dtype.
+      (s.full(0).to(at::kFloat) * static_cast<float>(rank + 1))
+          .sum()
+          .backward();
+      ASSERT_TRUE(s.ReduceScatterGrads({0, 1}, comm)->Wait().ok());
+      EXPECT_EQ(s.shard_grad(0).scalar_type(), reduce_type);
+      EXPECT_TRUE(
+          at::equal(s.shard_grad(0).to(at::kFloat), at::full({7}, 2.0f)));
+      // Micro-batch 2: 1/3 on every rank (not a bf16 value): accumulated in
+      // f32 on top of the first.
+      (s.full(0).to(at::kFloat) / 3.0f).sum().backward();
+      ASSERT_TRUE(s.ReduceScatterGrads({0}, comm)->Wait().ok());
+      EXPECT_EQ(s.shard_grad(0).scalar_type(), at::kFloat);
+      const float third = at::scalar_tensor(1.0f / 3.0f, at::kFloat)
+                              .to(at::kBFloat16)
+                              .to(reduce_type)
+                              .item<float>();
+      EXPECT_TRUE(
+          at::allclose(s.shard_grad(0), at::full({7}, 2.0f + third), 0, 1e-6));
+      s.Release({0, 1});
+      AdamWOptions o;
+      o.lr = 0.5;
+      o.weight_decay = 0;
+      s.AdamWStep(o, 1.0f, 1);
+      // The first AdamW step moves each element by lr (sign of its grad):
+      // the master by exactly that, the shard its rounding.
+      const at::Tensor expected = master_a.narrow(0, rank * 7, 7) - 0.5f;
+      EXPECT_TRUE(at::allclose(s.MasterShard(0), expected, 0, 1e-5));
+      EXPECT_TRUE(at::equal(s.shard(0), s.MasterShard(0).to(at::kBFloat16)));
+      // Zeroed, still f32: this step reduced twice.
+      EXPECT_EQ(s.shard_grad(0).scalar_type(), at::kFloat);
+      EXPECT_EQ(s.shard_grad(0).abs().sum().item<float>(), 0.0f);
+
+      // A step with one reduce: back to the reduce dtype.
+      ASSERT_TRUE(s.Gather({0}, comm)->Wait().ok());
+      s.full(0).to(at::kFloat).sum().backward();
+      ASSERT_TRUE(s.ReduceScatterGrads({0}, comm)->Wait().ok());
+      s.Release({0});
+      s.AdamWStep(o, 1.0f, 2);
+      EXPECT_EQ(s.shard_grad(0).scalar_type(), reduce_type);
+    });
+  }
+}
+
+// A bf16 param's master moves to the host tier with its moments and comes
+// back unchanged; the checkpoint's fp32 value (MasterShard) reads it there
+// too.
+TEST(ShardedParamStoreTest, Bf16_MasterOffloadedWithStates_ComesBackExact) {
+  const Program program = Bf16Params(DType::kBF16);
+  auto store = ShardedParamStore::Create(program, 0, 1);
+  ASSERT_TRUE(store.ok());
+  ShardedParamStore& s = **store;
+  absl::StatusOr<std::unique_ptr<HostTier>> made =
+      HostTier::Create(at::Device(at::kCPU), "");
+  ASSERT_TRUE(made.ok()) << made.status();
+  HostTier& tier = **made;
+  const at::Tensor before = s.MasterShard(0).clone();
+  absl::StatusOr<CollectiveHandle> off = s.OffloadStates({0, 1}, tier);
+  ASSERT_TRUE(off.ok()) << off.status();
+  ASSERT_TRUE((*off)->Wait().ok());
+  s.WaitStates();
+  EXPECT_TRUE(s.states_on_host(0));
+  EXPECT_EQ(tier.held_bytes(), s.state_bytes(0) + s.state_bytes(1));
+  EXPECT_TRUE(at::equal(s.MasterShard(0), before));
+  CollectiveHandle back = s.ReloadStates({0, 1}, tier);
+  ASSERT_NE(back, nullptr);
+  ASSERT_TRUE(back->Wait().ok());
+  s.WaitStates();
+  EXPECT_FALSE(s.states_on_host(0));
+  EXPECT_TRUE(at::equal(s.MasterShard(0), before));
+  // Set from f32 values: the master holds them, the shard their rounding.
+  const at::Tensor values = at::arange(21, at::kFloat) / 7.0f;
+  s.SetMasterShard(0, values);
+  EXPECT_TRUE(at::equal(s.MasterShard(0), values));
+  EXPECT_TRUE(at::equal(s.shard(0), values.to(at::kBFloat16)));
 }
 
 }  // namespace

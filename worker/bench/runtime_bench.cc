@@ -11,12 +11,14 @@
 // tier (mmap'd files under $TANDEM_OFFLOAD_DIR or /tmp). Last, activation
 // checkpointing at world 1 (one rank, so the process's counted peak is that
 // rank's): the counted peak with and without it, against the drop the
-// simulator predicts from the graph builder's estimates.
+// simulator predicts from the graph builder's estimates. `--case
+// mixed_precision` measures bf16 (reduced in bf16 or f32) against f32: the
+// counted peak against the predicted one, and the iteration time at world W.
 // Ranks are threads of this process, each with its own process group, one
 // intra-op thread and OPENBLAS_NUM_THREADS=1 (set it in the environment).
 //
 //   build/bench/runtime_bench [--steps N] [--layers L] [--world W]
-//                             [--case all|checkpointing]
+//                             [--case all|checkpointing|mixed_precision]
 #include <unistd.h>
 
 #include <algorithm>
@@ -380,6 +382,71 @@ void RunCheckpointingMemory(ModelConfig config, int steps) {
       predicted / 1048576.0, 100.0 * (predicted - drop) / drop);
 }
 
+// Mixed precision on `config`'s model: at world 1 the counted peak of f32,
+// bf16 reducing in bf16 and bf16 reducing in f32 under on-demand, against
+// the simulator's prediction with the bytes it does not model (the f32
+// run's counted peak less its simulated one) added; then the iteration time
+// of the three at `world` ranks, where gathers and bf16 reduces move half
+// the bytes.
+void RunMixedPrecision(ModelConfig config, int world, int steps) {
+  struct Variant {
+    const char* name;
+    DType dtype;
+    DType reduce;
+  };
+  const Variant variants[] = {{"f32", DType::kF32, DType::kF32},
+                              {"bf16", DType::kBF16, DType::kBF16},
+                              {"bf16 reduce f32", DType::kBF16, DType::kF32}};
+  auto on_demand = [](const Graph& g) { return OnDemandSchedule(g, 1); };
+  std::printf(
+      "\nmixed precision, world 1 (%d layers, d_model %d, seq %d, "
+      "micro-batch %d), on-demand\n",
+      config.layers, config.d_model, config.seq_len, config.micro_batch);
+  std::printf("%-16s %12s %12s %14s %12s\n", "model", "iteration_s", "peak_MiB",
+              "predicted_MiB", "error");
+  int64_t unmodeled = 0;
+  for (const Variant& v : variants) {
+    ModelConfig c = config;
+    c.world_size = 1;
+    c.dtype = v.dtype;
+    c.reduce_dtype = v.reduce;
+    absl::StatusOr<Graph> graph = BuildModelGraph(c);
+    HardwareModel hw = HardwareModel::H100(1);
+    hw.collective_buffers = true;
+    absl::StatusOr<Schedule> schedule =
+        graph.ok() ? on_demand(*graph)
+                   : absl::StatusOr<Schedule>(graph.status());
+    absl::StatusOr<SimResult> sim =
+        schedule.ok() ? Simulate(*graph, *schedule, hw)
+                      : absl::StatusOr<SimResult>(schedule.status());
+    if (!sim.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(sim.status().message()).c_str());
+      std::exit(1);
+    }
+    const Summary r =
+        Summarize(Run(c, 1, steps, on_demand, [](int) { return true; }));
+    if (v.dtype == DType::kF32) unmodeled = r.peak_bytes - sim->peak_bytes;
+    const int64_t predicted = sim->peak_bytes + unmodeled;
+    std::printf("%-16s %12.4f %12.2f %14.2f %+11.1f%%\n", v.name, r.iteration_s,
+                r.peak_bytes / 1048576.0, predicted / 1048576.0,
+                100.0 * (static_cast<double>(predicted) /
+                             static_cast<double>(r.peak_bytes) -
+                         1));
+  }
+  if (world < 2) return;
+  std::printf("\nmixed precision, world %d, on-demand\n", world);
+  std::printf("%-16s %12s %14s\n", "model", "iteration_s", "exposed_comm_s");
+  for (const Variant& v : variants) {
+    ModelConfig c = config;
+    c.world_size = world;
+    c.dtype = v.dtype;
+    c.reduce_dtype = v.reduce;
+    const Summary r =
+        Summarize(Run(c, world, steps, on_demand, [](int) { return true; }));
+    std::printf("%-16s %12.4f %14.4f\n", v.name, r.iteration_s, r.exposed_s);
+  }
+}
+
 int Main(int argc, char** argv) {
   CountingCpuAllocator::Install();
   at::set_num_threads(1);
@@ -400,10 +467,11 @@ int Main(int argc, char** argv) {
       break;
     }
   }
-  if (which != "all" && which != "checkpointing") {
+  if (which != "all" && which != "checkpointing" &&
+      which != "mixed_precision") {
     std::fprintf(stderr,
                  "usage: %s [--steps N] [--layers L] [--world W] [--case "
-                 "all|checkpointing]\n",
+                 "all|checkpointing|mixed_precision]\n",
                  argv[0]);
     return 2;
   }
@@ -412,6 +480,10 @@ int Main(int argc, char** argv) {
   if (!config.ok()) return 2;
   if (which == "checkpointing") {
     RunCheckpointingMemory(*config, steps);
+    return 0;
+  }
+  if (which == "mixed_precision") {
+    RunMixedPrecision(*config, world, steps);
     return 0;
   }
   std::printf(

@@ -327,6 +327,26 @@ void RunOffloadAndZero1(const ModelConfig& config, int world, int steps) {
   }
 }
 
+// The simulator's peak for the graph builder's graph of `config` under the
+// on-demand schedule, on the H100 memory model with the worker's collective
+// buffers; exits on an error.
+int64_t SimulatedOnDemandPeak(const ModelConfig& config) {
+  absl::StatusOr<Graph> graph = BuildModelGraph(config);
+  absl::StatusOr<Schedule> schedule =
+      graph.ok() ? OnDemandSchedule(*graph, 1)
+                 : absl::StatusOr<Schedule>(graph.status());
+  HardwareModel hw = HardwareModel::H100(1);
+  hw.collective_buffers = true;
+  absl::StatusOr<SimResult> sim =
+      schedule.ok() ? Simulate(*graph, *schedule, hw)
+                    : absl::StatusOr<SimResult>(schedule.status());
+  if (!sim.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(sim.status().message()).c_str());
+    std::exit(1);
+  }
+  return sim->peak_bytes;
+}
+
 // Activation checkpointing at world 1 on `config`'s model: the counted peak
 // (max over the measured steps) and median iteration with and without it
 // under the on-demand schedule, and the drop in peak the simulator predicts
@@ -348,30 +368,14 @@ void RunCheckpointingMemory(ModelConfig config, int steps) {
   int64_t simulated[2] = {0, 0};
   for (int checkpointing = 0; checkpointing < 2; ++checkpointing) {
     config.activation_checkpointing = checkpointing == 1;
-    absl::StatusOr<Graph> graph = BuildModelGraph(config);
-    if (!graph.ok()) {
-      std::fprintf(stderr, "%s\n",
-                   std::string(graph.status().message()).c_str());
-      std::exit(1);
-    }
-    HardwareModel hw = HardwareModel::H100(1);
-    hw.collective_buffers = true;
-    absl::StatusOr<Schedule> schedule = on_demand(*graph);
-    absl::StatusOr<SimResult> sim =
-        schedule.ok() ? Simulate(*graph, *schedule, hw)
-                      : absl::StatusOr<SimResult>(schedule.status());
-    if (!sim.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(sim.status().message()).c_str());
-      std::exit(1);
-    }
+    simulated[checkpointing] = SimulatedOnDemandPeak(config);
     const Summary r =
         Summarize(Run(config, 1, steps, on_demand, [](int) { return true; }));
     measured[checkpointing] = r.peak_bytes;
-    simulated[checkpointing] = sim->peak_bytes;
     std::printf("%-16s %12.4f %12.2f %14.2f\n",
                 checkpointing ? "checkpointing" : "no checkpointing",
                 r.iteration_s, r.peak_bytes / 1048576.0,
-                sim->peak_bytes / 1048576.0);
+                simulated[checkpointing] / 1048576.0);
   }
   const double drop = static_cast<double>(measured[0] - measured[1]);
   const double predicted = static_cast<double>(simulated[0] - simulated[1]);
@@ -410,23 +414,11 @@ void RunMixedPrecision(ModelConfig config, int world, int steps) {
     c.world_size = 1;
     c.dtype = v.dtype;
     c.reduce_dtype = v.reduce;
-    absl::StatusOr<Graph> graph = BuildModelGraph(c);
-    HardwareModel hw = HardwareModel::H100(1);
-    hw.collective_buffers = true;
-    absl::StatusOr<Schedule> schedule =
-        graph.ok() ? on_demand(*graph)
-                   : absl::StatusOr<Schedule>(graph.status());
-    absl::StatusOr<SimResult> sim =
-        schedule.ok() ? Simulate(*graph, *schedule, hw)
-                      : absl::StatusOr<SimResult>(schedule.status());
-    if (!sim.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(sim.status().message()).c_str());
-      std::exit(1);
-    }
+    const int64_t simulated = SimulatedOnDemandPeak(c);
     const Summary r =
         Summarize(Run(c, 1, steps, on_demand, [](int) { return true; }));
-    if (v.dtype == DType::kF32) unmodeled = r.peak_bytes - sim->peak_bytes;
-    const int64_t predicted = sim->peak_bytes + unmodeled;
+    if (v.dtype == DType::kF32) unmodeled = r.peak_bytes - simulated;
+    const int64_t predicted = simulated + unmodeled;
     std::printf("%-16s %12.4f %12.2f %14.2f %+11.1f%%\n", v.name, r.iteration_s,
                 r.peak_bytes / 1048576.0, predicted / 1048576.0,
                 100.0 * (static_cast<double>(predicted) /

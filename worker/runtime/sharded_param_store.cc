@@ -408,9 +408,9 @@ std::vector<double> ShardedParamStore::ShardDigests() const {
   constexpr double kStride = 0.6180339887498949;
   std::vector<double> out;
   out.reserve(params_.size());
-  for (const Entry& e : params_) {
-    const at::Tensor shard =
-        MasterShard(&e - params_.data()).to(at::kCPU).to(at::kDouble);
+  for (int32_t id = 0; id < num_params(); ++id) {
+    const Entry& e = params_[id];
+    const at::Tensor shard = MasterShard(id).to(at::kCPU).to(at::kDouble);
     const double first = static_cast<double>(rank_ * e.shard_numel);
     const at::Tensor w =
         at::frac(at::arange(first, first + static_cast<double>(e.shard_numel),

@@ -247,11 +247,10 @@ void Restore(const RestoreSource& source, ShardedParamStore& store) {
                     store.rank());
     store.SetMasterShard(id, ReadPieces(source, store, id, pieces, "shard"));
     if (!store.trainable(id)) continue;
-    for (const char* what : {"exp_avg", "exp_avg_sq"}) {
-      at::Tensor target = std::string(what) == "exp_avg" ? store.exp_avg(id)
-                                                         : store.exp_avg_sq(id);
-      target.copy_(ReadPieces(source, store, id, pieces, what));
-    }
+    at::Tensor exp_avg = store.exp_avg(id);
+    at::Tensor exp_avg_sq = store.exp_avg_sq(id);
+    exp_avg.copy_(ReadPieces(source, store, id, pieces, "exp_avg"));
+    exp_avg_sq.copy_(ReadPieces(source, store, id, pieces, "exp_avg_sq"));
   }
   const std::string& rng = *source.files.at(source.rng_rank).Find("rng/cpu");
   at::Tensor rng_state =

@@ -492,7 +492,7 @@ def main():
                     help="the job spec's comm section, e.g. 'chunk_bytes: 64KiB'")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--discard", type=int, default=2)
-    ap.add_argument("--profile-steps", type=int, default=4)
+    ap.add_argument("--profile-steps", type=int, default=5)
     ap.add_argument("--replay-steps", type=int, default=4)
     a = ap.parse_args()
     b = Bench(a)

@@ -100,6 +100,12 @@ absl::Status RunStandalone(const StandaloneOptions& options,
     ASSIGN_OR_RETURN(StepStats s, job->Step(step));
     out << StepJson(s, rank) << "\n";
     out.flush();
+    // The process's first step pays one-time costs no later step pays: the
+    // profile leaves it out, as an agent's windows do (worker/README.md,
+    // "Profiling").
+    if (step == job->first_step() && step + 1 < spec.train().steps()) {
+      job->executor().profiler().Reset();
+    }
   }
   ASSIGN_OR_RETURN(const std::string final_json, job->FinalJson());
   out << final_json << "\n";

@@ -35,7 +35,9 @@ struct StandaloneOptions {
   // Text-form schedule to run; empty: the on-demand baseline.
   std::string schedule_path;
   // Where to write this rank's profile: text form, or tandem.v1.Profile
-  // binary when the name ends in ".pb". Empty: none.
+  // binary when the name ends in ".pb". Empty: none. Like an agent's
+  // windows, it leaves out the process's first step (one-time costs) unless
+  // that is the only step.
   std::string profile_out;
   // Where to write the iteration graph the rank derived from its program
   // (text form, the input of `tandem-plan --graph`), before training; an

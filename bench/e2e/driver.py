@@ -8,7 +8,9 @@ JSON lines to --out. Per model, in this order:
      one thread) and PyTorch at world 1 (DDP's compute alone); Tandem's
      counted world-1 peak gives DDP's footprint and so the two budgets;
   2. warm-up: Tandem under the on-demand baseline on the link, with
-     --profile-out;
+     --profile-out (8 steps: the profile is the medians of the last 7, so
+     up to 3 steps disturbed by something else on the machine do not move
+     the plans made from it);
   3. PyTorch DDP on the link, and DDP's all-reduces alone;
   4. for each budget and each policy: tandem-plan from the warm-up profile
      (hardware model fitted to it), the worker on the link with that
@@ -492,7 +494,7 @@ def main():
                     help="the job spec's comm section, e.g. 'chunk_bytes: 64KiB'")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--discard", type=int, default=2)
-    ap.add_argument("--profile-steps", type=int, default=5)
+    ap.add_argument("--profile-steps", type=int, default=8)
     ap.add_argument("--replay-steps", type=int, default=4)
     a = ap.parse_args()
     b = Bench(a)

@@ -70,7 +70,7 @@ struct Profile {
   // rank's); peak_bytes - peak_min_bytes is the spread of peaks the planner
   // keeps headroom for. 0: not measured.
   int64_t peak_min_bytes = 0;
-  // Mean elements of the rank's batch inputs per iteration over the window
+  // Elements of the rank's batch inputs in the window's median iteration
   // (an aggregate: the largest rank's): the work the node times were
   // measured at. It varies with variable-length batches; the coordinator
   // scales step times to a common work before judging drift. 0: not

@@ -6,6 +6,19 @@
 #include <vector>
 
 namespace tandem {
+namespace {
+
+// The middle value; the mean of the middle two of an even count. `v` is
+// not empty.
+double Median(std::vector<double> v) {
+  const size_t n = v.size();
+  std::nth_element(v.begin(), v.begin() + n / 2, v.end());
+  const double hi = v[n / 2];
+  if (n % 2 == 1) return hi;
+  return (*std::max_element(v.begin(), v.begin() + n / 2) + hi) / 2;
+}
+
+}  // namespace
 
 Profiler::Profiler(bool enabled, int num_nodes)
     : enabled_(enabled),
@@ -19,16 +32,14 @@ void Profiler::BeginIteration(int64_t iteration, int64_t schedule_version) {
     Reset();
     version_ = schedule_version;
   }
-  if (iterations_ == 0) first_iteration_ = iteration;
+  if (iterations_.empty()) first_iteration_ = iteration;
   last_iteration_ = iteration;
   timeline_.Begin(iteration, schedule_version, TimelineClock::now());
 }
 
 void Profiler::RecordNode(int32_t node_id, double seconds) {
   if (!enabled_) return;
-  Accumulator& a = nodes_[node_id];
-  a.sum += seconds;
-  ++a.samples;
+  nodes_[node_id].times.push_back(seconds);
   timeline_.AddNode(node_id, TimelineClock::now(), seconds);
 }
 
@@ -50,10 +61,9 @@ void Profiler::RecordCollective(const CollectiveTiming& t,
   CollectiveAccumulator& a = collectives_[CollectiveKey{
       static_cast<int>(t.kind), t.node_id, t.group_id, t.param_ids}];
   a.last = t;
-  a.issue_to_done_sum += t.issue_to_done_s;
-  a.run_sum += t.run_s;
-  a.exposed_sum += t.exposed_s;
-  ++a.samples;
+  a.issue_to_done.push_back(t.issue_to_done_s);
+  a.run.push_back(t.run_s);
+  a.exposed.push_back(t.exposed_s);
 }
 
 void Profiler::RecordExchange(absl::string_view label,
@@ -77,9 +87,7 @@ void Profiler::EndIteration(double iteration_s, int64_t peak_bytes,
   if (!enabled_) return;
   timeline_.End(iteration_s, peak_bytes);
   AccumulateOverlaps(timeline_.last());
-  ++iterations_;
-  iteration_sum_s_ += iteration_s;
-  work_sum_ += static_cast<double>(work);
+  iterations_.emplace_back(iteration_s, work);
   peak_bytes_ = std::max(peak_bytes_, peak_bytes);
   peak_min_bytes_ =
       peak_min_bytes_ > 0 ? std::min(peak_min_bytes_, peak_bytes) : peak_bytes;
@@ -179,8 +187,17 @@ Profile Profiler::Snapshot(const std::string& graph_hash, int32_t rank) const {
   p.schedule_version = version_ == kNoVersion ? 0 : version_;
   p.first_iteration = first_iteration_;
   p.last_iteration = last_iteration_;
-  p.iteration_s = iterations_ > 0 ? iteration_sum_s_ / iterations_ : 0;
-  p.work = iterations_ > 0 ? work_sum_ / iterations_ : 0;
+  if (!iterations_.empty()) {
+    // The median iteration (the mean of the middle two of an even count),
+    // and its work.
+    std::vector<std::pair<double, int64_t>> sorted = iterations_;
+    std::sort(sorted.begin(), sorted.end());
+    const size_t n = sorted.size();
+    const auto& hi = sorted[n / 2];
+    const auto& lo = sorted[(n - 1) / 2];
+    p.iteration_s = (lo.first + hi.first) / 2;
+    p.work = (static_cast<double>(lo.second) + hi.second) / 2;
+  }
   p.peak_bytes = peak_bytes_;
   p.peak_min_bytes = peak_min_bytes_;
   p.host_copy_bytes = host_copy_bytes_;
@@ -194,19 +211,20 @@ Profile Profiler::Snapshot(const std::string& graph_hash, int32_t rank) const {
   p.compute_s_per_copy_byte = per_copy_byte_;
   for (size_t i = 0; i < nodes_.size(); ++i) {
     const Accumulator& a = nodes_[i];
-    if (a.samples == 0) continue;
-    auto mean = [&a](double sum) {
-      return static_cast<int64_t>(std::llround(sum / a.samples));
+    if (a.times.empty()) continue;
+    const int32_t samples = static_cast<int32_t>(a.times.size());
+    auto mean = [samples](double sum) {
+      return static_cast<int64_t>(std::llround(sum / samples));
     };
-    p.nodes.push_back({static_cast<int32_t>(i), a.sum / a.samples, a.samples,
+    p.nodes.push_back({static_cast<int32_t>(i), Median(a.times), samples,
                        mean(a.allgather_overlap),
                        mean(a.reduce_scatter_overlap), mean(a.copy_overlap)});
   }
   for (const auto& [key, a] : collectives_) {
     CollectiveTiming t = a.last;
-    t.issue_to_done_s = a.issue_to_done_sum / a.samples;
-    t.run_s = a.run_sum / a.samples;
-    t.exposed_s = a.exposed_sum / a.samples;
+    t.issue_to_done_s = Median(a.issue_to_done);
+    t.run_s = Median(a.run);
+    t.exposed_s = Median(a.exposed);
     p.collectives.push_back(std::move(t));
   }
   for (size_t i = 0; i < memory_.size(); ++i) {
@@ -216,9 +234,7 @@ Profile Profiler::Snapshot(const std::string& graph_hash, int32_t rank) const {
 }
 
 void Profiler::Reset() {
-  iterations_ = 0;
-  iteration_sum_s_ = 0;
-  work_sum_ = 0;
+  iterations_.clear();
   peak_bytes_ = 0;
   peak_min_bytes_ = 0;
   host_copy_bytes_ = 0;

@@ -1,7 +1,7 @@
 // The worker's profiler (worker/README.md, "Profiling"): per node forward and
 // backward time, per collective issue→done time and the part compute waited
-// for, memory at node boundaries; averaged over a window of iterations under
-// one schedule version and emitted as the Profile IR (text or tandem.v1
+// for, memory at node boundaries; the medians over a window of iterations
+// under one schedule version, emitted as the Profile IR (text or tandem.v1
 // proto). Recording is a few clock reads and adds per node, so it stays on in
 // production (the bench measures its cost). Compute thread only; no libtorch.
 #ifndef TANDEM_WORKER_RUNTIME_PROFILER_H_
@@ -12,6 +12,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/ir/profile.h"
@@ -69,19 +70,21 @@ class Profiler {
   // its host copies, so the planner knows the host link before offloading.
   void SetProbedHostCopy(int64_t bytes, double seconds);
 
-  // The window's averages (memory: the largest seen at each boundary).
+  // The window's medians: each node's and collective's times and the
+  // iteration time, so one disturbed step does not move the plan made from
+  // it (memory: the largest seen at each boundary; work: the median
+  // iteration's; overlap bytes: means).
   Profile Snapshot(const std::string& graph_hash, int32_t rank) const;
   // Starts a new window at the next iteration.
   void Reset();
-  int iterations() const { return iterations_; }
+  int iterations() const { return static_cast<int>(iterations_.size()); }
   // The last complete iteration's timeline (kept across Reset()).
   const IterationTimeline& timeline() const { return timeline_; }
   IterationTimeline& timeline() { return timeline_; }
 
  private:
   struct Accumulator {
-    double sum = 0;
-    int32_t samples = 0;
+    std::vector<double> times;
     // Bytes moved alongside the node's compute, by all-gathers,
     // reduce-scatters and copies (summed over samples).
     double allgather_overlap = 0;
@@ -92,10 +95,9 @@ class Profiler {
   void AccumulateOverlaps(const IterationTimeline::Iteration& it);
   struct CollectiveAccumulator {
     CollectiveTiming last;
-    double issue_to_done_sum = 0;
-    double run_sum = 0;
-    double exposed_sum = 0;
-    int32_t samples = 0;
+    std::vector<double> issue_to_done;
+    std::vector<double> run;
+    std::vector<double> exposed;
   };
   using CollectiveKey = std::tuple<int, int32_t, int32_t, std::vector<int32_t>>;
 
@@ -106,9 +108,8 @@ class Profiler {
   int64_t version_ = kNoVersion;
   int64_t first_iteration_ = 0;
   int64_t last_iteration_ = 0;
-  int iterations_ = 0;
-  double iteration_sum_s_ = 0;
-  double work_sum_ = 0;
+  // The window's iterations: time and work.
+  std::vector<std::pair<double, int64_t>> iterations_;
   int64_t peak_bytes_ = 0;
   // The smallest iteration peak in the window (0: no iteration yet).
   int64_t peak_min_bytes_ = 0;

@@ -6,7 +6,7 @@
 namespace tandem {
 namespace {
 
-TEST(ProfilerTest, Snapshot_AveragesOverWindow) {
+TEST(ProfilerTest, Snapshot_TwoIterations_MiddleOfBoth) {
   Profiler p(true, 3);
   for (int it = 0; it < 2; ++it) {
     p.BeginIteration(10 + it, 1);
@@ -33,6 +33,40 @@ TEST(ProfilerTest, Snapshot_AveragesOverWindow) {
   auto parsed = ParseProfile(PrintProfile(s));
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(*parsed, s);
+}
+
+// A step slowed by something else on the machine does not move the
+// window's figures: they are medians, with the median iteration's work.
+TEST(ProfilerTest, Snapshot_OneDisturbedStep_MediansIgnoreIt) {
+  Profiler p(true, 2);
+  const double node[] = {1.0, 1.1, 5.0, 0.9};
+  const double wait[] = {0.2, 0.3, 2.0, 0.25};
+  const double iteration[] = {2.0, 2.2, 9.0, 2.1};
+  const int64_t work[] = {100, 120, 500, 110};
+  for (int it = 0; it < 4; ++it) {
+    p.BeginIteration(it, 0);
+    p.RecordNode(0, node[it]);
+    p.RecordCollective(
+        {CollectiveKind::kAllGather, 4, {}, 64, wait[it], wait[it] / 2, 0});
+    p.EndIteration(iteration[it], 1000, work[it]);
+  }
+  const Profile s = p.Snapshot("abc", 0);
+  EXPECT_DOUBLE_EQ(s.iteration_s, (2.1 + 2.2) / 2);
+  EXPECT_DOUBLE_EQ(s.work, (110 + 120) / 2.0);
+  ASSERT_EQ(s.nodes.size(), 1u);
+  EXPECT_DOUBLE_EQ(s.nodes[0].time_s, (1.0 + 1.1) / 2);
+  EXPECT_EQ(s.nodes[0].samples, 4);
+  ASSERT_EQ(s.collectives.size(), 1u);
+  EXPECT_DOUBLE_EQ(s.collectives[0].issue_to_done_s, (0.25 + 0.3) / 2);
+  EXPECT_DOUBLE_EQ(s.collectives[0].exposed_s, (0.125 + 0.15) / 2);
+  // An odd count: the middle one.
+  p.BeginIteration(4, 0);
+  p.RecordNode(0, 1.05);
+  p.EndIteration(2.15, 1000, 115);
+  const Profile odd = p.Snapshot("abc", 0);
+  EXPECT_DOUBLE_EQ(odd.iteration_s, 2.15);
+  EXPECT_DOUBLE_EQ(odd.work, 115);
+  EXPECT_DOUBLE_EQ(odd.nodes[0].time_s, 1.05);
 }
 
 TEST(ProfilerTest, NodeOverlaps_ProrateTransfersOverNodeSpans) {

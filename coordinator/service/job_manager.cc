@@ -113,7 +113,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(v1::JobSpec spec) {
   }
   // A budget no schedule fits is refused now, not at its first step.
   if (absl::Status s = CheckBudgetFits(spec); !s.ok()) return s;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   Record record;
   record.job.set_id(NewJobId(spec.name()));
   record.job.set_state(v1::JOB_STATE_PENDING);
@@ -129,6 +129,10 @@ absl::StatusOr<v1::Job> JobManager::Submit(v1::JobSpec spec) {
   }
   v1::Job out = record.job;
   jobs_[id] = std::move(record);
+  if (StateListener listener = listener_; listener) {
+    lock.unlock();
+    listener(id, v1::JOB_STATE_PENDING);
+  }
   return out;
 }
 
@@ -155,6 +159,22 @@ std::vector<v1::Job> JobManager::List(const std::vector<v1::JobState>& states,
     return a.submitted_unix_s() > b.submitted_unix_s();
   });
   if (out.size() > static_cast<size_t>(limit)) out.resize(limit);
+  return out;
+}
+
+std::vector<v1::Job> JobManager::Unfinished() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<v1::Job> out;
+  for (const auto& [id, r] : jobs_) {
+    if (!IsTerminal(r.job.state())) out.push_back(r.job);
+  }
+  return out;
+}
+
+absl::flat_hash_map<v1::JobState, int64_t> JobManager::CountByState() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::flat_hash_map<v1::JobState, int64_t> out;
+  for (const auto& [id, r] : jobs_) ++out[r.job.state()];
   return out;
 }
 

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -34,7 +35,8 @@ absl::string_view JobStateName(v1::JobState state);
 
 class JobManager {
  public:
-  // Called (outside the manager's lock) after every state change.
+  // Called (outside the manager's lock) after every state change, and
+  // with PENDING after a submit.
   using StateListener =
       std::function<void(const std::string& job_id, v1::JobState state)>;
 
@@ -55,6 +57,11 @@ class JobManager {
   // Newest first; `limit` is capped at 1000.
   std::vector<v1::Job> List(const std::vector<v1::JobState>& states,
                             int limit) const;
+  // Every job not ended yet (PENDING or RUNNING), however many: what the
+  // other managers recover after a restart.
+  std::vector<v1::Job> Unfinished() const;
+  // How many jobs are in each state (the jobs gauge).
+  absl::flat_hash_map<v1::JobState, int64_t> CountByState() const;
   absl::StatusOr<std::vector<v1::JobEvent>> Events(absl::string_view job_id,
                                                    int64_t after_seq) const;
 

@@ -113,8 +113,7 @@ void PlanningManager::ForgetEndedLocked() {
 }
 
 absl::Status PlanningManager::Recover() {
-  for (const v1::Job& job : jobs_->List({}, 1000)) {
-    if (IsTerminal(job.state())) continue;
+  for (const v1::Job& job : jobs_->Unfinished()) {
     absl::StatusOr<std::optional<v1::Graph>> graph =
         store_->LoadGraph(job.id());
     if (!graph.ok()) return graph.status();

@@ -72,8 +72,7 @@ WorkerManager::JobWorkers& WorkerManager::Workers(const v1::Job& job) {
 
 absl::Status WorkerManager::Recover() {
   const auto now = Clock::now();
-  for (const v1::Job& job : jobs_->List({}, 1000)) {
-    if (IsTerminal(job.state())) continue;
+  for (const v1::Job& job : jobs_->Unfinished()) {
     absl::StatusOr<std::vector<StoredWorker>> workers =
         store_->LoadWorkers(job.id());
     if (!workers.ok()) return workers.status();

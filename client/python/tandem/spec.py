@@ -282,6 +282,12 @@ def parse_yaml(text, source=None):
     except yaml.YAMLError as e:
         raise SpecError("invalid YAML: %s" % str(e).replace("\n", " "),
                         source=source) from None
+    except RecursionError:
+        # PyYAML parses nesting recursively: a document nested hundreds of
+        # levels deep exhausts the interpreter's stack.
+        raise SpecError("invalid YAML: nested too deeply to read; a job spec "
+                        "is sections of values (e.g. model: {layers: 4}), a "
+                        "few levels deep", source=source) from None
     if data is None:
         raise SpecError("the job spec is empty", source=source)
     return spec_from_dict(data, source=source)

@@ -32,6 +32,14 @@ def test_unknown_top_level_key_lists_valid_keys():
     assert e.value.code is None  # found locally, no RPC
 
 
+def test_deeply_nested_yaml_is_a_spec_error_not_a_traceback():
+    deep = "model: " + "[" * 1000 + "]" * 1000 + "\n"
+    with pytest.raises(S.SpecError) as e:
+        S.parse_yaml(deep, source="deep.yaml")
+    assert str(e.value).startswith("deep.yaml: invalid YAML: nested too "
+                                   "deeply to read"), str(e.value)
+
+
 def test_unknown_nested_key_names_path_and_valid_keys():
     with pytest.raises(SpecError) as e:
         S.parse_yaml("name: a\nbatch:\n  micro_batch: 2\n  seqlen: 128\n",

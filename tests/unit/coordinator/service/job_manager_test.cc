@@ -90,6 +90,27 @@ TEST_F(JobManagerTest, Recover_AfterRestart_KeepsJobsAndEvents) {
   EXPECT_EQ((*events)[0].message(), "v1");
 }
 
+// The jobs gauge follows submits too, not only transitions.
+TEST_F(JobManagerTest, Submit_TellsTheListenerPending_CountsByState) {
+  std::vector<v1::JobState> seen;
+  manager_->SetStateListener(
+      [&](const std::string&, v1::JobState s) { seen.push_back(s); });
+  auto a = manager_->Submit(TinySpec());
+  auto b = manager_->Submit(TinySpec());
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(seen, (std::vector<v1::JobState>{v1::JOB_STATE_PENDING,
+                                             v1::JOB_STATE_PENDING}));
+  ASSERT_TRUE(manager_->Transition(a->id(), v1::JOB_STATE_RUNNING, "go").ok());
+  auto counts = manager_->CountByState();
+  EXPECT_EQ(counts[v1::JOB_STATE_PENDING], 1);
+  EXPECT_EQ(counts[v1::JOB_STATE_RUNNING], 1);
+  EXPECT_EQ(manager_->Unfinished().size(), 2u);
+  ASSERT_TRUE(
+      manager_->Transition(b->id(), v1::JOB_STATE_CANCELLED, "user").ok());
+  EXPECT_EQ(manager_->Unfinished().size(), 1u);
+  EXPECT_EQ(manager_->CountByState()[v1::JOB_STATE_CANCELLED], 1);
+}
+
 TEST_F(JobManagerTest, Get_UnknownJob_SaysHowToFindJobs) {
   auto job = manager_->Get("nope");
   EXPECT_EQ(job.status().code(), absl::StatusCode::kNotFound);

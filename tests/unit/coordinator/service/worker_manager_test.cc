@@ -5,6 +5,8 @@
 
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+
 namespace tandem {
 namespace {
 
@@ -284,6 +286,34 @@ TEST_F(WorkerManagerTest, Recover_KeepsRegistrations) {
   WorkerManager::Options options;
   WorkerManager restarted(jobs_.get(), store_.get(), &kv_, nullptr, nullptr,
                           options);
+  ASSERT_TRUE(restarted.Recover().ok());
+  v1::SessionHello hello;
+  hello.set_job_id(job_.id());
+  hello.set_rank(1);
+  hello.set_incarnation("b");
+  EXPECT_TRUE(
+      restarted.OpenSession(hello, std::make_shared<RecordingSink>()).ok());
+}
+
+// A restart recovers every job still running, however many newer jobs the
+// database holds (List caps at 1000, newest first).
+TEST_F(WorkerManagerTest, Recover_OldRunningJobBehindAThousandNewerOnes) {
+  ASSERT_TRUE(Register("a").ok());
+  ASSERT_TRUE(Register("b").ok());
+  for (int i = 0; i < 1000; ++i) {
+    v1::Job newer;
+    newer.set_id(absl::StrCat("newer-", i));
+    newer.set_state(v1::JOB_STATE_RUNNING);
+    newer.set_submitted_unix_s(job_.submitted_unix_s() + 10 + i);
+    *newer.mutable_spec() = job_.spec();
+    ASSERT_TRUE(store_->PutJob(newer).ok());
+  }
+  JobManager jobs(store_.get());
+  ASSERT_TRUE(jobs.Recover().ok());
+  ASSERT_EQ(jobs.List({}, 0).size(), 1000u);
+  EXPECT_EQ(jobs.Unfinished().size(), 1001u);
+  WorkerManager restarted(&jobs, store_.get(), &kv_, nullptr, nullptr,
+                          WorkerManager::Options());
   ASSERT_TRUE(restarted.Recover().ok());
   v1::SessionHello hello;
   hello.set_job_id(job_.id());

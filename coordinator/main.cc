@@ -1,68 +1,58 @@
 // tandem-coordinator: the long-running daemon. Parses flags and runs
 // CoordinatorServer until SIGINT or SIGTERM.
+#include <chrono>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <string>
 #include <thread>
 
-#include "absl/strings/numbers.h"
+#include "absl/flags/flag.h"
+#include "common/flags/command_line.h"
+#include "common/flags/flag_checks.h"
 #include "coordinator/rpc/coordinator_server.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "gRPC address, HOST:PORT (port 0 picks a free one)");
+ABSL_FLAG(std::string, db, "tandem.db",
+          "SQLite file: jobs, graphs, schedules and events survive a restart");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "serve Prometheus /metrics on HOST:PORT (port 0 picks a free one)");
+ABSL_FLAG(double, heartbeat_timeout_s, 15,
+          "fail a running job whose worker is silent this many seconds");
 
 namespace {
 
 volatile std::sig_atomic_t g_stop = 0;
 
-void Usage(FILE* out) {
-  std::fprintf(out,
-               "usage: tandem-coordinator [--listen HOST:PORT] [--db FILE] "
-               "[--metrics-listen HOST:PORT] [--heartbeat-timeout-s N]\n"
-               "  --listen             gRPC address (default 127.0.0.1:50051)\n"
-               "  --db                 SQLite file (default ./tandem.db)\n"
-               "  --metrics-listen     serve Prometheus /metrics here\n"
-               "  --heartbeat-timeout-s  fail a running job whose worker is "
-               "silent this long (default 15)\n");
-}
+constexpr char kUsage[] =
+    "usage: tandem-coordinator [--listen HOST:PORT] [--db FILE] "
+    "[--metrics-listen HOST:PORT] [--heartbeat-timeout-s N]\n";
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  const tandem::CommandLineSpec spec{"tandem-coordinator", kUsage};
+  tandem::ParseCommandLineOrExit(spec, argc, argv);
   tandem::CoordinatorOptions options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&](const char* flag) -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "tandem-coordinator: %s needs a value\n", flag);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (arg == "--listen") {
-      options.listen = value("--listen");
-    } else if (arg == "--db") {
-      options.db = value("--db");
-    } else if (arg == "--metrics-listen") {
-      options.metrics_listen = value("--metrics-listen");
-    } else if (arg == "--heartbeat-timeout-s") {
-      double s = 0;
-      if (!absl::SimpleAtod(value("--heartbeat-timeout-s"), &s) || s <= 0) {
-        std::fprintf(stderr,
-                     "tandem-coordinator: --heartbeat-timeout-s must be a "
-                     "positive number of seconds\n");
-        return 2;
-      }
-      options.heartbeat_timeout =
-          std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
-    } else if (arg == "--help" || arg == "-h") {
-      Usage(stdout);
-      return 0;
-    } else {
-      std::fprintf(stderr, "tandem-coordinator: unknown argument '%s'\n",
-                   arg.c_str());
-      Usage(stderr);
-      return 2;
-    }
-  }
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.db = absl::GetFlag(FLAGS_db);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  const double heartbeat_timeout_s = absl::GetFlag(FLAGS_heartbeat_timeout_s);
+  tandem::ExitIfInvalid(
+      spec,
+      {tandem::CheckHostPort("--listen", options.listen,
+                             tandem::PortZero::kAllowed),
+       options.metrics_listen.empty()
+           ? absl::OkStatus()
+           : tandem::CheckHostPort("--metrics-listen", options.metrics_listen,
+                                   tandem::PortZero::kAllowed),
+       options.db.empty() ? absl::InvalidArgumentError("--db needs a file name")
+                          : absl::OkStatus(),
+       tandem::CheckPositive("--heartbeat-timeout-s", heartbeat_timeout_s)});
+  options.heartbeat_timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(heartbeat_timeout_s * 1000));
+
   auto server = tandem::CoordinatorServer::Start(options);
   if (!server.ok()) {
     std::fprintf(stderr, "tandem-coordinator: %s\n",

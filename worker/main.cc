@@ -28,14 +28,25 @@
 // In agent mode SIGTERM and SIGINT stop the rank cleanly: it tells the
 // coordinator (the job fails with "rank r stopped by signal SIGTERM") and
 // exits with 128 + the signal. --health-listen serves grpc.health.v1.
+//
+// Flags are abseil flags (common/flags/command_line.h: --help lists them,
+// an unknown one is refused with the valid ones). What a launcher sets is
+// read where the flag is not given (common/flags/launcher_environment.h):
+// --rank from RANK or SLURM_PROCID, --world from WORLD_SIZE or a Slurm
+// task's SLURM_NTASKS, and in standalone mode --rendezvous from
+// MASTER_ADDR:MASTER_PORT; LOCAL_RANK (else SLURM_LOCALID) picks the GPU.
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 
-#include "absl/strings/numbers.h"
+#include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "common/flags/command_line.h"
+#include "common/flags/flag_checks.h"
+#include "common/flags/launcher_environment.h"
 #include "common/metrics/http_exporter.h"
 #include "common/metrics/metrics_registry.h"
 #include "worker/agent_mode.h"
@@ -45,6 +56,57 @@
 #include "worker/spec/job_spec_yaml.h"
 #include "worker/standalone/standalone_trainer.h"
 #include "worker/trainer/runtime_options.h"
+
+// Both modes.
+ABSL_FLAG(int, rank, -1,
+          "this process's rank (default: $RANK, else $SLURM_PROCID; in agent "
+          "mode, else the coordinator assigns one)");
+ABSL_FLAG(int, world, -1,
+          "the job's world size (default: $WORLD_SIZE, else $SLURM_NTASKS in "
+          "a Slurm task; agent mode checks it against the job's)");
+ABSL_FLAG(int, threads, 0, "compute threads (0: libtorch's default)");
+ABSL_FLAG(std::string, device, "auto",
+          "auto (cuda when built with it and a GPU is visible), cpu (Gloo) or "
+          "cuda (NCCL, on cuda:$LOCAL_RANK)");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "serve Prometheus /metrics on HOST:PORT (port 0 picks a free one)");
+ABSL_FLAG(std::string, offload_dir, "",
+          "the host tier's files when a schedule offloads optimizer states "
+          "(default: $TANDEM_OFFLOAD_DIR, $TMPDIR or /tmp)");
+// Agent mode.
+ABSL_FLAG(std::string, coordinator, "",
+          "agent mode: the coordinator's HOST:PORT");
+ABSL_FLAG(std::string, job, "", "agent mode: the job id to join");
+ABSL_FLAG(std::string, bind_host, "127.0.0.1",
+          "agent mode: the address this rank's peers reach it at");
+ABSL_FLAG(std::string, health_listen, "",
+          "agent mode: serve grpc.health.v1 on HOST:PORT");
+ABSL_FLAG(int, profile_window, 0,
+          "agent mode: iterations per profile window (0: the job's "
+          "optimize.warmup_steps)");
+ABSL_FLAG(int, slow_from_step, 0,
+          "testing: from this step on, sleep --slow-node-ms in every node");
+ABSL_FLAG(double, slow_node_ms, 0,
+          "testing: milliseconds to sleep in every node from --slow-from-step");
+// Standalone mode.
+ABSL_FLAG(bool, standalone, false,
+          "train without a coordinator (rank 0 hosts the rendezvous store)");
+ABSL_FLAG(std::string, spec, "", "standalone: the YAML job spec");
+ABSL_FLAG(std::string, rendezvous, "",
+          "standalone: rank 0's HOST:PORT for the rendezvous store (default: "
+          "$MASTER_ADDR:$MASTER_PORT)");
+ABSL_FLAG(std::string, schedule, "",
+          "standalone: train under this schedule (text form) instead of "
+          "on demand");
+ABSL_FLAG(std::string, profile_out, "",
+          "standalone: write the profile (text form) here");
+ABSL_FLAG(std::string, trace_out, "",
+          "standalone: write the last iteration's Chrome trace here");
+ABSL_FLAG(std::string, graph_out, "",
+          "standalone: write the iteration graph (text form) here before "
+          "training");
+ABSL_FLAG(int, timeout_s, 300,
+          "standalone: seconds to wait for the rendezvous and collectives");
 
 namespace {
 
@@ -56,7 +118,14 @@ constexpr char kUsage[] =
     "--rendezvous HOST:PORT [--schedule FILE] [--profile-out FILE] "
     "[--trace-out FILE] [--threads N] [--timeout-s S] [--graph-out FILE]\n"
     "       both modes: [--device auto|cpu|cuda] [--metrics-listen HOST:PORT] "
-    "[--offload-dir DIR]\n";
+    "[--offload-dir DIR]\n"
+    "\n"
+    "Launchers' variables are defaults for the flags they match: RANK (else "
+    "SLURM_PROCID) for --rank, WORLD_SIZE (else SLURM_NTASKS) for --world, "
+    "MASTER_ADDR:MASTER_PORT for --rendezvous; LOCAL_RANK (else "
+    "SLURM_LOCALID) picks the GPU.\n";
+
+const tandem::CommandLineSpec kCommandLine{"tandem-worker", kUsage};
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "tandem-worker: %s\n", message.c_str());
@@ -97,90 +166,95 @@ int main(int argc, char** argv) {
   // with.
   tandem::CountingCpuAllocator::Install();
 
-  bool standalone = false;
-  std::string spec_path, rendezvous, schedule_path, profile_out, graph_out;
-  std::string offload_dir;
-  std::string metrics_listen, trace_out;
-  std::string device = "auto";
+  tandem::ParseCommandLineOrExit(kCommandLine, argc, argv);
+  const bool standalone = absl::GetFlag(FLAGS_standalone);
+  const std::string spec_path = absl::GetFlag(FLAGS_spec);
+  const std::string schedule_path = absl::GetFlag(FLAGS_schedule);
+  const std::string profile_out = absl::GetFlag(FLAGS_profile_out);
+  const std::string graph_out = absl::GetFlag(FLAGS_graph_out);
+  const std::string offload_dir = absl::GetFlag(FLAGS_offload_dir);
+  const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  const std::string trace_out = absl::GetFlag(FLAGS_trace_out);
+  const std::string device = absl::GetFlag(FLAGS_device);
+  const int threads = absl::GetFlag(FLAGS_threads);
+  const int timeout_s = absl::GetFlag(FLAGS_timeout_s);
+  const int slow_from_step = absl::GetFlag(FLAGS_slow_from_step);
   tandem::AgentModeFlags agent;
-  int rank = -1, world = -1, threads = 0, timeout_s = 300;
-  int slow_from_step = 0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&](std::string* out) {
-      if (i + 1 >= argc) return false;
-      *out = argv[++i];
-      return true;
-    };
-    auto int_value = [&](int* out) {
-      std::string text;
-      return value(&text) && absl::SimpleAtoi(text, out);
-    };
-    bool ok = true;
-    if (arg == "--standalone") {
-      standalone = true;
-    } else if (arg == "--spec") {
-      ok = value(&spec_path);
-    } else if (arg == "--rendezvous") {
-      ok = value(&rendezvous);
-    } else if (arg == "--schedule") {
-      ok = value(&schedule_path);
-    } else if (arg == "--profile-out") {
-      ok = value(&profile_out);
-    } else if (arg == "--graph-out") {
-      ok = value(&graph_out);
-    } else if (arg == "--offload-dir") {
-      ok = value(&offload_dir);
-    } else if (arg == "--trace-out") {
-      ok = value(&trace_out);
-    } else if (arg == "--metrics-listen") {
-      ok = value(&metrics_listen);
-    } else if (arg == "--rank") {
-      ok = int_value(&rank);
-    } else if (arg == "--world") {
-      ok = int_value(&world);
-    } else if (arg == "--threads") {
-      ok = int_value(&threads);
-    } else if (arg == "--timeout-s") {
-      ok = int_value(&timeout_s);
-    } else if (arg == "--device") {
-      ok = value(&device);
-    } else if (arg == "--coordinator") {
-      ok = value(&agent.coordinator);
-    } else if (arg == "--job") {
-      ok = value(&agent.job_id);
-    } else if (arg == "--bind-host") {
-      ok = value(&agent.bind_host);
-    } else if (arg == "--health-listen") {
-      ok = value(&agent.health_listen);
-    } else if (arg == "--profile-window") {
-      ok = int_value(&agent.profile_window);
-    } else if (arg == "--slow-from-step") {
-      ok = int_value(&slow_from_step);
-    } else if (arg == "--slow-node-ms") {
-      std::string text;
-      ok = value(&text) && absl::SimpleAtod(text, &agent.slow_node_ms) &&
-           agent.slow_node_ms >= 0;
-    } else if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else {
-      return Fail(absl::StrCat("unknown flag '", arg, "'\n", kUsage));
-    }
-    if (!ok) {
-      return Fail(absl::StrCat(arg, " needs a ",
-                               arg == "--rank" || arg == "--world" ||
-                                       arg == "--threads" ||
-                                       arg == "--timeout-s"
-                                   ? "integer"
-                                   : "value",
-                               "\n", kUsage));
+  agent.coordinator = absl::GetFlag(FLAGS_coordinator);
+  agent.job_id = absl::GetFlag(FLAGS_job);
+  agent.bind_host = absl::GetFlag(FLAGS_bind_host);
+  agent.health_listen = absl::GetFlag(FLAGS_health_listen);
+  agent.profile_window = absl::GetFlag(FLAGS_profile_window);
+  agent.slow_node_ms = absl::GetFlag(FLAGS_slow_node_ms);
+  tandem::ExitIfInvalid(
+      kCommandLine,
+      {absl::GetFlag(FLAGS_rank) >= -1
+           ? absl::OkStatus()
+           : tandem::CheckAtLeast("--rank", absl::GetFlag(FLAGS_rank), 0),
+       absl::GetFlag(FLAGS_world) == -1
+           ? absl::OkStatus()
+           : tandem::CheckAtLeast("--world", absl::GetFlag(FLAGS_world), 1),
+       tandem::CheckAtLeast("--threads", threads, 0),
+       tandem::CheckPositive("--timeout-s", timeout_s),
+       tandem::CheckAtLeast("--profile-window", agent.profile_window, 0),
+       tandem::CheckAtLeast("--slow-from-step", slow_from_step, 0),
+       tandem::CheckAtLeast("--slow-node-ms", agent.slow_node_ms, 0.0),
+       tandem::CheckOneOf("--device", device, {"auto", "cpu", "cuda"}),
+       metrics_listen.empty()
+           ? absl::OkStatus()
+           : tandem::CheckHostPort("--metrics-listen", metrics_listen,
+                                   tandem::PortZero::kAllowed),
+       agent.health_listen.empty()
+           ? absl::OkStatus()
+           : tandem::CheckHostPort("--health-listen", agent.health_listen,
+                                   tandem::PortZero::kAllowed),
+       agent.coordinator.empty()
+           ? absl::OkStatus()
+           : tandem::CheckHostPort("--coordinator", agent.coordinator,
+                                   tandem::PortZero::kRejected)});
+
+  // A launcher's variables, for the flags not given.
+  const tandem::Environment env = tandem::Environment::Process();
+  int rank = absl::GetFlag(FLAGS_rank);
+  int world = absl::GetFlag(FLAGS_world);
+  std::string rendezvous = absl::GetFlag(FLAGS_rendezvous);
+  if (rank < 0) {
+    absl::StatusOr<std::optional<tandem::Sourced<int>>> from =
+        tandem::RankFromEnvironment(env);
+    if (!from.ok()) return Fail(std::string(from.status().message()));
+    if (from->has_value()) {
+      rank = (*from)->value;
+      std::fprintf(stderr, "tandem-worker: rank %d from $%s\n", rank,
+                   (*from)->source.c_str());
     }
   }
+  if (world < 0) {
+    absl::StatusOr<std::optional<tandem::Sourced<int>>> from =
+        tandem::WorldSizeFromEnvironment(env);
+    if (!from.ok()) return Fail(std::string(from.status().message()));
+    if (from->has_value()) {
+      world = (*from)->value;
+      std::fprintf(stderr, "tandem-worker: world size %d from $%s\n", world,
+                   (*from)->source.c_str());
+    }
+  }
+  if (standalone && rendezvous.empty()) {
+    absl::StatusOr<std::optional<tandem::Sourced<std::string>>> from =
+        tandem::RendezvousFromEnvironment(env);
+    if (!from.ok()) return Fail(std::string(from.status().message()));
+    if (from->has_value()) {
+      rendezvous = (*from)->value;
+      std::fprintf(stderr, "tandem-worker: rendezvous %s from $%s\n",
+                   rendezvous.c_str(), (*from)->source.c_str());
+    }
+  }
+
   if (standalone) {
     if (spec_path.empty() || rendezvous.empty() || rank < 0 || world < 1) {
-      return Fail(absl::StrCat(
-          "--spec, --rank, --world and --rendezvous are required\n", kUsage));
+      tandem::ExitWithUsageError(
+          kCommandLine,
+          "standalone mode needs --spec, --rank, --world and --rendezvous "
+          "(or RANK, WORLD_SIZE and MASTER_ADDR/MASTER_PORT)");
     }
     if (rank >= world) {
       return Fail(absl::StrCat("--rank ", rank, " must be < --world ", world));
@@ -190,9 +264,9 @@ int main(int argc, char** argv) {
       return tandem::RunAgentMode(agent, {}, nullptr);  // says why it cannot
     }
     if (agent.coordinator.empty() || agent.job_id.empty()) {
-      return Fail(absl::StrCat(
-          "agent mode needs --coordinator and --job (or use --standalone)\n",
-          kUsage));
+      tandem::ExitWithUsageError(
+          kCommandLine,
+          "agent mode needs --coordinator and --job (or use --standalone)");
     }
   }
   // Both modes: the device (and with it the collectives' backend) is known

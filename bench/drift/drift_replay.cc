@@ -24,7 +24,18 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "common/flags/command_line.h"
+#include "common/flags/flag_checks.h"
 #include "coordinator/service/drift_detector.h"
+
+ABSL_FLAG(double, threshold, 0.1, "the drift threshold (relative)");
+ABSL_FLAG(int, window, 5, "the drift window (steps)");
+ABSL_FLAG(std::string, level, "",
+          "median: watch each version against the median of its own steps");
+ABSL_FLAG(double, shift, 0,
+          "multiply every step from --shift-at on by this (a throttled link)");
+ABSL_FLAG(int64_t, shift_at, -1, "the watched step the shift starts at");
 
 namespace {
 
@@ -35,12 +46,14 @@ struct Step {
   double predicted;
 };
 
-int Usage(const char* why) {
-  std::fprintf(stderr,
-               "drift_replay: %s\nusage: drift_replay [--threshold T] "
-               "[--window N] [--level median] [--shift F --shift-at N] "
-               "SERIES...\n",
-               why);
+constexpr char kUsage[] =
+    "usage: drift_replay [--threshold T] [--window N] [--level median] "
+    "[--shift F --shift-at N] SERIES...\n";
+const tandem::CommandLineSpec kCommandLine{"drift_replay", kUsage, "SERIES...",
+                                           -1};
+
+int Usage(const std::string& why) {
+  std::fprintf(stderr, "drift_replay: %s\n", why.c_str());
   return 2;
 }
 
@@ -53,45 +66,30 @@ double Median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  double threshold = 0.1, shift = 0;
-  int window = 5;
-  long shift_at = -1;
-  bool level_median = false;
-  std::vector<std::string> files;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> const char* {
-      return i + 1 < argc ? argv[++i] : nullptr;
-    };
-    const char* v = nullptr;
-    if (arg == "--threshold" && (v = value())) {
-      threshold = std::atof(v);
-    } else if (arg == "--window" && (v = value())) {
-      window = std::atoi(v);
-    } else if (arg == "--shift" && (v = value())) {
-      shift = std::atof(v);
-    } else if (arg == "--shift-at" && (v = value())) {
-      shift_at = std::atol(v);
-    } else if (arg == "--level" && (v = value())) {
-      if (std::string(v) != "median") return Usage("--level takes 'median'");
-      level_median = true;
-    } else if (!arg.empty() && arg[0] == '-') {
-      return Usage(("unknown or incomplete flag " + arg).c_str());
-    } else {
-      files.push_back(arg);
-    }
+  const std::vector<std::string> files =
+      tandem::ParseCommandLineOrExit(kCommandLine, argc, argv);
+  const double threshold = absl::GetFlag(FLAGS_threshold);
+  const int window = absl::GetFlag(FLAGS_window);
+  const double shift = absl::GetFlag(FLAGS_shift);
+  const long shift_at = absl::GetFlag(FLAGS_shift_at);
+  const std::string level = absl::GetFlag(FLAGS_level);
+  const bool level_median = level == "median";
+  if (files.empty()) {
+    tandem::ExitWithUsageError(kCommandLine, "no series file given");
   }
-  if (files.empty()) return Usage("no series file given");
-  if (threshold <= 0 || window < 1) {
-    return Usage("--threshold must be > 0 and --window >= 1");
-  }
-  if ((shift > 0) != (shift_at >= 0)) {
-    return Usage("--shift and --shift-at go together");
-  }
+  tandem::ExitIfInvalid(
+      kCommandLine,
+      {tandem::CheckPositive("--threshold", threshold),
+       tandem::CheckAtLeast("--window", window, 1),
+       level.empty() ? absl::OkStatus()
+                     : tandem::CheckOneOf("--level", level, {"median"}),
+       (shift > 0) == (shift_at >= 0)
+           ? absl::OkStatus()
+           : absl::InvalidArgumentError("--shift and --shift-at go together")});
 
   for (const std::string& file : files) {
     std::ifstream in(file);
-    if (!in) return Usage(("cannot read " + file).c_str());
+    if (!in) return Usage("cannot read " + file);
     std::map<long, std::vector<Step>> by_version;
     std::string line;
     while (std::getline(in, line)) {
@@ -99,7 +97,7 @@ int main(int argc, char** argv) {
       std::istringstream fields(line);
       Step s{};
       if (!(fields >> s.step >> s.version >> s.seconds >> s.predicted)) {
-        return Usage(("malformed line in " + file + ": " + line).c_str());
+        return Usage("malformed line in " + file + ": " + line);
       }
       by_version[s.version].push_back(s);
     }

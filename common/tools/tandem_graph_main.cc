@@ -10,14 +10,25 @@
 #include <cstdio>
 #include <string>
 
+#include "absl/flags/flag.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/flags/command_line.h"
 #include "common/ir/graph.h"
 #include "common/ir/text_format.h"
 #include "common/models/graph_builder.h"
 #include "common/models/model_config.h"
+
+ABSL_FLAG(std::string, preset, "tiny-llama", "base model");
+ABSL_FLAG(std::string, model, "",
+          "overrides, e.g. \"layers=8 seq_len=1024 world=32 "
+          "checkpointing=true\"; keys: preset arch layers d_model heads "
+          "kv_heads ffn vocab experts top_k seq_len micro_batch grad_accum "
+          "dtype checkpointing world device_flops device_bytes_per_s name");
+ABSL_FLAG(bool, text, false,
+          "print the graph in text form instead of a summary");
 
 namespace tandem {
 namespace {
@@ -27,57 +38,13 @@ constexpr int kExitUsage = 2;
 constexpr char kUsage[] =
     "usage: tandem-graph [--preset NAME] [--model \"key=value ...\"] "
     "[--text]\n"
-    "  --preset NAME   base model (default tiny-llama)\n"
-    "  --model TEXT    overrides, e.g. \"layers=8 seq_len=1024 world=32 "
-    "checkpointing=true\"\n"
-    "                  keys: preset arch layers d_model heads kv_heads ffn "
-    "vocab experts top_k\n"
-    "                  seq_len micro_batch grad_accum dtype checkpointing "
-    "world device_flops\n"
-    "                  device_bytes_per_s name\n"
-    "  --text          print the graph in text form instead of a summary\n";
-
-struct Args {
-  std::string preset = "tiny-llama";
-  std::string model;
-  bool text = false;
-  bool help = false;
-};
+    "Builds the iteration graph of a built-in model and prints a summary of "
+    "it, or the\ngraph in text form.\n";
 
 int Fail(absl::string_view message) {
-  std::fprintf(stderr, "tandem-graph: %.*s\n%s",
-               static_cast<int>(message.size()), message.data(), kUsage);
+  std::fprintf(stderr, "tandem-graph: %.*s\n", static_cast<int>(message.size()),
+               message.data());
   return kExitUsage;
-}
-
-// Returns an error message, or "" when the arguments parse.
-std::string ParseArgs(int argc, char** argv, Args* args) {
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view arg = argv[i];
-    absl::string_view name = arg;
-    absl::string_view value;
-    bool has_value = false;
-    if (const size_t eq = arg.find('=');
-        eq != absl::string_view::npos && arg.substr(0, 2) == "--") {
-      name = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-      has_value = true;
-    }
-    if (name == "--text" || name == "--help" || name == "-h") {
-      if (has_value) return absl::StrFormat("%s takes no value", name);
-      (name == "--text" ? args->text : args->help) = true;
-      continue;
-    }
-    if (name != "--preset" && name != "--model") {
-      return absl::StrFormat("unknown argument '%s'", arg);
-    }
-    if (!has_value) {
-      if (i + 1 >= argc) return absl::StrFormat("%s needs a value", name);
-      value = argv[++i];
-    }
-    (name == "--preset" ? args->preset : args->model) = std::string(value);
-  }
-  return "";
 }
 
 std::string Count(double n) {
@@ -152,21 +119,15 @@ void PrintSummary(const ModelConfig& c, const Graph& graph) {
 }
 
 int Main(int argc, char** argv) {
-  Args args;
-  if (std::string error = ParseArgs(argc, argv, &args); !error.empty()) {
-    return Fail(error);
-  }
-  if (args.help) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
-  absl::StatusOr<ModelConfig> base = ModelPreset(args.preset);
+  ParseCommandLineOrExit({"tandem-graph", kUsage}, argc, argv);
+  absl::StatusOr<ModelConfig> base = ModelPreset(absl::GetFlag(FLAGS_preset));
   if (!base.ok()) return Fail(base.status().message());
-  absl::StatusOr<ModelConfig> config = ParseModelConfig(args.model, *base);
+  absl::StatusOr<ModelConfig> config =
+      ParseModelConfig(absl::GetFlag(FLAGS_model), *base);
   if (!config.ok()) return Fail(config.status().message());
   absl::StatusOr<Graph> graph = BuildModelGraph(*config);
   if (!graph.ok()) return Fail(graph.status().message());
-  if (args.text) {
+  if (absl::GetFlag(FLAGS_text)) {
     std::fputs(PrintGraph(*graph).c_str(), stdout);
   } else {
     PrintSummary(*config, *graph);

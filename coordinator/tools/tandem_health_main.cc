@@ -17,10 +17,22 @@
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <vector>
 
-#include "absl/strings/numbers.h"
+#include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "common/flags/command_line.h"
+#include "common/flags/flag_checks.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+
+ABSL_FLAG(std::string, service, "",
+          "the service to ask about: \"\" is the whole server, e.g. "
+          "tandem.v1.WorkerService or ready");
+ABSL_FLAG(double, wait, 0,
+          "keep asking, twice a second, until SERVING or this many seconds "
+          "passed");
+ABSL_FLAG(double, timeout, 2, "deadline of each check, in seconds");
+ABSL_FLAG(bool, quiet, false, "print nothing when SERVING (-q)");
 
 namespace {
 
@@ -30,7 +42,10 @@ using grpc::health::v1::HealthCheckResponse;
 
 constexpr char kUsage[] =
     "usage: tandem-health [--service NAME] [--wait S] [--timeout S] [-q] "
-    "HOST:PORT\n";
+    "HOST:PORT\n"
+    "Asks a Tandem coordinator or worker for its health (grpc.health.v1). "
+    "Exit status:\n0 SERVING; 1 not serving, unknown service or "
+    "unreachable; 2 usage errors.\n";
 
 struct CheckResult {
   bool serving = false;
@@ -67,50 +82,26 @@ CheckResult CheckOnce(Health::Stub& stub, const std::string& service,
   return {true, ""};
 }
 
-bool ParseSeconds(const char* text, double* out) {
-  return absl::SimpleAtod(text, out) && *out >= 0;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string service, address;
-  double wait_s = 0, timeout_s = 2;
-  bool quiet = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const bool has_value = i + 1 < argc;
-    if (arg == "--service" && has_value) {
-      service = argv[++i];
-    } else if (arg == "--wait" && has_value) {
-      if (!ParseSeconds(argv[++i], &wait_s)) {
-        std::fprintf(stderr, "tandem-health: --wait needs seconds\n%s", kUsage);
-        return 2;
-      }
-    } else if (arg == "--timeout" && has_value) {
-      if (!ParseSeconds(argv[++i], &timeout_s) || timeout_s == 0) {
-        std::fprintf(stderr, "tandem-health: --timeout needs seconds > 0\n%s",
-                     kUsage);
-        return 2;
-      }
-    } else if (arg == "-q" || arg == "--quiet") {
-      quiet = true;
-    } else if (arg == "-h" || arg == "--help") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (!arg.empty() && arg[0] != '-' && address.empty()) {
-      address = arg;
-    } else {
-      std::fprintf(stderr, "tandem-health: unexpected argument '%s'\n%s",
-                   arg.c_str(), kUsage);
-      return 2;
-    }
+  const tandem::CommandLineSpec spec{
+      "tandem-health", kUsage, "HOST:PORT", 1, {{"q", "quiet"}}};
+  const std::vector<std::string> positional =
+      tandem::ParseCommandLineOrExit(spec, argc, argv);
+  if (positional.empty()) {
+    tandem::ExitWithUsageError(spec, "give the server's HOST:PORT");
   }
-  if (address.empty()) {
-    std::fprintf(stderr, "tandem-health: give the server's HOST:PORT\n%s",
-                 kUsage);
-    return 2;
-  }
+  const std::string& address = positional[0];
+  const std::string service = absl::GetFlag(FLAGS_service);
+  const double wait_s = absl::GetFlag(FLAGS_wait);
+  const double timeout_s = absl::GetFlag(FLAGS_timeout);
+  const bool quiet = absl::GetFlag(FLAGS_quiet);
+  tandem::ExitIfInvalid(spec,
+                        {tandem::CheckHostPort("the server address", address,
+                                               tandem::PortZero::kRejected),
+                         tandem::CheckAtLeast("--wait", wait_s, 0.0),
+                         tandem::CheckPositive("--timeout", timeout_s)});
 
   auto channel =
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials());

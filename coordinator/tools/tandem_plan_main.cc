@@ -35,8 +35,11 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
@@ -48,6 +51,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/bytes.h"
+#include "common/flags/command_line.h"
+#include "common/flags/flag_checks.h"
 #include "common/ir/explanation.h"
 #include "common/ir/graph.h"
 #include "common/ir/profile.h"
@@ -64,6 +69,51 @@
 #include "coordinator/planner/pass_registry.h"
 #include "coordinator/planner/planner.h"
 
+ABSL_FLAG(std::string, graph, "", "iteration graph, text form");
+ABSL_FLAG(std::string, model, "",
+          "build the graph of a model from builder keys, e.g. "
+          "\"preset=llama3-70b world=32 micro_batch=2 seq_len=1024 "
+          "checkpointing=true\"");
+ABSL_FLAG(std::string, profile, "",
+          "measured profile (text form): node times and collective fits");
+ABSL_FLAG(std::string, hw, "",
+          "hardware overrides: world ranks_per_node intra_gbps inter_gbps "
+          "host_gbps latency_us memory budget unmodeled (world defaults to "
+          "the graph's)");
+ABSL_FLAG(std::string, budget, "",
+          "memory budget per rank, e.g. 70GiB (B, KiB, MiB, GiB, TiB; KB, MB, "
+          "GB, TB)");
+ABSL_FLAG(std::string, policy, "tandem",
+          "on-demand, deepspeed-zero3, fsdp, deepcompile or tandem");
+ABSL_FLAG(std::string, passes, "",
+          "run these passes (comma-separated pass-registry names, as a job's "
+          "optimize.passes) instead of the policy");
+ABSL_FLAG(bool, list_passes, false, "print every pass with its parameters");
+ABSL_FLAG(std::string, schedule_out, "",
+          "also write the planned schedule (text form) to this file");
+ABSL_FLAG(bool, zero1, false, "plan a ZeRO-1 job (tandem only)");
+ABSL_FLAG(std::string, schedule, "",
+          "evaluate this schedule (text form) instead of planning");
+ABSL_FLAG(bool, compare, false, "one row per policy instead of a schedule");
+ABSL_FLAG(bool, summary, false, "print the predictions without the schedule");
+ABSL_FLAG(bool, explain, false,
+          "also print the planner's decisions: what each did, the pass, its "
+          "simulated gain and cost, what binds it");
+ABSL_FLAG(std::string, profiled_schedule, "",
+          "the schedule the profile was measured under (default for a "
+          "version-0 profile: the starting schedule); the memory the runtime "
+          "held beyond the model is then counted in every plan");
+ABSL_FLAG(std::string, measured, "",
+          "FILE=SECONDS[,FILE=SECONDS...]: schedules (text form) already run "
+          "on this job and their measured iteration times (slowest rank's "
+          "median); what transfers take from compute is re-fitted to them "
+          "before planning, as the coordinator does with a live job's "
+          "measurements");
+ABSL_FLAG(std::string, headroom, "",
+          "more of the budget left free (BYTES), as the coordinator keeps "
+          "after a plan tripped the memory guard (its peaks over its "
+          "prediction plus their spread)");
+
 namespace tandem {
 namespace {
 
@@ -79,74 +129,32 @@ constexpr char kUsage[] =
     "                   [--profiled-schedule FILE] [--passes LIST] "
     "[--explain]\n"
     "                   [--measured FILE=SECONDS,...] [--headroom BYTES]\n"
+    "                   [--schedule-out FILE]\n"
     "       tandem-plan --list-passes\n"
-    "  --graph FILE     iteration graph, text form\n"
-    "  --model TEXT     build the graph of a model, e.g. \"preset=llama3-70b "
-    "world=32\n"
-    "                   micro_batch=2 seq_len=1024 checkpointing=true\"\n"
-    "  --profile FILE   measured profile (text form): node times and "
-    "collective fits\n"
-    "  --hw TEXT        hardware overrides: world ranks_per_node intra_gbps "
-    "inter_gbps\n"
-    "                   host_gbps latency_us memory budget unmodeled (world "
-    "defaults to "
-    "the graph's)\n"
-    "  --budget BYTES   memory budget per rank, e.g. 70GiB\n"
-    "  --policy NAME    on-demand, deepspeed-zero3, fsdp, deepcompile or "
-    "tandem (default)\n"
-    "  --passes LIST    run these passes (comma-separated pass-registry "
-    "names,\n"
-    "                   as a job's optimize.passes) instead of the policy\n"
-    "  --list-passes    print every pass with its parameters\n"
-    "  --schedule-out FILE\n"
-    "                   also write the planned schedule (text form) to FILE\n"
-    "  --zero1          plan a ZeRO-1 job (tandem only)\n"
-    "  --schedule FILE  evaluate this schedule (text form) instead of "
-    "planning\n"
-    "  --compare        one row per policy instead of a schedule\n"
-    "  --summary        print the predictions without the schedule\n"
-    "  --explain        also print the planner's decisions: what each did, "
-    "the pass,\n"
-    "                   its simulated gain and cost, what binds it\n"
-    "  --profiled-schedule FILE\n"
-    "                   the schedule the profile was measured under (default "
-    "for a\n"
-    "                   version-0 profile: the starting schedule); the memory "
-    "the\n"
-    "                   runtime held beyond the model is then counted in "
-    "every plan\n"
-    "  --measured FILE=SECONDS[,FILE=SECONDS...]\n"
-    "                   schedules (text form) already run on this job and "
-    "their measured\n"
-    "                   iteration times (slowest rank's median): what "
-    "transfers take\n"
-    "                   from compute is re-fitted to them before planning, "
-    "as the\n"
-    "                   coordinator does with a live job's measurements\n"
-    "  --headroom BYTES more of the budget left free, as the coordinator "
-    "keeps after a plan\n"
-    "                   tripped the memory guard (its peaks over its "
-    "prediction plus\n"
-    "                   their spread)\n";
+    "Plans one training iteration as the coordinator does and prints the "
+    "schedule\nwith its predictions, or compares every policy (--compare). "
+    "Exit status: 0 on\nsuccess, 2 on bad input.\n";
+
+CommandLineSpec Spec() { return {"tandem-plan", kUsage}; }
 
 struct Args {
   std::string graph_path;
   std::string model;
   std::string profile_path;
   std::string hw;
-  std::string budget;
-  std::string policy = "tandem";
-  std::string passes;
+  std::optional<int64_t> budget;
+  Policy policy = Policy::kTandem;
+  std::vector<std::string> passes;
   std::string schedule_out;
   std::string schedule_path;
   std::string profiled_schedule_path;
-  std::string measured;
-  std::string headroom;
+  // --measured: schedule files and their measured iteration seconds.
+  std::vector<std::pair<std::string, double>> measured;
+  std::optional<int64_t> headroom;
   bool zero1 = false;
   bool compare = false;
   bool summary = false;
   bool explain = false;
-  bool help = false;
   bool list_passes = false;
 };
 
@@ -155,71 +163,46 @@ int Fail(absl::string_view message) {
   return kExitBadInput;
 }
 
-int FailUsage(absl::string_view message) {
-  absl::FPrintF(stderr, "tandem-plan: %s\n%s", message, kUsage);
-  return kExitBadInput;
-}
-
-// Returns an error message, or "" when the arguments parse.
-std::string ParseArgs(int argc, char** argv, Args& args) {
-  struct Flag {
-    absl::string_view name;
-    std::string* value;
-  };
-  const Flag valued[] = {
-      {"--graph", &args.graph_path},
-      {"--model", &args.model},
-      {"--profile", &args.profile_path},
-      {"--hw", &args.hw},
-      {"--budget", &args.budget},
-      {"--policy", &args.policy},
-      {"--passes", &args.passes},
-      {"--schedule-out", &args.schedule_out},
-      {"--schedule", &args.schedule_path},
-      {"--profiled-schedule", &args.profiled_schedule_path},
-      {"--measured", &args.measured},
-      {"--headroom", &args.headroom},
-  };
-  struct Switch {
-    absl::string_view name;
-    bool* value;
-  };
-  const Switch switches[] = {{"--zero1", &args.zero1},
-                             {"--compare", &args.compare},
-                             {"--summary", &args.summary},
-                             {"--list-passes", &args.list_passes},
-                             {"--explain", &args.explain},
-                             {"--help", &args.help},
-                             {"-h", &args.help}};
-  for (int i = 1; i < argc; ++i) {
-    const absl::string_view arg = argv[i];
-    absl::string_view name = arg;
-    std::optional<absl::string_view> value;
-    if (absl::StartsWith(arg, "--")) {
-      if (const size_t eq = arg.find('='); eq != absl::string_view::npos) {
-        name = arg.substr(0, eq);
-        value = arg.substr(eq + 1);
-      }
-    }
-    bool known = false;
-    for (const Switch& s : switches) {
-      if (name != s.name) continue;
-      if (value.has_value()) return absl::StrCat(name, " takes no value");
-      *s.value = true;
-      known = true;
-    }
-    for (const Flag& f : valued) {
-      if (name != f.name) continue;
-      if (!value.has_value()) {
-        if (i + 1 >= argc) return absl::StrCat(name, " needs a value");
-        value = argv[++i];
-      }
-      *f.value = std::string(*value);
-      known = true;
-    }
-    if (!known) return absl::StrCat("unknown argument '", arg, "'");
+// Reads the parsed flags into `args` and checks them against each other.
+// Returns an error message, or "" when they make sense.
+std::string ReadArgs(Args& args) {
+  args.list_passes = absl::GetFlag(FLAGS_list_passes);
+  if (args.list_passes) return "";
+  args.graph_path = absl::GetFlag(FLAGS_graph);
+  args.model = absl::GetFlag(FLAGS_model);
+  args.profile_path = absl::GetFlag(FLAGS_profile);
+  args.hw = absl::GetFlag(FLAGS_hw);
+  args.schedule_out = absl::GetFlag(FLAGS_schedule_out);
+  args.schedule_path = absl::GetFlag(FLAGS_schedule);
+  args.profiled_schedule_path = absl::GetFlag(FLAGS_profiled_schedule);
+  args.zero1 = absl::GetFlag(FLAGS_zero1);
+  args.compare = absl::GetFlag(FLAGS_compare);
+  args.summary = absl::GetFlag(FLAGS_summary);
+  args.explain = absl::GetFlag(FLAGS_explain);
+  for (auto [name, text, out] :
+       {std::tuple{"--budget", absl::GetFlag(FLAGS_budget), &args.budget},
+        std::tuple{"--headroom", absl::GetFlag(FLAGS_headroom),
+                   &args.headroom}}) {
+    if (text.empty()) continue;
+    absl::StatusOr<int64_t> bytes = ParseByteCount(text, name);
+    if (!bytes.ok()) return std::string(bytes.status().message());
+    *out = *bytes;
   }
-  if (args.help || args.list_passes) return "";
+  const std::string policy = absl::GetFlag(FLAGS_policy);
+  const std::optional<Policy> parsed_policy = ParsePolicy(policy);
+  if (!parsed_policy.has_value()) {
+    std::vector<absl::string_view> names;
+    for (Policy p : AllPolicies()) names.push_back(PolicyName(p));
+    return std::string(CheckOneOf("--policy", policy, names).message());
+  }
+  args.policy = *parsed_policy;
+  args.passes =
+      absl::StrSplit(absl::GetFlag(FLAGS_passes), ',', absl::SkipWhitespace());
+  for (const std::string& pass : args.passes) {
+    if (absl::Status s = PassRegistry::Default().Check(pass); !s.ok()) {
+      return absl::StrCat("--passes: ", s.message());
+    }
+  }
   if (args.graph_path.empty() == args.model.empty()) {
     return "give exactly one of --graph FILE and --model TEXT";
   }
@@ -232,6 +215,25 @@ std::string ParseArgs(int argc, char** argv, Args& args) {
   }
   if (args.compare && !args.schedule_path.empty()) {
     return "--compare plans every policy; it does not take --schedule";
+  }
+  if (!args.profiled_schedule_path.empty() && args.profile_path.empty()) {
+    return "--profiled-schedule needs --profile";
+  }
+  const std::string measured = absl::GetFlag(FLAGS_measured);
+  if (!measured.empty()) {
+    if (args.profile_path.empty()) return "--measured needs --profile";
+    for (absl::string_view item : absl::StrSplit(measured, ',')) {
+      std::pair<std::string, std::string> kv =
+          absl::StrSplit(item, absl::MaxSplits('=', 1));
+      double seconds = 0;
+      if (kv.first.empty() || !absl::SimpleAtod(kv.second, &seconds) ||
+          !(seconds > 0)) {
+        return absl::StrCat(
+            "--measured: '", item,
+            "' is not FILE=SECONDS with SECONDS > 0, e.g. v1.sched=0.42");
+      }
+      args.measured.emplace_back(kv.first, seconds);
+    }
   }
   return "";
 }
@@ -295,16 +297,14 @@ absl::StatusOr<HardwareModel> LoadHardware(const Args& args,
     return absl::InvalidArgumentError(
         absl::StrCat("--hw: ", hw.status().message()));
   }
-  if (!args.budget.empty()) {
-    absl::StatusOr<int64_t> budget = ParseByteCount(args.budget, "--budget");
-    if (!budget.ok()) return budget.status();
-    if (*budget > hw->device_memory_bytes) {
+  if (args.budget.has_value()) {
+    if (*args.budget > hw->device_memory_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--budget ", FormatBytes(*budget), " exceeds the device memory ",
+          "--budget ", FormatBytes(*args.budget), " exceeds the device memory ",
           FormatBytes(hw->device_memory_bytes),
           "; lower it or raise memory= in --hw"));
     }
-    hw->budget_bytes = *budget;
+    hw->budget_bytes = *args.budget;
   }
   return hw;
 }
@@ -420,32 +420,14 @@ int Compare(const Graph& graph, const HardwareModel& hw, ShardingMode mode) {
 }
 
 int Main(int argc, char** argv) {
+  ParseCommandLineOrExit(Spec(), argc, argv);
   Args args;
-  if (std::string error = ParseArgs(argc, argv, args); !error.empty()) {
-    return FailUsage(error);
-  }
-  if (args.help) {
-    std::fputs(kUsage, stdout);
-    return 0;
+  if (std::string error = ReadArgs(args); !error.empty()) {
+    ExitWithUsageError(Spec(), error);
   }
   if (args.list_passes) {
     std::fputs(PassRegistry::Default().Describe().c_str(), stdout);
     return 0;
-  }
-  const std::vector<std::string> passes =
-      absl::StrSplit(args.passes, ',', absl::SkipWhitespace());
-  for (const std::string& pass : passes) {
-    if (absl::Status s = PassRegistry::Default().Check(pass); !s.ok()) {
-      return FailUsage(absl::StrCat("--passes: ", s.message()));
-    }
-  }
-  const std::optional<Policy> policy = ParsePolicy(args.policy);
-  if (!policy.has_value()) {
-    std::vector<std::string> names;
-    for (Policy p : AllPolicies()) names.emplace_back(PolicyName(p));
-    return FailUsage(absl::StrCat("unknown policy '", args.policy,
-                                  "' (expected one of ",
-                                  absl::StrJoin(names, ", "), ")"));
   }
 
   const ShardingMode mode =
@@ -471,30 +453,16 @@ int Main(int argc, char** argv) {
       if (!ran.ok()) return Fail(ran.status().message());
       profiled = *std::move(ran);
     }
-  } else if (!args.profiled_schedule_path.empty()) {
-    return FailUsage("--profiled-schedule needs --profile");
   }
   // Schedules already measured on this job (--measured): evidence the
   // interference model is re-fitted to, as for a live job.
   std::vector<std::pair<Schedule, double>> measured;
-  if (!args.measured.empty()) {
-    if (!profile.has_value()) return FailUsage("--measured needs --profile");
-    for (absl::string_view item : absl::StrSplit(args.measured, ',')) {
-      std::pair<std::string, std::string> kv =
-          absl::StrSplit(item, absl::MaxSplits('=', 1));
-      double seconds = 0;
-      if (kv.first.empty() || !absl::SimpleAtod(kv.second, &seconds) ||
-          !(seconds > 0)) {
-        return FailUsage(absl::StrCat(
-            "--measured: '", item,
-            "' is not FILE=SECONDS with SECONDS > 0, e.g. v1.sched=0.42"));
-      }
-      absl::StatusOr<Schedule> ran = LoadScheduleFile(kv.first, *graph);
-      if (!ran.ok()) {
-        return Fail(absl::StrCat("--measured: ", ran.status().message()));
-      }
-      measured.emplace_back(*std::move(ran), seconds);
+  for (const auto& [path, seconds] : args.measured) {
+    absl::StatusOr<Schedule> ran = LoadScheduleFile(path, *graph);
+    if (!ran.ok()) {
+      return Fail(absl::StrCat("--measured: ", ran.status().message()));
     }
+    measured.emplace_back(*std::move(ran), seconds);
   }
   // The planner's own calibration: what the coordinator does with a profile
   // (and with the measured schedules).
@@ -521,16 +489,11 @@ int Main(int argc, char** argv) {
   if (args.compare) return Compare(calibrated->graph, calibrated->hw, mode);
 
   PlanOptions options;
-  options.policy = *policy;
+  options.policy = args.policy;
   options.mode = mode;
-  options.passes = passes;
+  options.passes = args.passes;
   options.measured = std::move(measured);
-  if (!args.headroom.empty()) {
-    absl::StatusOr<int64_t> headroom =
-        ParseByteCount(args.headroom, "--headroom");
-    if (!headroom.ok()) return FailUsage(headroom.status().message());
-    options.extra_headroom_bytes = *headroom;
-  }
+  options.extra_headroom_bytes = args.headroom.value_or(0);
   // Exactly the coordinator's call (PlanningManager::PlanOne).
   absl::StatusOr<PlanResult> result =
       PlanFromMeasurements(*graph, *hw, profile ? &*profile : nullptr,
@@ -548,11 +511,12 @@ int Main(int argc, char** argv) {
     }
   }
   PrintPredictions(
-      absl::StrCat("predictions (",
-                   passes.empty()
-                       ? absl::StrCat("policy ", PolicyName(*policy))
-                       : absl::StrCat("passes ", absl::StrJoin(passes, " ")),
-                   ", graph ", graph->name, ", ", graph->world_size, " ranks)"),
+      absl::StrCat(
+          "predictions (",
+          args.passes.empty()
+              ? absl::StrCat("policy ", PolicyName(args.policy))
+              : absl::StrCat("passes ", absl::StrJoin(args.passes, " ")),
+          ", graph ", graph->name, ", ", graph->world_size, " ranks)"),
       result->sim, hw->budget(), result->plan_wall_s, result->feasible);
   if (args.explain) {
     absl::PrintF("# explanation\n");

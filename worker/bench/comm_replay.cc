@@ -27,12 +27,14 @@
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "common/flags/command_line.h"
+#include "common/flags/flag_checks.h"
 #include "common/ir/graph.h"
 #include "common/ir/schedule.h"
 #include "common/ir/text_format.h"
@@ -43,6 +45,23 @@
 #include "worker/runtime/standard_schedules.h"
 #include "worker/runtime/training_job.h"
 #include "worker/spec/job_spec_yaml.h"
+
+ABSL_FLAG(std::string, spec, "", "the YAML job spec (required)");
+ABSL_FLAG(std::string, rendezvous, "",
+          "rank 0's HOST:PORT for the rendezvous store (required)");
+ABSL_FLAG(std::string, schedule, "",
+          "replay this schedule (text form); default: the spec's on-demand "
+          "baseline");
+ABSL_FLAG(int, rank, -1, "this process's rank (required)");
+ABSL_FLAG(int, world, 0, "ranks (required)");
+ABSL_FLAG(int, steps, 5, "measured steps");
+ABSL_FLAG(int, warmup, 1, "steps before the measured ones");
+
+namespace {
+constexpr char kUsage[] =
+    "usage: tandem-comm-replay --spec FILE --rank R --world W "
+    "--rendezvous HOST:PORT [--schedule FILE] [--steps N] [--warmup N]\n";
+}  // namespace
 
 namespace tandem {
 namespace {
@@ -203,53 +222,30 @@ absl::Status Run(const Args& args) {
 }  // namespace tandem
 
 int main(int argc, char** argv) {
+  const tandem::CommandLineSpec spec{"tandem-comm-replay", kUsage};
+  tandem::ParseCommandLineOrExit(spec, argc, argv);
   tandem::Args args;
-  for (int i = 1; i < argc; ++i) {
-    const absl::string_view arg = argv[i];
-    auto next = [&](std::string* out) {
-      if (i + 1 >= argc) return false;
-      *out = argv[++i];
-      return true;
-    };
-    auto next_int = [&](int* out) {
-      std::string text;
-      return next(&text) && absl::SimpleAtoi(text, out);
-    };
-    bool ok = true;
-    if (arg == "--spec") {
-      ok = next(&args.spec_path);
-    } else if (arg == "--rendezvous") {
-      ok = next(&args.rendezvous);
-    } else if (arg == "--schedule") {
-      ok = next(&args.schedule_path);
-    } else if (arg == "--rank") {
-      ok = next_int(&args.rank);
-    } else if (arg == "--world") {
-      ok = next_int(&args.world);
-    } else if (arg == "--steps") {
-      ok = next_int(&args.steps);
-    } else if (arg == "--warmup") {
-      ok = next_int(&args.warmup);
-    } else {
-      ok = false;
-    }
-    if (!ok) {
-      std::fprintf(stderr,
-                   "usage: tandem-comm-replay --spec FILE --rank R --world W "
-                   "--rendezvous HOST:PORT [--schedule FILE] [--steps N] "
-                   "[--warmup N]\n(bad or unknown argument '%s')\n",
-                   argv[i]);
-      return 2;
-    }
-  }
+  args.spec_path = absl::GetFlag(FLAGS_spec);
+  args.rendezvous = absl::GetFlag(FLAGS_rendezvous);
+  args.schedule_path = absl::GetFlag(FLAGS_schedule);
+  args.rank = absl::GetFlag(FLAGS_rank);
+  args.world = absl::GetFlag(FLAGS_world);
+  args.steps = absl::GetFlag(FLAGS_steps);
+  args.warmup = absl::GetFlag(FLAGS_warmup);
   if (args.spec_path.empty() || args.rendezvous.empty() || args.rank < 0 ||
-      args.world < 1 || args.rank >= args.world || args.steps < 1 ||
-      args.warmup < 0) {
-    std::fprintf(stderr,
-                 "tandem-comm-replay: --spec, --rank, --world and "
-                 "--rendezvous are required (0 <= rank < world, steps >= 1)\n");
-    return 2;
+      args.world < 1) {
+    tandem::ExitWithUsageError(
+        spec, "--spec, --rank, --world and --rendezvous are required");
   }
+  tandem::ExitIfInvalid(
+      spec, {args.rank < args.world ? absl::OkStatus()
+                                    : absl::InvalidArgumentError(absl::StrCat(
+                                          "--rank ", args.rank,
+                                          " must be < --world ", args.world)),
+             tandem::CheckPositive("--steps", args.steps),
+             tandem::CheckAtLeast("--warmup", args.warmup, 0),
+             tandem::CheckHostPort("--rendezvous", args.rendezvous,
+                                   tandem::PortZero::kRejected)});
   absl::Status status = tandem::Run(args);
   if (!status.ok()) {
     std::fprintf(stderr, "tandem-comm-replay rank %d: %s\n", args.rank,

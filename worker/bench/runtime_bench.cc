@@ -34,8 +34,10 @@
 #include <vector>
 
 #include "ATen/Parallel.h"
-#include "absl/strings/numbers.h"
+#include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "common/flags/command_line.h"
+#include "common/flags/flag_checks.h"
 #include "common/ir/text_format.h"
 #include "common/models/graph_builder.h"
 #include "common/models/model_config.h"
@@ -52,6 +54,12 @@
 #include "worker/runtime/process_group.h"
 #include "worker/runtime/profiler.h"
 #include "worker/runtime/standard_schedules.h"
+
+ABSL_FLAG(int, steps, 10, "measured steps per schedule");
+ABSL_FLAG(int, layers, 4, "tiny-llama's layers");
+ABSL_FLAG(int, world, 2, "ranks (threads of this process, Gloo on loopback)");
+ABSL_FLAG(std::string, case, "all",
+          "all (the schedules), checkpointing or mixed_precision");
 
 namespace tandem {
 namespace {
@@ -440,33 +448,22 @@ void RunMixedPrecision(ModelConfig config, int world, int steps) {
 }
 
 int Main(int argc, char** argv) {
+  const CommandLineSpec spec{
+      "runtime_bench",
+      "usage: runtime_bench [--steps N] [--layers L] [--world W] "
+      "[--case all|checkpointing|mixed_precision]\n"};
+  ParseCommandLineOrExit(spec, argc, argv);
+  const int steps = absl::GetFlag(FLAGS_steps);
+  const int layers = absl::GetFlag(FLAGS_layers);
+  const int world = absl::GetFlag(FLAGS_world);
+  const std::string which = absl::GetFlag(FLAGS_case);
+  ExitIfInvalid(
+      spec, {CheckPositive("--steps", steps), CheckPositive("--layers", layers),
+             CheckPositive("--world", world),
+             CheckOneOf("--case", which,
+                        {"all", "checkpointing", "mixed_precision"})});
   CountingCpuAllocator::Install();
   at::set_num_threads(1);
-  int steps = 10, layers = 4, world = 2;
-  std::string which = "all";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--case") {
-      which = argv[i + 1];
-      continue;
-    }
-    int* target = flag == "--steps"    ? &steps
-                  : flag == "--layers" ? &layers
-                  : flag == "--world"  ? &world
-                                       : nullptr;
-    if (target == nullptr || !absl::SimpleAtoi(argv[i + 1], target)) {
-      which = "";
-      break;
-    }
-  }
-  if (which != "all" && which != "checkpointing" &&
-      which != "mixed_precision") {
-    std::fprintf(stderr,
-                 "usage: %s [--steps N] [--layers L] [--world W] [--case "
-                 "all|checkpointing|mixed_precision]\n",
-                 argv[0]);
-    return 2;
-  }
   absl::StatusOr<ModelConfig> config = ParseModelConfig(
       absl::StrCat("preset=tiny-llama layers=", layers, " world=", world));
   if (!config.ok()) return 2;

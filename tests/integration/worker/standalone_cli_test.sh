@@ -73,4 +73,42 @@ if "$WORKER" --standalone --spec "$TMP/w1.yaml" --rank 0 --world 1 \
   echo "bad schedule was accepted" >&2; exit 1
 fi
 grep -q "planned for graph" "$TMP/sched.err" || { cat "$TMP/sched.err" >&2; exit 1; }
+
+# Flags (abseil, common/flags/command_line.h): --help lists every flag and
+# exits 0; an unknown or malformed one exits 2 naming it and what to write.
+"$WORKER" --help > "$TMP/help.out"
+grep -q -- "--metrics-listen" "$TMP/help.out"
+grep -q -- "--standalone" "$TMP/help.out"
+expect_usage_error() {  # PATTERN ARGS...
+  local pattern=$1; shift
+  if "$WORKER" "$@" > /dev/null 2> "$TMP/usage.err"; then
+    echo "accepted: $*" >&2; exit 1
+  fi
+  grep -q -- "$pattern" "$TMP/usage.err" || { cat "$TMP/usage.err" >&2; exit 1; }
+}
+expect_usage_error "unknown flag '--rnak' (did you mean --rank?)" --rnak 1
+expect_usage_error "--device: expected one of auto, cpu, cuda" --device tpu
+expect_usage_error "--metrics-listen: expected HOST:PORT" \
+  --standalone --metrics-listen nowhere
+expect_usage_error "standalone mode needs --spec" --standalone --spec "$TMP/w1.yaml"
+set +e
+"$WORKER" --rnak 1 > /dev/null 2>&1
+rc=$?
+set -e
+[ "$rc" -eq 2 ] || { echo "an unknown flag exited $rc, not 2" >&2; exit 1; }
+
+# torchrun's variables stand in for --rank, --world and --rendezvous.
+port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+  "$WORKER" --standalone --spec "$TMP/w1.yaml" --threads 1 \
+  > "$TMP/env.out" 2> "$TMP/env.err"
+grep -q "rank 0 from \$RANK" "$TMP/env.err" || { cat "$TMP/env.err" >&2; exit 1; }
+grep -q "rendezvous 127.0.0.1:$port from" "$TMP/env.err"
+/usr/bin/python3 - "$TMP/env.out" "$TMP/w1.out" <<'PY'
+import json, sys
+def losses(path):
+    return [json.loads(l)["loss"] for l in open(path) if '"loss"' in l]
+assert losses(sys.argv[1]) == losses(sys.argv[2]), (losses(sys.argv[1]),
+                                                   losses(sys.argv[2]))
+PY
 echo PASS

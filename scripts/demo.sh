@@ -190,6 +190,7 @@ if [ -n "$METRICS" ]; then
     | grep -E "^tandem_(predicted|measured)_iteration_seconds|^tandem_replans_total" || true
 fi
 tandem_cli timeline "$JOB" -o "$WORK/timeline.json" || true
+tandem_cli report "$JOB" -o "$WORK/report.html" || true
 if [ -n "$PROM_URL" ]; then
   q() { curl -s --get "$PROM_URL/api/v1/query" --data-urlencode "query=$1" |
         /usr/bin/python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(", ".join("%s=%s" % (s["metric"].get("rank", s["metric"].get("reason", "")), s["value"][1]) for s in r) or "-")' 2>/dev/null || echo "-"; }
@@ -203,6 +204,7 @@ echo
 echo "where to look:"
 [ -n "$PROM_URL" ] && echo "  prometheus:  $PROM_URL/graph?g0.expr=tandem_worker_overlap_ratio  (alerts: $PROM_URL/alerts)"
 echo "  grafana:     import dashboards/grafana/*.json, with $PROM_URL as the Prometheus data source"
+echo "  report:      $WORK/report.html (open in a browser; also http://127.0.0.1:$METRICS/jobs/$JOB while the coordinator runs)"
 echo "  timeline:    $WORK/timeline.json (open in https://ui.perfetto.dev)"
 if [ -t 0 ] && [ -n "$PROM_URL" ] && [ "${TANDEM_DEMO_WAIT:-1}" = "1" ]; then
   read -r -p "press Enter to stop the coordinator and Prometheus " _ || true

@@ -46,4 +46,15 @@ fi
   /usr/bin/python3 -m pytest -q -p no:cacheprovider \
   test_prometheus.py test_dashboards_typecheck.py) || status=1
 
+echo "== e2e: job report (tandem report and /jobs/JOB from a finished job, rendered in headless Chromium)"
+if ! command -v chromium >/dev/null 2>&1; then
+  sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_=sudo
+  { $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+    $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends chromium; } || status=1
+fi
+(cd "$ROOT/tests/e2e" && TANDEM_BUILD_DIR="$BUILD_DIR" \
+  /usr/bin/python3 -m pytest -q -p no:cacheprovider test_report.py) || status=1
+echo "report screenshot: $BUILD_DIR/test-output/report/report.png"
+
 exit $status

@@ -4,6 +4,7 @@
 
 #include <mutex>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -11,6 +12,23 @@ namespace tandem::metrics {
 namespace {
 
 std::once_flag civetweb_init;
+
+const char* Reason(int status) {
+  switch (status) {
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return status >= 500 ? "Internal Server Error" : "Error";
+  }
+}
 
 }  // namespace
 
@@ -63,6 +81,42 @@ int HttpExporter::HandleMetrics(struct mg_connection* conn, void* self) {
             body.size());
   mg_write(conn, body.data(), body.size());
   return 200;
+}
+
+void HttpExporter::AddPage(absl::string_view prefix, PageHandler handler) {
+  pages_.push_back({std::string(prefix), std::move(handler)});
+  mg_set_request_handler(context_, pages_.back().prefix.c_str(), &HandlePage,
+                         &pages_.back());
+}
+
+int HttpExporter::HandlePage(struct mg_connection* conn, void* entry) {
+  const auto* page = static_cast<const PageEntry*>(entry);
+  const mg_request_info* info = mg_get_request_info(conn);
+  const std::string method = info->request_method ? info->request_method : "";
+  const absl::string_view uri = info->local_uri ? info->local_uri : "";
+  Page response;
+  if (method != "GET" && method != "HEAD") {
+    response = {405, "text/plain; charset=utf-8",
+                absl::StrCat(method, " is not served here; use GET\n")};
+  } else if (!absl::StartsWith(uri, page->prefix)) {
+    // civetweb matched a longer path ("/jobsx" for "/jobs").
+    response = {404, "text/plain; charset=utf-8",
+                absl::StrCat("no page at ", uri, "\n")};
+  } else {
+    response = page->handler(uri.substr(page->prefix.size()));
+  }
+  mg_printf(conn,
+            "HTTP/1.1 %d %s\r\n"
+            "Content-Type: %s\r\n"
+            "Content-Length: %zu\r\n"
+            "Cache-Control: no-store\r\n"
+            "Connection: close\r\n\r\n",
+            response.status, Reason(response.status),
+            response.content_type.c_str(), response.body.size());
+  if (method != "HEAD") {
+    mg_write(conn, response.body.data(), response.body.size());
+  }
+  return response.status;
 }
 
 }  // namespace tandem::metrics

@@ -1,8 +1,12 @@
 // Serves a Registry's exposition at GET /metrics over HTTP (civetweb), for
-// Prometheus to scrape. One per process (coordinator, each worker).
+// Prometheus to scrape, and any pages a process adds beside it (the
+// coordinator's job reports at /jobs/<id>). One per process (coordinator,
+// each worker).
 #ifndef TANDEM_COMMON_METRICS_HTTP_EXPORTER_H_
 #define TANDEM_COMMON_METRICS_HTTP_EXPORTER_H_
 
+#include <functional>
+#include <list>
 #include <memory>
 #include <string>
 
@@ -31,11 +35,34 @@ class HttpExporter {
   // The port actually bound.
   int port() const { return port_; }
 
+  // What a page handler answers.
+  struct Page {
+    int status = 200;
+    std::string content_type = "text/html; charset=utf-8";
+    std::string body;
+  };
+  // Gets the request's decoded path below the prefix ("" or "/..."); runs
+  // on civetweb's worker thread.
+  using PageHandler = std::function<Page(absl::string_view path)>;
+  // Serves GET (and HEAD) requests for `prefix` and every path below it
+  // ("/jobs": "/jobs", "/jobs/x") with `handler`, which must stay callable
+  // until the exporter is destroyed; other methods get 405. Call before the
+  // pages are requested.
+  void AddPage(absl::string_view prefix, PageHandler handler);
+
  private:
+  struct PageEntry {
+    std::string prefix;
+    PageHandler handler;
+  };
+
   HttpExporter(const Registry* registry) : registry_(registry) {}
   static int HandleMetrics(struct mg_connection* conn, void* self);
+  static int HandlePage(struct mg_connection* conn, void* entry);
 
   const Registry* registry_;
+  // Stable addresses: civetweb holds a pointer to each entry.
+  std::list<PageEntry> pages_;
   mg_context* context_ = nullptr;
   int port_ = 0;
 };

@@ -7,11 +7,13 @@
 namespace tandem {
 namespace {
 
-// What workers report that planning needs. Registrations carry nothing the
-// planner uses yet.
+// What workers report that planning needs, and what the job reports keep
+// (steps, profile windows). Registrations carry nothing the planner uses
+// yet.
 class PlanningFeed final : public WorkerEventListener {
  public:
-  explicit PlanningFeed(PlanningManager* planning) : planning_(planning) {}
+  PlanningFeed(PlanningManager* planning, JobHistory* history)
+      : planning_(planning), history_(history) {}
 
   absl::Status OnGraph(const std::string& job_id, int32_t rank,
                        const v1::GraphReport& report) override {
@@ -19,11 +21,14 @@ class PlanningFeed final : public WorkerEventListener {
   }
   absl::Status OnProfile(const std::string& job_id, int32_t rank,
                          const v1::Profile& profile) override {
-    return planning_->OnProfile(job_id, rank, profile);
+    absl::Status s = planning_->OnProfile(job_id, rank, profile);
+    if (s.ok()) history_->OnProfile(job_id, rank, profile);
+    return s;
   }
   void OnProgress(const std::string& job_id, int32_t rank,
                   const v1::IterationProgress& progress) override {
     planning_->OnProgress(job_id, rank, progress);
+    history_->OnProgress(job_id, rank, progress);
   }
   void OnScheduleActive(const std::string& job_id, int64_t version) override {
     planning_->OnScheduleActive(job_id, version);
@@ -41,6 +46,7 @@ class PlanningFeed final : public WorkerEventListener {
 
  private:
   PlanningManager* planning_;
+  JobHistory* history_;
 };
 
 }  // namespace
@@ -58,6 +64,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   s->store_ = *std::move(store);
   s->jobs_ = std::make_unique<JobManager>(s->store_.get());
   if (absl::Status st = s->jobs_->Recover(); !st.ok()) return st;
+  s->history_ = std::make_unique<JobHistory>(s->jobs_.get(), s->store_.get());
+  s->reports_ = std::make_unique<JobReportBuilder>(
+      s->jobs_.get(), s->store_.get(), s->history_.get(), &s->timelines_);
   WorkerManager::Options worker_options;
   worker_options.heartbeat_timeout = options.heartbeat_timeout;
   s->workers_ = std::make_unique<WorkerManager>(s->jobs_.get(), s->store_.get(),
@@ -73,7 +82,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   CoordinatorServer* self = s.get();
   WorkerManager* workers = s->workers_.get();
   PlanningManager* planning = s->planning_.get();
-  s->worker_events_ = std::make_unique<PlanningFeed>(planning);
+  JobHistory* history = s->history_.get();
+  s->worker_events_ = std::make_unique<PlanningFeed>(planning, history);
   workers->SetListener(s->worker_events_.get());
   workers->SetScheduleLookup([planning](const std::string& job_id) {
     return planning->GetSchedule(job_id, 0);
@@ -85,14 +95,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
         workers->Broadcast(job_id, message);
       });
   s->jobs_->SetStateListener(
-      [self, workers](const std::string& job_id, v1::JobState state) {
-        if (IsTerminal(state)) workers->OnJobEnded(job_id, state);
+      [self, workers, history](const std::string& job_id, v1::JobState state) {
+        if (IsTerminal(state)) {
+          workers->OnJobEnded(job_id, state);
+          history->OnJobEnded(job_id);
+        }
         self->UpdateJobGauges();
       });
   s->UpdateJobGauges();
 
   s->job_service_ = std::make_unique<JobServiceImpl>(
-      s->jobs_.get(), s->planning_.get(), &s->timelines_);
+      s->jobs_.get(), s->planning_.get(), &s->timelines_, s->reports_.get());
   s->worker_service_ =
       std::make_unique<WorkerServiceImpl>(s->workers_.get(), &s->kv_);
   // grpc.health.v1 on the same port: "" and each service are SERVING while
@@ -129,6 +142,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     }
     s->exporter_ = *std::move(exporter);
     s->metrics_port_ = s->exporter_->port();
+    // The job reports beside the metrics: GET /jobs/<id>.
+    s->exporter_->AddPage("/jobs",
+                          [reports = s->reports_.get()](absl::string_view p) {
+                            return reports->ServePage(p);
+                          });
   }
   return s;
 }
@@ -158,11 +176,14 @@ void CoordinatorServer::Wait() {
 }
 
 void CoordinatorServer::UpdateJobGauges() {
+  const absl::flat_hash_map<v1::JobState, int64_t> counts =
+      jobs_->CountByState();
   for (v1::JobState state :
        {v1::JOB_STATE_PENDING, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED,
         v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}) {
     metrics_->jobs->WithLabels({std::string(JobStateName(state))})
-        .Set(static_cast<double>(jobs_->List({state}, 1000).size()));
+        .Set(
+            static_cast<double>(counts.contains(state) ? counts.at(state) : 0));
   }
 }
 

@@ -17,6 +17,8 @@
 #include "absl/status/statusor.h"
 #include "common/metrics/http_exporter.h"
 #include "common/metrics/metrics_registry.h"
+#include "coordinator/report/job_history.h"
+#include "coordinator/report/job_report_builder.h"
 #include "coordinator/rpc/job_service_impl.h"
 #include "coordinator/rpc/worker_service_impl.h"
 #include "coordinator/service/coordinator_metrics.h"
@@ -78,6 +80,12 @@ class CoordinatorServer {
   // Its state listener runs on whichever thread changes a job's state (RPC
   // handlers, the planner, the watcher) and reaches workers_ and the gauges.
   std::unique_ptr<JobManager> jobs_;
+  // Steps and ranks' profile windows for the job reports; fed by
+  // worker_events_, flushed by jobs_' state listener when a job ends.
+  std::unique_ptr<JobHistory> history_;
+  // The job reports: JobService.GetReport and /jobs/<id> on the metrics
+  // port.
+  std::unique_ptr<JobReportBuilder> reports_;
   std::unique_ptr<WorkerManager> workers_;
   // Its planner thread publishes schedules through workers_.
   std::unique_ptr<PlanningManager> planning_;

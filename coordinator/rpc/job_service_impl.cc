@@ -167,4 +167,14 @@ grpc::Status JobServiceImpl::GetTimeline(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
+grpc::Status JobServiceImpl::GetReport(grpc::ServerContext*,
+                                       const v1::GetReportRequest* request,
+                                       v1::GetReportResponse* response) {
+  if (grpc::Status s = CheckJobId(request->job_id()); !s.ok()) return s;
+  absl::StatusOr<std::string> html = reports_->RenderHtml(request->job_id());
+  if (!html.ok()) return ToGrpc(html.status());
+  response->set_html(*std::move(html));
+  return grpc::Status::OK;
+}
+
 }  // namespace tandem

@@ -3,6 +3,7 @@
 #ifndef TANDEM_COORDINATOR_RPC_JOB_SERVICE_IMPL_H_
 #define TANDEM_COORDINATOR_RPC_JOB_SERVICE_IMPL_H_
 
+#include "coordinator/report/job_report_builder.h"
 #include "coordinator/service/job_manager.h"
 #include "coordinator/service/planning_manager.h"
 #include "coordinator/service/timeline_store.h"
@@ -13,8 +14,12 @@ namespace tandem {
 class JobServiceImpl final : public v1::JobService::Service {
  public:
   JobServiceImpl(JobManager* jobs, PlanningManager* planning,
-                 const TimelineStore* timelines)
-      : jobs_(jobs), planning_(planning), timelines_(timelines) {}
+                 const TimelineStore* timelines,
+                 const JobReportBuilder* reports)
+      : jobs_(jobs),
+        planning_(planning),
+        timelines_(timelines),
+        reports_(reports) {}
 
   grpc::Status Submit(grpc::ServerContext* context,
                       const v1::SubmitJobRequest* request,
@@ -42,11 +47,15 @@ class JobServiceImpl final : public v1::JobService::Service {
   grpc::Status GetTimeline(grpc::ServerContext* context,
                            const v1::GetTimelineRequest* request,
                            v1::GetTimelineResponse* response) override;
+  grpc::Status GetReport(grpc::ServerContext* context,
+                         const v1::GetReportRequest* request,
+                         v1::GetReportResponse* response) override;
 
  private:
   JobManager* jobs_;
   PlanningManager* planning_;
   const TimelineStore* timelines_;
+  const JobReportBuilder* reports_;
 };
 
 }  // namespace tandem

@@ -10,6 +10,9 @@ namespace tandem {
 namespace {
 
 // 2: workers.device_memory_bytes (a version-1 file is migrated on open).
+// Tables added since (steps, rank_windows) are created on open like the
+// others: a file from before them just has no history yet, and an older
+// coordinator ignores them.
 constexpr int kSchemaVersion = 2;
 
 constexpr const char* kSchema = R"sql(
@@ -52,6 +55,28 @@ CREATE TABLE IF NOT EXISTS profiles (
   last_iteration INTEGER NOT NULL,
   profile BLOB NOT NULL,
   PRIMARY KEY (job_id, first_iteration, last_iteration)
+);
+CREATE TABLE IF NOT EXISTS steps (
+  job_id TEXT NOT NULL,
+  step INTEGER NOT NULL,
+  schedule_version INTEGER NOT NULL,
+  loss REAL NOT NULL,
+  iteration_s REAL NOT NULL,
+  exposed_comm_s REAL NOT NULL,
+  peak_bytes INTEGER NOT NULL,
+  PRIMARY KEY (job_id, step)
+);
+CREATE TABLE IF NOT EXISTS rank_windows (
+  job_id TEXT NOT NULL,
+  rank INTEGER NOT NULL,
+  first_iteration INTEGER NOT NULL,
+  last_iteration INTEGER NOT NULL,
+  schedule_version INTEGER NOT NULL,
+  iteration_s REAL NOT NULL,
+  comm_s REAL NOT NULL,
+  exposed_comm_s REAL NOT NULL,
+  peak_bytes INTEGER NOT NULL,
+  PRIMARY KEY (job_id, rank, first_iteration, last_iteration)
 );
 )sql";
 
@@ -103,6 +128,12 @@ class Statement {
     return p == nullptr ? "" : std::string(p, sqlite3_column_bytes(stmt_, col));
   }
   int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
+  double Real(int col) const { return sqlite3_column_double(stmt_, col); }
+  absl::Status Reset() {
+    sqlite3_clear_bindings(stmt_);
+    return sqlite3_reset(stmt_) == SQLITE_OK ? absl::OkStatus()
+                                             : Error("reset");
+  }
 
  private:
   absl::Status Error(const char* what) const {
@@ -421,6 +452,100 @@ absl::StatusOr<std::vector<v1::Profile>> JobStore::LoadProfiles(
       return s;
     }
     out.push_back(std::move(p));
+  }
+  return out;
+}
+
+absl::Status JobStore::PutSteps(absl::string_view job_id,
+                                const std::vector<StoredStep>& steps) {
+  if (steps.empty()) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (absl::Status s = Exec("BEGIN;"); !s.ok()) return s;
+  absl::Status status = [&]() -> absl::Status {
+    Statement stmt(db_,
+                   "INSERT OR REPLACE INTO steps (job_id, step, "
+                   "schedule_version, loss, iteration_s, exposed_comm_s, "
+                   "peak_bytes) VALUES (?, ?, ?, ?, ?, ?, ?)");
+    if (!stmt.status().ok()) return stmt.status();
+    for (const StoredStep& s : steps) {
+      stmt.Bind(1, job_id)
+          .Bind(2, s.step)
+          .Bind(3, s.schedule_version)
+          .Bind(4, s.loss)
+          .Bind(5, s.iteration_s)
+          .Bind(6, s.exposed_comm_s)
+          .Bind(7, s.peak_bytes);
+      if (absl::Status st = Done(stmt); !st.ok()) return st;
+      if (absl::Status st = stmt.Reset(); !st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) {
+    (void)Exec("ROLLBACK;");
+    return status;
+  }
+  return Exec("COMMIT;");
+}
+
+absl::StatusOr<std::vector<StoredStep>> JobStore::LoadSteps(
+    absl::string_view job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement stmt(db_,
+                 "SELECT step, schedule_version, loss, iteration_s, "
+                 "exposed_comm_s, peak_bytes FROM steps WHERE job_id = ? "
+                 "ORDER BY step");
+  if (!stmt.status().ok()) return stmt.status();
+  stmt.Bind(1, job_id);
+  std::vector<StoredStep> out;
+  for (;;) {
+    absl::StatusOr<bool> row = stmt.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    out.push_back({stmt.Int(0), stmt.Int(1), stmt.Real(2), stmt.Real(3),
+                   stmt.Real(4), stmt.Int(5)});
+  }
+  return out;
+}
+
+absl::Status JobStore::PutRankWindow(absl::string_view job_id,
+                                     const StoredRankWindow& w) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement stmt(db_,
+                 "INSERT OR REPLACE INTO rank_windows (job_id, rank, "
+                 "first_iteration, last_iteration, schedule_version, "
+                 "iteration_s, comm_s, exposed_comm_s, peak_bytes) "
+                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)");
+  if (!stmt.status().ok()) return stmt.status();
+  stmt.Bind(1, job_id)
+      .Bind(2, static_cast<int64_t>(w.rank))
+      .Bind(3, w.first_iteration)
+      .Bind(4, w.last_iteration)
+      .Bind(5, w.schedule_version)
+      .Bind(6, w.iteration_s)
+      .Bind(7, w.comm_s)
+      .Bind(8, w.exposed_comm_s)
+      .Bind(9, w.peak_bytes);
+  return Done(stmt);
+}
+
+absl::StatusOr<std::vector<StoredRankWindow>> JobStore::LoadRankWindows(
+    absl::string_view job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement stmt(db_,
+                 "SELECT rank, schedule_version, first_iteration, "
+                 "last_iteration, iteration_s, comm_s, exposed_comm_s, "
+                 "peak_bytes FROM rank_windows WHERE job_id = ? "
+                 "ORDER BY first_iteration, rank");
+  if (!stmt.status().ok()) return stmt.status();
+  stmt.Bind(1, job_id);
+  std::vector<StoredRankWindow> out;
+  for (;;) {
+    absl::StatusOr<bool> row = stmt.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    out.push_back({static_cast<int32_t>(stmt.Int(0)), stmt.Int(1), stmt.Int(2),
+                   stmt.Int(3), stmt.Real(4), stmt.Real(5), stmt.Real(6),
+                   stmt.Int(7)});
   }
   return out;
 }

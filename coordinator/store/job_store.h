@@ -1,5 +1,6 @@
 // Durable state of the coordinator in one SQLite file (WAL): jobs, their
-// events, workers, graphs, every schedule version and profile summaries. A
+// events, workers, graphs, every schedule version, profile summaries and
+// each job's history for its report (steps, ranks' profile windows). A
 // restarted coordinator reloads everything from here and loses nothing that
 // was acknowledged: every write commits before the RPC that caused it answers.
 //
@@ -44,6 +45,33 @@ struct StoredWorker {
   int64_t device_memory_bytes = 0;
 };
 
+// One step of a job over all its ranks (coordinator/report/job_history.h):
+// rank 0's loss, the slowest rank's time, the largest exposed communication
+// and peak.
+struct StoredStep {
+  int64_t step = 0;
+  int64_t schedule_version = 0;
+  double loss = 0;
+  double iteration_s = 0;
+  double exposed_comm_s = 0;
+  int64_t peak_bytes = 0;
+};
+
+// One rank's profile window in brief (coordinator/report/job_history.h).
+// Times are means per iteration over the window.
+struct StoredRankWindow {
+  int32_t rank = 0;
+  int64_t schedule_version = 0;
+  int64_t first_iteration = 0;
+  int64_t last_iteration = 0;
+  double iteration_s = 0;
+  // Seconds the collectives ran on the communication stream, and the part
+  // of them compute waited for.
+  double comm_s = 0;
+  double exposed_comm_s = 0;
+  int64_t peak_bytes = 0;
+};
+
 class JobStore {
  public:
   // Opens (creating if needed) the database at `path`; ":memory:" for tests.
@@ -86,6 +114,18 @@ class JobStore {
   // The aggregated profile a plan was made from (one row per window).
   absl::Status PutProfile(absl::string_view job_id, const v1::Profile& profile);
   absl::StatusOr<std::vector<v1::Profile>> LoadProfiles(
+      absl::string_view job_id);
+
+  // A job's steps, in one transaction (a step stored again replaces it).
+  absl::Status PutSteps(absl::string_view job_id,
+                        const std::vector<StoredStep>& steps);
+  // In step order.
+  absl::StatusOr<std::vector<StoredStep>> LoadSteps(absl::string_view job_id);
+
+  absl::Status PutRankWindow(absl::string_view job_id,
+                             const StoredRankWindow& window);
+  // By first iteration, then rank.
+  absl::StatusOr<std::vector<StoredRankWindow>> LoadRankWindows(
       absl::string_view job_id);
 
  private:

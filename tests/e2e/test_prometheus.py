@@ -12,7 +12,6 @@ import os
 import pathlib
 import re
 import shutil
-import signal
 import subprocess
 import time
 import urllib.parse
@@ -21,21 +20,14 @@ import urllib.request
 import pytest
 import yaml
 
+from processes import (COORDINATOR, WORKER, Process, free_port, http_get,
+                       start_coordinator, wait_for)
+
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 DASHBOARDS = REPO / "dashboards"
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
-
-
-def _build_dir():
-    env = os.environ.get("TANDEM_BUILD_DIR")
-    p = pathlib.Path(env) if env else REPO / "build"
-    return p if p.is_absolute() else REPO / p
-
-
-COORDINATOR = _build_dir() / "coordinator" / "tandem-coordinator"
-WORKER = _build_dir() / "worker" / "tandem-worker"
 
 # Small and slow enough to be scraped many times; cancelled at the end.
 SPEC = {
@@ -51,61 +43,6 @@ SPEC = {
 # Grafana's built-in variables, as Grafana would fill them for a 1 s
 # scrape interval and a short range.
 BUILTINS = {"$__rate_interval": "5s", "$__interval": "2s", "$__range": "5m"}
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out after %gs waiting for %s" %
-                                 (timeout, what))
-        time.sleep(0.2)
-
-
-def http_get(url, timeout=10):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return r.read().decode()
-
-
-class Process:
-    """A child process whose stderr goes to a log file."""
-
-    def __init__(self, args, log_path, stdout=subprocess.DEVNULL, env=None):
-        self.log_path = log_path
-        self.proc = subprocess.Popen(
-            [str(a) for a in args], stdout=stdout,
-            stderr=open(log_path, "w"), env=env)
-
-    def log(self):
-        return self.log_path.read_text()[-4000:]
-
-    def wait_log(self, pattern, timeout=30):
-        def find():
-            if self.proc.poll() is not None:
-                raise AssertionError("%s exited: %s" % (self.proc.args[0],
-                                                        self.log()))
-            m = re.search(pattern, self.log_path.read_text())
-            return m
-        return wait_for(find, timeout, pattern)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 class Prometheus(Process):
@@ -173,17 +110,8 @@ def stack(tmp_path_factory):
     work = tmp_path_factory.mktemp("prometheus-e2e")
     procs = []
     try:
-        coordinator = Process(
-            [COORDINATOR, "--listen", "127.0.0.1:0", "--db",
-             work / "tandem.db", "--metrics-listen", "127.0.0.1:0"],
-            work / "coordinator.log", stdout=open(work / "coordinator.out",
-                                                  "w"))
+        coordinator, address, coordinator_metrics = start_coordinator(work)
         procs.append(coordinator)
-        out = wait_for(lambda: re.search(
-            r"listening on port (\d+), metrics on port (\d+)",
-            (work / "coordinator.out").read_text()), 20, "coordinator")
-        address = "127.0.0.1:%s" % out.group(1)
-        coordinator_metrics = "127.0.0.1:%s" % out.group(2)
 
         client = tandem.Client(address, timeout=10)
         spec = copy.deepcopy(SPEC)

@@ -8,6 +8,7 @@
     tandem reoptimize JOB [--reason R]
     tandem schedule JOB [--version N] [--explain]
     tandem timeline JOB -o trace.json [--rank R]
+    tandem report JOB -o report.html
     tandem export my_model.py:build [--example-batch FILE]
                   [--wrap A,B | --wrap-min-params N] [--dynamic NAME:DIM,...]
                   -o model.tandem
@@ -25,6 +26,7 @@ cannot be asked), 2 for bad arguments.
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -34,7 +36,7 @@ from tandem import spec as spec_mod
 from tandem.client import Client, default_address, is_terminal, state_name
 from tandem.errors import TandemError
 from tandem.progress import (ProgressView, describe_outcome, event_line,
-                             fmt_time)
+                             fmt_bytes, fmt_time)
 from tandem.v1 import job_pb2
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -189,6 +191,19 @@ def cmd_timeline(client, args):
     _out("wrote %d trace events to %s (%s)" %
          (len(merged["traceEvents"]), args.output, steps))
     _out("  open it in https://ui.perfetto.dev or chrome://tracing")
+    return EXIT_OK
+
+
+def cmd_report(client, args):
+    html = client.report(args.job)
+    # Replaced only once the whole page is written.
+    tmp = args.output + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(html)
+    os.replace(tmp, args.output)
+    _out("wrote the report of job %s to %s (%s)" %
+         (args.job, args.output, fmt_bytes(len(html.encode("utf-8")))))
+    _out("  open it in a browser: one page, no script, nothing fetched")
     return EXIT_OK
 
 
@@ -511,6 +526,15 @@ def build_parser():
                     help="trace file to write (JSON trace events)")
     sp.add_argument("--rank", type=int, action="append", metavar="R",
                     help="only this rank (repeat for several; default all)")
+
+    sp = add("report", cmd_report,
+             "write the job's report as one HTML file: loss and iteration "
+             "time by step, predicted against measured per schedule "
+             "version, overlap per rank, memory against the budget, one "
+             "iteration's streams, and the planner's decisions")
+    sp.add_argument("job", metavar="JOB")
+    sp.add_argument("-o", "--output", required=True, metavar="FILE",
+                    help="the HTML file to write (replaced only on success)")
 
     sp = sub.add_parser(
         "export", help="capture a PyTorch model into a model archive",

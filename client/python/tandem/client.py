@@ -228,6 +228,15 @@ class Client:
                            job_id=job_id, ranks=list(ranks or [])))
         return list(r.timelines)
 
+    def report(self, job_id):
+        """The job's report (coordinator/README.md, "Job report"): one
+        self-contained HTML page with inline SVG charts and no script, the
+        page the coordinator also serves at ``/jobs/JOB`` on its metrics
+        port. A job that has not run yet gets a report that says so."""
+        r = self._call(self._jobs.GetReport,
+                       job_service_pb2.GetReportRequest(job_id=job_id))
+        return r.html
+
     def schedule(self, job_id, version=0):
         """``ScheduleResult(text, schedule)`` of a version (0: the active
         one)."""

@@ -45,6 +45,17 @@ def fmt_count(x):
     return "%.0f" % x
 
 
+def fmt_bytes(n):
+    """A byte count as people read it: 512 B, 3.5 KiB, 161.25 MiB, 1.5 GiB
+    (binary units, as the job spec writes budgets)."""
+    n = float(n)
+    for div, unit in ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"),
+                      (1 << 10, "KiB")):
+        if abs(n) >= div:
+            return "%.4g %s" % (n / div, unit)
+    return "%d B" % n
+
+
 def state_name(state):
     return spec_mod.enum_short_name(job_pb2.JobState.DESCRIPTOR, state).upper()
 

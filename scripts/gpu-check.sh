@@ -150,8 +150,10 @@ cmake "${cmake_args[@]}" | tee "$BUILD/configure.log" ||
 grep -q "defines: .*TANDEM_WITH_NCCL" "$BUILD/configure.log" ||
   die "the build did not pick up a CUDA libtorch with NCCL (see $BUILD/configure.log)"
 say "building"
+# -k 0: on a failure, every file that does not compile is named, not the
+# first one only.
 cmake --build "$BUILD" -j"$JOBS" --target tandem-worker worker_core_test \
-  worker_trainer_test worker_runtime_test
+  worker_trainer_test worker_runtime_test -- -k 0
 
 # --- Unit tests -------------------------------------------------------------
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1

@@ -8,18 +8,18 @@
 // to fix.
 #include "worker/models/archive_program.h"
 
+#include <ftw.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
-#include <system_error>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -62,9 +62,17 @@ const std::string& ArchiveDir() {
   static const std::string* dir = [] {
     auto* d = new std::string(
         absl::StrCat(::testing::TempDir(), "/tandem_archives_", getpid()));
+    // With libc's nftw, not std::filesystem: PyTorch's own libtorch.so
+    // (2.11) carries a std::filesystem that the test's calls bind to, and
+    // its remove_all called a null function from an atexit handler.
     std::atexit([] {
-      std::error_code ignored;
-      std::filesystem::remove_all(ArchiveDir(), ignored);
+      nftw(
+          ArchiveDir().c_str(),
+          [](const char* path, const struct stat*, int, struct FTW*) {
+            ::remove(path);  // best effort: go on
+            return 0;
+          },
+          16, FTW_DEPTH | FTW_PHYS);
     });
     // The Python with torch: Debian's python3-torch here, PyTorch's own on
     // a GPU machine (scripts/gpu-check.sh sets TANDEM_PYTHON).
@@ -245,6 +253,8 @@ TEST_P(ArchiveNumericsTest, FiveSteps_MatchUnshardedSingleProcess) {
     EXPECT_EQ(run.digests[r], run.digests[0]) << "rank " << r;
     EXPECT_EQ(run.versions[r], expected_versions) << "rank " << r;
   }
+  ASSERT_EQ(run.losses[0].size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(ref.losses.size(), static_cast<size_t>(kSteps));
   for (int s = 0; s < kSteps; ++s) {
     EXPECT_NEAR(run.losses[0][s], ref.losses[s],
                 kTolerance * std::abs(ref.losses[s]))

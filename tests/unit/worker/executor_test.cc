@@ -556,17 +556,28 @@ struct StepCopies {
   int64_t reloaded = 0;
   double offload_end_s = -1;
   double backward_start_s = -1;
+  // When the step's memory peaked (its highest memory point; -1: none).
+  double peak_time_s = -1;
   // The offload races the copy thread, so a step's peak shows the plan's
-  // memory only if every offload was done before backward began (a loaded
-  // machine can starve the copy thread).
+  // memory only if every offload was done before backward began and before
+  // the peak (a loaded machine can starve the copy thread past a forward
+  // peak too).
   bool OffloadsDoneBeforeBackward(int64_t bytes) const {
     return offloaded == bytes && backward_start_s >= 0 &&
-           offload_end_s <= backward_start_s;
+           offload_end_s <= backward_start_s &&
+           (peak_time_s < 0 || offload_end_s <= peak_time_s);
   }
 };
 
 StepCopies LastStepCopies(Executor& executor, const Graph& graph) {
   StepCopies out;
+  int64_t peak = -1;
+  for (const auto& point : executor.profiler().timeline().last().memory) {
+    if (point.bytes > peak) {
+      peak = point.bytes;
+      out.peak_time_s = point.time_s;
+    }
+  }
   for (const auto& span : executor.profiler().timeline().last().spans) {
     const Node* node = span.kind == IterationTimeline::SpanKind::kNode
                            ? graph.FindNode(span.node_id)

@@ -101,7 +101,9 @@ ABSL_FLAG(std::string, schedule, "",
 ABSL_FLAG(std::string, profile_out, "",
           "standalone: write the profile (text form) here");
 ABSL_FLAG(std::string, trace_out, "",
-          "standalone: write the last iteration's Chrome trace here");
+          "standalone: write the last iteration's Chrome trace here, one file "
+          "per rank ({rank} in it is replaced by the rank; without it, at "
+          "world > 1, FILE.rankR)");
 ABSL_FLAG(std::string, graph_out, "",
           "standalone: write the iteration graph (text form) here before "
           "training");

@@ -62,6 +62,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(options.db);
   if (!store.ok()) return store.status();
   s->store_ = *std::move(store);
+  s->timelines_.AttachStore(s->store_.get());
   s->jobs_ = std::make_unique<JobManager>(s->store_.get());
   if (absl::Status st = s->jobs_->Recover(); !st.ok()) return st;
   s->history_ = std::make_unique<JobHistory>(s->jobs_.get(), s->store_.get());
@@ -105,7 +106,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   s->UpdateJobGauges();
 
   s->job_service_ = std::make_unique<JobServiceImpl>(
-      s->jobs_.get(), s->planning_.get(), &s->timelines_, s->reports_.get());
+      s->jobs_.get(), s->planning_.get(), s->workers_.get(), &s->timelines_,
+      s->reports_.get());
   s->worker_service_ =
       std::make_unique<WorkerServiceImpl>(s->workers_.get(), &s->kv_);
   // grpc.health.v1 on the same port: "" and each service are SERVING while

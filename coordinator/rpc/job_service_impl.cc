@@ -40,8 +40,12 @@ grpc::Status JobServiceImpl::Get(grpc::ServerContext*,
   absl::StatusOr<std::vector<v1::JobEvent>> events =
       jobs_->Events(request->job_id(), 0);
   if (!events.ok()) return ToGrpc(events.status());
+  absl::StatusOr<std::vector<v1::WorkerStatus>> workers =
+      workers_->Describe(request->job_id());
+  if (!workers.ok()) return ToGrpc(workers.status());
   *response->mutable_job() = *std::move(job);
   for (v1::JobEvent& e : *events) *response->add_events() = std::move(e);
+  for (v1::WorkerStatus& w : *workers) *response->add_workers() = std::move(w);
   return grpc::Status::OK;
 }
 
@@ -136,7 +140,9 @@ grpc::Status JobServiceImpl::GetSchedule(grpc::ServerContext*,
     return ToGrpc(job.status());
   }
   absl::StatusOr<StoredSchedule> stored =
-      planning_->GetSchedule(request->job_id(), request->version());
+      request->has_version()
+          ? planning_->GetScheduleVersion(request->job_id(), request->version())
+          : planning_->GetSchedule(request->job_id(), 0);
   if (!stored.ok()) return ToGrpc(stored.status());
   absl::StatusOr<Schedule> ir = FromProto(stored->schedule);
   if (!ir.ok()) return ToGrpc(ir.status());

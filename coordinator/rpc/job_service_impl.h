@@ -7,6 +7,7 @@
 #include "coordinator/service/job_manager.h"
 #include "coordinator/service/planning_manager.h"
 #include "coordinator/service/timeline_store.h"
+#include "coordinator/service/worker_manager.h"
 #include "tandem/v1/job_service.grpc.pb.h"
 
 namespace tandem {
@@ -14,10 +15,11 @@ namespace tandem {
 class JobServiceImpl final : public v1::JobService::Service {
  public:
   JobServiceImpl(JobManager* jobs, PlanningManager* planning,
-                 const TimelineStore* timelines,
+                 WorkerManager* workers, const TimelineStore* timelines,
                  const JobReportBuilder* reports)
       : jobs_(jobs),
         planning_(planning),
+        workers_(workers),
         timelines_(timelines),
         reports_(reports) {}
 
@@ -54,6 +56,7 @@ class JobServiceImpl final : public v1::JobService::Service {
  private:
   JobManager* jobs_;
   PlanningManager* planning_;
+  WorkerManager* workers_;
   const TimelineStore* timelines_;
   const JobReportBuilder* reports_;
 };

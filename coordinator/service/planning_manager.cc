@@ -994,4 +994,48 @@ absl::StatusOr<StoredSchedule> PlanningManager::GetSchedule(
                    " yet; schedules appear after the warm-up steps"));
 }
 
+absl::StatusOr<StoredSchedule> PlanningManager::GetScheduleVersion(
+    const std::string& job_id, int64_t version) const {
+  absl::StatusOr<v1::Job> job = jobs_->Get(job_id);
+  if (!job.ok()) return job.status();
+  if (version == 0) {
+    absl::StatusOr<std::optional<v1::Graph>> stored = store_->LoadGraph(job_id);
+    if (!stored.ok()) return stored.status();
+    if (!stored->has_value()) {
+      return absl::NotFoundError(absl::StrCat(
+          "job ", job_id,
+          " has no graph yet, so no baseline (v0): rank 0 sends it once it "
+          "built the model"));
+    }
+    absl::StatusOr<Graph> graph = FromProto(**stored);
+    if (!graph.ok()) return graph.status();
+    absl::StatusOr<Schedule> baseline =
+        StartingSchedule(*graph, job->spec().parallel().zero_stage() == 1
+                                     ? ShardingMode::kZero1
+                                     : ShardingMode::kZero3);
+    if (!baseline.ok()) return baseline.status();
+    return StoredSchedule{ToProto(*baseline), 0};
+  }
+  std::vector<StoredSchedule> schedules;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = state_.find(job_id);
+    if (it != state_.end()) schedules = it->second.schedules;
+  }
+  if (schedules.empty()) {
+    absl::StatusOr<std::vector<StoredSchedule>> stored =
+        store_->LoadSchedules(job_id);
+    if (!stored.ok()) return stored.status();
+    schedules = *std::move(stored);
+  }
+  std::vector<std::string> versions = {"v0 (the baseline)"};
+  for (const StoredSchedule& s : schedules) {
+    if (s.schedule.version() == version) return s;
+    versions.push_back(absl::StrCat("v", s.schedule.version()));
+  }
+  return absl::NotFoundError(absl::StrCat("job ", job_id, " has no schedule v",
+                                          version, "; it has ",
+                                          absl::StrJoin(versions, ", ")));
+}
+
 }  // namespace tandem

@@ -130,6 +130,12 @@ class PlanningManager {
   // The schedule `version` of a job (0: the newest). NotFound when none.
   absl::StatusOr<StoredSchedule> GetSchedule(const std::string& job_id,
                                              int64_t version) const;
+  // Exactly version `version`: 0 is the baseline every rank started on
+  // (StartingSchedule of the job's graph; NotFound before rank 0 sent the
+  // graph). NotFound for another version the job does not have, naming the
+  // versions it has.
+  absl::StatusOr<StoredSchedule> GetScheduleVersion(const std::string& job_id,
+                                                    int64_t version) const;
   // Blocks until no plan is queued or running (tests).
   void Drain();
 

@@ -39,6 +39,9 @@ absl::Status TimelineStore::Put(const std::string& job_id, int32_t rank,
   t.set_schedule_version(report.schedule_version());
   t.set_trace_json(trace);
   t.set_received_unix_s(now_unix_s_());
+  // Written outside the lock: readers of other jobs need not wait for it.
+  absl::Status stored =
+      store_ != nullptr ? store_->PutTimeline(job_id, t) : absl::OkStatus();
   std::lock_guard<std::mutex> lock(mu_);
   jobs_[job_id][rank] = std::move(t);
   order_.remove(job_id);
@@ -47,20 +50,32 @@ absl::Status TimelineStore::Put(const std::string& job_id, int32_t rank,
     jobs_.erase(order_.front());
     order_.pop_front();
   }
-  return absl::OkStatus();
+  return stored;
 }
 
 absl::StatusOr<std::vector<v1::RankTimeline>> TimelineStore::Get(
     const std::string& job_id, const std::vector<int32_t>& ranks) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = jobs_.find(job_id);
+  std::vector<v1::RankTimeline> all;
+  bool in_memory = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = jobs_.find(job_id);
+    if (it != jobs_.end()) {
+      in_memory = true;
+      for (const auto& [rank, timeline] : it->second) all.push_back(timeline);
+    }
+  }
+  if (!in_memory && store_ != nullptr) {
+    absl::StatusOr<std::vector<v1::RankTimeline>> stored =
+        store_->LoadTimelines(job_id);
+    if (!stored.ok()) return stored.status();
+    all = *std::move(stored);
+  }
   std::vector<v1::RankTimeline> out;
-  if (it != jobs_.end()) {
-    for (const auto& [rank, timeline] : it->second) {
-      if (ranks.empty() ||
-          std::find(ranks.begin(), ranks.end(), rank) != ranks.end()) {
-        out.push_back(timeline);
-      }
+  for (v1::RankTimeline& timeline : all) {
+    if (ranks.empty() ||
+        std::find(ranks.begin(), ranks.end(), timeline.rank()) != ranks.end()) {
+      out.push_back(std::move(timeline));
     }
   }
   if (out.empty()) {
@@ -68,8 +83,7 @@ absl::StatusOr<std::vector<v1::RankTimeline>> TimelineStore::Get(
         "no timeline of job ", job_id,
         ranks.empty() ? "" : absl::StrCat(" rank ", absl::StrJoin(ranks, ",")),
         " yet: ranks send one with each profile window (after "
-        "optimize.warmup_steps steps) and at their last step; the "
-        "coordinator keeps them in memory only"));
+        "optimize.warmup_steps steps) and at their last step"));
   }
   return out;
 }

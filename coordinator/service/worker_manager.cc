@@ -91,6 +91,57 @@ absl::Status WorkerManager::Recover() {
   return absl::OkStatus();
 }
 
+std::vector<v1::WorkerStatus> WorkerManager::DescribeLocked(
+    const JobWorkers& w) const {
+  std::vector<v1::WorkerStatus> out;
+  for (const auto& [rank, r] : w.ranks) {
+    v1::WorkerStatus& status = out.emplace_back();
+    status.set_rank(rank);
+    status.set_hostname(r.hostname);
+    status.set_incarnation(r.incarnation);
+    status.set_device(r.device);
+    status.set_connected(r.session != 0);
+    if (r.last_heard.time_since_epoch().count() != 0) {
+      status.set_last_heartbeat_unix_s(
+          std::chrono::duration<double>(r.last_heard.time_since_epoch())
+              .count());
+    }
+    status.set_step(r.step);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::WorkerStatus>> WorkerManager::Describe(
+    const std::string& job_id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = jobs_workers_.find(job_id);
+    if (it != jobs_workers_.end() && !it->second.ranks.empty()) {
+      return DescribeLocked(it->second);
+    }
+    auto ended = ended_workers_.find(job_id);
+    if (ended != ended_workers_.end()) return ended->second;
+  }
+  std::vector<v1::WorkerStatus> out;
+  // An ended job's (or one this coordinator has not seen a worker of since
+  // it started): what the store kept of its registrations.
+  absl::StatusOr<std::vector<StoredWorker>> stored =
+      store_->LoadWorkers(job_id);
+  if (!stored.ok()) return stored.status();
+  for (const StoredWorker& sw : *stored) {
+    v1::WorkerStatus& w = out.emplace_back();
+    w.set_rank(sw.rank);
+    w.set_hostname(sw.hostname);
+    w.set_incarnation(sw.incarnation);
+    w.set_device(sw.device);
+  }
+  std::sort(out.begin(), out.end(),
+            [](const v1::WorkerStatus& a, const v1::WorkerStatus& b) {
+              return a.rank() < b.rank();
+            });
+  return out;
+}
+
 absl::StatusOr<v1::RegisterResponse> WorkerManager::Register(
     const v1::RegisterRequest& request) {
   absl::StatusOr<v1::Job> job = jobs_->Get(request.job_id());
@@ -158,6 +209,7 @@ absl::StatusOr<v1::RegisterResponse> WorkerManager::Register(
       r.hostname = request.hostname();
       r.device = request.device();
       r.last_seen = Clock::now();
+      r.last_heard = std::chrono::system_clock::now();
       all_registered = static_cast<int32_t>(w.ranks.size()) == world;
     }
   }
@@ -211,6 +263,7 @@ absl::StatusOr<int64_t> WorkerManager::OpenSession(
     it->second.session = id;
     it->second.sink = sink;
     it->second.last_seen = Clock::now();
+    it->second.last_heard = std::chrono::system_clock::now();
     it->second.step = std::max(it->second.step, hello.step());
     UpdateConnectedMetric(job->id(), w);
   }
@@ -267,6 +320,7 @@ absl::Status WorkerManager::OnMessage(int64_t session,
     rank = it->second.rank;
     Rank& r = jobs_workers_[job_id].ranks[rank];
     r.last_seen = Clock::now();
+    r.last_heard = std::chrono::system_clock::now();
     hostname = r.hostname;
     world = jobs_workers_[job_id].world;
   }
@@ -449,6 +503,13 @@ void WorkerManager::WatchLoop() {
           connected = connected || r.session != 0;
         }
         if (!connected) {
+          // What `tandem status` shows of it from now on.
+          ended_workers_[it->first] = DescribeLocked(it->second);
+          ended_order_.push_back(it->first);
+          while (ended_order_.size() > kMaxEndedJobs) {
+            ended_workers_.erase(ended_order_.front());
+            ended_order_.pop_front();
+          }
           it = jobs_workers_.erase(it);
           continue;
         }

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -37,6 +38,7 @@
 #include "coordinator/service/kv_store.h"
 #include "coordinator/service/timeline_store.h"
 #include "coordinator/store/job_store.h"
+#include "tandem/v1/job_service.pb.h"
 #include "tandem/v1/worker_service.pb.h"
 
 namespace tandem {
@@ -140,6 +142,12 @@ class WorkerManager {
   // The stream ended; the sink is no longer used.
   void CloseSession(int64_t session);
 
+  // Every rank of the job that registered, by rank: host, incarnation,
+  // device, whether its session is open and when it was last heard from
+  // (`tandem status`). An ended job's come from the store, not connected.
+  absl::StatusOr<std::vector<v1::WorkerStatus>> Describe(
+      const std::string& job_id);
+
   // Sends to every connected worker of the job.
   void Broadcast(const std::string& job_id,
                  const v1::CoordinatorMessage& message);
@@ -155,6 +163,9 @@ class WorkerManager {
     std::string hostname;
     std::string device;
     std::chrono::steady_clock::time_point last_seen;
+    // When a message of this incarnation last came (wall clock, for
+    // people); unset after a restart until it speaks again.
+    std::chrono::system_clock::time_point last_heard{};
     int64_t session = 0;  // 0: not connected
     std::shared_ptr<SessionSink> sink;
     int64_t step = 0;
@@ -175,6 +186,7 @@ class WorkerManager {
   };
 
   JobWorkers& Workers(const v1::Job& job);
+  std::vector<v1::WorkerStatus> DescribeLocked(const JobWorkers& w) const;
   void WatchLoop();
   void UpdateConnectedMetric(const std::string& job_id, const JobWorkers& w);
 
@@ -194,6 +206,12 @@ class WorkerManager {
   WorkerEventListener* listener_ = &ignore_all_;
   ScheduleLookup schedule_lookup_;
   std::map<std::string, JobWorkers> jobs_workers_;
+  // The ranks of jobs that ended and were forgotten by the watch, as they
+  // were last (`tandem status`); the oldest of more than kMaxEndedJobs go,
+  // and the store still has their registrations.
+  static constexpr size_t kMaxEndedJobs = 1000;
+  std::map<std::string, std::vector<v1::WorkerStatus>> ended_workers_;
+  std::deque<std::string> ended_order_;
   std::map<int64_t, Session> sessions_;
   int64_t next_session_ = 1;
   std::once_flag joined_;

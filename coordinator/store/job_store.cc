@@ -66,6 +66,12 @@ CREATE TABLE IF NOT EXISTS steps (
   peak_bytes INTEGER NOT NULL,
   PRIMARY KEY (job_id, step)
 );
+CREATE TABLE IF NOT EXISTS timelines (
+  job_id TEXT NOT NULL,
+  rank INTEGER NOT NULL,
+  timeline BLOB NOT NULL,
+  PRIMARY KEY (job_id, rank)
+);
 CREATE TABLE IF NOT EXISTS rank_windows (
   job_id TEXT NOT NULL,
   rank INTEGER NOT NULL,
@@ -503,6 +509,40 @@ absl::StatusOr<std::vector<StoredStep>> JobStore::LoadSteps(
     if (!*row) break;
     out.push_back({stmt.Int(0), stmt.Int(1), stmt.Real(2), stmt.Real(3),
                    stmt.Real(4), stmt.Int(5)});
+  }
+  return out;
+}
+
+absl::Status JobStore::PutTimeline(absl::string_view job_id,
+                                   const v1::RankTimeline& timeline) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement stmt(db_,
+                 "INSERT OR REPLACE INTO timelines (job_id, rank, timeline) "
+                 "VALUES (?, ?, ?)");
+  if (!stmt.status().ok()) return stmt.status();
+  stmt.Bind(1, job_id)
+      .Bind(2, static_cast<int64_t>(timeline.rank()))
+      .BindBlob(3, timeline.SerializeAsString());
+  return Done(stmt);
+}
+
+absl::StatusOr<std::vector<v1::RankTimeline>> JobStore::LoadTimelines(
+    absl::string_view job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement stmt(db_,
+                 "SELECT timeline FROM timelines WHERE job_id = ? ORDER BY "
+                 "rank");
+  if (!stmt.status().ok()) return stmt.status();
+  stmt.Bind(1, job_id);
+  std::vector<v1::RankTimeline> out;
+  for (;;) {
+    absl::StatusOr<bool> row = stmt.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    v1::RankTimeline& t = out.emplace_back();
+    if (absl::Status s = ParseBlob(stmt.Blob(0), t, "timeline"); !s.ok()) {
+      return s;
+    }
   }
   return out;
 }

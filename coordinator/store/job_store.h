@@ -23,6 +23,7 @@
 #include "absl/strings/string_view.h"
 #include "tandem/v1/graph.pb.h"
 #include "tandem/v1/job.pb.h"
+#include "tandem/v1/job_service.pb.h"
 #include "tandem/v1/profile.pb.h"
 #include "tandem/v1/schedule.pb.h"
 
@@ -121,6 +122,14 @@ class JobStore {
                         const std::vector<StoredStep>& steps);
   // In step order.
   absl::StatusOr<std::vector<StoredStep>> LoadSteps(absl::string_view job_id);
+
+  // Each rank's latest iteration timeline (`tandem timeline`): one per
+  // rank, replaced by the next.
+  absl::Status PutTimeline(absl::string_view job_id,
+                           const v1::RankTimeline& timeline);
+  // By rank.
+  absl::StatusOr<std::vector<v1::RankTimeline>> LoadTimelines(
+      absl::string_view job_id);
 
   absl::Status PutRankWindow(absl::string_view job_id,
                              const StoredRankWindow& window);

@@ -72,7 +72,7 @@ def finished_job(tmp_path_factory):
         assert final.schedule_version >= 1, "no planned schedule ran"
         client.close()
         yield {"job": job.id, "address": address, "metrics": metrics,
-               "work": work}
+               "work": work, "procs": procs}
     finally:
         for p in reversed(procs):
             p.stop()
@@ -142,3 +142,43 @@ def test_cli_report_unknown_job_says_so(finished_job, tmp_path):
     assert r.returncode == 1
     assert "no-such-job" in r.stderr
     assert not target.exists()
+
+
+def test_status_schedule_versions_of_the_finished_job(finished_job):
+    address, job = finished_job["address"], finished_job["job"]
+    r = run_cli(address, "status", job, "--events", "3")
+    assert r.returncode == 0, r.stderr
+    # Both ranks, from the real workers' registrations: this host, cpu, the
+    # last step, their sessions closed once the job ended.
+    for rank in (0, 1):
+        assert re.search(r"^\s+%d\s+\S+\s+cpu\s+\S+\s+2[34]\s+closed\s+"
+                         r"\d+[smh] ago$" % rank, r.stdout, re.M), r.stdout
+    assert re.search(r"^events \(the last 3 of \d+; --events N for more\):$",
+                     r.stdout, re.M), r.stdout
+
+    r = run_cli(address, "schedule", job, "--version", "0")
+    assert r.returncode == 0, r.stderr
+    assert re.match(r"schedule v0 graph=\S+", r.stdout), r.stdout[:200]
+    assert "provenance" not in r.stdout or "baseline" in r.stdout
+    active = run_cli(address, "schedule", job)
+    assert active.returncode == 0 and active.stdout != r.stdout
+    r = run_cli(address, "schedule", job, "--version", "99")
+    assert r.returncode == 1
+    assert re.search(r"has no schedule v99; it has v0 \(the baseline\), v1",
+                     r.stderr), r.stderr
+
+
+def test_timeline_and_report_survive_a_coordinator_restart(finished_job,
+                                                           tmp_path):
+    """Last in the module: it replaces the fixture's coordinator."""
+    work = finished_job["work"]
+    finished_job["procs"][0].stop()
+    restarted, address, metrics = start_coordinator(work)
+    finished_job["procs"][0] = restarted
+    job = finished_job["job"]
+    trace = tmp_path / "trace.json"
+    r = run_cli(address, "timeline", job, "-o", trace)
+    assert r.returncode == 0, r.stderr
+    assert "rank 0: step" in r.stdout and "rank 1: step" in r.stdout
+    html = http_get("http://%s/jobs/%s" % (metrics, job))
+    assert charts_in(html) == CHARTS

@@ -61,7 +61,8 @@ def test_standalone_trace_matches_the_profile(tmp_path):
              "--rank", str(rank), "--world", "2", "--rendezvous",
              "127.0.0.1:%d" % port, "--threads", "1", "--timeout-s", "60",
              "--profile-out", str(tmp_path / ("profile%d.pb" % rank)),
-             "--trace-out", str(tmp_path / ("trace%d.json" % rank))],
+             # The same path on both ranks: each writes trace.json.rankR.
+             "--trace-out", str(tmp_path / "trace.json")],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
             text=True))
     for p in procs:
@@ -69,7 +70,8 @@ def test_standalone_trace_matches_the_profile(tmp_path):
         assert p.returncode == 0, err
 
     for rank in range(2):
-        trace = json.loads((tmp_path / ("trace%d.json" % rank)).read_text())
+        trace = json.loads(
+            (tmp_path / ("trace.json.rank%d" % rank)).read_text())
         profile = profile_pb2.Profile.FromString(
             (tmp_path / ("profile%d.pb" % rank)).read_bytes())
         check_well_formed(trace, rank)

@@ -12,6 +12,7 @@
 #include "ATen/Parallel.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "common/ir/proto_convert.h"
 #include "common/ir/text_format.h"
 #include "common/status_macros.h"
@@ -57,6 +58,15 @@ absl::Status WriteProfile(const Profile& profile, const std::string& path) {
   return out.good() ? absl::OkStatus()
                     : absl::UnavailableError(absl::StrCat(
                           "--profile-out: write to '", path, "' failed"));
+}
+
+// --trace-out's file for `rank` (StandaloneOptions::trace_out).
+std::string PerRankPath(absl::string_view path, int rank, int world) {
+  if (absl::StrContains(path, "{rank}")) {
+    return absl::StrReplaceAll(path, {{"{rank}", absl::StrCat(rank)}});
+  }
+  if (world <= 1) return std::string(path);
+  return absl::StrCat(path, ".rank", rank);
 }
 
 }  // namespace
@@ -115,12 +125,13 @@ absl::Status RunStandalone(const StandaloneOptions& options,
         WriteProfile(job->executor().ProfileSnapshot(), options.profile_out));
   }
   if (!options.trace_out.empty()) {
-    std::ofstream trace(options.trace_out, std::ios::binary);
+    const std::string path = PerRankPath(options.trace_out, rank, world);
+    std::ofstream trace(path, std::ios::binary);
     trace << ChromeTraceJson(job->executor().profiler().timeline().last(), rank,
                              &model.graph);
     if (!trace.good()) {
       return absl::UnavailableError(
-          absl::StrCat("--trace-out: cannot write '", options.trace_out, "'"));
+          absl::StrCat("--trace-out: cannot write '", path, "'"));
     }
   }
   return absl::OkStatus();

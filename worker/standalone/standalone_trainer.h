@@ -48,8 +48,10 @@ struct StandaloneOptions {
   // Host-tier directory for offloaded optimizer states (empty: the default,
   // TrainingJobOptions).
   std::string offload_dir;
-  // Where to write the last iteration's Chrome trace (JSON trace events).
-  // Empty: none.
+  // Where to write the last iteration's Chrome trace (JSON trace events),
+  // one file per rank: "{rank}" in it is replaced by the rank, else at
+  // world > 1 ".rank<R>" is appended (ranks started with the same command
+  // line never overwrite each other's). Empty: none.
   std::string trace_out;
   // Receives every iteration's report (the worker's metrics); may be null.
   // Its job label is the spec's name ("standalone" when unnamed).

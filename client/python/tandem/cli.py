@@ -1,12 +1,12 @@
 """The ``tandem`` command line.
 
     tandem [--coordinator ADDR] submit job.yaml [--watch] [-q]
-    tandem status JOB [--spec]
+    tandem status JOB [--spec] [--events N]
     tandem watch JOB
     tandem list [--state S] [--limit N]
     tandem cancel JOB [--reason R]
     tandem reoptimize JOB [--reason R]
-    tandem schedule JOB [--version N] [--explain]
+    tandem schedule JOB [--version N] [--explain]   (--version 0: the baseline)
     tandem timeline JOB -o trace.json [--rank R]
     tandem report JOB -o report.html
     tandem export my_model.py:build [--example-batch FILE]
@@ -86,8 +86,38 @@ def _describe_spec(spec):
     return model, batch
 
 
+def fmt_ago(unix_s, now=None):
+    """'3s ago', '4m ago', '2h ago'; '-' for never."""
+    if not unix_s:
+        return "-"
+    ago = max((now if now is not None else time.time()) - unix_s, 0)
+    for div, unit in ((86400, "d"), (3600, "h"), (60, "m")):
+        if ago >= div:
+            return "%d%s ago" % (ago // div, unit)
+    return "%ds ago" % ago
+
+
+def worker_rows(workers, now=None):
+    """The ranks as a table: a header and one row each."""
+    rows = [("RANK", "HOST", "DEVICE", "INCARNATION", "STEP", "SESSION",
+             "LAST HEARD")]
+    for w in workers:
+        rows.append(("%d" % w.rank, w.hostname or "-", w.device or "-",
+                     w.incarnation or "-", "%d" % w.step,
+                     "connected" if w.connected else "closed",
+                     fmt_ago(w.last_heartbeat_unix_s, now)))
+    return rows
+
+
+def _table(rows, indent=""):
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        _out(indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
 def cmd_status(client, args):
-    job, events = client.get(args.job)
+    status = client.get(args.job)
+    job, events = status
     total = job.spec.train.steps
     model, batch = _describe_spec(job.spec)
     rows = [
@@ -113,8 +143,19 @@ def cmd_status(client, args):
         _out("spec:")
         for line in spec_mod.spec_to_yaml(job.spec).splitlines():
             _out("  " + line)
-    _out("events:")
-    for e in events:
+    if status.workers:
+        _out("workers:")
+        _table(worker_rows(status.workers), indent="  ")
+    else:
+        _out("workers:   none registered yet")
+    n = max(args.events, 0)
+    shown = events[-n:] if n else []
+    if len(shown) < len(events):
+        _out("events (the last %d of %d; --events N for more):" %
+             (len(shown), len(events)))
+    else:
+        _out("events:")
+    for e in shown:
         _out("  " + event_line(e))
     return EXIT_OK
 
@@ -133,9 +174,7 @@ def cmd_list(client, args):
                      "%d/%d" % (j.step, j.spec.train.steps),
                      "v%d" % j.schedule_version,
                      fmt_time(j.submitted_unix_s, with_date=True)))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        _out("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    _table(rows)
     return EXIT_OK
 
 
@@ -485,6 +524,8 @@ def build_parser():
     sp.add_argument("job", metavar="JOB")
     sp.add_argument("--spec", action="store_true",
                     help="also print the full job spec, defaults applied")
+    sp.add_argument("--events", type=int, metavar="N", default=20,
+                    help="show the last N events (default 20; 0: none)")
 
     sp = add("watch", cmd_watch,
              "follow a job until it ends (exit 0 if it SUCCEEDED, 1 if it "
@@ -511,8 +552,9 @@ def build_parser():
 
     sp = add("schedule", cmd_schedule, "print a schedule in its text form")
     sp.add_argument("job", metavar="JOB")
-    sp.add_argument("--version", type=int, default=0,
-                    help="schedule version (default 0: the active one)")
+    sp.add_argument("--version", type=int, default=None,
+                    help="schedule version: 0 is the baseline every job "
+                         "starts on (default: the active one)")
     sp.add_argument("--explain", action="store_true",
                     help="print the planner's decisions instead: what each "
                     "decided, the pass, its simulated gain and cost, and "

@@ -14,7 +14,15 @@ DEFAULT_ADDRESS = "127.0.0.1:50051"
 ENV_ADDRESS = "TANDEM_COORDINATOR"
 
 # get(): the job and every event recorded for it, oldest first.
-JobStatus = collections.namedtuple("JobStatus", ["job", "events"])
+class JobStatus(collections.namedtuple("JobStatus", ["job", "events"])):
+    """A job and its events (``job, events = client.get(id)``), and its
+    ranks as ``.workers``, outside the tuple so that two-name unpacking
+    keeps working."""
+
+    def __new__(cls, job, events, workers=()):
+        self = super().__new__(cls, job, events)
+        self.workers = list(workers)
+        return self
 # schedule(): the readable text form and the tandem.v1.Schedule proto.
 ScheduleResult = collections.namedtuple("ScheduleResult", ["text", "schedule"])
 # explain(): why a schedule is what it is (common/README.md, "Explanation"):
@@ -175,10 +183,12 @@ class Client:
         return self._call(self._jobs.Submit, request).job
 
     def get(self, job_id):
-        """``JobStatus(job, events)``: the job and all its events."""
+        """``JobStatus(job, events, workers)``: the job, all its events, and
+        every rank that registered (``WorkerStatus``: rank, hostname,
+        incarnation, device, connected, last_heartbeat_unix_s, step)."""
         r = self._call(self._jobs.Get, job_service_pb2.GetJobRequest(
             job_id=job_id))
-        return JobStatus(r.job, list(r.events))
+        return JobStatus(r.job, list(r.events), list(r.workers))
 
     def list(self, states=None, limit=100):
         """Jobs, newest first; ``states`` filters (names such as
@@ -237,19 +247,23 @@ class Client:
                        job_service_pb2.GetReportRequest(job_id=job_id))
         return r.html
 
-    def schedule(self, job_id, version=0):
-        """``ScheduleResult(text, schedule)`` of a version (0: the active
-        one)."""
-        r = self._call(self._jobs.GetSchedule,
-                       job_service_pb2.GetScheduleRequest(job_id=job_id,
-                                                          version=version))
+    def _get_schedule(self, job_id, version):
+        request = job_service_pb2.GetScheduleRequest(job_id=job_id)
+        if version is not None:
+            request.version = version
+        return self._call(self._jobs.GetSchedule, request)
+
+    def schedule(self, job_id, version=None):
+        """``ScheduleResult(text, schedule)`` of a version: None (the
+        default) for the active one, 0 for the baseline every job starts
+        on, N for version N (an unknown one raises NOT_FOUND naming those
+        there are)."""
+        r = self._get_schedule(job_id, version)
         return ScheduleResult(r.text, r.schedule)
 
-    def explain(self, job_id, version=0):
-        """``Explanation`` of a schedule version (0: the active one): the
+    def explain(self, job_id, version=None):
+        """``Explanation`` of a schedule version (None: the active one): the
         planner's decisions, stored with the schedule, so a restarted
         coordinator still has them."""
-        r = self._call(self._jobs.GetSchedule,
-                       job_service_pb2.GetScheduleRequest(job_id=job_id,
-                                                          version=version))
+        r = self._get_schedule(job_id, version)
         return explanation_from_proto(r.schedule, r.explanation)

@@ -2,6 +2,7 @@
 coordinator: output and exit codes (0 ok, 1 server error, 2 usage)."""
 
 import re
+import time
 
 from conftest import EXAMPLE_SPEC, free_port, run_cli, unique_name
 
@@ -121,7 +122,7 @@ def test_cli_server_errors_exit_1(coordinator, tmp_path):
     r = run_cli("schedule", job_id, address=addr)
     assert r.returncode == 1 and "has no schedule yet" in r.stderr
     r = run_cli("schedule", job_id, "--version", "2", address=addr)
-    assert r.returncode == 1 and "has no schedule v2 yet" in r.stderr
+    assert r.returncode == 1 and "has no schedule v2; it has v0" in r.stderr
     r = run_cli("status", "no-such-job", address=addr)
     assert r.returncode == 1 and "no job 'no-such-job'" in r.stderr
     out = tmp_path / "trace.json"
@@ -158,3 +159,56 @@ def test_cli_help_exits_0():
     for cmd in ("submit", "status", "watch", "list", "cancel", "reoptimize",
                 "schedule", "timeline"):
         assert cmd in r.stdout
+
+
+def test_cli_status_lists_workers_and_the_last_events(coordinator, tmp_path,
+                                                      fake_workers):
+    addr = coordinator.address
+    r = run_cli("submit", "-q", write_spec(tmp_path, small_yaml()),
+                address=addr)
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.strip()
+    r = run_cli("status", job_id, address=addr)
+    assert "workers:   none registered yet" in r.stdout
+
+    workers = fake_workers(addr, job_id, 2)
+    workers[1].progress(1, 5.0)
+    deadline = time.monotonic() + 20
+    while True:
+        r = run_cli("status", job_id, "--events", "1", address=addr)
+        assert r.returncode == 0, r.stderr
+        if re.search(r"^\s+1\s+fake-1\s+cpu\s+\S+\s+1\s+connected\s+\d+s ago$",
+                     r.stdout, re.M) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    lines = r.stdout.splitlines()
+    header = lines.index("workers:") + 1
+    assert lines[header].split() == ["RANK", "HOST", "DEVICE", "INCARNATION",
+                                     "STEP", "SESSION", "LAST", "HEARD"]
+    assert re.search(r"^\s+0\s+fake-0\s+cpu\s+\S+\s+0\s+connected\s+\d+s ago$",
+                     r.stdout, re.M), r.stdout
+    assert re.search(r"^\s+1\s+fake-1\s+cpu\s+\S+\s+1\s+connected\s+\d+s ago$",
+                     r.stdout, re.M), r.stdout
+    m = re.search(r"^events \(the last 1 of (\d+); --events N for more\):$",
+                  r.stdout, re.M)
+    assert m and int(m.group(1)) >= 2, r.stdout
+    assert "all 2 workers registered" in r.stdout  # the newest event
+
+    r = run_cli("status", job_id, "--events", "0", address=addr)
+    assert re.search(r"^events \(the last 0 of \d+", r.stdout, re.M)
+    assert "submitted" not in r.stdout.split("events (")[1]
+
+
+def test_cli_schedule_versions_baseline_and_unknown(coordinator, tmp_path):
+    addr = coordinator.address
+    r = run_cli("submit", "-q", write_spec(tmp_path, small_yaml()),
+                address=addr)
+    job_id = r.stdout.strip()
+    # No graph yet: no baseline either, and it says why.
+    r = run_cli("schedule", job_id, "--version", "0", address=addr)
+    assert r.returncode == 1
+    assert "has no graph yet, so no baseline (v0)" in r.stderr
+    r = run_cli("schedule", job_id, "--version", "4", address=addr)
+    assert r.returncode == 1
+    assert ("job %s has no schedule v4; it has v0 (the baseline)" % job_id
+            in r.stderr)

@@ -209,7 +209,8 @@ def test_schedule_before_any_is_not_found(client):
     assert e.value.code == grpc.StatusCode.NOT_FOUND
     assert e.value.message == ("job %s has no schedule yet; schedules appear "
                                "after the warm-up steps" % job.id)
-    with pytest.raises(tandem.TandemError, match="has no schedule v3 yet"):
+    with pytest.raises(tandem.TandemError,
+                       match=r"has no schedule v3; it has v0 \(the baseline\)"):
         client.schedule(job.id, version=3)
 
 

@@ -125,6 +125,40 @@ TEST_F(PlanningManagerTest, FirstWindowAfterWarmup_PlansAndPublishesV1) {
   EXPECT_THAT(events->back().message(), HasSubstr("v1 (initial)"));
 }
 
+// `tandem schedule --version N`: 0 is the baseline the ranks started on,
+// lowered from the stored graph; a version the job does not have names
+// those it has.
+TEST_F(PlanningManagerTest, GetScheduleVersion_BaselineAndUnknown) {
+  auto none = planning_->GetScheduleVersion(job_.id(), 0);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(none.status().message(), HasSubstr("has no graph yet"));
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 1, Report(false)).ok());
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  v1::IterationProgress progress;
+  progress.set_step(1);
+  planning_->OnProgress(job_.id(), 0, progress);
+  SendWindow(0, 1, 0);
+  ASSERT_EQ(published_.size(), 1u);
+
+  auto baseline = planning_->GetScheduleVersion(job_.id(), 0);
+  ASSERT_TRUE(baseline.ok()) << baseline.status();
+  absl::StatusOr<Schedule> expected =
+      StartingSchedule(graph_, ShardingMode::kZero3);
+  ASSERT_TRUE(expected.ok());
+  EXPECT_EQ(baseline->schedule.version(), 0);
+  EXPECT_EQ(baseline->schedule.SerializeAsString(),
+            ToProto(*expected).SerializeAsString());
+  auto v1 = planning_->GetScheduleVersion(job_.id(), 1);
+  ASSERT_TRUE(v1.ok());
+  EXPECT_EQ(v1->schedule.version(), 1);
+  auto v5 = planning_->GetScheduleVersion(job_.id(), 5);
+  EXPECT_EQ(v5.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(v5.status().message(),
+              HasSubstr("has no schedule v5; it has v0 (the baseline), v1"));
+  EXPECT_EQ(planning_->GetScheduleVersion("nope", 0).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 // The workers measured 3 MiB more than the simulator says for the starting
 // schedule they ran: the published plan's predicted peak counts those bytes
 // (and the collectives' flat buffers), as CalibrateMemory defines.

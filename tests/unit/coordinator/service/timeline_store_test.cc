@@ -1,5 +1,6 @@
 #include "coordinator/service/timeline_store.h"
 
+#include <memory>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +36,34 @@ TEST(TimelineStoreTest, Put_KeepsLatestPerRank_GetFiltersByRank) {
   ASSERT_TRUE(one.ok());
   ASSERT_EQ(one->size(), 1u);
   EXPECT_EQ((*one)[0].step(), 5);
+}
+
+// With a store attached, a coordinator restarted on the same database (a
+// new TimelineStore) still has every rank's latest timeline.
+TEST(TimelineStoreTest, AttachedStore_SurvivesARestart) {
+  std::unique_ptr<JobStore> db = *JobStore::Open(":memory:");
+  {
+    TimelineStore store([] { return 7.0; });
+    store.AttachStore(db.get());
+    ASSERT_TRUE(store.Put("j", 0, Report(5)).ok());
+    ASSERT_TRUE(store.Put("j", 1, Report(6)).ok());
+    ASSERT_TRUE(store.Put("j", 0, Report(15)).ok());
+  }
+  TimelineStore restarted;
+  restarted.AttachStore(db.get());
+  auto all = restarted.Get("j", {});
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].step(), 15);
+  EXPECT_EQ((*all)[0].received_unix_s(), 7.0);
+  EXPECT_EQ((*all)[1].rank(), 1);
+  EXPECT_EQ((*all)[1].trace_json(), Report(6).trace_json());
+  auto one = restarted.Get("j", {1});
+  ASSERT_TRUE(one.ok());
+  ASSERT_EQ(one->size(), 1u);
+  EXPECT_EQ((*one)[0].step(), 6);
+  EXPECT_EQ(restarted.Get("other", {}).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST(TimelineStoreTest, Get_NoneYet_IsNotFoundSayingWhen) {

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace tandem {
 namespace {
@@ -321,6 +322,46 @@ TEST_F(WorkerManagerTest, Recover_OldRunningJobBehindAThousandNewerOnes) {
   hello.set_incarnation("b");
   EXPECT_TRUE(
       restarted.OpenSession(hello, std::make_shared<RecordingSink>()).ok());
+}
+
+// `tandem status`'s workers: each registered rank with its host and
+// device, connected once its session is open, with when it was last heard.
+TEST_F(WorkerManagerTest, Describe_RegisteredRanksAndTheirSessions) {
+  auto none = workers_->Describe(job_.id());
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+  ASSERT_TRUE(Register("a").ok());
+  ASSERT_TRUE(Register("b").ok());
+  v1::SessionHello hello;
+  hello.set_job_id(job_.id());
+  hello.set_rank(1);
+  hello.set_incarnation("b");
+  const double before = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  ASSERT_TRUE(
+      workers_->OpenSession(hello, std::make_shared<RecordingSink>()).ok());
+  auto workers = workers_->Describe(job_.id());
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  ASSERT_EQ(workers->size(), 2u);
+  EXPECT_EQ((*workers)[0].rank(), 0);
+  EXPECT_EQ((*workers)[0].incarnation(), "a");
+  EXPECT_FALSE((*workers)[0].connected());
+  EXPECT_EQ((*workers)[1].rank(), 1);
+  EXPECT_EQ((*workers)[1].incarnation(), "b");
+  EXPECT_TRUE((*workers)[1].connected());
+  EXPECT_GE((*workers)[1].last_heartbeat_unix_s(), before - 1);
+
+  // A restarted coordinator knows them from the store; not heard since.
+  JobManager jobs(store_.get());
+  ASSERT_TRUE(jobs.Recover().ok());
+  WorkerManager restarted(&jobs, store_.get(), &kv_, nullptr, nullptr,
+                          WorkerManager::Options());
+  ASSERT_TRUE(restarted.Recover().ok());
+  auto recovered = restarted.Describe(job_.id());
+  ASSERT_TRUE(recovered.ok());
+  ASSERT_EQ(recovered->size(), 2u);
+  EXPECT_EQ((*recovered)[1].incarnation(), "b");
+  EXPECT_FALSE((*recovered)[1].connected());
+  EXPECT_EQ((*recovered)[1].last_heartbeat_unix_s(), 0);
 }
 
 TEST_F(WorkerManagerTest, Register_ReportsRankToListener) {

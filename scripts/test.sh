@@ -46,6 +46,10 @@ fi
   /usr/bin/python3 -m pytest -q -p no:cacheprovider \
   test_prometheus.py test_dashboards_typecheck.py) || status=1
 
+echo "== e2e: container image (scripts/image.sh builds tandem:VERSION; a coordinator, 2 workers and the CLI run from it under podman)"
+(cd "$ROOT/tests/e2e" && TANDEM_BUILD_DIR="$BUILD_DIR" \
+  /usr/bin/python3 -m pytest -q -p no:cacheprovider test_image.py) || status=1
+
 echo "== e2e: job report (tandem report and /jobs/JOB from a finished job, rendered in headless Chromium)"
 if ! command -v chromium >/dev/null 2>&1; then
   sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_=sudo

@@ -11,8 +11,18 @@
 namespace tandem {
 
 std::string FormatBytes(int64_t bytes) {
-  return absl::StrFormat("%.2f GiB (%d B)",
-                         static_cast<double>(bytes) / (1 << 30), bytes);
+  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
+  double value = std::abs(static_cast<double>(bytes));
+  if (value < 1024) return absl::StrCat(bytes, " B");
+  int unit = -1;
+  while (value >= 1024 && unit + 1 < 4) {
+    value /= 1024;
+    ++unit;
+  }
+  // Three significant digits: 2.34, 45.6, 139.
+  const int decimals = value < 10 ? 2 : value < 100 ? 1 : 0;
+  return absl::StrFormat("%s%.*f %s (%d B)", bytes < 0 ? "-" : "", decimals,
+                         value, kUnits[unit], bytes);
 }
 
 std::string FormatBytesShort(int64_t bytes) {

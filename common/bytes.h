@@ -11,7 +11,8 @@
 
 namespace tandem {
 
-// E.g. "81.30 GiB (87294562304 B)": readable, and exact for copying.
+// In the unit that reads best, and exact for copying: "81.3 GiB
+// (87294562304 B)", "2.34 MiB (2457224 B)", "512 B".
 std::string FormatBytes(int64_t bytes);
 
 // Short, for tables: "512B", "1.50MiB", "80.00GiB" (the largest power of

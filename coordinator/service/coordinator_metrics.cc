@@ -23,6 +23,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(
                           "Schedules planned, by reason (initial, drift, "
                           "memory, reoptimize).",
                           {"job", "reason"}));
+  ASSIGN_OR_RETURN(
+      m->worker_restarts,
+      registry.AddCounter("tandem_worker_restarts_total",
+                          "Ranks that registered again as a new worker "
+                          "process while their job ran.",
+                          {"job"}));
   ASSIGN_OR_RETURN(m->drift_score,
                    registry.AddGauge("tandem_drift_score",
                                      "Relative deviation of the median of "

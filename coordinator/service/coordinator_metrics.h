@@ -19,6 +19,9 @@ struct CoordinatorMetrics {
   metrics::Family<metrics::Gauge>* workers_expected;
   // {job, reason}
   metrics::Family<metrics::Counter>* replans;
+  // Ranks that registered again as a new process while their job ran (a
+  // relaunched worker), by job; 0 from a job's first registration on.
+  metrics::Family<metrics::Counter>* worker_restarts;
   // The reasons a plan is made, whose series start at 0 with each job.
   static constexpr const char* kReplanReasons[] = {
       "initial",  "drift",  "memory",      "reoptimize",

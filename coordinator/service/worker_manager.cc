@@ -64,6 +64,10 @@ std::string WorkerManager::StorePrefix(const std::string& job_id) {
 }
 
 WorkerManager::JobWorkers& WorkerManager::Workers(const v1::Job& job) {
+  // The job's restarts series exists (at 0) from its first registration.
+  if (metrics_ != nullptr && jobs_workers_.count(job.id()) == 0) {
+    metrics_->worker_restarts->WithLabels({job.id()});
+  }
   JobWorkers& w = jobs_workers_[job.id()];
   w.world = job.spec().parallel().world_size();
   w.total_steps = job.spec().train().steps();
@@ -180,6 +184,9 @@ absl::StatusOr<v1::RegisterResponse> WorkerManager::Register(
         if (it != w.ranks.end()) {
           if (job->state() == v1::JOB_STATE_RUNNING) {
             restarted = true;
+            if (metrics_ != nullptr) {
+              metrics_->worker_restarts->WithLabels({job->id()}).Increment();
+            }
             restart_msg = absl::StrCat(
                 RankRef(rank, it->second.hostname), " restarted (incarnation ",
                 it->second.incarnation, " -> ", request.incarnation(),

@@ -9,6 +9,7 @@
     tandem schedule JOB [--version N] [--explain]   (--version 0: the baseline)
     tandem timeline JOB -o trace.json [--rank R]
     tandem report JOB -o report.html
+    tandem launch --nproc N job.yaml | --nproc N --job JOB [--log-dir DIR]
     tandem export my_model.py:build [--example-batch FILE]
                   [--wrap A,B | --wrap-min-params N] [--dynamic NAME:DIM,...]
                   -o model.tandem
@@ -244,6 +245,61 @@ def cmd_report(client, args):
          (args.job, args.output, fmt_bytes(len(html.encode("utf-8")))))
     _out("  open it in a browser: one page, no script, nothing fetched")
     return EXIT_OK
+
+
+def cmd_launch(client, args):
+    from tandem import launch as launch_mod
+    if args.nproc < 1:
+        raise TandemError("--nproc must be >= 1, got %d" % args.nproc)
+    if bool(args.spec) == bool(args.job):
+        raise TandemError("give a job spec to submit, or --job JOB to join "
+                          "one, not %s" % ("both" if args.spec else "neither"))
+    worker = launch_mod.find_worker(args.worker)
+    if args.job:
+        job, _ = client.get(args.job)
+        if is_terminal(job.state):
+            raise TandemError("job %s already ended %s; submit a new one" %
+                              (job.id, state_name(job.state)),
+                              code=grpc.StatusCode.FAILED_PRECONDITION)
+        # Ranks are the coordinator's to assign: other hosts may join too.
+        assign_ranks = False
+        what = "joining job %s (world %d)" % (job.id,
+                                               job.spec.parallel.world_size)
+    else:
+        spec = spec_mod.load_spec_file(args.spec)
+        world = spec.parallel.world_size
+        if world == 0:
+            spec.parallel.world_size = args.nproc
+        elif world != args.nproc:
+            raise TandemError(
+                "%s: parallel.world_size is %d but --nproc is %d; launch "
+                "--nproc %d here, or start the other ranks on other hosts "
+                "with `tandem launch --nproc N --job JOB`"
+                % (args.spec, world, args.nproc, world))
+        job = client.submit(spec)
+        assign_ranks = True
+        what = "submitted job %s" % job.id
+    log_dir = args.log_dir or os.path.join("tandem-logs", job.id)
+    workers = launch_mod.LocalWorkers(
+        worker, client.address, job.id, args.nproc, log_dir,
+        ranks=assign_ranks, threads=args.threads)
+    _out("%s; started %d workers (%s), logs in %s" %
+         (what, args.nproc, worker, launch_mod.describe_logs(workers)))
+    sys.stdout.flush()
+    run = launch_mod.Launch(client, job.id, workers, _out)
+    run.install_signal_handlers()
+    run.start_monitor()
+    try:
+        code = watch_job(client, job.id, args)
+    finally:
+        run.stop_monitor()
+        workers.wait(launch_mod.STOP_GRACE_S)
+    if run.failure:
+        _err(run.failure)
+        return EXIT_ERROR
+    if run.signals:
+        return launch_mod.exit_code_for_signal(run.signals[0])
+    return code
 
 
 def cmd_watch(client, args):
@@ -526,6 +582,30 @@ def build_parser():
                     help="also print the full job spec, defaults applied")
     sp.add_argument("--events", type=int, metavar="N", default=20,
                     help="show the last N events (default 20; 0: none)")
+
+    sp = add("launch", cmd_launch,
+             "like torchrun for one host: submit a job spec (or join --job), "
+             "start N local tandem-worker processes with their ranks and "
+             "logs, follow the job to its end, and forward Ctrl-C and "
+             "SIGTERM to the workers")
+    sp.add_argument("spec", metavar="job.yaml", nargs="?",
+                    help="the job spec to submit (its parallel.world_size, "
+                         "if set, must equal --nproc)")
+    sp.add_argument("--nproc", type=int, required=True, metavar="N",
+                    help="worker processes to start here (LOCAL_RANK 0..N-1)")
+    sp.add_argument("--job", metavar="JOB",
+                    help="join this job instead of submitting one (the "
+                         "coordinator assigns the ranks)")
+    sp.add_argument("--worker", metavar="PATH",
+                    help="the tandem-worker binary (default: "
+                         "$TANDEM_WORKER, PATH, then the source tree's "
+                         "build/worker/tandem-worker)")
+    sp.add_argument("--log-dir", metavar="DIR",
+                    help="rankR.log (stderr) and rankR.out (a JSON line per "
+                         "step) per worker (default: tandem-logs/JOB)")
+    sp.add_argument("--threads", type=int, default=0, metavar="N",
+                    help="compute threads per worker (default: libtorch's)")
+    add_watch_flags(sp)
 
     sp = add("watch", cmd_watch,
              "follow a job until it ends (exit 0 if it SUCCEEDED, 1 if it "

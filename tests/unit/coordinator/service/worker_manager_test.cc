@@ -233,6 +233,32 @@ TEST_F(WorkerManagerTest, RestartedWorker_FailsRunningJob) {
               HasSubstr("rank 1 (host-b) restarted"));
 }
 
+// tandem_worker_restarts_total: 0 from the job's first registration, 1
+// after a rank came back as a new process.
+TEST_F(WorkerManagerTest, RestartedWorker_CountedInTheRestartsMetric) {
+  metrics::Registry registry;
+  auto m = CoordinatorMetrics::Create(registry);
+  ASSERT_TRUE(m.ok()) << m.status();
+  WorkerManager counted(jobs_.get(), store_.get(), &kv_, m->get(), nullptr,
+                        WorkerManager::Options());
+  auto reg = [&](const std::string& inc, int rank) {
+    v1::RegisterRequest r;
+    r.set_job_id(job_.id());
+    r.set_incarnation(inc);
+    r.set_hostname("host-" + inc);
+    r.set_requested_rank(rank);
+    return counted.Register(r);
+  };
+  ASSERT_TRUE(reg("a", 0).ok());
+  EXPECT_EQ((*m)->worker_restarts->WithLabels({job_.id()}).value(), 0);
+  ASSERT_TRUE(reg("b", 1).ok());
+  EXPECT_FALSE(reg("b2", 1).ok());
+  EXPECT_EQ((*m)->worker_restarts->WithLabels({job_.id()}).value(), 1);
+  EXPECT_THAT(
+      registry.Expose(),
+      HasSubstr("tandem_worker_restarts_total{job=\"" + job_.id() + "\"} 1"));
+}
+
 TEST_F(WorkerManagerTest, FatalError_FailsJob) {
   ASSERT_TRUE(Register("a").ok());
   ASSERT_TRUE(Register("b").ok());

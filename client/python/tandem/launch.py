@@ -1,0 +1,209 @@
+"""``tandem launch``: torchrun for one host. Submits a job (or joins one with
+``--job``), starts N local ``tandem-worker`` processes with their ranks,
+``LOCAL_RANK`` and a log each, follows the job like ``tandem watch``, and
+forwards Ctrl-C and SIGTERM to the workers, which tell the coordinator and
+stop (client/README.md, "Launch on one host").
+
+Needs no torch: it runs the C++ worker binary."""
+
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from tandem.errors import TandemError
+
+# How long the workers get to stop on their own once the job ended (the
+# coordinator tells them) or a signal was forwarded, before SIGKILL.
+STOP_GRACE_S = 30.0
+
+
+def find_worker(explicit=None):
+    """The tandem-worker binary: --worker, else $TANDEM_WORKER, else
+    tandem-worker on PATH, else the source tree's build (build/worker/,
+    or $TANDEM_BUILD_DIR/worker/). TandemError saying where it looked."""
+    tried = []
+    candidates = []
+    if explicit:
+        candidates.append(("--worker", explicit))
+    elif os.environ.get("TANDEM_WORKER"):
+        candidates.append(("$TANDEM_WORKER", os.environ["TANDEM_WORKER"]))
+    else:
+        on_path = shutil.which("tandem-worker")
+        if on_path:
+            candidates.append(("PATH", on_path))
+        repo = pathlib.Path(__file__).resolve().parents[3]
+        build = os.environ.get("TANDEM_BUILD_DIR")
+        build = pathlib.Path(build) if build else repo / "build"
+        if not build.is_absolute():
+            build = repo / build
+        candidates.append(("the build", str(build / "worker" /
+                                            "tandem-worker")))
+    for source, path in candidates:
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+        tried.append("%s (%s)" % (path, source))
+    raise TandemError("no tandem-worker binary at %s: pass --worker PATH, set "
+                      "TANDEM_WORKER, or put tandem-worker on PATH"
+                      % ", ".join(tried))
+
+
+class LocalWorkers:
+    """N tandem-worker processes of one job on this host: rank r (when
+    given) with LOCAL_RANK=r, stdout (a JSON line per step) to
+    LOG_DIR/rankR.out and stderr to LOG_DIR/rankR.log. Each runs in a
+    process group of its own, so a Ctrl-C at the terminal reaches only the
+    launcher, which forwards it."""
+
+    def __init__(self, worker, address, job_id, nproc, log_dir, ranks=True,
+                 threads=0, extra_args=()):
+        self.log_dir = pathlib.Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.procs = []
+        for r in range(nproc):
+            cmd = [worker, "--coordinator", address, "--job", job_id]
+            if ranks:
+                cmd += ["--rank", str(r)]
+            if threads:
+                cmd += ["--threads", str(threads)]
+            cmd += list(extra_args)
+            env = dict(os.environ, LOCAL_RANK=str(r))
+            # The worker takes RANK/WORLD_SIZE as defaults; these are ours.
+            for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+                env.pop(name, None)
+            out = open(self.log_dir / ("rank%d.out" % r), "wb")
+            err = open(self.log_dir / ("rank%d.log" % r), "wb")
+            try:
+                self.procs.append(subprocess.Popen(
+                    cmd, stdout=out, stderr=err, env=env,
+                    start_new_session=True))
+            except OSError as e:
+                self.signal(signal.SIGKILL)
+                raise TandemError("cannot start %s: %s" % (worker, e)) from None
+            finally:
+                out.close()
+                err.close()
+
+    def log_path(self, r):
+        return self.log_dir / ("rank%d.log" % r)
+
+    def log_tail(self, r, lines=5):
+        try:
+            text = self.log_path(r).read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def exited(self):
+        """[(local index, exit code)] of the processes that ended."""
+        return [(r, p.returncode) for r, p in enumerate(self.procs)
+                if p.poll() is not None]
+
+    def running(self):
+        return sum(p.poll() is None for p in self.procs)
+
+    def signal(self, signum):
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    p.send_signal(signum)
+                except ProcessLookupError:
+                    pass
+
+    def wait(self, timeout):
+        """Waits up to `timeout` seconds for every process, then kills the
+        rest. Returns their exit codes."""
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                pass
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        return [p.returncode for p in self.procs]
+
+
+class Launch:
+    """Runs one launch: the workers, a monitor that cancels the job when a
+    worker dies before the job ended (else the job would wait for it
+    forever), and signal forwarding."""
+
+    def __init__(self, client, job_id, workers, out):
+        self.client = client
+        self.job_id = job_id
+        self.workers = workers
+        self.out = out
+        self.signals = []
+        self.failure = None
+        self._done = threading.Event()
+        self._monitor = threading.Thread(target=self._watch_processes,
+                                         daemon=True)
+
+    def install_signal_handlers(self):
+        def forward(signum, frame):
+            self.signals.append(signum)
+            name = signal.Signals(signum).name
+            if len(self.signals) == 1:
+                self.out("%s: stopping the %d workers (again to kill them)"
+                         % (name, self.workers.running()))
+                self.workers.signal(signal.SIGTERM)
+            else:
+                self.workers.signal(signal.SIGKILL)
+                raise KeyboardInterrupt
+        signal.signal(signal.SIGINT, forward)
+        signal.signal(signal.SIGTERM, forward)
+
+    def start_monitor(self):
+        self._monitor.start()
+
+    def stop_monitor(self):
+        self._done.set()
+
+    def _watch_processes(self):
+        while not self._done.wait(0.5):
+            if self.signals:
+                continue  # they were told to stop
+            dead = [(r, code) for r, code in self.workers.exited()
+                    if code != 0]
+            if not dead:
+                continue
+            r, code = dead[0]
+            self.failure = (
+                "worker %d exited with code %d before the job ended (log: "
+                "%s)%s" % (r, code, self.workers.log_path(r),
+                           ("\n  " + self.workers.log_tail(r).replace(
+                               "\n", "\n  ")) if self.workers.log_tail(r)
+                           else ""))
+            self.workers.signal(signal.SIGTERM)
+            try:
+                job, _ = self.client.get(self.job_id)
+                from tandem.client import is_terminal
+                if not is_terminal(job.state):
+                    self.client.cancel(
+                        self.job_id,
+                        reason="tandem launch: worker %d exited with code "
+                        "%d before the job ended" % (r, code))
+            except TandemError:
+                pass
+            return
+
+
+def exit_code_for_signal(signum):
+    return 128 + signum
+
+
+def describe_logs(workers):
+    return "%s/rank{0..%d}.{log,out}" % (workers.log_dir,
+                                          len(workers.procs) - 1)
+
+
+def flush():
+    sys.stdout.flush()
+    sys.stderr.flush()

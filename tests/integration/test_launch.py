@@ -1,0 +1,136 @@
+"""`tandem launch` as a user runs it: a real coordinator, the CLI starting
+real tandem-worker processes on this host, watching the job, and forwarding
+Ctrl-C to them."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import yaml
+
+import tandem
+from conftest import REPO, unique_name, wait_for, worker_binary
+
+CLIENT = REPO / "client" / "python"
+
+
+def spec_file(tmp_path, steps, world=None):
+    spec = {
+        "name": unique_name(),
+        "model": {"preset": "llama", "layers": 2, "d_model": 32, "heads": 4,
+                  "ffn": 64, "vocab": 128},
+        "batch": {"micro_batch": 2, "seq_len": 16},
+        "train": {"steps": steps},
+        "optimize": {"warmup_steps": 3},
+    }
+    if world is not None:
+        spec["parallel"] = {"world_size": world}
+    path = tmp_path / ("%s.yaml" % spec["name"])
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def launch(coordinator, *args, **popen):
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
+               TANDEM_WORKER=str(worker_binary()))
+    return subprocess.Popen(
+        [sys.executable, "-m", "tandem", "--coordinator", coordinator.address,
+         "launch"] + [str(a) for a in args],
+        cwd=str(CLIENT), env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, **popen)
+
+
+def test_launch_nproc_2_runs_a_job_to_completion(cluster, tmp_path):
+    c = cluster.coordinator()
+    logs = tmp_path / "logs"
+    p = launch(c, "--nproc", 2, "--threads", 1, "--log-dir", logs,
+               spec_file(tmp_path, steps=8))
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 0, (out, err)
+    job_id = out.split("submitted job ", 1)[1].split(";", 1)[0]
+    assert "started 2 workers" in out
+    assert "job %s SUCCEEDED after 8 steps" % job_id in out
+    # One log and one step stream per rank, with the ranks launch gave.
+    for rank in (0, 1):
+        assert (logs / ("rank%d.log" % rank)).is_file()
+        steps = [json.loads(line) for line in
+                 (logs / ("rank%d.out" % rank)).read_text().splitlines()
+                 if '"loss"' in line]
+        assert len(steps) == 8 and all(s["rank"] == rank for s in steps)
+    with tandem.Client(c.address) as client:
+        job, _ = client.get(job_id)
+        assert tandem.state_name(job.state) == "SUCCEEDED"
+        assert job.spec.parallel.world_size == 2  # from --nproc
+
+
+def test_launch_joins_an_existing_job(cluster, tmp_path):
+    c = cluster.coordinator()
+    with tandem.Client(c.address) as client:
+        job = client.submit(str(spec_file(tmp_path, steps=6, world=2)))
+    p = launch(c, "--nproc", 2, "--threads", 1, "--job", job.id,
+               "--log-dir", tmp_path / "logs")
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 0, (out, err)
+    assert "joining job %s (world 2)" % job.id in out
+    assert "job %s SUCCEEDED after 6 steps" % job.id in out
+
+
+def test_launch_world_size_mismatch_and_bad_args_are_usage_errors(
+        cluster, tmp_path):
+    c = cluster.coordinator()
+    p = launch(c, "--nproc", 3, spec_file(tmp_path, steps=4, world=2))
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 2
+    assert "parallel.world_size is 2 but --nproc is 3" in err
+    p = launch(c, "--nproc", 2)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and "give a job spec to submit, or --job" in err
+    p = launch(c, "--nproc", 2, "--worker", tmp_path / "nope",
+               spec_file(tmp_path, steps=4))
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and "no tandem-worker binary at" in err
+
+
+def test_launch_forwards_ctrl_c_to_the_workers(cluster, tmp_path):
+    c = cluster.coordinator()
+    logs = tmp_path / "logs"
+    p = launch(c, "--nproc", 2, "--threads", 1, "--log-dir", logs,
+               spec_file(tmp_path, steps=100000))
+    with tandem.Client(c.address) as client:
+        def running():
+            jobs = client.list(states="RUNNING")
+            return jobs[0] if jobs and jobs[0].step >= 2 else None
+        job = wait_for(running, timeout=120, what="the launched job to run 2 steps")
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=90)
+        assert p.returncode == 128 + signal.SIGINT, (out, err)
+        assert "SIGINT: stopping the 2 workers" in out
+        final, _ = client.get(job.id)
+        assert tandem.state_name(final.state) == "FAILED"
+        assert "stopped by signal SIGTERM" in final.error, final.error
+    # Both workers stopped cleanly (they told the coordinator) and are gone.
+    for rank in (0, 1):
+        assert "SIGTERM" in (logs / ("rank%d.log" % rank)).read_text()
+
+
+def test_launch_cancels_the_job_when_a_worker_dies_early(cluster, tmp_path):
+    c = cluster.coordinator()
+    fake = tmp_path / "fake-worker"
+    fake.write_text("#!/bin/sh\necho 'cannot start: no GPU here' >&2\n"
+                    "exit 3\n")
+    fake.chmod(0o755)
+    start = time.monotonic()
+    p = launch(c, "--nproc", 2, "--worker", fake, "--log-dir",
+               tmp_path / "logs", spec_file(tmp_path, steps=4))
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 1, (out, err)
+    assert time.monotonic() - start < 30
+    assert "exited with code 3 before the job ended" in err
+    assert "cannot start: no GPU here" in err
+    job_id = out.split("submitted job ", 1)[1].split(";", 1)[0]
+    with tandem.Client(c.address) as client:
+        job, _ = client.get(job_id)
+        assert tandem.state_name(job.state) == "CANCELLED"

@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "common/bytes.h"
 #include "common/ir/explanation.h"
+#include "coordinator/service/job_manager.h"
 
 namespace tandem {
 namespace {
@@ -102,29 +103,12 @@ std::string TimeUtc(double unix_s) {
       absl::UTCTimeZone());
 }
 
-absl::string_view StateName(v1::JobState state) {
-  switch (state) {
-    case v1::JOB_STATE_PENDING:
-      return "PENDING";
-    case v1::JOB_STATE_RUNNING:
-      return "RUNNING";
-    case v1::JOB_STATE_SUCCEEDED:
-      return "SUCCEEDED";
-    case v1::JOB_STATE_FAILED:
-      return "FAILED";
-    case v1::JOB_STATE_CANCELLED:
-      return "CANCELLED";
-    default:
-      return "UNKNOWN";
-  }
-}
-
 std::string Header(const JobReport& r) {
   const v1::Job& job = r.job;
   const v1::JobSpec& spec = job.spec();
   std::vector<std::pair<std::string, std::string>> facts;
   facts.emplace_back("name", spec.name());
-  facts.emplace_back("state", std::string(StateName(job.state())));
+  facts.emplace_back("state", std::string(JobStateName(job.state())));
   facts.emplace_back("step",
                      absl::StrCat(job.step(), " of ", spec.train().steps()));
   if (job.step() > 0)

@@ -112,6 +112,25 @@ std::string SvgOpen(absl::string_view id, absl::string_view title, int width,
       "</title>");
 }
 
+// The horizontal grid lines at the y ticks and their labels: opens the
+// "grid" group and closes it, then opens the "axis" group (left open for
+// the caller's x axis).
+template <typename ToPixel>
+void AppendYGrid(const Axis& ya, Unit unit, double left, double pw,
+                 const ToPixel& py, std::string* svg) {
+  absl::StrAppend(svg, "<g class=\"grid\">");
+  for (double t : ya.ticks) {
+    absl::StrAppend(svg, "<line x1=\"", Num(left), "\" x2=\"", Num(left + pw),
+                    "\" y1=\"", Num(py(t)), "\" y2=\"", Num(py(t)), "\"/>");
+  }
+  absl::StrAppend(svg, "</g><g class=\"axis\">");
+  for (double t : ya.ticks) {
+    absl::StrAppend(svg, "<text x=\"", Num(left - 6), "\" y=\"", Num(py(t) + 4),
+                    "\" text-anchor=\"end\">", HtmlEscape(FormatValue(t, unit)),
+                    "</text>");
+  }
+}
+
 }  // namespace
 
 std::string HtmlEscape(absl::string_view text) {
@@ -205,17 +224,7 @@ std::string RenderLineChart(const LineChart& chart) {
   };
 
   std::string svg = SvgOpen(chart.id, chart.title, chart.width, chart.height);
-  absl::StrAppend(&svg, "<g class=\"grid\">");
-  for (double t : ya.ticks) {
-    absl::StrAppend(&svg, "<line x1=\"", Num(left), "\" x2=\"", Num(left + pw),
-                    "\" y1=\"", Num(py(t)), "\" y2=\"", Num(py(t)), "\"/>");
-  }
-  absl::StrAppend(&svg, "</g><g class=\"axis\">");
-  for (double t : ya.ticks) {
-    absl::StrAppend(&svg, "<text x=\"", Num(left - 6), "\" y=\"",
-                    Num(py(t) + 4), "\" text-anchor=\"end\">",
-                    HtmlEscape(FormatValue(t, chart.y_unit)), "</text>");
-  }
+  AppendYGrid(ya, chart.y_unit, left, pw, py, &svg);
   for (double t : xa.ticks) {
     absl::StrAppend(&svg, "<line x1=\"", Num(px(t)), "\" x2=\"", Num(px(t)),
                     "\" y1=\"", Num(top + ph), "\" y2=\"", Num(top + ph + 4),
@@ -314,17 +323,7 @@ std::string RenderBarChart(const BarChart& chart) {
     return top + ph - (y - ya.lo) / (ya.hi - ya.lo) * ph;
   };
   std::string svg = SvgOpen(chart.id, chart.title, chart.width, chart.height);
-  absl::StrAppend(&svg, "<g class=\"grid\">");
-  for (double t : ya.ticks) {
-    absl::StrAppend(&svg, "<line x1=\"", Num(left), "\" x2=\"", Num(left + pw),
-                    "\" y1=\"", Num(py(t)), "\" y2=\"", Num(py(t)), "\"/>");
-  }
-  absl::StrAppend(&svg, "</g><g class=\"axis\">");
-  for (double t : ya.ticks) {
-    absl::StrAppend(&svg, "<text x=\"", Num(left - 6), "\" y=\"",
-                    Num(py(t) + 4), "\" text-anchor=\"end\">",
-                    HtmlEscape(FormatValue(t, chart.y_unit)), "</text>");
-  }
+  AppendYGrid(ya, chart.y_unit, left, pw, py, &svg);
   absl::StrAppend(&svg, "<line x1=\"", Num(left), "\" x2=\"", Num(left + pw),
                   "\" y1=\"", Num(top + ph), "\" y2=\"", Num(top + ph),
                   "\"/><text transform=\"translate(14,", Num(top + ph / 2),

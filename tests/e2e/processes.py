@@ -6,7 +6,6 @@ import pathlib
 import re
 import signal
 import subprocess
-import time
 import urllib.request
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -31,15 +30,11 @@ def free_port():
 
 
 def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out after %gs waiting for %s" %
-                                 (timeout, what))
-        time.sleep(0.2)
+    """The client suite's wait_for (client/python/tests/conftest.py),
+    polling every 0.2 s."""
+    from conftest import client_conftest
+    return client_conftest.wait_for(predicate, timeout=timeout, interval=0.2,
+                                    what=what)
 
 
 def http_get(url, timeout=10):

@@ -2,13 +2,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "common/archive/model_archive.h"
 #include "common/archive/tensor_data.h"
 #include "common/archive/weights_file.h"
@@ -52,6 +55,53 @@ class FieldErrors {
 template <typename T>
 void AtLeast(FieldErrors& errors, const char* path, T value, T min) {
   if (value < min) errors.Add(path, " must be >= ", min, ", got ", value);
+}
+
+template <typename T>
+void AtMost(FieldErrors& errors, const char* path, T value, T max,
+            const char* why) {
+  if (value > max) {
+    errors.Add(path, " must be <= ", max, " (", why, "), got ", value);
+  }
+}
+
+// Why a job may not use `path`, or nullopt. A job reads its data and
+// weights and writes its checkpoints; none of them lives among the
+// machine's system files, and `writes` also keeps it out of the system's
+// program and library trees. Judged on the path as written, made lexically
+// normal ("/tmp/../etc" is /etc); a relative path is the worker's business.
+std::optional<std::string> SystemPathReason(const std::string& path,
+                                            bool writes) {
+  if (path.empty() || path[0] != '/') return std::nullopt;
+  const std::string normal =
+      std::filesystem::path(path).lexically_normal().generic_string();
+  static constexpr const char* kNeverRead[] = {"/etc", "/proc", "/sys",
+                                               "/dev", "/boot", "/run"};
+  static constexpr const char* kNeverWritten[] = {
+      "/bin", "/sbin", "/lib", "/lib64", "/usr", "/var/lib"};
+  auto under = [&normal](absl::string_view dir) {
+    return normal == dir || absl::StartsWith(normal, absl::StrCat(dir, "/"));
+  };
+  if (normal == "/") return std::string("the root directory");
+  for (const char* dir : kNeverRead) {
+    if (under(dir)) return absl::StrCat("under ", dir, ", a system directory");
+  }
+  if (writes) {
+    for (const char* dir : kNeverWritten) {
+      if (under(dir))
+        return absl::StrCat("under ", dir, ", a system directory");
+    }
+  }
+  return std::nullopt;
+}
+
+void CheckJobPath(FieldErrors& errors, const char* field,
+                  const std::string& path, bool writes) {
+  if (std::optional<std::string> why = SystemPathReason(path, writes)) {
+    errors.Add(field, " '", path, "' is ", *why, "; point it at the job's ",
+               writes ? "own directory (e.g. /shared/ckpt/my-run)"
+                      : "own files (e.g. /shared/data/...)");
+  }
 }
 
 // train.lr_schedule, warmup_steps and min_lr (common/job/lr_schedule.h).
@@ -347,12 +397,28 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
     AtLeast(errors, "model.heads", m.heads(), 1);
     AtLeast(errors, "model.kv_heads", m.kv_heads(), 1);
     AtLeast(errors, "model.ffn", m.ffn(), 1);
+    // Far above any real model, far below what overflows the sizes the
+    // graph and the worker compute from them.
+    AtMost(errors, "model.layers", m.layers(), 4096, "real models have < 200");
+    AtMost(errors, "model.d_model", m.d_model(), 1 << 17,
+           "real models have <= 16384");
+    AtMost(errors, "model.heads", m.heads(), 4096, "real models have <= 128");
+    AtMost(errors, "model.kv_heads", m.kv_heads(), 4096,
+           "real models have <= 128");
+    AtMost(errors, "model.ffn", m.ffn(), 1 << 20, "real models have < 65536");
   }
   const v1::DataSpec& d = spec.data();
   const bool tensors = d.kind() == "tensors";
   // The tensors source reads no token ids: model.vocab and batch.seq_len
   // are unused there.
-  if (!tensors) AtLeast(errors, "model.vocab", m.vocab(), 2);
+  if (!tensors) {
+    AtLeast(errors, "model.vocab", m.vocab(), 2);
+    AtMost(errors, "model.vocab", m.vocab(), 1 << 24,
+           "the largest real vocabularies are about 256k tokens");
+  }
+  CheckJobPath(errors, "data.path", d.path(), /*writes=*/false);
+  CheckJobPath(errors, "model.path", m.path(), /*writes=*/false);
+  CheckJobPath(errors, "model.init_from", m.init_from(), /*writes=*/false);
 
   if (d.kind() != "synthetic" && d.kind() != "tokens" && !tensors) {
     errors.Add("data.kind must be synthetic, tokens or tensors, got '",
@@ -379,6 +445,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
 
   const v1::BatchSpec& b = spec.batch();
   AtLeast(errors, "batch.micro_batch", b.micro_batch(), 1);
+  AtMost(errors, "batch.micro_batch", b.micro_batch(), 1 << 16,
+         "samples per rank per micro-batch");
+  AtMost(errors, "batch.seq_len", b.seq_len(), 1 << 22, "tokens per sample");
   if (tensors) {
     AtLeast(errors, "batch.seq_len", b.seq_len(), 0);
   } else {
@@ -390,6 +459,11 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
   AtLeast<int64_t>(errors, "train.steps", t.steps(), 1);
   if (!(std::isfinite(t.lr()) && t.lr() > 0)) {
     errors.Add("train.lr must be > 0, got ", t.lr());
+  } else if (t.lr() > 10) {
+    errors.Add(
+        "train.lr must be <= 10 (AdamW's useful rates are far "
+        "below 1), got ",
+        t.lr());
   }
   ValidateLrSchedule(t, errors);
   if (!(std::isfinite(t.weight_decay()) && t.weight_decay() >= 0)) {
@@ -457,6 +531,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
 
   const v1::CheckpointSpec& c = spec.checkpoint();
   AtLeast<int64_t>(errors, "checkpoint.every", c.every(), 0);
+  CheckJobPath(errors, "checkpoint.dir", c.dir(), /*writes=*/true);
   if (!c.dir().empty() && c.every() < 1) {
     errors.Add(
         "checkpoint.every must be >= 1 when checkpoint.dir is set, "

@@ -4,7 +4,10 @@ coordinator: output and exit codes (0 ok, 1 server error, 2 usage)."""
 import re
 import time
 
-from conftest import EXAMPLE_SPEC, free_port, run_cli, unique_name
+import yaml
+
+from conftest import (EXAMPLE_SPEC, free_port, run_cli, small_spec,
+                      unique_name)
 
 JOB_ID = re.compile(r"submitted job (\S+): PENDING, waiting for (\d+) workers")
 
@@ -212,3 +215,30 @@ def test_cli_schedule_versions_baseline_and_unknown(coordinator, tmp_path):
     assert r.returncode == 1
     assert ("job %s has no schedule v4; it has v0 (the baseline)" % job_id
             in r.stderr)
+
+
+def test_cli_absurd_values_and_system_paths_refused_at_submit(coordinator,
+                                                              tmp_path):
+    addr = coordinator.address
+    cases = [
+        (("model", "vocab", 2147483647), "model.vocab must be <= 16777216"),
+        (("train", "lr", 1e308), "train.lr must be <= 10"),
+        (("data", "path", "/etc/shadow"),
+         "data.path '/etc/shadow' is under /etc, a system directory"),
+        (("checkpoint", "dir", "/etc"),
+         "checkpoint.dir '/etc' is under /etc, a system directory"),
+    ]
+    for (section, key, value), message in cases:
+        spec = small_spec(name="absurd")
+        spec.setdefault(section, {})[key] = value
+        if section == "data":
+            spec["data"]["kind"] = "tokens"
+        if section == "checkpoint":
+            spec["checkpoint"]["every"] = 5
+        path = tmp_path / "absurd.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        r = run_cli("submit", path, address=addr)
+        assert r.returncode == 1, (spec, r.stdout, r.stderr)
+        assert message in r.stderr, (spec, r.stderr)
+    r = run_cli("list", address=addr)
+    assert "absurd" not in r.stdout  # nothing was accepted

@@ -259,119 +259,365 @@ TEST_P(JobSpecErrorTest, Invalid_NamesTheField) {
   EXPECT_THAT(std::string(s.message()), HasSubstr(GetParam().expect));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllFields, JobSpecErrorTest,
-    ::testing::Values(
-        SpecCase{
-            "world0",
-            [](v1::JobSpec& s) { s.mutable_parallel()->set_world_size(0); },
-            "parallel.world_size must be >= 1 and <= 4096, got 0"},
-        SpecCase{"noname", [](v1::JobSpec& s) { s.clear_name(); },
-                 "name must be set"},
-        SpecCase{"badname", [](v1::JobSpec& s) { s.set_name("a b"); },
-                 "may hold only letters"},
-        SpecCase{"preset",
-                 [](v1::JobSpec& s) { s.mutable_model()->set_preset("gpt"); },
-                 "model.preset must be llama, moe or one of"},
-        SpecCase{"layers",
-                 [](v1::JobSpec& s) { s.mutable_model()->set_layers(-1); },
-                 "model.layers must be >= 1, got -1"},
-        SpecCase{"heads",
-                 [](v1::JobSpec& s) { s.mutable_model()->set_heads(3); },
-                 "model: "},
-        SpecCase{"datakind",
-                 [](v1::JobSpec& s) { s.mutable_data()->set_kind("csv"); },
-                 "data.kind must be synthetic, tokens or tensors, got 'csv'"},
-        SpecCase{"datapath",
-                 [](v1::JobSpec& s) { s.mutable_data()->set_kind("tokens"); },
-                 "data.path must name the token file"},
-        SpecCase{"tokenbytes",
-                 [](v1::JobSpec& s) { s.mutable_data()->set_token_bytes(3); },
-                 "data.token_bytes must be 2 (uint16) or 4 (uint32), got 3"},
-        SpecCase{"seq",
-                 [](v1::JobSpec& s) { s.mutable_batch()->set_seq_len(-4); },
-                 "batch.seq_len must be >= 1, got -4"},
-        SpecCase{"steps",
-                 [](v1::JobSpec& s) { s.mutable_train()->set_steps(0); },
-                 "train.steps must be >= 1, got 0"},
-        SpecCase{"lr", [](v1::JobSpec& s) { s.mutable_train()->set_lr(-1); },
-                 "train.lr must be > 0, got -1"},
-        SpecCase{
-            "lr_schedule",
-            [](v1::JobSpec& s) { s.mutable_train()->set_lr_schedule("cosin"); },
-            "train.lr_schedule must be one of constant, cosine, linear, "
-            "got 'cosin'"},
-        SpecCase{
-            "warmup_negative",
-            [](v1::JobSpec& s) { s.mutable_train()->set_warmup_steps(-1); },
-            "train.warmup_steps must be >= 0 (0: no warm-up), got -1"},
-        SpecCase{"warmup_whole_run",
-                 [](v1::JobSpec& s) {
-                   s.mutable_train()->set_lr_schedule("cosine");
-                   s.mutable_train()->set_warmup_steps(5);
-                 },
-                 "train.warmup_steps must be < train.steps (5) so that the "
-                 "run reaches train.lr, got 5"},
-        SpecCase{"min_lr_negative",
-                 [](v1::JobSpec& s) {
-                   s.mutable_train()->set_lr_schedule("linear");
-                   s.mutable_train()->set_min_lr(-1e-5);
-                 },
-                 "train.min_lr must be >= 0, got -1e-05"},
-        SpecCase{"min_lr_above_lr",
-                 [](v1::JobSpec& s) {
-                   s.mutable_train()->set_lr_schedule("cosine");
-                   s.mutable_train()->set_min_lr(0.01);
-                 },
-                 "train.min_lr must be <= train.lr (0.001), the peak it "
-                 "decays from, got 0.01"},
-        SpecCase{"min_lr_constant",
-                 [](v1::JobSpec& s) { s.mutable_train()->set_min_lr(1e-4); },
-                 "train.min_lr is the floor of a decaying schedule, unused by "
-                 "train.lr_schedule constant: set lr_schedule to cosine or "
-                 "linear, or remove min_lr (got 0.0001)"},
-        SpecCase{"beta",
-                 [](v1::JobSpec& s) { s.mutable_train()->set_beta2(1.5); },
-                 "train.beta2 must be in [0, 1)"},
-        SpecCase{
-            "stage",
-            [](v1::JobSpec& s) { s.mutable_parallel()->set_zero_stage(2); },
-            "parallel.zero_stage must be 1 or 3, got 2"},
-        SpecCase{
-            "budget",
-            [](v1::JobSpec& s) { s.mutable_memory()->set_budget_bytes(-5); },
-            "memory.budget_bytes must be >= 0, got -5"},
-        SpecCase{"hardware",
-                 [](v1::JobSpec& s) {
-                   s.mutable_hardware()->set_inter_node_gbps(-1);
-                 },
-                 "hardware.inter_node_gbps must be >= 0 (0: measured)"},
-        SpecCase{"device_memory",
-                 [](v1::JobSpec& s) {
-                   s.mutable_hardware()->set_device_memory_bytes(1000);
-                   s.mutable_memory()->set_budget_bytes(2000);
-                 },
-                 "memory.budget_bytes (2000) must not exceed "
-                 "hardware.device_memory_bytes (1000)"},
-        SpecCase{"drift",
-                 [](v1::JobSpec& s) {
-                   s.mutable_optimize()->set_drift_threshold(-0.1);
-                 },
-                 "optimize.drift_threshold must be > 0"},
-        SpecCase{"ckpt",
-                 [](v1::JobSpec& s) {
-                   s.mutable_checkpoint()->set_dir("/tmp/x");
-                   s.mutable_checkpoint()->set_every(-1);
-                 },
-                 "checkpoint.every must be >= 1 when checkpoint.dir is set"},
-        SpecCase{"chunk",
-                 [](v1::JobSpec& s) { s.mutable_comm()->set_chunk_bytes(100); },
-                 "comm.chunk_bytes must be 0 (automatic) or >= 4096, got 100"},
-        SpecCase{
-            "inflight",
-            [](v1::JobSpec& s) { s.mutable_comm()->set_max_in_flight(65); },
-            "comm.max_in_flight must be between 1 and 64, got 65"}),
-    [](const auto& info) { return std::string(info.param.what); });
+INSTANTIATE_TEST_SUITE_P(AllFields, JobSpecErrorTest,
+                         ::
+                             testing::Values(SpecCase{"world0",
+                                                      [](v1::JobSpec& s) {
+                                                        s.mutable_parallel()
+                                                            ->set_world_size(0);
+                                                      },
+                                                      "parallel.world_size "
+                                                      "must be >= 1 and <= "
+                                                      "4096, got 0"},
+                                             SpecCase{"noname",
+                                                      [](v1::JobSpec& s) {
+                                                        s.clear_name();
+                                                      },
+                                                      "name must be set"},
+                                             SpecCase{"badname",
+                                                      [](v1::JobSpec& s) {
+                                                        s.set_name("a b");
+                                                      },
+                                                      "may hold only letters"},
+                                             SpecCase{"preset",
+                                                      [](v1::JobSpec& s) {
+                                                        s.mutable_model()
+                                                            ->set_preset("gpt");
+                                                      },
+                                                      "model.preset must be "
+                                                      "llama, moe or one of"},
+                                             SpecCase{"layers",
+                                                      [](v1::JobSpec& s) {
+                                                        s.mutable_model()
+                                                            ->set_layers(-1);
+                                                      },
+                                                      "model.layers must be >= "
+                                                      "1, got -1"},
+                                             SpecCase{
+                                                 "heads",
+                                                 [](v1::JobSpec& s) {
+                                                   s.mutable_model()->set_heads(
+                                                       3);
+                                                 },
+                                                 "model: "},
+                                             SpecCase{
+                                                 "datakind",
+                                                 [](v1::JobSpec& s) {
+                                                   s.mutable_data()->set_kind(
+                                                       "csv");
+                                                 },
+                                                 "data.kind must be synthetic, "
+                                                 "tokens or tensors, got "
+                                                 "'csv'"},
+                                             // Absurd sizes and rates are
+                                             // refused at submit, not at the
+                                             // first allocation.
+                                             SpecCase{
+                                                 "vocab_huge",
+                                                 [](v1::JobSpec& s) {
+                                                   s.mutable_model()->set_vocab(
+                                                       2147483647);
+                                                 },
+                                                 "model.vocab must be <= "
+                                                 "16777216 (the largest real "
+                                                 "vocabularies are about 256k "
+                                                 "tokens), got 2147483647"},
+                                             SpecCase{"d_model_huge",
+                                                      [](v1::JobSpec& s) {
+                                                        s.mutable_model()
+                                                            ->set_d_model(
+                                                                1 << 30);
+                                                      },
+                                                      "model.d_model must be "
+                                                      "<= 131072"},
+                                             SpecCase{"seq_len_huge",
+                                                      [](v1::JobSpec& s) {
+                                                        s.mutable_batch()
+                                                            ->set_seq_len(
+                                                                1 << 30);
+                                                      },
+                                                      "batch.seq_len must be "
+                                                      "<= 4194304"},
+                                             SpecCase{
+                                                 "lr_huge",
+                                                 [](v1::JobSpec& s) {
+                                                   s.mutable_train()->set_lr(
+                                                       1e308);
+                                                 },
+                                                 "train.lr must be <= 10 "
+                                                 "(AdamW's useful rates are "
+                                                 "far "
+                                                 "below 1), got 1e+308"},
+                                             // A job's files never live among
+                                             // the system's.
+                                             SpecCase{
+                                                 "data_path_system",
+                                                 [](v1::JobSpec& s) {
+                                                   s.mutable_data()->set_kind(
+                                                       "tokens");
+                                                   s.mutable_data()->set_path(
+                                                       "/etc/shadow");
+                                                 },
+                                                 "data.path '/etc/shadow' is "
+                                                 "under /etc, a system "
+                                                 "directory; "
+                                                 "point it at the job's own "
+                                                 "files"},
+                                             SpecCase{
+                                                 "data_path_dotdot",
+                                                 [](v1::JobSpec& s) {
+                                                   s.mutable_data()->set_kind(
+                                                       "tokens");
+                                                   s.mutable_data()->set_path(
+                                                       "/tmp/../proc/self/mem");
+                                                 },
+                                                 "data.path "
+                                                 "'/tmp/../proc/self/mem' is "
+                                                 "under /proc"},
+                                             SpecCase{"checkpoint_dir_system",
+                                                      [](v1::JobSpec& s) {
+                                                        s.mutable_checkpoint()
+                                                            ->set_dir("/etc");
+                                                        s.mutable_checkpoint()
+                                                            ->set_every(5);
+                                                      },
+                                                      "checkpoint.dir '/etc' "
+                                                      "is under /etc, a system "
+                                                      "directory; "
+                                                      "point it at the job's "
+                                                      "own directory"},
+                                             SpecCase{
+                                                 "checkpoint_dir_usr",
+                                                 [](v1::JobSpec& s) {
+                                                   s.mutable_checkpoint()
+                                                       ->set_dir("/usr/lib/x");
+                                                   s.mutable_checkpoint()
+                                                       ->set_every(5);
+                                                 },
+                                                 "checkpoint.dir '/usr/lib/x' "
+                                                 "is under /usr"},
+                                             SpecCase{"checkpoint_dir_root",
+                                                      [](v1::JobSpec& s) {
+                                                        s.mutable_checkpoint()
+                                                            ->set_dir("/");
+                                                        s.mutable_checkpoint()
+                                                            ->set_every(5);
+                                                      },
+                                                      "checkpoint.dir '/' is "
+                                                      "the root directory"},
+                                             SpecCase{
+                                                 "init_from_system",
+                                                 [](v1::JobSpec& s) {
+                                                   s.mutable_model()
+                                                       ->set_init_from(
+                                                           "/dev/zero");
+                                                 },
+                                                 "model.init_from '/dev/zero' "
+                                                 "is under /dev"},
+                                             SpecCase{
+                                                 "datapath",
+                                                 [](v1::JobSpec& s) {
+                                                   s.mutable_data()->set_kind(
+                                                       "tokens");
+                                                 },
+                                                 "data.path must name the "
+                                                 "token file"},
+                                             SpecCase{"tokenbytes",
+                                                      [](v1::JobSpec& s) {
+                                                        s.mutable_data()
+                                                            ->set_token_bytes(
+                                                                3);
+                                                      },
+                                                      "data.token_bytes must "
+                                                      "be 2 (uint16) or 4 "
+                                                      "(uint32), got 3"},
+                                             SpecCase{"seq",
+                                                      [](v1::JobSpec& s) {
+                                                        s.mutable_batch()
+                                                            ->set_seq_len(-4);
+                                                      },
+                                                      "batch.seq_len must be "
+                                                      ">= 1, got -4"},
+                                             SpecCase{
+                                                 "steps",
+                                                 [](v1::JobSpec& s) {
+                                                   s.mutable_train()->set_steps(
+                                                       0);
+                                                 },
+                                                 "train.steps must be >= 1, "
+                                                 "got 0"},
+                                             SpecCase{
+                                                 "lr",
+                                                 [](v1::JobSpec& s) {
+                                                   s.mutable_train()->set_lr(
+                                                       -1);
+                                                 },
+                                                 "train.lr must be > 0, got "
+                                                 "-1"},
+                                             SpecCase{"lr_schedule",
+                                                      [](v1::JobSpec& s) {
+                                                        s.mutable_train()
+                                                            ->set_lr_schedule(
+                                                                "cosin");
+                                                      },
+                                                      "train.lr_schedule must "
+                                                      "be one of constant, "
+                                                      "cosine, linear, "
+                                                      "got 'cosin'"},
+                                             SpecCase{"warmup_negative",
+                                                      [](v1::JobSpec& s) {
+                                                        s.mutable_train()
+                                                            ->set_warmup_steps(
+                                                                -1);
+                                                      },
+                                                      "train.warmup_steps must "
+                                                      "be >= 0 (0: no "
+                                                      "warm-up), got -1"},
+                                             SpecCase{"warmup_whole_run",
+                                                      [](v1::JobSpec& s) {
+                                                        s.mutable_train()
+                                                            ->set_lr_schedule(
+                                                                "cosine");
+                                                        s.mutable_train()
+                                                            ->set_warmup_steps(
+                                                                5);
+                                                      },
+                                                      "train.warmup_steps must "
+                                                      "be < train.steps (5) so "
+                                                      "that the "
+                                                      "run reaches train.lr, "
+                                                      "got 5"},
+                                             SpecCase{"min_lr_negative",
+                                                      [](v1::JobSpec& s) {
+                                                        s.mutable_train()
+                                                            ->set_lr_schedule(
+                                                                "linear");
+                                                        s.mutable_train()
+                                                            ->set_min_lr(-1e-5);
+                                                      },
+                                                      "train.min_lr must be >= "
+                                                      "0, got -1e-05"},
+                                             SpecCase{"min_lr_above_lr",
+                                                      [](v1::JobSpec& s) {
+                                                        s.mutable_train()
+                                                            ->set_lr_schedule(
+                                                                "cosine");
+                                                        s.mutable_train()
+                                                            ->set_min_lr(0.01);
+                                                      },
+                                                      "train.min_lr must be <= "
+                                                      "train.lr (0.001), the "
+                                                      "peak it "
+                                                      "decays from, got 0.01"},
+                                             SpecCase{"min_lr_constant",
+                                                      [](v1::JobSpec& s) {
+                                                        s.mutable_train()
+                                                            ->set_min_lr(1e-4);
+                                                      },
+                                                      "train.min_lr is the "
+                                                      "floor of a decaying "
+                                                      "schedule, unused by "
+                                                      "train.lr_schedule "
+                                                      "constant: set "
+                                                      "lr_schedule to cosine "
+                                                      "or "
+                                                      "linear, or remove "
+                                                      "min_lr (got 0.0001)"},
+                                             SpecCase{"beta",
+                                                      [](v1::JobSpec& s) {
+                                                        s.mutable_train()
+                                                            ->set_beta2(1.5);
+                                                      },
+                                                      "train.beta2 must be in "
+                                                      "[0, 1)"},
+                                             SpecCase{"stage",
+                                                      [](v1::JobSpec& s) {
+                                                        s.mutable_parallel()
+                                                            ->set_zero_stage(2);
+                                                      },
+                                                      "parallel.zero_stage "
+                                                      "must be 1 or 3, got 2"},
+                                             SpecCase{"budget",
+                                                      [](v1::JobSpec& s) {
+                                                        s.mutable_memory()
+                                                            ->set_budget_bytes(
+                                                                -5);
+                                                      },
+                                                      "memory.budget_bytes "
+                                                      "must be >= 0, got -5"},
+                                             SpecCase{
+                                                 "hardware",
+                                                 [](v1::JobSpec& s) {
+                                                   s.mutable_hardware()
+                                                       ->set_inter_node_gbps(
+                                                           -1);
+                                                 },
+                                                 "hardware.inter_node_gbps "
+                                                 "must be >= 0 (0: measured)"},
+                                             SpecCase{
+                                                 "device_memory",
+                                                 [](v1::JobSpec& s) {
+                                                   s.mutable_hardware()
+                                                       ->set_device_memory_bytes(
+                                                           1000);
+                                                   s.mutable_memory()
+                                                       ->set_budget_bytes(2000);
+                                                 },
+                                                 "memory.budget_bytes (2000) "
+                                                 "must not exceed "
+                                                 "hardware.device_memory_bytes "
+                                                 "(1000)"},
+                                             SpecCase{"drift",
+                                                      [](v1::JobSpec& s) {
+                                                        s.mutable_optimize()
+                                                            ->set_drift_threshold(
+                                                                -0.1);
+                                                      },
+                                                      "optimize.drift_"
+                                                      "threshold must be > 0"},
+                                             SpecCase{"ckpt",
+                                                      [](v1::JobSpec& s) {
+                                                        s.mutable_checkpoint()
+                                                            ->set_dir("/tmp/x");
+                                                        s.mutable_checkpoint()
+                                                            ->set_every(-1);
+                                                      },
+                                                      "checkpoint.every must "
+                                                      "be >= 1 when "
+                                                      "checkpoint.dir is set"},
+                                             SpecCase{"chunk",
+                                                      [](v1::JobSpec& s) {
+                                                        s.mutable_comm()
+                                                            ->set_chunk_bytes(
+                                                                100);
+                                                      },
+                                                      "comm.chunk_bytes must "
+                                                      "be 0 (automatic) or >= "
+                                                      "4096, got 100"},
+                                             SpecCase{
+                                                 "inflight",
+                                                 [](v1::JobSpec& s) {
+                                                   s.mutable_comm()
+                                                       ->set_max_in_flight(65);
+                                                 },
+                                                 "comm.max_in_flight must be "
+                                                 "between 1 and 64, got 65"}),
+                         [](const auto& info) {
+                           return std::string(info.param.what);
+                         });
+
+// The path checks refuse only system trees: a job's own directories, a
+// directory merely named like one, and relative paths pass.
+TEST(JobSpecTest, Paths_OutsideSystemTrees_Accepted) {
+  for (const char* dir : {"/tmp/ckpt", "/shared/etc/ckpt", "/etcetera",
+                          "/home/me/runs", "ckpt/relative", "/var/tmp/x"}) {
+    v1::JobSpec spec = TinySpec();
+    spec.mutable_checkpoint()->set_dir(dir);
+    spec.mutable_checkpoint()->set_every(5);
+    EXPECT_TRUE(ValidateJobSpec(spec).ok())
+        << dir << ": " << ValidateJobSpec(spec);
+  }
+}
 
 TEST(JobSpecTest, LrSchedule_DefaultsToConstant_DecaysValidate) {
   v1::JobSpec spec = TinySpec();

@@ -48,8 +48,14 @@ absl::StatusOr<std::unique_ptr<HttpExporter>> HttpExporter::Start(
 
   std::unique_ptr<HttpExporter> exporter(new HttpExporter(registry));
   const std::string ports(address);
-  const char* options[] = {"listening_ports", ports.c_str(), "num_threads", "2",
-                           nullptr};
+  // Threads to spare and a short wait for a request: a few connections
+  // that send nothing (half-open, or a slow client) must not stall the
+  // scrape (two of them held 2 threads for civetweb's default 30 s).
+  const std::string threads = std::to_string(kThreads);
+  const std::string timeout_ms = std::to_string(kRequestTimeoutMs);
+  const char* options[] = {
+      "listening_ports",    ports.c_str(),      "num_threads", threads.c_str(),
+      "request_timeout_ms", timeout_ms.c_str(), nullptr};
   mg_callbacks callbacks{};
   exporter->context_ = mg_start(&callbacks, nullptr, options);
   if (exporter->context_ == nullptr) {

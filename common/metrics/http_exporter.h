@@ -32,6 +32,12 @@ class HttpExporter {
   HttpExporter(const HttpExporter&) = delete;
   HttpExporter& operator=(const HttpExporter&) = delete;
 
+  // Connections served at once, and how long one may take to send its
+  // request before it is dropped: connections that send nothing cannot
+  // hold the exporter for long.
+  static constexpr int kThreads = 8;
+  static constexpr int kRequestTimeoutMs = 3000;
+
   // The port actually bound.
   int port() const { return port_; }
 

@@ -334,7 +334,7 @@ void ApplyJobSpecDefaults(v1::JobSpec& spec) {
   if (t.beta1() == 0) t.set_beta1(0.9);
   if (t.beta2() == 0) t.set_beta2(0.95);
   if (t.eps() == 0) t.set_eps(1e-8);
-  if (t.grad_clip() == 0) t.set_grad_clip(1.0);
+  if (!t.has_grad_clip()) t.set_grad_clip(1.0);  // an explicit 0 disables it
   if (t.master_dtype() == v1::DTYPE_UNSPECIFIED) {
     t.set_master_dtype(v1::DTYPE_F32);
   }

@@ -4,6 +4,7 @@ import threading
 
 import grpc
 import pytest
+import yaml
 
 import tandem
 from conftest import EXAMPLE_SPEC, free_port, small_spec, unique_name
@@ -35,6 +36,18 @@ def test_submit_minimal_dict_applies_server_defaults(client):
     assert s.optimize.policy == "tandem" and list(s.optimize.passes) == []
     assert s.optimize.warmup_steps == 3 and s.optimize.drift_window == 5
     assert s.optimize.drift_threshold == pytest.approx(0.1)
+
+
+def test_grad_clip_zero_disables_and_unset_defaults_to_one(client, tmp_path):
+    # Left out: 1.0. Written as 0 in YAML: kept 0, clipping off.
+    assert client.submit(small_spec()).spec.train.grad_clip == 1.0
+    spec = small_spec()
+    spec.setdefault("train", {})["grad_clip"] = 0
+    path = tmp_path / "noclip.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    job = client.submit(str(path))
+    assert job.spec.train.HasField("grad_clip")
+    assert job.spec.train.grad_clip == 0.0
 
 
 def test_submit_accepts_a_jobspec_message(client):

@@ -619,6 +619,21 @@ TEST(JobSpecTest, Paths_OutsideSystemTrees_Accepted) {
   }
 }
 
+// train.grad_clip: left out, it defaults to 1.0; an explicit 0 disables
+// clipping and stays 0 (it used to become 1.0).
+TEST(JobSpecTest, GradClip_ExplicitZeroKept_UnsetDefaultsToOne) {
+  v1::JobSpec unset = TinySpec();
+  unset.mutable_train()->clear_grad_clip();
+  ApplyJobSpecDefaults(unset);
+  EXPECT_EQ(unset.train().grad_clip(), 1.0);
+  v1::JobSpec zero = TinySpec();
+  zero.mutable_train()->set_grad_clip(0);
+  ApplyJobSpecDefaults(zero);
+  EXPECT_TRUE(zero.train().has_grad_clip());
+  EXPECT_EQ(zero.train().grad_clip(), 0.0);
+  EXPECT_TRUE(ValidateJobSpec(zero).ok()) << ValidateJobSpec(zero);
+}
+
 TEST(JobSpecTest, LrSchedule_DefaultsToConstant_DecaysValidate) {
   v1::JobSpec spec = TinySpec();
   EXPECT_EQ(spec.train().lr_schedule(), "constant");

@@ -1,6 +1,7 @@
 #include "common/bytes.h"
 
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -10,15 +11,27 @@
 
 namespace tandem {
 
-std::string FormatBytes(int64_t bytes) {
-  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
+namespace {
+
+// |bytes| in the largest of KiB, MiB, GiB and TiB that keeps it >= 1: the
+// value and the unit's index (-1: under 1 KiB, in bytes).
+std::pair<double, int> InLargestUnit(int64_t bytes) {
   double value = std::abs(static_cast<double>(bytes));
-  if (value < 1024) return absl::StrCat(bytes, " B");
   int unit = -1;
   while (value >= 1024 && unit + 1 < 4) {
     value /= 1024;
     ++unit;
   }
+  return {value, unit};
+}
+
+constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
+
+}  // namespace
+
+std::string FormatBytes(int64_t bytes) {
+  const auto [value, unit] = InLargestUnit(bytes);
+  if (unit < 0) return absl::StrCat(bytes, " B");
   // Three significant digits: 2.34, 45.6, 139.
   const int decimals = value < 10 ? 2 : value < 100 ? 1 : 0;
   return absl::StrFormat("%s%.*f %s (%d B)", bytes < 0 ? "-" : "", decimals,
@@ -26,16 +39,9 @@ std::string FormatBytes(int64_t bytes) {
 }
 
 std::string FormatBytesShort(int64_t bytes) {
-  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
-  const bool negative = bytes < 0;
-  double value = std::abs(static_cast<double>(bytes));
-  if (value < 1024) return absl::StrCat(bytes, "B");
-  int unit = -1;
-  while (value >= 1024 && unit + 1 < 4) {
-    value /= 1024;
-    ++unit;
-  }
-  return absl::StrFormat("%s%.2f%s", negative ? "-" : "", value, kUnits[unit]);
+  const auto [value, unit] = InLargestUnit(bytes);
+  if (unit < 0) return absl::StrCat(bytes, "B");
+  return absl::StrFormat("%s%.2f%s", bytes < 0 ? "-" : "", value, kUnits[unit]);
 }
 
 absl::StatusOr<int64_t> ParseByteCount(absl::string_view text,

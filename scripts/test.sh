@@ -9,6 +9,23 @@ BUILD_DIR="${TANDEM_BUILD_DIR:-$ROOT/build}"
 "$ROOT/scripts/setup.sh"
 
 status=0
+
+# Installs Debian packages when COMMAND is not on PATH; fails when it cannot.
+install_for() {  # COMMAND PACKAGE...
+  local cmd=$1; shift
+  command -v "$cmd" >/dev/null 2>&1 && return 0
+  local sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_=sudo
+  $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+    $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends "$@"
+}
+
+# pytest on FILES in tests/e2e.
+e2e() {
+  (cd "$ROOT/tests/e2e" && TANDEM_BUILD_DIR="$BUILD_DIR" \
+    /usr/bin/python3 -m pytest -q -p no:cacheprovider "$@")
+}
+
 echo "== ctest"
 (cd "$BUILD_DIR" && ctest --output-on-failure -j"${TANDEM_JOBS:-2}") || status=1
 
@@ -31,34 +48,19 @@ echo "== deploy/k8s offline checks (kustomize, kubernetes-models, kubernetes-typ
   /usr/bin/python3 -m pytest -q -p no:cacheprovider .) || status=1
 
 echo "== e2e: Slurm (munged, slurmctld, two slurmd started by the test)"
-(cd "$ROOT/tests/e2e" && TANDEM_BUILD_DIR="$BUILD_DIR" \
-  /usr/bin/python3 -m pytest -q -p no:cacheprovider test_slurm.py) || status=1
+e2e test_slurm.py || status=1
 
 echo "== e2e: observability (Prometheus scraping a coordinator and 2 workers; promtool; dashboards tsc)"
 # The dashboards' type check installs @grafana/schema and typescript with npm.
-if ! command -v npm >/dev/null 2>&1; then
-  sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_=sudo
-  { $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-    $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-      --no-install-recommends nodejs npm; } || true
-fi
-(cd "$ROOT/tests/e2e" && TANDEM_BUILD_DIR="$BUILD_DIR" \
-  /usr/bin/python3 -m pytest -q -p no:cacheprovider \
-  test_prometheus.py test_dashboards_typecheck.py) || status=1
+install_for npm nodejs npm || true
+e2e test_prometheus.py test_dashboards_typecheck.py || status=1
 
 echo "== e2e: container image (scripts/image.sh builds tandem:VERSION; a coordinator, 2 workers and the CLI run from it under podman)"
-(cd "$ROOT/tests/e2e" && TANDEM_BUILD_DIR="$BUILD_DIR" \
-  /usr/bin/python3 -m pytest -q -p no:cacheprovider test_image.py) || status=1
+e2e test_image.py || status=1
 
 echo "== e2e: job report (tandem report and /jobs/JOB from a finished job, rendered in headless Chromium)"
-if ! command -v chromium >/dev/null 2>&1; then
-  sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_=sudo
-  { $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-    $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-      --no-install-recommends chromium; } || status=1
-fi
-(cd "$ROOT/tests/e2e" && TANDEM_BUILD_DIR="$BUILD_DIR" \
-  /usr/bin/python3 -m pytest -q -p no:cacheprovider test_report.py) || status=1
+install_for chromium chromium || status=1
+e2e test_report.py || status=1
 echo "report screenshot: $BUILD_DIR/test-output/report/report.png"
 
 exit $status

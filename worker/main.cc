@@ -134,6 +134,21 @@ int Fail(const std::string& message) {
   return 2;
 }
 
+// A value a launcher's variable gives for a flag that was not: sets `value`
+// and says on stderr where it came from. Returns 0, or the exit status of
+// a malformed variable.
+template <typename T>
+int FromEnvironment(absl::StatusOr<std::optional<tandem::Sourced<T>>> from,
+                    const char* what, T* value) {
+  if (!from.ok()) return Fail(std::string(from.status().message()));
+  if (from->has_value()) {
+    *value = (*from)->value;
+    std::cerr << "tandem-worker: " << what << " " << *value << " from $"
+              << (*from)->source << "\n";
+  }
+  return 0;
+}
+
 // The worker's Prometheus series and their HTTP exporter.
 struct MetricsExport {
   tandem::metrics::Registry registry;
@@ -220,36 +235,19 @@ int main(int argc, char** argv) {
   int rank = absl::GetFlag(FLAGS_rank);
   int world = absl::GetFlag(FLAGS_world);
   std::string rendezvous = absl::GetFlag(FLAGS_rendezvous);
+  int rc = 0;
   if (rank < 0) {
-    absl::StatusOr<std::optional<tandem::Sourced<int>>> from =
-        tandem::RankFromEnvironment(env);
-    if (!from.ok()) return Fail(std::string(from.status().message()));
-    if (from->has_value()) {
-      rank = (*from)->value;
-      std::fprintf(stderr, "tandem-worker: rank %d from $%s\n", rank,
-                   (*from)->source.c_str());
-    }
+    rc = FromEnvironment(tandem::RankFromEnvironment(env), "rank", &rank);
   }
-  if (world < 0) {
-    absl::StatusOr<std::optional<tandem::Sourced<int>>> from =
-        tandem::WorldSizeFromEnvironment(env);
-    if (!from.ok()) return Fail(std::string(from.status().message()));
-    if (from->has_value()) {
-      world = (*from)->value;
-      std::fprintf(stderr, "tandem-worker: world size %d from $%s\n", world,
-                   (*from)->source.c_str());
-    }
+  if (rc == 0 && world < 0) {
+    rc = FromEnvironment(tandem::WorldSizeFromEnvironment(env), "world size",
+                         &world);
   }
-  if (standalone && rendezvous.empty()) {
-    absl::StatusOr<std::optional<tandem::Sourced<std::string>>> from =
-        tandem::RendezvousFromEnvironment(env);
-    if (!from.ok()) return Fail(std::string(from.status().message()));
-    if (from->has_value()) {
-      rendezvous = (*from)->value;
-      std::fprintf(stderr, "tandem-worker: rendezvous %s from $%s\n",
-                   rendezvous.c_str(), (*from)->source.c_str());
-    }
+  if (rc == 0 && standalone && rendezvous.empty()) {
+    rc = FromEnvironment(tandem::RendezvousFromEnvironment(env), "rendezvous",
+                         &rendezvous);
   }
+  if (rc != 0) return rc;
 
   if (standalone) {
     if (spec_path.empty() || rendezvous.empty() || rank < 0 || world < 1) {

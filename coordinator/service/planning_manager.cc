@@ -11,6 +11,7 @@
 #include "common/bytes.h"
 #include "common/ir/proto_convert.h"
 #include "common/lowering/least_memory.h"
+#include "common/status_macros.h"
 #include "coordinator/passes/pass_pipeline.h"
 #include "coordinator/planner/planner.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -968,20 +969,22 @@ void PlanningManager::Drain() {
   idle_.wait(lock, [&] { return queue_.empty() && !busy_; });
 }
 
-absl::StatusOr<StoredSchedule> PlanningManager::GetSchedule(
-    const std::string& job_id, int64_t version) const {
-  std::vector<StoredSchedule> schedules;
+absl::StatusOr<std::vector<StoredSchedule>> PlanningManager::SchedulesOf(
+    const std::string& job_id) const {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = state_.find(job_id);
-    if (it != state_.end()) schedules = it->second.schedules;
+    if (it != state_.end() && !it->second.schedules.empty()) {
+      return it->second.schedules;
+    }
   }
-  if (schedules.empty()) {  // a finished job's, or before Recover
-    absl::StatusOr<std::vector<StoredSchedule>> stored =
-        store_->LoadSchedules(job_id);
-    if (!stored.ok()) return stored.status();
-    schedules = *std::move(stored);
-  }
+  // A finished job's, or before Recover.
+  return store_->LoadSchedules(job_id);
+}
+
+absl::StatusOr<StoredSchedule> PlanningManager::GetSchedule(
+    const std::string& job_id, int64_t version) const {
+  ASSIGN_OR_RETURN(std::vector<StoredSchedule> schedules, SchedulesOf(job_id));
   if (!schedules.empty()) {
     if (version == 0) return schedules.back();
     for (const StoredSchedule& s : schedules) {
@@ -1016,18 +1019,7 @@ absl::StatusOr<StoredSchedule> PlanningManager::GetScheduleVersion(
     if (!baseline.ok()) return baseline.status();
     return StoredSchedule{ToProto(*baseline), 0};
   }
-  std::vector<StoredSchedule> schedules;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = state_.find(job_id);
-    if (it != state_.end()) schedules = it->second.schedules;
-  }
-  if (schedules.empty()) {
-    absl::StatusOr<std::vector<StoredSchedule>> stored =
-        store_->LoadSchedules(job_id);
-    if (!stored.ok()) return stored.status();
-    schedules = *std::move(stored);
-  }
+  ASSIGN_OR_RETURN(std::vector<StoredSchedule> schedules, SchedulesOf(job_id));
   std::vector<std::string> versions = {"v0 (the baseline)"};
   for (const StoredSchedule& s : schedules) {
     if (s.schedule.version() == version) return s;

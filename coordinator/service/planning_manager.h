@@ -140,6 +140,11 @@ class PlanningManager {
   void Drain();
 
  private:
+  // Every schedule version of a job, in order: the planner's copy while it
+  // plans the job, else the store's.
+  absl::StatusOr<std::vector<StoredSchedule>> SchedulesOf(
+      const std::string& job_id) const;
+
   struct JobPlanning {
     explicit JobPlanning(const v1::JobSpec& job_spec);
 

@@ -128,7 +128,7 @@ absl::StatusOr<std::vector<v1::WorkerStatus>> WorkerManager::Describe(
   }
   std::vector<v1::WorkerStatus> out;
   // An ended job's (or one this coordinator has not seen a worker of since
-  // it started): what the store kept of its registrations.
+  // it started): what the store kept of its registrations, by rank.
   absl::StatusOr<std::vector<StoredWorker>> stored =
       store_->LoadWorkers(job_id);
   if (!stored.ok()) return stored.status();
@@ -139,11 +139,7 @@ absl::StatusOr<std::vector<v1::WorkerStatus>> WorkerManager::Describe(
     w.set_incarnation(sw.incarnation);
     w.set_device(sw.device);
   }
-  std::sort(out.begin(), out.end(),
-            [](const v1::WorkerStatus& a, const v1::WorkerStatus& b) {
-              return a.rank() < b.rank();
-            });
-  return out;
+  return out;  // LoadWorkers is by rank
 }
 
 absl::StatusOr<v1::RegisterResponse> WorkerManager::Register(

@@ -3,24 +3,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "tests/unit/coordinator/tiny_job_spec.h"
+
 namespace tandem {
 namespace {
 
-v1::JobSpec Spec(int world) {
-  v1::JobSpec spec;
-  spec.set_name("history");
-  spec.mutable_model()->set_preset("llama");
-  spec.mutable_model()->set_layers(2);
-  spec.mutable_model()->set_d_model(64);
-  spec.mutable_model()->set_heads(4);
-  spec.mutable_model()->set_ffn(128);
-  spec.mutable_model()->set_vocab(256);
-  spec.mutable_batch()->set_micro_batch(2);
-  spec.mutable_batch()->set_seq_len(16);
-  spec.mutable_train()->set_steps(50);
-  spec.mutable_parallel()->set_world_size(world);
-  return spec;
-}
+v1::JobSpec Spec(int world) { return TinyJobSpec("history", 50, world); }
 
 v1::IterationProgress Progress(int64_t step, double loss, double seconds,
                                int64_t version, double exposed = 0,

@@ -9,6 +9,7 @@
 #include "common/models/graph_builder.h"
 #include "coordinator/service/planning_manager.h"
 #include "tests/unit/coordinator/report/report_test_util.h"
+#include "tests/unit/coordinator/tiny_job_spec.h"
 
 namespace tandem {
 namespace {
@@ -18,18 +19,7 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 v1::JobSpec Spec() {
-  v1::JobSpec spec;
-  spec.set_name("report");
-  spec.mutable_model()->set_preset("llama");
-  spec.mutable_model()->set_layers(2);
-  spec.mutable_model()->set_d_model(64);
-  spec.mutable_model()->set_heads(4);
-  spec.mutable_model()->set_ffn(128);
-  spec.mutable_model()->set_vocab(256);
-  spec.mutable_batch()->set_micro_batch(2);
-  spec.mutable_batch()->set_seq_len(16);
-  spec.mutable_train()->set_steps(10);
-  spec.mutable_parallel()->set_world_size(2);
+  v1::JobSpec spec = TinyJobSpec("report", 10);
   spec.mutable_optimize()->set_warmup_steps(2);
   return spec;
 }

@@ -19,6 +19,7 @@
 #include "coordinator/store/job_store.h"
 #include "tandem/v1/job_service.grpc.pb.h"
 #include "tandem/v1/worker_service.grpc.pb.h"
+#include "tests/unit/coordinator/tiny_job_spec.h"
 
 namespace tandem {
 namespace {
@@ -27,18 +28,7 @@ using namespace std::chrono_literals;
 using ::testing::HasSubstr;
 
 v1::JobSpec Spec() {
-  v1::JobSpec spec;
-  spec.set_name("tiny");
-  spec.mutable_model()->set_preset("llama");
-  spec.mutable_model()->set_layers(2);
-  spec.mutable_model()->set_d_model(64);
-  spec.mutable_model()->set_heads(4);
-  spec.mutable_model()->set_ffn(128);
-  spec.mutable_model()->set_vocab(256);
-  spec.mutable_batch()->set_micro_batch(2);
-  spec.mutable_batch()->set_seq_len(16);
-  spec.mutable_train()->set_steps(6);
-  spec.mutable_parallel()->set_world_size(2);
+  v1::JobSpec spec = TinyJobSpec("tiny", 6);
   spec.mutable_optimize()->set_warmup_steps(2);
   return spec;
 }

@@ -14,6 +14,7 @@
 #include "common/models/graph_builder.h"
 #include "common/sim/simulator.h"
 #include "coordinator/planner/planner.h"
+#include "tests/unit/coordinator/tiny_job_spec.h"
 
 namespace tandem {
 namespace {
@@ -22,18 +23,7 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 v1::JobSpec Spec() {
-  v1::JobSpec spec;
-  spec.set_name("tiny");
-  spec.mutable_model()->set_preset("llama");
-  spec.mutable_model()->set_layers(2);
-  spec.mutable_model()->set_d_model(64);
-  spec.mutable_model()->set_heads(4);
-  spec.mutable_model()->set_ffn(128);
-  spec.mutable_model()->set_vocab(256);
-  spec.mutable_batch()->set_micro_batch(2);
-  spec.mutable_batch()->set_seq_len(16);
-  spec.mutable_train()->set_steps(50);
-  spec.mutable_parallel()->set_world_size(2);
+  v1::JobSpec spec = TinyJobSpec("tiny", 50);
   spec.mutable_optimize()->set_warmup_steps(2);
   spec.mutable_optimize()->set_drift_window(3);
   return spec;

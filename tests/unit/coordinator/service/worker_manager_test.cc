@@ -110,8 +110,7 @@ class WorkerManagerTest : public ::testing::Test {
     job_ = *jobs_->Submit(Spec());
   }
 
-  absl::StatusOr<v1::RegisterResponse> Register(const std::string& inc,
-                                                int rank = -1) {
+  v1::RegisterRequest Request(const std::string& inc, int rank = -1) {
     v1::RegisterRequest req;
     req.set_job_id(job_.id());
     req.set_incarnation(inc);
@@ -119,7 +118,11 @@ class WorkerManagerTest : public ::testing::Test {
     req.set_requested_rank(rank);
     req.set_device("cpu");
     req.set_device_memory_bytes(int64_t{16} << 30);
-    return workers_->Register(req);
+    return req;
+  }
+  absl::StatusOr<v1::RegisterResponse> Register(const std::string& inc,
+                                                int rank = -1) {
+    return workers_->Register(Request(inc, rank));
   }
 
   int64_t Open(int rank, const std::string& inc,
@@ -242,12 +245,7 @@ TEST_F(WorkerManagerTest, RestartedWorker_CountedInTheRestartsMetric) {
   WorkerManager counted(jobs_.get(), store_.get(), &kv_, m->get(), nullptr,
                         WorkerManager::Options());
   auto reg = [&](const std::string& inc, int rank) {
-    v1::RegisterRequest r;
-    r.set_job_id(job_.id());
-    r.set_incarnation(inc);
-    r.set_hostname("host-" + inc);
-    r.set_requested_rank(rank);
-    return counted.Register(r);
+    return counted.Register(Request(inc, rank));
   };
   ASSERT_TRUE(reg("a", 0).ok());
   EXPECT_EQ((*m)->worker_restarts->WithLabels({job_.id()}).value(), 0);

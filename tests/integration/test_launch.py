@@ -92,6 +92,16 @@ def test_launch_world_size_mismatch_and_bad_args_are_usage_errors(
                spec_file(tmp_path, steps=4))
     _, err = p.communicate(timeout=60)
     assert p.returncode == 2 and "no tandem-worker binary at" in err
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    p = launch(c, "--nproc", 2, "--log-dir", blocker / "logs",
+               spec_file(tmp_path, steps=4))
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 2, err
+    assert "cannot make the log directory %s" % (blocker / "logs") in err
+    assert "Traceback" not in err
+    with tandem.Client(c.address) as client:
+        assert client.list() == []  # every refusal came before a submit
 
 
 def test_launch_forwards_ctrl_c_to_the_workers(cluster, tmp_path):

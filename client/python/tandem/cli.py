@@ -255,6 +255,8 @@ def cmd_launch(client, args):
         raise TandemError("give a job spec to submit, or --job JOB to join "
                           "one, not %s" % ("both" if args.spec else "neither"))
     worker = launch_mod.find_worker(args.worker)
+    if args.log_dir:
+        launch_mod.make_log_dir(args.log_dir)  # before a job is submitted
     if args.job:
         job, _ = client.get(args.job)
         if is_terminal(job.state):
@@ -298,7 +300,7 @@ def cmd_launch(client, args):
         _err(run.failure)
         return EXIT_ERROR
     if run.signals:
-        return launch_mod.exit_code_for_signal(run.signals[0])
+        return 128 + run.signals[0]
     return code
 
 

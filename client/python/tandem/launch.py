@@ -11,10 +11,10 @@ import pathlib
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 
+from tandem.client import is_terminal
 from tandem.errors import TandemError
 
 # How long the workers get to stop on their own once the job ended (the
@@ -52,6 +52,18 @@ def find_worker(explicit=None):
                       % ", ".join(tried))
 
 
+def make_log_dir(log_dir):
+    """Creates the workers' log directory; TandemError saying what to do."""
+    path = pathlib.Path(log_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TandemError("cannot make the log directory %s: %s; pass "
+                          "another --log-dir" % (log_dir, e.strerror or e)
+                          ) from None
+    return path
+
+
 class LocalWorkers:
     """N tandem-worker processes of one job on this host: rank r (when
     given) with LOCAL_RANK=r, stdout (a JSON line per step) to
@@ -61,8 +73,7 @@ class LocalWorkers:
 
     def __init__(self, worker, address, job_id, nproc, log_dir, ranks=True,
                  threads=0, extra_args=()):
-        self.log_dir = pathlib.Path(log_dir)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir = make_log_dir(log_dir)
         self.procs = []
         for r in range(nproc):
             cmd = [worker, "--coordinator", address, "--job", job_id]
@@ -175,16 +186,15 @@ class Launch:
             if not dead:
                 continue
             r, code = dead[0]
+            tail = self.workers.log_tail(r)
             self.failure = (
                 "worker %d exited with code %d before the job ended (log: "
                 "%s)%s" % (r, code, self.workers.log_path(r),
-                           ("\n  " + self.workers.log_tail(r).replace(
-                               "\n", "\n  ")) if self.workers.log_tail(r)
+                           "\n  " + tail.replace("\n", "\n  ") if tail
                            else ""))
             self.workers.signal(signal.SIGTERM)
             try:
                 job, _ = self.client.get(self.job_id)
-                from tandem.client import is_terminal
                 if not is_terminal(job.state):
                     self.client.cancel(
                         self.job_id,
@@ -195,15 +205,6 @@ class Launch:
             return
 
 
-def exit_code_for_signal(signum):
-    return 128 + signum
-
-
 def describe_logs(workers):
     return "%s/rank{0..%d}.{log,out}" % (workers.log_dir,
                                           len(workers.procs) - 1)
-
-
-def flush():
-    sys.stdout.flush()
-    sys.stderr.flush()

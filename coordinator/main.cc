@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "common/flags/command_line.h"
 #include "common/flags/flag_checks.h"
 #include "coordinator/rpc/coordinator_server.h"
@@ -20,14 +21,32 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus /metrics on HOST:PORT (port 0 picks a free one)");
 ABSL_FLAG(double, heartbeat_timeout_s, 15,
           "fail a running job whose worker is silent this many seconds");
+ABSL_FLAG(std::string, tls_cert, "",
+          "serve TLS with this PEM certificate chain (with --tls-key)");
+ABSL_FLAG(std::string, tls_key, "", "the PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "require workers to present a client certificate from this PEM CA "
+          "(mutual TLS; needs --tls-cert)");
+ABSL_FLAG(std::string, auth_tokens, "",
+          "authenticate: a file of 'TOKEN USER [admin]' lines (re-read on "
+          "SIGHUP); jobs belong to their submitter and workers need the "
+          "job's join secret");
+ABSL_FLAG(bool, insecure, false,
+          "allow a non-loopback --listen/--metrics-listen without TLS and "
+          "tokens (a private network you trust)");
 
 namespace {
 
 volatile std::sig_atomic_t g_stop = 0;
+volatile std::sig_atomic_t g_reload = 0;
 
 constexpr char kUsage[] =
     "usage: tandem-coordinator [--listen HOST:PORT] [--db FILE] "
-    "[--metrics-listen HOST:PORT] [--heartbeat-timeout-s N]\n";
+    "[--metrics-listen HOST:PORT] [--heartbeat-timeout-s N]\n"
+    "         [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]] "
+    "[--auth-tokens FILE] [--insecure]\n"
+    "A --listen or --metrics-listen address other than loopback needs TLS "
+    "and --auth-tokens, or --insecure.\n";
 
 }  // namespace
 
@@ -38,6 +57,11 @@ int main(int argc, char** argv) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.db = absl::GetFlag(FLAGS_db);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  options.auth_tokens = absl::GetFlag(FLAGS_auth_tokens);
+  options.insecure = absl::GetFlag(FLAGS_insecure);
   const double heartbeat_timeout_s = absl::GetFlag(FLAGS_heartbeat_timeout_s);
   tandem::ExitIfInvalid(
       spec,
@@ -57,18 +81,37 @@ int main(int argc, char** argv) {
   if (!server.ok()) {
     std::fprintf(stderr, "tandem-coordinator: %s\n",
                  std::string(server.status().message()).c_str());
-    return 1;
+    // A refused configuration (a public address unprotected, a bad flag
+    // file) is a usage error.
+    return server.status().code() == absl::StatusCode::kFailedPrecondition ||
+                   server.status().code() == absl::StatusCode::kInvalidArgument
+               ? 2
+               : 1;
   }
   std::signal(SIGINT, [](int) { g_stop = 1; });
   std::signal(SIGTERM, [](int) { g_stop = 1; });
+  std::signal(SIGHUP, [](int) { g_reload = 1; });
   std::printf("tandem-coordinator listening on port %d", (*server)->port());
   if ((*server)->metrics_port() != 0) {
     std::printf(", metrics on port %d", (*server)->metrics_port());
   }
-  std::printf(" (db %s)\n", options.db.c_str());
+  std::printf(" (db %s%s%s)\n", options.db.c_str(),
+              options.tls_cert.empty() ? "" : ", TLS",
+              options.auth_tokens.empty() ? "" : ", tokens");
   std::fflush(stdout);
   std::thread waiter([&] { (*server)->Wait(); });
-  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  while (!g_stop) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (g_reload) {
+      g_reload = 0;
+      const absl::Status reloaded = (*server)->ReloadTokens();
+      const std::string what =
+          reloaded.ok()
+              ? std::string("token file re-read")
+              : absl::StrCat("kept the old tokens: ", reloaded.message());
+      std::fprintf(stderr, "tandem-coordinator: SIGHUP: %s\n", what.c_str());
+    }
+  }
   (*server)->Stop();
   waiter.join();
   return 0;

@@ -37,7 +37,8 @@ SUITE=bookworm
 RUNTIME_PACKAGES=(
   # worker
   libtorch1.13 libgloo0 libopenblas0-pthread
-  # both daemons and tandem-health
+  # both daemons and tandem-health (libgrpc29 brings libssl3, whose
+  # libcrypto the coordinator's join secrets use too)
   libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 libyaml-cpp0.7
   libcivetweb1
   # coordinator store
@@ -198,7 +199,7 @@ COPY usr/ /usr/
 ENV PATH=$PATH_ENV
 USER $UID_GID:$UID_GID
 WORKDIR /var/lib/tandem
-CMD ["tandem-coordinator", "--listen", "0.0.0.0:50051", "--db", "/var/lib/tandem/tandem.db"]
+CMD ["tandem-coordinator", "--listen", "0.0.0.0:50051", "--db", "/var/lib/tandem/tandem.db", "--tls-cert", "/etc/tandem/tls/tls.crt", "--tls-key", "/etc/tandem/tls/tls.key", "--auth-tokens", "/etc/tandem/auth/tokens"]
 EOF
 CONTENT=$(cd "$STAGE" && find . -type f -printf '%p %m\n' | sort &&
   find . -type f -print0 | sort -z | xargs -0 sha256sum)

@@ -21,6 +21,8 @@ PACKAGES=(
   libabsl-dev libyaml-cpp-dev
   # coordinator store
   libsqlite3-dev sqlite3
+  # TLS and join secrets (libcrypto), certificates in tests and the Slurm recipe
+  libssl-dev openssl
   # metrics exporter (its CMake config is broken without the civetweb package)
   libcivetweb-dev civetweb
   # worker

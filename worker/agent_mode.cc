@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/security/grpc_credentials.h"
 #include "worker/agent/grpc_coordinator_client.h"
 #include "worker/agent/health_server.h"
 #include "worker/trainer/agent_trainer.h"
@@ -63,7 +64,15 @@ int RunAgentMode(const AgentModeFlags& flags, const RuntimeOptions& runtime,
   std::signal(SIGINT, OnStopSignal);
   options.stop_signal = &g_stop_signal;
 
-  GrpcCoordinatorClient client(flags.coordinator);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> channel =
+      MakeChannelCredentials({flags.tls_ca, flags.tls_cert, flags.tls_key});
+  if (!channel.ok()) {
+    std::fprintf(stderr, "tandem-worker: %s\n",
+                 std::string(channel.status().message()).c_str());
+    return 2;
+  }
+  GrpcCoordinatorClient client(flags.coordinator,
+                               {*std::move(channel), flags.join_secret});
   absl::Status status = RunAgent(client, options, std::cout);
   if (health) health->Shutdown();
   if (!status.ok()) {

@@ -29,6 +29,13 @@ struct AgentModeFlags {
   int profile_window = 0;
   double slow_node_ms = 0;
   int64_t slow_from_step = 0;
+  // Security (coordinator/README.md, "Authentication"): TLS to the
+  // coordinator (--tls-ca; --tls-cert/--tls-key for mutual TLS) and the
+  // job's join secret.
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string join_secret;
 };
 
 // Whether this binary has agent mode (false: agent_mode_unavailable.cc).

@@ -3,6 +3,8 @@
 //   tandem-worker --coordinator HOST:PORT --job ID [--rank R]
 //                 [--bind-host H] [--threads N] [--profile-window N]
 //                 [--health-listen HOST:PORT] [--world W]
+//                 [--tls-ca FILE [--tls-cert FILE --tls-key FILE]]
+//                 [--join-secret-file FILE]
 //   tandem-worker --standalone --spec job.yaml --rank R --world W
 //                 --rendezvous HOST:PORT [--schedule FILE]
 //                 [--profile-out FILE] [--trace-out FILE] [--threads N]
@@ -24,6 +26,12 @@
 // `tandem-plan --graph`) before it trains.
 // --offload-dir holds the host tier's files when a schedule offloads
 // optimizer states (default: $TANDEM_OFFLOAD_DIR, $TMPDIR or /tmp).
+//
+// Against an authenticating coordinator (coordinator/README.md,
+// "Authentication") the worker presents the job's join secret, from
+// --join-secret-file or $TANDEM_JOIN_SECRET (never a flag's value: argv is
+// visible to every user of the host), over TLS with --tls-ca.
+// --metrics-listen on an address other than loopback needs --insecure.
 //
 // In agent mode SIGTERM and SIGINT stop the rank cleanly: it tells the
 // coordinator (the job fails with "rank r stopped by signal SIGTERM") and
@@ -49,6 +57,7 @@
 #include "common/flags/launcher_environment.h"
 #include "common/metrics/http_exporter.h"
 #include "common/metrics/metrics_registry.h"
+#include "common/security/listen_policy.h"
 #include "worker/agent_mode.h"
 #include "worker/metrics/worker_metrics.h"
 #include "worker/runtime/memory_meter.h"
@@ -81,6 +90,18 @@ ABSL_FLAG(std::string, bind_host, "127.0.0.1",
           "agent mode: the address this rank's peers reach it at");
 ABSL_FLAG(std::string, health_listen, "",
           "agent mode: serve grpc.health.v1 on HOST:PORT");
+ABSL_FLAG(std::string, tls_ca, "",
+          "agent mode: reach the coordinator over TLS, trusting this PEM CA");
+ABSL_FLAG(std::string, tls_cert, "",
+          "agent mode: this worker's PEM client certificate, for a "
+          "coordinator with --tls-client-ca (with --tls-key)");
+ABSL_FLAG(std::string, tls_key, "", "agent mode: the PEM key of --tls-cert");
+ABSL_FLAG(std::string, join_secret_file, "",
+          "agent mode: a file holding the job's join secret, which an "
+          "authenticating coordinator requires (default: $TANDEM_JOIN_SECRET)");
+ABSL_FLAG(bool, insecure, false,
+          "serve a non-loopback --metrics-listen in the clear (a private "
+          "network you trust)");
 ABSL_FLAG(int, profile_window, 0,
           "agent mode: iterations per profile window (0: the job's "
           "optimize.warmup_steps)");
@@ -115,7 +136,8 @@ namespace {
 constexpr char kUsage[] =
     "usage: tandem-worker --coordinator HOST:PORT --job ID [--rank R] "
     "[--bind-host H] [--threads N] [--profile-window N] "
-    "[--health-listen HOST:PORT] [--world W]\n"
+    "[--health-listen HOST:PORT] [--world W] [--tls-ca FILE [--tls-cert "
+    "FILE --tls-key FILE]] [--join-secret-file FILE]\n"
     "       tandem-worker --standalone --spec job.yaml --rank R --world W "
     "--rendezvous HOST:PORT [--schedule FILE] [--profile-out FILE] "
     "[--trace-out FILE] [--threads N] [--timeout-s S] [--graph-out FILE]\n"
@@ -203,6 +225,10 @@ int main(int argc, char** argv) {
   agent.health_listen = absl::GetFlag(FLAGS_health_listen);
   agent.profile_window = absl::GetFlag(FLAGS_profile_window);
   agent.slow_node_ms = absl::GetFlag(FLAGS_slow_node_ms);
+  agent.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  agent.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  agent.tls_key = absl::GetFlag(FLAGS_tls_key);
+  const std::string join_secret_file = absl::GetFlag(FLAGS_join_secret_file);
   tandem::ExitIfInvalid(
       kCommandLine,
       {absl::GetFlag(FLAGS_rank) >= -1
@@ -221,6 +247,12 @@ int main(int argc, char** argv) {
            ? absl::OkStatus()
            : tandem::CheckHostPort("--metrics-listen", metrics_listen,
                                    tandem::PortZero::kAllowed),
+       // The exporter has no TLS or tokens of its own: only loopback, or
+       // --insecure (a private network; worker/README.md, "Security").
+       metrics_listen.empty()
+           ? absl::OkStatus()
+           : tandem::CheckListen("--metrics-listen", metrics_listen,
+                                 {false, false, absl::GetFlag(FLAGS_insecure)}),
        agent.health_listen.empty()
            ? absl::OkStatus()
            : tandem::CheckHostPort("--health-listen", agent.health_listen,
@@ -248,6 +280,12 @@ int main(int argc, char** argv) {
                          &rendezvous);
   }
   if (rc != 0) return rc;
+  if (!standalone) {
+    absl::StatusOr<std::string> secret =
+        tandem::ReadJoinSecret(join_secret_file, env);
+    if (!secret.ok()) return Fail(std::string(secret.status().message()));
+    agent.join_secret = *std::move(secret);
+  }
 
   if (standalone) {
     if (spec_path.empty() || rendezvous.empty() || rank < 0 || world < 1) {

@@ -1,8 +1,12 @@
 #include "common/flags/launcher_environment.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -89,6 +93,38 @@ absl::StatusOr<std::optional<Sourced<std::string>>> RendezvousFromEnvironment(
   }
   return Sourced<std::string>{absl::StrCat(*addr, ":", port),
                               "MASTER_ADDR:MASTER_PORT"};
+}
+
+absl::StatusOr<std::string> ReadJoinSecret(const std::string& file,
+                                           const Environment& env) {
+  std::string secret;
+  std::string source;
+  if (!file.empty()) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--join-secret-file: cannot read ", file,
+                       ": it does not exist or is not readable"));
+    }
+    std::ostringstream text;
+    text << in.rdbuf();
+    secret = std::string(absl::StripAsciiWhitespace(text.str()));
+    source = absl::StrCat("--join-secret-file ", file);
+  } else if (std::optional<std::string> v = env.Get("TANDEM_JOIN_SECRET")) {
+    secret = std::string(absl::StripAsciiWhitespace(*v));
+    source = "$TANDEM_JOIN_SECRET";
+  } else {
+    return std::string();
+  }
+  const bool printable = std::all_of(
+      secret.begin(), secret.end(), [](char c) { return c > ' ' && c < 0x7f; });
+  if (secret.empty() || secret.size() > 512 || !printable) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source,
+        ": a join secret is 1..512 printable characters without spaces, as "
+        "`tandem join-secret JOB` prints it"));
+  }
+  return secret;
 }
 
 }  // namespace tandem

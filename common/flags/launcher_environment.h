@@ -68,6 +68,14 @@ absl::StatusOr<std::optional<Sourced<int>>> WorldSizeFromEnvironment(
 absl::StatusOr<std::optional<Sourced<std::string>>> RendezvousFromEnvironment(
     const Environment& env);
 
+// The job's join secret for an authenticating coordinator: the contents of
+// `file` (--join-secret-file; surrounding whitespace dropped) when given,
+// else $TANDEM_JOIN_SECRET, else "" (none). InvalidArgument naming the
+// file or variable when it is unreadable or not 1..512 printable
+// characters.
+absl::StatusOr<std::string> ReadJoinSecret(const std::string& file,
+                                           const Environment& env);
+
 }  // namespace tandem
 
 #endif  // TANDEM_COMMON_FLAGS_LAUNCHER_ENVIRONMENT_H_

@@ -19,6 +19,10 @@ const char* Reason(int status) {
       return "OK";
     case 400:
       return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 403:
+      return "Forbidden";
     case 404:
       return "Not Found";
     case 405:
@@ -76,8 +80,38 @@ HttpExporter::~HttpExporter() {
   if (context_ != nullptr) mg_stop(context_);
 }
 
+std::optional<HttpExporter::Page> HttpExporter::Refusal(
+    struct mg_connection* conn, absl::string_view path) const {
+  if (!gate_) return std::nullopt;
+  const char* authorization = mg_get_header(conn, "Authorization");
+  return gate_(authorization != nullptr ? authorization : "", path);
+}
+
+namespace {
+
+void WritePage(struct mg_connection* conn, const HttpExporter::Page& page,
+               bool head) {
+  mg_printf(conn,
+            "HTTP/1.1 %d %s\r\n"
+            "Content-Type: %s\r\n"
+            "Content-Length: %zu\r\n"
+            "Cache-Control: no-store\r\n"
+            "%s"
+            "Connection: close\r\n\r\n",
+            page.status, Reason(page.status), page.content_type.c_str(),
+            page.body.size(),
+            page.status == 401 ? "WWW-Authenticate: Bearer\r\n" : "");
+  if (!head) mg_write(conn, page.body.data(), page.body.size());
+}
+
+}  // namespace
+
 int HttpExporter::HandleMetrics(struct mg_connection* conn, void* self) {
   const auto* exporter = static_cast<const HttpExporter*>(self);
+  if (std::optional<Page> refused = exporter->Refusal(conn, "/metrics")) {
+    WritePage(conn, *refused, false);
+    return refused->status;
+  }
   const std::string body = exporter->registry_->Expose();
   mg_printf(conn,
             "HTTP/1.1 200 OK\r\n"
@@ -90,7 +124,7 @@ int HttpExporter::HandleMetrics(struct mg_connection* conn, void* self) {
 }
 
 void HttpExporter::AddPage(absl::string_view prefix, PageHandler handler) {
-  pages_.push_back({std::string(prefix), std::move(handler)});
+  pages_.push_back({this, std::string(prefix), std::move(handler)});
   mg_set_request_handler(context_, pages_.back().prefix.c_str(), &HandlePage,
                          &pages_.back());
 }
@@ -108,20 +142,12 @@ int HttpExporter::HandlePage(struct mg_connection* conn, void* entry) {
     // civetweb matched a longer path ("/jobsx" for "/jobs").
     response = {404, "text/plain; charset=utf-8",
                 absl::StrCat("no page at ", uri, "\n")};
+  } else if (std::optional<Page> refused = page->exporter->Refusal(conn, uri)) {
+    response = *std::move(refused);
   } else {
     response = page->handler(uri.substr(page->prefix.size()));
   }
-  mg_printf(conn,
-            "HTTP/1.1 %d %s\r\n"
-            "Content-Type: %s\r\n"
-            "Content-Length: %zu\r\n"
-            "Cache-Control: no-store\r\n"
-            "Connection: close\r\n\r\n",
-            response.status, Reason(response.status),
-            response.content_type.c_str(), response.body.size());
-  if (method != "HEAD") {
-    mg_write(conn, response.body.data(), response.body.size());
-  }
+  WritePage(conn, response, method == "HEAD");
   return response.status;
 }
 

@@ -8,6 +8,7 @@
 #include <functional>
 #include <list>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -56,17 +57,30 @@ class HttpExporter {
   // pages are requested.
   void AddPage(absl::string_view prefix, PageHandler handler);
 
+  // Asked before every request is served, with its `Authorization` header
+  // ("" when absent) and its path ("/metrics", "/jobs/x"): nullopt serves
+  // it, a Page answers instead (401, 403). Set once, before requests come;
+  // none: everything is served.
+  using Gate = std::function<std::optional<Page>(
+      absl::string_view authorization, absl::string_view path)>;
+  void SetGate(Gate gate) { gate_ = std::move(gate); }
+
  private:
   struct PageEntry {
+    const HttpExporter* exporter;
     std::string prefix;
     PageHandler handler;
   };
+  // The gate's answer for this request, if it refuses it.
+  std::optional<Page> Refusal(struct mg_connection* conn,
+                              absl::string_view path) const;
 
   HttpExporter(const Registry* registry) : registry_(registry) {}
   static int HandleMetrics(struct mg_connection* conn, void* self);
   static int HandlePage(struct mg_connection* conn, void* entry);
 
   const Registry* registry_;
+  Gate gate_;
   // Stable addresses: civetweb holds a pointer to each entry.
   std::list<PageEntry> pages_;
   mg_context* context_ = nullptr;

@@ -3,6 +3,9 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/security/grpc_credentials.h"
+#include "common/security/listen_policy.h"
 
 namespace tandem {
 namespace {
@@ -49,10 +52,72 @@ class PlanningFeed final : public WorkerEventListener {
   JobHistory* history_;
 };
 
+// The metrics port under authentication: /metrics for any known token, a
+// job's report (/jobs/<id>) for its owner or an admin.
+std::optional<metrics::HttpExporter::Page> GateHttp(
+    const RpcAuth& auth, const JobManager& jobs,
+    absl::string_view authorization, absl::string_view path) {
+  auto refuse = [](int status, const grpc::Status& why) {
+    return metrics::HttpExporter::Page{status, "text/plain; charset=utf-8",
+                                       absl::StrCat(why.error_message(), "\n")};
+  };
+  Principal caller;
+  grpc::Status s = auth.Authenticate(
+      authorization.empty() ? std::nullopt
+                            : std::optional<absl::string_view>(authorization),
+      &caller);
+  if (!s.ok()) return refuse(401, s);
+  absl::string_view rest = path;
+  if (absl::ConsumePrefix(&rest, "/jobs/")) {
+    const absl::string_view id = rest.substr(0, rest.find('/'));
+    if (absl::StatusOr<v1::Job> job = jobs.Get(id); job.ok()) {
+      if (grpc::Status denied = auth.MayAccess(caller, *job); !denied.ok()) {
+        return refuse(403, denied);
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const CoordinatorOptions& options) {
+  // Refused before anything is opened: a public address needs TLS and
+  // tokens, or --insecure.
+  const ListenProtection protection{!options.tls_cert.empty(),
+                                    !options.auth_tokens.empty(),
+                                    options.insecure};
+  if (absl::Status st = CheckListen("--listen", options.listen, protection);
+      !st.ok()) {
+    return st;
+  }
+  // The metrics port speaks plain HTTP (tokens, when on, but no TLS):
+  // public only with --insecure.
+  if (!options.metrics_listen.empty()) {
+    if (absl::Status st = CheckListen(
+            "--metrics-listen", options.metrics_listen,
+            {false, !options.auth_tokens.empty(), options.insecure});
+        !st.ok()) {
+      return st;
+    }
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      MakeServerCredentials(
+          {options.tls_cert, options.tls_key, options.tls_client_ca});
+  if (!credentials.ok()) return credentials.status();
+  std::unique_ptr<TokenFile> tokens;
+  if (!options.auth_tokens.empty()) {
+    absl::StatusOr<std::unique_ptr<TokenFile>> file =
+        TokenFile::Open(options.auth_tokens);
+    if (!file.ok()) {
+      return absl::Status(
+          file.status().code(),
+          absl::StrCat("--auth-tokens: ", file.status().message()));
+    }
+    tokens = *std::move(file);
+  }
+
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
   absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> metrics =
       CoordinatorMetrics::Create(s->registry_);
@@ -105,17 +170,21 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       });
   s->UpdateJobGauges();
 
+  absl::StatusOr<std::string> secret_key = s->store_->SecretKey();
+  if (!secret_key.ok()) return secret_key.status();
+  s->auth_ = std::make_unique<RpcAuth>(std::move(tokens),
+                                       JoinSecrets(*std::move(secret_key)),
+                                       !options.tls_client_ca.empty());
   s->job_service_ = std::make_unique<JobServiceImpl>(
       s->jobs_.get(), s->planning_.get(), s->workers_.get(), &s->timelines_,
-      s->reports_.get());
-  s->worker_service_ =
-      std::make_unique<WorkerServiceImpl>(s->workers_.get(), &s->kv_);
+      s->reports_.get(), s->auth_.get());
+  s->worker_service_ = std::make_unique<WorkerServiceImpl>(
+      s->workers_.get(), &s->kv_, s->auth_.get());
   // grpc.health.v1 on the same port: "" and each service are SERVING while
   // the server runs (probes and launchers wait on it; tandem-health).
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
-                           &s->port_);
+  builder.AddListeningPort(options.listen, *credentials, &s->port_);
   builder.RegisterService(s->job_service_.get());
   builder.RegisterService(s->worker_service_.get());
   // Profiles of big graphs are large; 64 MiB bounds them.
@@ -149,6 +218,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
                           [reports = s->reports_.get()](absl::string_view p) {
                             return reports->ServePage(p);
                           });
+    if (s->auth_->enabled()) {
+      s->exporter_->SetGate(
+          [auth = s->auth_.get(), jobs = s->jobs_.get()](
+              absl::string_view authorization, absl::string_view path)
+              -> std::optional<metrics::HttpExporter::Page> {
+            return GateHttp(*auth, *jobs, authorization, path);
+          });
+    }
   }
   return s;
 }
@@ -171,6 +248,11 @@ void CoordinatorServer::Stop() {
     if (workers_ != nullptr) workers_->Stop();
     exporter_.reset();
   });
+}
+
+absl::Status CoordinatorServer::ReloadTokens() {
+  if (auth_ == nullptr) return absl::OkStatus();
+  return auth_->Reload();
 }
 
 void CoordinatorServer::Wait() {

@@ -20,6 +20,7 @@
 #include "coordinator/report/job_history.h"
 #include "coordinator/report/job_report_builder.h"
 #include "coordinator/rpc/job_service_impl.h"
+#include "coordinator/rpc/rpc_auth.h"
 #include "coordinator/rpc/worker_service_impl.h"
 #include "coordinator/service/coordinator_metrics.h"
 #include "coordinator/service/job_manager.h"
@@ -36,6 +37,15 @@ struct CoordinatorOptions {
   // Empty: no metrics endpoint.
   std::string metrics_listen;
   std::chrono::milliseconds heartbeat_timeout{15000};
+  // Security (coordinator/README.md, "Authentication"): TLS from PEM files
+  // (--tls-cert, --tls-key; --tls-client-ca asks workers for certificates),
+  // bearer tokens (--auth-tokens; empty: authentication off), and
+  // --insecure, which allows a public address without them.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
+  std::string auth_tokens;
+  bool insecure = false;
 };
 
 class CoordinatorServer {
@@ -64,6 +74,8 @@ class CoordinatorServer {
   void Stop();
   // Blocks until Stop() (from another thread) has shut the gRPC server down.
   void Wait();
+  // Re-reads the token file (SIGHUP). On error the old tokens stay in force.
+  absl::Status ReloadTokens();
 
  private:
   CoordinatorServer() = default;
@@ -91,6 +103,7 @@ class CoordinatorServer {
   std::unique_ptr<PlanningManager> planning_;
   // workers_' listener, forwarding to planning_; called on RPC threads only.
   std::unique_ptr<WorkerEventListener> worker_events_;
+  std::unique_ptr<RpcAuth> auth_;
   std::unique_ptr<JobServiceImpl> job_service_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;
   std::unique_ptr<grpc::Server> server_;

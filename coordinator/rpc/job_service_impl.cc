@@ -22,49 +22,78 @@ grpc::Status CheckJobId(const std::string& id) {
 
 }  // namespace
 
-grpc::Status JobServiceImpl::Submit(grpc::ServerContext*,
+grpc::Status JobServiceImpl::Authorize(const grpc::ServerContext& context,
+                                       const std::string& job_id,
+                                       v1::Job* job) {
+  if (grpc::Status s = CheckJobId(job_id); !s.ok()) return s;
+  Principal caller;
+  if (grpc::Status s = auth_->Authenticate(context, &caller); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<v1::Job> found = jobs_->Get(job_id);
+  if (!found.ok()) return ToGrpc(found.status());
+  if (grpc::Status s = auth_->MayAccess(caller, *found); !s.ok()) return s;
+  if (job != nullptr) *job = *std::move(found);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::Submit(grpc::ServerContext* context,
                                     const v1::SubmitJobRequest* request,
                                     v1::SubmitJobResponse* response) {
-  absl::StatusOr<v1::Job> job = jobs_->Submit(request->spec());
+  Principal caller;
+  if (grpc::Status s = auth_->Authenticate(*context, &caller); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<v1::Job> job = jobs_->Submit(request->spec(), caller.user);
   if (!job.ok()) return ToGrpc(job.status());
+  response->set_join_secret(auth_->join_secrets().For(job->id()));
   *response->mutable_job() = *std::move(job);
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::Get(grpc::ServerContext*,
+grpc::Status JobServiceImpl::Get(grpc::ServerContext* context,
                                  const v1::GetJobRequest* request,
                                  v1::GetJobResponse* response) {
-  if (grpc::Status s = CheckJobId(request->job_id()); !s.ok()) return s;
-  absl::StatusOr<v1::Job> job = jobs_->Get(request->job_id());
-  if (!job.ok()) return ToGrpc(job.status());
+  v1::Job job;
+  if (grpc::Status s = Authorize(*context, request->job_id(), &job); !s.ok()) {
+    return s;
+  }
   absl::StatusOr<std::vector<v1::JobEvent>> events =
       jobs_->Events(request->job_id(), 0);
   if (!events.ok()) return ToGrpc(events.status());
   absl::StatusOr<std::vector<v1::WorkerStatus>> workers =
       workers_->Describe(request->job_id());
   if (!workers.ok()) return ToGrpc(workers.status());
-  *response->mutable_job() = *std::move(job);
+  response->set_join_secret(auth_->join_secrets().For(job.id()));
+  *response->mutable_job() = std::move(job);
   for (v1::JobEvent& e : *events) *response->add_events() = std::move(e);
   for (v1::WorkerStatus& w : *workers) *response->add_workers() = std::move(w);
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::List(grpc::ServerContext*,
+grpc::Status JobServiceImpl::List(grpc::ServerContext* context,
                                   const v1::ListJobsRequest* request,
                                   v1::ListJobsResponse* response) {
+  Principal caller;
+  if (grpc::Status s = auth_->Authenticate(*context, &caller); !s.ok()) {
+    return s;
+  }
   std::vector<v1::JobState> states;
   for (int s : request->states())
     states.push_back(static_cast<v1::JobState>(s));
-  for (v1::Job& job : jobs_->List(states, request->limit())) {
+  for (v1::Job& job :
+       jobs_->List(states, request->limit(), auth_->ListFilter(caller))) {
     *response->add_jobs() = std::move(job);
   }
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::Cancel(grpc::ServerContext*,
+grpc::Status JobServiceImpl::Cancel(grpc::ServerContext* context,
                                     const v1::CancelJobRequest* request,
                                     v1::CancelJobResponse* response) {
-  if (grpc::Status s = CheckJobId(request->job_id()); !s.ok()) return s;
+  if (grpc::Status s = Authorize(*context, request->job_id()); !s.ok()) {
+    return s;
+  }
   const std::string reason = request->reason().empty()
                                  ? "cancelled by the user"
                                  : request->reason().substr(0, 1024);
@@ -79,10 +108,12 @@ grpc::Status JobServiceImpl::Cancel(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::Reoptimize(grpc::ServerContext*,
+grpc::Status JobServiceImpl::Reoptimize(grpc::ServerContext* context,
                                         const v1::ReoptimizeRequest* request,
                                         v1::ReoptimizeResponse* response) {
-  if (grpc::Status s = CheckJobId(request->job_id()); !s.ok()) return s;
+  if (grpc::Status s = Authorize(*context, request->job_id()); !s.ok()) {
+    return s;
+  }
   absl::StatusOr<int64_t> version =
       planning_->RequestReplan(request->job_id(), "reoptimize");
   if (!version.ok()) return ToGrpc(version.status());
@@ -98,14 +129,15 @@ grpc::Status JobServiceImpl::Reoptimize(grpc::ServerContext*,
 grpc::Status JobServiceImpl::Watch(
     grpc::ServerContext* context, const v1::WatchJobRequest* request,
     grpc::ServerWriter<v1::WatchJobResponse>* writer) {
-  if (grpc::Status s = CheckJobId(request->job_id()); !s.ok()) return s;
-  absl::StatusOr<v1::Job> job = jobs_->Get(request->job_id());
-  if (!job.ok()) return ToGrpc(job.status());
+  v1::Job known;
+  if (grpc::Status s = Authorize(*context, request->job_id(), &known);
+      !s.ok()) {
+    return s;
+  }
   int64_t after = request->after_seq();
   v1::WatchJobResponse first;
-  *first.mutable_job() = *job;
+  *first.mutable_job() = known;
   if (!writer->Write(first)) return grpc::Status::OK;
-  v1::Job known = *job;
   while (!context->IsCancelled()) {
     // The job and its events from one snapshot: a terminal job comes with
     // the event that ended it.
@@ -132,12 +164,11 @@ grpc::Status JobServiceImpl::Watch(
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::GetSchedule(grpc::ServerContext*,
+grpc::Status JobServiceImpl::GetSchedule(grpc::ServerContext* context,
                                          const v1::GetScheduleRequest* request,
                                          v1::GetScheduleResponse* response) {
-  if (grpc::Status s = CheckJobId(request->job_id()); !s.ok()) return s;
-  if (absl::StatusOr<v1::Job> job = jobs_->Get(request->job_id()); !job.ok()) {
-    return ToGrpc(job.status());
+  if (grpc::Status s = Authorize(*context, request->job_id()); !s.ok()) {
+    return s;
   }
   absl::StatusOr<StoredSchedule> stored =
       request->has_version()
@@ -154,16 +185,16 @@ grpc::Status JobServiceImpl::GetSchedule(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::GetTimeline(grpc::ServerContext*,
+grpc::Status JobServiceImpl::GetTimeline(grpc::ServerContext* context,
                                          const v1::GetTimelineRequest* request,
                                          v1::GetTimelineResponse* response) {
-  if (grpc::Status s = CheckJobId(request->job_id()); !s.ok()) return s;
+  if (grpc::Status s = Authorize(*context, request->job_id()); !s.ok()) {
+    return s;
+  }
   if (request->ranks_size() > 4096) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "ask for at most 4096 ranks, or none for all");
   }
-  absl::StatusOr<v1::Job> job = jobs_->Get(request->job_id());
-  if (!job.ok()) return ToGrpc(job.status());
   absl::StatusOr<std::vector<v1::RankTimeline>> timelines = timelines_->Get(
       request->job_id(), {request->ranks().begin(), request->ranks().end()});
   if (!timelines.ok()) return ToGrpc(timelines.status());
@@ -173,10 +204,12 @@ grpc::Status JobServiceImpl::GetTimeline(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::GetReport(grpc::ServerContext*,
+grpc::Status JobServiceImpl::GetReport(grpc::ServerContext* context,
                                        const v1::GetReportRequest* request,
                                        v1::GetReportResponse* response) {
-  if (grpc::Status s = CheckJobId(request->job_id()); !s.ok()) return s;
+  if (grpc::Status s = Authorize(*context, request->job_id()); !s.ok()) {
+    return s;
+  }
   absl::StatusOr<std::string> html = reports_->RenderHtml(request->job_id());
   if (!html.ok()) return ToGrpc(html.status());
   response->set_html(*std::move(html));

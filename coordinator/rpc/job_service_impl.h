@@ -4,6 +4,7 @@
 #define TANDEM_COORDINATOR_RPC_JOB_SERVICE_IMPL_H_
 
 #include "coordinator/report/job_report_builder.h"
+#include "coordinator/rpc/rpc_auth.h"
 #include "coordinator/service/job_manager.h"
 #include "coordinator/service/planning_manager.h"
 #include "coordinator/service/timeline_store.h"
@@ -16,12 +17,13 @@ class JobServiceImpl final : public v1::JobService::Service {
  public:
   JobServiceImpl(JobManager* jobs, PlanningManager* planning,
                  WorkerManager* workers, const TimelineStore* timelines,
-                 const JobReportBuilder* reports)
+                 const JobReportBuilder* reports, const RpcAuth* auth)
       : jobs_(jobs),
         planning_(planning),
         workers_(workers),
         timelines_(timelines),
-        reports_(reports) {}
+        reports_(reports),
+        auth_(auth) {}
 
   grpc::Status Submit(grpc::ServerContext* context,
                       const v1::SubmitJobRequest* request,
@@ -54,11 +56,17 @@ class JobServiceImpl final : public v1::JobService::Service {
                          v1::GetReportResponse* response) override;
 
  private:
+  // The calls on one job: a well-formed id, an authenticated caller who may
+  // access the job, which exists. Fills `job` when given.
+  grpc::Status Authorize(const grpc::ServerContext& context,
+                         const std::string& job_id, v1::Job* job = nullptr);
+
   JobManager* jobs_;
   PlanningManager* planning_;
   WorkerManager* workers_;
   const TimelineStore* timelines_;
   const JobReportBuilder* reports_;
+  const RpcAuth* auth_;
 };
 
 }  // namespace tandem

@@ -56,9 +56,13 @@ const char* PayloadName(const v1::WorkerMessage& m) {
 
 }  // namespace
 
-grpc::Status WorkerServiceImpl::Register(grpc::ServerContext*,
+grpc::Status WorkerServiceImpl::Register(grpc::ServerContext* context,
                                          const v1::RegisterRequest* request,
                                          v1::RegisterResponse* response) {
+  if (grpc::Status s = auth_->CheckWorker(*context, request->job_id());
+      !s.ok()) {
+    return s;
+  }
   absl::StatusOr<v1::RegisterResponse> r = workers_->Register(*request);
   if (!r.ok()) return ToGrpc(r.status());
   *response = *std::move(r);
@@ -66,7 +70,7 @@ grpc::Status WorkerServiceImpl::Register(grpc::ServerContext*,
 }
 
 grpc::Status WorkerServiceImpl::Session(
-    grpc::ServerContext*,
+    grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>*
         stream) {
   v1::WorkerMessage message;
@@ -75,6 +79,10 @@ grpc::Status WorkerServiceImpl::Session(
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "a session starts with a hello (job, rank, "
                         "incarnation)");
+  }
+  if (grpc::Status s = auth_->CheckWorker(*context, message.hello().job_id());
+      !s.ok()) {
+    return s;
   }
   auto sink = std::make_shared<GrpcSessionSink>(stream);
   absl::StatusOr<int64_t> session =
@@ -97,15 +105,23 @@ grpc::Status WorkerServiceImpl::Session(
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServiceImpl::KvSet(grpc::ServerContext*,
+grpc::Status WorkerServiceImpl::KvSet(grpc::ServerContext* context,
                                       const v1::KvSetRequest* request,
                                       v1::KvSetResponse*) {
+  if (grpc::Status s = auth_->CheckWorkerKey(*context, request->key());
+      !s.ok()) {
+    return s;
+  }
   return ToGrpc(kv_->Set(request->key(), request->value()));
 }
 
-grpc::Status WorkerServiceImpl::KvGet(grpc::ServerContext*,
+grpc::Status WorkerServiceImpl::KvGet(grpc::ServerContext* context,
                                       const v1::KvGetRequest* request,
                                       v1::KvGetResponse* response) {
+  if (grpc::Status s = auth_->CheckWorkerKey(*context, request->key());
+      !s.ok()) {
+    return s;
+  }
   const int64_t wait =
       std::clamp<int64_t>(request->timeout_ms(), 0, kMaxKvWaitMs);
   absl::StatusOr<std::optional<std::string>> v =
@@ -116,9 +132,13 @@ grpc::Status WorkerServiceImpl::KvGet(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServiceImpl::KvAdd(grpc::ServerContext*,
+grpc::Status WorkerServiceImpl::KvAdd(grpc::ServerContext* context,
                                       const v1::KvAddRequest* request,
                                       v1::KvAddResponse* response) {
+  if (grpc::Status s = auth_->CheckWorkerKey(*context, request->key());
+      !s.ok()) {
+    return s;
+  }
   absl::StatusOr<int64_t> v = kv_->Add(request->key(), request->delta());
   if (!v.ok()) return ToGrpc(v.status());
   response->set_value(*v);
@@ -126,8 +146,12 @@ grpc::Status WorkerServiceImpl::KvAdd(grpc::ServerContext*,
 }
 
 grpc::Status WorkerServiceImpl::KvCompareSet(
-    grpc::ServerContext*, const v1::KvCompareSetRequest* request,
+    grpc::ServerContext* context, const v1::KvCompareSetRequest* request,
     v1::KvCompareSetResponse* response) {
+  if (grpc::Status s = auth_->CheckWorkerKey(*context, request->key());
+      !s.ok()) {
+    return s;
+  }
   absl::StatusOr<std::string> v =
       kv_->CompareSet(request->key(), request->expected(), request->desired());
   if (!v.ok()) return ToGrpc(v.status());
@@ -135,28 +159,41 @@ grpc::Status WorkerServiceImpl::KvCompareSet(
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServiceImpl::KvCheck(grpc::ServerContext*,
+grpc::Status WorkerServiceImpl::KvCheck(grpc::ServerContext* context,
                                         const v1::KvCheckRequest* request,
                                         v1::KvCheckResponse* response) {
   if (request->keys_size() > kMaxKeysPerCheck) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "KvCheck takes at most 1024 keys per call");
   }
+  for (const std::string& key : request->keys()) {
+    if (grpc::Status s = auth_->CheckWorkerKey(*context, key); !s.ok()) {
+      return s;
+    }
+  }
   response->set_ready(
       kv_->Check({request->keys().begin(), request->keys().end()}));
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServiceImpl::KvDelete(grpc::ServerContext*,
+grpc::Status WorkerServiceImpl::KvDelete(grpc::ServerContext* context,
                                          const v1::KvDeleteRequest* request,
                                          v1::KvDeleteResponse* response) {
+  if (grpc::Status s = auth_->CheckWorkerKey(*context, request->key());
+      !s.ok()) {
+    return s;
+  }
   response->set_deleted(kv_->Delete(request->key()));
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServiceImpl::KvNumKeys(grpc::ServerContext*,
+grpc::Status WorkerServiceImpl::KvNumKeys(grpc::ServerContext* context,
                                           const v1::KvNumKeysRequest* request,
                                           v1::KvNumKeysResponse* response) {
+  if (grpc::Status s = auth_->CheckWorkerKey(*context, request->prefix());
+      !s.ok()) {
+    return s;
+  }
   response->set_count(kv_->NumKeys(request->prefix()));
   return grpc::Status::OK;
 }

@@ -1,9 +1,12 @@
 // WorkerService over gRPC: registration, the session stream and the
 // rendezvous key-value store, mapped onto the worker manager and KvStore.
-// Every blocking call is bounded: KvGet waits at most kMaxKvWaitMs.
+// Every blocking call is bounded: KvGet waits at most kMaxKvWaitMs. With
+// authentication on, each call must carry the job's join secret
+// (rpc_auth.h).
 #ifndef TANDEM_COORDINATOR_RPC_WORKER_SERVICE_IMPL_H_
 #define TANDEM_COORDINATOR_RPC_WORKER_SERVICE_IMPL_H_
 
+#include "coordinator/rpc/rpc_auth.h"
 #include "coordinator/service/kv_store.h"
 #include "coordinator/service/worker_manager.h"
 #include "tandem/v1/worker_service.grpc.pb.h"
@@ -15,8 +18,8 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   static constexpr int64_t kMaxKvWaitMs = 60000;
   static constexpr int kMaxKeysPerCheck = 1024;
 
-  WorkerServiceImpl(WorkerManager* workers, KvStore* kv)
-      : workers_(workers), kv_(kv) {}
+  WorkerServiceImpl(WorkerManager* workers, KvStore* kv, const RpcAuth* auth)
+      : workers_(workers), kv_(kv), auth_(auth) {}
 
   grpc::Status Register(grpc::ServerContext* context,
                         const v1::RegisterRequest* request,
@@ -53,6 +56,9 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
  private:
   WorkerManager* workers_;
   KvStore* kv_;
+  // Join secrets and worker certificates (rpc_auth.h): checked on every
+  // call, before anything is read or written.
+  const RpcAuth* auth_;
 };
 
 }  // namespace tandem

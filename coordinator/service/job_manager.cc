@@ -105,7 +105,8 @@ absl::Status JobManager::AppendLocked(Record& record, absl::string_view kind,
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::Job> JobManager::Submit(v1::JobSpec spec) {
+absl::StatusOr<v1::Job> JobManager::Submit(v1::JobSpec spec,
+                                           std::string owner) {
   ApplyJobSpecDefaults(spec);
   // The pipeline it names is checked against the planner's pass registry.
   if (absl::Status s = ValidateJobSpec(spec, CheckOptimizeSpec); !s.ok()) {
@@ -118,6 +119,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(v1::JobSpec spec) {
   record.job.set_id(NewJobId(spec.name()));
   record.job.set_state(v1::JOB_STATE_PENDING);
   record.job.set_submitted_unix_s(NowUnix());
+  record.job.set_owner(std::move(owner));
   *record.job.mutable_spec() = std::move(spec);
   const std::string id = record.job.id();
   if (absl::Status s = AppendLocked(
@@ -143,8 +145,9 @@ absl::StatusOr<v1::Job> JobManager::Get(absl::string_view job_id) const {
   return r->job;
 }
 
-std::vector<v1::Job> JobManager::List(const std::vector<v1::JobState>& states,
-                                      int limit) const {
+std::vector<v1::Job> JobManager::List(
+    const std::vector<v1::JobState>& states, int limit,
+    const std::optional<std::string>& owner) const {
   limit = limit <= 0 ? 1000 : std::min(limit, 1000);
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<v1::Job> out;
@@ -153,6 +156,7 @@ std::vector<v1::Job> JobManager::List(const std::vector<v1::JobState>& states,
                                      r.job.state()) == states.end()) {
       continue;
     }
+    if (owner.has_value() && r.job.owner() != *owner) continue;
     out.push_back(r.job);
   }
   std::sort(out.begin(), out.end(), [](const v1::Job& a, const v1::Job& b) {

@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,13 +51,15 @@ class JobManager {
   void SetStateListener(StateListener listener);
 
   // Applies defaults, validates (InvalidArgument with field-level messages),
-  // assigns an id and stores the job as PENDING.
-  absl::StatusOr<v1::Job> Submit(v1::JobSpec spec);
+  // assigns an id and stores the job as PENDING, owned by `owner` (the
+  // authenticated user; empty when the coordinator does not authenticate).
+  absl::StatusOr<v1::Job> Submit(v1::JobSpec spec, std::string owner = "");
   // NotFound names the id and suggests `tandem list`.
   absl::StatusOr<v1::Job> Get(absl::string_view job_id) const;
-  // Newest first; `limit` is capped at 1000.
-  std::vector<v1::Job> List(const std::vector<v1::JobState>& states,
-                            int limit) const;
+  // Newest first; `limit` is capped at 1000. With `owner`, only that
+  // user's jobs.
+  std::vector<v1::Job> List(const std::vector<v1::JobState>& states, int limit,
+                            const std::optional<std::string>& owner = {}) const;
   // Every job not ended yet (PENDING or RUNNING), however many: what the
   // other managers recover after a restart.
   std::vector<v1::Job> Unfinished() const;

@@ -1,12 +1,20 @@
 #include "coordinator/service/kv_store.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace tandem {
 
-absl::Status KvStore::CheckSizes(absl::string_view key, absl::string_view value,
-                                 bool adds_key) const {
+absl::string_view KvNamespace(absl::string_view key) {
+  if (!absl::StartsWith(key, "jobs/")) return "";
+  const size_t slash = key.find('/', 5);
+  if (slash == absl::string_view::npos || slash == 5) return "";
+  return key.substr(0, slash + 1);
+}
+
+absl::Status KvStore::CheckSizes(absl::string_view key,
+                                 absl::string_view value) {
   if (key.empty() || key.size() > kMaxKeyBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "key must be 1..", kMaxKeyBytes, " bytes, got ", key.size()));
@@ -16,26 +24,72 @@ absl::Status KvStore::CheckSizes(absl::string_view key, absl::string_view value,
         absl::StrCat("value of '", key.substr(0, 64), "' is ", value.size(),
                      " bytes; at most ", kMaxValueBytes, " are allowed"));
   }
-  if (adds_key && data_.size() >= kMaxKeys) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the rendezvous store holds ", kMaxKeys,
-                     " keys already; finished jobs release theirs"));
-  }
   return absl::OkStatus();
 }
 
-absl::Status KvStore::Set(absl::string_view key, absl::string_view value) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const bool adds = data_.find(key) == data_.end();
-  if (absl::Status s = CheckSizes(key, value, adds); !s.ok()) return s;
-  data_[std::string(key)] = std::string(value);
+absl::Status KvStore::PutLocked(Map::iterator it, absl::string_view key,
+                                absl::string_view value) {
+  if (absl::Status s = CheckSizes(key, value); !s.ok()) return s;
+  const bool adds = it == data_.end();
+  const size_t old_bytes = adds ? 0 : key.size() + it->second.size();
+  const size_t new_bytes = key.size() + value.size();
+  const absl::string_view ns = KvNamespace(key);
+  auto u = usage_.find(ns);
+  const Usage job = u == usage_.end() ? Usage{} : u->second;
+  const size_t job_keys = job.keys + (adds ? 1 : 0);
+  const size_t job_bytes = job.bytes - old_bytes + new_bytes;
+  const std::string whose =
+      ns.empty() ? std::string("keys outside any job")
+                 : absl::StrCat("job ", ns.substr(5, ns.size() - 6));
+  if (job_keys > kMaxKeysPerJob || job_bytes > kMaxBytesPerJob) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("rendezvous quota: ", whose, " would hold ", job_keys,
+                     " keys and ", job_bytes, " bytes; the limit per job is ",
+                     kMaxKeysPerJob, " keys and ", kMaxBytesPerJob,
+                     " bytes (delete keys it no longer "
+                     "needs)"));
+  }
+  const size_t total_keys = total_.keys + (adds ? 1 : 0);
+  const size_t total_bytes = total_.bytes - old_bytes + new_bytes;
+  if (total_keys > kMaxKeys || total_bytes > kMaxBytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the rendezvous store is full (", total_.keys, " keys, ",
+                     total_.bytes, " bytes of at most ", kMaxKeys, " and ",
+                     kMaxBytes, "); finished jobs release theirs"));
+  }
+  if (u == usage_.end()) u = usage_.emplace(std::string(ns), Usage{}).first;
+  u->second = {job_keys, job_bytes};
+  total_ = {total_keys, total_bytes};
+  if (adds) {
+    data_.emplace(std::string(key), std::string(value));
+  } else {
+    it->second = std::string(value);
+  }
   changed_.notify_all();
   return absl::OkStatus();
 }
 
+KvStore::Map::iterator KvStore::EraseLocked(Map::iterator it) {
+  const size_t bytes = it->first.size() + it->second.size();
+  auto u = usage_.find(KvNamespace(it->first));
+  if (u != usage_.end()) {
+    u->second.keys -= 1;
+    u->second.bytes -= bytes;
+    if (u->second.keys == 0) usage_.erase(u);
+  }
+  total_.keys -= 1;
+  total_.bytes -= bytes;
+  return data_.erase(it);
+}
+
+absl::Status KvStore::Set(absl::string_view key, absl::string_view value) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return PutLocked(data_.find(key), key, value);
+}
+
 absl::StatusOr<std::optional<std::string>> KvStore::Get(
     absl::string_view key, std::chrono::milliseconds timeout) {
-  if (absl::Status s = CheckSizes(key, "", false); !s.ok()) return s;
+  if (absl::Status s = CheckSizes(key, ""); !s.ok()) return s;
   std::unique_lock<std::mutex> lock(mu_);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
@@ -58,12 +112,10 @@ absl::StatusOr<int64_t> KvStore::Add(absl::string_view key, int64_t delta) {
         absl::StrCat("value of '", key.substr(0, 64),
                      "' is not an integer; Add needs an integer key"));
   }
-  if (absl::Status s = CheckSizes(key, "", it == data_.end()); !s.ok()) {
+  value += delta;
+  if (absl::Status s = PutLocked(it, key, absl::StrCat(value)); !s.ok()) {
     return s;
   }
-  value += delta;
-  data_[std::string(key)] = absl::StrCat(value);
-  changed_.notify_all();
   return value;
 }
 
@@ -72,18 +124,14 @@ absl::StatusOr<std::string> KvStore::CompareSet(absl::string_view key,
                                                 absl::string_view desired) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = data_.find(key);
-  if (absl::Status s = CheckSizes(key, desired, it == data_.end()); !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = CheckSizes(key, desired); !s.ok()) return s;
   if (it == data_.end()) {
     if (!expected.empty()) return std::string(expected);
-    data_[std::string(key)] = std::string(desired);
-    changed_.notify_all();
+    if (absl::Status s = PutLocked(it, key, desired); !s.ok()) return s;
     return std::string(desired);
   }
   if (it->second == expected) {
-    it->second = std::string(desired);
-    changed_.notify_all();
+    if (absl::Status s = PutLocked(it, key, desired); !s.ok()) return s;
   }
   return it->second;
 }
@@ -100,7 +148,7 @@ bool KvStore::Delete(absl::string_view key) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = data_.find(key);
   if (it == data_.end()) return false;
-  data_.erase(it);
+  EraseLocked(it);
   return true;
 }
 
@@ -121,7 +169,7 @@ void KvStore::DeletePrefix(absl::string_view prefix) {
   auto it = data_.lower_bound(prefix);
   while (it != data_.end() &&
          absl::string_view(it->first).substr(0, prefix.size()) == prefix) {
-    it = data_.erase(it);
+    it = EraseLocked(it);
   }
 }
 

@@ -4,7 +4,11 @@
 // but the coordinator's address. Keys are namespaced per job by the caller.
 //
 // Sizes are bounded so that a misbehaving client cannot exhaust memory: keys
-// up to 1 KiB, values up to 1 MiB, at most 100000 keys.
+// up to 1 KiB, values up to 1 MiB; each job's namespace ("jobs/<id>/...")
+// holds at most kMaxKeysPerJob keys and kMaxBytesPerJob bytes (keys plus
+// values), so one job cannot fill the store for the others; and the whole
+// store at most kMaxKeys keys and kMaxBytes bytes. Keys outside any job
+// share one namespace with the same quota.
 #ifndef TANDEM_COORDINATOR_SERVICE_KV_STORE_H_
 #define TANDEM_COORDINATOR_SERVICE_KV_STORE_H_
 
@@ -28,9 +32,13 @@ class KvStore {
   static constexpr size_t kMaxKeyBytes = 1024;
   static constexpr size_t kMaxValueBytes = 1 << 20;
   static constexpr size_t kMaxKeys = 100000;
+  static constexpr size_t kMaxBytes = 512u << 20;
+  static constexpr size_t kMaxKeysPerJob = 16384;
+  static constexpr size_t kMaxBytesPerJob = 32u << 20;
 
   // Errors: InvalidArgument for an empty or oversized key or value,
-  // ResourceExhausted when the store is full.
+  // ResourceExhausted when the job's quota or the store is full (the
+  // message says which, with the figures).
   absl::Status Set(absl::string_view key, absl::string_view value);
   // Waits up to `timeout` for the key; nullopt when it never appeared.
   absl::StatusOr<std::optional<std::string>> Get(
@@ -50,13 +58,31 @@ class KvStore {
   void DeletePrefix(absl::string_view prefix);
 
  private:
-  absl::Status CheckSizes(absl::string_view key, absl::string_view value,
-                          bool adds_key) const;
+  using Map = std::map<std::string, std::string, std::less<>>;
+  struct Usage {
+    size_t keys = 0;
+    size_t bytes = 0;
+  };
+  // Key and value within their bounds. Requires nothing.
+  static absl::Status CheckSizes(absl::string_view key,
+                                 absl::string_view value);
+  // Sets `key` (found at `it`, or end()) to `value` within the quotas.
+  // Requires mu_.
+  absl::Status PutLocked(Map::iterator it, absl::string_view key,
+                         absl::string_view value);
+  Map::iterator EraseLocked(Map::iterator it);
 
   mutable std::mutex mu_;
   std::condition_variable changed_;
-  std::map<std::string, std::string, std::less<>> data_;
+  Map data_;
+  // By namespace ("jobs/<id>/", or "" for keys outside any job); entries
+  // are dropped when they empty.
+  std::map<std::string, Usage, std::less<>> usage_;
+  Usage total_;
 };
+
+// The quota namespace of a key: "jobs/<id>/" for a job's keys, else "".
+absl::string_view KvNamespace(absl::string_view key);
 
 }  // namespace tandem
 

@@ -1,5 +1,6 @@
 #include "coordinator/store/job_store.h"
 
+#include <openssl/rand.h>
 #include <sqlite3.h>
 
 #include <utility>
@@ -83,6 +84,10 @@ CREATE TABLE IF NOT EXISTS rank_windows (
   exposed_comm_s REAL NOT NULL,
   peak_bytes INTEGER NOT NULL,
   PRIMARY KEY (job_id, rank, first_iteration, last_iteration)
+);
+CREATE TABLE IF NOT EXISTS meta (
+  key TEXT PRIMARY KEY,
+  value BLOB NOT NULL
 );
 )sql";
 
@@ -251,6 +256,33 @@ absl::Status JobStore::PutJob(const v1::Job& job) {
       .Bind(3, static_cast<int64_t>(job.state()))
       .BindBlob(4, job.SerializeAsString());
   return Done(stmt);
+}
+
+absl::StatusOr<std::string> JobStore::SecretKey() {
+  std::lock_guard<std::mutex> lock(mu_);
+  {
+    Statement stmt(db_, "SELECT value FROM meta WHERE key = 'secret_key'");
+    if (!stmt.status().ok()) return stmt.status();
+    absl::StatusOr<bool> row = stmt.Step();
+    if (!row.ok()) return row.status();
+    if (*row) {
+      std::string key = stmt.Blob(0);
+      if (key.size() == kSecretKeyBytes) return key;
+      return absl::DataLossError(absl::StrCat(
+          "the database's secret key has ", key.size(), " bytes, not ",
+          kSecretKeyBytes, "; the file is damaged"));
+    }
+  }
+  std::string key(kSecretKeyBytes, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(key.data()),
+                 static_cast<int>(key.size())) != 1) {
+    return absl::InternalError("no random bytes for the secret key (OpenSSL)");
+  }
+  Statement stmt(db_, "INSERT INTO meta (key, value) VALUES ('secret_key', ?)");
+  if (!stmt.status().ok()) return stmt.status();
+  stmt.BindBlob(1, key);
+  if (absl::Status s = Done(stmt); !s.ok()) return s;
+  return key;
 }
 
 absl::StatusOr<std::vector<v1::Job>> JobStore::LoadJobs() {

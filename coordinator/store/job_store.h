@@ -89,6 +89,12 @@ class JobStore {
   // Every job, oldest first.
   absl::StatusOr<std::vector<v1::Job>> LoadJobs();
 
+  // The coordinator's secret key (32 random bytes, made on first use and
+  // kept in the database): join secrets are derived from it
+  // (coordinator/service/join_secrets.h), so they survive a restart.
+  static constexpr size_t kSecretKeyBytes = 32;
+  absl::StatusOr<std::string> SecretKey();
+
   absl::Status AppendEvent(absl::string_view job_id, const v1::JobEvent& event);
   // Events with seq > after_seq, in order, at most `limit`.
   absl::StatusOr<std::vector<v1::JobEvent>> LoadEvents(absl::string_view job_id,

@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/flags/command_line.h"
 #include "common/flags/flag_checks.h"
+#include "common/security/grpc_credentials.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 ABSL_FLAG(std::string, service, "",
@@ -33,6 +35,8 @@ ABSL_FLAG(double, wait, 0,
           "passed");
 ABSL_FLAG(double, timeout, 2, "deadline of each check, in seconds");
 ABSL_FLAG(bool, quiet, false, "print nothing when SERVING (-q)");
+ABSL_FLAG(std::string, tls_ca, "",
+          "the server speaks TLS: trust this PEM CA (default: $TANDEM_TLS_CA)");
 
 namespace {
 
@@ -42,7 +46,7 @@ using grpc::health::v1::HealthCheckResponse;
 
 constexpr char kUsage[] =
     "usage: tandem-health [--service NAME] [--wait S] [--timeout S] [-q] "
-    "HOST:PORT\n"
+    "[--tls-ca FILE] HOST:PORT\n"
     "Asks a Tandem coordinator or worker for its health (grpc.health.v1). "
     "Exit status:\n0 SERVING; 1 not serving, unknown service or "
     "unreachable; 2 usage errors.\n";
@@ -103,8 +107,20 @@ int main(int argc, char** argv) {
                          tandem::CheckAtLeast("--wait", wait_s, 0.0),
                          tandem::CheckPositive("--timeout", timeout_s)});
 
-  auto channel =
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  std::string tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  if (tls_ca.empty()) {
+    if (const char* env = std::getenv("TANDEM_TLS_CA"); env != nullptr) {
+      tls_ca = env;
+    }
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      tandem::MakeChannelCredentials({tls_ca, "", ""});
+  if (!credentials.ok()) {
+    std::fprintf(stderr, "tandem-health: %s\n",
+                 std::string(credentials.status().message()).c_str());
+    return 2;
+  }
+  auto channel = grpc::CreateChannel(address, *credentials);
   std::unique_ptr<Health::Stub> stub = Health::NewStub(channel);
   const auto timeout =
       std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));

@@ -21,12 +21,17 @@
 #   TANDEM_HEALTH_PORT  when set, serve grpc.health.v1 on port
 #                       TANDEM_HEALTH_PORT + local rank
 #   TANDEM_THREADS      intra-op threads (default: SLURM_CPUS_PER_TASK)
+#   TANDEM_TLS_CA       the coordinator's CA, when it serves TLS
+#   TANDEM_JOIN_SECRET  the job's join secret (read by tandem-worker itself)
 set -euo pipefail
 
 : "${SLURM_PROCID:?run this under srun (SLURM_PROCID is unset)}"
 : "${TANDEM_COORDINATOR:?set TANDEM_COORDINATOR to the coordinator HOST:PORT}"
 : "${TANDEM_JOB:?set TANDEM_JOB to the Tandem job id (tandem submit -q)}"
 
+# The user's token stays with the batch script: workers authenticate with
+# the job's join secret only.
+unset TANDEM_TOKEN
 export RANK="$SLURM_PROCID"
 export WORLD_SIZE="${SLURM_NTASKS:-1}"
 export LOCAL_RANK="${SLURM_LOCALID:-0}"
@@ -61,6 +66,7 @@ fi
 # so, instead of waiting in the rendezvous for ranks that never come.
 args=(--coordinator "$TANDEM_COORDINATOR" --job "$TANDEM_JOB"
       --rank "$RANK" --world "$WORLD_SIZE" --bind-host "$TANDEM_BIND_HOST")
+[ -n "${TANDEM_TLS_CA:-}" ] && args+=(--tls-ca "$TANDEM_TLS_CA")
 threads="${TANDEM_THREADS:-${SLURM_CPUS_PER_TASK:-}}"
 [ -n "$threads" ] && args+=(--threads "$threads")
 if [ -n "${TANDEM_HEALTH_PORT:-}" ]; then

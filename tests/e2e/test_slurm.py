@@ -140,6 +140,12 @@ def test_sbatch_starts_coordinator_on_first_node(slurm, tmp_path):
     assert "SUCCEEDED" in out, out
     log = (tmp_path / "logs" / "coordinator.log").read_text()
     assert "listening on port %d" % port in log, log
+    # Secure by default off loopback: TLS and a token made for the
+    # allocation, kept where only its user can read them.
+    assert "TLS, tokens" in log, log
+    secrets = tmp_path / "logs" / "secrets"
+    assert secrets.stat().st_mode & 0o777 == 0o700
+    assert (secrets / "tokens").stat().st_mode & 0o077 == 0
     assert db.exists()
 
 
@@ -161,7 +167,18 @@ def test_scancel_with_coordinator_in_job_records_failure(slurm, tmp_path):
             return False  # not up yet
         return bool(jobs) and jobs[0].step >= 3
 
-    with tandem.Client("127.0.0.1:%d" % port, timeout=5) as client:
+    # The coordinator the script started serves TLS with a token it made.
+    secrets = logs / "secrets"
+    wait_for(lambda: (secrets / "tokens").is_file() and
+             (secrets / "server.pem").is_file(), timeout=60,
+             what="the script's credentials")
+    token = (secrets / "tokens").read_text().split()[0]
+    with tandem.Client("127.0.0.1:%d" % port, timeout=5) as plain:
+        with pytest.raises(tandem.TandemError) as refused:
+            plain.list()  # a TLS port never answers plaintext
+        assert "--tls-ca" in refused.value.message
+    with tandem.Client("127.0.0.1:%d" % port, timeout=5, token=token,
+                       tls_ca=str(secrets / "server.pem")) as client:
         wait_for(lambda: stepping(client), timeout=90,
                  what="3 steps; %s" % rank_logs(tmp_path))
     slurm.scancel(slurm_job)

@@ -27,10 +27,12 @@ def worker_binary():
 class Worker:
     """A tandem-worker process in agent mode."""
 
-    def __init__(self, workdir, coordinator, job_id, rank, extra=()):
+    def __init__(self, workdir, coordinator, job_id, rank, extra=(),
+                 env_extra=None):
         self.log_path = workdir / ("worker%d.log" % rank)
         self.out_path = workdir / ("worker%d.jsonl" % rank)
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+        env.update(env_extra or {})
         self.proc = subprocess.Popen(
             [str(worker_binary()), "--coordinator", coordinator.address,
              "--job", job_id, "--rank", str(rank), "--threads", "1", *extra],
@@ -63,16 +65,18 @@ def cluster(tmp_path):
             self.coordinators = []
             self.workers = []
 
-        def coordinator(self, heartbeat_timeout_s=60, port=0):
+        def coordinator(self, heartbeat_timeout_s=60, port=0, extra=(),
+                        host="127.0.0.1"):
             d = tmp_path / ("coord%d" % len(self.coordinators))
             d.mkdir(exist_ok=True)
             c = Coordinator(client_conftest.coordinator_binary(), d,
-                            heartbeat_timeout_s=heartbeat_timeout_s)
+                            heartbeat_timeout_s=heartbeat_timeout_s,
+                            extra=extra, host=host)
             self.coordinators.append(c)
             return c.start(port=port)
 
-        def worker(self, coordinator, job_id, rank, extra=()):
-            w = Worker(tmp_path, coordinator, job_id, rank, extra)
+        def worker(self, coordinator, job_id, rank, extra=(), env=None):
+            w = Worker(tmp_path, coordinator, job_id, rank, extra, env)
             self.workers.append(w)
             return w
 

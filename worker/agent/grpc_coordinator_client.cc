@@ -5,23 +5,31 @@
 namespace tandem {
 
 GrpcCoordinatorClient::GrpcCoordinatorClient(
-    const std::string& address, std::chrono::milliseconds rpc_timeout)
-    : address_(address), rpc_timeout_(rpc_timeout) {
+    const std::string& address, CoordinatorCredentials credentials,
+    std::chrono::milliseconds rpc_timeout)
+    : address_(address),
+      rpc_timeout_(rpc_timeout),
+      join_secret_(std::move(credentials.join_secret)) {
   grpc::ChannelArguments args;
   // Reconnect quickly when the coordinator comes back.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetMaxReceiveMessageSize(64 << 20);
-  channel_ = grpc::CreateCustomChannel(
-      address, grpc::InsecureChannelCredentials(), args);
+  channel_ = grpc::CreateCustomChannel(address,
+                                       credentials.channel != nullptr
+                                           ? credentials.channel
+                                           : grpc::InsecureChannelCredentials(),
+                                       args);
   stub_ = v1::WorkerService::NewStub(channel_);
 }
 
 GrpcCoordinatorClient::~GrpcCoordinatorClient() { CloseSession(); }
 
-void GrpcCoordinatorClient::Deadline(grpc::ClientContext& ctx,
-                                     std::chrono::milliseconds extra) const {
+void GrpcCoordinatorClient::Prepare(grpc::ClientContext& ctx,
+                                    std::chrono::milliseconds extra) const {
   ctx.set_deadline(std::chrono::system_clock::now() + rpc_timeout_ + extra);
+  if (!join_secret_.empty())
+    ctx.AddMetadata("tandem-join-secret", join_secret_);
 }
 
 absl::Status GrpcCoordinatorClient::Annotate(const grpc::Status& s) const {
@@ -38,7 +46,7 @@ absl::Status GrpcCoordinatorClient::Annotate(const grpc::Status& s) const {
 absl::StatusOr<v1::RegisterResponse> GrpcCoordinatorClient::Register(
     const v1::RegisterRequest& request) {
   grpc::ClientContext ctx;
-  Deadline(ctx);
+  Prepare(ctx);
   v1::RegisterResponse response;
   grpc::Status s = stub_->Register(&ctx, request, &response);
   if (!s.ok()) return Annotate(s);
@@ -52,6 +60,9 @@ absl::Status GrpcCoordinatorClient::OpenSession(
   CloseSession();
   std::lock_guard<std::mutex> lock(mu_);
   session_ctx_ = std::make_unique<grpc::ClientContext>();
+  if (!join_secret_.empty()) {
+    session_ctx_->AddMetadata("tandem-join-secret", join_secret_);
+  }
   session_ = stub_->Session(session_ctx_.get());
   if (!session_->Write(hello)) {
     grpc::Status s = session_->Finish();
@@ -96,7 +107,7 @@ void GrpcCoordinatorClient::CloseSession() {
 absl::Status GrpcCoordinatorClient::KvSet(const std::string& key,
                                           const std::string& value) {
   grpc::ClientContext ctx;
-  Deadline(ctx);
+  Prepare(ctx);
   v1::KvSetRequest req;
   req.set_key(key);
   req.set_value(value);
@@ -107,7 +118,7 @@ absl::Status GrpcCoordinatorClient::KvSet(const std::string& key,
 absl::StatusOr<std::optional<std::string>> GrpcCoordinatorClient::KvGet(
     const std::string& key, std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;
-  Deadline(ctx, timeout);
+  Prepare(ctx, timeout);
   v1::KvGetRequest req;
   req.set_key(key);
   req.set_timeout_ms(timeout.count());
@@ -121,7 +132,7 @@ absl::StatusOr<std::optional<std::string>> GrpcCoordinatorClient::KvGet(
 absl::StatusOr<int64_t> GrpcCoordinatorClient::KvAdd(const std::string& key,
                                                      int64_t delta) {
   grpc::ClientContext ctx;
-  Deadline(ctx);
+  Prepare(ctx);
   v1::KvAddRequest req;
   req.set_key(key);
   req.set_delta(delta);
@@ -135,7 +146,7 @@ absl::StatusOr<std::string> GrpcCoordinatorClient::KvCompareSet(
     const std::string& key, const std::string& expected,
     const std::string& desired) {
   grpc::ClientContext ctx;
-  Deadline(ctx);
+  Prepare(ctx);
   v1::KvCompareSetRequest req;
   req.set_key(key);
   req.set_expected(expected);
@@ -149,7 +160,7 @@ absl::StatusOr<std::string> GrpcCoordinatorClient::KvCompareSet(
 absl::StatusOr<bool> GrpcCoordinatorClient::KvCheck(
     const std::vector<std::string>& keys) {
   grpc::ClientContext ctx;
-  Deadline(ctx);
+  Prepare(ctx);
   v1::KvCheckRequest req;
   for (const std::string& k : keys) req.add_keys(k);
   v1::KvCheckResponse resp;
@@ -160,7 +171,7 @@ absl::StatusOr<bool> GrpcCoordinatorClient::KvCheck(
 
 absl::StatusOr<bool> GrpcCoordinatorClient::KvDelete(const std::string& key) {
   grpc::ClientContext ctx;
-  Deadline(ctx);
+  Prepare(ctx);
   v1::KvDeleteRequest req;
   req.set_key(key);
   v1::KvDeleteResponse resp;
@@ -172,7 +183,7 @@ absl::StatusOr<bool> GrpcCoordinatorClient::KvDelete(const std::string& key) {
 absl::StatusOr<int64_t> GrpcCoordinatorClient::KvNumKeys(
     const std::string& prefix) {
   grpc::ClientContext ctx;
-  Deadline(ctx);
+  Prepare(ctx);
   v1::KvNumKeysRequest req;
   req.set_prefix(prefix);
   v1::KvNumKeysResponse resp;

@@ -13,12 +13,22 @@
 
 namespace tandem {
 
+// How to reach an authenticating coordinator (coordinator/README.md,
+// "Authentication").
+struct CoordinatorCredentials {
+  // TLS (common/security/grpc_credentials.h); null: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> channel;
+  // The job's join secret, sent on every call as `tandem-join-secret`;
+  // empty: none.
+  std::string join_secret;
+};
+
 class GrpcCoordinatorClient : public CoordinatorClient {
  public:
   // `address` is HOST:PORT. Unary calls time out after `rpc_timeout` (KvGet
   // after its own timeout plus that).
   explicit GrpcCoordinatorClient(
-      const std::string& address,
+      const std::string& address, CoordinatorCredentials credentials = {},
       std::chrono::milliseconds rpc_timeout = std::chrono::seconds(10));
   ~GrpcCoordinatorClient() override;
 
@@ -43,12 +53,14 @@ class GrpcCoordinatorClient : public CoordinatorClient {
   absl::StatusOr<int64_t> KvNumKeys(const std::string& prefix) override;
 
  private:
-  void Deadline(grpc::ClientContext& ctx,
-                std::chrono::milliseconds extra = {}) const;
+  // The deadline and the join secret.
+  void Prepare(grpc::ClientContext& ctx,
+               std::chrono::milliseconds extra = {}) const;
   absl::Status Annotate(const grpc::Status& status) const;
 
   const std::string address_;
   const std::chrono::milliseconds rpc_timeout_;
+  const std::string join_secret_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::WorkerService::Stub> stub_;
 

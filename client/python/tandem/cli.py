@@ -1,9 +1,11 @@
 """The ``tandem`` command line.
 
-    tandem [--coordinator ADDR] submit job.yaml [--watch] [-q]
+    tandem [--coordinator ADDR] [--token T] [--tls-ca PEM] submit job.yaml
+           [--watch] [-q]
     tandem status JOB [--spec] [--events N]
     tandem watch JOB
     tandem list [--state S] [--limit N]
+    tandem join-secret JOB
     tandem cancel JOB [--reason R]
     tandem reoptimize JOB [--reason R]
     tandem schedule JOB [--version N] [--explain]   (--version 0: the baseline)
@@ -70,6 +72,15 @@ def cmd_submit(client, args):
     return EXIT_OK
 
 
+def cmd_join_secret(client, args):
+    secret = client.join_secret(args.job)
+    if not secret:
+        raise TandemError("the coordinator gave no join secret for job %s"
+                          % args.job, code=grpc.StatusCode.UNIMPLEMENTED)
+    _out(secret)
+    return EXIT_OK
+
+
 def _describe_spec(spec):
     m, b, p = spec.model, spec.batch, spec.parallel
     dtype = spec_mod.enum_short_name(
@@ -131,6 +142,8 @@ def cmd_status(client, args):
         ("bought", describe_outcome(job)),
         ("submitted", fmt_time(job.submitted_unix_s, with_date=True)),
     ]
+    if job.owner:
+        rows.append(("owner", job.owner))
     if job.error:
         rows.append(("error", job.error))
     rows += [("model", model), ("batch", batch),
@@ -284,7 +297,8 @@ def cmd_launch(client, args):
     log_dir = args.log_dir or os.path.join("tandem-logs", job.id)
     workers = launch_mod.LocalWorkers(
         worker, client.address, job.id, args.nproc, log_dir,
-        ranks=assign_ranks, threads=args.threads)
+        ranks=assign_ranks, threads=args.threads,
+        join_secret=client.join_secret(job.id), tls_ca=client.tls_ca)
     _out("%s; started %d workers (%s), logs in %s" %
          (what, args.nproc, worker, launch_mod.describe_logs(workers)))
     sys.stdout.flush()
@@ -509,6 +523,11 @@ def run_export_weights(args):
     checkpoint.dir."""
     from tandem import weights
 
+    # The coordinator is reached through tandem.Client, which reads these.
+    if getattr(args, "token", None):
+        os.environ["TANDEM_TOKEN"] = args.token
+    if getattr(args, "tls_ca", None):
+        os.environ["TANDEM_TLS_CA"] = args.tls_ca
     try:
         summary = weights.export_weights(
             args.source, args.output, step=args.step,
@@ -544,6 +563,12 @@ def build_parser():
     common.add_argument("--timeout", type=float, metavar="S",
                         default=argparse.SUPPRESS,
                         help="seconds to wait for each call (default 30)")
+    common.add_argument("--token", metavar="TOKEN", default=argparse.SUPPRESS,
+                        help="bearer token for a coordinator that "
+                             "authenticates (default: $TANDEM_TOKEN)")
+    common.add_argument("--tls-ca", metavar="PEM", default=argparse.SUPPRESS,
+                        help="reach the coordinator over TLS, trusting this "
+                             "CA (default: $TANDEM_TLS_CA)")
 
     p = _Parser(prog="tandem",
                 description="Submit, watch and steer tandem training jobs.",
@@ -555,6 +580,12 @@ def build_parser():
                         "$TANDEM_COORDINATOR or 127.0.0.1:50051)")
     p.add_argument("--timeout", type=float, metavar="S", default=30.0,
                    help="seconds to wait for each call (default 30)")
+    p.add_argument("--token", metavar="TOKEN", default=None,
+                   help="bearer token for a coordinator that authenticates "
+                        "(default: $TANDEM_TOKEN)")
+    p.add_argument("--tls-ca", metavar="PEM", default=None,
+                   help="reach the coordinator over TLS, trusting this CA "
+                        "(default: $TANDEM_TLS_CA)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND",
                            parser_class=_Parser)
 
@@ -622,6 +653,13 @@ def build_parser():
                          "comma-separate for several")
     sp.add_argument("--limit", type=int, default=100,
                     help="at most this many (default 100)")
+
+    sp = add("join-secret", cmd_join_secret,
+             "print a job's join secret: what its workers present to a "
+             "coordinator that authenticates (tandem-worker "
+             "--join-secret-file, or $TANDEM_JOIN_SECRET); only the job's "
+             "owner or an admin gets it")
+    sp.add_argument("job", metavar="JOB")
 
     sp = add("cancel", cmd_cancel, "cancel a job")
     sp.add_argument("job", metavar="JOB")
@@ -728,8 +766,13 @@ def main(argv=None):
         return EXIT_USAGE
     if args.timeout is not None and args.timeout <= 0:
         parser.error("--timeout must be > 0")
-    client = Client(args.coordinator or default_address(),
-                    timeout=args.timeout)
+    try:
+        client = Client(args.coordinator or default_address(),
+                        timeout=args.timeout, token=args.token,
+                        tls_ca=args.tls_ca)
+    except TandemError as e:
+        _err(e.message)
+        return EXIT_USAGE
     try:
         return args.fn(client, args)
     except TandemError as e:

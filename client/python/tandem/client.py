@@ -12,6 +12,11 @@ from tandem.v1 import (job_pb2, job_service_pb2, job_service_pb2_grpc,
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 ENV_ADDRESS = "TANDEM_COORDINATOR"
+# Credentials for an authenticating coordinator (coordinator/README.md,
+# "Authentication"): the user's bearer token, and the CA its TLS
+# certificate chains to.
+ENV_TOKEN = "TANDEM_TOKEN"
+ENV_TLS_CA = "TANDEM_TLS_CA"
 
 # get(): the job and every event recorded for it, oldest first.
 class JobStatus(collections.namedtuple("JobStatus", ["job", "events"])):
@@ -112,6 +117,48 @@ def is_terminal(state):
     return state in TERMINAL_STATES
 
 
+class _Details(collections.namedtuple(
+        "_Details", ["method", "timeout", "metadata", "credentials",
+                     "wait_for_ready", "compression"]),
+        grpc.ClientCallDetails):
+    pass
+
+
+class _BearerToken(grpc.UnaryUnaryClientInterceptor,
+                   grpc.UnaryStreamClientInterceptor):
+    """Adds ``authorization: Bearer TOKEN`` to every call. An interceptor,
+    not call credentials, so that it works over plaintext on loopback
+    too."""
+
+    def __init__(self, token):
+        self._header = ("authorization", "Bearer " + token)
+
+    def _details(self, d):
+        metadata = list(d.metadata or []) + [self._header]
+        return _Details(d.method, d.timeout, metadata, d.credentials,
+                        getattr(d, "wait_for_ready", None),
+                        getattr(d, "compression", None))
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+
+def _read_tls_ca(path):
+    try:
+        with open(path, "rb") as f:
+            pem = f.read()
+    except OSError as e:
+        raise TandemError("cannot read the TLS CA file %s (--tls-ca or $%s): "
+                          "%s" % (path, ENV_TLS_CA, e.strerror)) from None
+    if b"-----BEGIN " not in pem:
+        raise TandemError("the TLS CA file %s (--tls-ca or $%s) is not PEM "
+                          "(no '-----BEGIN' line)" % (path, ENV_TLS_CA))
+    return pem
+
+
 class Client:
     """A connection to a tandem coordinator.
 
@@ -124,21 +171,45 @@ class Client:
     ``tandem.v1.JobSpec`` raise ``tandem.SpecError`` before any call.
     """
 
-    def __init__(self, address=None, timeout=30.0, channel=None):
+    def __init__(self, address=None, timeout=30.0, channel=None, token=None,
+                 tls_ca=None):
+        """``token``: the bearer token of a coordinator that authenticates
+        (default: ``$TANDEM_TOKEN``); ``tls_ca``: the PEM file of the CA
+        its TLS certificate chains to (default: ``$TANDEM_TLS_CA``; unset:
+        plaintext)."""
         self.address = address or default_address()
         self.timeout = timeout
+        if token is None:
+            token = os.environ.get(ENV_TOKEN) or None
+        if tls_ca is None:
+            tls_ca = os.environ.get(ENV_TLS_CA) or None
+        self.tls = bool(tls_ca)
+        self.tls_ca = tls_ca or None
         self._owns_channel = channel is None
-        self._channel = channel or grpc.insecure_channel(
-            self.address,
-            options=[("grpc.max_receive_message_length", 64 << 20),
-                     ("grpc.max_send_message_length", 64 << 20)])
+        if channel is None:
+            options = [("grpc.max_receive_message_length", 64 << 20),
+                       ("grpc.max_send_message_length", 64 << 20)]
+            if tls_ca:
+                channel = grpc.secure_channel(
+                    self.address, grpc.ssl_channel_credentials(
+                        root_certificates=_read_tls_ca(tls_ca)), options)
+            else:
+                channel = grpc.insecure_channel(self.address, options)
+        self._raw_channel = channel
+        if token:
+            token = token.strip()
+            if not token or any(c.isspace() for c in token):
+                raise TandemError("the token (--token or $%s) must be one "
+                                  "word without spaces" % ENV_TOKEN)
+            channel = grpc.intercept_channel(channel, _BearerToken(token))
+        self._channel = channel
         self._jobs = job_service_pb2_grpc.JobServiceStub(self._channel)
 
     # -- plumbing
 
     def close(self):
         if self._owns_channel:
-            self._channel.close()
+            self._raw_channel.close()
 
     def __enter__(self):
         return self
@@ -158,6 +229,9 @@ class Client:
         if code == grpc.StatusCode.UNAVAILABLE:
             msg = "cannot reach the tandem coordinator at %s (%s). %s" % (
                 self.address, details or "unavailable", self._hint())
+            if not self.tls:
+                msg += (". If it serves TLS, pass --tls-ca CA.pem (or set "
+                        "$%s)" % ENV_TLS_CA)
         elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
             msg = ("the tandem coordinator at %s did not answer within %gs "
                    "(%s). %s" %
@@ -189,6 +263,14 @@ class Client:
         r = self._call(self._jobs.Get, job_service_pb2.GetJobRequest(
             job_id=job_id))
         return JobStatus(r.job, list(r.events), list(r.workers))
+
+    def join_secret(self, job_id):
+        """The job's join secret: what its workers present to an
+        authenticating coordinator (``tandem-worker --join-secret-file`` or
+        ``$TANDEM_JOIN_SECRET``). Only the job's owner or an admin gets
+        it."""
+        return self._call(self._jobs.Get, job_service_pb2.GetJobRequest(
+            job_id=job_id)).join_secret
 
     def list(self, states=None, limit=100):
         """Jobs, newest first; ``states`` filters (names such as

@@ -72,7 +72,11 @@ class LocalWorkers:
     launcher, which forwards it."""
 
     def __init__(self, worker, address, job_id, nproc, log_dir, ranks=True,
-                 threads=0, extra_args=()):
+                 threads=0, extra_args=(), join_secret="", tls_ca=None):
+        """``join_secret``: the job's, for an authenticating coordinator
+        (handed over in $TANDEM_JOIN_SECRET, not on the command line, which
+        every user of the host can read); ``tls_ca``: the coordinator's CA
+        for TLS."""
         self.log_dir = make_log_dir(log_dir)
         self.procs = []
         for r in range(nproc):
@@ -81,8 +85,13 @@ class LocalWorkers:
                 cmd += ["--rank", str(r)]
             if threads:
                 cmd += ["--threads", str(threads)]
+            if tls_ca:
+                cmd += ["--tls-ca", os.path.abspath(tls_ca)]
             cmd += list(extra_args)
             env = dict(os.environ, LOCAL_RANK=str(r))
+            env.pop("TANDEM_TOKEN", None)  # the user's; workers never need it
+            if join_secret:
+                env["TANDEM_JOIN_SECRET"] = join_secret
             # The worker takes RANK/WORLD_SIZE as defaults; these are ours.
             for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
                 env.pop(name, None)

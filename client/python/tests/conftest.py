@@ -64,8 +64,11 @@ def free_port():
 class Coordinator:
     """A tandem-coordinator process; `address` once started."""
 
-    def __init__(self, binary, workdir, heartbeat_timeout_s=60):
+    def __init__(self, binary, workdir, heartbeat_timeout_s=60, extra=(),
+                 host="127.0.0.1"):
         self.binary = str(binary)
+        self.extra = [str(a) for a in extra]
+        self.host = host
         self.db = str(workdir / "tandem.db")
         self.log_path = workdir / "coordinator.log"
         self.heartbeat_timeout_s = heartbeat_timeout_s
@@ -74,13 +77,15 @@ class Coordinator:
 
     @property
     def address(self):
-        return "127.0.0.1:%d" % self.port
+        return "%s:%d" % ("127.0.0.1" if self.host == "0.0.0.0" else self.host,
+                          self.port)
 
     def start(self, port=0, timeout=20):
         log = open(self.log_path, "a")
         self.proc = subprocess.Popen(
-            [self.binary, "--listen", "127.0.0.1:%d" % port, "--db", self.db,
-             "--heartbeat-timeout-s", str(self.heartbeat_timeout_s)],
+            [self.binary, "--listen", "%s:%d" % (self.host, port), "--db",
+             self.db, "--heartbeat-timeout-s", str(self.heartbeat_timeout_s)]
+            + self.extra,
             stdout=subprocess.PIPE, stderr=log, text=True)
         log.close()
         lines = queue.Queue()

@@ -288,3 +288,28 @@ def test_address_defaults_to_env(monkeypatch):
     monkeypatch.delenv("TANDEM_COORDINATOR")
     with tandem.Client() as c:
         assert c.address == "127.0.0.1:50051"
+
+
+def test_credentials_from_arguments_and_environment(client, tmp_path,
+                                                    monkeypatch):
+    # Without authentication the coordinator takes calls with or without a
+    # token; each job still has a join secret, which Get returns.
+    monkeypatch.setenv("TANDEM_TOKEN", "env-token-0123456789abcdef")
+    with tandem.Client(client.address, timeout=10) as c:
+        job = c.submit(small_spec(unique_name("creds"), world_size=1))
+        assert job.owner == ""
+        secret = c.join_secret(job.id)
+        assert secret.startswith("tjs-") and len(secret) == 68
+        assert c.join_secret(job.id) == secret
+    with pytest.raises(tandem.TandemError) as e:
+        tandem.Client(client.address, token="two words")
+    assert "one word" in e.value.message
+    with pytest.raises(tandem.TandemError) as e:
+        tandem.Client(client.address, tls_ca=str(tmp_path / "none.pem"))
+    assert "none.pem" in e.value.message and "--tls-ca" in e.value.message
+    not_pem = tmp_path / "ca.txt"
+    not_pem.write_text("hello")
+    monkeypatch.setenv("TANDEM_TLS_CA", str(not_pem))
+    with pytest.raises(tandem.TandemError) as e:
+        tandem.Client(client.address)
+    assert "is not PEM" in e.value.message

@@ -3,7 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <utility>
 
@@ -136,6 +138,29 @@ TEST(LauncherEnvironmentTest, Rendezvous_TorchrunAgentStore_IsRefused) {
            {"TORCHELASTIC_USE_AGENT_STORE", "False"}}));
   ASSERT_TRUE(rv.ok()) << rv.status();
   EXPECT_EQ((*rv)->value, "node0:29500");
+}
+
+TEST(LauncherEnvironmentTest, JoinSecret_FileBeforeVariable) {
+  const std::string path = ::testing::TempDir() + "/join-secret";
+  { std::ofstream(path) << "  tjs-from-file\n"; }
+  const Environment env = Env({{"TANDEM_JOIN_SECRET", "tjs-from-env"}});
+  EXPECT_EQ(ReadJoinSecret(path, env).value_or(""), "tjs-from-file");
+  EXPECT_EQ(ReadJoinSecret("", env).value_or(""), "tjs-from-env");
+  EXPECT_EQ(ReadJoinSecret("", Env({})).value_or("x"), "");
+  std::remove(path.c_str());
+}
+
+TEST(LauncherEnvironmentTest, JoinSecret_BadValuesNameTheirSource) {
+  absl::StatusOr<std::string> missing =
+      ReadJoinSecret("/nonexistent/secret", Env({}));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(std::string(missing.status().message()),
+              HasSubstr("--join-secret-file: cannot read /nonexistent/secret"));
+  absl::StatusOr<std::string> spaced =
+      ReadJoinSecret("", Env({{"TANDEM_JOIN_SECRET", "two words"}}));
+  ASSERT_FALSE(spaced.ok());
+  EXPECT_THAT(std::string(spaced.status().message()),
+              HasSubstr("$TANDEM_JOIN_SECRET: a join secret is"));
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+
 namespace tandem {
 namespace {
 
@@ -70,6 +72,54 @@ TEST(KvStoreTest, Oversized_IsRejectedWithSizes) {
   const absl::Status s = kv.Set("k", big);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("at most 1048576"));
+}
+
+TEST(KvStoreTest, Namespace_IsTheJobsPrefix) {
+  EXPECT_EQ(KvNamespace("jobs/j-1/rank0"), "jobs/j-1/");
+  EXPECT_EQ(KvNamespace("jobs/j-1"), "");
+  EXPECT_EQ(KvNamespace("jobs//x"), "");
+  EXPECT_EQ(KvNamespace("other"), "");
+}
+
+TEST(KvStoreTest, JobQuota_OneJobCannotFillTheStoreForOthers) {
+  KvStore kv;
+  for (size_t i = 0; i < KvStore::kMaxKeysPerJob; ++i) {
+    ASSERT_TRUE(kv.Set(absl::StrCat("jobs/greedy/", i), "v").ok()) << i;
+  }
+  const absl::Status full = kv.Set("jobs/greedy/one-more", "v");
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(full.message()),
+              HasSubstr("rendezvous quota: job greedy would hold 16385 keys"));
+  // Every other operation that adds a key is held to it too.
+  EXPECT_EQ(kv.Add("jobs/greedy/counter", 1).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(kv.CompareSet("jobs/greedy/cas", "", "x").status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // Overwriting an existing key adds none, and another job is untouched.
+  EXPECT_TRUE(kv.Set("jobs/greedy/0", "w").ok());
+  EXPECT_TRUE(kv.Set("jobs/polite/addr", "10.0.0.1:1234").ok());
+  // Deleting gives the quota back.
+  kv.DeletePrefix("jobs/greedy/");
+  EXPECT_TRUE(kv.Set("jobs/greedy/again", "v").ok());
+}
+
+TEST(KvStoreTest, JobQuota_CountsBytes) {
+  KvStore kv;
+  const std::string mib(KvStore::kMaxValueBytes, 'x');
+  const size_t fit = KvStore::kMaxBytesPerJob / (mib.size() + 16);
+  for (size_t i = 0; i < fit; ++i) {
+    ASSERT_TRUE(kv.Set(absl::StrCat("jobs/big/", i), mib).ok()) << i;
+  }
+  absl::Status s;
+  for (size_t i = fit; i < fit + 2 && s.ok(); ++i) {
+    s = kv.Set(absl::StrCat("jobs/big/", i), mib);
+  }
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("33554432 bytes"));
+  // Shrinking a value frees bytes.
+  ASSERT_TRUE(kv.Set("jobs/big/0", "small").ok());
+  EXPECT_TRUE(kv.Set(absl::StrCat("jobs/big/", fit), mib).ok());
+  EXPECT_TRUE(kv.Set("jobs/other/x", mib).ok());
 }
 
 }  // namespace

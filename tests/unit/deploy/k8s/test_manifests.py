@@ -169,6 +169,13 @@ def test_workers_are_an_indexed_job_ranked_by_completion_index(checker):
     init = pod["initContainers"][0]
     assert init["command"] == ["tandem-health"]
     assert "tandem-coordinator:50051" in init["args"]
+    # TLS to the coordinator, and the job's join secret from a Secret.
+    assert "--tls-ca=/etc/tandem/tls/ca.crt" in init["args"]
+    assert "--tls-ca=/etc/tandem/tls/ca.crt" in worker["args"]
+    assert env["TANDEM_JOIN_SECRET"]["valueFrom"]["secretKeyRef"] == {
+        "name": "tandem-job-secret", "key": "join-secret"}
+    tls = {v["name"]: v for v in pod["volumes"]}["tls"]
+    assert tls["secret"]["secretName"] == "tandem-coordinator-tls"
     assert worker["readinessProbe"]["grpc"] == {"port": 8081,
                                                 "service": "ready"}
     assert worker["livenessProbe"]["grpc"] == {"port": 8081}
@@ -192,7 +199,17 @@ def test_coordinator_has_volume_probes_and_scrape_annotations(checker):
     assert "--db=/var/lib/tandem/tandem.db" in container["args"]
     assert container["volumeMounts"][0]["mountPath"] == "/var/lib/tandem"
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert container[probe]["grpc"]["port"] == 50051, probe
+        assert container[probe]["exec"]["command"] == [
+            "tandem-health", "-q", "--tls-ca=/etc/tandem/tls/ca.crt",
+            "localhost:50051"], probe
+    # A public --listen needs TLS and tokens: both from Secrets.
+    for flag in ("--tls-cert=/etc/tandem/tls/tls.crt",
+                 "--tls-key=/etc/tandem/tls/tls.key",
+                 "--auth-tokens=/etc/tandem/auth/tokens"):
+        assert flag in container["args"], flag
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "tandem-coordinator-tls"
+    assert volumes["auth"]["secret"]["secretName"] == "tandem-auth"
     service = find(objs, "Service", "tandem-coordinator")
     assert {p["port"] for p in service["spec"]["ports"]} == {50051, 9090}
 

@@ -187,7 +187,7 @@ TEST_F(WorkerAgentTest, Register_UnknownJob_FailsWithoutRetrying) {
 }
 
 TEST_F(WorkerAgentTest, Register_Unreachable_NamesTheAddress) {
-  GrpcCoordinatorClient client("127.0.0.1:1", 200ms);
+  GrpcCoordinatorClient client("127.0.0.1:1", {}, 200ms);
   WorkerAgent::Options o = AgentOptions();
   o.register_timeout = 500ms;
   WorkerAgent agent(&client, o);

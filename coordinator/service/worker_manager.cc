@@ -336,11 +336,15 @@ absl::Status WorkerManager::OnMessage(int64_t session,
       return Listener().OnProfile(job_id, rank, message.profile());
     case v1::WorkerMessage::kProgress: {
       const v1::IterationProgress& p = message.progress();
+      // The loss may be NaN (a diverged run is the user's to see); what
+      // the planner and the reports compute with may not.
       if (!std::isfinite(p.iteration_s()) || p.iteration_s() < 0 ||
-          p.step() < 0 || p.peak_bytes() < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("progress from rank ", rank,
-                         " has a negative or non-finite step, time or peak"));
+          !std::isfinite(p.exposed_comm_s()) || p.exposed_comm_s() < 0 ||
+          p.step() < 0 || p.peak_bytes() < 0 || p.work() < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "progress from rank ", rank,
+            " has a negative or non-finite step, time, exposed "
+            "communication, peak or work"));
       }
       bool all_done = false;
       int64_t total = 0;

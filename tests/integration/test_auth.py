@@ -346,6 +346,37 @@ def test_public_address_needs_tls_and_tokens_or_insecure(cluster, pki,
     assert w.returncode == 2 and "--insecure" in w.stderr
 
 
+def test_metrics_port_asks_for_tokens(cluster, pki, tmp_path):
+    import urllib.error
+    import urllib.request
+    tokens = write_tokens(tmp_path / "tokens", [ALICE + " alice",
+                                                BOB + " bob"])
+    c = cluster.coordinator(extra=[
+        "--tls-cert", pki / "server.pem", "--tls-key", pki / "server.key",
+        "--auth-tokens", tokens, "--metrics-listen", "127.0.0.1:0"])
+    job = client(c, pki, ALICE).submit(spec())
+
+    def get(path, token=None):
+        req = urllib.request.Request(
+            "http://127.0.0.1:%d%s" % (c.metrics_port, path),
+            headers={"Authorization": "Bearer " + token} if token else {})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    status, body = get("/metrics")
+    assert status == 401 and "no token" in body
+    assert get("/metrics", "nobody-0123456789abcdef")[0] == 401
+    status, body = get("/metrics", BOB)
+    assert status == 200 and "tandem_jobs" in body
+    status, body = get("/jobs/" + job.id, BOB)
+    assert status == 403 and "belongs to user 'alice'" in body
+    status, body = get("/jobs/" + job.id, ALICE)
+    assert status == 200 and job.id in body
+
+
 def test_health_check_over_tls(secure, pki):
     health = client_conftest.build_dir() / "coordinator" / "tandem-health"
     ok = subprocess.run([str(health), "--tls-ca", str(pki / "ca.pem"),

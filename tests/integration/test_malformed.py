@@ -99,6 +99,19 @@ def test_nan_and_oversized_profiles_are_rejected(running):
     w0.send(profile=huge)
     wait_for(lambda: len(rejected(w0, "profile")) >= 2, what="second rejection")
     assert "send shorter windows" in rejected(w0, "profile")[1].message
+    inf = profile_pb2.Profile(graph_hash=graph_hash, rank=0)
+    inf.nodes.add(node_id=0, time_s=math.inf, samples=1)
+    w0.send(profile=inf)
+    wait_for(lambda: len(rejected(w0, "profile")) >= 3, what="inf rejection")
+    assert "is inf" in rejected(w0, "profile")[2].message
+    # Progress with a non-finite time or exposed communication is refused
+    # too (a NaN loss is reported as is: a diverged run is the user's to see).
+    for bad in (dict(iteration_s=math.inf), dict(exposed_comm_s=math.nan),
+                dict(iteration_s=0.1, work=-1)):
+        w0.send(progress=wpb.IterationProgress(step=1, **bad))
+    wait_for(lambda: len(rejected(w0, "progress")) >= 3,
+             what="progress rejections")
+    assert "non-finite" in rejected(w0, "progress")[0].message
     # Nothing was recorded: no plan, job still running.
     time.sleep(0.5)
     got = client.get(job.id)[0]

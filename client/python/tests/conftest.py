@@ -74,6 +74,7 @@ class Coordinator:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.proc = None
         self.port = None
+        self.metrics_port = None
 
     @property
     def address(self):
@@ -110,6 +111,9 @@ class Coordinator:
             if "listening on port" in line:
                 self.port = int(line.split("listening on port")[1].split()[0]
                                 .rstrip(","))
+                if "metrics on port" in line:
+                    self.metrics_port = int(
+                        line.split("metrics on port")[1].split()[0])
                 return self
 
     def stop(self):

@@ -31,6 +31,12 @@ ABSL_FLAG(std::string, auth_tokens, "",
           "authenticate: a file of 'TOKEN USER [admin]' lines (re-read on "
           "SIGHUP); jobs belong to their submitter and workers need the "
           "job's join secret");
+ABSL_FLAG(int, max_rpc_threads, 2048,
+          "server threads; each open stream (a worker's session, a watch) "
+          "holds one, and past the cap calls get RESOURCE_EXHAUSTED");
+ABSL_FLAG(double, session_hello_timeout_s, 10,
+          "end a worker session that sends no hello within this many "
+          "seconds");
 ABSL_FLAG(bool, insecure, false,
           "allow a non-loopback --listen/--metrics-listen without TLS and "
           "tokens (a private network you trust)");
@@ -45,6 +51,7 @@ constexpr char kUsage[] =
     "[--metrics-listen HOST:PORT] [--heartbeat-timeout-s N]\n"
     "         [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]] "
     "[--auth-tokens FILE] [--insecure]\n"
+    "         [--max-rpc-threads N] [--session-hello-timeout-s S]\n"
     "A --listen or --metrics-listen address other than loopback needs TLS "
     "and --auth-tokens, or --insecure.\n";
 
@@ -62,6 +69,8 @@ int main(int argc, char** argv) {
   options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   options.auth_tokens = absl::GetFlag(FLAGS_auth_tokens);
   options.insecure = absl::GetFlag(FLAGS_insecure);
+  options.max_rpc_threads = absl::GetFlag(FLAGS_max_rpc_threads);
+  const double hello_timeout_s = absl::GetFlag(FLAGS_session_hello_timeout_s);
   const double heartbeat_timeout_s = absl::GetFlag(FLAGS_heartbeat_timeout_s);
   tandem::ExitIfInvalid(
       spec,
@@ -73,7 +82,11 @@ int main(int argc, char** argv) {
                                    tandem::PortZero::kAllowed),
        options.db.empty() ? absl::InvalidArgumentError("--db needs a file name")
                           : absl::OkStatus(),
-       tandem::CheckPositive("--heartbeat-timeout-s", heartbeat_timeout_s)});
+       tandem::CheckPositive("--heartbeat-timeout-s", heartbeat_timeout_s),
+       tandem::CheckAtLeast("--max-rpc-threads", options.max_rpc_threads, 8),
+       tandem::CheckPositive("--session-hello-timeout-s", hello_timeout_s)});
+  options.session_hello_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(hello_timeout_s * 1000));
   options.heartbeat_timeout = std::chrono::milliseconds(
       static_cast<int64_t>(heartbeat_timeout_s * 1000));
 

@@ -2,6 +2,8 @@
 
 #include <grpcpp/health_check_service_interface.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/security/grpc_credentials.h"
@@ -178,8 +180,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   s->job_service_ = std::make_unique<JobServiceImpl>(
       s->jobs_.get(), s->planning_.get(), s->workers_.get(), &s->timelines_,
       s->reports_.get(), s->auth_.get());
+  // Workers heartbeat every second; a session silent for twice the
+  // heartbeat timeout (at least 30 s) belongs to a worker already failed.
+  WorkerServiceImpl::SessionLimits session_limits;
+  session_limits.hello_timeout = options.session_hello_timeout;
+  session_limits.idle_timeout =
+      std::max(std::chrono::milliseconds(30000), 2 * options.heartbeat_timeout);
   s->worker_service_ = std::make_unique<WorkerServiceImpl>(
-      s->workers_.get(), &s->kv_, s->auth_.get());
+      s->workers_.get(), &s->kv_, s->auth_.get(), session_limits);
   // grpc.health.v1 on the same port: "" and each service are SERVING while
   // the server runs (probes and launchers wait on it; tandem-health).
   grpc::EnableDefaultHealthCheckService(true);
@@ -189,6 +197,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.RegisterService(s->worker_service_.get());
   // Profiles of big graphs are large; 64 MiB bounds them.
   builder.SetMaxReceiveMessageSize(64 << 20);
+  // A bounded pool: every stream holds a thread (synchronous server), so
+  // the threads are capped, and silent sessions are ended (above).
+  grpc::ResourceQuota quota("tandem-coordinator");
+  quota.SetMaxThreads(options.max_rpc_threads);
+  builder.SetResourceQuota(quota);
   // A second coordinator on the same port must fail, not share it.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   s->server_ = builder.BuildAndStart();

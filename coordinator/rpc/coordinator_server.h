@@ -46,6 +46,11 @@ struct CoordinatorOptions {
   std::string tls_client_ca;
   std::string auth_tokens;
   bool insecure = false;
+  // Limits (coordinator/README.md, "Limits"): server threads, one per open
+  // stream or call in flight (past it a call gets RESOURCE_EXHAUSTED), and
+  // how long a worker session may stay silent before and after its hello.
+  int max_rpc_threads = 2048;
+  std::chrono::milliseconds session_hello_timeout{10000};
 };
 
 class CoordinatorServer {

@@ -5,6 +5,8 @@
 #include <memory>
 #include <mutex>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "coordinator/rpc/status_util.h"
 
 namespace tandem {
@@ -73,8 +75,20 @@ grpc::Status WorkerServiceImpl::Session(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>*
         stream) {
+  StreamWatchdog::Guard guard(&watchdog_, context, limits_.hello_timeout);
   v1::WorkerMessage message;
-  if (!stream->Read(&message)) return grpc::Status::OK;
+  if (!stream->Read(&message)) {
+    if (guard.expired()) {
+      return grpc::Status(
+          grpc::StatusCode::DEADLINE_EXCEEDED,
+          absl::StrCat(
+              "no hello within ",
+              absl::FormatDuration(absl::FromChrono(limits_.hello_timeout)),
+              ": a session starts with a hello at once"));
+    }
+    return grpc::Status::OK;
+  }
+  guard.Extend(limits_.idle_timeout);
   if (message.payload_case() != v1::WorkerMessage::kHello) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "a session starts with a hello (job, rank, "
@@ -92,6 +106,7 @@ grpc::Status WorkerServiceImpl::Session(
     return ToGrpc(session.status());
   }
   while (stream->Read(&message)) {
+    guard.Extend(limits_.idle_timeout);
     absl::Status s = workers_->OnMessage(*session, message);
     if (!s.ok()) {
       v1::CoordinatorMessage rejected;

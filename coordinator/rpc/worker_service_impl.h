@@ -6,7 +6,10 @@
 #ifndef TANDEM_COORDINATOR_RPC_WORKER_SERVICE_IMPL_H_
 #define TANDEM_COORDINATOR_RPC_WORKER_SERVICE_IMPL_H_
 
+#include <chrono>
+
 #include "coordinator/rpc/rpc_auth.h"
+#include "coordinator/rpc/stream_watchdog.h"
 #include "coordinator/service/kv_store.h"
 #include "coordinator/service/worker_manager.h"
 #include "tandem/v1/worker_service.grpc.pb.h"
@@ -18,8 +21,21 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   static constexpr int64_t kMaxKvWaitMs = 60000;
   static constexpr int kMaxKeysPerCheck = 1024;
 
-  WorkerServiceImpl(WorkerManager* workers, KvStore* kv, const RpcAuth* auth)
-      : workers_(workers), kv_(kv), auth_(auth) {}
+  // How long a session may stay silent: before its hello, and between
+  // messages after it (workers heartbeat every second). A stream past its
+  // limit is cancelled (StreamWatchdog), so idle clients cannot hold server
+  // threads (coordinator/README.md, "Limits").
+  struct SessionLimits {
+    std::chrono::milliseconds hello_timeout{10000};
+    std::chrono::milliseconds idle_timeout{60000};
+  };
+
+  WorkerServiceImpl(WorkerManager* workers, KvStore* kv, const RpcAuth* auth,
+                    SessionLimits limits)
+      : workers_(workers), kv_(kv), auth_(auth), limits_(limits) {}
+
+  // Session streams the watchdog ended.
+  int64_t sessions_timed_out() const { return watchdog_.cancelled(); }
 
   grpc::Status Register(grpc::ServerContext* context,
                         const v1::RegisterRequest* request,
@@ -59,6 +75,8 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   // Join secrets and worker certificates (rpc_auth.h): checked on every
   // call, before anything is read or written.
   const RpcAuth* auth_;
+  const SessionLimits limits_;
+  StreamWatchdog watchdog_;
 };
 
 }  // namespace tandem

@@ -1,0 +1,103 @@
+"""Limits a client could exhaust (issue 16): silent worker sessions are
+ended, so idle streams cannot hold the server's threads, and the threads
+are capped (RESOURCE_EXHAUSTED past the cap, not an unbounded pool)."""
+
+import threading
+import time
+
+import grpc
+
+import tandem
+from tandem.v1 import worker_service_pb2 as wpb
+from tandem.v1 import worker_service_pb2_grpc as wgrpc
+from conftest import unique_name, wait_for
+
+
+def idle_session(address, outcome, release):
+    """A session that never says hello; records how it ended."""
+    stub = wgrpc.WorkerServiceStub(grpc.insecure_channel(address))
+
+    def nothing():
+        release.wait()
+        return
+        yield  # a generator that sends nothing
+
+    start = time.monotonic()
+    try:
+        for _ in stub.Session(nothing(), timeout=60):
+            pass
+        outcome.append(("OK", time.monotonic() - start, ""))
+    except grpc.RpcError as e:
+        outcome.append((e.code().name, time.monotonic() - start,
+                        e.details() or ""))
+
+
+def test_silent_sessions_are_ended_and_threads_are_capped(cluster):
+    c = cluster.coordinator(extra=["--session-hello-timeout-s", "2",
+                                   "--max-rpc-threads", "16"])
+    outcome, release = [], threading.Event()
+    threads = [threading.Thread(target=idle_session,
+                                args=(c.address, outcome, release),
+                                daemon=True) for _ in range(40)]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: len(outcome) == len(threads), timeout=30,
+                 what="every idle session ended: %s" % outcome)
+    finally:
+        release.set()
+    codes = sorted({code for code, _, _ in outcome})
+    # Past the cap a call is refused at once; the rest were cancelled by the
+    # hello timeout (about 2 s), none lasted to the client's 60 s.
+    assert set(codes) <= {"RESOURCE_EXHAUSTED", "CANCELLED",
+                          "DEADLINE_EXCEEDED"}, outcome
+    assert "RESOURCE_EXHAUSTED" in codes, outcome
+    assert any(code != "RESOURCE_EXHAUSTED" for code, _, _ in outcome)
+    assert max(t for _, t, _ in outcome) < 15, outcome
+    # Once they are gone, the coordinator serves everyone else.
+    with tandem.Client(c.address, timeout=10) as client:
+        job = client.submit({"name": unique_name(),
+                             "model": {"preset": "llama", "layers": 2,
+                                       "d_model": 32, "heads": 4, "ffn": 64,
+                                       "vocab": 128},
+                             "batch": {"micro_batch": 2, "seq_len": 16},
+                             "parallel": {"world_size": 1},
+                             "train": {"steps": 2}})
+        assert client.get(job.id).job.id == job.id
+
+
+def test_a_session_that_says_hello_stays_open_while_it_talks(cluster):
+    c = cluster.coordinator(extra=["--session-hello-timeout-s", "1"])
+    with tandem.Client(c.address, timeout=10) as client:
+        job = client.submit({"name": unique_name(),
+                             "model": {"preset": "llama", "layers": 2,
+                                       "d_model": 32, "heads": 4, "ffn": 64,
+                                       "vocab": 128},
+                             "batch": {"micro_batch": 2, "seq_len": 16},
+                             "parallel": {"world_size": 1},
+                             "train": {"steps": 2}})
+    stub = wgrpc.WorkerServiceStub(grpc.insecure_channel(c.address))
+    stub.Register(wpb.RegisterRequest(job_id=job.id, incarnation="i-1",
+                                      hostname="h", requested_rank=0,
+                                      device="cpu"), timeout=10)
+    done, finish = threading.Event(), threading.Event()
+
+    def messages():
+        yield wpb.WorkerMessage(hello=wpb.SessionHello(
+            job_id=job.id, rank=0, incarnation="i-1"))
+        for _ in range(4):  # well past the hello timeout
+            time.sleep(0.75)
+            yield wpb.WorkerMessage(heartbeat=wpb.Heartbeat(
+                time_unix_s=time.time()))
+        done.set()
+        finish.wait()
+
+    call = stub.Session(messages(), timeout=30)
+    try:
+        wait_for(done.is_set, timeout=20, what="4 heartbeats sent")
+        time.sleep(0.5)
+        assert call.is_active(), call.code()  # the server kept it open
+        call.cancel()
+        assert call.code() == grpc.StatusCode.CANCELLED  # ours
+    finally:
+        finish.set()

@@ -130,6 +130,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (!store.ok()) return store.status();
   s->store_ = *std::move(store);
   s->timelines_.AttachStore(s->store_.get());
+  if (absl::Status st = s->kv_.AttachStore(s->store_.get()); !st.ok()) {
+    return st;
+  }
   s->jobs_ = std::make_unique<JobManager>(s->store_.get());
   if (absl::Status st = s->jobs_->Recover(); !st.ok()) return st;
   s->history_ = std::make_unique<JobHistory>(s->jobs_.get(), s->store_.get());

@@ -3,6 +3,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/store/job_store.h"
 
 namespace tandem {
 
@@ -11,6 +12,24 @@ absl::string_view KvNamespace(absl::string_view key) {
   const size_t slash = key.find('/', 5);
   if (slash == absl::string_view::npos || slash == 5) return "";
   return key.substr(0, slash + 1);
+}
+
+absl::Status KvStore::AttachStore(JobStore* store) {
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> rows =
+      store->LoadKv();
+  if (!rows.ok()) return rows.status();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [key, value] : *rows) {
+    const size_t bytes = key.size() + value.size();
+    Usage& u = usage_[std::string(KvNamespace(key))];
+    u.keys += 1;
+    u.bytes += bytes;
+    total_.keys += 1;
+    total_.bytes += bytes;
+    data_[std::move(key)] = std::move(value);
+  }
+  store_ = store;
+  return absl::OkStatus();
 }
 
 absl::Status KvStore::CheckSizes(absl::string_view key,
@@ -57,6 +76,9 @@ absl::Status KvStore::PutLocked(Map::iterator it, absl::string_view key,
                      total_.bytes, " bytes of at most ", kMaxKeys, " and ",
                      kMaxBytes, "); finished jobs release theirs"));
   }
+  if (store_ != nullptr) {
+    if (absl::Status s = store_->PutKv(key, value); !s.ok()) return s;
+  }
   if (u == usage_.end()) u = usage_.emplace(std::string(ns), Usage{}).first;
   u->second = {job_keys, job_bytes};
   total_ = {total_keys, total_bytes};
@@ -69,7 +91,10 @@ absl::Status KvStore::PutLocked(Map::iterator it, absl::string_view key,
   return absl::OkStatus();
 }
 
-KvStore::Map::iterator KvStore::EraseLocked(Map::iterator it) {
+KvStore::Map::iterator KvStore::EraseLocked(Map::iterator it, bool persist) {
+  // Best effort: a key left in the database comes back after a restart and
+  // is cleared with its job's prefix when the job ends.
+  if (persist && store_ != nullptr) (void)store_->DeleteKv(it->first);
   const size_t bytes = it->first.size() + it->second.size();
   auto u = usage_.find(KvNamespace(it->first));
   if (u != usage_.end()) {
@@ -148,7 +173,7 @@ bool KvStore::Delete(absl::string_view key) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = data_.find(key);
   if (it == data_.end()) return false;
-  EraseLocked(it);
+  EraseLocked(it, /*persist=*/true);
   return true;
 }
 
@@ -166,10 +191,12 @@ int64_t KvStore::NumKeys(absl::string_view prefix) const {
 
 void KvStore::DeletePrefix(absl::string_view prefix) {
   std::lock_guard<std::mutex> lock(mu_);
+  // One statement for the prefix, not one per key.
+  if (store_ != nullptr) (void)store_->DeleteKvPrefix(prefix);
   auto it = data_.lower_bound(prefix);
   while (it != data_.end() &&
          absl::string_view(it->first).substr(0, prefix.size()) == prefix) {
-    it = EraseLocked(it);
+    it = EraseLocked(it, /*persist=*/false);
   }
 }
 

@@ -3,6 +3,10 @@
 // delete, key count). Served by WorkerService so that a worker needs nothing
 // but the coordinator's address. Keys are namespaced per job by the caller.
 //
+// With a JobStore attached, every change is in SQLite before it is
+// acknowledged (AttachStore), so a coordinator restart in the middle of a
+// rendezvous loses nothing.
+//
 // Sizes are bounded so that a misbehaving client cannot exhaust memory: keys
 // up to 1 KiB, values up to 1 MiB; each job's namespace ("jobs/<id>/...")
 // holds at most kMaxKeysPerJob keys and kMaxBytesPerJob bytes (keys plus
@@ -27,6 +31,8 @@
 
 namespace tandem {
 
+class JobStore;
+
 class KvStore {
  public:
   static constexpr size_t kMaxKeyBytes = 1024;
@@ -35,6 +41,11 @@ class KvStore {
   static constexpr size_t kMaxBytes = 512u << 20;
   static constexpr size_t kMaxKeysPerJob = 16384;
   static constexpr size_t kMaxBytesPerJob = 32u << 20;
+
+  // Writes every change through to `store` (which must outlive this) before
+  // it is acknowledged, and loads what it holds: a restarted coordinator
+  // keeps the keys of rendezvous in progress. Call once, before use.
+  absl::Status AttachStore(JobStore* store);
 
   // Errors: InvalidArgument for an empty or oversized key or value,
   // ResourceExhausted when the job's quota or the store is full (the
@@ -70,11 +81,13 @@ class KvStore {
   // Requires mu_.
   absl::Status PutLocked(Map::iterator it, absl::string_view key,
                          absl::string_view value);
-  Map::iterator EraseLocked(Map::iterator it);
+  // Removes the key, from the database too when `persist`. Requires mu_.
+  Map::iterator EraseLocked(Map::iterator it, bool persist);
 
   mutable std::mutex mu_;
   std::condition_variable changed_;
   Map data_;
+  JobStore* store_ = nullptr;
   // By namespace ("jobs/<id>/", or "" for keys outside any job); entries
   // are dropped when they empty.
   std::map<std::string, Usage, std::less<>> usage_;

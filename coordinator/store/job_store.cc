@@ -85,6 +85,10 @@ CREATE TABLE IF NOT EXISTS rank_windows (
   peak_bytes INTEGER NOT NULL,
   PRIMARY KEY (job_id, rank, first_iteration, last_iteration)
 );
+CREATE TABLE IF NOT EXISTS kv (
+  key TEXT PRIMARY KEY,
+  value BLOB NOT NULL
+);
 CREATE TABLE IF NOT EXISTS meta (
   key TEXT PRIMARY KEY,
   value BLOB NOT NULL
@@ -256,6 +260,46 @@ absl::Status JobStore::PutJob(const v1::Job& job) {
       .Bind(3, static_cast<int64_t>(job.state()))
       .BindBlob(4, job.SerializeAsString());
   return Done(stmt);
+}
+
+absl::Status JobStore::PutKv(absl::string_view key, absl::string_view value) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement stmt(db_, "INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)");
+  if (!stmt.status().ok()) return stmt.status();
+  stmt.Bind(1, key).BindBlob(2, std::string(value));
+  return Done(stmt);
+}
+
+absl::Status JobStore::DeleteKv(absl::string_view key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement stmt(db_, "DELETE FROM kv WHERE key = ?");
+  if (!stmt.status().ok()) return stmt.status();
+  stmt.Bind(1, key);
+  return Done(stmt);
+}
+
+absl::Status JobStore::DeleteKvPrefix(absl::string_view prefix) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // substr, not LIKE: keys may hold '%' and '_'.
+  Statement stmt(db_, "DELETE FROM kv WHERE substr(key, 1, ?) = ?");
+  if (!stmt.status().ok()) return stmt.status();
+  stmt.Bind(1, static_cast<int64_t>(prefix.size())).Bind(2, prefix);
+  return Done(stmt);
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>>
+JobStore::LoadKv() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement stmt(db_, "SELECT key, value FROM kv ORDER BY key");
+  if (!stmt.status().ok()) return stmt.status();
+  std::vector<std::pair<std::string, std::string>> out;
+  for (;;) {
+    absl::StatusOr<bool> row = stmt.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    out.emplace_back(stmt.Text(0), stmt.Blob(1));
+  }
+  return out;
 }
 
 absl::StatusOr<std::string> JobStore::SecretKey() {

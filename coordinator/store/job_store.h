@@ -16,6 +16,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -94,6 +95,14 @@ class JobStore {
   // (coordinator/service/join_secrets.h), so they survive a restart.
   static constexpr size_t kSecretKeyBytes = 32;
   absl::StatusOr<std::string> SecretKey();
+
+  // The rendezvous store's keys (coordinator/service/kv_store.h), written
+  // through, so that a restarted coordinator still has what ranks in the
+  // middle of a rendezvous have set.
+  absl::Status PutKv(absl::string_view key, absl::string_view value);
+  absl::Status DeleteKv(absl::string_view key);
+  absl::Status DeleteKvPrefix(absl::string_view prefix);
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> LoadKv();
 
   absl::Status AppendEvent(absl::string_view job_id, const v1::JobEvent& event);
   // Events with seq > after_seq, in order, at most `limit`.

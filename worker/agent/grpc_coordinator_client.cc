@@ -11,9 +11,11 @@ GrpcCoordinatorClient::GrpcCoordinatorClient(
       rpc_timeout_(rpc_timeout),
       join_secret_(std::move(credentials.join_secret)) {
   grpc::ChannelArguments args;
-  // Reconnect quickly when the coordinator comes back.
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  // Reconnect quickly when the coordinator comes back: a restart must be
+  // over well within its heartbeat timeout (15 s by default).
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetMaxReceiveMessageSize(64 << 20);
   channel_ = grpc::CreateCustomChannel(address,
                                        credentials.channel != nullptr

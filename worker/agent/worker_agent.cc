@@ -140,6 +140,7 @@ void WorkerAgent::OnClosed(const absl::Status& status) {
   if (state_ == State::kStopped) return;
   // A refusal that no reconnect can fix ends the worker.
   if (status.code() == absl::StatusCode::kPermissionDenied ||
+      status.code() == absl::StatusCode::kUnauthenticated ||
       status.code() == absl::StatusCode::kNotFound) {
     stop_reason_ = std::string(status.message());
     state_ = State::kStopped;
@@ -150,6 +151,13 @@ void WorkerAgent::OnClosed(const absl::Status& status) {
 }
 
 void WorkerAgent::HeartbeatLoop() {
+  // While disconnected, retry after 250 ms, then every 500 ms (the
+  // channel's own reconnect backoff is capped at 500 ms too): a restarted
+  // coordinator sees the rank again within about a second of serving, well
+  // inside its heartbeat timeout.
+  constexpr std::chrono::milliseconds kFirstRetry(250);
+  constexpr std::chrono::milliseconds kMaxRetry(500);
+  auto retry = kFirstRetry;
   auto backoff = options_.heartbeat_interval;
   std::unique_lock<std::mutex> lock(mu_);
   while (!shutdown_ && state_ != State::kStopped) {
@@ -162,15 +170,18 @@ void WorkerAgent::HeartbeatLoop() {
       lock.lock();
       if (!s.ok()) {
         if (s.code() == absl::StatusCode::kPermissionDenied ||
+            s.code() == absl::StatusCode::kUnauthenticated ||
             s.code() == absl::StatusCode::kNotFound) {
           stop_reason_ = std::string(s.message());
           state_ = State::kStopped;
           wake_.notify_all();
         }
-        backoff = std::min(backoff * 2, std::chrono::milliseconds(4000));
+        backoff = retry;
+        retry = std::min(retry * 2, kMaxRetry);
         continue;
       }
       backoff = options_.heartbeat_interval;
+      retry = kFirstRetry;
     }
     lock.unlock();
     v1::WorkerMessage hb;
@@ -179,6 +190,7 @@ void WorkerAgent::HeartbeatLoop() {
     if (!client_->Send(hb).ok()) {
       lock.lock();
       if (state_ == State::kConnected) state_ = State::kDisconnected;
+      backoff = kFirstRetry;
       continue;
     }
     lock.lock();

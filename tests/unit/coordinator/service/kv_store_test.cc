@@ -3,9 +3,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <memory>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/store/job_store.h"
 
 namespace tandem {
 namespace {
@@ -120,6 +123,42 @@ TEST(KvStoreTest, JobQuota_CountsBytes) {
   ASSERT_TRUE(kv.Set("jobs/big/0", "small").ok());
   EXPECT_TRUE(kv.Set(absl::StrCat("jobs/big/", fit), mib).ok());
   EXPECT_TRUE(kv.Set("jobs/other/x", mib).ok());
+}
+
+TEST(KvStoreTest, AttachedStore_KeysSurviveARestart) {
+  const std::string path = ::testing::TempDir() + "/kv-restart.db";
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    std::remove((path + suffix).c_str());
+  }
+  {
+    absl::StatusOr<std::unique_ptr<JobStore>> db = JobStore::Open(path);
+    ASSERT_TRUE(db.ok()) << db.status();
+    KvStore kv;
+    ASSERT_TRUE(kv.AttachStore(db->get()).ok());
+    ASSERT_TRUE(kv.Set("jobs/a/addr0", "10.0.0.1:1").ok());
+    ASSERT_TRUE(kv.Set("jobs/a/addr1", "10.0.0.2:1").ok());
+    ASSERT_EQ(*kv.Add("jobs/a/count", 2), 2);
+    ASSERT_EQ(*kv.CompareSet("jobs/a/cas", "", "x"), "x");
+    ASSERT_TRUE(kv.Delete("jobs/a/addr1"));
+    ASSERT_TRUE(kv.Set("jobs/b/k", "v").ok());
+    kv.DeletePrefix("jobs/b/");
+  }
+  absl::StatusOr<std::unique_ptr<JobStore>> db = JobStore::Open(path);
+  ASSERT_TRUE(db.ok()) << db.status();
+  KvStore kv;
+  ASSERT_TRUE(kv.AttachStore(db->get()).ok());
+  EXPECT_EQ(kv.Get("jobs/a/addr0", 0ms)->value_or(""), "10.0.0.1:1");
+  EXPECT_FALSE(kv.Get("jobs/a/addr1", 0ms)->has_value());
+  EXPECT_EQ(*kv.Add("jobs/a/count", 1), 3);
+  EXPECT_EQ(kv.Get("jobs/a/cas", 0ms)->value_or(""), "x");
+  EXPECT_EQ(kv.NumKeys("jobs/b/"), 0);
+  EXPECT_EQ(kv.NumKeys(""), 3);
+  // The quota counts what was loaded.
+  for (size_t i = 3; i < KvStore::kMaxKeysPerJob; ++i) {
+    ASSERT_TRUE(kv.Set(absl::StrCat("jobs/a/", i), "").ok()) << i;
+  }
+  EXPECT_EQ(kv.Set("jobs/a/over", "").code(),
+            absl::StatusCode::kResourceExhausted);
 }
 
 }  // namespace

@@ -75,6 +75,13 @@ int RunAgentMode(const AgentModeFlags& flags, const RuntimeOptions& runtime,
                                {*std::move(channel), flags.join_secret});
   absl::Status status = RunAgent(client, options, std::cout);
   if (health) health->Shutdown();
+  if (status.code() == absl::StatusCode::kCancelled) {
+    std::fprintf(stderr,
+                 "tandem-worker: %s; exiting with status %d for the launcher "
+                 "to start this worker again\n",
+                 std::string(status.message()).c_str(), kExitRestart);
+    return kExitRestart;
+  }
   if (!status.ok()) {
     std::fprintf(stderr, "tandem-worker: %s\n",
                  std::string(status.message()).c_str());

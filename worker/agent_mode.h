@@ -38,6 +38,10 @@ struct AgentModeFlags {
   std::string join_secret;
 };
 
+// The exit status of a worker whose job restarts (Command KIND_RESTART):
+// its launcher starts it again (EX_TEMPFAIL).
+inline constexpr int kExitRestart = 75;
+
 // Whether this binary has agent mode (false: agent_mode_unavailable.cc).
 bool AgentModeBuilt();
 

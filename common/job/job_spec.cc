@@ -539,6 +539,19 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
         c.every());
   }
 
+  const v1::RestartSpec& restart = spec.restart();
+  if (restart.max_restarts() < 0 || restart.max_restarts() > 1000) {
+    errors.Add("restart.max_restarts must be 0..1000, got ",
+               restart.max_restarts());
+  }
+  const int32_t world = spec.parallel().world_size();
+  if (restart.min_world() != 0 && restart.min_world() != world) {
+    errors.Add("restart.min_world (", restart.min_world(),
+               ") must be 0 or parallel.world_size (", world,
+               "): resuming on fewer ranks after a restart is not supported "
+               "yet, so leave it out");
+  }
+
   const v1::CommSpec& comm = spec.comm();
   if (comm.chunk_bytes() != 0 && comm.chunk_bytes() < 4096) {
     errors.Add("comm.chunk_bytes must be 0 (automatic) or >= 4096, got ",

@@ -29,6 +29,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(
                           "Ranks that registered again as a new worker "
                           "process while their job ran.",
                           {"job"}));
+  ASSIGN_OR_RETURN(
+      m->job_restarts,
+      registry.AddCounter("tandem_job_restarts_total",
+                          "Times a job was restarted from its newest "
+                          "checkpoint after losing a rank, by cause "
+                          "(heartbeat, peer, relaunch).",
+                          {"job", "cause"}));
   ASSIGN_OR_RETURN(m->drift_score,
                    registry.AddGauge("tandem_drift_score",
                                      "Relative deviation of the median of "

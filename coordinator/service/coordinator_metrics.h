@@ -22,6 +22,8 @@ struct CoordinatorMetrics {
   // Ranks that registered again as a new process while their job ran (a
   // relaunched worker), by job; 0 from a job's first registration on.
   metrics::Family<metrics::Counter>* worker_restarts;
+  // Elastic restarts of a job (restart.max_restarts), by what was lost.
+  metrics::Family<metrics::Counter>* job_restarts;
   // The reasons a plan is made, whose series start at 0 with each job.
   static constexpr const char* kReplanReasons[] = {
       "initial",  "drift",  "memory",      "reoptimize",

@@ -224,6 +224,58 @@ absl::Status JobManager::Transition(absl::string_view job_id,
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> JobManager::RestartOrFail(absl::string_view job_id,
+                                              absl::string_view cause) {
+  StateListener listener;
+  v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
+  int restart = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Record* r = Find(job_id);
+    if (r == nullptr) return NotFound(job_id);
+    if (r->job.state() != v1::JOB_STATE_RUNNING) return -1;
+    const int max = r->job.spec().restart().max_restarts();
+    if (r->job.restarts() < max) {
+      restart = r->job.restarts() + 1;
+      r->job.set_restarts(restart);
+      r->job.set_state(v1::JOB_STATE_PENDING);
+      state = v1::JOB_STATE_PENDING;
+      if (absl::Status s = AppendLocked(
+              *r, "restart",
+              absl::StrCat("restart ", restart, " of ", max, ": ", cause,
+                           "; the other ranks are stopped, and the job "
+                           "resumes from its newest complete checkpoint once "
+                           "every rank has registered again"));
+          !s.ok()) {
+        return s;
+      }
+      if (absl::Status s = AppendLocked(
+              *r, "state",
+              absl::StrCat("PENDING: restart ", restart, ", waiting for ",
+                           r->job.spec().parallel().world_size(), " workers"));
+          !s.ok()) {
+        return s;
+      }
+    } else {
+      state = v1::JOB_STATE_FAILED;
+      const std::string error =
+          max == 0 ? std::string(cause)
+                   : absl::StrCat(cause, " (no restarts left: ", max,
+                                  " of restart.max_restarts used)");
+      r->job.set_state(state);
+      r->job.set_error(error);
+      if (absl::Status s =
+              AppendLocked(*r, "state", absl::StrCat("FAILED: ", error));
+          !s.ok()) {
+        return s;
+      }
+    }
+    listener = listener_;
+  }
+  if (listener) listener(std::string(job_id), state);
+  return restart;
+}
+
 absl::Status JobManager::RecordEvent(absl::string_view job_id,
                                      absl::string_view kind,
                                      absl::string_view message) {

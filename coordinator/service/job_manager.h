@@ -73,6 +73,14 @@ class JobManager {
   // FailedPrecondition for a job already ended.
   absl::Status Transition(absl::string_view job_id, v1::JobState state,
                           absl::string_view message);
+  // A rank of a RUNNING job is lost (`cause`): when its
+  // restart.max_restarts allows another, counts it, records a "restart"
+  // event and moves the job back to PENDING (waiting for every rank to
+  // register again) and returns the restart's number (1, 2, ...);
+  // otherwise fails the job with the cause and returns 0. Nothing for a job
+  // not RUNNING (another rank's loss already handled): returns -1.
+  absl::StatusOr<int> RestartOrFail(absl::string_view job_id,
+                                    absl::string_view cause);
   // Appends an event of `kind` (e.g. "schedule", "replan", "worker").
   absl::Status RecordEvent(absl::string_view job_id, absl::string_view kind,
                            absl::string_view message);

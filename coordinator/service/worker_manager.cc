@@ -59,8 +59,41 @@ WorkerEventListener& WorkerManager::Listener() {
   return *listener_;
 }
 
-std::string WorkerManager::StorePrefix(const std::string& job_id) {
-  return absl::StrCat("jobs/", job_id, "/");
+std::string WorkerManager::StorePrefix(const std::string& job_id,
+                                       int restarts) {
+  if (restarts == 0) return absl::StrCat("jobs/", job_id, "/");
+  return absl::StrCat("jobs/", job_id, "/r", restarts, "/");
+}
+
+bool WorkerManager::LoseRank(const std::string& job_id, absl::string_view cause,
+                             absl::string_view kind) {
+  absl::StatusOr<v1::Job> before = jobs_->Get(job_id);
+  absl::StatusOr<int> restart = jobs_->RestartOrFail(job_id, cause);
+  if (!restart.ok() || *restart <= 0) return false;
+  // Every rank stops and registers again: a relaunched process, or a spare.
+  std::vector<std::shared_ptr<SessionSink>> sinks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    JobWorkers& w = jobs_workers_[job_id];
+    for (auto& [_, r] : w.ranks) {
+      if (r.sink) sinks.push_back(r.sink);
+      if (r.session != 0) sessions_.erase(r.session);
+    }
+    w.ranks.clear();
+    w.step_at_restart = before.ok() ? before->step() : 0;
+    UpdateConnectedMetric(job_id, w);
+  }
+  (void)store_->DeleteWorkers(job_id);
+  kv_->DeletePrefix(StorePrefix(job_id));
+  if (metrics_ != nullptr) {
+    metrics_->job_restarts->WithLabels({job_id, std::string(kind)}).Increment();
+  }
+  v1::CoordinatorMessage stop;
+  stop.mutable_command()->set_kind(v1::Command::KIND_RESTART);
+  stop.mutable_command()->set_reason(
+      absl::StrCat("job ", job_id, " restarts (", *restart, "): ", cause));
+  for (auto& sink : sinks) sink->Send(stop);
+  return true;
 }
 
 WorkerManager::JobWorkers& WorkerManager::Workers(const v1::Job& job) {
@@ -186,8 +219,7 @@ absl::StatusOr<v1::RegisterResponse> WorkerManager::Register(
             restart_msg = absl::StrCat(
                 RankRef(rank, it->second.hostname), " restarted (incarnation ",
                 it->second.incarnation, " -> ", request.incarnation(),
-                "): its shards are lost; resubmit the job to resume from "
-                "its last checkpoint");
+                "): its shards are lost");
           } else if (it->second.session != 0) {
             return absl::AlreadyExistsError(absl::StrCat(
                 "rank ", rank, " of job ", job->id(),
@@ -217,8 +249,16 @@ absl::StatusOr<v1::RegisterResponse> WorkerManager::Register(
     }
   }
   if (restarted) {
-    (void)jobs_->Transition(job->id(), v1::JOB_STATE_FAILED, restart_msg);
-    return absl::FailedPreconditionError(restart_msg);
+    // A relaunched process: the job restarts (restart.max_restarts) and this
+    // worker is the first of the new round, or the job fails.
+    if (!LoseRank(job->id(), restart_msg, "relaunch")) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          restart_msg, job->spec().restart().max_restarts() == 0
+                           ? "; resubmit the job to resume from its last "
+                             "checkpoint, or set restart.max_restarts"
+                           : "; no restarts left"));
+    }
+    return Register(request);
   }
   if (absl::Status s = store_->PutWorker(
           job->id(), {rank, request.incarnation(), request.hostname(),
@@ -237,7 +277,7 @@ absl::StatusOr<v1::RegisterResponse> WorkerManager::Register(
   response.set_world_size(world);
   response.set_incarnation(request.incarnation());
   *response.mutable_spec() = job->spec();
-  response.set_store_prefix(StorePrefix(job->id()));
+  response.set_store_prefix(StorePrefix(job->id(), job->restarts()));
   return response;
 }
 
@@ -341,10 +381,10 @@ absl::Status WorkerManager::OnMessage(int64_t session,
       if (!std::isfinite(p.iteration_s()) || p.iteration_s() < 0 ||
           !std::isfinite(p.exposed_comm_s()) || p.exposed_comm_s() < 0 ||
           p.step() < 0 || p.peak_bytes() < 0 || p.work() < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "progress from rank ", rank,
-            " has a negative or non-finite step, time, exposed "
-            "communication, peak or work"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("progress from rank ", rank,
+                         " has a negative or non-finite step, time, exposed "
+                         "communication, peak or work"));
       }
       bool all_done = false;
       int64_t total = 0;
@@ -360,6 +400,24 @@ absl::Status WorkerManager::OnMessage(int64_t session,
           all_done = all_done && other.done;
       }
       if (rank == 0) {
+        int64_t step_at_restart = -1;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          std::swap(step_at_restart, jobs_workers_[job_id].step_at_restart);
+        }
+        if (step_at_restart >= 0) {
+          const int64_t resumed_at = p.step() - 1;
+          const int64_t recomputed =
+              std::max<int64_t>(0, step_at_restart - resumed_at);
+          (void)jobs_->RecordEvent(
+              job_id, "restart",
+              absl::StrCat("resumed at step ", resumed_at, " (",
+                           resumed_at == 0 ? "from the start: no checkpoint"
+                                           : "the newest checkpoint",
+                           "); ", recomputed,
+                           recomputed == 1 ? " step" : " steps",
+                           " recomputed"));
+        }
         (void)jobs_->UpdateProgress(job_id, p.step(), p.loss(),
                                     p.schedule_version());
       }
@@ -406,8 +464,29 @@ absl::Status WorkerManager::OnMessage(int64_t session,
                                             e.message().substr(0, 4096));
       if (e.fatal()) {
         (void)jobs_->Transition(job_id, v1::JOB_STATE_FAILED, text);
-      } else {
-        (void)jobs_->RecordEvent(job_id, "worker", text);
+        return absl::OkStatus();
+      }
+      (void)jobs_->RecordEvent(job_id, "worker", text);
+      if (e.peer_lost()) {
+        // A peer whose session closed is the one lost (a process that
+        // died): act now rather than after its heartbeat timeout.
+        std::string lost;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          for (const auto& [r, info] : jobs_workers_[job_id].ranks) {
+            if (r != rank && info.session == 0 && !info.done) {
+              lost = RankRef(r, info.hostname);
+              break;
+            }
+          }
+        }
+        if (!lost.empty()) {
+          LoseRank(
+              job_id,
+              absl::StrCat(lost, " is gone: its session closed and ",
+                           RankRef(rank, hostname), "'s collective failed"),
+              "peer");
+        }
       }
       return absl::OkStatus();
     }
@@ -495,10 +574,9 @@ void WorkerManager::WatchLoop() {
     }
     lock.unlock();
     for (const auto& [job_id, message] : failures) {
-      absl::StatusOr<v1::Job> job = jobs_->Get(job_id);
-      if (job.ok() && job->state() == v1::JOB_STATE_RUNNING) {
-        (void)jobs_->Transition(job_id, v1::JOB_STATE_FAILED, message);
-      }
+      // Restarts the job (restart.max_restarts) or fails it; nothing for a
+      // job that is not RUNNING.
+      LoseRank(job_id, message, "heartbeat");
     }
     lock.lock();
     // Finished jobs need no watching.

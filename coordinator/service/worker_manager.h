@@ -154,8 +154,9 @@ class WorkerManager {
   // The job ended: tells its workers to stop and frees its rendezvous keys.
   void OnJobEnded(const std::string& job_id, v1::JobState state);
 
-  // Key prefix of a job's rendezvous keys.
-  static std::string StorePrefix(const std::string& job_id);
+  // Key prefix of a job's rendezvous keys: "jobs/<id>/", and below it
+  // "r<k>/" after its k-th restart (a fresh rendezvous).
+  static std::string StorePrefix(const std::string& job_id, int restarts = 0);
 
  private:
   struct Rank {
@@ -179,6 +180,9 @@ class WorkerManager {
     int64_t announced_version = 0;
     // The job ended: its connection gauges are gone and stay gone.
     bool ended = false;
+    // After a restart, until rank 0 reports its first step: the last step
+    // reached before it (the steps recomputed are counted from there).
+    int64_t step_at_restart = -1;
   };
   struct Session {
     std::string job_id;
@@ -186,6 +190,12 @@ class WorkerManager {
   };
 
   JobWorkers& Workers(const v1::Job& job);
+  // A rank of the job is lost (`cause`; `kind` labels the metric:
+  // heartbeat, peer, relaunch): restarts the job when restart.max_restarts
+  // allows (its ranks are told to stop and forgotten, its rendezvous starts
+  // afresh), else fails it. Returns whether it restarted. Not under mu_.
+  bool LoseRank(const std::string& job_id, absl::string_view cause,
+                absl::string_view kind);
   std::vector<v1::WorkerStatus> DescribeLocked(const JobWorkers& w) const;
   void WatchLoop();
   void UpdateConnectedMetric(const std::string& job_id, const JobWorkers& w);

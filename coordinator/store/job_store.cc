@@ -464,6 +464,14 @@ absl::StatusOr<std::vector<StoredSchedule>> JobStore::LoadSchedules(
   return out;
 }
 
+absl::Status JobStore::DeleteWorkers(absl::string_view job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement stmt(db_, "DELETE FROM workers WHERE job_id = ?");
+  if (!stmt.status().ok()) return stmt.status();
+  stmt.Bind(1, job_id);
+  return Done(stmt);
+}
+
 absl::Status JobStore::PutWorker(absl::string_view job_id,
                                  const StoredWorker& worker) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -124,6 +124,8 @@ class JobStore {
       absl::string_view job_id);
 
   absl::Status PutWorker(absl::string_view job_id, const StoredWorker& worker);
+  // Forgets a job's workers (a restart: every rank registers again).
+  absl::Status DeleteWorkers(absl::string_view job_id);
   absl::StatusOr<std::vector<StoredWorker>> LoadWorkers(
       absl::string_view job_id);
 

@@ -4,9 +4,10 @@
 #   srun --ntasks=N deploy/slurm/tandem-rank.sh
 #
 # rank = SLURM_PROCID, world = SLURM_NTASKS, local rank = SLURM_LOCALID
-# (exported as RANK, WORLD_SIZE and LOCAL_RANK). The worker replaces this
-# shell (exec), so the signals Slurm sends a task (scancel, srun forwarding,
-# the time limit) reach it directly: it tells the coordinator and exits.
+# (exported as RANK, WORLD_SIZE and LOCAL_RANK). The signals Slurm sends a
+# task (scancel, srun forwarding, the time limit) are forwarded to the
+# worker: it tells the coordinator and exits. A worker whose job restarts
+# is started again in the same task (below).
 #
 # Environment:
 #   TANDEM_COORDINATOR  coordinator HOST:PORT (required)
@@ -23,6 +24,7 @@
 #   TANDEM_THREADS      intra-op threads (default: SLURM_CPUS_PER_TASK)
 #   TANDEM_TLS_CA       the coordinator's CA, when it serves TLS
 #   TANDEM_JOIN_SECRET  the job's join secret (read by tandem-worker itself)
+#   TANDEM_MAX_RELAUNCHES  how often a task starts its worker again (10)
 set -euo pipefail
 
 : "${SLURM_PROCID:?run this under srun (SLURM_PROCID is unset)}"
@@ -73,8 +75,43 @@ if [ -n "${TANDEM_HEALTH_PORT:-}" ]; then
   args+=(--health-listen "0.0.0.0:$((TANDEM_HEALTH_PORT + LOCAL_RANK))")
 fi
 
-echo "tandem-rank.sh: rank $RANK of $WORLD_SIZE (local $LOCAL_RANK) on" \
-     "$(hostname) [${SLURMD_NODENAME:-?}], job $TANDEM_JOB at" \
-     "$TANDEM_COORDINATOR" >>"$log_dir/rank-$RANK.log"
-exec "$worker" "${args[@]}" >>"$log_dir/rank-$RANK.jsonl" \
-  2>>"$log_dir/rank-$RANK.log"
+# The task stays and starts its worker again, keeping the allocation, when
+# the job restarts (coordinator/README.md, "Elastic restarts"): exit 75 (the
+# coordinator said so) or a crash (SIGKILL, SIGSEGV, SIGABRT), at most
+# TANDEM_MAX_RELAUNCHES times. A worker that ends any other way (done,
+# refused, stopped by scancel's SIGTERM) ends the task with its status.
+max_relaunches="${TANDEM_MAX_RELAUNCHES:-10}"
+child=""
+stopping=0
+forward() {
+  stopping=1
+  [ -n "$child" ] && kill -"$1" "$child" 2>/dev/null
+}
+trap 'forward TERM' TERM
+trap 'forward INT' INT
+launch=0
+while true; do
+  launch=$((launch + 1))
+  echo "tandem-rank.sh: rank $RANK of $WORLD_SIZE (local $LOCAL_RANK) on" \
+       "$(hostname) [${SLURMD_NODENAME:-?}], job $TANDEM_JOB at" \
+       "$TANDEM_COORDINATOR, launch $launch" >>"$log_dir/rank-$RANK.log"
+  "$worker" "${args[@]}" >>"$log_dir/rank-$RANK.jsonl" \
+    2>>"$log_dir/rank-$RANK.log" &
+  child=$!
+  while true; do
+    rc=0
+    wait "$child" || rc=$?  # (set -e must not end the loop here)
+    # wait returns early (status > 128) when a trapped signal arrives.
+    kill -0 "$child" 2>/dev/null || break
+  done
+  child=""
+  case "$rc" in
+    75|134|137|139) ;;
+    *) exit "$rc" ;;
+  esac
+  if [ "$stopping" = 1 ] || [ "$launch" -gt "$max_relaunches" ]; then
+    exit "$rc"
+  fi
+  echo "tandem-rank.sh: rank $RANK: worker exited with $rc; starting it" \
+       "again" >>"$log_dir/rank-$RANK.log"
+done

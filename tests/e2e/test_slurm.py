@@ -2,6 +2,8 @@
 slurmd nodes on this host, the sbatch script and one tandem-worker per task.
 """
 
+import os
+import signal
 import time
 
 import pytest
@@ -84,6 +86,54 @@ def test_sbatch_two_tasks_run_job_to_succeeded(slurm, coordinator, tmp_path):
         steps = (logs / ("rank-%d.jsonl" % rank)).read_text().splitlines()
         assert '"param_digests"' in steps[-1], steps[-3:]
     assert nodes == {"node1", "node2"}
+
+
+def _worker_pids(job_id):
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % entry, "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if args and args[0].endswith(b"tandem-worker") and \
+                job_id.encode() in args:
+            pids.append(int(entry))
+    return pids
+
+
+def test_killed_worker_is_started_again_in_its_task(slurm, coordinator,
+                                                     tmp_path):
+    """restart.max_restarts: a SIGKILLed worker's task starts it again
+    (keeping the allocation), the other rank exits 75 and is started again
+    too, and the job resumes from its checkpoint and succeeds."""
+    s = spec(steps=40)
+    s["checkpoint"] = {"dir": str(tmp_path / "ckpt"), "every": 5}
+    s["restart"] = {"max_restarts": 1}
+    with tandem.Client(coordinator.address, timeout=10) as client:
+        job = client.submit(s)
+        slurm_job = slurm.sbatch(SBATCH, sbatch_args(tmp_path), launch_env(
+            tmp_path, TANDEM_COORDINATOR=coordinator.address,
+            TANDEM_JOB=job.id))
+        wait_for(lambda: client.get(job.id).job.step >= 12, timeout=120,
+                 what="12 steps; %s" % rank_logs(tmp_path))
+        pids = _worker_pids(job.id)
+        assert len(pids) == 2, pids
+        os.kill(pids[1], signal.SIGKILL)
+        info = slurm.wait_job_end(slurm_job, timeout=180)
+        diagnostics = "%s\n%s" % (slurm_output(tmp_path, slurm_job),
+                                   rank_logs(tmp_path))
+        assert info["JobState"] == "COMPLETED", diagnostics
+        final = client.get(job.id)
+        assert final.job.state == SUCCEEDED, (final.job, diagnostics)
+        assert final.job.restarts == 1
+        assert any(e.kind == "restart" and e.message.startswith("resumed")
+                   for e in final.events), diagnostics
+    relaunched = [r for r in range(2) if "starting it again" in
+                  (tmp_path / "logs" / ("rank-%d.log" % r)).read_text()]
+    assert relaunched == [0, 1], diagnostics
 
 
 def test_scancel_fails_job_with_signal_event(slurm, coordinator, tmp_path):

@@ -118,8 +118,11 @@ void WorkerAgent::OnMessage(const v1::CoordinatorMessage& message) {
       }
       break;
     case v1::CoordinatorMessage::kCommand:
-      if (message.command().kind() == v1::Command::KIND_STOP) {
+      if (message.command().kind() == v1::Command::KIND_STOP ||
+          message.command().kind() == v1::Command::KIND_RESTART) {
         stop_reason_ = message.command().reason();
+        restart_requested_ =
+            message.command().kind() == v1::Command::KIND_RESTART;
         state_ = State::kStopped;
         wake_.notify_all();
       }
@@ -258,10 +261,12 @@ void WorkerAgent::ReportApplied(int64_t version, int64_t step,
   Send(m, false);
 }
 
-void WorkerAgent::ReportError(const std::string& message, bool fatal) {
+void WorkerAgent::ReportError(const std::string& message, bool fatal,
+                              bool peer_lost) {
   v1::WorkerMessage m;
   m.mutable_error()->set_message(message);
   m.mutable_error()->set_fatal(fatal);
+  m.mutable_error()->set_peer_lost(peer_lost);
   Send(m, false);
 }
 
@@ -277,6 +282,11 @@ std::optional<std::string> WorkerAgent::WaitForStop(
   std::unique_lock<std::mutex> lock(mu_);
   wake_.wait_for(lock, timeout, [&] { return stop_reason_.has_value(); });
   return stop_reason_;
+}
+
+bool WorkerAgent::RestartRequested() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return restart_requested_;
 }
 
 std::optional<std::string> WorkerAgent::StopReason() const {

@@ -75,12 +75,18 @@ class WorkerAgent {
   // switch to the least-memory schedule, version -1), empty otherwise.
   void ReportApplied(int64_t version, int64_t step,
                      const std::string& reason = "");
-  void ReportError(const std::string& message, bool fatal);
+  // `peer_lost`: a collective failed here, most likely because a peer
+  // died (WorkerError.peer_lost).
+  void ReportError(const std::string& message, bool fatal,
+                   bool peer_lost = false);
 
   // The newest schedule update not yet taken.
   std::optional<v1::ScheduleUpdate> TakeSchedule();
   // Why the coordinator asked this worker to stop, once it has.
   std::optional<std::string> StopReason() const;
+  // Whether that stop is a restart of the job (Command KIND_RESTART): the
+  // process should exit for its launcher to start it again.
+  bool RestartRequested() const;
   // Waits up to `timeout` for a stop; returns its reason if one came.
   std::optional<std::string> WaitForStop(std::chrono::milliseconds timeout);
   State state() const;
@@ -111,6 +117,7 @@ class WorkerAgent {
   std::optional<v1::WorkerMessage> progress_;
   std::optional<v1::ScheduleUpdate> pending_schedule_;
   std::optional<std::string> stop_reason_;
+  bool restart_requested_ = false;
   std::atomic<int64_t> rejected_{0};
   bool shutdown_ = false;
   // "agent-heartbeat": sends heartbeats and reopens a lost session.

@@ -171,7 +171,7 @@ absl::Status Train(const AgentTrainerOptions& options, MemoryMeter* meter,
                                      ": a collective failed (a peer is "
                                      "probably gone): ",
                                      stats.status().message()),
-                        /*fatal=*/false);
+                        /*fatal=*/false, /*peer_lost=*/true);
       if (std::optional<std::string> stop =
               agent.WaitForStop(kPeerLossVerdictWait)) {
         return absl::FailedPreconditionError(*stop);
@@ -261,10 +261,25 @@ absl::Status RunAgent(CoordinatorClient& client,
   if (options.stop_signal != nullptr) {
     watcher = std::thread([&] {
       std::unique_lock<std::mutex> lock(watch_mu);
-      while (!done && options.stop_signal->load() == 0) {
+      while (!done && options.stop_signal->load() == 0 &&
+             !agent.RestartRequested()) {
         watch_wake.wait_for(lock, std::chrono::milliseconds(100));
       }
       if (done) return;
+      if (options.stop_signal->load() == 0) {
+        // The job restarts: a rank blocked in a rendezvous or a collective
+        // with a dead peer would never see it between steps.
+        if (!watch_wake.wait_for(lock, options.stop_grace,
+                                 [&] { return done; })) {
+          std::fprintf(stderr,
+                       "tandem-worker: the job restarts; still blocked %lld "
+                       "ms later (rendezvous or a collective), exiting with "
+                       "status 75 for the launcher to start it again\n",
+                       static_cast<long long>(options.stop_grace.count()));
+          std::_Exit(75);
+        }
+        return;
+      }
       const int signal = options.stop_signal->load();
       const int rank = registered_rank.load();
       if (rank < 0) {
@@ -329,7 +344,13 @@ absl::Status RunAgent(CoordinatorClient& client,
     }
   }
   if (options.on_ready) options.on_ready(false);
-  if (!status.ok() && status.code() != absl::StatusCode::kFailedPrecondition) {
+  if (agent.RestartRequested()) {
+    // The job restarts from its newest checkpoint: whatever this rank was
+    // doing is moot. Cancelled tells the caller to exit for a relaunch.
+    status = absl::CancelledError(*agent.StopReason());
+  }
+  if (!status.ok() && status.code() != absl::StatusCode::kFailedPrecondition &&
+      status.code() != absl::StatusCode::kCancelled) {
     if (!signal_reported.load()) {
       agent.ReportError(std::string(status.message()), /*fatal=*/true);
     }

@@ -302,7 +302,8 @@ def cmd_launch(client, args):
     _out("%s; started %d workers (%s), logs in %s" %
          (what, args.nproc, worker, launch_mod.describe_logs(workers)))
     sys.stdout.flush()
-    run = launch_mod.Launch(client, job.id, workers, _out)
+    run = launch_mod.Launch(client, job.id, workers, _out,
+                            max_restarts=job.spec.restart.max_restarts)
     run.install_signal_handlers()
     run.start_monitor()
     try:

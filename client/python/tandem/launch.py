@@ -79,6 +79,8 @@ class LocalWorkers:
         for TLS."""
         self.log_dir = make_log_dir(log_dir)
         self.procs = []
+        self._commands = []
+        self.launches = []
         for r in range(nproc):
             cmd = [worker, "--coordinator", address, "--job", job_id]
             if ranks:
@@ -95,18 +97,34 @@ class LocalWorkers:
             # The worker takes RANK/WORLD_SIZE as defaults; these are ours.
             for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
                 env.pop(name, None)
-            out = open(self.log_dir / ("rank%d.out" % r), "wb")
-            err = open(self.log_dir / ("rank%d.log" % r), "wb")
+            self._commands.append((cmd, env))
+            self.procs.append(None)
+            self.launches.append(0)
             try:
-                self.procs.append(subprocess.Popen(
-                    cmd, stdout=out, stderr=err, env=env,
-                    start_new_session=True))
-            except OSError as e:
+                self._start(r, append=False)
+            except TandemError:
                 self.signal(signal.SIGKILL)
-                raise TandemError("cannot start %s: %s" % (worker, e)) from None
-            finally:
-                out.close()
-                err.close()
+                raise
+
+    def _start(self, r, append):
+        cmd, env = self._commands[r]
+        mode = "ab" if append else "wb"
+        out = open(self.log_dir / ("rank%d.out" % r), mode)
+        err = open(self.log_dir / ("rank%d.log" % r), mode)
+        try:
+            self.procs[r] = subprocess.Popen(
+                cmd, stdout=out, stderr=err, env=env, start_new_session=True)
+        except OSError as e:
+            raise TandemError("cannot start %s: %s" % (cmd[0], e)) from None
+        finally:
+            out.close()
+            err.close()
+        self.launches[r] += 1
+
+    def relaunch(self, r):
+        """Starts local worker r again (its job restarted), appending to its
+        logs."""
+        self._start(r, append=True)
 
     def log_path(self, r):
         return self.log_dir / ("rank%d.log" % r)
@@ -121,14 +139,14 @@ class LocalWorkers:
     def exited(self):
         """[(local index, exit code)] of the processes that ended."""
         return [(r, p.returncode) for r, p in enumerate(self.procs)
-                if p.poll() is not None]
+                if p is not None and p.poll() is not None]
 
     def running(self):
-        return sum(p.poll() is None for p in self.procs)
+        return sum(p is not None and p.poll() is None for p in self.procs)
 
     def signal(self, signum):
         for p in self.procs:
-            if p.poll() is None:
+            if p is not None and p.poll() is None:
                 try:
                     p.send_signal(signum)
                 except ProcessLookupError:
@@ -139,27 +157,38 @@ class LocalWorkers:
         rest. Returns their exit codes."""
         deadline = time.monotonic() + timeout
         for p in self.procs:
+            if p is None:
+                continue
             try:
                 p.wait(timeout=max(deadline - time.monotonic(), 0.01))
             except subprocess.TimeoutExpired:
                 pass
         for p in self.procs:
-            if p.poll() is None:
+            if p is not None and p.poll() is None:
                 p.kill()
                 p.wait()
-        return [p.returncode for p in self.procs]
+        return [p.returncode if p is not None else None for p in self.procs]
+
+
+# A worker whose job restarts exits with this status (tandem-worker,
+# Command KIND_RESTART).
+EXIT_RESTART = 75
 
 
 class Launch:
-    """Runs one launch: the workers, a monitor that cancels the job when a
-    worker dies before the job ended (else the job would wait for it
-    forever), and signal forwarding."""
+    """Runs one launch: the workers, a monitor, and signal forwarding. When a
+    worker dies before the job ended, the monitor starts it again if the job
+    may restart (`max_restarts`, the spec's restart.max_restarts: the
+    coordinator restarts the job from its newest checkpoint, and every rank
+    exits with status 75 to be started again), and otherwise cancels the
+    job (else it would wait for the worker forever)."""
 
-    def __init__(self, client, job_id, workers, out):
+    def __init__(self, client, job_id, workers, out, max_restarts=0):
         self.client = client
         self.job_id = job_id
         self.workers = workers
         self.out = out
+        self.max_restarts = max_restarts
         self.signals = []
         self.failure = None
         self._done = threading.Event()
@@ -186,6 +215,29 @@ class Launch:
     def stop_monitor(self):
         self._done.set()
 
+    def _relaunch(self, dead):
+        """Starts the dead workers again while the job may restart; False
+        when it may not (or they used up their launches)."""
+        if self.max_restarts <= 0:
+            return False
+        if any(self.workers.launches[r] > self.max_restarts for r, _ in dead):
+            return False
+        try:
+            job, _ = self.client.get(self.job_id)
+        except TandemError:
+            return False
+        if is_terminal(job.state):
+            return False
+        for r, code in dead:
+            self.out("worker %d exited with code %d%s; starting it again "
+                     "(launch %d; the job restarts from its newest "
+                     "checkpoint, restart.max_restarts %d)"
+                     % (r, code, " (the job restarts)" if code == EXIT_RESTART
+                        else "", self.workers.launches[r] + 1,
+                        self.max_restarts))
+            self.workers.relaunch(r)
+        return True
+
     def _watch_processes(self):
         while not self._done.wait(0.5):
             if self.signals:
@@ -194,6 +246,12 @@ class Launch:
                     if code != 0]
             if not dead:
                 continue
+            try:
+                if self._relaunch(dead):
+                    continue
+            except TandemError as e:
+                self.failure = "cannot start a worker again: %s" % e.message
+                return
             r, code = dead[0]
             tail = self.workers.log_tail(r)
             self.failure = (

@@ -147,6 +147,13 @@ def test_workers_are_an_indexed_job_ranked_by_completion_index(checker):
     objs = objects(checker, "base")
     job = find(objs, "Job", "tandem-workers")
     assert job["spec"]["completionMode"] == "Indexed"
+    # Elastic restarts: exit 75 (the job restarts) and SIGKILL get a new
+    # pod for the index without using up backoffLimit; anything else fails.
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    assert rules[0] == {"action": "Ignore", "onExitCodes": {
+        "containerName": "worker", "operator": "In", "values": [75, 137]}}
+    assert rules[-1]["action"] == "FailJob"
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
     assert job["spec"]["completions"] == job["spec"]["parallelism"]
     pod = job["spec"]["template"]["spec"]
     assert pod["subdomain"] == "tandem-workers"

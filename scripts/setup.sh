@@ -27,8 +27,8 @@ PACKAGES=(
   libcivetweb-dev civetweb
   # worker
   libtorch-dev libgloo-dev libopenblas0-pthread
-  # tests and benchmarks
-  googletest libgtest-dev libgmock-dev libbenchmark-dev
+  # tests and benchmarks (clang and its runtimes: the fuzz targets)
+  googletest libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev
   prometheus slurm-wlm munge iproute2
   # python client and the PyTorch peer in benchmarks
   python3 python3-grpcio python3-protobuf python3-yaml python3-pytest python3-torch

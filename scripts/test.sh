@@ -63,4 +63,7 @@ install_for chromium chromium || status=1
 e2e test_report.py || status=1
 echo "report screenshot: $BUILD_DIR/test-output/report/report.png"
 
+echo "== fuzz: libFuzzer targets under ASan+UBSan, 30 s each, after their reproducers (tests/fuzz)"
+"$ROOT/scripts/fuzz.sh" --seconds "${TANDEM_FUZZ_SECONDS:-30}" || status=1
+
 exit $status

@@ -137,7 +137,12 @@ absl::StatusOr<int64_t> KvStore::Add(absl::string_view key, int64_t delta) {
         absl::StrCat("value of '", key.substr(0, 64),
                      "' is not an integer; Add needs an integer key"));
   }
-  value += delta;
+  // A client's delta may overflow (found by tests/fuzz/service_fuzzer).
+  if (__builtin_add_overflow(value, delta, &value)) {
+    return absl::OutOfRangeError(absl::StrCat("adding ", delta, " to '",
+                                              key.substr(0, 64),
+                                              "' overflows a 64-bit integer"));
+  }
   if (absl::Status s = PutLocked(it, key, absl::StrCat(value)); !s.ok()) {
     return s;
   }

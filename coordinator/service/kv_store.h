@@ -55,7 +55,8 @@ class KvStore {
   absl::StatusOr<std::optional<std::string>> Get(
       absl::string_view key, std::chrono::milliseconds timeout);
   // Adds `delta` to the integer value of `key` (0 when absent) and returns
-  // the result. FailedPrecondition when the value is not an integer.
+  // the result. FailedPrecondition when the value is not an integer,
+  // OutOfRange when the sum overflows int64 (nothing is changed).
   absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta);
   // Sets `desired` when the current value equals `expected` (or when the key
   // is absent and `expected` is empty); returns the value after the call.

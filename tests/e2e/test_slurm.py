@@ -88,22 +88,6 @@ def test_sbatch_two_tasks_run_job_to_succeeded(slurm, coordinator, tmp_path):
     assert nodes == {"node1", "node2"}
 
 
-def _worker_pids(job_id):
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/cmdline" % entry, "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:
-            continue
-        if args and args[0].endswith(b"tandem-worker") and \
-                job_id.encode() in args:
-            pids.append(int(entry))
-    return pids
-
-
 def test_killed_worker_is_started_again_in_its_task(slurm, coordinator,
                                                      tmp_path):
     """restart.max_restarts: a SIGKILLed worker's task starts it again
@@ -119,7 +103,7 @@ def test_killed_worker_is_started_again_in_its_task(slurm, coordinator,
             TANDEM_JOB=job.id))
         wait_for(lambda: client.get(job.id).job.step >= 12, timeout=120,
                  what="12 steps; %s" % rank_logs(tmp_path))
-        pids = _worker_pids(job.id)
+        pids = client_conftest.worker_pids(job.id)
         assert len(pids) == 2, pids
         os.kill(pids[1], signal.SIGKILL)
         info = slurm.wait_job_end(slurm_job, timeout=180)

@@ -15,7 +15,8 @@ import time
 import yaml
 
 import tandem
-from conftest import REPO, unique_name, wait_for, worker_binary
+from conftest import (REPO, client_conftest, unique_name, wait_for,
+                      worker_binary)
 from tandem.v1 import job_pb2
 
 CLIENT = REPO / "client" / "python"
@@ -72,22 +73,6 @@ def losses(out_path):
     return rows
 
 
-def worker_pids(job_id):
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/cmdline" % entry, "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:
-            continue
-        if any(a.endswith(b"tandem-worker") for a in args[:2]) and \
-                job_id.encode() in args:
-            pids.append(int(entry))
-    return pids
-
-
 def test_three_sigkills_resume_exactly(cluster, tmp_path):
     c = cluster.coordinator()
     # The uninterrupted run: the losses every step must reproduce.
@@ -116,7 +101,7 @@ def test_three_sigkills_resume_exactly(cluster, tmp_path):
                         job.restarts == n and job.step >= step)
             wait_for(reached, timeout=120, interval=0.02,
                      what="step %d before kill %d" % (step, n + 1))
-            pids = worker_pids(job_id)
+            pids = client_conftest.worker_pids(job_id)
             assert len(pids) == 2, pids
             victim = rng.choice(pids)
             os.kill(victim, signal.SIGKILL)

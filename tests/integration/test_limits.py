@@ -13,6 +13,14 @@ from tandem.v1 import worker_service_pb2_grpc as wgrpc
 from conftest import unique_name, wait_for
 
 
+def tiny_spec():
+    return {"name": unique_name(),
+            "model": {"preset": "llama", "layers": 2, "d_model": 32,
+                      "heads": 4, "ffn": 64, "vocab": 128},
+            "batch": {"micro_batch": 2, "seq_len": 16},
+            "parallel": {"world_size": 1}, "train": {"steps": 2}}
+
+
 def idle_session(address, outcome, release):
     """A session that never says hello; records how it ended."""
     stub = wgrpc.WorkerServiceStub(grpc.insecure_channel(address))
@@ -56,26 +64,14 @@ def test_silent_sessions_are_ended_and_threads_are_capped(cluster):
     assert max(t for _, t, _ in outcome) < 15, outcome
     # Once they are gone, the coordinator serves everyone else.
     with tandem.Client(c.address, timeout=10) as client:
-        job = client.submit({"name": unique_name(),
-                             "model": {"preset": "llama", "layers": 2,
-                                       "d_model": 32, "heads": 4, "ffn": 64,
-                                       "vocab": 128},
-                             "batch": {"micro_batch": 2, "seq_len": 16},
-                             "parallel": {"world_size": 1},
-                             "train": {"steps": 2}})
+        job = client.submit(tiny_spec())
         assert client.get(job.id).job.id == job.id
 
 
 def test_a_session_that_says_hello_stays_open_while_it_talks(cluster):
     c = cluster.coordinator(extra=["--session-hello-timeout-s", "1"])
     with tandem.Client(c.address, timeout=10) as client:
-        job = client.submit({"name": unique_name(),
-                             "model": {"preset": "llama", "layers": 2,
-                                       "d_model": 32, "heads": 4, "ffn": 64,
-                                       "vocab": 128},
-                             "batch": {"micro_batch": 2, "seq_len": 16},
-                             "parallel": {"world_size": 1},
-                             "train": {"steps": 2}})
+        job = client.submit(tiny_spec())
     stub = wgrpc.WorkerServiceStub(grpc.insecure_channel(c.address))
     stub.Register(wpb.RegisterRequest(job_id=job.id, incarnation="i-1",
                                       hostname="h", requested_rank=0,

@@ -200,6 +200,24 @@ def small_spec(name=None, world_size=2, steps=5, **overrides):
     return spec
 
 
+def worker_pids(job_id):
+    """Pids of the tandem-worker processes of job `job_id` on this host
+    (from /proc): what chaos tests kill."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % entry, "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if args and args[0].endswith(b"tandem-worker") and \
+                job_id.encode() in args:
+            pids.append(int(entry))
+    return pids
+
+
 def wait_for(predicate, timeout=10.0, interval=0.05, what="condition"):
     deadline = time.monotonic() + timeout
     while True:

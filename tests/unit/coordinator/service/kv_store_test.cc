@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <thread>
@@ -75,6 +76,18 @@ TEST(KvStoreTest, Oversized_IsRejectedWithSizes) {
   const absl::Status s = kv.Set("k", big);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("at most 1048576"));
+}
+
+TEST(KvStoreTest, Add_OverflowIsRefusedAndChangesNothing) {
+  // tests/fuzz/regressions/service: a client's delta overflowed (UB).
+  KvStore kv;
+  ASSERT_EQ(*kv.Add("n", 9018546907345390174), 9018546907345390174);
+  const absl::StatusOr<int64_t> over = kv.Add("n", 1803709381469078020);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(std::string(over.status().message()), HasSubstr("overflows"));
+  EXPECT_EQ(*kv.Add("n", 0), 9018546907345390174);
+  EXPECT_EQ(kv.Add("m", INT64_MIN).value_or(0), INT64_MIN);
+  EXPECT_EQ(kv.Add("m", -1).status().code(), absl::StatusCode::kOutOfRange);
 }
 
 TEST(KvStoreTest, Namespace_IsTheJobsPrefix) {

@@ -906,7 +906,12 @@ absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
   if (switched) {
     guard_min_peak_ = -1;
     guard_max_peak_ = 0;
-    last_peak_ = 0;
+    // The boundary gathered the new schedule's persistent params, so this
+    // step's peak includes the switch: over the budget, it is the new
+    // schedule's, and the new schedule's first exchange reports it (a
+    // switch does not clear the signal).
+    last_peak_ =
+        stats->peak_bytes > options_.budget_bytes ? stats->peak_bytes : 0;
   } else {
     guard_min_peak_ = guard_min_peak_ < 0
                           ? stats->peak_bytes

@@ -6,8 +6,11 @@
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/marshalling.h"
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/flags/command_line.h"
 #include "common/flags/flag_checks.h"
@@ -37,6 +40,27 @@ ABSL_FLAG(int, max_rpc_threads, 2048,
 ABSL_FLAG(double, session_hello_timeout_s, 10,
           "end a worker session that sends no hello within this many "
           "seconds");
+ABSL_FLAG(int, max_active_jobs, 10000,
+          "jobs not yet ended (PENDING or RUNNING) this coordinator holds; "
+          "past it Submit gets RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_active_jobs_per_user, 1000,
+          "jobs not yet ended per user (everyone is one user without "
+          "--auth-tokens)");
+ABSL_FLAG(int, max_events_per_job, 10000,
+          "events kept per job, in memory and in --db; the oldest go first");
+ABSL_FLAG(int64_t, max_profile_bytes_per_job, int64_t{256} << 20,
+          "bytes of profiles a job may hold awaiting its other ranks");
+ABSL_FLAG(int64_t, max_stored_profile_bytes_per_job, int64_t{256} << 20,
+          "bytes of window profiles kept per job in --db; the oldest go "
+          "first");
+ABSL_FLAG(std::vector<std::string>, data_roots, {},
+          "comma-separated absolute directories jobs may read from "
+          "(data.path, model.path, model.init_from); empty: anywhere outside "
+          "the system's directories");
+ABSL_FLAG(std::vector<std::string>, checkpoint_roots, {},
+          "comma-separated absolute directories jobs may write checkpoints "
+          "under (checkpoint.dir; jobs may read there too); empty: anywhere "
+          "outside the system's directories");
 ABSL_FLAG(bool, insecure, false,
           "allow a non-loopback --listen/--metrics-listen without TLS and "
           "tokens (a private network you trust)");
@@ -52,8 +76,30 @@ constexpr char kUsage[] =
     "         [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]] "
     "[--auth-tokens FILE] [--insecure]\n"
     "         [--max-rpc-threads N] [--session-hello-timeout-s S]\n"
+    "         [--max-active-jobs N] [--max-active-jobs-per-user N] "
+    "[--max-events-per-job N]\n"
+    "         [--max-profile-bytes-per-job B] "
+    "[--max-stored-profile-bytes-per-job B]\n"
+    "         [--data-roots DIR,...] [--checkpoint-roots DIR,...]\n"
     "A --listen or --metrics-listen address other than loopback needs TLS "
     "and --auth-tokens, or --insecure.\n";
+
+absl::Status CheckBytes(const char* flag, int64_t bytes) {
+  if (bytes >= (int64_t{1} << 20)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(flag, " must be at least 1048576 (1 MiB), got ", bytes));
+}
+
+absl::Status CheckRoots(const char* flag,
+                        const std::vector<std::string>& dirs) {
+  for (const std::string& dir : dirs) {
+    if (dir.empty() || dir[0] != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " takes absolute directories, got '", dir, "'"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -70,6 +116,17 @@ int main(int argc, char** argv) {
   options.auth_tokens = absl::GetFlag(FLAGS_auth_tokens);
   options.insecure = absl::GetFlag(FLAGS_insecure);
   options.max_rpc_threads = absl::GetFlag(FLAGS_max_rpc_threads);
+  options.job_limits.max_active_jobs = absl::GetFlag(FLAGS_max_active_jobs);
+  options.job_limits.max_active_jobs_per_user =
+      absl::GetFlag(FLAGS_max_active_jobs_per_user);
+  options.job_limits.max_events_per_job =
+      absl::GetFlag(FLAGS_max_events_per_job);
+  options.job_limits.roots.read = absl::GetFlag(FLAGS_data_roots);
+  options.job_limits.roots.write = absl::GetFlag(FLAGS_checkpoint_roots);
+  options.max_held_profile_bytes =
+      absl::GetFlag(FLAGS_max_profile_bytes_per_job);
+  options.max_stored_profile_bytes =
+      absl::GetFlag(FLAGS_max_stored_profile_bytes_per_job);
   const double hello_timeout_s = absl::GetFlag(FLAGS_session_hello_timeout_s);
   const double heartbeat_timeout_s = absl::GetFlag(FLAGS_heartbeat_timeout_s);
   tandem::ExitIfInvalid(
@@ -84,7 +141,19 @@ int main(int argc, char** argv) {
                           : absl::OkStatus(),
        tandem::CheckPositive("--heartbeat-timeout-s", heartbeat_timeout_s),
        tandem::CheckAtLeast("--max-rpc-threads", options.max_rpc_threads, 8),
-       tandem::CheckPositive("--session-hello-timeout-s", hello_timeout_s)});
+       tandem::CheckPositive("--session-hello-timeout-s", hello_timeout_s),
+       tandem::CheckAtLeast("--max-active-jobs",
+                            options.job_limits.max_active_jobs, 1),
+       tandem::CheckAtLeast("--max-active-jobs-per-user",
+                            options.job_limits.max_active_jobs_per_user, 1),
+       tandem::CheckAtLeast("--max-events-per-job",
+                            options.job_limits.max_events_per_job, 16),
+       CheckBytes("--max-profile-bytes-per-job",
+                  options.max_held_profile_bytes),
+       CheckBytes("--max-stored-profile-bytes-per-job",
+                  options.max_stored_profile_bytes),
+       CheckRoots("--data-roots", options.job_limits.roots.read),
+       CheckRoots("--checkpoint-roots", options.job_limits.roots.write)});
   options.session_hello_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(hello_timeout_s * 1000));
   options.heartbeat_timeout = std::chrono::milliseconds(

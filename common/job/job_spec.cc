@@ -359,6 +359,55 @@ void ApplyJobSpecDefaults(v1::JobSpec& spec) {
   }
 }
 
+absl::Status CheckJobPathRoots(const v1::JobSpec& spec,
+                               const JobPathRoots& roots) {
+  FieldErrors errors;
+  auto under_any = [](const std::string& normal,
+                      const std::vector<std::string>& dirs) {
+    for (const std::string& dir : dirs) {
+      std::string root =
+          std::filesystem::path(dir).lexically_normal().generic_string();
+      while (root.size() > 1 && root.back() == '/') root.pop_back();
+      if (normal == root || root == "/" ||
+          absl::StartsWith(normal, absl::StrCat(root, "/"))) {
+        return true;
+      }
+    }
+    return false;
+  };
+  auto check = [&](const char* field, const std::string& path, bool writes) {
+    const std::vector<std::string>& own = writes ? roots.write : roots.read;
+    if (path.empty() || own.empty()) return;
+    std::vector<std::string> allowed = own;
+    if (!writes) {
+      allowed.insert(allowed.end(), roots.write.begin(), roots.write.end());
+    }
+    const char* kind = writes ? "checkpoint" : "data";
+    const std::string listed = absl::StrJoin(allowed, ", ");
+    if (path[0] != '/') {
+      errors.Add(field, " '", path.substr(0, 256),
+                 "' is relative, which depends on the worker's directory: "
+                 "give an absolute path under a ",
+                 kind, " root this coordinator allows (", listed, ")");
+      return;
+    }
+    const std::string normal =
+        std::filesystem::path(path).lexically_normal().generic_string();
+    if (!under_any(normal, allowed)) {
+      errors.Add(field, " '", path.substr(0, 256), "' is not under a ", kind,
+                 " root this coordinator allows (", listed,
+                 "); move the files there or ask the operator to add a "
+                 "root (--",
+                 writes ? "checkpoint" : "data", "-roots)");
+    }
+  };
+  check("data.path", spec.data().path(), /*writes=*/false);
+  check("model.path", spec.model().path(), /*writes=*/false);
+  check("model.init_from", spec.model().init_from(), /*writes=*/false);
+  check("checkpoint.dir", spec.checkpoint().dir(), /*writes=*/true);
+  return errors.ToStatus();
+}
+
 absl::Status ValidateJobSpec(const v1::JobSpec& spec,
                              const PlanSpecCheck& plan_check) {
   FieldErrors errors;

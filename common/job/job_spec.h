@@ -49,6 +49,25 @@ using PlanSpecCheck = std::function<std::vector<std::string>(
 absl::Status ValidateJobSpec(const v1::JobSpec& spec,
                              const PlanSpecCheck& plan_check = nullptr);
 
+// Directories an operator lets jobs use (the coordinator's --data-roots and
+// --checkpoint-roots). `read` bounds what a job reads (data.path,
+// model.path, model.init_from), `write` where it writes (checkpoint.dir); a
+// job may also read under a write root (its own checkpoints). An empty list
+// allows any path outside the system's directories, which ValidateJobSpec
+// refuses in any case.
+struct JobPathRoots {
+  std::vector<std::string> read;
+  std::vector<std::string> write;
+};
+
+// InvalidArgument naming each field whose path is not under one of its
+// roots, e.g. "checkpoint.dir '/home/x' is not under a checkpoint root this
+// coordinator allows (/shared/ckpt); ...". Paths are judged as written, made
+// lexically normal ("/shared/data/../x" is /shared/x); with roots set a
+// relative path is refused, since it would depend on the worker's directory.
+absl::Status CheckJobPathRoots(const v1::JobSpec& spec,
+                               const JobPathRoots& roots);
+
 // The model the spec describes, at the spec's world size, micro-batch and
 // sequence length. Fails like ValidateJobSpec.
 absl::StatusOr<ModelConfig> ModelConfigFromJobSpec(const v1::JobSpec& spec);

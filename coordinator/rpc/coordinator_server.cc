@@ -133,7 +133,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (absl::Status st = s->kv_.AttachStore(s->store_.get()); !st.ok()) {
     return st;
   }
-  s->jobs_ = std::make_unique<JobManager>(s->store_.get());
+  s->jobs_ = std::make_unique<JobManager>(s->store_.get(), options.job_limits);
   if (absl::Status st = s->jobs_->Recover(); !st.ok()) return st;
   s->history_ = std::make_unique<JobHistory>(s->jobs_.get(), s->store_.get());
   s->reports_ = std::make_unique<JobReportBuilder>(
@@ -146,6 +146,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (absl::Status st = s->workers_->Recover(); !st.ok()) return st;
   s->planning_ = std::make_unique<PlanningManager>(
       s->jobs_.get(), s->store_.get(), s->metrics_.get());
+  s->planning_->SetProfileQuotas(options.max_held_profile_bytes,
+                                 options.max_stored_profile_bytes);
   if (absl::Status st = s->planning_->Recover(); !st.ok()) return st;
 
   // The managers report to each other only through these hooks; each

@@ -51,6 +51,15 @@ struct CoordinatorOptions {
   // how long a worker session may stay silent before and after its hello.
   int max_rpc_threads = 2048;
   std::chrono::milliseconds session_hello_timeout{10000};
+  // Jobs not yet ended, events per job, and where jobs may read and write
+  // (--max-active-jobs, --max-active-jobs-per-user, --max-events-per-job,
+  // --data-roots, --checkpoint-roots).
+  JobManager::Limits job_limits;
+  // Per job: profiles held awaiting the other ranks, and window aggregates
+  // kept in the store (--max-profile-bytes-per-job,
+  // --max-stored-profile-bytes-per-job).
+  int64_t max_held_profile_bytes = ProfileAggregator::kDefaultMaxHeldBytes;
+  int64_t max_stored_profile_bytes = JobStore::kDefaultMaxStoredProfileBytes;
 };
 
 class CoordinatorServer {

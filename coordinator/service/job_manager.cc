@@ -48,7 +48,8 @@ absl::string_view JobStateName(v1::JobState state) {
   }
 }
 
-JobManager::JobManager(JobStore* store) : store_(store) {}
+JobManager::JobManager(JobStore* store, Limits limits)
+    : store_(store), limits_(std::move(limits)) {}
 
 void JobManager::SetStateListener(StateListener listener) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -66,6 +67,17 @@ absl::Status JobManager::Recover() {
     Record record;
     record.job = std::move(job);
     record.events = *std::move(events);
+    const size_t keep =
+        static_cast<size_t>(std::max(1, limits_.max_events_per_job));
+    if (record.events.size() > keep) {
+      const size_t drop = record.events.size() - keep;
+      if (absl::Status s = store_->DeleteEventsBefore(
+              record.job.id(), record.events[drop].seq());
+          !s.ok()) {
+        return s;
+      }
+      record.events.erase(record.events.begin(), record.events.begin() + drop);
+    }
     const std::string id = record.job.id();
     jobs_[id] = std::move(record);
   }
@@ -101,6 +113,16 @@ absl::Status JobManager::AppendLocked(Record& record, absl::string_view kind,
   if (absl::Status s = store_->PutJob(record.job); !s.ok()) return s;
   record.last_persist_unix_s = event.time_unix_s();
   record.events.push_back(std::move(event));
+  const size_t keep =
+      static_cast<size_t>(std::max(1, limits_.max_events_per_job));
+  if (record.events.size() > keep) {
+    // Retention: the oldest go, from memory and the store alike. Dropping
+    // them from the store may fail without harm (a restart trims again).
+    const size_t drop = record.events.size() - keep;
+    const int64_t first_kept = record.events[drop].seq();
+    record.events.erase(record.events.begin(), record.events.begin() + drop);
+    store_->DeleteEventsBefore(record.job.id(), first_kept).IgnoreError();
+  }
   changed_.notify_all();
   return absl::OkStatus();
 }
@@ -114,7 +136,33 @@ absl::StatusOr<v1::Job> JobManager::Submit(v1::JobSpec spec,
   }
   // A budget no schedule fits is refused now, not at its first step.
   if (absl::Status s = CheckBudgetFits(spec); !s.ok()) return s;
+  if (absl::Status s = CheckJobPathRoots(spec, limits_.roots); !s.ok()) {
+    return s;
+  }
   std::unique_lock<std::mutex> lock(mu_);
+  int active = 0;
+  int owned = 0;
+  for (const auto& [id, r] : jobs_) {
+    if (IsTerminal(r.job.state())) continue;
+    ++active;
+    if (r.job.owner() == owner) ++owned;
+  }
+  if (active >= limits_.max_active_jobs) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this coordinator already holds ", active,
+        " jobs that have not ended, its limit (--max-active-jobs ",
+        limits_.max_active_jobs,
+        "): wait for some to end or cancel those you no longer need"));
+  }
+  if (owned >= limits_.max_active_jobs_per_user) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        owner.empty() ? std::string("you") : absl::StrCat("user '", owner, "'"),
+        " already ", owner.empty() ? "have " : "has ", owned,
+        " jobs that have not ended, the limit per user "
+        "(--max-active-jobs-per-user ",
+        limits_.max_active_jobs_per_user,
+        "): wait for some to end or cancel those you no longer need"));
+  }
   Record record;
   record.job.set_id(NewJobId(spec.name()));
   record.job.set_state(v1::JOB_STATE_PENDING);

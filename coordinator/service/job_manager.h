@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/job/job_spec.h"
 #include "coordinator/store/job_store.h"
 #include "tandem/v1/job.pb.h"
 
@@ -41,8 +42,24 @@ class JobManager {
   using StateListener =
       std::function<void(const std::string& job_id, v1::JobState state)>;
 
+  // What one coordinator holds (coordinator/README.md, "Limits"); each
+  // refusal names the figure and the flag.
+  struct Limits {
+    // Jobs not yet ended (PENDING or RUNNING), over all users and per user
+    // (the authenticated owner; everyone is one user without tokens).
+    // Past either, Submit gets ResourceExhausted.
+    int max_active_jobs = 10000;
+    int max_active_jobs_per_user = 1000;
+    // Events kept per job, in memory and in the store: past it the oldest
+    // are dropped (the newest `max_events_per_job` stay, with their seqs).
+    int max_events_per_job = 10000;
+    // Where jobs may read and write (common/job/job_spec.h).
+    JobPathRoots roots;
+  };
+
   // `store` must outlive the manager.
-  explicit JobManager(JobStore* store);
+  explicit JobManager(JobStore* store, Limits limits);
+  explicit JobManager(JobStore* store) : JobManager(store, Limits()) {}
   JobManager(const JobManager&) = delete;
   JobManager& operator=(const JobManager&) = delete;
 
@@ -123,6 +140,7 @@ class JobManager {
                             absl::string_view message);
 
   JobStore* store_;
+  const Limits limits_;
   mutable std::mutex mu_;
   std::condition_variable changed_;
   std::map<std::string, Record, std::less<>> jobs_;

@@ -53,9 +53,10 @@ class MetricsSink : public PassRecordSink {
 
 }  // namespace
 
-PlanningManager::JobPlanning::JobPlanning(const v1::JobSpec& job_spec)
+PlanningManager::JobPlanning::JobPlanning(const v1::JobSpec& job_spec,
+                                          int64_t max_held_profile_bytes)
     : spec(job_spec),
-      profiles(job_spec.parallel().world_size()),
+      profiles(job_spec.parallel().world_size(), max_held_profile_bytes),
       measured(job_spec.optimize().drift_window()) {
   const v1::OptimizeSpec& o = job_spec.optimize();
   drift = std::make_unique<DriftDetector>(o.drift_threshold(), o.drift_window(),
@@ -87,12 +88,19 @@ void PlanningManager::SetPublisher(Publisher publisher) {
   publisher_ = std::move(publisher);
 }
 
+void PlanningManager::SetProfileQuotas(int64_t max_held_bytes,
+                                       int64_t max_stored_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  max_held_profile_bytes_ = max_held_bytes;
+  max_stored_profile_bytes_ = max_stored_bytes;
+}
+
 PlanningManager::JobPlanning& PlanningManager::State(const std::string& job_id,
                                                      const v1::Job& job) {
   auto it = state_.find(job_id);
   if (it != state_.end()) return it->second;
   ForgetEndedLocked();
-  it = state_.try_emplace(job_id, job.spec()).first;
+  it = state_.try_emplace(job_id, job.spec(), max_held_profile_bytes_).first;
   if (metrics_ != nullptr) {
     // Series from 0, so increase() sees the first plan.
     for (const char* reason : CoordinatorMetrics::kReplanReasons) {
@@ -254,7 +262,8 @@ absl::Status PlanningManager::OnProfile(const std::string& job_id, int32_t rank,
 
 void PlanningManager::OnWindowLocked(const std::string& job_id,
                                      JobPlanning& state, Profile aggregate) {
-  (void)store_->PutProfile(job_id, ToProto(aggregate));
+  (void)store_->PutProfile(job_id, ToProto(aggregate),
+                           max_stored_profile_bytes_);
   state.latest = std::move(aggregate);
   const Profile& latest = *state.latest;
   // Times are scaled to the work of the window the first plan is made from.

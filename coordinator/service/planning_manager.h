@@ -86,6 +86,11 @@ class PlanningManager {
   // Set before the first report; the publisher must stay callable until
   // Stop() returns.
   void SetPublisher(Publisher publisher);
+  // Per-job quotas (coordinator/README.md, "Limits"): bytes of profiles
+  // held awaiting the other ranks (ProfileAggregator), and bytes of window
+  // aggregates kept in the store (the oldest go past it). Set before the
+  // first report.
+  void SetProfileQuotas(int64_t max_held_bytes, int64_t max_stored_bytes);
   // No new plans from now on: queued ones are dropped, a running one finishes
   // and is persisted, or is abandoned when Stop() came first, and it is not
   // published. Returns once the planner thread has exited, so nothing is
@@ -146,7 +151,7 @@ class PlanningManager {
       const std::string& job_id) const;
 
   struct JobPlanning {
-    explicit JobPlanning(const v1::JobSpec& job_spec);
+    JobPlanning(const v1::JobSpec& job_spec, int64_t max_held_profile_bytes);
 
     v1::JobSpec spec;
     // What each rank reported about its device, by rank.
@@ -239,6 +244,8 @@ class PlanningManager {
   CoordinatorMetrics* metrics_;
   Publisher publisher_;
 
+  int64_t max_held_profile_bytes_ = ProfileAggregator::kDefaultMaxHeldBytes;
+  int64_t max_stored_profile_bytes_ = JobStore::kDefaultMaxStoredProfileBytes;
   mutable std::mutex mu_;
   std::condition_variable work_;
   std::condition_variable idle_;

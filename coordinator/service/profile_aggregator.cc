@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/ir/validate.h"
+#include "common/status_macros.h"
 
 namespace tandem {
 
@@ -85,6 +86,44 @@ absl::StatusOr<Profile> AggregateProfiles(
   return out;
 }
 
+int64_t ProfileAggregator::ProfileBytes(const Profile& profile) {
+  int64_t bytes =
+      sizeof(Profile) + static_cast<int64_t>(profile.graph_hash.capacity()) +
+      static_cast<int64_t>(profile.nodes.capacity() * sizeof(NodeTiming)) +
+      static_cast<int64_t>(profile.collectives.capacity() *
+                           sizeof(CollectiveTiming)) +
+      static_cast<int64_t>(profile.memory.capacity() * sizeof(MemorySample));
+  for (const CollectiveTiming& c : profile.collectives) {
+    bytes += static_cast<int64_t>(c.param_ids.capacity() * sizeof(int32_t));
+  }
+  return bytes;
+}
+
+void ProfileAggregator::EraseWindows(
+    std::map<WindowKey, std::map<int32_t, Profile>>::iterator first,
+    std::map<WindowKey, std::map<int32_t, Profile>>::iterator last) {
+  for (auto it = first; it != last; ++it) {
+    for (const auto& [rank, profile] : it->second) {
+      held_bytes_ -= ProfileBytes(profile);
+    }
+  }
+  windows_.erase(first, last);
+}
+
+absl::Status ProfileAggregator::CheckQuota(int32_t rank, int64_t adding,
+                                           int64_t replacing) {
+  const int64_t after = held_bytes_ - replacing + adding;
+  if (after <= max_held_bytes_) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "profile from rank ", rank, " (", adding,
+      " B) would make the job's profiles awaiting the other ranks take ", after,
+      " B, past the per-job quota of ", max_held_bytes_, " B (",
+      windows_.size(), " open windows, ", early_profiles_.size(),
+      " profiles held before the graph): every rank must report the same "
+      "windows, and a window this large should be cut shorter "
+      "(optimize.warmup_steps)"));
+}
+
 std::string ProfileAggregator::Mismatch(int32_t rank, const std::string& hash,
                                         const std::string& reference) {
   return absl::StrCat(
@@ -117,6 +156,7 @@ absl::StatusOr<ProfileAggregator::GraphAccepted> ProfileAggregator::SetGraph(
   std::vector<std::pair<int32_t, Profile>> held = std::move(early_profiles_);
   early_hashes_.clear();
   early_profiles_.clear();
+  for (const auto& [rank, profile] : held) held_bytes_ -= ProfileBytes(profile);
   for (const auto& [rank, h] : hashes) {
     if (h != graph_hash_) {
       return absl::FailedPreconditionError(Mismatch(rank, h, graph_hash_));
@@ -162,6 +202,9 @@ absl::StatusOr<std::optional<Profile>> ProfileAggregator::AddProfile(
           "rank ", rank, " sent more than ", kMaxEarlyProfilesPerRank,
           " profiles before the graph: rank 0 must report the graph first"));
     }
+    const int64_t bytes = ProfileBytes(profile);
+    RETURN_IF_ERROR(CheckQuota(rank, bytes, 0));
+    held_bytes_ += bytes;
     early_profiles_.emplace_back(rank, std::move(profile));
     return std::nullopt;
   }
@@ -173,21 +216,39 @@ absl::StatusOr<std::optional<Profile>> ProfileAggregator::AddProfile(
   if (last_completed_.has_value() && key <= *last_completed_) {
     return std::nullopt;
   }
+  const int64_t bytes = ProfileBytes(profile);
   auto window = windows_.find(key);
+  int64_t replacing = 0;
+  if (window != windows_.end()) {
+    auto earlier = window->second.find(rank);
+    if (earlier != window->second.end()) {
+      replacing = ProfileBytes(earlier->second);
+    }
+  }
+  // The profile that completes its window is aggregated at once and held
+  // by nobody: only one that waits counts against the quota.
+  const bool completes =
+      window != windows_.end() &&
+      static_cast<int32_t>(window->second.size() + (replacing > 0 ? 0 : 1)) >=
+          world_size_;
+  if (!completes && world_size_ > 1) {
+    RETURN_IF_ERROR(CheckQuota(rank, bytes, replacing));
+  }
   if (window == windows_.end()) {
     if (static_cast<int>(windows_.size()) >= kMaxOpenWindows) {
       // Full: the oldest window goes, which may be this one.
       if (key < windows_.begin()->first) return std::nullopt;
-      windows_.erase(windows_.begin());
+      EraseWindows(windows_.begin(), std::next(windows_.begin()));
     }
     window = windows_.emplace(key, std::map<int32_t, Profile>()).first;
   }
+  held_bytes_ += bytes - replacing;
   window->second[rank] = std::move(profile);
   if (static_cast<int32_t>(window->second.size()) < world_size_) {
     return std::nullopt;
   }
   absl::StatusOr<Profile> aggregate = AggregateProfiles(window->second);
-  windows_.erase(windows_.begin(), std::next(window));
+  EraseWindows(windows_.begin(), std::next(window));
   last_completed_ = key;
   if (!aggregate.ok()) return aggregate.status();
   return std::optional<Profile>(*std::move(aggregate));

@@ -62,7 +62,15 @@ class ProfileAggregator {
     std::vector<std::string> dropped;
   };
 
-  explicit ProfileAggregator(int32_t world_size) : world_size_(world_size) {}
+  // Bytes of profiles one job may hold before aggregation (early profiles
+  // and open windows together), against a client that sends large windows
+  // nobody completes; past it AddProfile is refused (coordinator/README.md,
+  // "Limits").
+  static constexpr int64_t kDefaultMaxHeldBytes = int64_t{256} << 20;
+
+  explicit ProfileAggregator(int32_t world_size,
+                             int64_t max_held_bytes = kDefaultMaxHeldBytes)
+      : world_size_(world_size), max_held_bytes_(max_held_bytes) {}
 
   // Rank 0's graph: the reference for every hash and profile. Errors:
   // InvalidArgument for a malformed graph (what is wrong), nothing changes;
@@ -85,7 +93,8 @@ class ProfileAggregator {
   // (nullopt). Errors, after which nothing is recorded: InvalidArgument for a
   // rank outside the world or a profile not valid for the graph ("profile
   // from rank R: ..."); FailedPrecondition when the rank already has
-  // kMaxEarlyProfilesPerRank profiles held before the graph.
+  // kMaxEarlyProfilesPerRank profiles held before the graph;
+  // ResourceExhausted when holding it would pass the job's byte quota.
   absl::StatusOr<std::optional<Profile>> AddProfile(int32_t rank,
                                                     Profile profile);
 
@@ -96,6 +105,10 @@ class ProfileAggregator {
   int held_profiles() const { return static_cast<int>(early_profiles_.size()); }
   // Windows some but not all ranks reported.
   int open_windows() const { return static_cast<int>(windows_.size()); }
+  // What the held profiles take, about (their vectors' sizes).
+  int64_t held_bytes() const { return held_bytes_; }
+  // About what one profile takes in memory.
+  static int64_t ProfileBytes(const Profile& profile);
 
  private:
   using WindowKey = std::pair<int64_t, int64_t>;  // first, last iteration
@@ -103,7 +116,16 @@ class ProfileAggregator {
   static std::string Mismatch(int32_t rank, const std::string& hash,
                               const std::string& reference);
 
+  // Erases windows_ [first, last), keeping held_bytes_.
+  void EraseWindows(std::map<std::pair<int64_t, int64_t>,
+                             std::map<int32_t, Profile>>::iterator first,
+                    std::map<std::pair<int64_t, int64_t>,
+                             std::map<int32_t, Profile>>::iterator last);
+  absl::Status CheckQuota(int32_t rank, int64_t adding, int64_t replacing);
+
   int32_t world_size_;
+  int64_t max_held_bytes_;
+  int64_t held_bytes_ = 0;
   std::optional<Graph> graph_;
   std::string graph_hash_;
   // Before the graph: each rank's hash and its profiles, in arrival order.

@@ -3,6 +3,7 @@
 #include <openssl/rand.h>
 #include <sqlite3.h>
 
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -357,6 +358,15 @@ absl::Status JobStore::AppendEvent(absl::string_view job_id,
   return Done(stmt);
 }
 
+absl::Status JobStore::DeleteEventsBefore(absl::string_view job_id,
+                                          int64_t seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement stmt(db_, "DELETE FROM events WHERE job_id = ? AND seq < ?");
+  if (!stmt.status().ok()) return stmt.status();
+  stmt.Bind(1, job_id).Bind(2, seq);
+  return Done(stmt);
+}
+
 absl::StatusOr<std::vector<v1::JobEvent>> JobStore::LoadEvents(
     absl::string_view job_id, int64_t after_seq, int64_t limit) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -510,18 +520,55 @@ absl::StatusOr<std::vector<StoredWorker>> JobStore::LoadWorkers(
 }
 
 absl::Status JobStore::PutProfile(absl::string_view job_id,
-                                  const v1::Profile& profile) {
+                                  const v1::Profile& profile,
+                                  int64_t max_job_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  Statement stmt(db_,
-                 "INSERT OR REPLACE INTO profiles "
-                 "(job_id, first_iteration, last_iteration, profile) "
-                 "VALUES (?, ?, ?, ?)");
-  if (!stmt.status().ok()) return stmt.status();
-  stmt.Bind(1, job_id)
-      .Bind(2, profile.first_iteration())
-      .Bind(3, profile.last_iteration())
-      .BindBlob(4, profile.SerializeAsString());
-  return Done(stmt);
+  {
+    Statement stmt(db_,
+                   "INSERT OR REPLACE INTO profiles "
+                   "(job_id, first_iteration, last_iteration, profile) "
+                   "VALUES (?, ?, ?, ?)");
+    if (!stmt.status().ok()) return stmt.status();
+    stmt.Bind(1, job_id)
+        .Bind(2, profile.first_iteration())
+        .Bind(3, profile.last_iteration())
+        .BindBlob(4, profile.SerializeAsString());
+    if (absl::Status s = Done(stmt); !s.ok()) return s;
+  }
+  // Retention: newest first, keep while the sum fits.
+  Statement sizes(db_,
+                  "SELECT first_iteration, last_iteration, length(profile) "
+                  "FROM profiles WHERE job_id = ? "
+                  "ORDER BY first_iteration DESC, last_iteration DESC");
+  if (!sizes.status().ok()) return sizes.status();
+  sizes.Bind(1, job_id);
+  int64_t kept = 0;
+  std::optional<std::pair<int64_t, int64_t>> oldest_kept;
+  bool over = false;
+  for (;;) {
+    absl::StatusOr<bool> row = sizes.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    const int64_t bytes = sizes.Int(2);
+    if (oldest_kept.has_value() && kept + bytes > max_job_bytes) {
+      over = true;
+      break;
+    }
+    kept += bytes;
+    oldest_kept = {sizes.Int(0), sizes.Int(1)};
+  }
+  if (!over) return absl::OkStatus();
+  if (absl::Status s = sizes.Reset(); !s.ok()) return s;
+  Statement drop(db_,
+                 "DELETE FROM profiles WHERE job_id = ? AND "
+                 "(first_iteration < ? OR (first_iteration = ? AND "
+                 "last_iteration < ?))");
+  if (!drop.status().ok()) return drop.status();
+  drop.Bind(1, job_id)
+      .Bind(2, oldest_kept->first)
+      .Bind(3, oldest_kept->first)
+      .Bind(4, oldest_kept->second);
+  return Done(drop);
 }
 
 absl::StatusOr<std::vector<v1::Profile>> JobStore::LoadProfiles(

@@ -105,6 +105,8 @@ class JobStore {
   absl::StatusOr<std::vector<std::pair<std::string, std::string>>> LoadKv();
 
   absl::Status AppendEvent(absl::string_view job_id, const v1::JobEvent& event);
+  // Drops the job's events with seq < `seq` (retention).
+  absl::Status DeleteEventsBefore(absl::string_view job_id, int64_t seq);
   // Events with seq > after_seq, in order, at most `limit`.
   absl::StatusOr<std::vector<v1::JobEvent>> LoadEvents(absl::string_view job_id,
                                                        int64_t after_seq = 0,
@@ -130,7 +132,13 @@ class JobStore {
       absl::string_view job_id);
 
   // The aggregated profile a plan was made from (one row per window).
-  absl::Status PutProfile(absl::string_view job_id, const v1::Profile& profile);
+  // Window aggregates a job keeps by default: past it the oldest go.
+  static constexpr int64_t kDefaultMaxStoredProfileBytes = int64_t{256} << 20;
+  // Stores a window's aggregate, then drops the job's oldest ones until
+  // what it keeps takes at most `max_job_bytes` (the newest always stays).
+  absl::Status PutProfile(
+      absl::string_view job_id, const v1::Profile& profile,
+      int64_t max_job_bytes = kDefaultMaxStoredProfileBytes);
   absl::StatusOr<std::vector<v1::Profile>> LoadProfiles(
       absl::string_view job_id);
 

@@ -18,6 +18,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 v1::JobSpec TinySpec() {
   v1::JobSpec spec;
@@ -617,6 +618,29 @@ TEST(JobSpecTest, Paths_OutsideSystemTrees_Accepted) {
     EXPECT_TRUE(ValidateJobSpec(spec).ok())
         << dir << ": " << ValidateJobSpec(spec);
   }
+}
+
+// Operator roots (--data-roots, --checkpoint-roots): judged on the
+// lexically normal path, a root's sibling with the same prefix is outside
+// it, and no roots means no restriction.
+TEST(JobSpecTest, PathRoots_UnderRootAccepted_OthersNamed) {
+  JobPathRoots roots;
+  roots.read = {"/data"};
+  roots.write = {"/ckpt"};
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_checkpoint()->set_dir("/ckpt/run/../run2");
+  spec.mutable_model()->set_init_from("/data/base");
+  EXPECT_TRUE(CheckJobPathRoots(spec, roots).ok())
+      << CheckJobPathRoots(spec, roots);
+  spec.mutable_checkpoint()->set_dir("/ckpt-other/run");
+  spec.mutable_model()->set_init_from("/data/../ckpt/run");  // under a write
+  const absl::Status s = CheckJobPathRoots(spec, roots);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("checkpoint.dir '/ckpt-other/run' is not under a "
+                        "checkpoint root this coordinator allows (/ckpt)"));
+  EXPECT_THAT(std::string(s.message()), Not(HasSubstr("model.init_from")));
+  EXPECT_TRUE(CheckJobPathRoots(spec, JobPathRoots()).ok());
 }
 
 // train.grad_clip: left out, it defaults to 1.0; an explicit 0 disables

@@ -5,6 +5,8 @@
 
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+
 namespace tandem {
 namespace {
 
@@ -88,6 +90,87 @@ TEST_F(JobManagerTest, Recover_AfterRestart_KeepsJobsAndEvents) {
   auto events = restarted.Events(job->id(), 1);
   ASSERT_EQ(events->size(), 1u);
   EXPECT_EQ((*events)[0].message(), "v1");
+}
+
+// Limits (coordinator/README.md, "Limits"): jobs not yet ended, over all
+// users and per user; an ended job frees its place.
+TEST_F(JobManagerTest, Submit_PastActiveJobLimits_ResourceExhausted) {
+  JobManager::Limits limits;
+  limits.max_active_jobs = 3;
+  limits.max_active_jobs_per_user = 2;
+  JobManager jobs(store_.get(), limits);
+  auto a = jobs.Submit(TinySpec(), "alice");
+  auto b = jobs.Submit(TinySpec(), "alice");
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto third = jobs.Submit(TinySpec(), "alice");
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(third.status().message()),
+              HasSubstr("user 'alice' already has 2 jobs that have not ended"));
+  EXPECT_THAT(std::string(third.status().message()),
+              HasSubstr("--max-active-jobs-per-user 2"));
+  ASSERT_TRUE(jobs.Submit(TinySpec(), "bob").ok());
+  auto fourth = jobs.Submit(TinySpec(), "bob");
+  EXPECT_EQ(fourth.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(fourth.status().message()),
+              HasSubstr("already holds 3 jobs that have not ended, its limit "
+                        "(--max-active-jobs 3)"));
+  ASSERT_TRUE(jobs.Transition(a->id(), v1::JOB_STATE_CANCELLED, "user").ok());
+  EXPECT_TRUE(jobs.Submit(TinySpec(), "bob").ok());
+  EXPECT_EQ(jobs.List({}, 0).size(), 4u);
+}
+
+TEST_F(JobManagerTest, Submit_PathsOutsideOperatorRoots_FieldErrors) {
+  JobManager::Limits limits;
+  limits.roots.read = {"/shared/data"};
+  limits.roots.write = {"/shared/ckpt/"};
+  JobManager jobs(store_.get(), limits);
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_data()->set_kind("tokens");
+  spec.mutable_data()->set_path("/shared/data/../secret/tokens.bin");
+  spec.mutable_checkpoint()->set_dir("ckpt");
+  spec.mutable_checkpoint()->set_every(5);
+  auto refused = jobs.Submit(spec);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(refused.status().message());
+  EXPECT_THAT(message, HasSubstr("data.path '/shared/data/../secret/tokens.bin'"
+                                 " is not under a data root this coordinator "
+                                 "allows (/shared/data, /shared/ckpt/)"));
+  EXPECT_THAT(message, HasSubstr("checkpoint.dir 'ckpt' is relative"));
+  EXPECT_TRUE(jobs.List({}, 0).empty());
+  spec.mutable_data()->set_path("/shared/data/run1/tokens.bin");
+  spec.mutable_checkpoint()->set_dir("/shared/ckpt/run1");
+  EXPECT_TRUE(jobs.Submit(spec).ok());
+  // A job may read its own checkpoints: the write roots are readable.
+  spec.mutable_data()->set_path("/shared/ckpt/run1/tokens.bin");
+  EXPECT_TRUE(jobs.Submit(spec).ok());
+}
+
+// Retention: the newest max_events_per_job events stay, with their seqs, in
+// memory and in the store; a restart sees the same.
+TEST_F(JobManagerTest, Events_PastRetention_OldestDropped) {
+  JobManager::Limits limits;
+  limits.max_events_per_job = 16;
+  JobManager jobs(store_.get(), limits);
+  auto job = jobs.Submit(TinySpec());
+  ASSERT_TRUE(job.ok());
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_TRUE(jobs.RecordEvent(job->id(), "worker", absl::StrCat(i)).ok());
+  }
+  auto events = jobs.Events(job->id(), 0);
+  ASSERT_EQ(events->size(), 16u);
+  EXPECT_EQ(events->front().seq(), 26);
+  EXPECT_EQ(events->back().seq(), 41);
+  EXPECT_EQ(events->back().message(), "39");
+  EXPECT_EQ(store_->LoadEvents(job->id())->size(), 16u);
+  JobManager restarted(store_.get(), limits);
+  ASSERT_TRUE(restarted.Recover().ok());
+  EXPECT_EQ(restarted.Events(job->id(), 0)->front().seq(), 26);
+  // A coordinator restarted with a smaller retention trims the store too.
+  limits.max_events_per_job = 4;
+  JobManager smaller(store_.get(), limits);
+  ASSERT_TRUE(smaller.Recover().ok());
+  EXPECT_EQ(smaller.Events(job->id(), 0)->front().seq(), 38);
+  EXPECT_EQ(store_->LoadEvents(job->id())->size(), 4u);
 }
 
 // The jobs gauge follows submits too, not only transitions.

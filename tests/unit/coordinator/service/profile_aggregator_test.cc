@@ -269,6 +269,34 @@ TEST_F(ProfileAggregatorTest, AddProfile_ManyOpenWindows_OldestDropped) {
   EXPECT_EQ(agg.open_windows(), 0);
 }
 
+// The per-job quota on profiles held awaiting other ranks: a profile that
+// would pass it is refused with the figures, what completes a window is
+// never held, and what leaves frees its bytes.
+TEST_F(ProfileAggregatorTest, AddProfile_PastHeldBytesQuota_Refused) {
+  const int64_t one = ProfileAggregator::ProfileBytes(Window(0, 0, 1, 10));
+  ProfileAggregator agg(2, 2 * one + one / 2);
+  ASSERT_TRUE(agg.SetGraph(graph_).ok());
+  ASSERT_FALSE(agg.AddProfile(0, Window(0, 0, 1, 10))->has_value());
+  ASSERT_FALSE(agg.AddProfile(0, Window(0, 2, 3, 10))->has_value());
+  EXPECT_EQ(agg.held_bytes(), 2 * one);
+  absl::StatusOr<std::optional<Profile>> third =
+      agg.AddProfile(0, Window(0, 4, 5, 10));
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(third.status().message()),
+              HasSubstr("past the per-job quota of"));
+  EXPECT_THAT(std::string(third.status().message()),
+              HasSubstr("2 open windows"));
+  EXPECT_EQ(agg.open_windows(), 2);
+  // Replacing its own profile of an open window adds nothing.
+  EXPECT_TRUE(agg.AddProfile(0, Window(0, 2, 3, 12)).ok());
+  // Rank 1 completes the newer window: both leave, nothing is held.
+  ASSERT_TRUE(agg.AddProfile(1, Window(1, 2, 3, 10))->has_value());
+  EXPECT_EQ(agg.open_windows(), 0);
+  EXPECT_EQ(agg.held_bytes(), 0);
+  ASSERT_FALSE(agg.AddProfile(0, Window(0, 4, 5, 10))->has_value());
+  EXPECT_EQ(agg.held_bytes(), one);
+}
+
 TEST_F(ProfileAggregatorTest, AddProfile_InvalidProfile_RejectedNotCounted) {
   ProfileAggregator agg(2);
   ASSERT_TRUE(agg.SetGraph(graph_).ok());

@@ -175,6 +175,39 @@ TEST(JobStoreTest, PutJob_SameId_Replaces) {
   EXPECT_EQ((*jobs)[0].state(), v1::JOB_STATE_SUCCEEDED);
 }
 
+// Per-job retention of window profiles: past the quota the oldest go, the
+// newest always stays, and other jobs keep theirs.
+TEST(JobStoreTest, PutProfile_PastJobQuota_OldestDropped) {
+  auto store = JobStore::Open(":memory:");
+  ASSERT_TRUE(store.ok());
+  auto window = [](int first) {
+    v1::Profile p;
+    p.set_first_iteration(first);
+    p.set_last_iteration(first + 1);
+    p.set_graph_hash(std::string(1000, 'h'));
+    return p;
+  };
+  const int64_t one =
+      static_cast<int64_t>(window(2).SerializeAsString().size());
+  ASSERT_TRUE((*store)->PutProfile("other", window(0), 3 * one).ok());
+  for (int w = 0; w < 6; ++w) {
+    ASSERT_TRUE((*store)->PutProfile("a", window(2 * w), 3 * one).ok());
+  }
+  auto kept = (*store)->LoadProfiles("a");
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  ASSERT_EQ(kept->size(), 3u);
+  EXPECT_EQ(kept->front().first_iteration(), 6);
+  EXPECT_EQ(kept->back().first_iteration(), 10);
+  EXPECT_EQ((*store)->LoadProfiles("other")->size(), 1u);
+  // One window larger than the quota is still kept, alone.
+  v1::Profile big = window(12);
+  big.set_graph_hash(std::string(10 * one, 'x'));
+  ASSERT_TRUE((*store)->PutProfile("a", big, 3 * one).ok());
+  kept = (*store)->LoadProfiles("a");
+  ASSERT_EQ(kept->size(), 1u);
+  EXPECT_EQ(kept->front().first_iteration(), 12);
+}
+
 TEST(JobStoreTest, AppendEvent_DuplicateSeq_Fails) {
   auto store = JobStore::Open(":memory:");
   v1::JobEvent e;

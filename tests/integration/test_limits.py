@@ -97,3 +97,41 @@ def test_a_session_that_says_hello_stays_open_while_it_talks(cluster):
         assert call.code() == grpc.StatusCode.CANCELLED  # ours
     finally:
         finish.set()
+
+
+def test_job_limits_and_roots_refuse_at_submit_with_the_flag(cluster, tmp_path):
+    """--max-active-jobs-per-user and --data-roots / --checkpoint-roots on a
+    real coordinator, through the Python client: each refusal names the
+    limit or the field, and an ended job frees its place."""
+    data = tmp_path / "data"
+    ckpt = tmp_path / "ckpt"
+    c = cluster.coordinator(extra=[
+        "--max-active-jobs-per-user", "2",
+        "--data-roots", str(data), "--checkpoint-roots", str(ckpt)])
+    with tandem.Client(c.address, timeout=10) as client:
+        first = client.submit(tiny_spec())
+        client.submit(tiny_spec())
+        try:
+            client.submit(tiny_spec())
+            raise AssertionError("a third job was accepted")
+        except tandem.TandemError as e:
+            assert e.code_name == "RESOURCE_EXHAUSTED", e
+            assert "--max-active-jobs-per-user 2" in e.message, e.message
+        client.cancel(first.id)
+        spec = tiny_spec()
+        spec["checkpoint"] = {"dir": "/home/elsewhere/ckpt", "every": 1}
+        spec["data"] = {"kind": "tokens", "path": str(data / ".." / "x.bin")}
+        try:
+            client.submit(spec)
+            raise AssertionError("paths outside the roots were accepted")
+        except tandem.TandemError as e:
+            assert e.code_name == "INVALID_ARGUMENT", e
+            assert ("checkpoint.dir '/home/elsewhere/ckpt' is not under a "
+                    "checkpoint root") in e.message, e.message
+            assert ("data.path '%s/../x.bin' is not under a data root"
+                    % data) in e.message, e.message
+        # Under the roots, in the place the cancelled job freed.
+        spec["checkpoint"]["dir"] = str(ckpt / "run")
+        del spec["data"]
+        job = client.submit(spec)
+        assert client.get(job.id).job.spec.checkpoint.dir == str(ckpt / "run")

@@ -594,11 +594,21 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
                restart.max_restarts());
   }
   const int32_t world = spec.parallel().world_size();
-  if (restart.min_world() != 0 && restart.min_world() != world) {
+  if (restart.min_world() < 0 || (world >= 1 && restart.min_world() > world)) {
+    errors.Add("restart.min_world must be 1..parallel.world_size (", world,
+               "), or 0 for world_size, got ", restart.min_world());
+  } else if (restart.min_world() != 0 && restart.min_world() < world &&
+             restart.max_restarts() == 0) {
     errors.Add("restart.min_world (", restart.min_world(),
-               ") must be 0 or parallel.world_size (", world,
-               "): resuming on fewer ranks after a restart is not supported "
-               "yet, so leave it out");
+               ") applies to restarts: set restart.max_restarts too");
+  }
+  if (!(std::isfinite(restart.rejoin_timeout_s()) &&
+        restart.rejoin_timeout_s() >= 0 &&
+        restart.rejoin_timeout_s() <= 86400)) {
+    errors.Add(
+        "restart.rejoin_timeout_s must be 0..86400 seconds (0: 60), "
+        "got ",
+        restart.rejoin_timeout_s());
   }
 
   const v1::CommSpec& comm = spec.comm();

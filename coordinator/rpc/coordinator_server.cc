@@ -38,6 +38,9 @@ class PlanningFeed final : public WorkerEventListener {
   void OnScheduleActive(const std::string& job_id, int64_t version) override {
     planning_->OnScheduleActive(job_id, version);
   }
+  void OnWorldChanged(const std::string& job_id) override {
+    planning_->OnWorldChanged(job_id);
+  }
   void OnMemoryGuard(const std::string& job_id, int32_t rank, int64_t step,
                      const std::string& reason) override {
     planning_->OnMemoryGuard(job_id, rank, step, reason);

@@ -324,6 +324,39 @@ absl::StatusOr<int> JobManager::RestartOrFail(absl::string_view job_id,
   return restart;
 }
 
+absl::Status JobManager::ResumeSmaller(absl::string_view job_id, int32_t world,
+                                       absl::string_view missing) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Record* r = Find(job_id);
+  if (r == nullptr) return NotFound(job_id);
+  v1::JobSpec& spec = *r->job.mutable_spec();
+  const int32_t now = spec.parallel().world_size();
+  const int32_t min_world =
+      spec.restart().min_world() == 0 ? now : spec.restart().min_world();
+  if (r->job.state() != v1::JOB_STATE_PENDING || r->job.restarts() == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id,
+                     " is not waiting for its ranks after a "
+                     "restart; it cannot resume at a smaller world"));
+  }
+  if (world < min_world || world >= now) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " may resume at ", min_world, "..",
+                     now - 1, " ranks (restart.min_world), not ", world));
+  }
+  if (r->job.submitted_world_size() == 0) {
+    r->job.set_submitted_world_size(now);
+  }
+  spec.mutable_parallel()->set_world_size(world);
+  return AppendLocked(
+      *r, "restart",
+      absl::StrCat("restart ", r->job.restarts(), " resumes at world ", world,
+                   " of ", r->job.submitted_world_size(), ": ", missing,
+                   " did not register within restart.rejoin_timeout_s; the "
+                   "newest checkpoint is resharded to ",
+                   world, world == 1 ? " rank" : " ranks"));
+}
+
 absl::Status JobManager::RecordEvent(absl::string_view job_id,
                                      absl::string_view kind,
                                      absl::string_view message) {

@@ -96,6 +96,14 @@ class JobManager {
   // register again) and returns the restart's number (1, 2, ...);
   // otherwise fails the job with the cause and returns 0. Nothing for a job
   // not RUNNING (another rank's loss already handled): returns -1.
+  // A restart that waited restart.rejoin_timeout_s for every rank resumes
+  // at `world` ranks, those registered (restart.min_world <= world < the
+  // job's world): the spec's parallel.world_size becomes `world` (the job's
+  // submitted_world_size keeps what was submitted), with a "restart" event
+  // naming `missing`. FailedPrecondition unless the job is PENDING after a
+  // restart and `world` is within those bounds.
+  absl::Status ResumeSmaller(absl::string_view job_id, int32_t world,
+                             absl::string_view missing);
   absl::StatusOr<int> RestartOrFail(absl::string_view job_id,
                                     absl::string_view cause);
   // Appends an event of `kind` (e.g. "schedule", "replan", "worker").

@@ -961,6 +961,36 @@ std::string PlanningManager::KeepActive(const std::string& job_id,
       expected);
 }
 
+void PlanningManager::OnWorldChanged(const std::string& job_id) {
+  absl::StatusOr<v1::Job> job = jobs_->Get(job_id);
+  if (!job.ok() || IsTerminal(job->state())) return;
+  std::vector<StoredSchedule> kept;
+  std::set<std::string> stale;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = state_.find(job_id);
+    if (it != state_.end()) {
+      kept = std::move(it->second.schedules);
+      stale = std::move(it->second.stale_graphs);
+      if (!it->second.profiles.graph_hash().empty()) {
+        stale.insert(it->second.profiles.graph_hash());
+      }
+      state_.erase(it);
+    }
+  }
+  if (kept.empty()) {
+    absl::StatusOr<std::vector<StoredSchedule>> stored =
+        store_->LoadSchedules(job_id);
+    if (stored.ok()) kept = *std::move(stored);
+  }
+  for (const StoredSchedule& s : kept) stale.insert(s.schedule.graph_hash());
+  (void)store_->DeleteGraph(job_id);
+  std::lock_guard<std::mutex> lock(mu_);
+  JobPlanning& state = State(job_id, *job);
+  state.schedules = std::move(kept);
+  state.stale_graphs = std::move(stale);
+}
+
 void PlanningManager::Forget(const std::string& job_id) {
   std::lock_guard<std::mutex> lock(mu_);
   state_.erase(job_id);
@@ -995,7 +1025,30 @@ absl::StatusOr<StoredSchedule> PlanningManager::GetSchedule(
     const std::string& job_id, int64_t version) const {
   ASSIGN_OR_RETURN(std::vector<StoredSchedule> schedules, SchedulesOf(job_id));
   if (!schedules.empty()) {
-    if (version == 0) return schedules.back();
+    if (version == 0) {
+      // The newest for the graph the job runs now.
+      std::set<std::string> stale;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = state_.find(job_id);
+        if (it != state_.end()) {
+          stale = it->second.stale_graphs;
+          const std::string& now = it->second.profiles.graph_hash();
+          for (auto s = schedules.rbegin(); s != schedules.rend(); ++s) {
+            if (!now.empty() && s->schedule.graph_hash() != now) {
+              stale.insert(s->schedule.graph_hash());
+            }
+          }
+        }
+      }
+      for (auto s = schedules.rbegin(); s != schedules.rend(); ++s) {
+        if (stale.count(s->schedule.graph_hash()) == 0) return *s;
+      }
+      return absl::NotFoundError(
+          absl::StrCat("job ", job_id,
+                       " has no schedule for the world it "
+                       "runs at now yet"));
+    }
     for (const StoredSchedule& s : schedules) {
       if (s.schedule.version() == version) return s;
     }

@@ -41,6 +41,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -120,6 +121,11 @@ class PlanningManager {
   // `step` (each rank reports it; the first report of a step counts): an
   // event, and a "memory-guard" re-plan from the next window measured under
   // it. Unknown or ended jobs are ignored.
+  // The job resumes at another world size (restart.min_world): what was
+  // measured and planned for the old graph is dropped, the stored graph
+  // too (rank 0 sends the new one); the schedules stay, for the record and
+  // their version numbers, but no new session is handed one of them.
+  void OnWorldChanged(const std::string& job_id);
   void OnMemoryGuard(const std::string& job_id, int32_t rank, int64_t step,
                      const std::string& reason);
   // A rank registered: its device counts in the job's hardware model
@@ -159,6 +165,9 @@ class PlanningManager {
     ProfileAggregator profiles;
     // The newest complete window's aggregate: what the next plan reads.
     std::optional<Profile> latest;
+    // Graphs the job ran before it resumed at another world size: their
+    // schedules are never handed to a new session.
+    std::set<std::string> stale_graphs;
     std::vector<StoredSchedule> schedules;
     std::unique_ptr<DriftDetector> drift;
     // Step times per schedule version: the evidence for rollbacks.

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace tandem {
 namespace {
@@ -59,10 +61,49 @@ WorkerEventListener& WorkerManager::Listener() {
   return *listener_;
 }
 
-std::string WorkerManager::StorePrefix(const std::string& job_id,
-                                       int restarts) {
+std::string WorkerManager::StorePrefix(const std::string& job_id, int restarts,
+                                       int resumed_world) {
   if (restarts == 0) return absl::StrCat("jobs/", job_id, "/");
+  if (resumed_world > 0) {
+    return absl::StrCat("jobs/", job_id, "/r", restarts, "w", resumed_world,
+                        "/");
+  }
   return absl::StrCat("jobs/", job_id, "/r", restarts, "/");
+}
+
+std::vector<std::shared_ptr<SessionSink>> WorkerManager::DropRanksLocked(
+    const std::string& job_id, JobWorkers& w) {
+  std::vector<std::shared_ptr<SessionSink>> sinks;
+  for (auto& [_, r] : w.ranks) {
+    if (r.sink) sinks.push_back(r.sink);
+    if (r.session != 0) sessions_.erase(r.session);
+  }
+  w.ranks.clear();
+  UpdateConnectedMetric(job_id, w);
+  return sinks;
+}
+
+void WorkerManager::ResumeSmallerWorld(const std::string& job_id, int32_t world,
+                                       const std::string& missing) {
+  if (!jobs_->ResumeSmaller(job_id, world, missing).ok()) return;
+  std::vector<std::shared_ptr<SessionSink>> sinks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    JobWorkers& w = jobs_workers_[job_id];
+    sinks = DropRanksLocked(job_id, w);
+    w.world = world;
+    // A fresh wait, for the smaller world.
+    w.waiting_since = Clock::now();
+  }
+  (void)store_->DeleteWorkers(job_id);
+  kv_->DeletePrefix(StorePrefix(job_id));
+  Listener().OnWorldChanged(job_id);
+  v1::CoordinatorMessage stop;
+  stop.mutable_command()->set_kind(v1::Command::KIND_RESTART);
+  stop.mutable_command()->set_reason(absl::StrCat(
+      "job ", job_id, " resumes at world ", world, " (restart.min_world): ",
+      missing, " did not register in time; register again"));
+  for (auto& sink : sinks) sink->Send(stop);
 }
 
 bool WorkerManager::LoseRank(const std::string& job_id, absl::string_view cause,
@@ -75,13 +116,9 @@ bool WorkerManager::LoseRank(const std::string& job_id, absl::string_view cause,
   {
     std::lock_guard<std::mutex> lock(mu_);
     JobWorkers& w = jobs_workers_[job_id];
-    for (auto& [_, r] : w.ranks) {
-      if (r.sink) sinks.push_back(r.sink);
-      if (r.session != 0) sessions_.erase(r.session);
-    }
-    w.ranks.clear();
+    sinks = DropRanksLocked(job_id, w);
     w.step_at_restart = before.ok() ? before->step() : 0;
-    UpdateConnectedMetric(job_id, w);
+    w.waiting_since = Clock::now();
   }
   (void)store_->DeleteWorkers(job_id);
   kv_->DeletePrefix(StorePrefix(job_id));
@@ -104,6 +141,11 @@ WorkerManager::JobWorkers& WorkerManager::Workers(const v1::Job& job) {
   JobWorkers& w = jobs_workers_[job.id()];
   w.world = job.spec().parallel().world_size();
   w.total_steps = job.spec().train().steps();
+  const v1::RestartSpec& restart = job.spec().restart();
+  w.min_world = restart.min_world() == 0 ? w.world : restart.min_world();
+  w.rejoin_timeout = std::chrono::milliseconds(static_cast<int64_t>(
+      (restart.rejoin_timeout_s() > 0 ? restart.rejoin_timeout_s() : 60) *
+      1000));
   return w;
 }
 
@@ -116,6 +158,9 @@ absl::Status WorkerManager::Recover() {
     std::lock_guard<std::mutex> lock(mu_);
     JobWorkers& w = Workers(job);
     w.announced_version = job.schedule_version();
+    if (job.state() == v1::JOB_STATE_PENDING && job.restarts() > 0) {
+      w.waiting_since = now;
+    }
     for (const StoredWorker& sw : *workers) {
       Rank& r = w.ranks[sw.rank];
       r.incarnation = sw.incarnation;
@@ -191,11 +236,17 @@ absl::StatusOr<v1::RegisterResponse> WorkerManager::Register(
         "process");
   }
   const int32_t world = job->spec().parallel().world_size();
-  if (request.requested_rank() < -1 || request.requested_rank() >= world) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "requested rank ", request.requested_rank(), " is outside [0, ", world,
-        ") for job ", job->id(), "; use -1 to let the coordinator assign one"));
+  // Resumed at a smaller world (restart.min_world): the ranks launched for
+  // the submitted one still come, and take whichever ranks are free.
+  const int32_t launched = std::max(world, job->submitted_world_size());
+  if (request.requested_rank() < -1 || request.requested_rank() >= launched) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("requested rank ", request.requested_rank(),
+                     " is outside [0, ", launched, ") for job ", job->id(),
+                     "; use -1 to let the coordinator assign one"));
   }
+  const int32_t requested =
+      request.requested_rank() >= world ? -1 : request.requested_rank();
   int32_t rank = -1;
   bool all_registered = false;
   bool restarted = false;
@@ -206,9 +257,21 @@ absl::StatusOr<v1::RegisterResponse> WorkerManager::Register(
     for (const auto& [r, info] : w.ranks) {
       if (info.incarnation == request.incarnation()) rank = r;
     }
+    int32_t wanted = requested;
+    if (rank < 0 && job->submitted_world_size() > 0 && wanted >= 0) {
+      // Resumed at a smaller world: ranks went by arrival, so the one asked
+      // for may be another worker's. A relaunch of a rank whose process is
+      // gone (its session closed) while RUNNING restarts the job as usual;
+      // otherwise the worker takes a free rank, or is not needed.
+      auto it = w.ranks.find(wanted);
+      if (it != w.ranks.end() && (job->state() != v1::JOB_STATE_RUNNING ||
+                                  it->second.session != 0)) {
+        wanted = -1;
+      }
+    }
     if (rank < 0) {
-      if (request.requested_rank() >= 0) {
-        rank = request.requested_rank();
+      if (wanted >= 0) {
+        rank = wanted;
         auto it = w.ranks.find(rank);
         if (it != w.ranks.end()) {
           if (job->state() == v1::JOB_STATE_RUNNING) {
@@ -230,6 +293,16 @@ absl::StatusOr<v1::RegisterResponse> WorkerManager::Register(
       } else {
         for (int32_t r = 0; r < world && rank < 0; ++r) {
           if (w.ranks.find(r) == w.ranks.end()) rank = r;
+        }
+        if (rank < 0 && job->submitted_world_size() > 0) {
+          // Resumed without it: not an error, the worker just ends.
+          v1::RegisterResponse response;
+          response.set_not_needed(absl::StrCat(
+              "job ", job->id(), " resumed at world ", world, " of ",
+              job->submitted_world_size(),
+              " (restart.min_world) and all its ranks are taken; this "
+              "worker is not needed"));
+          return response;
         }
         if (rank < 0) {
           return absl::ResourceExhaustedError(
@@ -269,6 +342,10 @@ absl::StatusOr<v1::RegisterResponse> WorkerManager::Register(
   Listener().OnRankRegistered(job->id(), rank, request.hostname(),
                               request.device(), request.device_memory_bytes());
   if (all_registered && job->state() == v1::JOB_STATE_PENDING) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_workers_[job->id()].waiting_since.reset();
+    }
     (void)jobs_->Transition(job->id(), v1::JOB_STATE_RUNNING,
                             absl::StrCat("all ", world, " workers registered"));
   }
@@ -277,7 +354,8 @@ absl::StatusOr<v1::RegisterResponse> WorkerManager::Register(
   response.set_world_size(world);
   response.set_incarnation(request.incarnation());
   *response.mutable_spec() = job->spec();
-  response.set_store_prefix(StorePrefix(job->id(), job->restarts()));
+  response.set_store_prefix(StorePrefix(
+      job->id(), job->restarts(), job->submitted_world_size() > 0 ? world : 0));
   return response;
 }
 
@@ -554,6 +632,24 @@ void WorkerManager::WatchLoop() {
                             [&] { return stop_; })) {
     const auto now = Clock::now();
     std::vector<std::pair<std::string, std::string>> failures;
+    // Jobs that waited long enough after a restart: (job, world, missing).
+    std::vector<std::tuple<std::string, int32_t, std::string>> smaller;
+    for (auto& [job_id, w] : jobs_workers_) {
+      if (w.waiting_since.has_value() && w.min_world < w.world &&
+          now - *w.waiting_since >= w.rejoin_timeout) {
+        const int32_t have = static_cast<int32_t>(w.ranks.size());
+        if (have >= w.min_world && have < w.world) {
+          std::vector<std::string> absent;
+          for (int32_t r = 0; r < w.world; ++r) {
+            if (w.ranks.count(r) == 0) absent.push_back(absl::StrCat(r));
+          }
+          smaller.emplace_back(
+              job_id, have,
+              absl::StrCat(absent.size() == 1 ? "rank " : "ranks ",
+                           absl::StrJoin(absent, ", ")));
+        }
+      }
+    }
     for (auto& [job_id, w] : jobs_workers_) {
       for (auto& [rank, r] : w.ranks) {
         if (r.done) continue;
@@ -577,6 +673,9 @@ void WorkerManager::WatchLoop() {
       // Restarts the job (restart.max_restarts) or fails it; nothing for a
       // job that is not RUNNING.
       LoseRank(job_id, message, "heartbeat");
+    }
+    for (const auto& [job_id, world, missing] : smaller) {
+      ResumeSmallerWorld(job_id, world, missing);
     }
     lock.lock();
     // Finished jobs need no watching.

@@ -28,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -84,6 +85,9 @@ class WorkerEventListener {
   // `step` (each rank reports it; `reason` is the rank's account).
   virtual void OnMemoryGuard(const std::string& job_id, int32_t rank,
                              int64_t step, const std::string& reason) {}
+  // The job resumes at another world size (restart.min_world): its graph,
+  // profiles and schedules were for the old one.
+  virtual void OnWorldChanged(const std::string& job_id) {}
 };
 
 class WorkerManager {
@@ -155,8 +159,10 @@ class WorkerManager {
   void OnJobEnded(const std::string& job_id, v1::JobState state);
 
   // Key prefix of a job's rendezvous keys: "jobs/<id>/", and below it
-  // "r<k>/" after its k-th restart (a fresh rendezvous).
-  static std::string StorePrefix(const std::string& job_id, int restarts = 0);
+  // "r<k>/" after its k-th restart (a fresh rendezvous), "r<k>w<n>/" once
+  // that restart resumed at a smaller world of n ranks.
+  static std::string StorePrefix(const std::string& job_id, int restarts = 0,
+                                 int resumed_world = 0);
 
  private:
   struct Rank {
@@ -183,6 +189,13 @@ class WorkerManager {
     // After a restart, until rank 0 reports its first step: the last step
     // reached before it (the steps recomputed are counted from there).
     int64_t step_at_restart = -1;
+    // restart.min_world (0: world) and restart.rejoin_timeout_s.
+    int32_t min_world = 0;
+    std::chrono::milliseconds rejoin_timeout{60000};
+    // While the job waits for its ranks after a restart: since when. Past
+    // rejoin_timeout with at least min_world registered, it resumes with
+    // them (ResumeSmallerWorld).
+    std::optional<std::chrono::steady_clock::time_point> waiting_since;
   };
   struct Session {
     std::string job_id;
@@ -196,6 +209,15 @@ class WorkerManager {
   // afresh), else fails it. Returns whether it restarted. Not under mu_.
   bool LoseRank(const std::string& job_id, absl::string_view cause,
                 absl::string_view kind);
+  // The job waited rejoin_timeout for its ranks after a restart and has
+  // `world` of them (at least restart.min_world): it resumes at that world
+  // (JobManager::ResumeSmaller), and the registered ranks, which were told
+  // the old world, stop (exit 75) and register again. Not under mu_.
+  void ResumeSmallerWorld(const std::string& job_id, int32_t world,
+                          const std::string& missing);
+  // Tells the ranks to stop and forgets them. Requires mu_.
+  std::vector<std::shared_ptr<SessionSink>> DropRanksLocked(
+      const std::string& job_id, JobWorkers& w);
   std::vector<v1::WorkerStatus> DescribeLocked(const JobWorkers& w) const;
   void WatchLoop();
   void UpdateConnectedMetric(const std::string& job_id, const JobWorkers& w);

@@ -482,6 +482,14 @@ absl::Status JobStore::DeleteWorkers(absl::string_view job_id) {
   return Done(stmt);
 }
 
+absl::Status JobStore::DeleteGraph(absl::string_view job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement stmt(db_, "DELETE FROM graphs WHERE job_id = ?");
+  if (!stmt.status().ok()) return stmt.status();
+  stmt.Bind(1, job_id);
+  return Done(stmt);
+}
+
 absl::Status JobStore::PutWorker(absl::string_view job_id,
                                  const StoredWorker& worker) {
   std::lock_guard<std::mutex> lock(mu_);

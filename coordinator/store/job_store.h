@@ -128,6 +128,8 @@ class JobStore {
   absl::Status PutWorker(absl::string_view job_id, const StoredWorker& worker);
   // Forgets a job's workers (a restart: every rank registers again).
   absl::Status DeleteWorkers(absl::string_view job_id);
+  // The job's graph (it resumed at another world size: a new one comes).
+  absl::Status DeleteGraph(absl::string_view job_id);
   absl::StatusOr<std::vector<StoredWorker>> LoadWorkers(
       absl::string_view job_id);
 

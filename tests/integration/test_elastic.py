@@ -5,6 +5,7 @@ checkpoint, the launcher starts the workers again, and the job completes
 with every step's loss equal, bit for bit, to an uninterrupted run's."""
 
 import json
+import math
 import os
 import random
 import signal
@@ -134,3 +135,84 @@ def test_three_sigkills_resume_exactly(cluster, tmp_path):
             assert loss == expected[rank][s], (rank, s, loss,
                                                expected[rank][s])
     assert out.count("starting it again") >= 6, out  # both ranks, 3 times
+
+
+def test_rank_that_never_returns_resumes_at_a_smaller_world(cluster, tmp_path):
+    """restart.min_world 1 on a 2-rank job: rank 1 is SIGKILLed and never
+    relaunched. The job restarts, waits rejoin_timeout_s for it, resumes at
+    world 1 with rank 0 (which registers once more, told the new world),
+    reshards the newest checkpoint 2 -> 1 and completes."""
+    from conftest import Worker
+    # A loaded machine may miss the peer's failed collective: then the
+    # heartbeat timeout finds rank 1 gone.
+    c = cluster.coordinator(heartbeat_timeout_s=10)
+    steps = 24
+    spec = {
+        "name": unique_name("shrink"),
+        "model": {"preset": "llama", "layers": 2, "d_model": 64, "heads": 4,
+                  "ffn": 128, "vocab": 256},
+        "batch": {"micro_batch": 2, "seq_len": 32},
+        "parallel": {"world_size": 2},
+        "train": {"steps": steps},
+        "optimize": {"warmup_steps": 3, "drift_threshold": 0.5},
+        "checkpoint": {"dir": str(tmp_path / "shrink-ckpt"), "every": 4},
+        "restart": {"max_restarts": 2, "min_world": 1,
+                    "rejoin_timeout_s": 2},
+    }
+    launches = []
+
+    def start(rank):
+        d = tmp_path / ("launch%d" % len(launches))
+        d.mkdir()
+        w = Worker(d, c, job_id, rank, extra=["--slow-node-ms", "2"])
+        cluster.workers.append(w)
+        launches.append((rank, w))
+        return w
+
+    with tandem.Client(c.address, timeout=10) as client:
+        job_id = client.submit(spec).id
+        rank0, rank1 = start(0), start(1)
+        wait_for(lambda: client.get(job_id).job.step >= 10, timeout=120,
+                 what="step 10 (past the checkpoint at step 8)")
+        rank1.kill()
+        # Rank 0's collective fails, the job restarts and rank 0 exits 75.
+        assert rank0.wait(timeout=60) == 75, rank0.log()
+        assert client.get(job_id).job.restarts == 1
+        again = start(0)
+        # Past rejoin_timeout_s it resumes at world 1: rank 0, registered
+        # for world 2, is told to register again.
+        assert again.wait(timeout=60) == 75, again.log()
+        job = client.get(job_id).job
+        assert job.submitted_world_size == 2, job
+        assert job.spec.parallel.world_size == 1, job
+        last = start(0)
+        assert last.wait(timeout=240) == 0, last.log()
+        status = client.get(job_id)
+        assert status.job.state == job_pb2.JOB_STATE_SUCCEEDED, \
+            status.job.error
+        assert status.job.restarts == 1
+        restarts = [e.message for e in status.events if e.kind == "restart"]
+        print("\n".join(restarts))
+        assert any("resumes at world 1 of 2: rank 1 did not register "
+                   "within restart.rejoin_timeout_s" in m
+                   for m in restarts), restarts
+        resumed = [m for m in restarts if m.startswith("resumed at step")]
+        assert resumed and "the newest checkpoint" in resumed[-1], restarts
+    shown = subprocess.run(
+        [sys.executable, "-m", "tandem", "--coordinator", c.address,
+         "status", job_id], cwd=str(CLIENT), capture_output=True, text=True,
+        timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "restarts   1 of 2" in shown.stdout, shown.stdout
+    assert ("world      1 ranks, resumed smaller: submitted with 2 "
+            "(restart.min_world 1)") in shown.stdout, shown.stdout
+    log = last.log_path.read_text()
+    assert "rank 0 of 1" in log, log
+    assert "resharded from 2 ranks to 1" in log, log
+    rows = losses(last.out_path)
+    first = rows[0][0]
+    # A checkpoint is complete a step or two after its own step (above).
+    assert first in (4, 8), rows[:3]
+    assert resumed[-1].startswith("resumed at step %d " % first), resumed
+    assert [s for s, _ in rows] == list(range(first, steps))
+    assert all(math.isfinite(loss) for _, loss in rows)

@@ -311,6 +311,13 @@ absl::Status RunAgent(CoordinatorClient& client,
   };
 
   absl::StatusOr<v1::RegisterResponse> registered_or = agent.Register();
+  if (registered_or.ok() && !registered_or->not_needed().empty()) {
+    // The job resumed at a smaller world without this worker: done.
+    std::fprintf(stderr, "tandem-worker: %s\n",
+                 registered_or->not_needed().c_str());
+    stop_watcher();
+    return absl::OkStatus();
+  }
   absl::Status started =
       registered_or.ok() ? agent.Start() : registered_or.status();
   if (!started.ok()) {
@@ -326,7 +333,13 @@ absl::Status RunAgent(CoordinatorClient& client,
       DescribeRuntime(options.runtime).c_str(), agent.incarnation().c_str());
 
   absl::Status status;
-  if (options.expected_world > 0 &&
+  // A job that resumed at a smaller world (restart.min_world) runs with
+  // fewer ranks than were launched.
+  const int32_t min_world = registered.spec().restart().min_world();
+  const bool resumed_smaller = options.expected_world > 0 && min_world > 0 &&
+                               registered.world_size() >= min_world &&
+                               registered.world_size() < options.expected_world;
+  if (options.expected_world > 0 && !resumed_smaller &&
       options.expected_world != registered.world_size()) {
     status = absl::InvalidArgumentError(absl::StrCat(
         "rank ", registered.rank(), " was launched as one of ",

@@ -144,6 +144,15 @@ def cmd_status(client, args):
     ]
     if job.owner:
         rows.append(("owner", job.owner))
+    if job.restarts:
+        rows.append(("restarts", "%d of %d" % (
+            job.restarts, job.spec.restart.max_restarts)))
+    if job.submitted_world_size:
+        rows.append(("world", "%d ranks, resumed smaller: submitted with %d "
+                     "(restart.min_world %d)" % (
+                         job.spec.parallel.world_size,
+                         job.submitted_world_size,
+                         job.spec.restart.min_world)))
     if job.error:
         rows.append(("error", job.error))
     rows += [("model", model), ("batch", batch),

@@ -81,6 +81,7 @@ class LocalWorkers:
         self.procs = []
         self._commands = []
         self.launches = []
+        self.crashes = []  # exits other than 75, by worker
         for r in range(nproc):
             cmd = [worker, "--coordinator", address, "--job", job_id]
             if ranks:
@@ -100,6 +101,7 @@ class LocalWorkers:
             self._commands.append((cmd, env))
             self.procs.append(None)
             self.launches.append(0)
+            self.crashes.append(0)
             try:
                 self._start(r, append=False)
             except TandemError:
@@ -220,7 +222,11 @@ class Launch:
         when it may not (or they used up their launches)."""
         if self.max_restarts <= 0:
             return False
-        if any(self.workers.launches[r] > self.max_restarts for r, _ in dead):
+        # A crash counts against the restarts; exit 75 is the coordinator's
+        # own order (a restart it counted, or a resume at a smaller world,
+        # restart.min_world), so it never exhausts the launches.
+        crashes = [r for r, code in dead if code != EXIT_RESTART]
+        if any(self.workers.crashes[r] >= self.max_restarts for r in crashes):
             return False
         try:
             job, _ = self.client.get(self.job_id)
@@ -229,6 +235,8 @@ class Launch:
         if is_terminal(job.state):
             return False
         for r, code in dead:
+            if code != EXIT_RESTART:
+                self.workers.crashes[r] += 1
             self.out("worker %d exited with code %d%s; starting it again "
                      "(launch %d; the job restarts from its newest "
                      "checkpoint, restart.max_restarts %d)"

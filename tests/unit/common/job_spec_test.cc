@@ -620,6 +620,29 @@ TEST(JobSpecTest, Paths_OutsideSystemTrees_Accepted) {
   }
 }
 
+// restart.min_world below world_size resumes smaller (coordinator/README.md,
+// "Elastic restarts"); it needs restarts, and stays within the world.
+TEST(JobSpecTest, RestartMinWorld_WithinWorldAndWithRestarts) {
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_parallel()->set_world_size(4);
+  spec.mutable_restart()->set_max_restarts(2);
+  spec.mutable_restart()->set_min_world(2);
+  spec.mutable_restart()->set_rejoin_timeout_s(30);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  spec.mutable_restart()->set_min_world(5);
+  EXPECT_THAT(std::string(ValidateJobSpec(spec).message()),
+              HasSubstr("restart.min_world must be 1..parallel.world_size "
+                        "(4), or 0 for world_size, got 5"));
+  spec.mutable_restart()->set_min_world(2);
+  spec.mutable_restart()->set_max_restarts(0);
+  EXPECT_THAT(std::string(ValidateJobSpec(spec).message()),
+              HasSubstr("applies to restarts: set restart.max_restarts"));
+  spec.mutable_restart()->set_max_restarts(1);
+  spec.mutable_restart()->set_rejoin_timeout_s(-1);
+  EXPECT_THAT(std::string(ValidateJobSpec(spec).message()),
+              HasSubstr("restart.rejoin_timeout_s must be 0..86400"));
+}
+
 // Operator roots (--data-roots, --checkpoint-roots): judged on the
 // lexically normal path, a root's sibling with the same prefix is outside
 // it, and no roots means no restriction.

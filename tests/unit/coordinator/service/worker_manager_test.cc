@@ -494,5 +494,93 @@ TEST_F(WorkerManagerTest, Stop_Twice_WatcherFailsNoJobAfter) {
   EXPECT_EQ(State(), v1::JOB_STATE_RUNNING);
 }
 
+// restart.min_world (coordinator/README.md, "Elastic restarts"): a restart
+// that waited rejoin_timeout_s for every rank resumes with those that came,
+// renumbered by arrival; the registered ones, told the old world, stop and
+// register again; a late worker is not needed; a connected rank is not
+// displaced by one asking for its number.
+TEST_F(WorkerManagerTest, Restart_RankMissingPastRejoinTimeout_ResumesSmaller) {
+  v1::JobSpec spec = Spec();
+  spec.mutable_parallel()->set_world_size(3);
+  spec.mutable_restart()->set_max_restarts(2);
+  spec.mutable_restart()->set_min_world(2);
+  spec.mutable_restart()->set_rejoin_timeout_s(0.2);
+  job_ = *jobs_->Submit(spec);
+  ASSERT_TRUE(Register("a", 0).ok());
+  ASSERT_TRUE(Register("b", 1).ok());
+  ASSERT_TRUE(Register("c", 2).ok());
+  ASSERT_EQ(State(), v1::JOB_STATE_RUNNING);
+  // Rank 0's process comes back as a new one: restart 1. Rank 2 comes
+  // back too; rank 1 never does.
+  ASSERT_TRUE(Register("a2", 0).ok());
+  ASSERT_EQ(State(), v1::JOB_STATE_PENDING);
+  ASSERT_TRUE(Register("c2", 2).ok());
+  auto sink = std::make_shared<RecordingSink>();
+  Open(2, "c2", sink);
+  for (int i = 0; i < 100 && jobs_->Get(job_.id())->submitted_world_size() == 0;
+       ++i) {
+    std::this_thread::sleep_for(20ms);
+  }
+  v1::Job job = *jobs_->Get(job_.id());
+  ASSERT_EQ(job.submitted_world_size(), 3);
+  EXPECT_EQ(job.spec().parallel().world_size(), 2);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(job.restarts(), 1);
+  auto events = *jobs_->Events(job_.id(), 0);
+  EXPECT_THAT(events.back().message(),
+              HasSubstr("restart 1 resumes at world 2 of 3: rank 1 did not "
+                        "register within restart.rejoin_timeout_s"));
+  // The registered rank was told to stop and register again.
+  std::vector<v1::CoordinatorMessage> told = sink->Take();
+  ASSERT_FALSE(told.empty());
+  EXPECT_EQ(told.back().command().kind(), v1::Command::KIND_RESTART);
+  EXPECT_THAT(told.back().command().reason(), HasSubstr("resumes at world 2"));
+  // They register again: rank 2 is outside the world now and takes rank 1.
+  auto c3 = Register("c3", 2);
+  ASSERT_TRUE(c3.ok()) << c3.status();
+  EXPECT_EQ(c3->rank(), 0);
+  EXPECT_EQ(c3->world_size(), 2);
+  EXPECT_EQ(c3->spec().parallel().world_size(), 2);
+  EXPECT_EQ(c3->store_prefix(), "jobs/" + job_.id() + "/r1w2/");
+  auto a3 = Register("a3", 0);
+  ASSERT_TRUE(a3.ok()) << a3.status();
+  EXPECT_EQ(a3->rank(), 1);  // rank 0 went to c3, which came first
+  EXPECT_EQ(State(), v1::JOB_STATE_RUNNING);
+  Open(0, "c3", std::make_shared<RecordingSink>());
+  Open(1, "a3", std::make_shared<RecordingSink>());
+  // Late: rank 1's process, and one asking for a connected rank's number.
+  auto late = Register("b2", 1);
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_THAT(late->not_needed(), HasSubstr("resumed at world 2 of 3"));
+  auto asks_zero = Register("x", 0);
+  ASSERT_TRUE(asks_zero.ok()) << asks_zero.status();
+  EXPECT_FALSE(asks_zero->not_needed().empty());
+  EXPECT_EQ(State(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(jobs_->Get(job_.id())->restarts(), 1);
+}
+
+TEST_F(WorkerManagerTest, Restart_FewerThanMinWorld_KeepsWaiting) {
+  v1::JobSpec spec = Spec();
+  spec.mutable_parallel()->set_world_size(3);
+  spec.mutable_restart()->set_max_restarts(1);
+  spec.mutable_restart()->set_min_world(2);
+  spec.mutable_restart()->set_rejoin_timeout_s(0.1);
+  job_ = *jobs_->Submit(spec);
+  ASSERT_TRUE(Register("a", 0).ok());
+  ASSERT_TRUE(Register("b", 1).ok());
+  ASSERT_TRUE(Register("c", 2).ok());
+  ASSERT_TRUE(Register("a2", 0).ok());  // restart 1; only rank 0 is back
+  std::this_thread::sleep_for(400ms);
+  v1::Job job = *jobs_->Get(job_.id());
+  EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(job.spec().parallel().world_size(), 3);
+  EXPECT_EQ(job.submitted_world_size(), 0);
+  // The two others come back: the full world resumes.
+  ASSERT_TRUE(Register("b2", 1).ok());
+  ASSERT_TRUE(Register("c2", 2).ok());
+  EXPECT_EQ(State(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(jobs_->Get(job_.id())->spec().parallel().world_size(), 3);
+}
+
 }  // namespace
 }  // namespace tandem

@@ -264,8 +264,8 @@ absl::StatusOr<v1::RegisterResponse> WorkerManager::Register(
       // gone (its session closed) while RUNNING restarts the job as usual;
       // otherwise the worker takes a free rank, or is not needed.
       auto it = w.ranks.find(wanted);
-      if (it != w.ranks.end() && (job->state() != v1::JOB_STATE_RUNNING ||
-                                  it->second.session != 0)) {
+      if (it != w.ranks.end() &&
+          (job->state() != v1::JOB_STATE_RUNNING || it->second.session != 0)) {
         wanted = -1;
       }
     }
@@ -363,6 +363,13 @@ absl::StatusOr<int64_t> WorkerManager::OpenSession(
     const v1::SessionHello& hello, std::shared_ptr<SessionSink> sink) {
   absl::StatusOr<v1::Job> job = jobs_->Get(hello.job_id());
   if (!job.ok()) return job.status();
+  if (IsTerminal(job->state())) {
+    // Its ranks may be forgotten already: say why, not "unknown worker".
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job->id(), " already ended ", JobStateName(job->state()),
+        job->error().empty() ? "" : absl::StrCat(" (", job->error(), ")"),
+        "; this worker should exit"));
+  }
   int64_t id = 0;
   ScheduleLookup lookup;
   {

@@ -172,9 +172,11 @@ void WorkerAgent::HeartbeatLoop() {
       absl::Status s = Connect();
       lock.lock();
       if (!s.ok()) {
+        // FailedPrecondition: the job ended while this worker was away.
         if (s.code() == absl::StatusCode::kPermissionDenied ||
             s.code() == absl::StatusCode::kUnauthenticated ||
-            s.code() == absl::StatusCode::kNotFound) {
+            s.code() == absl::StatusCode::kNotFound ||
+            s.code() == absl::StatusCode::kFailedPrecondition) {
           stop_reason_ = std::string(s.message());
           state_ = State::kStopped;
           wake_.notify_all();

@@ -208,6 +208,16 @@ TEST_F(WorkerManagerTest, Progress_AllRanksFinish_JobSucceedsAndStops) {
   auto sent = sink0->Take();
   ASSERT_FALSE(sent.empty());
   EXPECT_EQ(sent.back().command().kind(), v1::Command::KIND_STOP);
+  // A rank that reconnects afterwards is told the job ended, not that it is
+  // unknown (its registration may be forgotten by then).
+  v1::SessionHello hello;
+  hello.set_job_id(job_.id());
+  hello.set_rank(0);
+  hello.set_incarnation("a");
+  auto late = workers_->OpenSession(hello, std::make_shared<RecordingSink>());
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(late.status().message()),
+              HasSubstr("already ended SUCCEEDED; this worker should exit"));
 }
 
 TEST_F(WorkerManagerTest, SilentWorker_FailsJobNamingRank) {

@@ -84,12 +84,6 @@ constexpr char kUsage[] =
     "A --listen or --metrics-listen address other than loopback needs TLS "
     "and --auth-tokens, or --insecure.\n";
 
-absl::Status CheckBytes(const char* flag, int64_t bytes) {
-  if (bytes >= (int64_t{1} << 20)) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(flag, " must be at least 1048576 (1 MiB), got ", bytes));
-}
-
 absl::Status CheckRoots(const char* flag,
                         const std::vector<std::string>& dirs) {
   for (const std::string& dir : dirs) {
@@ -148,10 +142,10 @@ int main(int argc, char** argv) {
                             options.job_limits.max_active_jobs_per_user, 1),
        tandem::CheckAtLeast("--max-events-per-job",
                             options.job_limits.max_events_per_job, 16),
-       CheckBytes("--max-profile-bytes-per-job",
-                  options.max_held_profile_bytes),
-       CheckBytes("--max-stored-profile-bytes-per-job",
-                  options.max_stored_profile_bytes),
+       tandem::CheckAtLeast("--max-profile-bytes-per-job",
+                            options.max_held_profile_bytes, int64_t{1} << 20),
+       tandem::CheckAtLeast("--max-stored-profile-bytes-per-job",
+                            options.max_stored_profile_bytes, int64_t{1} << 20),
        CheckRoots("--data-roots", options.job_limits.roots.read),
        CheckRoots("--checkpoint-roots", options.job_limits.roots.write)});
   options.session_hello_timeout =

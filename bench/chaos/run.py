@@ -50,11 +50,11 @@ tests/integration/test_chaos.py runs a short version of it; bench/README.md
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import pathlib
 import platform
-import queue
 import random
 import re
 import shutil
@@ -75,6 +75,13 @@ import yaml  # noqa: E402
 import tandem  # noqa: E402
 from tandem.errors import TandemError  # noqa: E402
 from tandem.v1 import job_pb2  # noqa: E402
+
+# The coordinator process helper the client and integration tests share.
+_spec = importlib.util.spec_from_file_location(
+    "client_tests_conftest", REPO / "client" / "python" / "tests" /
+    "conftest.py")
+_client_tests = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_client_tests)
 
 PENDING = job_pb2.JOB_STATE_PENDING
 RUNNING = job_pb2.JOB_STATE_RUNNING
@@ -108,73 +115,18 @@ def build_dir(explicit=None):
 
 # --------------------------------------------------------------- processes
 
-class Coordinator:
-    """tandem-coordinator on a fixed database; start() again after kill()
-    reuses the port."""
+class Coordinator(_client_tests.Coordinator):
+    """tandem-coordinator on a fixed database (the client tests' process
+    helper); start() again after kill() reuses the port."""
 
     def __init__(self, binary, workdir, heartbeat_timeout_s=15):
-        self.binary = str(binary)
-        self.db = str(workdir / "tandem.db")
-        self.log_path = workdir / "coordinator.log"
-        self.heartbeat_timeout_s = heartbeat_timeout_s
-        self.proc = None
-        self.port = 0
-
-    @property
-    def address(self):
-        return "127.0.0.1:%d" % self.port
+        super().__init__(binary, workdir, heartbeat_timeout_s)
 
     def start(self, timeout=30):
         """Starts it (on the previous port after the first time); returns
         the time.time() it said it was listening."""
-        logf = open(self.log_path, "a")
-        self.proc = subprocess.Popen(
-            [self.binary, "--listen", "127.0.0.1:%d" % self.port, "--db",
-             self.db, "--heartbeat-timeout-s", str(self.heartbeat_timeout_s)],
-            stdout=subprocess.PIPE, stderr=logf, text=True)
-        logf.close()
-        lines = queue.Queue()
-
-        def drain(out):
-            for line in out:
-                lines.put(line)
-                with open(self.log_path, "a") as f:
-                    f.write(line)
-            lines.put(None)
-
-        threading.Thread(target=drain, args=(self.proc.stdout,),
-                         daemon=True).start()
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = lines.get(timeout=max(deadline - time.monotonic(),
-                                             0.01))
-            except queue.Empty:
-                line = None
-            if line is None:
-                self.kill()
-                raise RuntimeError("tandem-coordinator did not start on port "
-                                   "%d; log %s" % (self.port, self.log_path))
-            if "listening on port" in line:
-                self.port = int(line.split("listening on port")[1].split()[0]
-                                .rstrip(","))
-                return time.time()
-
-    def kill(self):
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-
-    def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
+        super().start(port=self.port or 0, timeout=timeout)
+        return time.time()
 
 
 def worker_pids(job_id):

@@ -51,6 +51,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -67,6 +68,7 @@
 #include "common/flags/flag_checks.h"
 #include "common/ir/proto_convert.h"
 #include "common/job/job_spec.h"
+#include "common/json_string.h"
 #include "common/lowering/lowering.h"
 #include "common/models/graph_builder.h"
 #include "common/sim/simulator.h"
@@ -164,30 +166,6 @@ Summary Summarize(std::vector<double> v) {
   for (double x : v) sum += x;
   s.mean = sum / v.size();
   return s;
-}
-
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += absl::StrFormat("\\u%04x", c);
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
 }
 
 // Milliseconds, from seconds.
@@ -1691,17 +1669,15 @@ std::string Loadgen::LoadStep(int nworkers, int njobs, bool restart, bool* pass,
       "profile->schedule %s; coordinator %.2f cores, %.0f MB RSS; %s\n",
       nworkers, njobs, MsText(steady).c_str(), MsText(first).c_str(),
       proc.cpu_cores_avg, proc.rss_mb_max, *pass ? "PASS" : "MISS");
-  auto json_counts = [](const std::map<std::string, int64_t>& m) {
+  // A JSON object of counts, or of sample messages.
+  auto json_object = [](const auto& m) {
     std::vector<std::string> parts;
     for (const auto& [k, v] : m) {
-      parts.push_back(absl::StrCat(JsonString(k), ": ", v));
-    }
-    return absl::StrCat("{", absl::StrJoin(parts, ", "), "}");
-  };
-  auto json_samples = [](const std::map<std::string, std::string>& m) {
-    std::vector<std::string> parts;
-    for (const auto& [k, v] : m) {
-      parts.push_back(absl::StrCat(JsonString(k), ": ", JsonString(v)));
+      if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>) {
+        parts.push_back(absl::StrCat(JsonString(k), ": ", JsonString(v)));
+      } else {
+        parts.push_back(absl::StrCat(JsonString(k), ": ", v));
+      }
     }
     return absl::StrCat("{", absl::StrJoin(parts, ", "), "}");
   };
@@ -1733,41 +1709,39 @@ std::string Loadgen::LoadStep(int nworkers, int njobs, bool restart, bool* pass,
       "\"jobs_submitted_so_far\": %d, \"restart\": %s}",
       nworkers, njobs, nworkers / njobs, (nworkers + njobs - 1) / njobs,
       *pass ? "true" : "false", static_cast<int>(reg_lat.size()),
-      json_counts(reg_errors64), JsonString(reg_error_sample),
+      json_object(reg_errors64), JsonString(reg_error_sample),
       JsonMs(Summarize(reg_lat)), t_registered - t_ramp,
       t_all > 0 ? t_all - t_ramp : -1.0, t_end - t_measure, JsonMs(steady),
       JsonMs(ramp), JsonMs(Summarize(lag)), JsonMs(first), JsonMs(all),
-      jobs_planned, json_counts(reasons64), JsonMs(Summarize(submit_lat)),
+      jobs_planned, json_object(reasons64), JsonMs(Summarize(submit_lat)),
       JsonProcess(proc), live_end, expected_end, static_cast<int>(reconnects),
-      json_counts(closed), json_samples(closed_sample), json_counts(rejected),
-      json_samples(rejected_sample), json_counts(commands),
-      json_counts(states64), json_counts(versions64), absl::StrJoin(errs, ", "),
+      json_object(closed), json_object(closed_sample), json_object(rejected),
+      json_object(rejected_sample), json_object(commands),
+      json_object(states64), json_object(versions64), absl::StrJoin(errs, ", "),
       workers_connected, left_open, loadavg_start, LoadAverage(), DatabaseMb(),
       jobs_submitted_, restart_json);
 }
 
 int Loadgen::Run() {
+  // A comma-separated list of counts >= 1; false (said) when it is not.
+  auto counts = [](const char* flag, const std::string& text,
+                   std::vector<int>* out) {
+    for (absl::string_view s : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+      int v = 0;
+      if (!absl::SimpleAtoi(s, &v) || v < 1) {
+        std::fprintf(stderr, "tandem-loadgen: %s: '%s' is not a count\n", flag,
+                     std::string(s).c_str());
+        return false;
+      }
+      out->push_back(v);
+    }
+    return true;
+  };
   std::vector<int> loads;
-  for (absl::string_view s :
-       absl::StrSplit(absl::GetFlag(FLAGS_loads), ',', absl::SkipEmpty())) {
-    int v = 0;
-    if (!absl::SimpleAtoi(s, &v) || v < 1) {
-      std::fprintf(stderr, "tandem-loadgen: --loads: '%s' is not a count\n",
-                   std::string(s).c_str());
-      return 2;
-    }
-    loads.push_back(v);
-  }
   std::vector<int> jobs;
-  for (absl::string_view s :
-       absl::StrSplit(absl::GetFlag(FLAGS_jobs), ',', absl::SkipEmpty())) {
-    int v = 0;
-    if (!absl::SimpleAtoi(s, &v) || v < 1) {
-      std::fprintf(stderr, "tandem-loadgen: --jobs: '%s' is not a count\n",
-                   std::string(s).c_str());
-      return 2;
-    }
-    jobs.push_back(v);
+  if (!counts("--loads", absl::GetFlag(FLAGS_loads), &loads) ||
+      !counts("--jobs", absl::GetFlag(FLAGS_jobs), &jobs)) {
+    return 2;
   }
   if (!jobs.empty() && jobs.size() != loads.size()) {
     std::fprintf(stderr, "tandem-loadgen: --jobs needs one count per load\n");

@@ -67,17 +67,7 @@ absl::Status JobManager::Recover() {
     Record record;
     record.job = std::move(job);
     record.events = *std::move(events);
-    const size_t keep =
-        static_cast<size_t>(std::max(1, limits_.max_events_per_job));
-    if (record.events.size() > keep) {
-      const size_t drop = record.events.size() - keep;
-      if (absl::Status s = store_->DeleteEventsBefore(
-              record.job.id(), record.events[drop].seq());
-          !s.ok()) {
-        return s;
-      }
-      record.events.erase(record.events.begin(), record.events.begin() + drop);
-    }
+    if (absl::Status s = TrimEvents(record); !s.ok()) return s;
     const std::string id = record.job.id();
     jobs_[id] = std::move(record);
   }
@@ -100,6 +90,16 @@ absl::Status JobManager::NotFound(absl::string_view job_id) const {
       "' on this coordinator; `tandem list` shows the jobs it knows"));
 }
 
+absl::Status JobManager::TrimEvents(Record& record) {
+  const size_t keep =
+      static_cast<size_t>(std::max(1, limits_.max_events_per_job));
+  if (record.events.size() <= keep) return absl::OkStatus();
+  const size_t drop = record.events.size() - keep;
+  const int64_t first_kept = record.events[drop].seq();
+  record.events.erase(record.events.begin(), record.events.begin() + drop);
+  return store_->DeleteEventsBefore(record.job.id(), first_kept);
+}
+
 absl::Status JobManager::AppendLocked(Record& record, absl::string_view kind,
                                       absl::string_view message) {
   v1::JobEvent event;
@@ -113,16 +113,9 @@ absl::Status JobManager::AppendLocked(Record& record, absl::string_view kind,
   if (absl::Status s = store_->PutJob(record.job); !s.ok()) return s;
   record.last_persist_unix_s = event.time_unix_s();
   record.events.push_back(std::move(event));
-  const size_t keep =
-      static_cast<size_t>(std::max(1, limits_.max_events_per_job));
-  if (record.events.size() > keep) {
-    // Retention: the oldest go, from memory and the store alike. Dropping
-    // them from the store may fail without harm (a restart trims again).
-    const size_t drop = record.events.size() - keep;
-    const int64_t first_kept = record.events[drop].seq();
-    record.events.erase(record.events.begin(), record.events.begin() + drop);
-    store_->DeleteEventsBefore(record.job.id(), first_kept).IgnoreError();
-  }
+  // Dropping old events from the store may fail without harm: a restart
+  // trims again.
+  TrimEvents(record).IgnoreError();
   changed_.notify_all();
   return absl::OkStatus();
 }

@@ -143,6 +143,9 @@ class JobManager {
   Record* Find(absl::string_view job_id);
   const Record* Find(absl::string_view job_id) const;
   absl::Status NotFound(absl::string_view job_id) const;
+  // Retention (Limits::max_events_per_job): drops the oldest events past
+  // it, from memory, then from the store (whose error it returns).
+  absl::Status TrimEvents(Record& record);
   // Appends an event and persists it and the job row. Requires mu_.
   absl::Status AppendLocked(Record& record, absl::string_view kind,
                             absl::string_view message);

@@ -1026,23 +1026,21 @@ absl::StatusOr<StoredSchedule> PlanningManager::GetSchedule(
   ASSIGN_OR_RETURN(std::vector<StoredSchedule> schedules, SchedulesOf(job_id));
   if (!schedules.empty()) {
     if (version == 0) {
-      // The newest for the graph the job runs now.
+      // The newest for the graph the job runs now: none of a graph it ran
+      // before another world size, nor (once known) of another graph.
       std::set<std::string> stale;
+      std::string now;
       {
         std::lock_guard<std::mutex> lock(mu_);
         auto it = state_.find(job_id);
         if (it != state_.end()) {
           stale = it->second.stale_graphs;
-          const std::string& now = it->second.profiles.graph_hash();
-          for (auto s = schedules.rbegin(); s != schedules.rend(); ++s) {
-            if (!now.empty() && s->schedule.graph_hash() != now) {
-              stale.insert(s->schedule.graph_hash());
-            }
-          }
+          now = it->second.profiles.graph_hash();
         }
       }
       for (auto s = schedules.rbegin(); s != schedules.rend(); ++s) {
-        if (stale.count(s->schedule.graph_hash()) == 0) return *s;
+        const std::string& hash = s->schedule.graph_hash();
+        if (stale.count(hash) == 0 && (now.empty() || hash == now)) return *s;
       }
       return absl::NotFoundError(
           absl::StrCat("job ", job_id,

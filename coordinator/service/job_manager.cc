@@ -359,6 +359,21 @@ absl::Status JobManager::RecordEvent(absl::string_view job_id,
   return AppendLocked(*r, kind, message);
 }
 
+absl::StatusOr<bool> JobManager::RecordScheduleActive(
+    absl::string_view job_id, int64_t version, absl::string_view message) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Record* r = Find(job_id);
+  if (r == nullptr) return NotFound(job_id);
+  const int64_t recorded = r->job.active_version();
+  if (version <= recorded) return false;
+  r->job.set_active_version(version);  // persisted with the event
+  if (absl::Status s = AppendLocked(*r, "schedule", message); !s.ok()) {
+    r->job.set_active_version(recorded);
+    return s;
+  }
+  return true;
+}
+
 absl::Status JobManager::UpdateProgress(absl::string_view job_id, int64_t step,
                                         double loss, int64_t schedule_version) {
   std::lock_guard<std::mutex> lock(mu_);

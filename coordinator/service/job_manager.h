@@ -109,6 +109,12 @@ class JobManager {
   // Appends an event of `kind` (e.g. "schedule", "replan", "worker").
   absl::Status RecordEvent(absl::string_view job_id, absl::string_view kind,
                            absl::string_view message);
+  // Records that every rank runs schedule `version` (Job.active_version,
+  // and a "schedule" event with `message`); false when that version, or a
+  // newer one, was recorded already.
+  absl::StatusOr<bool> RecordScheduleActive(absl::string_view job_id,
+                                            int64_t version,
+                                            absl::string_view message);
   // Rank 0's progress. Not persisted on every call: the job row is written
   // at most once a second, and on every event.
   absl::Status UpdateProgress(absl::string_view job_id, int64_t step,

@@ -71,6 +71,35 @@ std::string WorkerManager::StorePrefix(const std::string& job_id, int restarts,
   return absl::StrCat("jobs/", job_id, "/r", restarts, "/");
 }
 
+std::string WorkerManager::StorePrefix(const v1::Job& job) {
+  return StorePrefix(
+      job.id(), job.restarts(),
+      job.submitted_world_size() > 0 ? job.spec().parallel().world_size() : 0);
+}
+
+void WorkerManager::StartIfReady(const std::string& job_id) {
+  absl::StatusOr<v1::Job> job = jobs_->Get(job_id);
+  if (!job.ok() || job->state() != v1::JOB_STATE_PENDING) return;
+  const int32_t world = job->spec().parallel().world_size();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    JobWorkers& w = jobs_workers_[job_id];
+    int32_t live = 0;
+    for (const auto& [_, r] : w.ranks) live += r.live();
+    if (live != world) return;
+    w.waiting_since.reset();
+  }
+  if (!jobs_
+           ->Transition(job_id, v1::JOB_STATE_RUNNING,
+                        absl::StrCat("all ", world, " workers registered"))
+           .ok()) {
+    return;
+  }
+  // The ranks wait for this before their rendezvous. Set after the state:
+  // a coordinator that dies in between sets it on recovery.
+  (void)kv_->Set(StorePrefix(*job) + kStartKey, "1");
+}
+
 std::vector<std::shared_ptr<SessionSink>> WorkerManager::DropRanksLocked(
     const std::string& job_id, JobWorkers& w) {
   std::vector<std::shared_ptr<SessionSink>> sinks;
@@ -157,9 +186,15 @@ absl::Status WorkerManager::Recover() {
     if (!workers.ok()) return workers.status();
     std::lock_guard<std::mutex> lock(mu_);
     JobWorkers& w = Workers(job);
-    w.announced_version = job.schedule_version();
+    // The newest version recorded active: a push this coordinator's death
+    // interrupted is recorded once every rank re-sends what it applied.
+    w.announced_version = job.active_version();
     if (job.state() == v1::JOB_STATE_PENDING && job.restarts() > 0) {
       w.waiting_since = now;
+    }
+    if (job.state() == v1::JOB_STATE_RUNNING) {
+      const std::string start = StorePrefix(job) + kStartKey;
+      if (!kv_->Check({start})) (void)kv_->Set(start, "1");
     }
     for (const StoredWorker& sw : *workers) {
       Rank& r = w.ranks[sw.rank];
@@ -248,8 +283,8 @@ absl::StatusOr<v1::RegisterResponse> WorkerManager::Register(
   const int32_t requested =
       request.requested_rank() >= world ? -1 : request.requested_rank();
   int32_t rank = -1;
-  bool all_registered = false;
   bool restarted = false;
+  std::string replaced;
   std::string restart_msg;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -292,7 +327,11 @@ absl::StatusOr<v1::RegisterResponse> WorkerManager::Register(
         }
       } else {
         for (int32_t r = 0; r < world && rank < 0; ++r) {
-          if (w.ranks.find(r) == w.ranks.end()) rank = r;
+          auto it = w.ranks.find(r);
+          if (it == w.ranks.end() ||
+              (job->state() == v1::JOB_STATE_PENDING && !it->second.live())) {
+            rank = r;
+          }
         }
         if (rank < 0 && job->submitted_world_size() > 0) {
           // Resumed without it: not an error, the worker just ends.
@@ -313,14 +352,23 @@ absl::StatusOr<v1::RegisterResponse> WorkerManager::Register(
     }
     if (!restarted) {
       Rank& r = w.ranks[rank];
+      if (!r.incarnation.empty() && r.incarnation != request.incarnation()) {
+        replaced = absl::StrCat(
+            RankRef(rank, r.hostname), " left before the job started (",
+            r.live() ? "no session yet" : "its session closed",
+            "); incarnation ", request.incarnation().substr(0, 64),
+            " takes its rank");
+      }
+      if (r.incarnation != request.incarnation()) r = Rank{};
       r.incarnation = request.incarnation();
       r.hostname = request.hostname();
       r.device = request.device();
       r.last_seen = Clock::now();
       r.last_heard = std::chrono::system_clock::now();
-      all_registered = static_cast<int32_t>(w.ranks.size()) == world;
     }
   }
+  if (!replaced.empty())
+    (void)jobs_->RecordEvent(job->id(), "worker", replaced);
   if (restarted) {
     // A relaunched process: the job restarts (restart.max_restarts) and this
     // worker is the first of the new round, or the job fails.
@@ -341,21 +389,14 @@ absl::StatusOr<v1::RegisterResponse> WorkerManager::Register(
   }
   Listener().OnRankRegistered(job->id(), rank, request.hostname(),
                               request.device(), request.device_memory_bytes());
-  if (all_registered && job->state() == v1::JOB_STATE_PENDING) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      jobs_workers_[job->id()].waiting_since.reset();
-    }
-    (void)jobs_->Transition(job->id(), v1::JOB_STATE_RUNNING,
-                            absl::StrCat("all ", world, " workers registered"));
-  }
+  StartIfReady(job->id());
   v1::RegisterResponse response;
   response.set_rank(rank);
   response.set_world_size(world);
   response.set_incarnation(request.incarnation());
   *response.mutable_spec() = job->spec();
-  response.set_store_prefix(StorePrefix(
-      job->id(), job->restarts(), job->submitted_world_size() > 0 ? world : 0));
+  response.set_store_prefix(StorePrefix(*job));
+  response.set_start_key(response.store_prefix() + kStartKey);
   return response;
 }
 
@@ -393,8 +434,11 @@ absl::StatusOr<int64_t> WorkerManager::OpenSession(
     it->second.last_seen = Clock::now();
     it->second.last_heard = std::chrono::system_clock::now();
     it->second.step = std::max(it->second.step, hello.step());
+    it->second.gone_since.reset();
     UpdateConnectedMetric(job->id(), w);
   }
+  // A rank counted gone came back.
+  StartIfReady(job->id());
   if (IsTerminal(job->state())) {
     v1::CoordinatorMessage stop;
     stop.mutable_command()->set_kind(v1::Command::KIND_STOP);
@@ -425,6 +469,7 @@ void WorkerManager::CloseSession(int64_t session) {
     if (r != jw->second.ranks.end() && r->second.session == session) {
       r->second.session = 0;
       r->second.sink.reset();
+      r->second.gone_since = Clock::now();
     }
     UpdateConnectedMetric(it->second.job_id, jw->second);
   }
@@ -526,7 +571,9 @@ absl::Status WorkerManager::OnMessage(int64_t session,
       {
         std::lock_guard<std::mutex> lock(mu_);
         JobWorkers& w = jobs_workers_[job_id];
-        w.ranks[rank].applied_version = a.version();
+        // Re-sent after a reconnect: never a step back.
+        int64_t& applied = w.ranks[rank].applied_version;
+        applied = std::max(applied, a.version());
         all = a.version() > w.announced_version &&
               static_cast<int32_t>(w.ranks.size()) == w.world;
         for (const auto& [_, other] : w.ranks) {
@@ -534,11 +581,13 @@ absl::Status WorkerManager::OnMessage(int64_t session,
         }
         if (all) w.announced_version = a.version();
       }
-      if (all) {
-        (void)jobs_->RecordEvent(
-            job_id, "schedule",
-            absl::StrCat("v", a.version(), " active on all ", world,
-                         " ranks from step ", a.step()));
+      // Once per version, across coordinator restarts (Job.active_version).
+      if (all && jobs_
+                     ->RecordScheduleActive(
+                         job_id, a.version(),
+                         absl::StrCat("v", a.version(), " active on all ",
+                                      world, " ranks from step ", a.step()))
+                     .value_or(false)) {
         Listener().OnScheduleActive(job_id, a.version());
       }
       return absl::OkStatus();
@@ -642,14 +691,25 @@ void WorkerManager::WatchLoop() {
     // Jobs that waited long enough after a restart: (job, world, missing).
     std::vector<std::tuple<std::string, int32_t, std::string>> smaller;
     for (auto& [job_id, w] : jobs_workers_) {
+      for (auto& [_, r] : w.ranks) {
+        if (r.session == 0 && !r.gone_since.has_value() &&
+            now - r.last_seen > options_.session_grace) {
+          r.gone_since = r.last_seen;
+        }
+      }
       if (w.waiting_since.has_value() && w.min_world < w.world &&
           now - *w.waiting_since >= w.rejoin_timeout) {
-        const int32_t have = static_cast<int32_t>(w.ranks.size());
-        if (have >= w.min_world && have < w.world) {
-          std::vector<std::string> absent;
-          for (int32_t r = 0; r < w.world; ++r) {
-            if (w.ranks.count(r) == 0) absent.push_back(absl::StrCat(r));
+        int32_t have = 0;
+        std::vector<std::string> absent;
+        for (int32_t r = 0; r < w.world; ++r) {
+          auto it = w.ranks.find(r);
+          if (it != w.ranks.end() && it->second.live()) {
+            ++have;
+          } else {
+            absent.push_back(absl::StrCat(r));
           }
+        }
+        if (have >= w.min_world && have < w.world) {
           smaller.emplace_back(
               job_id, have,
               absl::StrCat(absent.size() == 1 ? "rank " : "ranks ",

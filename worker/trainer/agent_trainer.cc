@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -89,6 +90,41 @@ absl::Status OfferPending(WorkerAgent& agent, Executor& executor) {
   return absl::OkStatus();
 }
 
+// Waits until every rank of the job registered (RegisterResponse.start_key),
+// polling through coordinator outages; returns early, with the reason, when
+// the job stops or restarts or `stopped` says so.
+absl::Status WaitForStart(CoordinatorClient& client, WorkerAgent& agent,
+                          const std::string& job_id,
+                          const v1::RegisterResponse& registered,
+                          const std::function<absl::Status()>& stopped) {
+  constexpr std::chrono::minutes kStartTimeout(5);
+  const auto deadline = std::chrono::steady_clock::now() + kStartTimeout;
+  for (;;) {
+    RETURN_IF_ERROR(stopped());
+    if (std::optional<std::string> stop = agent.StopReason()) {
+      return absl::FailedPreconditionError(*stop);
+    }
+    absl::StatusOr<std::optional<std::string>> v =
+        client.KvGet(registered.start_key(), std::chrono::seconds(1));
+    if (v.ok() && v->has_value()) return absl::OkStatus();
+    if (!v.ok()) {
+      if (v.status().code() != absl::StatusCode::kUnavailable &&
+          v.status().code() != absl::StatusCode::kDeadlineExceeded) {
+        return v.status();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("job ", job_id, ": not every rank registered within ",
+                       kStartTimeout.count() * 60, " s of rank ",
+                       registered.rank(), " (`tandem status ", job_id,
+                       "` lists those that did); did every rank "
+                       "start and reach the coordinator?"));
+    }
+  }
+}
+
 absl::Status Train(const AgentTrainerOptions& options, MemoryMeter* meter,
                    WorkerAgent& agent, CoordinatorClient& client,
                    const v1::RegisterResponse& registered, std::ostream& out) {
@@ -106,12 +142,44 @@ absl::Status Train(const AgentTrainerOptions& options, MemoryMeter* meter,
   if (rank == 0) *report.mutable_graph() = ToProto(model.graph);
   agent.ReportGraph(report);
 
+  auto stop_signal = [&]() -> absl::Status {
+    const int signal = options.stop_signal ? options.stop_signal->load() : 0;
+    if (signal == 0) return absl::OkStatus();
+    return absl::AbortedError(StoppedBySignal(rank, signal));
+  };
+  // A collective (or the rendezvous) failed: most likely a peer died. The
+  // coordinator names the lost rank (its session closed, or its heartbeats
+  // stopped) and restarts or fails the job; wait for that verdict instead
+  // of blaming this rank.
+  auto peer_failed = [&](const std::string& what,
+                         const absl::Status& failure) -> absl::Status {
+    // A stopping peer breaks the collective: no verdict to wait for.
+    RETURN_IF_ERROR(stop_signal());
+    agent.ReportError(
+        absl::StrCat(what, " (a peer is probably gone): ", failure.message()),
+        /*fatal=*/false, /*peer_lost=*/true);
+    if (std::optional<std::string> stop =
+            agent.WaitForStop(kPeerLossVerdictWait)) {
+      return absl::FailedPreconditionError(*stop);
+    }
+    return failure;
+  };
+
+  // No rendezvous before every rank registered: one that dies meanwhile
+  // leaves no address for its peers to fail on.
+  if (!registered.start_key().empty()) {
+    RETURN_IF_ERROR(
+        WaitForStart(client, agent, options.job_id, registered, stop_signal));
+  }
   auto store = c10::make_intrusive<CoordinatorStore>(
       &client, registered.store_prefix(), std::chrono::minutes(5));
-  ASSIGN_OR_RETURN(
-      c10::intrusive_ptr<c10d::ProcessGroup> group,
+  absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> group_or =
       CreateProcessGroupFromStore(store, rank, world, options.runtime.backend,
-                                  std::chrono::minutes(5), options.bind_host));
+                                  std::chrono::minutes(5), options.bind_host);
+  if (!group_or.ok()) {
+    return peer_failed("the rendezvous failed", group_or.status());
+  }
+  c10::intrusive_ptr<c10d::ProcessGroup> group = *std::move(group_or);
   ASSIGN_OR_RETURN(Schedule baseline,
                    BaselineSchedule(model.graph, spec.parallel().zero_stage()));
   ASSIGN_OR_RETURN(TrainingJobOptions job_options,
@@ -148,11 +216,6 @@ absl::Status Train(const AgentTrainerOptions& options, MemoryMeter* meter,
   // price them into every step (worker/README.md, "Profiling").
   bool unprofiled = true;
 
-  auto stop_signal = [&]() -> absl::Status {
-    const int signal = options.stop_signal ? options.stop_signal->load() : 0;
-    if (signal == 0) return absl::OkStatus();
-    return absl::AbortedError(StoppedBySignal(rank, signal));
-  };
   for (int64_t step = job->first_step(); step < spec.train().steps(); ++step) {
     RETURN_IF_ERROR(stop_signal());
     if (std::optional<std::string> stop = agent.StopReason()) {
@@ -162,21 +225,8 @@ absl::Status Train(const AgentTrainerOptions& options, MemoryMeter* meter,
     current_step.store(step);
     absl::StatusOr<StepStats> stats = job->Step(step);
     if (!stats.ok() && !job->comm().failure().ok()) {
-      // A stopping peer breaks the collective: no verdict to wait for.
-      RETURN_IF_ERROR(stop_signal());
-      // A collective failed: most likely a peer died. The coordinator names
-      // the lost rank when its heartbeats stop; wait for its verdict instead
-      // of blaming this rank.
-      agent.ReportError(absl::StrCat("step ", step,
-                                     ": a collective failed (a peer is "
-                                     "probably gone): ",
-                                     stats.status().message()),
-                        /*fatal=*/false, /*peer_lost=*/true);
-      if (std::optional<std::string> stop =
-              agent.WaitForStop(kPeerLossVerdictWait)) {
-        return absl::FailedPreconditionError(*stop);
-      }
-      return stats.status();
+      return peer_failed(absl::StrCat("step ", step, ": a collective failed"),
+                         stats.status());
     }
     ASSIGN_OR_RETURN(StepStats s, std::move(stats));
     out << StepJson(s, rank) << "\n";

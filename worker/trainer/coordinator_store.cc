@@ -65,16 +65,24 @@ std::vector<uint8_t> CoordinatorStore::compareSet(
 }
 
 std::vector<uint8_t> CoordinatorStore::get(const std::string& key) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  return ToBytes(
+      WaitFor(key, std::chrono::steady_clock::now() + timeout_, timeout_));
+}
+
+std::string CoordinatorStore::WaitFor(
+    const std::string& key, std::chrono::steady_clock::time_point deadline,
+    std::chrono::milliseconds timeout) {
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
-    // Long polls in slices, so a coordinator restart costs one slice.
+    // Long polls in slices, so a coordinator restart costs one slice; an
+    // outage (UNAVAILABLE while it restarts) is waited out, not fatal: the
+    // restarted coordinator still holds the keys set before.
     const auto slice = std::clamp(left, std::chrono::milliseconds(0),
                                   std::chrono::milliseconds(30000));
     absl::StatusOr<std::optional<std::string>> v =
         client_->KvGet(Key(key), slice);
-    if (v.ok() && v->has_value()) return ToBytes(**v);
+    if (v.ok() && v->has_value()) return **std::move(v);
     if (!v.ok() && v.status().code() != absl::StatusCode::kUnavailable &&
         v.status().code() != absl::StatusCode::kDeadlineExceeded) {
       TORCH_CHECK(false, "rendezvous store get('", key,
@@ -82,7 +90,7 @@ std::vector<uint8_t> CoordinatorStore::get(const std::string& key) {
     }
     if (!v.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(200));
     TORCH_CHECK(std::chrono::steady_clock::now() < deadline,
-                "rendezvous store: timed out after ", timeout_.count(),
+                "rendezvous store: timed out after ", timeout.count(),
                 " ms waiting for key '", key,
                 "'; did every rank start and reach the coordinator?");
   }
@@ -118,15 +126,7 @@ void CoordinatorStore::wait(const std::vector<std::string>& keys) {
 void CoordinatorStore::wait(const std::vector<std::string>& keys,
                             const std::chrono::milliseconds& timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (const std::string& key : keys) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    absl::StatusOr<std::optional<std::string>> v =
-        client_->KvGet(Key(key), std::max(left, std::chrono::milliseconds(0)));
-    TORCH_CHECK(v.ok() && v->has_value(), "rendezvous store: timed out after ",
-                timeout.count(), " ms waiting for key '", key,
-                "'; did every rank start and reach the coordinator?");
-  }
+  for (const std::string& key : keys) WaitFor(key, deadline, timeout);
 }
 
 }  // namespace tandem

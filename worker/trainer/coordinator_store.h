@@ -43,6 +43,11 @@ class CoordinatorStore : public c10d::Store {
 
  private:
   std::string Key(const std::string& key) const { return prefix_ + key; }
+  // The value of `key` once it is set, long-polling until `deadline` through
+  // coordinator outages; throws "timed out after `timeout`" past it.
+  std::string WaitFor(const std::string& key,
+                      std::chrono::steady_clock::time_point deadline,
+                      std::chrono::milliseconds timeout);
 
   CoordinatorClient* client_;
   const std::string prefix_;

@@ -21,6 +21,14 @@ from tandem.errors import TandemError
 # coordinator tells them) or a signal was forwarded, before SIGKILL.
 STOP_GRACE_S = 30.0
 
+# How long a relaunch decision waits for an unreachable coordinator (one
+# restarting, or the client's channel still backing off after it came back)
+# before it starts the workers anyway: they wait for the coordinator
+# themselves, and a job that ended turns them away.
+COORDINATOR_PATIENCE_S = 30.0
+
+_TRANSIENT = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+
 
 def find_worker(explicit=None):
     """The tandem-worker binary: --worker, else $TANDEM_WORKER, else
@@ -228,11 +236,8 @@ class Launch:
         crashes = [r for r, code in dead if code != EXIT_RESTART]
         if any(self.workers.crashes[r] >= self.max_restarts for r in crashes):
             return False
-        try:
-            job, _ = self.client.get(self.job_id)
-        except TandemError:
-            return False
-        if is_terminal(job.state):
+        job = self._job_when_reachable()
+        if job is False or (job is not None and is_terminal(job.state)):
             return False
         for r, code in dead:
             if code != EXIT_RESTART:
@@ -245,6 +250,27 @@ class Launch:
                         self.max_restarts))
             self.workers.relaunch(r)
         return True
+
+    def _job_when_reachable(self, patience_s=None):
+        """The job, retrying while the coordinator is unreachable; None when
+        it stayed so for `patience_s` (COORDINATOR_PATIENCE_S), False when
+        the coordinator refused the call (an unknown job, no permission)."""
+        patience_s = COORDINATOR_PATIENCE_S if patience_s is None \
+            else patience_s
+        deadline = time.monotonic() + patience_s
+        while True:
+            try:
+                job, _ = self.client.get(self.job_id)
+                return job
+            except TandemError as e:
+                if e.code_name not in _TRANSIENT:
+                    return False
+                if time.monotonic() >= deadline:
+                    self.out("the coordinator is unreachable (%s); starting "
+                             "the workers again anyway" % e.message)
+                    return None
+                if self._done.wait(0.5):
+                    return False  # the launch is ending
 
     def _watch_processes(self):
         while not self._done.wait(0.5):

@@ -210,3 +210,35 @@ def test_watch_gives_up_when_the_coordinator_stays_away(new_coordinator):
     assert cli.returncode == 1
     assert "reconnecting for up to 1s" in out
     assert "cannot reach the tandem coordinator at %s" % coord.address in err
+
+
+def test_launch_relaunch_waits_out_a_coordinator_restart(new_coordinator):
+    """`tandem launch` deciding whether to start a dead worker again asks the
+    coordinator for the job; one that is restarting (and the client's
+    channel backing off after it) is waited for, not taken for a "no"."""
+    from tandem.launch import Launch
+
+    coord = new_coordinator()
+    address, port = coord.address, coord.port
+    with tandem.Client(address, timeout=10) as c:
+        job = c.submit(small_spec(world_size=1, steps=3))
+        said = []
+        launch = Launch(c, job.id, workers=None, out=said.append,
+                        max_restarts=1)
+        coord.kill()
+        restarter = threading.Timer(2.0, lambda: coord.start(port=port))
+        restarter.start()
+        t0 = time.monotonic()
+        got = launch._job_when_reachable(patience_s=30)
+        restarter.join()
+        assert got is not None and got is not False, said
+        assert got.id == job.id and time.monotonic() - t0 >= 1.5
+        # Away for longer than the patience: relaunch anyway (None).
+        coord.kill()
+        assert launch._job_when_reachable(patience_s=1) is None
+        assert "the coordinator is unreachable" in said[-1]
+        coord.start(port=port)
+        # A refusal is an answer: no relaunch.
+        other = Launch(c, "no-such-job", workers=None, out=said.append,
+                       max_restarts=1)
+        assert other._job_when_reachable(patience_s=5) is False

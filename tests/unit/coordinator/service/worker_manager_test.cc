@@ -101,6 +101,7 @@ class WorkerManagerTest : public ::testing::Test {
     WorkerManager::Options options;
     options.heartbeat_timeout = timeout;
     options.watch_interval = 20ms;
+    options.session_grace = session_grace_;
     workers_ = std::make_unique<WorkerManager>(jobs_.get(), store_.get(), &kv_,
                                                nullptr, &timelines_, options);
     workers_->SetListener(&listener_);
@@ -138,6 +139,7 @@ class WorkerManagerTest : public ::testing::Test {
 
   v1::JobState State() { return jobs_->Get(job_.id())->state(); }
 
+  std::chrono::milliseconds session_grace_ = 5000ms;
   KvStore kv_;
   TimelineStore timelines_;
   RecordingListener listener_;
@@ -514,7 +516,9 @@ TEST_F(WorkerManagerTest, Restart_RankMissingPastRejoinTimeout_ResumesSmaller) {
   spec.mutable_parallel()->set_world_size(3);
   spec.mutable_restart()->set_max_restarts(2);
   spec.mutable_restart()->set_min_world(2);
-  spec.mutable_restart()->set_rejoin_timeout_s(0.2);
+  // Long enough for rank 2 to register and open its session first on a
+  // loaded machine.
+  spec.mutable_restart()->set_rejoin_timeout_s(1.0);
   job_ = *jobs_->Submit(spec);
   ASSERT_TRUE(Register("a", 0).ok());
   ASSERT_TRUE(Register("b", 1).ok());
@@ -527,7 +531,7 @@ TEST_F(WorkerManagerTest, Restart_RankMissingPastRejoinTimeout_ResumesSmaller) {
   ASSERT_TRUE(Register("c2", 2).ok());
   auto sink = std::make_shared<RecordingSink>();
   Open(2, "c2", sink);
-  for (int i = 0; i < 100 && jobs_->Get(job_.id())->submitted_world_size() == 0;
+  for (int i = 0; i < 250 && jobs_->Get(job_.id())->submitted_world_size() == 0;
        ++i) {
     std::this_thread::sleep_for(20ms);
   }
@@ -590,6 +594,134 @@ TEST_F(WorkerManagerTest, Restart_FewerThanMinWorld_KeepsWaiting) {
   ASSERT_TRUE(Register("c2", 2).ok());
   EXPECT_EQ(State(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(jobs_->Get(job_.id())->spec().parallel().world_size(), 3);
+}
+
+// A rank whose process dies after registering, before its peers did
+// (coordinator/README.md, "Registration"): the job does not start with it,
+// its relaunch takes the rank without a restart, and no rank begins the
+// rendezvous (the start key) until every rank is registered and live.
+TEST_F(WorkerManagerTest, Register_RankGoneBeforeStart_RelaunchTakesIt) {
+  auto a = Register("a");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->start_key(), "jobs/" + job_.id() + "/tandem/started");
+  workers_->CloseSession(Open(0, "a", std::make_shared<RecordingSink>()));
+  ASSERT_TRUE(Register("b", 1).ok());
+  EXPECT_EQ(State(), v1::JOB_STATE_PENDING);
+  EXPECT_FALSE(kv_.Check({a->start_key()}));
+  // The relaunch asks for no rank in particular: the gone one is free.
+  auto c = Register("c");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rank(), 0);
+  EXPECT_EQ(State(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(jobs_->Get(job_.id())->restarts(), 0);
+  EXPECT_TRUE(kv_.Check({c->start_key()}));
+  bool said = false;
+  const std::vector<v1::JobEvent> events = *jobs_->Events(job_.id(), 0);
+  for (const v1::JobEvent& e : events) {
+    said = said || e.message().find(
+                       "rank 0 (host-a) left before the job started (its "
+                       "session closed); incarnation c takes its rank") !=
+                       std::string::npos;
+  }
+  EXPECT_TRUE(said);
+  // The rank is c's now: a's hello is refused.
+  v1::SessionHello hello;
+  hello.set_job_id(job_.id());
+  hello.set_rank(0);
+  hello.set_incarnation("a");
+  EXPECT_EQ(workers_->OpenSession(hello, std::make_shared<RecordingSink>())
+                .status()
+                .code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+// A session that closed and comes back (a network blip, not a death): the
+// job starts once it does.
+TEST_F(WorkerManagerTest, Register_GoneRankReconnects_JobStarts) {
+  ASSERT_TRUE(Register("a").ok());
+  workers_->CloseSession(Open(0, "a", std::make_shared<RecordingSink>()));
+  ASSERT_TRUE(Register("b", 1).ok());
+  EXPECT_EQ(State(), v1::JOB_STATE_PENDING);
+  Open(0, "a", std::make_shared<RecordingSink>());
+  EXPECT_EQ(State(), v1::JOB_STATE_RUNNING);
+}
+
+// A registered worker that never opened a session within the grace (it died
+// between the two calls, or did not come back after a coordinator restart)
+// does not count either.
+TEST_F(WorkerManagerTest, Register_NoSessionPastGrace_DoesNotCount) {
+  session_grace_ = 100ms;
+  Start(15000ms);
+  ASSERT_TRUE(Register("a").ok());
+  std::this_thread::sleep_for(300ms);
+  ASSERT_TRUE(Register("b", 1).ok());
+  EXPECT_EQ(State(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(Register("c")->rank(), 0);
+  EXPECT_EQ(State(), v1::JOB_STATE_RUNNING);
+}
+
+// A coordinator that died between the job's start and setting its start key
+// sets it on recovery.
+TEST_F(WorkerManagerTest, Recover_RunningJob_HasItsStartKey) {
+  auto a = Register("a");
+  ASSERT_TRUE(Register("b").ok());
+  ASSERT_EQ(State(), v1::JOB_STATE_RUNNING);
+  kv_.DeletePrefix(WorkerManager::StorePrefix(job_.id()));
+  ASSERT_FALSE(kv_.Check({a->start_key()}));
+  WorkerManager restarted(jobs_.get(), store_.get(), &kv_, nullptr, nullptr,
+                          WorkerManager::Options());
+  ASSERT_TRUE(restarted.Recover().ok());
+  EXPECT_TRUE(kv_.Check({a->start_key()}));
+}
+
+// A push that a coordinator restart interrupted (rank 0 already ran the new
+// version; the last "applied" never arrived): the ranks re-send what they
+// applied on reconnect and the version is recorded active, once, across
+// restarts (Job.active_version).
+TEST_F(WorkerManagerTest, Applied_PushInterruptedByRestart_RecordedOnResend) {
+  ASSERT_TRUE(Register("a").ok());
+  ASSERT_TRUE(Register("b").ok());
+  const int64_t s0 = Open(0, "a", std::make_shared<RecordingSink>());
+  Open(1, "b", std::make_shared<RecordingSink>());
+  v1::WorkerMessage applied;
+  applied.mutable_applied()->set_version(1);
+  applied.mutable_applied()->set_step(5);
+  ASSERT_TRUE(workers_->OnMessage(s0, applied).ok());
+  v1::WorkerMessage progress;
+  progress.mutable_progress()->set_step(6);
+  progress.mutable_progress()->set_schedule_version(1);
+  ASSERT_TRUE(workers_->OnMessage(s0, progress).ok());
+  // Any event writes the job row (progress alone, at most once a second).
+  ASSERT_TRUE(jobs_->RecordEvent(job_.id(), "replan", "persist").ok());
+  auto count_active = [&](JobManager& jobs) {
+    int n = 0;
+    const std::vector<v1::JobEvent> events = *jobs.Events(job_.id(), 0);
+    for (const v1::JobEvent& e : events) {
+      n += e.message().find("v1 active on all 2 ranks") != std::string::npos;
+    }
+    return n;
+  };
+  EXPECT_EQ(count_active(*jobs_), 0);
+  workers_->Stop();
+  for (int restart = 0; restart < 2; ++restart) {
+    JobManager jobs(store_.get());
+    ASSERT_TRUE(jobs.Recover().ok());
+    ASSERT_EQ(jobs.Get(job_.id())->schedule_version(), 1);
+    WorkerManager again(&jobs, store_.get(), &kv_, nullptr, nullptr,
+                        WorkerManager::Options());
+    ASSERT_TRUE(again.Recover().ok());
+    for (int rank = 0; rank < 2; ++rank) {
+      v1::SessionHello hello;
+      hello.set_job_id(job_.id());
+      hello.set_rank(rank);
+      hello.set_incarnation(rank == 0 ? "a" : "b");
+      auto id = again.OpenSession(hello, std::make_shared<RecordingSink>());
+      ASSERT_TRUE(id.ok()) << id.status();
+      ASSERT_TRUE(again.OnMessage(*id, applied).ok());
+    }
+    EXPECT_EQ(count_active(jobs), 1) << "after restart " << restart;
+    EXPECT_EQ(jobs.Get(job_.id())->active_version(), 1);
+  }
 }
 
 }  // namespace

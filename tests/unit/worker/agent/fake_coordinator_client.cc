@@ -100,9 +100,18 @@ absl::Status FakeCoordinatorClient::KvSet(const std::string& key,
   return absl::OkStatus();
 }
 
+void FakeCoordinatorClient::FailKvGets(int calls) {
+  std::lock_guard<std::mutex> lock(mu_);
+  kv_get_failures_ = calls;
+}
+
 absl::StatusOr<std::optional<std::string>> FakeCoordinatorClient::KvGet(
     const std::string& key, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
+  if (kv_get_failures_ > 0) {
+    --kv_get_failures_;
+    return absl::UnavailableError("the coordinator is restarting");
+  }
   kv_changed_.wait_for(lock, timeout, [&] { return kv_.count(key) > 0; });
   auto it = kv_.find(key);
   if (it == kv_.end()) return std::optional<std::string>();

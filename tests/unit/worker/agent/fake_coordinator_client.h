@@ -36,6 +36,10 @@ class FakeCoordinatorClient : public CoordinatorClient {
   // on_message. False when no session is open.
   bool Push(const v1::CoordinatorMessage& message);
 
+  // The next `calls` KvGet calls fail with UNAVAILABLE, as while the
+  // coordinator restarts.
+  void FailKvGets(int calls);
+
   // What the worker did, in order.
   std::vector<v1::RegisterRequest> register_requests() const;
   std::vector<v1::WorkerMessage> hellos() const;
@@ -75,6 +79,7 @@ class FakeCoordinatorClient : public CoordinatorClient {
   std::function<void(const v1::CoordinatorMessage&)> on_message_;
   std::function<void(const absl::Status&)> on_closed_;
   std::map<std::string, std::string> kv_;
+  int kv_get_failures_ = 0;
 };
 
 }  // namespace tandem

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/ir/proto_convert.h"
 #include "common/job/job_spec.h"
 #include "common/models/graph_builder.h"
@@ -78,7 +79,7 @@ class WorkerAgentTest : public ::testing::Test {
     o.register_timeout = 5s;
     return o;
   }
-  v1::Job GetJob() {
+  v1::GetJobResponse GetJobAndEvents() {
     auto jobs = v1::JobService::NewStub(
         grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials()));
     grpc::ClientContext ctx;
@@ -86,8 +87,9 @@ class WorkerAgentTest : public ::testing::Test {
     req.set_job_id(job_.id());
     v1::GetJobResponse resp;
     EXPECT_TRUE(jobs->Get(&ctx, req, &resp).ok());
-    return resp.job();
+    return resp;
   }
+  v1::Job GetJob() { return GetJobAndEvents().job(); }
   v1::Profile ProfileOf(int64_t first, int64_t last) const {
     Profile p;
     p.graph_hash = graph_.StructuralHash();
@@ -96,6 +98,19 @@ class WorkerAgentTest : public ::testing::Test {
     p.iteration_s = 0.01;
     for (const Node& n : graph_.nodes) p.nodes.push_back({n.id, 1e-4, 1});
     return ToProto(p);
+  }
+
+  // Sends the graph and one profile window; the plan the coordinator
+  // pushes back (nullopt when none came within 10 s).
+  std::optional<v1::ScheduleUpdate> FirstPlan(WorkerAgent& agent) {
+    v1::GraphReport report;
+    report.set_graph_hash(graph_.StructuralHash());
+    *report.mutable_graph() = ToProto(graph_);
+    agent.ReportGraph(report);
+    agent.ReportProfile(ProfileOf(0, 0));
+    std::optional<v1::ScheduleUpdate> update;
+    WaitUntil([&] { return (update = agent.TakeSchedule()).has_value(); });
+    return update;
   }
 
   std::string db_;
@@ -115,14 +130,8 @@ TEST_F(WorkerAgentTest, FullLoop_ScheduleArrivesAndJobSucceeds) {
   EXPECT_EQ(agent.state(), WorkerAgent::State::kConnected);
   EXPECT_EQ(GetJob().state(), v1::JOB_STATE_RUNNING);
 
-  v1::GraphReport report;
-  report.set_graph_hash(graph_.StructuralHash());
-  *report.mutable_graph() = ToProto(graph_);
-  agent.ReportGraph(report);
-  agent.ReportProfile(ProfileOf(0, 0));
-  std::optional<v1::ScheduleUpdate> update;
-  ASSERT_TRUE(
-      WaitUntil([&] { return (update = agent.TakeSchedule()).has_value(); }));
+  std::optional<v1::ScheduleUpdate> update = FirstPlan(agent);
+  ASSERT_TRUE(update.has_value());
   EXPECT_EQ(update->schedule().version(), 1);
   agent.ReportApplied(1, update->effective_step());
   for (int step = 1; step <= 4; ++step) {
@@ -156,6 +165,41 @@ TEST_F(WorkerAgentTest, CoordinatorRestart_AgentReconnects) {
   ASSERT_TRUE(WaitUntil(
       [&] { return agent.state() == WorkerAgent::State::kConnected; }, 15s));
   EXPECT_EQ(GetJob().state(), v1::JOB_STATE_RUNNING);
+}
+
+// Reports made while the coordinator was away (a schedule applied, the
+// newest step) reach it once the session is back: the push is recorded
+// active and the job's step is current.
+TEST_F(WorkerAgentTest, CoordinatorRestart_ReportsWhileAwayAreResent) {
+  GrpcCoordinatorClient client(Address());
+  WorkerAgent agent(&client, AgentOptions());
+  ASSERT_TRUE(agent.Register().ok());
+  ASSERT_TRUE(agent.Start().ok());
+  std::optional<v1::ScheduleUpdate> update = FirstPlan(agent);
+  ASSERT_TRUE(update.has_value());
+  const int port = server_->port();
+  server_.reset();
+  ASSERT_TRUE(WaitUntil(
+      [&] { return agent.state() == WorkerAgent::State::kDisconnected; }));
+  agent.ReportApplied(update->schedule().version(), 2);
+  v1::IterationProgress p;
+  p.set_step(3);
+  p.set_schedule_version(update->schedule().version());
+  agent.ReportProgress(p);
+  StartCoordinator(port);
+  const std::string active =
+      absl::StrCat("v", update->schedule().version(), " active on all 1 ranks");
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        v1::GetJobResponse r = GetJobAndEvents();
+        bool recorded = false;
+        for (const v1::JobEvent& e : r.events()) {
+          recorded = recorded || e.message().find(active) != std::string::npos;
+        }
+        return recorded && r.job().step() == 3;
+      },
+      15s));
+  EXPECT_EQ(GetJob().active_version(), update->schedule().version());
 }
 
 TEST_F(WorkerAgentTest, Cancel_StopsTheAgent) {

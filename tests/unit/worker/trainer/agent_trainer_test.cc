@@ -10,6 +10,7 @@
 #include <cmath>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -19,6 +20,7 @@
 #include "tests/unit/worker/agent/fake_coordinator_client.h"
 #include "worker/runtime/standard_schedules.h"
 #include "worker/runtime/training_job.h"
+#include "worker/trainer/coordinator_store.h"
 
 namespace tandem {
 namespace {
@@ -191,6 +193,64 @@ TEST(AgentTrainerTest, RunAgent_CoordinatorStopsJob_FailedPreconditionNoSteps) {
               HasSubstr("CANCELLED: test says stop"));
   EXPECT_TRUE(OfKind(client.sent(), v1::WorkerMessage::kProgress).empty());
   EXPECT_EQ(out.str(), "");
+}
+
+// No rendezvous before the job's start key is set (every rank registered,
+// coordinator/README.md "Elastic restarts"); the wait rides out a
+// coordinator restart, and a stop ends it.
+TEST(AgentTrainerTest, RunAgent_WaitsForTheStartKey) {
+  v1::RegisterResponse registration = Registration(1);
+  registration.set_start_key("job-1/tandem/started");
+  FakeCoordinatorClient client(registration);
+  client.FailKvGets(3);
+  client.set_on_send([&](const v1::WorkerMessage& m) {
+    if (m.has_progress() && m.progress().step() == kSteps) {
+      client.Push(Stop("job SUCCEEDED"));
+    }
+  });
+  std::ostringstream out;
+  absl::Status status;
+  std::thread agent([&] { status = RunAgent(client, Options(), out); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_TRUE(OfKind(client.sent(), v1::WorkerMessage::kProgress).empty());
+  ASSERT_TRUE(client.KvSet("job-1/tandem/started", "1").ok());
+  agent.join();
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(OfKind(client.sent(), v1::WorkerMessage::kProgress).size(),
+            static_cast<size_t>(kSteps));
+
+  FakeCoordinatorClient stopped(registration);
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    stopped.Push(Stop("CANCELLED: while waiting for its peers"));
+  });
+  const absl::Status waited = RunAgent(stopped, Options(), out);
+  stopper.join();
+  EXPECT_EQ(waited.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(waited.message()), HasSubstr("while waiting"));
+}
+
+// The rendezvous store's wait (Gloo's rendezvous uses it) rides out a
+// coordinator restart instead of failing the rank at once.
+TEST(AgentTrainerTest, CoordinatorStore_WaitRetriesWhileTheCoordinatorIsAway) {
+  FakeCoordinatorClient client(Registration(1));
+  CoordinatorStore store(&client, "job-1/", std::chrono::seconds(20));
+  client.FailKvGets(5);
+  std::thread setter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ASSERT_TRUE(client.KvSet("job-1/0/1", "addr").ok());
+  });
+  EXPECT_NO_THROW(store.wait({"0/1"}));
+  setter.join();
+  // Past the timeout it still says so.
+  CoordinatorStore quick(&client, "job-1/", std::chrono::milliseconds(300));
+  try {
+    quick.wait({"never"});
+    ADD_FAILURE() << "wait returned";
+  } catch (const c10::Error& e) {
+    EXPECT_THAT(e.what_without_backtrace(),
+                HasSubstr("timed out after 300 ms waiting for key 'never'"));
+  }
 }
 
 TEST(AgentTrainerTest, RunAgent_JobOfAnotherWorldSize_InvalidArgumentReported) {

@@ -53,6 +53,9 @@ ABSL_FLAG(int64_t, max_profile_bytes_per_job, int64_t{256} << 20,
 ABSL_FLAG(int64_t, max_stored_profile_bytes_per_job, int64_t{256} << 20,
           "bytes of window profiles kept per job in --db; the oldest go "
           "first");
+ABSL_FLAG(int64_t, max_history_rows_per_job, 100000,
+          "steps, and rank profile windows, kept per job in --db for its "
+          "report; past it the older ones thin out (every second dropped)");
 ABSL_FLAG(std::vector<std::string>, data_roots, {},
           "comma-separated absolute directories jobs may read from "
           "(data.path, model.path, model.init_from); empty: anywhere outside "
@@ -121,6 +124,8 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_max_profile_bytes_per_job);
   options.max_stored_profile_bytes =
       absl::GetFlag(FLAGS_max_stored_profile_bytes_per_job);
+  options.max_history_rows_per_job =
+      absl::GetFlag(FLAGS_max_history_rows_per_job);
   const double hello_timeout_s = absl::GetFlag(FLAGS_session_hello_timeout_s);
   const double heartbeat_timeout_s = absl::GetFlag(FLAGS_heartbeat_timeout_s);
   tandem::ExitIfInvalid(
@@ -146,6 +151,8 @@ int main(int argc, char** argv) {
                             options.max_held_profile_bytes, int64_t{1} << 20),
        tandem::CheckAtLeast("--max-stored-profile-bytes-per-job",
                             options.max_stored_profile_bytes, int64_t{1} << 20),
+       tandem::CheckAtLeast("--max-history-rows-per-job",
+                            options.max_history_rows_per_job, int64_t{100}),
        CheckRoots("--data-roots", options.job_limits.roots.read),
        CheckRoots("--checkpoint-roots", options.job_limits.roots.write)});
   options.session_hello_timeout =

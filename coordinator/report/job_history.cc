@@ -4,6 +4,8 @@
 #include <chrono>
 #include <utility>
 
+#include "common/status_macros.h"
+
 namespace tandem {
 
 StoredRankWindow SummarizeRankWindow(int32_t rank, const v1::Profile& profile) {
@@ -22,12 +24,29 @@ StoredRankWindow SummarizeRankWindow(int32_t rank, const v1::Profile& profile) {
 }
 
 JobHistory::JobHistory(const JobManager* jobs, JobStore* store,
-                       std::function<double()> now_s)
-    : jobs_(jobs), store_(store), now_s_(now_s ? std::move(now_s) : [] {
-        return std::chrono::duration<double>(
-                   std::chrono::steady_clock::now().time_since_epoch())
-            .count();
-      }) {}
+                       std::function<double()> now_s, int64_t max_rows)
+    : jobs_(jobs),
+      store_(store),
+      now_s_(now_s ? std::move(now_s)
+                   : [] {
+                       return std::chrono::duration<double>(
+                                  std::chrono::steady_clock::now()
+                                      .time_since_epoch())
+                           .count();
+                     }),
+      max_rows_(std::max<int64_t>(max_rows, 4)) {}
+
+void JobHistory::Added(const std::string& job_id, int64_t rows) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    int64_t& added = added_rows_[job_id];
+    added += rows;
+    if (added < max_rows_ / 4) return;
+    added = 0;
+  }
+  // What is lost on failure is only the thinning: the next batch retries.
+  (void)store_->ThinHistory(job_id, max_rows_);
+}
 
 void JobHistory::OnProgress(const std::string& job_id, int32_t rank,
                             const v1::IterationProgress& progress) {
@@ -73,7 +92,9 @@ void JobHistory::OnProgress(const std::string& job_id, int32_t rank,
 
 void JobHistory::OnProfile(const std::string& job_id, int32_t rank,
                            const v1::Profile& profile) {
-  (void)store_->PutRankWindow(job_id, SummarizeRankWindow(rank, profile));
+  if (store_->PutRankWindow(job_id, SummarizeRankWindow(rank, profile)).ok()) {
+    Added(job_id, 1);
+  }
 }
 
 void JobHistory::OnJobEnded(const std::string& job_id) {
@@ -83,6 +104,7 @@ void JobHistory::OnJobEnded(const std::string& job_id) {
   if (it != jobs_steps_.end() && it->second.complete.empty()) {
     jobs_steps_.erase(it);
   }
+  added_rows_.erase(job_id);
 }
 
 absl::Status JobHistory::Write(const std::string& job_id) {
@@ -95,7 +117,9 @@ absl::Status JobHistory::Write(const std::string& job_id) {
     steps.swap(it->second.complete);
     it->second.last_write_s = now_s_();
   }
-  return store_->PutSteps(job_id, steps);
+  RETURN_IF_ERROR(store_->PutSteps(job_id, steps));
+  Added(job_id, static_cast<int64_t>(steps.size()));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<StoredStep>> JobHistory::Steps(

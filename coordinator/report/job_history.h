@@ -42,11 +42,17 @@ class JobHistory {
   static constexpr size_t kMaxOpenSteps = 1024;
   // Complete steps held before they are written regardless of the clock.
   static constexpr size_t kMaxBufferedSteps = 512;
+  // Rows of steps, and of rank windows, kept per job by default
+  // (--max-history-rows-per-job; JobStore::ThinHistory thins older ones).
+  static constexpr int64_t kDefaultMaxRows = 100000;
 
   // `jobs` (the world size of each job) and `store` must outlive it.
   // `now_s` is a monotonic clock in seconds (tests pass a fake one).
+  // Each job keeps at most about `max_rows` (+ a quarter, between thinnings)
+  // steps and as many rank windows.
   JobHistory(const JobManager* jobs, JobStore* store,
-             std::function<double()> now_s = nullptr);
+             std::function<double()> now_s = nullptr,
+             int64_t max_rows = kDefaultMaxRows);
   JobHistory(const JobHistory&) = delete;
   JobHistory& operator=(const JobHistory&) = delete;
 
@@ -83,13 +89,20 @@ class JobHistory {
   // under write_mu_, so that a reader that writes first sees every step a
   // concurrent writer took.
   absl::Status Write(const std::string& job_id);
+  // Counts `rows` stored for the job; every max_rows / 4 of them, thins
+  // its history in the store.
+  void Added(const std::string& job_id, int64_t rows);
 
   const JobManager* jobs_;
   JobStore* store_;
   const std::function<double()> now_s_;
+  const int64_t max_rows_;
   std::mutex write_mu_;
   std::mutex mu_;
   std::map<std::string, JobSteps> jobs_steps_;
+  // Rows stored per job since its history was last thinned (or since this
+  // coordinator started). Entries go with the job's end.
+  std::map<std::string, int64_t> added_rows_;
 };
 
 }  // namespace tandem

@@ -138,7 +138,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   }
   s->jobs_ = std::make_unique<JobManager>(s->store_.get(), options.job_limits);
   if (absl::Status st = s->jobs_->Recover(); !st.ok()) return st;
-  s->history_ = std::make_unique<JobHistory>(s->jobs_.get(), s->store_.get());
+  s->history_ =
+      std::make_unique<JobHistory>(s->jobs_.get(), s->store_.get(), nullptr,
+                                   options.max_history_rows_per_job);
   s->reports_ = std::make_unique<JobReportBuilder>(
       s->jobs_.get(), s->store_.get(), s->history_.get(), &s->timelines_);
   WorkerManager::Options worker_options;

@@ -60,6 +60,9 @@ struct CoordinatorOptions {
   // --max-stored-profile-bytes-per-job).
   int64_t max_held_profile_bytes = ProfileAggregator::kDefaultMaxHeldBytes;
   int64_t max_stored_profile_bytes = JobStore::kDefaultMaxStoredProfileBytes;
+  // Steps, and rank windows, kept per job for its report; older ones thin
+  // out past it (JobStore::ThinHistory).
+  int64_t max_history_rows_per_job = JobHistory::kDefaultMaxRows;
 };
 
 class CoordinatorServer {

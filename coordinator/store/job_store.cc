@@ -707,6 +707,71 @@ absl::Status JobStore::PutRankWindow(absl::string_view job_id,
   return Done(stmt);
 }
 
+absl::StatusOr<int64_t> JobStore::ThinHistory(absl::string_view job_id,
+                                              int64_t max_rows) {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t dropped = 0;
+  for (const auto& [table, key] :
+       {std::pair{"steps", "step"},
+        std::pair{"rank_windows", "first_iteration"}}) {
+    absl::StatusOr<int64_t> n = ThinTableLocked(table, key, job_id, max_rows);
+    if (!n.ok()) return n.status();
+    dropped += *n;
+  }
+  return dropped;
+}
+
+absl::StatusOr<int64_t> JobStore::ThinTableLocked(const char* table,
+                                                  const char* key,
+                                                  absl::string_view job_id,
+                                                  int64_t max_rows) {
+  // Each group's size, newest first.
+  const std::string select = absl::StrCat("SELECT ", key, ", COUNT(*) FROM ",
+                                          table, " WHERE job_id = ? GROUP BY ",
+                                          key, " ORDER BY ", key, " DESC");
+  Statement groups(db_, select.c_str());
+  if (!groups.status().ok()) return groups.status();
+  groups.Bind(1, job_id);
+  std::vector<std::pair<int64_t, int64_t>> sizes;
+  int64_t rows = 0;
+  for (;;) {
+    absl::StatusOr<bool> row = groups.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    sizes.emplace_back(groups.Int(0), groups.Int(1));
+    rows += groups.Int(1);
+  }
+  if (rows <= max_rows) return 0;
+  size_t older = 0;  // the first group past the newest half
+  for (int64_t whole = 0; older < sizes.size(); ++older) {
+    whole += sizes[older].second;
+    if (whole > max_rows / 2) break;
+  }
+  const std::string remove = absl::StrCat(
+      "DELETE FROM ", table, " WHERE job_id = ? AND ", key, " = ?");
+  if (absl::Status s = Exec("BEGIN;"); !s.ok()) return s;
+  int64_t dropped = 0;
+  absl::Status status = [&]() -> absl::Status {
+    Statement stmt(db_, remove.c_str());
+    if (!stmt.status().ok()) return stmt.status();
+    // Every second group of the older ones, counted from the oldest.
+    for (size_t i = sizes.size(); i-- > older;) {
+      if ((sizes.size() - 1 - i) % 2 == 0) continue;
+      stmt.Bind(1, job_id).Bind(2, sizes[i].first);
+      if (absl::Status st = Done(stmt); !st.ok()) return st;
+      if (absl::Status st = stmt.Reset(); !st.ok()) return st;
+      dropped += sizes[i].second;
+    }
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) {
+    (void)Exec("ROLLBACK;");
+    return status;
+  }
+  if (absl::Status s = Exec("COMMIT;"); !s.ok()) return s;
+  return dropped;
+}
+
 absl::StatusOr<std::vector<StoredRankWindow>> JobStore::LoadRankWindows(
     absl::string_view job_id) {
   std::lock_guard<std::mutex> lock(mu_);

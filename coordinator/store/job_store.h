@@ -164,9 +164,22 @@ class JobStore {
   absl::StatusOr<std::vector<StoredRankWindow>> LoadRankWindows(
       absl::string_view job_id);
 
+  // Keeps a job's step history and its rank windows to at most `max_rows`
+  // rows each: past it, the newest rows that fit in half of it stay whole
+  // and every second step (window, all its ranks) before them is dropped,
+  // so the history thins out with age (1 in 2, then 1 in 4, ...). Returns
+  // the rows dropped.
+  absl::StatusOr<int64_t> ThinHistory(absl::string_view job_id,
+                                      int64_t max_rows);
+
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}
   absl::Status Exec(const char* sql);
+  // ThinHistory for one table, whose rows are grouped by `key` (a column).
+  // Requires mu_.
+  absl::StatusOr<int64_t> ThinTableLocked(const char* table, const char* key,
+                                          absl::string_view job_id,
+                                          int64_t max_rows);
 
   std::mutex mu_;
   sqlite3* db_;

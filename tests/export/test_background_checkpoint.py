@@ -92,3 +92,26 @@ def test_sigkill_during_a_write_keeps_the_previous_checkpoint(tmp_path):
     assert (ckpt / f"step-{STEPS:08d}" / "MANIFEST").exists()
     print(f"killed while step {killed_in}'s file was written; resumed from "
           f"step {previous}")
+
+
+def test_sync_checkpoint_is_complete_when_its_step_returns(tmp_path):
+    """`checkpoint.sync: true`: the step that snapshots returns (and prints
+    its line) only once its checkpoint's MANIFEST is written, so a rank lost
+    after it recomputes at most `every` steps."""
+    ckpt = tmp_path / "ckpt"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(spec_text(ckpt).replace(
+        f"every: {EVERY}}}", f"every: {EVERY}, sync: true}}"))
+    proc = worker(spec, numerics.free_port())
+    seen = []
+    for line in proc.stdout:
+        if not line.startswith('{"step"'):
+            continue
+        step = json.loads(line)["step"]
+        if (step + 1) % EVERY == 0:
+            manifest = ckpt / f"step-{step + 1:08d}" / "MANIFEST"
+            seen.append((step, manifest.exists()))
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, err[-3000:]
+    assert len(seen) == STEPS // EVERY, seen
+    assert all(ok for _, ok in seen), seen

@@ -385,6 +385,7 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
     job->checkpoints_ =
         std::make_unique<CheckpointDirectory>(spec.checkpoint().dir());
     job->checkpoint_every_ = spec.checkpoint().every();
+    job->checkpoint_sync_ = spec.checkpoint().sync();
     ASSIGN_OR_RETURN(job->first_step_, job->Resume());
   }
   ExecutorOptions exec;
@@ -429,8 +430,9 @@ absl::StatusOr<StepStats> TrainingJob::Step(int64_t step) {
   if (checkpoints_ != nullptr && (step + 1) % checkpoint_every_ == 0) {
     RETURN_IF_ERROR(WriteCheckpoint(step + 1));
   }
-  // Nothing trains after the last step to hide the write behind.
-  if (pending_.has_value() && step + 1 >= steps_) {
+  // Nothing trains after the last step to hide the write behind; a
+  // synchronous checkpoint is complete before the step returns.
+  if (pending_.has_value() && (checkpoint_sync_ || step + 1 >= steps_)) {
     RETURN_IF_ERROR(FinishCheckpoint(/*wait=*/true));
   }
   return stats;

@@ -150,6 +150,7 @@ class TrainingJob {
   };
   std::optional<PendingCheckpoint> pending_;
   int64_t checkpoint_every_ = 0;
+  bool checkpoint_sync_ = false;  // CheckpointSpec.sync
   int64_t first_step_ = 0;
   // The data's position: step s reads the global batch that starts at
   // sequence data_origin_sequence_ + (s - data_origin_step_) *

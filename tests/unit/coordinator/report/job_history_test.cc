@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "tests/unit/coordinator/tiny_job_spec.h"
 
 namespace tandem {
@@ -132,6 +134,48 @@ TEST_F(JobHistoryTest, OnProfile_StoresTheRankWindowInBrief) {
   EXPECT_DOUBLE_EQ(w.comm_s, 0.15);
   EXPECT_DOUBLE_EQ(w.exposed_comm_s, 0.03);
   EXPECT_EQ(w.peak_bytes, 4096);
+}
+
+// --max-history-rows-per-job: a long job's history stays within the quota
+// plus a quarter; the newest steps stay whole, the first step stays, and
+// the older ones thin out. Rank windows go by window, every rank's at once.
+TEST_F(JobHistoryTest, LongJob_HistoryThinsOutWithinItsQuota) {
+  constexpr int64_t kMax = 200;
+  history_ = std::make_unique<JobHistory>(
+      jobs_.get(), store_.get(), [this] { return now_; }, kMax);
+  constexpr int64_t kSteps = 5000;
+  for (int64_t step = 0; step < kSteps; ++step) {
+    history_->OnProgress(job_.id(), 0, Progress(step, 1.0, 0.1, 0));
+    history_->OnProgress(job_.id(), 1, Progress(step, 1.0, 0.1, 0));
+    now_ += 2;  // every step written
+    if (step % 4 == 0) {
+      v1::Profile p;
+      p.set_first_iteration(step);
+      p.set_last_iteration(step + 3);
+      for (int32_t rank : {0, 1}) history_->OnProfile(job_.id(), rank, p);
+    }
+  }
+  const std::vector<StoredStep> steps = *history_->Steps(job_.id());
+  EXPECT_LE(static_cast<int64_t>(steps.size()), kMax + kMax / 4);
+  EXPECT_GE(static_cast<int64_t>(steps.size()), kMax / 2);
+  EXPECT_EQ(steps.front().step, 0);
+  EXPECT_EQ(steps.back().step, kSteps - 1);
+  // The newest half of the quota is whole.
+  for (size_t i = steps.size() - kMax / 2; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i].step, steps[i - 1].step + 1) << i;
+  }
+  // Older ones thinned: gaps grow toward the start.
+  EXPECT_GT(steps[1].step - steps[0].step, 1);
+  const std::vector<StoredRankWindow> windows =
+      *history_->RankWindows(job_.id());
+  EXPECT_LE(static_cast<int64_t>(windows.size()), kMax + kMax / 4);
+  std::map<int64_t, int> ranks_per_window;
+  for (const StoredRankWindow& w : windows)
+    ++ranks_per_window[w.first_iteration];
+  for (const auto& [first, ranks] : ranks_per_window) {
+    EXPECT_EQ(ranks, 2) << "window " << first;
+  }
+  EXPECT_EQ(ranks_per_window.rbegin()->first, kSteps - 4);
 }
 
 }  // namespace

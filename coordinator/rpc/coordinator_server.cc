@@ -145,6 +145,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       s->jobs_.get(), s->store_.get(), s->history_.get(), &s->timelines_);
   WorkerManager::Options worker_options;
   worker_options.heartbeat_timeout = options.heartbeat_timeout;
+  worker_options.max_sessions = options.max_rpc_threads;
   s->workers_ = std::make_unique<WorkerManager>(s->jobs_.get(), s->store_.get(),
                                                 &s->kv_, s->metrics_.get(),
                                                 &s->timelines_, worker_options);

@@ -84,9 +84,11 @@ void WorkerManager::StartIfReady(const std::string& job_id) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     JobWorkers& w = jobs_workers_[job_id];
-    int32_t live = 0;
-    for (const auto& [_, r] : w.ranks) live += r.live();
-    if (live != world) return;
+    // Connected, not merely registered: a rank that died between its
+    // registration and its session never counts.
+    int32_t connected = 0;
+    for (const auto& [_, r] : w.ranks) connected += r.session != 0;
+    if (connected != world) return;
     w.waiting_since.reset();
   }
   if (!jobs_
@@ -498,8 +500,24 @@ absl::Status WorkerManager::OnMessage(int64_t session,
     world = jobs_workers_[job_id].world;
   }
   switch (message.payload_case()) {
-    case v1::WorkerMessage::kHeartbeat:
+    case v1::WorkerMessage::kHeartbeat: {
+      // Its delay: clocks of other hosts may differ a little, a queue on
+      // an overloaded coordinator by seconds.
+      const double delay =
+          std::chrono::duration<double>(
+              std::chrono::system_clock::now().time_since_epoch())
+              .count() -
+          message.heartbeat().time_unix_s();
+      const auto now = Clock::now();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (std::isfinite(delay) && message.heartbeat().time_unix_s() > 0 &&
+          (delay > heartbeat_delay_s_ ||
+           now - heartbeat_delay_at_ > 2 * options_.heartbeat_timeout)) {
+        heartbeat_delay_s_ = std::max(0.0, delay);
+        heartbeat_delay_at_ = now;
+      }
       return absl::OkStatus();
+    }
     case v1::WorkerMessage::kGraph:
       return Listener().OnGraph(job_id, rank, message.graph());
     case v1::WorkerMessage::kProfile:
@@ -673,6 +691,27 @@ void WorkerManager::OnJobEnded(const std::string& job_id, v1::JobState state) {
   }
 }
 
+std::string WorkerManager::OverloadHintLocked(Clock::time_point now) const {
+  if (options_.max_sessions > 0 &&
+      static_cast<int64_t>(sessions_.size()) * 10 >=
+          static_cast<int64_t>(options_.max_sessions) * 9) {
+    return absl::StrCat(
+        "; this coordinator holds ", sessions_.size(),
+        " worker sessions against --max-rpc-threads ", options_.max_sessions,
+        ": it may have refused this worker's session (raise the flag)");
+  }
+  const double timeout_s =
+      std::chrono::duration<double>(options_.heartbeat_timeout).count();
+  if (now - heartbeat_delay_at_ <= 2 * options_.heartbeat_timeout &&
+      heartbeat_delay_s_ > std::max(1.0, timeout_s / 4)) {
+    return absl::StrFormat(
+        "; heartbeats reach this coordinator up to %.1f s late: it is "
+        "overloaded, and the worker may be alive (bench/README.md, \"load\")",
+        heartbeat_delay_s_);
+  }
+  return "";
+}
+
 void WorkerManager::UpdateConnectedMetric(const std::string& job_id,
                                           const JobWorkers& w) {
   if (metrics_ == nullptr || w.ended) return;
@@ -726,11 +765,12 @@ void WorkerManager::WatchLoop() {
               job_id,
               absl::StrFormat(
                   "%s missed heartbeats for %.1f s (timeout %.1f "
-                  "s): the worker died or lost its connection",
+                  "s): the worker died or lost its connection%s",
                   RankRef(rank, r.hostname),
                   std::chrono::duration<double>(silent).count(),
                   std::chrono::duration<double>(options_.heartbeat_timeout)
-                      .count()));
+                      .count(),
+                  OverloadHintLocked(now)));
           break;
         }
       }

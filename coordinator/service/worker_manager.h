@@ -105,6 +105,9 @@ class WorkerManager {
     // one, or did not come back after a coordinator restart) counts as
     // gone until its job runs (Rank::gone_since).
     std::chrono::milliseconds session_grace{5000};
+    // The server's thread cap (--max-rpc-threads; 0: unknown). A rank that
+    // times out while the sessions fill it is said to be perhaps refused.
+    int max_sessions = 0;
   };
 
   // Every pointer must outlive the manager; `metrics` and `timelines` may be
@@ -217,8 +220,9 @@ class WorkerManager {
   JobWorkers& Workers(const v1::Job& job);
   // The job's current rendezvous prefix (restarts, resumed world).
   static std::string StorePrefix(const v1::Job& job);
-  // A PENDING job whose every rank is registered and live goes RUNNING, and
-  // its start key is set (RegisterResponse.start_key). Not under mu_.
+  // A PENDING job whose every rank is registered and has its session open
+  // goes RUNNING, and its start key is set (RegisterResponse.start_key).
+  // Not under mu_.
   void StartIfReady(const std::string& job_id);
   // A rank of the job is lost (`cause`; `kind` labels the metric:
   // heartbeat, peer, relaunch): restarts the job when restart.max_restarts
@@ -238,6 +242,11 @@ class WorkerManager {
   std::vector<v1::WorkerStatus> DescribeLocked(const JobWorkers& w) const;
   void WatchLoop();
   void UpdateConnectedMetric(const std::string& job_id, const JobWorkers& w);
+  // Why a silent rank may be alive after all, when this coordinator is the
+  // likelier cause: its sessions fill the thread cap, or heartbeats reach
+  // it late. Empty otherwise. Requires mu_.
+  std::string OverloadHintLocked(
+      std::chrono::steady_clock::time_point now) const;
 
   WorkerEventListener& Listener();
 
@@ -255,6 +264,10 @@ class WorkerManager {
   WorkerEventListener* listener_ = &ignore_all_;
   ScheduleLookup schedule_lookup_;
   std::map<std::string, JobWorkers> jobs_workers_;
+  // The largest delay of a heartbeat (its send time to its handling) seen
+  // within the last two heartbeat timeouts, and when.
+  double heartbeat_delay_s_ = 0;
+  std::chrono::steady_clock::time_point heartbeat_delay_at_{};
   // The ranks of jobs that ended and were forgotten by the watch, as they
   // were last (`tandem status`); the oldest of more than kMaxEndedJobs go,
   // and the store still has their registrations.

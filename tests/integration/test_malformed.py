@@ -45,6 +45,9 @@ def running(cluster):
     s = dict(SPEC, name=unique_name("bad"))
     job = client.submit(s)
     workers = [FakeWorker(coord.address, job.id, r) for r in range(2)]
+    # Running once both sessions' hellos are in.
+    wait_for(lambda: client.get(job.id)[0].state == job_pb2.JOB_STATE_RUNNING,
+             what="job running")
     yield coord, client, job, workers
     for w in workers:
         w.close()

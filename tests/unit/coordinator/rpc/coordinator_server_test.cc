@@ -176,6 +176,16 @@ class CoordinatorServerTest : public ::testing::Test {
     EXPECT_TRUE(jobs_->Get(&ctx, req, &resp).ok());
     return resp.job();
   }
+  // A job runs once every rank registered and opened its session (whose
+  // hello the server handles on its own thread).
+  v1::JobState WaitWhilePending(const std::string& id) {
+    v1::JobState state = Get(id).state();
+    for (int i = 0; i < 1000 && state == v1::JOB_STATE_PENDING; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      state = Get(id).state();
+    }
+    return state;
+  }
 
   static Graph GraphOf(const v1::Job& job) {
     return *BuildModelGraph(*ModelConfigFromJobSpec(job.spec()));
@@ -225,9 +235,10 @@ TEST_F(CoordinatorServerTest,
   FakeWorker w0(channel_, job.id(), "inc-0"), w1(channel_, job.id(), "inc-1");
   ASSERT_TRUE(w0.Register(-1).ok());
   ASSERT_TRUE(w1.Register(-1).ok());
-  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_PENDING);  // not connected
   w0.Connect();
   w1.Connect();
+  EXPECT_EQ(WaitWhilePending(job.id()), v1::JOB_STATE_RUNNING);
 
   v1::WorkerMessage graph_msg;
   graph_msg.mutable_graph()->set_graph_hash(graph.StructuralHash());
@@ -443,6 +454,7 @@ TEST_F(CoordinatorServerTest, Stop_WhilePlanInFlight_StoreConsistentRepeated) {
       ASSERT_TRUE(w1.Register(1).ok());
       w0.Connect();
       w1.Connect();
+      ASSERT_EQ(WaitWhilePending(job.id()), v1::JOB_STATE_RUNNING);
       v1::WorkerMessage graph_msg;
       graph_msg.mutable_graph()->set_graph_hash(graph.StructuralHash());
       w1.Send(graph_msg);

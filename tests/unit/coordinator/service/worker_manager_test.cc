@@ -102,6 +102,7 @@ class WorkerManagerTest : public ::testing::Test {
     options.heartbeat_timeout = timeout;
     options.watch_interval = 20ms;
     options.session_grace = session_grace_;
+    options.max_sessions = max_sessions_;
     workers_ = std::make_unique<WorkerManager>(jobs_.get(), store_.get(), &kv_,
                                                nullptr, &timelines_, options);
     workers_->SetListener(&listener_);
@@ -121,11 +122,6 @@ class WorkerManagerTest : public ::testing::Test {
     req.set_device_memory_bytes(int64_t{16} << 30);
     return req;
   }
-  absl::StatusOr<v1::RegisterResponse> Register(const std::string& inc,
-                                                int rank = -1) {
-    return workers_->Register(Request(inc, rank));
-  }
-
   int64_t Open(int rank, const std::string& inc,
                std::shared_ptr<RecordingSink> sink) {
     v1::SessionHello hello;
@@ -137,9 +133,23 @@ class WorkerManagerTest : public ::testing::Test {
     return id.value_or(0);
   }
 
+  // Registers and, like a worker, opens the rank's session (`connect`):
+  // a job runs once every rank is registered and connected.
+  absl::StatusOr<v1::RegisterResponse> Register(const std::string& inc,
+                                                int rank = -1,
+                                                bool connect = true) {
+    absl::StatusOr<v1::RegisterResponse> r =
+        workers_->Register(Request(inc, rank));
+    if (connect && r.ok() && r->not_needed().empty()) {
+      Open(r->rank(), inc, std::make_shared<RecordingSink>());
+    }
+    return r;
+  }
+
   v1::JobState State() { return jobs_->Get(job_.id())->state(); }
 
   std::chrono::milliseconds session_grace_ = 5000ms;
+  int max_sessions_ = 0;
   KvStore kv_;
   TimelineStore timelines_;
   RecordingListener listener_;
@@ -257,7 +267,17 @@ TEST_F(WorkerManagerTest, RestartedWorker_CountedInTheRestartsMetric) {
   WorkerManager counted(jobs_.get(), store_.get(), &kv_, m->get(), nullptr,
                         WorkerManager::Options());
   auto reg = [&](const std::string& inc, int rank) {
-    return counted.Register(Request(inc, rank));
+    absl::StatusOr<v1::RegisterResponse> r =
+        counted.Register(Request(inc, rank));
+    if (r.ok()) {
+      v1::SessionHello hello;
+      hello.set_job_id(job_.id());
+      hello.set_rank(r->rank());
+      hello.set_incarnation(inc);
+      EXPECT_TRUE(
+          counted.OpenSession(hello, std::make_shared<RecordingSink>()).ok());
+    }
+    return r;
   };
   ASSERT_TRUE(reg("a", 0).ok());
   EXPECT_EQ((*m)->worker_restarts->WithLabels({job_.id()}).value(), 0);
@@ -366,8 +386,8 @@ TEST_F(WorkerManagerTest, Describe_RegisteredRanksAndTheirSessions) {
   auto none = workers_->Describe(job_.id());
   ASSERT_TRUE(none.ok());
   EXPECT_TRUE(none->empty());
-  ASSERT_TRUE(Register("a").ok());
-  ASSERT_TRUE(Register("b").ok());
+  ASSERT_TRUE(Register("a", -1, /*connect=*/false).ok());
+  ASSERT_TRUE(Register("b", -1, /*connect=*/false).ok());
   v1::SessionHello hello;
   hello.set_job_id(job_.id());
   hello.set_rank(1);
@@ -475,8 +495,8 @@ TEST_F(WorkerManagerTest, OpenSession_BehindLatestSchedule_SendsIt) {
         asked.push_back(job_id);
         return latest;
       });
-  ASSERT_TRUE(Register("a").ok());
-  ASSERT_TRUE(Register("b").ok());
+  ASSERT_TRUE(Register("a", -1, /*connect=*/false).ok());
+  ASSERT_TRUE(Register("b", -1, /*connect=*/false).ok());
   auto behind = std::make_shared<RecordingSink>();
   v1::SessionHello hello;
   hello.set_job_id(job_.id());
@@ -646,13 +666,13 @@ TEST_F(WorkerManagerTest, Register_GoneRankReconnects_JobStarts) {
   EXPECT_EQ(State(), v1::JOB_STATE_RUNNING);
 }
 
-// A registered worker that never opened a session within the grace (it died
-// between the two calls, or did not come back after a coordinator restart)
-// does not count either.
+// A registered worker that never opened a session (it died between the two
+// calls, or did not come back after a coordinator restart) does not count
+// toward the start, and past the grace a new worker may take its rank.
 TEST_F(WorkerManagerTest, Register_NoSessionPastGrace_DoesNotCount) {
   session_grace_ = 100ms;
   Start(15000ms);
-  ASSERT_TRUE(Register("a").ok());
+  ASSERT_TRUE(Register("a", -1, /*connect=*/false).ok());
   std::this_thread::sleep_for(300ms);
   ASSERT_TRUE(Register("b", 1).ok());
   EXPECT_EQ(State(), v1::JOB_STATE_PENDING);
@@ -722,6 +742,53 @@ TEST_F(WorkerManagerTest, Applied_PushInterruptedByRestart_RecordedOnResend) {
     EXPECT_EQ(count_active(jobs), 1) << "after restart " << restart;
     EXPECT_EQ(jobs.Get(job_.id())->active_version(), 1);
   }
+}
+
+// A heartbeat timeout names the coordinator as the likelier cause when its
+// sessions fill the thread cap (it may have refused the worker's), or when
+// heartbeats reach it late (overloaded).
+TEST_F(WorkerManagerTest, SilentWorker_AtTheSessionCap_SaysItMayBeRefused) {
+  max_sessions_ = 2;
+  Start(150ms);
+  ASSERT_TRUE(Register("a").ok());
+  ASSERT_TRUE(Register("b").ok());
+  Open(0, "a", std::make_shared<RecordingSink>());
+  Open(1, "b", std::make_shared<RecordingSink>());
+  for (int i = 0; i < 200 && State() == v1::JOB_STATE_RUNNING; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(State(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(jobs_->Get(job_.id())->error(),
+              HasSubstr("holds 2 worker sessions against --max-rpc-threads "
+                        "2: it may have refused"));
+}
+
+TEST_F(WorkerManagerTest, SilentWorker_HeartbeatsLate_SaysOverloaded) {
+  Start(150ms);
+  ASSERT_TRUE(Register("a").ok());
+  ASSERT_TRUE(Register("b").ok());
+  const int64_t s0 = Open(0, "a", std::make_shared<RecordingSink>());
+  Open(1, "b", std::make_shared<RecordingSink>());
+  v1::WorkerMessage late;
+  late.mutable_heartbeat()->set_time_unix_s(absl::ToDoubleSeconds(
+      absl::Now() - absl::Seconds(12) - absl::UnixEpoch()));
+  ASSERT_TRUE(workers_->OnMessage(s0, late).ok());
+  for (int i = 0; i < 200 && State() == v1::JOB_STATE_RUNNING; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(State(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(jobs_->Get(job_.id())->error(),
+              HasSubstr("heartbeats reach this coordinator up to 12."));
+  // Without either, the plain cause.
+  Start(150ms);
+  ASSERT_TRUE(Register("a").ok());
+  ASSERT_TRUE(Register("b").ok());
+  for (int i = 0; i < 200 && State() == v1::JOB_STATE_RUNNING; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(State(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(jobs_->Get(job_.id())->error(),
+              ::testing::EndsWith("the worker died or lost its connection"));
 }
 
 }  // namespace

@@ -74,6 +74,7 @@ void JobHistory::OnProgress(const std::string& job_id, int32_t rank,
     s.iteration_s = std::max(s.iteration_s, progress.iteration_s());
     s.exposed_comm_s = std::max(s.exposed_comm_s, progress.exposed_comm_s());
     s.peak_bytes = std::max(s.peak_bytes, progress.peak_bytes());
+    s.work = std::max(s.work, progress.work());
     const bool completed =
         static_cast<int32_t>(open.ranks.size()) >= job.world_size;
     if (completed) {

@@ -5,9 +5,11 @@
 #include <cmath>
 #include <optional>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/bytes.h"
 #include "common/ir/proto_convert.h"
 #include "common/lowering/least_memory.h"
@@ -133,6 +135,9 @@ absl::Status PlanningManager::Recover() {
     absl::StatusOr<std::vector<StoredWorker>> workers =
         store_->LoadWorkers(job.id());
     if (!workers.ok()) return workers.status();
+    // Its step history: the evidence rollbacks are decided on.
+    absl::StatusOr<std::vector<StoredStep>> steps = store_->LoadSteps(job.id());
+    if (!steps.ok()) return steps.status();
     absl::StatusOr<Graph> ir;
     if (graph->has_value()) {
       ir = FromProto(**graph);
@@ -162,8 +167,53 @@ absl::Status PlanningManager::Recover() {
           PredictedAtReference(state.work, s.prediction()),
           s.prediction().peak_bytes());
     }
+    RecoverEvidenceLocked(state, *steps);
   }
   return absl::OkStatus();
+}
+
+void PlanningManager::RecoverEvidenceLocked(
+    JobPlanning& state, const std::vector<StoredStep>& steps) {
+  // Rollbacks: each rollback version runs an earlier version's plan again
+  // ("rollback-to-vK", its newest such pass) and rejected the version
+  // before it, which is never published again.
+  for (size_t i = 0; i < state.schedules.size(); ++i) {
+    const v1::Schedule& s = state.schedules[i].schedule;
+    if (s.provenance().reason() != "rollback") continue;
+    for (const std::string& pass : s.provenance().passes()) {
+      int64_t to = 0;
+      absl::string_view rest = pass;
+      if (absl::ConsumePrefix(&rest, "rollback-to-v") &&
+          absl::SimpleAtoi(rest, &to)) {
+        state.rollbacks[s.version()] = to;
+      }
+    }
+    if (i > 0) {
+      state.rejected[state.schedules[i - 1].schedule.version()] =
+          state.schedules[i - 1].schedule;
+    }
+  }
+  // Step times per version, as OnProgress recorded them (at the reference
+  // work), from the steps the job history stored.
+  for (const StoredStep& step : steps) {
+    state.work.Record(step.schedule_version, step.iteration_s,
+                      static_cast<double>(step.work));
+    state.max_step = std::max(state.max_step, step.step);
+    if (step.schedule_version == kLeastMemoryVersion) continue;
+    state.measured.Record(
+        step.schedule_version, step.step,
+        state.work.ToReference(step.iteration_s,
+                               static_cast<double>(step.work)));
+  }
+  // A rollback that measured as slow as what it replaced had its evidence
+  // forgotten (the machine changed): forget it again.
+  if (!state.schedules.empty()) {
+    const int64_t active = state.schedules.back().schedule.version();
+    if (state.rollbacks.count(active) &&
+        state.measured.BehindBest(active).has_value()) {
+      state.measured.KeepOnly(active);
+    }
+  }
 }
 
 void PlanningManager::Fail(const std::string& job_id,

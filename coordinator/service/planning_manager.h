@@ -204,6 +204,12 @@ class PlanningManager {
     bool queued = false;
   };
 
+  // After a restart: the rollbacks and rejected versions (from the stored
+  // schedules' provenance) and each version's measured steps (from the
+  // stored step history), so that a job is still never left on, or handed
+  // again, a plan measured slower than another. Requires mu_.
+  void RecoverEvidenceLocked(JobPlanning& state,
+                             const std::vector<StoredStep>& steps);
   // The job's state, created on first use (when ended jobs are dropped).
   // Requires mu_.
   JobPlanning& State(const std::string& job_id, const v1::Job& job);

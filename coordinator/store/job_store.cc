@@ -15,7 +15,7 @@ namespace {
 // Tables added since (steps, rank_windows) are created on open like the
 // others: a file from before them just has no history yet, and an older
 // coordinator ignores them.
-constexpr int kSchemaVersion = 2;
+constexpr int kSchemaVersion = 3;
 
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS jobs (
@@ -66,6 +66,7 @@ CREATE TABLE IF NOT EXISTS steps (
   iteration_s REAL NOT NULL,
   exposed_comm_s REAL NOT NULL,
   peak_bytes INTEGER NOT NULL,
+  work INTEGER NOT NULL DEFAULT 0,
   PRIMARY KEY (job_id, step)
 );
 CREATE TABLE IF NOT EXISTS timelines (
@@ -215,14 +216,35 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(
         "; point --db at a Tandem database or a new file"));
   }
   const int64_t found = *row ? version.Int(0) : 0;
-  if (found == 1) {
-    // Version 1 had no device memory per worker: 0, unknown.
-    if (absl::Status s = store->Exec(
-            "ALTER TABLE workers ADD COLUMN device_memory_bytes INTEGER NOT "
-            "NULL DEFAULT 0;");
-        !s.ok()) {
-      return absl::UnavailableError(absl::StrCat(
-          "cannot migrate ", path, " from schema version 1: ", s.message()));
+  if (found == 1 || found == 2) {
+    // Each column came with a version; older databases get it as 0,
+    // unknown: a worker's device memory (2), a step's work (3).
+    // A table the database does not have yet comes whole from kSchema.
+    struct Migration {
+      int64_t version;
+      const char* table;
+      const char* sql;
+    };
+    for (const Migration& m :
+         {Migration{2, "workers",
+                    "ALTER TABLE workers ADD COLUMN device_memory_bytes "
+                    "INTEGER NOT NULL DEFAULT 0;"},
+          Migration{3, "steps",
+                    "ALTER TABLE steps ADD COLUMN work INTEGER NOT NULL "
+                    "DEFAULT 0;"}}) {
+      if (found >= m.version) continue;
+      Statement table(db,
+                      "SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                      "name = ?");
+      table.Bind(1, m.table);
+      absl::StatusOr<bool> exists = table.Step();
+      if (!exists.ok()) return exists.status();
+      if (!*exists) continue;
+      if (absl::Status s = store->Exec(m.sql); !s.ok()) {
+        return absl::UnavailableError(absl::StrCat("cannot migrate ", path,
+                                                   " from schema version ",
+                                                   found, ": ", s.message()));
+      }
     }
   } else if (found != 0 && found != kSchemaVersion) {
     return absl::UnavailableError(absl::StrCat(
@@ -610,7 +632,7 @@ absl::Status JobStore::PutSteps(absl::string_view job_id,
     Statement stmt(db_,
                    "INSERT OR REPLACE INTO steps (job_id, step, "
                    "schedule_version, loss, iteration_s, exposed_comm_s, "
-                   "peak_bytes) VALUES (?, ?, ?, ?, ?, ?, ?)");
+                   "peak_bytes, work) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
     if (!stmt.status().ok()) return stmt.status();
     for (const StoredStep& s : steps) {
       stmt.Bind(1, job_id)
@@ -619,7 +641,8 @@ absl::Status JobStore::PutSteps(absl::string_view job_id,
           .Bind(4, s.loss)
           .Bind(5, s.iteration_s)
           .Bind(6, s.exposed_comm_s)
-          .Bind(7, s.peak_bytes);
+          .Bind(7, s.peak_bytes)
+          .Bind(8, s.work);
       if (absl::Status st = Done(stmt); !st.ok()) return st;
       if (absl::Status st = stmt.Reset(); !st.ok()) return st;
     }
@@ -637,7 +660,7 @@ absl::StatusOr<std::vector<StoredStep>> JobStore::LoadSteps(
   std::lock_guard<std::mutex> lock(mu_);
   Statement stmt(db_,
                  "SELECT step, schedule_version, loss, iteration_s, "
-                 "exposed_comm_s, peak_bytes FROM steps WHERE job_id = ? "
+                 "exposed_comm_s, peak_bytes, work FROM steps WHERE job_id = ? "
                  "ORDER BY step");
   if (!stmt.status().ok()) return stmt.status();
   stmt.Bind(1, job_id);
@@ -647,7 +670,7 @@ absl::StatusOr<std::vector<StoredStep>> JobStore::LoadSteps(
     if (!row.ok()) return row.status();
     if (!*row) break;
     out.push_back({stmt.Int(0), stmt.Int(1), stmt.Real(2), stmt.Real(3),
-                   stmt.Real(4), stmt.Int(5)});
+                   stmt.Real(4), stmt.Int(5), stmt.Int(6)});
   }
   return out;
 }

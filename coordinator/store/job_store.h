@@ -57,6 +57,8 @@ struct StoredStep {
   double iteration_s = 0;
   double exposed_comm_s = 0;
   int64_t peak_bytes = 0;
+  // The largest work of any rank (IterationProgress.work); 0: not reported.
+  int64_t work = 0;
 };
 
 // One rank's profile window in brief (coordinator/report/job_history.h).

@@ -395,6 +395,63 @@ TEST_F(PlanningManagerTest, PlanSlowerThanBaseline_RolledBackToIt) {
               HasSubstr("gave v1's schedule again"));
 }
 
+// A coordinator restart keeps the rollback evidence: the restarted planning
+// manager rebuilds each version's measured steps from the stored step
+// history and the rollbacks and rejected versions from the stored
+// schedules. The rolled-back plan measuring slow again is still "the
+// machine changed" (it knows v2 reruns v0 and what v0 measured), and a
+// re-plan that gives the rejected v1 again is still refused.
+TEST_F(PlanningManagerTest, Restart_KeepsTheRollbackEvidence) {
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  Steps(*planning_, job_.id(), 0, 5, 0, 0.100);
+  SendWindow(0, 1, 0);
+  planning_->OnScheduleActive(job_.id(), 1);
+  Steps(*planning_, job_.id(), 5, 4, 1, 0.130);
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 2u);
+  ASSERT_EQ(published_[1].schedule().provenance().reason(), "rollback");
+  // What the job history stored of those steps (JobHistory writes them).
+  std::vector<StoredStep> stored;
+  for (int64_t step = 0; step < 9; ++step) {
+    StoredStep s;
+    s.step = step;
+    s.schedule_version = step < 5 ? 0 : 1;
+    s.iteration_s = step < 5 ? 0.100 : 0.130;
+    stored.push_back(s);
+  }
+  ASSERT_TRUE(store_->PutSteps(job_.id(), stored).ok());
+  planning_->Stop();
+  planning_.reset();
+
+  JobManager jobs(store_.get());
+  ASSERT_TRUE(jobs.Recover().ok());
+  PlanningManager restarted(&jobs, store_.get(), nullptr);
+  std::vector<v1::ScheduleUpdate> published;
+  restarted.SetPublisher([&](const std::string&, const v1::ScheduleUpdate& u) {
+    published.push_back(u);
+  });
+  ASSERT_TRUE(restarted.Recover().ok());
+  restarted.OnScheduleActive(job_.id(), 2);
+  Steps(restarted, job_.id(), 9, 4, 2, 0.130);
+  restarted.Drain();
+  EXPECT_TRUE(published.empty());
+  EXPECT_THAT(jobs.Events(job_.id(), 0)->back().message(),
+              HasSubstr("v2 runs v0's plan again but measured 0.1300 s/iter "
+                        "against v0's 0.1000: the machine changed"));
+  // A window measured under v2 to plan from (the restart forgot the last).
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(
+        restarted.OnProfile(job_.id(), r, MakeProfile(r, 10, 11, 2)).ok());
+  }
+  restarted.Drain();
+  ASSERT_TRUE(restarted.RequestReplan(job_.id(), "").ok());
+  restarted.Drain();
+  EXPECT_TRUE(published.empty());
+  EXPECT_THAT(jobs.Events(job_.id(), 0)->back().message(),
+              HasSubstr("gave v1's schedule again"));
+  restarted.Stop();
+}
+
 // The job says what the active schedule bought: v0's median over v1's, and
 // v1's predicted and measured step times.
 TEST_F(PlanningManagerTest, FasterPlan_JobCarriesMeasuredSpeedup) {

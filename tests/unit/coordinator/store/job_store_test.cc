@@ -163,6 +163,40 @@ TEST(JobStoreTest, Open_SchemaOne_MigratesWorkers) {
   EXPECT_EQ((*(*store)->LoadWorkers("a"))[1].device_memory_bytes, 42);
 }
 
+// Schema 2 had no work per step: its steps read as 0, new ones keep theirs.
+TEST(JobStoreTest, Open_SchemaTwo_MigratesSteps) {
+  const std::string path = TempDb("schema2.db");
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db,
+                           "CREATE TABLE steps (job_id TEXT NOT NULL, step "
+                           "INTEGER NOT NULL, schedule_version INTEGER NOT "
+                           "NULL, loss REAL NOT NULL, iteration_s REAL NOT "
+                           "NULL, exposed_comm_s REAL NOT NULL, peak_bytes "
+                           "INTEGER NOT NULL, PRIMARY KEY (job_id, step));"
+                           "INSERT INTO steps VALUES ('a', 1, 0, 2.5, 0.1, "
+                           "0, 7);"
+                           "PRAGMA user_version=2;",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  StoredStep two;
+  two.step = 2;
+  two.iteration_s = 0.2;
+  two.work = 4096;
+  ASSERT_TRUE((*store)->PutSteps("a", {two}).ok());
+  auto steps = (*store)->LoadSteps("a");
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  ASSERT_EQ(steps->size(), 2u);
+  EXPECT_DOUBLE_EQ((*steps)[0].loss, 2.5);
+  EXPECT_EQ((*steps)[0].work, 0);
+  EXPECT_EQ((*steps)[1].work, 4096);
+}
+
 TEST(JobStoreTest, PutJob_SameId_Replaces) {
   auto store = JobStore::Open(":memory:");
   ASSERT_TRUE(store.ok());

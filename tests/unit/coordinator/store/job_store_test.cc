@@ -129,25 +129,26 @@ TEST(JobStoreTest, PutSchedule_PlannedSchedule_ReopenKeepsExplanation) {
   EXPECT_EQ(*loaded, planned);
 }
 
+// A database as an older coordinator left it: `sql` run on a new file.
+void WriteOldDatabase(const std::string& path, const char* sql) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+}
+
 // A database written by the previous coordinator (schema 1: no device
 // memory per worker) opens, keeps its rows, and reads them as unknown (0).
 TEST(JobStoreTest, Open_SchemaOne_MigratesWorkers) {
   const std::string path = TempDb("schema1.db");
-  {
-    sqlite3* db = nullptr;
-    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-    ASSERT_EQ(sqlite3_exec(db,
-                           "CREATE TABLE workers (job_id TEXT NOT NULL, rank "
-                           "INTEGER NOT NULL, incarnation TEXT NOT NULL, "
-                           "hostname TEXT NOT NULL, device TEXT NOT NULL, "
-                           "PRIMARY KEY (job_id, rank));"
-                           "INSERT INTO workers VALUES ('a', 0, 'i', 'h', "
-                           "'cpu');"
-                           "PRAGMA user_version=1;",
-                           nullptr, nullptr, nullptr),
-              SQLITE_OK);
-    sqlite3_close(db);
-  }
+  WriteOldDatabase(path,
+                   "CREATE TABLE workers (job_id TEXT NOT NULL, rank "
+                   "INTEGER NOT NULL, incarnation TEXT NOT NULL, "
+                   "hostname TEXT NOT NULL, device TEXT NOT NULL, "
+                   "PRIMARY KEY (job_id, rank));"
+                   "INSERT INTO workers VALUES ('a', 0, 'i', 'h', "
+                   "'cpu');"
+                   "PRAGMA user_version=1;");
   auto store = JobStore::Open(path);
   ASSERT_TRUE(store.ok()) << store.status();
   auto workers = (*store)->LoadWorkers("a");
@@ -166,22 +167,15 @@ TEST(JobStoreTest, Open_SchemaOne_MigratesWorkers) {
 // Schema 2 had no work per step: its steps read as 0, new ones keep theirs.
 TEST(JobStoreTest, Open_SchemaTwo_MigratesSteps) {
   const std::string path = TempDb("schema2.db");
-  {
-    sqlite3* db = nullptr;
-    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-    ASSERT_EQ(sqlite3_exec(db,
-                           "CREATE TABLE steps (job_id TEXT NOT NULL, step "
-                           "INTEGER NOT NULL, schedule_version INTEGER NOT "
-                           "NULL, loss REAL NOT NULL, iteration_s REAL NOT "
-                           "NULL, exposed_comm_s REAL NOT NULL, peak_bytes "
-                           "INTEGER NOT NULL, PRIMARY KEY (job_id, step));"
-                           "INSERT INTO steps VALUES ('a', 1, 0, 2.5, 0.1, "
-                           "0, 7);"
-                           "PRAGMA user_version=2;",
-                           nullptr, nullptr, nullptr),
-              SQLITE_OK);
-    sqlite3_close(db);
-  }
+  WriteOldDatabase(path,
+                   "CREATE TABLE steps (job_id TEXT NOT NULL, step "
+                   "INTEGER NOT NULL, schedule_version INTEGER NOT "
+                   "NULL, loss REAL NOT NULL, iteration_s REAL NOT "
+                   "NULL, exposed_comm_s REAL NOT NULL, peak_bytes "
+                   "INTEGER NOT NULL, PRIMARY KEY (job_id, step));"
+                   "INSERT INTO steps VALUES ('a', 1, 0, 2.5, 0.1, "
+                   "0, 7);"
+                   "PRAGMA user_version=2;");
   auto store = JobStore::Open(path);
   ASSERT_TRUE(store.ok()) << store.status();
   StoredStep two;

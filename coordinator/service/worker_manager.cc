@@ -369,8 +369,9 @@ absl::StatusOr<v1::RegisterResponse> WorkerManager::Register(
       r.last_heard = std::chrono::system_clock::now();
     }
   }
-  if (!replaced.empty())
+  if (!replaced.empty()) {
     (void)jobs_->RecordEvent(job->id(), "worker", replaced);
+  }
   if (restarted) {
     // A relaunched process: the job restarts (restart.max_restarts) and this
     // worker is the first of the new round, or the job fails.
@@ -439,7 +440,8 @@ absl::StatusOr<int64_t> WorkerManager::OpenSession(
     it->second.gone_since.reset();
     UpdateConnectedMetric(job->id(), w);
   }
-  // A rank counted gone came back.
+  // The job may start: this was the last rank to connect, or one counted
+  // gone came back.
   StartIfReady(job->id());
   if (IsTerminal(job->state())) {
     v1::CoordinatorMessage stop;

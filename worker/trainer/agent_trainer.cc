@@ -90,9 +90,10 @@ absl::Status OfferPending(WorkerAgent& agent, Executor& executor) {
   return absl::OkStatus();
 }
 
-// Waits until every rank of the job registered (RegisterResponse.start_key),
-// polling through coordinator outages; returns early, with the reason, when
-// the job stops or restarts or `stopped` says so.
+// Waits until every rank of the job registered and connected
+// (RegisterResponse.start_key), polling through coordinator outages;
+// returns early, with the reason, when the job stops or restarts or
+// `stopped` says so.
 absl::Status WaitForStart(CoordinatorClient& client, WorkerAgent& agent,
                           const std::string& job_id,
                           const v1::RegisterResponse& registered,
@@ -115,12 +116,12 @@ absl::Status WaitForStart(CoordinatorClient& client, WorkerAgent& agent,
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
     if (std::chrono::steady_clock::now() >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("job ", job_id, ": not every rank registered within ",
-                       kStartTimeout.count() * 60, " s of rank ",
-                       registered.rank(), " (`tandem status ", job_id,
-                       "` lists those that did); did every rank "
-                       "start and reach the coordinator?"));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "job ", job_id, ": not every rank registered and connected within ",
+          kStartTimeout.count() * 60, " s of rank ", registered.rank(),
+          " (`tandem status ", job_id,
+          "` lists those that did); did every rank "
+          "start and reach the coordinator?"));
     }
   }
 }

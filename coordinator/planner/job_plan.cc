@@ -119,7 +119,7 @@ JobHardware HardwareForJob(const v1::JobSpec& spec,
     }
   }
   if (memory <= 0) {
-    memory = std::numeric_limits<int64_t>::max() / 4;
+    memory = kUnlimitedMemoryBytes;
     if (spec.memory().budget_bytes() <= 0) {
       out.assumptions.push_back(
           "no memory limit (no rank reported its device memory; set "

@@ -8,6 +8,7 @@
 #define TANDEM_COORDINATOR_PLANNER_JOB_PLAN_H_
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,11 @@ struct RankDevice {
 // memory-mapped files (a memcpy), on a GPU a PCIe 4.0 x16 link.
 inline constexpr double kAssumedCpuHostBytesPerS = 5e9;
 inline constexpr double kAssumedGpuHostBytesPerS = 25e9;
+
+// The device memory a job is planned with when none is declared or
+// reported: no limit.
+inline constexpr int64_t kUnlimitedMemoryBytes =
+    std::numeric_limits<int64_t>::max() / 4;
 
 struct JobHardware {
   HardwareModel hw;

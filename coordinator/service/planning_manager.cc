@@ -849,7 +849,11 @@ void PlanningManager::PlanOne(const std::string& job_id,
           result.status().code() == absl::StatusCode::kResourceExhausted;
       return result.status();
     }
-    headroom = result->headroom_bytes;
+    // A share of an unlimited budget says nothing.
+    headroom = result->hw.budget_bytes <= 0 &&
+                       result->hw.device_memory_bytes >= kUnlimitedMemoryBytes
+                   ? 0
+                   : result->headroom_bytes;
     planned_on = DescribeHardware(result->hw);
     if (!result->feasible) {
       // A reference policy's plan that would run out of memory, as the real

@@ -53,6 +53,9 @@ ABSL_FLAG(int64_t, max_profile_bytes_per_job, int64_t{256} << 20,
 ABSL_FLAG(int64_t, max_stored_profile_bytes_per_job, int64_t{256} << 20,
           "bytes of window profiles kept per job in --db; the oldest go "
           "first");
+ABSL_FLAG(int, max_ended_jobs, 100000,
+          "ended jobs kept, in memory and in --db; past it the one that "
+          "ended longest ago is deleted with its history");
 ABSL_FLAG(int64_t, max_history_rows_per_job, 100000,
           "steps, and rank profile windows, kept per job in --db for its "
           "report; past it the older ones thin out (every second dropped)");
@@ -118,6 +121,7 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_max_active_jobs_per_user);
   options.job_limits.max_events_per_job =
       absl::GetFlag(FLAGS_max_events_per_job);
+  options.job_limits.max_ended_jobs = absl::GetFlag(FLAGS_max_ended_jobs);
   options.job_limits.roots.read = absl::GetFlag(FLAGS_data_roots);
   options.job_limits.roots.write = absl::GetFlag(FLAGS_checkpoint_roots);
   options.max_held_profile_bytes =
@@ -147,6 +151,8 @@ int main(int argc, char** argv) {
                             options.job_limits.max_active_jobs_per_user, 1),
        tandem::CheckAtLeast("--max-events-per-job",
                             options.job_limits.max_events_per_job, 16),
+       tandem::CheckAtLeast("--max-ended-jobs",
+                            options.job_limits.max_ended_jobs, 1),
        tandem::CheckAtLeast("--max-profile-bytes-per-job",
                             options.max_held_profile_bytes, int64_t{1} << 20),
        tandem::CheckAtLeast("--max-stored-profile-bytes-per-job",

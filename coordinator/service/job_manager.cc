@@ -69,9 +69,25 @@ absl::Status JobManager::Recover() {
     record.events = *std::move(events);
     if (absl::Status s = TrimEvents(record); !s.ok()) return s;
     const std::string id = record.job.id();
-    jobs_[id] = std::move(record);
+    Record& kept = jobs_[id] = std::move(record);
+    if (IsTerminal(kept.job.state())) EndedLocked(kept);
   }
   return absl::OkStatus();
+}
+
+void JobManager::EndedLocked(const Record& record) {
+  ended_.emplace(
+      record.events.empty() ? NowUnix() : record.events.back().time_unix_s(),
+      record.job.id());
+  const size_t keep = static_cast<size_t>(std::max(1, limits_.max_ended_jobs));
+  while (ended_.size() > keep) {
+    const std::string id = ended_.begin()->second;
+    ended_.erase(ended_.begin());
+    jobs_.erase(id);
+    // A failure leaves rows behind, not a wrong answer: the job is gone
+    // from memory, and the next restart's recovery deletes it again.
+    (void)store_->DeleteJob(id);
+  }
 }
 
 JobManager::Record* JobManager::Find(absl::string_view job_id) {
@@ -259,6 +275,7 @@ absl::Status JobManager::Transition(absl::string_view job_id,
         !s.ok()) {
       return s;
     }
+    if (IsTerminal(state)) EndedLocked(*r);
     listener = listener_;
   }
   if (listener) listener(std::string(job_id), state);
@@ -310,6 +327,7 @@ absl::StatusOr<int> JobManager::RestartOrFail(absl::string_view job_id,
           !s.ok()) {
         return s;
       }
+      EndedLocked(*r);
     }
     listener = listener_;
   }

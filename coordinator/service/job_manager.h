@@ -18,6 +18,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,10 @@ class JobManager {
     // Events kept per job, in memory and in the store: past it the oldest
     // are dropped (the newest `max_events_per_job` stay, with their seqs).
     int max_events_per_job = 10000;
+    // Ended jobs kept, in memory and in the store: past it the one that
+    // ended longest ago is deleted with everything stored for it (at least
+    // 1: a job that just ended always stays).
+    int max_ended_jobs = 100000;
     // Where jobs may read and write (common/job/job_spec.h).
     JobPathRoots roots;
   };
@@ -152,6 +157,10 @@ class JobManager {
   // Retention (Limits::max_events_per_job): drops the oldest events past
   // it, from memory, then from the store (whose error it returns).
   absl::Status TrimEvents(Record& record);
+  // Retention (Limits::max_ended_jobs): `record` just ended (or ended
+  // before a restart); deletes the jobs that ended longest ago past the
+  // limit, from memory and the store. Requires mu_.
+  void EndedLocked(const Record& record);
   // Appends an event and persists it and the job row. Requires mu_.
   absl::Status AppendLocked(Record& record, absl::string_view kind,
                             absl::string_view message);
@@ -161,6 +170,8 @@ class JobManager {
   mutable std::mutex mu_;
   std::condition_variable changed_;
   std::map<std::string, Record, std::less<>> jobs_;
+  // Ended jobs by the time of their last event, oldest first.
+  std::set<std::pair<double, std::string>> ended_;
   StateListener listener_;
 };
 

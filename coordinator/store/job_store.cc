@@ -512,6 +512,30 @@ absl::Status JobStore::DeleteGraph(absl::string_view job_id) {
   return Done(stmt);
 }
 
+absl::Status JobStore::DeleteJob(absl::string_view job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (absl::Status s = Exec("BEGIN;"); !s.ok()) return s;
+  absl::Status status = [&]() -> absl::Status {
+    for (const char* table :
+         {"jobs", "events", "graphs", "schedules", "workers", "profiles",
+          "steps", "timelines", "rank_windows"}) {
+      const std::string sql = absl::StrCat(
+          "DELETE FROM ", table, " WHERE ",
+          std::string_view(table) == "jobs" ? "id" : "job_id", " = ?");
+      Statement stmt(db_, sql.c_str());
+      if (!stmt.status().ok()) return stmt.status();
+      stmt.Bind(1, job_id);
+      if (absl::Status s = Done(stmt); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) {
+    (void)Exec("ROLLBACK;");
+    return status;
+  }
+  return Exec("COMMIT;");
+}
+
 absl::Status JobStore::PutWorker(absl::string_view job_id,
                                  const StoredWorker& worker) {
   std::lock_guard<std::mutex> lock(mu_);

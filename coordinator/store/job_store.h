@@ -132,6 +132,10 @@ class JobStore {
   absl::Status DeleteWorkers(absl::string_view job_id);
   // The job's graph (it resumed at another world size: a new one comes).
   absl::Status DeleteGraph(absl::string_view job_id);
+  // Everything stored for the job (its row, events, graph, schedules,
+  // workers, profiles, steps, timelines and rank windows), in one
+  // transaction.
+  absl::Status DeleteJob(absl::string_view job_id);
   absl::StatusOr<std::vector<StoredWorker>> LoadWorkers(
       absl::string_view job_id);
 

@@ -173,6 +173,37 @@ TEST_F(JobManagerTest, Events_PastRetention_OldestDropped) {
   EXPECT_EQ(store_->LoadEvents(job->id())->size(), 4u);
 }
 
+// Retention of ended jobs: past max_ended_jobs the job that ended longest
+// ago goes, with everything stored for it; jobs still running stay however
+// old; a restart with a smaller limit deletes down to it.
+TEST_F(JobManagerTest, EndedJobs_PastRetention_OldestDeleted) {
+  JobManager::Limits limits;
+  limits.max_ended_jobs = 2;
+  JobManager jobs(store_.get(), limits);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) ids.push_back(jobs.Submit(TinySpec())->id());
+  ASSERT_TRUE(store_->PutSteps(ids[1], {StoredStep{}}).ok());
+  // ids[0] runs throughout; 1..4 end in order.
+  ASSERT_TRUE(jobs.Transition(ids[0], v1::JOB_STATE_RUNNING, "go").ok());
+  for (int i = 1; i < 5; ++i) {
+    ASSERT_TRUE(jobs.Transition(ids[i], v1::JOB_STATE_CANCELLED, "done").ok());
+  }
+  EXPECT_TRUE(jobs.Get(ids[0]).ok());
+  for (int i : {1, 2}) {
+    EXPECT_EQ(jobs.Get(ids[i]).status().code(), absl::StatusCode::kNotFound);
+    EXPECT_TRUE(store_->LoadEvents(ids[i])->empty());
+  }
+  EXPECT_TRUE(store_->LoadSteps(ids[1])->empty());
+  EXPECT_TRUE(jobs.Get(ids[3]).ok() && jobs.Get(ids[4]).ok());
+  EXPECT_EQ(store_->LoadJobs()->size(), 3u);
+  limits.max_ended_jobs = 1;
+  JobManager smaller(store_.get(), limits);
+  ASSERT_TRUE(smaller.Recover().ok());
+  EXPECT_EQ(smaller.Get(ids[3]).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(smaller.Get(ids[4]).ok() && smaller.Get(ids[0]).ok());
+  EXPECT_EQ(store_->LoadJobs()->size(), 2u);
+}
+
 // The jobs gauge follows submits too, not only transitions.
 TEST_F(JobManagerTest, Submit_TellsTheListenerPending_CountsByState) {
   std::vector<v1::JobState> seen;

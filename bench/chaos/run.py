@@ -132,21 +132,12 @@ class Coordinator(_client_tests.Coordinator):
 def worker_pids(job_id):
     """{rank: pid} of the tandem-worker processes of a job (from /proc)."""
     pids = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/cmdline" % entry, "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:
-            continue
-        if args and args[0].endswith(b"tandem-worker") and \
-                job_id.encode() in args and b"--rank" in args:
+    for pid, args in _client_tests.worker_processes(job_id):
+        if b"--rank" in args:
             try:
-                rank = int(args[args.index(b"--rank") + 1])
+                pids[int(args[args.index(b"--rank") + 1])] = pid
             except (ValueError, IndexError):
                 continue
-            pids[rank] = int(entry)
     return pids
 
 
@@ -610,6 +601,17 @@ class Chaos:
         def st_now():
             return self.get(jid)
 
+        def at_step(target):
+            """Ready once the job runs at `target` or later (or ended)."""
+            def ready():
+                st = st_now()
+                if st is None or st.job.state in TERMINAL:
+                    return st
+                if st.job.state == RUNNING and st.job.step >= target:
+                    return st
+                return None
+            return ready
+
         if phase == "registration":
             # The ranks register within about 0.5 s of each other here.
             jitter = rng.uniform(0.0, 0.1)
@@ -632,17 +634,7 @@ class Chaos:
 
         if phase == "warm-up":
             target = rng.randint(1, WARMUP - 1)
-
-            def ready():
-                st = st_now()
-                if st is None:
-                    return None
-                if st.job.state in TERMINAL:
-                    return st
-                if st.job.state == RUNNING and st.job.step >= target:
-                    return st
-                return None
-            return self.wait(phase, ready, 120, fast), \
+            return self.wait(phase, at_step(target), 120, fast), \
                 "at step %d of the %d-step warm-up" % (target, WARMUP)
 
         if phase == "planning":
@@ -714,17 +706,7 @@ class Chaos:
             if not cands:
                 cands = [self.steps - 1]
             target = rng.choice(cands[:4])
-
-            def ready():
-                st = st_now()
-                if st is None:
-                    return None
-                if st.job.state in TERMINAL:
-                    return st
-                if st.job.state == RUNNING and st.job.step >= target:
-                    return st
-                return None
-            return self.wait(phase, ready, 180, fast), \
+            return self.wait(phase, at_step(target), 180, fast), \
                 "at step %d (checkpoint.every %d)" % (target, self.every)
         raise ValueError(phase)
 

@@ -16,7 +16,8 @@
 //                          no message for heartbeat_timeout ──> job FAILED
 //
 // The job becomes RUNNING when every rank has registered and opened its
-// session, and SUCCEEDED when every rank has reported its last step. No gRPC in here.
+// session, and SUCCEEDED when every rank has reported its last step. No gRPC in
+// here.
 #ifndef TANDEM_COORDINATOR_SERVICE_WORKER_MANAGER_H_
 #define TANDEM_COORDINATOR_SERVICE_WORKER_MANAGER_H_
 

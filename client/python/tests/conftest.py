@@ -200,10 +200,10 @@ def small_spec(name=None, world_size=2, steps=5, **overrides):
     return spec
 
 
-def worker_pids(job_id):
-    """Pids of the tandem-worker processes of job `job_id` on this host
-    (from /proc): what chaos tests kill."""
-    pids = []
+def worker_processes(job_id):
+    """[(pid, argv as bytes)] of the tandem-worker processes of job `job_id`
+    on this host (from /proc)."""
+    found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -214,8 +214,14 @@ def worker_pids(job_id):
             continue
         if args and args[0].endswith(b"tandem-worker") and \
                 job_id.encode() in args:
-            pids.append(int(entry))
-    return pids
+            found.append((int(entry), args))
+    return found
+
+
+def worker_pids(job_id):
+    """Pids of the tandem-worker processes of job `job_id` on this host:
+    what chaos tests kill."""
+    return [pid for pid, _ in worker_processes(job_id)]
 
 
 def wait_for(predicate, timeout=10.0, interval=0.05, what="condition"):

@@ -1,6 +1,8 @@
 #include "common/archive/tensor_data.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -181,6 +183,65 @@ std::vector<std::string> TensorDataProblems(
         " has an array 'lengths', but no model input has a dynamic "
         "dim 1 for it to cut; remove it, or export with dynamic_dims= "
         "naming dim 1"));
+  }
+  return problems;
+}
+
+namespace {
+
+struct IntegerRange {
+  const char* dtype;
+  int64_t min, max;
+};
+constexpr IntegerRange kIntegerRanges[] = {
+    {"int64", INT64_MIN, INT64_MAX}, {"int32", INT32_MIN, INT32_MAX},
+    {"int16", INT16_MIN, INT16_MAX}, {"int8", INT8_MIN, INT8_MAX},
+    {"uint8", 0, UINT8_MAX},         {"bool", 0, 1}};
+
+}  // namespace
+
+bool SyntheticFloating(const std::string& dtype) {
+  return dtype == "float32" || dtype == "float64" || dtype == "float16" ||
+         dtype == "bfloat16";
+}
+
+std::vector<std::string> SyntheticDataProblems(
+    absl::Span<const v1::ArchiveInput> inputs) {
+  std::vector<std::string> problems;
+  for (const v1::ArchiveInput& in : inputs) {
+    if (!in.role().empty()) continue;
+    const std::string where = absl::StrCat("input '", in.name(), "'");
+    if (!in.has_synthetic()) {
+      problems.push_back(absl::StrCat(
+          where,
+          " has no synthetic description (the archive predates them): export "
+          "the model again, or use data.kind tensors"));
+      continue;
+    }
+    const v1::ArchiveSynthetic& s = in.synthetic();
+    if (SyntheticFloating(in.dtype())) {
+      if (!std::isfinite(s.mean()) || !std::isfinite(s.std()) || s.std() < 0) {
+        problems.push_back(absl::StrCat(where, ": synthetic mean ", s.mean(),
+                                        " and std ", s.std(),
+                                        " must be finite, std >= 0"));
+      }
+      continue;
+    }
+    const IntegerRange* range = nullptr;
+    for (const IntegerRange& r : kIntegerRanges) {
+      if (in.dtype() == r.dtype) range = &r;
+    }
+    if (range == nullptr) {
+      problems.push_back(absl::StrCat(where, " has dtype ", in.dtype(),
+                                      ", which data.kind synthetic cannot "
+                                      "draw; use data.kind tensors"));
+    } else if (s.low() > s.high() || s.low() < range->min ||
+               s.high() > range->max) {
+      problems.push_back(
+          absl::StrCat(where, ": synthetic range [", s.low(), ", ", s.high(),
+                       "] must be non-empty and within ", in.dtype(), "'s [",
+                       range->min, ", ", range->max, "]"));
+    }
   }
   return problems;
 }

@@ -52,6 +52,19 @@ absl::StatusOr<TensorDataFile> OpenTensorDataFile(const std::string& path);
 std::vector<std::string> TensorDataProblems(
     const TensorDataFile& file, absl::Span<const v1::ArchiveInput> inputs);
 
+// Why `data.kind: synthetic` cannot draw a model's `inputs` of no role
+// (worker/data/synthetic_inputs.h), one message per problem, empty when it
+// can: an input without a synthetic description (an archive written before
+// there was one), a dtype it cannot draw (not floating, integer or bool), a
+// range that is empty or outside the dtype's, or a std that is negative or
+// not finite. Inputs of a role are the token stream's, not checked here.
+std::vector<std::string> SyntheticDataProblems(
+    absl::Span<const v1::ArchiveInput> inputs);
+
+// Whether `dtype` (an archive's name) is a floating dtype the synthetic
+// source draws: float32, float64, float16, bfloat16.
+bool SyntheticFloating(const std::string& dtype);
+
 }  // namespace tandem
 
 #endif  // TANDEM_COMMON_ARCHIVE_TENSOR_DATA_H_

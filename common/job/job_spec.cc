@@ -172,7 +172,8 @@ void ValidateInitFrom(const std::string& path,
 // model.kind torchscript: no builtin fields, and an archive that reads
 // (ReadArchiveManifest) and that the data source can feed: the token
 // sources feed inputs of roles tokens and targets, data.kind tensors every
-// input by name.
+// input by name, and data.kind synthetic the others from their archive's
+// synthetic description.
 void ValidateArchiveModel(const v1::JobSpec& spec, FieldErrors& errors) {
   const v1::ModelSpec& m = spec.model();
   const std::pair<const char*, bool> builtin_fields[] = {
@@ -210,12 +211,29 @@ void ValidateArchiveModel(const v1::JobSpec& spec, FieldErrors& errors) {
     }
     return;
   }
+  if (spec.data().kind() == "synthetic") {
+    // Inputs of no role are drawn from their archive's description; those
+    // of a role from the token stream, which needs a vocabulary and a length.
+    const std::vector<v1::ArchiveInput> inputs(manifest->inputs().begin(),
+                                               manifest->inputs().end());
+    for (const std::string& problem : SyntheticDataProblems(inputs)) {
+      errors.Add("model.path: ", problem);
+    }
+    if (std::any_of(
+            inputs.begin(), inputs.end(),
+            [](const v1::ArchiveInput& in) { return !in.role().empty(); })) {
+      AtLeast(errors, "model.vocab", m.vocab(), 2);
+      AtLeast(errors, "batch.seq_len", spec.batch().seq_len(), 1);
+    }
+  }
   for (const v1::ArchiveInput& in : manifest->inputs()) {
     if (in.role().empty()) {
-      errors.Add("model.path: the model takes input '", in.name(),
-                 "', which data.kind ", spec.data().kind(),
-                 " cannot feed (it feeds the roles tokens and targets); "
-                 "use data.kind tensors");
+      if (spec.data().kind() != "synthetic") {
+        errors.Add("model.path: the model takes input '", in.name(),
+                   "', which data.kind ", spec.data().kind(),
+                   " cannot feed (it feeds the roles tokens and targets); "
+                   "use data.kind tensors or synthetic");
+      }
       continue;
     }
     const bool dynamic_seq =
@@ -459,8 +477,11 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
   const v1::DataSpec& d = spec.data();
   const bool tensors = d.kind() == "tensors";
   // The tensors source reads no token ids: model.vocab and batch.seq_len
-  // are unused there.
-  if (!tensors) {
+  // are unused there. Nor does the synthetic source for an archive without
+  // inputs of a role: ValidateArchiveModel checks them when it has some.
+  const bool tokens_read =
+      !tensors && !(torchscript && d.kind() == "synthetic");
+  if (tokens_read) {
     AtLeast(errors, "model.vocab", m.vocab(), 2);
     AtMost(errors, "model.vocab", m.vocab(), 1 << 24,
            "the largest real vocabularies are about 256k tokens");
@@ -497,11 +518,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
   AtMost(errors, "batch.micro_batch", b.micro_batch(), 1 << 16,
          "samples per rank per micro-batch");
   AtMost(errors, "batch.seq_len", b.seq_len(), 1 << 22, "tokens per sample");
-  if (tensors) {
-    AtLeast(errors, "batch.seq_len", b.seq_len(), 0);
-  } else {
-    AtLeast(errors, "batch.seq_len", b.seq_len(), 1);
-  }
+  AtLeast(errors, "batch.seq_len", b.seq_len(), tokens_read ? 1 : 0);
   AtLeast(errors, "batch.grad_accum", b.grad_accum(), 1);
 
   const v1::TrainSpec& t = spec.train();

@@ -20,7 +20,7 @@ absl::StatusOr<TokenInputs> TokenInputsOf(const Program& program) {
       return absl::InvalidArgumentError(absl::StrCat(
           "model '", program.name, "' takes input '", in.name,
           "', which a token data source cannot feed (its role is '", in.role,
-          "', not tokens or targets); use data.kind tensors"));
+          "', not tokens or targets); use data.kind tensors or synthetic"));
     }
     if (!slot->empty()) {
       return absl::InvalidArgumentError(
@@ -94,6 +94,7 @@ std::vector<v1::ArchiveInput> ArchiveInputsOf(const Program& program) {
     in.set_dtype(p.dtype);
     for (int64_t d : p.shape) in.add_shape(d);
     for (int32_t d : p.dynamic_dims) in.add_dynamic_dims(d);
+    if (p.synthetic.has_value()) *in.mutable_synthetic() = *p.synthetic;
   }
   return inputs;
 }
@@ -123,6 +124,26 @@ absl::StatusOr<std::vector<MicroBatch>> ReadRankBatches(
   for (const HostMicroBatch& h : host) {
     batches.push_back(ToMicroBatch(h));
     if (counted != nullptr) *counted += h.counted;
+  }
+  return batches;
+}
+
+std::vector<MicroBatch> ReadRankBatches(const SyntheticInputs& source,
+                                        int64_t step, int32_t grad_accum,
+                                        int32_t rank, int32_t world,
+                                        int32_t per_rank,
+                                        int64_t first_sample) {
+  std::vector<MicroBatch> batches;
+  for (const HostMicroBatch& h :
+       source.ReadRank(step, grad_accum, rank, world, per_rank, first_sample)) {
+    MicroBatch batch = ToMicroBatch(h);
+    // float16 and bfloat16 were drawn as float32: round them here.
+    for (const v1::ArchiveInput& in : source.inputs()) {
+      at::Tensor& t = batch.tensors[in.name()];
+      const at::ScalarType declared = ScalarTypeOf(in.dtype());
+      if (t.scalar_type() != declared) t = t.to(declared);
+    }
+    batches.push_back(std::move(batch));
   }
   return batches;
 }

@@ -1,5 +1,5 @@
-// Turning token rows, or the tensors source's arrays, into the executor's
-// MicroBatch tensors, under the names the program reads them by.
+// Turning token rows, or the tensors or synthetic source's arrays, into the
+// executor's MicroBatch tensors, under the names the program reads them by.
 #ifndef TANDEM_WORKER_DATA_MICRO_BATCH_H_
 #define TANDEM_WORKER_DATA_MICRO_BATCH_H_
 
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/data/synthetic_inputs.h"
 #include "worker/data/tensor_source.h"
 #include "worker/data/token_source.h"
 #include "worker/runtime/program.h"
@@ -53,6 +54,14 @@ absl::StatusOr<std::vector<MicroBatch>> ReadRankBatches(
     const TensorSource& source, int64_t step, int32_t grad_accum, int32_t rank,
     int32_t world, int32_t per_rank, int64_t* counted = nullptr,
     int64_t first_sample = 0);
+
+// Rank `rank`'s micro-batches of step `step` from the synthetic inputs
+// (SyntheticInputs::ReadRank), each input in its declared dtype.
+std::vector<MicroBatch> ReadRankBatches(const SyntheticInputs& source,
+                                        int64_t step, int32_t grad_accum,
+                                        int32_t rank, int32_t world,
+                                        int32_t per_rank,
+                                        int64_t first_sample = 0);
 
 }  // namespace tandem
 

@@ -12,16 +12,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/random_bits.h"
 
 namespace tandem {
-namespace {
 
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+namespace {
 
 class SyntheticTokens final : public TokenSource {
  public:
@@ -29,8 +24,9 @@ class SyntheticTokens final : public TokenSource {
       : seed_(seed), vocab_(vocab), seq_len_(seq_len) {}
 
   absl::Status Read(int64_t global_index, int64_t* out) const override {
-    uint64_t state = Mix(seed_ ^ Mix(static_cast<uint64_t>(global_index)));
-    auto next = [&state] { return state = Mix(state); };
+    uint64_t state =
+        SplitMix64(seed_ ^ SplitMix64(static_cast<uint64_t>(global_index)));
+    auto next = [&state] { return state = SplitMix64(state); };
     const uint64_t v = static_cast<uint64_t>(vocab_);
     uint64_t token = next() % v;
     const uint64_t stride = 1 + next() % std::min<uint64_t>(v, 7);

@@ -147,11 +147,14 @@ absl::StatusOr<Program> LoadArchiveProgram(const std::string& path) {
   program.name = m.name();
   program.loss = m.loss();
   for (const v1::ArchiveInput& in : m.inputs()) {
-    program.inputs.push_back(
-        {in.name(), in.role(), in.dtype(),
-         std::vector<int64_t>(in.shape().begin(), in.shape().end()),
-         std::vector<int32_t>(in.dynamic_dims().begin(),
-                              in.dynamic_dims().end())});
+    ProgramInput& input = program.inputs.emplace_back();
+    input.name = in.name();
+    input.role = in.role();
+    input.dtype = in.dtype();
+    input.shape.assign(in.shape().begin(), in.shape().end());
+    input.dynamic_dims.assign(in.dynamic_dims().begin(),
+                              in.dynamic_dims().end());
+    if (in.has_synthetic()) input.synthetic = in.synthetic();
   }
   absl::flat_hash_map<std::string, int32_t> param_ids;
   for (const v1::ArchiveParam& p : m.params()) {

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/models/hf_names.h"
+#include "common/random_bits.h"
 #include "common/status_macros.h"
 
 namespace tandem {
@@ -22,20 +23,11 @@ constexpr double kNormEps = 1e-5;
 constexpr double kInitStd = 0.02;
 constexpr double kRopeBase = 10000.0;
 
-uint64_t SplitMix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-uint64_t HashName(const std::string& name) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : name) {
-    h ^= c;
-    h *= 0x100000001b3ULL;
-  }
-  return h;
+// The next value of the SplitMix64 stream at `state`, advancing it.
+uint64_t NextBits(uint64_t& state) {
+  const uint64_t out = SplitMix64(state);
+  state += kGoldenGamma;
+  return out;
 }
 
 // Normal(0, std) values from a counter-based stream keyed by the seed and the
@@ -43,16 +35,15 @@ uint64_t HashName(const std::string& name) {
 std::function<void(float*, int64_t)> NormalInit(uint64_t seed,
                                                 const std::string& name,
                                                 double std) {
-  const uint64_t key = seed ^ HashName(name);
+  const uint64_t key = seed ^ Fnv1a64(name);
   return [key, std](float* data, int64_t numel) {
     uint64_t state = key;
     constexpr double kTwoPi = 6.283185307179586;
     for (int64_t i = 0; i < numel; i += 2) {
       // Box-Muller on two uniforms in (0, 1].
       const double u1 =
-          (static_cast<double>(SplitMix64(state) >> 11) + 1.0) * 0x1.0p-53;
-      const double u2 =
-          static_cast<double>(SplitMix64(state) >> 11) * 0x1.0p-53;
+          (static_cast<double>(NextBits(state) >> 11) + 1.0) * 0x1.0p-53;
+      const double u2 = static_cast<double>(NextBits(state) >> 11) * 0x1.0p-53;
       const double r = std::sqrt(-2.0 * std::log(u1));
       data[i] = static_cast<float>(std * r * std::cos(kTwoPi * u2));
       if (i + 1 < numel) {

@@ -1,5 +1,6 @@
 #include "worker/runtime/program.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -10,6 +11,11 @@
 #include "common/status_macros.h"
 
 namespace tandem {
+
+bool HasNamedInputs(const Program& program) {
+  return std::any_of(program.inputs.begin(), program.inputs.end(),
+                     [](const ProgramInput& in) { return in.role.empty(); });
+}
 
 absl::StatusOr<ProgramFlow> AnalyzeProgramFlow(const Program& program) {
   ProgramFlow flow;

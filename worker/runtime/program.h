@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/ir/graph.h"
+#include "tandem/v1/archive.pb.h"
 
 namespace tandem {
 
@@ -58,6 +60,9 @@ struct ProgramInput {
   std::string dtype;
   std::vector<int64_t> shape;
   std::vector<int32_t> dynamic_dims;
+  // What data.kind synthetic draws for it (worker/data/synthetic_inputs.h),
+  // when the archive says.
+  std::optional<v1::ArchiveSynthetic> synthetic;
 };
 
 // One micro-batch of this rank: a tensor for every program input, by name.
@@ -111,6 +116,10 @@ struct Program {
   DType dtype = DType::kF32;
   DType reduce_dtype = DType::kF32;
 };
+
+// Whether `program` takes an input of no role, which only a source of named
+// inputs (tensors, or synthetic ones) can feed.
+bool HasNamedInputs(const Program& program);
 
 // The values of a program, numbered: inputs first, then node outputs in
 // order.

@@ -287,9 +287,10 @@ absl::StatusOr<ModelParts> PrepareModel(const v1::JobSpec& spec, int world) {
       RETURN_IF_ERROR(
           InitFromWeightsFile(spec.model().init_from(), parts.program));
     }
-    // The tensors source feeds every input by name; the token sources need
-    // the roles.
-    if (spec.data().kind() != "tensors") {
+    // The tensors source feeds every input by name, and so does the
+    // synthetic one for a model with an input of no role; the token
+    // sources need the roles.
+    if (spec.data().kind() != "tensors" && !HasNamedInputs(parts.program)) {
       ASSIGN_OR_RETURN(parts.token_inputs, TokenInputsOf(parts.program));
     }
     ASSIGN_OR_RETURN(parts.graph,
@@ -337,6 +338,12 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
     ASSIGN_OR_RETURN(job->tensors_,
                      TensorSource::Open(spec.data().path(),
                                         ArchiveInputsOf(model->program)));
+  } else if (HasNamedInputs(model->program)) {
+    // data.kind synthetic (the job spec admits nothing else here).
+    ASSIGN_OR_RETURN(job->synthetic_,
+                     SyntheticInputs::Make(ArchiveInputsOf(model->program),
+                                           spec.data().seed(), config.vocab,
+                                           config.seq_len));
   } else if (spec.data().kind() == "tokens") {
     ASSIGN_OR_RETURN(
         job->data_, OpenTokenFile(spec.data().path(), spec.data().token_bytes(),
@@ -451,6 +458,10 @@ absl::StatusOr<StepStats> TrainingJob::RunAndReport(int64_t step) {
         ReadRankBatches(*tensors_, step - data_origin_step_, config.grad_accum,
                         rank_, world_, config.micro_batch, &tokens,
                         data_origin_sequence_));
+  } else if (synthetic_ != nullptr) {
+    batches = ReadRankBatches(*synthetic_, step - data_origin_step_,
+                              config.grad_accum, rank_, world_,
+                              config.micro_batch, data_origin_sequence_);
   } else {
     ASSIGN_OR_RETURN(
         batches,

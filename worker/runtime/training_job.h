@@ -127,9 +127,12 @@ class TrainingJob {
   const ModelParts* model_ = nullptr;
   int rank_ = 0;
   int world_ = 1;
-  // The token source, or (data.kind tensors) the tensors source.
+  // The token source, or (data.kind tensors) the tensors source, or
+  // (data.kind synthetic, a model with an input of no role) the synthetic
+  // inputs.
   std::unique_ptr<TokenSource> data_;
   std::unique_ptr<TensorSource> tensors_;
+  std::unique_ptr<SyntheticInputs> synthetic_;
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<ShardedParamStore> store_;
   std::unique_ptr<Executor> executor_;

@@ -14,7 +14,7 @@
     tandem launch --nproc N job.yaml | --nproc N --job JOB [--log-dir DIR]
     tandem export my_model.py:build [--example-batch FILE]
                   [--wrap A,B | --wrap-min-params N] [--dynamic NAME:DIM,...]
-                  -o model.tandem
+                  [--input-range NAME=LOW:HIGH] -o model.tandem
     tandem export-weights JOB_OR_CHECKPOINT -o model.safetensors [--step N]
 
 Exit status: 0 on success (for watch: the job SUCCEEDED); 1 when the
@@ -445,6 +445,21 @@ def _parse_dynamic(values):
     return dims
 
 
+def _parse_input_ranges(values):
+    ranges = {}
+    for value in values or []:
+        name, sep, span = value.partition("=")
+        low, sep2, high = span.partition(":")
+        try:
+            if not (sep and sep2 and name):
+                raise ValueError
+            ranges[name.strip()] = (int(low), int(high))
+        except ValueError:
+            raise TandemError("--input-range takes NAME=LOW:HIGH (e.g. "
+                              "labels=0:9), got %r" % value)
+    return ranges
+
+
 def _resolve_wrap(module, names):
     classes = {}
     for m in module.modules():
@@ -505,6 +520,7 @@ def cmd_export(args):
     manifest = export_mod.export(
         built, batch, wrap=wrap, path=args.output, name=args.name,
         dynamic_dims=_parse_dynamic(args.dynamic) or None,
+        input_ranges=_parse_input_ranges(args.input_range) or None,
         source=args.target)
     _out(export_mod.describe(manifest, args.output,
                              os.path.getsize(args.output)))
@@ -733,6 +749,11 @@ def build_parser():
     sp.add_argument("--dynamic", action="append", metavar="NAME:DIM,...",
                     help="dims that vary from batch to batch (default: every "
                          "dim >= 1 of every input; dim 0 always varies)")
+    sp.add_argument("--input-range", action="append", metavar="NAME=LOW:HIGH",
+                    help="the values data.kind synthetic draws for an "
+                         "integer input, both included (default: the "
+                         "example batch's smallest and largest), e.g. "
+                         "labels=0:9")
     sp.add_argument("--name", help="the model's name (default: its class)")
 
     sp = sub.add_parser(

@@ -560,6 +560,64 @@ def _check_batch(module, example_batch, loss_given):
     return names, [k for k in names if k in forward_names]
 
 
+def _synthetic_spec(batch, inputs, input_ranges):
+    """{input name: ArchiveSynthetic fields} for the inputs of no role: what
+    ``data.kind: synthetic`` draws for them."""
+    ranges = dict(input_ranges or {})
+    by_name = {n: (t, role) for n, t, _, role in inputs}
+    for k, r in ranges.items():
+        if k not in by_name:
+            raise ExportError("input_ranges names %r, which is not in the "
+                              "example batch (%s)" % (k, ", ".join(by_name)),
+                              usage=True)
+        t, role = by_name[k]
+        if role:
+            raise ExportError("input_ranges[%r]: the input has role %s, "
+                              "which the token stream feeds (model.vocab "
+                              "sets its range)" % (k, role), usage=True)
+        if t.is_floating_point() or t.is_complex():
+            raise ExportError("input_ranges[%r]: the input is %s; a range "
+                              "is for integer and bool inputs (floating ones "
+                              "are drawn with the example's mean and std)" %
+                              (k, _dtype_name(t.dtype)), usage=True)
+        try:
+            low, high = (int(v) for v in r)
+        except (TypeError, ValueError):
+            raise ExportError("input_ranges[%r] = %r; give (low, high), both "
+                              "included" % (k, r), usage=True)
+        info = torch.iinfo(t.dtype) if t.dtype != torch.bool else None
+        lo, hi = (info.min, info.max) if info else (0, 1)
+        if not lo <= low <= high <= hi:
+            raise ExportError("input_ranges[%r] = (%d, %d); it must be "
+                              "non-empty and within %s's [%d, %d]" %
+                              (k, low, high, _dtype_name(t.dtype), lo, hi),
+                              usage=True)
+        ranges[k] = (low, high)
+    out = {}
+    for n, t, _, role in inputs:
+        if role:
+            continue
+        if t.is_floating_point():
+            v = t.detach().to(torch.float64)
+            std = float(v.std(unbiased=False)) if v.numel() else 0.0
+            mean = float(v.mean()) if v.numel() else 0.0
+            if not (math.isfinite(mean) and math.isfinite(std)):
+                raise ExportError("example batch input %r holds values that "
+                                  "are not finite (NaN or inf); give an "
+                                  "example batch of real values" % n,
+                                  usage=True)
+            out[n] = {"mean": mean, "std": std}
+        elif t.is_complex():
+            continue  # the worker refuses it at submit with synthetic data
+        elif n in ranges:
+            out[n] = {"low": ranges[n][0], "high": ranges[n][1]}
+        elif t.numel():
+            out[n] = {"low": int(t.min()), "high": int(t.max())}
+        else:
+            out[n] = {"low": 0, "high": 0}
+    return out
+
+
 def _inputs_spec(batch, names, dynamic_dims, roles):
     dynamic_dims = dict(dynamic_dims or {})
     for k, dims in dynamic_dims.items():
@@ -1056,7 +1114,7 @@ def _dtype_name(dtype):
 
 
 def export(module, example_batch, loss=None, wrap=None, path=None, name=None,
-           dynamic_dims=None, roles=None, source=None):
+           dynamic_dims=None, roles=None, source=None, input_ranges=None):
     """Captures ``module`` into a model archive and returns its manifest (a
     ``tandem.v1.archive_pb2.ArchiveManifest``); writes the archive to
     ``path`` when given.
@@ -1077,6 +1135,11 @@ def export(module, example_batch, loss=None, wrap=None, path=None, name=None,
     roles: {input name: "tokens" | "targets" | ""} (default: input_ids /
       tokens / idx and labels / targets when both are int64 of one shape).
     source: where the module came from, recorded in the manifest.
+    input_ranges: {input name: (low, high)}: the values ``data.kind:
+      synthetic`` draws for an integer or bool input, both included (default:
+      the example batch's smallest and largest; give a classifier's labels
+      (0, classes - 1)). Floating inputs are drawn with the example batch's
+      mean and standard deviation (tandem.synthetic).
 
     Raises ExportError saying what to change when the module cannot be
     captured.
@@ -1091,6 +1154,7 @@ def export(module, example_batch, loss=None, wrap=None, path=None, name=None,
     wrap_given = wrap is not None
     wrap = _normalize_wrap(wrap)
     inputs = _inputs_spec(example_batch, names, dynamic_dims, roles)
+    synthetic = _synthetic_spec(example_batch, inputs, input_ranges)
     batch = {n: example_batch[n] for n in names}
     if path is not None:
         path = os.fspath(path)
@@ -1185,8 +1249,12 @@ def export(module, example_batch, loss=None, wrap=None, path=None, name=None,
         torch_version=torch.__version__,
         loss=loss_node.name)
     for n, t, dims, role in inputs:
-        manifest.inputs.add(name=n, dtype=_dtype_name(t.dtype),
-                            shape=list(t.shape), dynamic_dims=dims, role=role)
+        entry = manifest.inputs.add(name=n, dtype=_dtype_name(t.dtype),
+                                    shape=list(t.shape), dynamic_dims=dims,
+                                    role=role)
+        if n in synthetic:
+            entry.synthetic.CopyFrom(archive_pb2.ArchiveSynthetic(
+                **synthetic[n]))
     for n, p in root_params:
         manifest.params.add(name=_strip(n), shape=list(p.shape),
                             dtype=_dtype_name(p.dtype),
@@ -1607,10 +1675,21 @@ def describe(manifest, path=None, size=None):
                  "unit (tied), %d frozen; %d buffers; %d leaf units" %
                  (len(manifest.params), "{:,}".format(n_params), tied, frozen,
                   len(manifest.buffers), leaves))
+    def note(i):
+        # Its role, or what data.kind synthetic draws for it.
+        if i.role:
+            return " (%s)" % i.role
+        if not i.HasField("synthetic"):
+            return ""
+        s = i.synthetic
+        if i.dtype.startswith(("float", "bfloat")):
+            return " (synthetic: mean %.4g, std %.4g)" % (s.mean, s.std)
+        return " (synthetic: %d to %d)" % (s.low, s.high)
+
     lines.append("  inputs: " + ", ".join(
         "%s %s %s dynamic dims %s%s" % (
-            i.name, i.dtype, list(i.shape), list(i.dynamic_dims),
-            " (%s)" % i.role if i.role else "") for i in manifest.inputs))
+            i.name, i.dtype, list(i.shape), list(i.dynamic_dims), note(i))
+        for i in manifest.inputs))
     if path is not None:
         lines.append("  wrote %s (%s bytes)" % (path, "{:,}".format(size)))
     return "\n".join(lines)

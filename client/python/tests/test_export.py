@@ -667,6 +667,75 @@ def test_export_lossOnlyEntriesAndFixedImageSize(tmp_path):
                 1e-5 * max(w.abs().max().item(), 1e-12), n
 
 
+def test_export_syntheticDescriptions_fromTheExampleOrInputRanges(tmp_path):
+    """What data.kind synthetic draws for the inputs of no role: floats with
+    the example's mean and std, integers over its smallest to largest value
+    or input_ranges; none for inputs of a role (the token stream's)."""
+    import tandem.synthetic as syn
+
+    torch.manual_seed(0)
+    module = TinyViT()
+    batch = {"images": torch.randn(4, 3, 8, 8) * 3 + 1,
+             "labels": torch.tensor([1, 3, 1, 2])}
+
+    def loss(out, b):
+        return torch.nn.functional.cross_entropy(out, b["labels"])
+    m = tandem.export(module, batch, loss=loss)
+    images, labels = m.inputs
+    x = batch["images"].double()
+    assert images.synthetic.mean == pytest.approx(x.mean().item())
+    assert images.synthetic.std == pytest.approx(x.std(unbiased=False).item())
+    assert (labels.synthetic.low, labels.synthetic.high) == (1, 3)
+    assert "labels int64 [4] dynamic dims [0] (synthetic: 1 to 3)" in \
+        tx.describe(m)
+
+    path = tmp_path / "vit.tandem"
+    m = tandem.export(module, batch, loss=loss, path=path,
+                      input_ranges={"labels": (0, 4)})
+    assert (m.inputs[1].synthetic.low, m.inputs[1].synthetic.high) == (0, 4)
+    # The archive keeps them, and tandem.synthetic draws from them.
+    m = tx.load_archive(path).manifest
+    drawn = syn.global_batch(m, seed=5, step=2, global_size=64, seq_len=0)
+    assert drawn["images"].shape == (64, 3, 8, 8)
+    assert drawn["images"].dtype == torch.float32
+    assert abs(drawn["images"].double().mean().item() - 1) < 0.5
+    assert set(drawn["labels"].tolist()) == {0, 1, 2, 3, 4}
+    again = syn.global_batch(m, seed=5, step=2, global_size=64, seq_len=0)
+    assert torch.equal(drawn["images"], again["images"])
+    # Samples are addressed globally: step 2 of 64 is samples 128..191.
+    part = syn.inputs(m, 5, range(160, 170), seq_len=0)
+    assert torch.equal(part["labels"], drawn["labels"][32:42])
+
+    for ranges, want in [
+            ({"label": (0, 4)}, "input_ranges names 'label', which is not"),
+            ({"images": (0, 4)}, "a range is for integer and bool inputs"),
+            ({"labels": (4, 0)}, "must be non-empty and within int64's"),
+            ({"labels": 4}, "give \\(low, high\\)")]:
+        with pytest.raises(tx.ExportError, match=want):
+            tandem.export(module, batch, loss=loss, input_ranges=ranges)
+
+    gpt_module, gpt_batch = gpt.build(n_layer=1)
+    m = tandem.export(gpt_module, gpt_batch)
+    assert not any(i.HasField("synthetic") for i in m.inputs)
+    with pytest.raises(tx.ExportError, match="the input has role tokens"):
+        tandem.export(gpt_module, gpt_batch,
+                      input_ranges={"input_ids": (0, 9)})
+
+
+def test_synthetic_tokenStreamMatchesTheWorkersFormula():
+    """tandem.synthetic's token stream: a walk in [0, vocab) with 1 token in
+    8 noise, seq_len + 1 tokens, the same for a seed and index (the worker's
+    own values are pinned in synthetic_inputs_test)."""
+    import tandem.synthetic as syn
+
+    row = syn.token_sequence(3, 50, 4, 12)
+    assert row == [47, 3, 1, 15, 21]
+    long = syn.token_sequence(9, 1000, 200, 4)
+    assert len(long) == 201 and all(0 <= t < 1000 for t in long)
+    steps = [(b - a) % 1000 for a, b in zip(long, long[1:])]
+    assert max(set(steps), key=steps.count) in range(1, 8)
+
+
 def test_importTandem_doesNotImportTorch():
     code = ("import sys, tandem, tandem.cli, tandem.client; "
             "print('torch' in sys.modules)")
@@ -743,7 +812,9 @@ def test_cli_usageErrors_exit2(tmp_path):
               str(tmp_path / "missing.safetensors")],
              "cannot read --example-batch"),
             ([gpt_py + ":GPT", "-o", out],
-             "returned only the module; pass --example-batch")]:
+             "returned only the module; pass --example-batch"),
+            ([gpt_py + ":build", "-o", out, "--input-range", "labels:0:9"],
+             "--input-range takes NAME=LOW:HIGH")]:
         r = run_cli(*args)
         assert r.returncode == 2, (args, r.stderr)
         assert want in r.stderr, (args, r.stderr)

@@ -524,15 +524,59 @@ TEST_F(JobSpecArchiveTest, Validate_NonF32Dtype_Refused) {
 TEST_F(JobSpecArchiveTest, Validate_BadArchive_NamesModelPath) {
   Write([](v1::ArchiveManifest& m) { m.set_format_version(3); });
   EXPECT_THAT(ValidateJobSpec(Spec()).message(), HasSubstr("model.path: '"));
+  // An input of no role: data.kind synthetic draws it from the archive's
+  // description, which an older archive lacks; a token file cannot feed it.
   Write([](v1::ArchiveManifest& m) { m.mutable_inputs(1)->set_role(""); });
   EXPECT_THAT(ValidateJobSpec(Spec()).message(),
-              HasSubstr("takes input 'targets', which data.kind synthetic "
-                        "cannot feed"));
+              HasSubstr("model.path: input 'targets' has no synthetic "
+                        "description (the archive predates them): export "
+                        "the model again, or use data.kind tensors"));
+  v1::JobSpec tokens = Spec();
+  tokens.mutable_data()->set_kind("tokens");
+  tokens.mutable_data()->set_path("/tmp/tokens.bin");
+  EXPECT_THAT(ValidateJobSpec(tokens).message(),
+              HasSubstr("takes input 'targets', which data.kind tokens "
+                        "cannot feed (it feeds the roles tokens and "
+                        "targets); use data.kind tensors or synthetic"));
   Write([](v1::ArchiveManifest& m) {
     m.mutable_inputs(0)->clear_dynamic_dims();
   });
   EXPECT_THAT(ValidateJobSpec(Spec()).message(),
               HasSubstr("batch.seq_len must be 4 for input 'tokens'"));
+}
+
+// data.kind synthetic draws the inputs of no role from their archive's
+// description (worker/data/synthetic_inputs.h), checked at submit.
+TEST_F(JobSpecArchiveTest, Validate_SyntheticInputs) {
+  Write([](v1::ArchiveManifest& m) {
+    v1::ArchiveInput* labels = m.mutable_inputs(1);
+    labels->set_role("");
+    labels->mutable_synthetic()->set_low(0);
+    labels->mutable_synthetic()->set_high(7);
+  });
+  EXPECT_TRUE(ValidateJobSpec(Spec()).ok()) << ValidateJobSpec(Spec());
+
+  Write([](v1::ArchiveManifest& m) {
+    v1::ArchiveInput* labels = m.mutable_inputs(1);
+    labels->set_role("");
+    labels->set_dtype("int8");
+    labels->mutable_synthetic()->set_low(-5);
+    labels->mutable_synthetic()->set_high(300);
+  });
+  EXPECT_THAT(ValidateJobSpec(Spec()).message(),
+              HasSubstr("model.path: input 'targets': synthetic range [-5, "
+                        "300] must be non-empty and within int8's [-128, "
+                        "127]"));
+
+  Write([](v1::ArchiveManifest& m) {
+    v1::ArchiveInput* x = m.mutable_inputs(1);
+    x->set_role("");
+    x->set_dtype("float32");
+    x->mutable_synthetic()->set_std(-1);
+  });
+  EXPECT_THAT(ValidateJobSpec(Spec()).message(),
+              HasSubstr("synthetic mean 0 and std -1 must be finite, std "
+                        ">= 0"));
 }
 
 // data.kind tensors against the archive's inputs (tokens and targets, int64

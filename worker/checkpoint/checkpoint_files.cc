@@ -7,10 +7,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -52,23 +55,87 @@ absl::Status SyncDir(const std::string& dir) {
   return rc == 0 ? absl::OkStatus() : Errno("cannot fsync", dir);
 }
 
-// temp file, fsync, rename, fsync of the directory.
-absl::Status WriteAtomically(const std::string& dir, const std::string& name,
-                             absl::string_view data) {
+// Bytes written between two requests that the kernel start writing them
+// back: a checkpoint's dirty pages go to disk while it is written, not all
+// at the fsync, and never pile up in the page cache.
+constexpr size_t kWritebackBytes = size_t{8} << 20;
+// How much of a blob is checksummed and written at once: small enough to
+// still be in the cache when write() copies it.
+constexpr size_t kChunkBytes = size_t{1} << 20;
+
+// The longest a paced writer sleeps before it looks at `hurry` again.
+constexpr auto kPaceSlice = std::chrono::milliseconds(20);
+
+// An open temporary file written front to back.
+class FileSink {
+ public:
+  FileSink(int fd, const std::string& path) : fd_(fd), path_(path) {}
+
+  // From now on, `total` bytes go out evenly over `pace.spread_s`.
+  void Pace(const WritePace& pace, uint64_t total) {
+    pace_ = pace;
+    total_ = total;
+    start_ = std::chrono::steady_clock::now();
+  }
+
+  absl::Status Write(absl::string_view data) {
+    WaitForPace();
+    while (!data.empty()) {
+      const ssize_t n = write(fd_, data.data(), data.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return Errno("cannot write", path_);
+      data.remove_prefix(static_cast<size_t>(n));
+      written_ += static_cast<size_t>(n);
+    }
+    if (written_ - flushed_ >= kWritebackBytes) {
+      // Asynchronous: starts the writeback of what is dirty so far.
+      (void)sync_file_range(fd_, static_cast<off64_t>(flushed_),
+                            static_cast<off64_t>(written_ - flushed_),
+                            SYNC_FILE_RANGE_WRITE);
+      flushed_ = written_;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // Sleeps while the bytes written run ahead of the pace.
+  void WaitForPace() const {
+    if (pace_.spread_s <= 0 || total_ == 0) return;
+    const auto due =
+        start_ +
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+            std::chrono::duration<double>(pace_.spread_s *
+                                          static_cast<double>(written_) /
+                                          static_cast<double>(total_)));
+    while (pace_.hurry == nullptr || !pace_.hurry->load()) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= due) return;
+      std::this_thread::sleep_for(
+          std::min<std::chrono::steady_clock::duration>(due - now, kPaceSlice));
+    }
+  }
+
+  const int fd_;
+  const std::string& path_;
+  size_t written_ = 0;
+  size_t flushed_ = 0;
+  WritePace pace_;
+  uint64_t total_ = 0;
+  std::chrono::steady_clock::time_point start_;
+};
+
+// temp file written by `fill`, fsync, rename, fsync of the directory.
+absl::Status WriteAtomically(
+    const std::string& dir, const std::string& name,
+    const std::function<absl::Status(FileSink&)>& fill) {
   const std::string path = absl::StrCat(dir, "/", name);
   const std::string tmp = absl::StrCat(path, ".tmp");
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) return Errno("cannot create", tmp);
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = write(fd, data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      absl::Status s = Errno("cannot write", tmp);
-      close(fd);
-      return s;
-    }
-    done += static_cast<size_t>(n);
+  FileSink sink(fd, tmp);
+  if (absl::Status s = fill(sink); !s.ok()) {
+    close(fd);
+    return s;
   }
   if (fsync(fd) != 0) {
     absl::Status s = Errno("cannot fsync", tmp);
@@ -80,6 +147,12 @@ absl::Status WriteAtomically(const std::string& dir, const std::string& name,
     return Errno("cannot rename into", path);
   }
   return SyncDir(dir);
+}
+
+absl::Status WriteAtomically(const std::string& dir, const std::string& name,
+                             absl::string_view data) {
+  return WriteAtomically(dir, name,
+                         [data](FileSink& sink) { return sink.Write(data); });
 }
 
 absl::StatusOr<std::string> ReadWhole(const std::string& path) {
@@ -149,47 +222,104 @@ const std::string* RankCheckpoint::Find(absl::string_view name) const {
   return nullptr;
 }
 
-uint64_t CheckpointChecksum(absl::string_view bytes) {
-  uint64_t h = 14695981039346656037ull ^ bytes.size();
+void CheckpointChecksummer::Add(absl::string_view bytes) {
+  // Complete a word begun by the previous piece first.
+  while (carried_ > 0 && carried_ < 8 && !bytes.empty()) {
+    carry_[carried_++] = bytes.front();
+    bytes.remove_prefix(1);
+  }
+  if (carried_ == 8) {
+    Mix(carry_);
+    carried_ = 0;
+  }
   size_t i = 0;
-  for (; i + 8 <= bytes.size(); i += 8) {
-    uint64_t word;
-    std::memcpy(&word, bytes.data() + i, 8);
-    h = (h ^ word) * 1099511628211ull;
+  for (; i + 8 <= bytes.size(); i += 8) Mix(bytes.data() + i);
+  for (; i < bytes.size(); ++i) carry_[carried_++] = bytes[i];
+}
+
+uint64_t CheckpointChecksummer::Finish() {
+  if (carried_ > 0) {
+    std::memset(carry_ + carried_, 0, 8 - carried_);
+    Mix(carry_);
+    carried_ = 0;
   }
-  if (i < bytes.size()) {
-    uint64_t word = 0;
-    std::memcpy(&word, bytes.data() + i, bytes.size() - i);
-    h = (h ^ word) * 1099511628211ull;
-  }
-  return h;
+  return h_;
+}
+
+void CheckpointChecksummer::Mix(const char* word_bytes) {
+  uint64_t word;
+  std::memcpy(&word, word_bytes, 8);
+  h_ = (h_ ^ word) * 1099511628211ull;
+}
+
+uint64_t CheckpointChecksum(absl::string_view bytes) {
+  CheckpointChecksummer sum(bytes.size());
+  sum.Add(bytes);
+  return sum.Finish();
 }
 
 std::string CheckpointDirectory::StepDir(int64_t step) const {
   return absl::StrFormat("%s/step-%08d", dir_, step);
 }
 
-absl::Status CheckpointDirectory::WriteRank(const RankCheckpoint& state) const {
-  std::string payload;
+absl::Status CheckpointDirectory::WriteRank(const RankCheckpoint& state,
+                                            const WritePace& pace) const {
+  // The payload is written piece by piece, straight from the blobs: no copy
+  // of the whole (as large as the rank's shards and moments) is made.
   const std::string meta = MetaText(state.meta, state.rank);
-  Put<uint32_t>(payload, static_cast<uint32_t>(meta.size()));
-  payload += meta;
-  Put<uint32_t>(payload, static_cast<uint32_t>(state.blobs.size()));
+  std::string heads;  // the small fields, each piece a view into it
+  std::vector<std::pair<size_t, size_t>> head_pieces;
+  auto head = [&](auto&&... fields) {
+    const size_t at = heads.size();
+    (Put(heads, fields), ...);
+    head_pieces.emplace_back(at, heads.size() - at);
+  };
+  head(static_cast<uint32_t>(meta.size()));
+  head(static_cast<uint32_t>(state.blobs.size()));
   for (const auto& [name, bytes] : state.blobs) {
-    Put<uint32_t>(payload, static_cast<uint32_t>(name.size()));
-    payload += name;
-    Put<uint64_t>(payload, bytes.size());
-    payload += bytes;
+    head(static_cast<uint32_t>(name.size()));
+    head(static_cast<uint64_t>(bytes.size()));
   }
-  std::string file(kMagic, sizeof(kMagic));
-  Put<uint32_t>(file, kCheckpointFormatVersion);
-  Put<uint32_t>(file, 0);
-  Put<uint64_t>(file, payload.size());
-  file += payload;
-  Put<uint64_t>(file, CheckpointChecksum(payload));
+  std::vector<absl::string_view> payload;
+  auto head_view = [&](size_t i) {
+    return absl::string_view(heads).substr(head_pieces[i].first,
+                                           head_pieces[i].second);
+  };
+  payload.push_back(head_view(0));
+  payload.push_back(meta);
+  payload.push_back(head_view(1));
+  size_t i = 2;
+  for (const auto& [name, bytes] : state.blobs) {
+    payload.push_back(head_view(i++));
+    payload.push_back(name);
+    payload.push_back(head_view(i++));
+    payload.push_back(bytes);
+  }
+  uint64_t length = 0;
+  for (absl::string_view piece : payload) length += piece.size();
+  std::string header(kMagic, sizeof(kMagic));
+  Put<uint32_t>(header, kCheckpointFormatVersion);
+  Put<uint32_t>(header, 0);
+  Put<uint64_t>(header, length);
+
   const std::string dir = StepDir(state.meta.step);
   if (absl::Status s = MakeDirs(dir); !s.ok()) return s;
-  return WriteAtomically(dir, RankFileName(state.rank), file);
+  return WriteAtomically(
+      dir, RankFileName(state.rank), [&](FileSink& sink) -> absl::Status {
+        sink.Pace(pace, header.size() + length + sizeof(uint64_t));
+        if (absl::Status s = sink.Write(header); !s.ok()) return s;
+        CheckpointChecksummer sum(length);
+        for (absl::string_view piece : payload) {
+          for (size_t at = 0; at < piece.size(); at += kChunkBytes) {
+            const absl::string_view chunk = piece.substr(at, kChunkBytes);
+            sum.Add(chunk);
+            if (absl::Status s = sink.Write(chunk); !s.ok()) return s;
+          }
+        }
+        std::string trailer;
+        Put<uint64_t>(trailer, sum.Finish());
+        return sink.Write(trailer);
+      });
 }
 
 absl::Status CheckpointDirectory::WriteManifest(

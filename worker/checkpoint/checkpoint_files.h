@@ -34,6 +34,7 @@
 #ifndef TANDEM_WORKER_CHECKPOINT_CHECKPOINT_FILES_H_
 #define TANDEM_WORKER_CHECKPOINT_CHECKPOINT_FILES_H_
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -79,6 +80,34 @@ struct RankCheckpoint {
 // with the length.
 uint64_t CheckpointChecksum(absl::string_view bytes);
 
+// CheckpointChecksum of bytes that come in pieces, `length` of them in all.
+class CheckpointChecksummer {
+ public:
+  explicit CheckpointChecksummer(uint64_t length)
+      : h_(14695981039346656037ull ^ length) {}
+  void Add(absl::string_view bytes);
+  uint64_t Finish();
+
+ private:
+  void Mix(const char* word_bytes);
+  uint64_t h_;
+  char carry_[8];
+  size_t carried_ = 0;
+};
+
+// How fast a background write goes. On a machine whose cores share one
+// budget (a VM's quota, SMT siblings), every cycle the writer spends is
+// taken from training, wherever it is scheduled: spread over the steps
+// until the next checkpoint, the same work costs each step a few percent
+// instead of one step most of its time.
+struct WritePace {
+  // The write's bytes go out evenly over this many seconds from its start
+  // (0: as fast as the disk takes them).
+  double spread_s = 0;
+  // Once set (someone waits for the write), the rest goes at full speed.
+  const std::atomic<bool>* hurry = nullptr;
+};
+
 class CheckpointDirectory {
  public:
   explicit CheckpointDirectory(std::string dir) : dir_(std::move(dir)) {}
@@ -88,9 +117,10 @@ class CheckpointDirectory {
   std::string StepDir(int64_t step) const;
 
   // Writes `state` as this rank's file of checkpoint `state.meta.step`
-  // atomically (creating the directories). Errors: Unavailable with the path
-  // and errno text.
-  absl::Status WriteRank(const RankCheckpoint& state) const;
+  // atomically (creating the directories), at `pace`. Errors: Unavailable
+  // with the path and errno text.
+  absl::Status WriteRank(const RankCheckpoint& state,
+                         const WritePace& pace = {}) const;
   // Writes the MANIFEST of `meta.step`, naming every rank's file: call once
   // every rank's WriteRank succeeded.
   absl::Status WriteManifest(const CheckpointMeta& meta) const;

@@ -60,41 +60,55 @@ absl::Status CheckSameGraph(const Graph& graph, Communicator& comm) {
 // Complete checkpoints kept besides the newest (a corrupted newest one
 // falls back to these).
 constexpr int kCheckpointsKept = 3;
+// A background checkpoint's file is written over this share of the
+// checkpoint interval (checkpoint.every steps at the snapshot step's time).
+constexpr double kCheckpointSpread = 0.5;
 
 std::string ParamBlob(const ShardedParamStore& store, int32_t id,
                       absl::string_view what) {
   return absl::StrCat("param/", store.name(id), "/", what);
 }
 
-std::string TensorBytes(const at::Tensor& t) {
+// Copies `t`'s bytes into `out`, reusing its buffer when it is large enough.
+void AssignTensorBytes(const at::Tensor& t, std::string& out) {
   const at::Tensor cpu = t.to(at::kCPU).contiguous();
-  return std::string(static_cast<const char*>(cpu.data_ptr()), cpu.nbytes());
+  out.assign(static_cast<const char*>(cpu.data_ptr()), cpu.nbytes());
 }
 
 // Fills `state` with the params' list (names, shapes and export names, for
 // tandem export-weights), the shards, the AdamW moments (on the device: the
 // optimizer just used them; frozen params have none) and the CPU RNG's
-// state.
+// state. `state`'s blobs, from the previous checkpoint, are overwritten in
+// place: the same names in the same order, so their buffers are reused and
+// a snapshot neither allocates nor frees (the memory the kernel hands out
+// zeroed, and takes back with a TLB flush on every core, cost the training
+// thread more than the copy).
 void FillCheckpoint(const Program& program, const ShardedParamStore& store,
                     RankCheckpoint& state) {
-  state.blobs.emplace_back(
-      kCheckpointTensorsBlob,
-      CheckpointTensorsText(ProgramWeightTensors(program)));
+  size_t next = 0;
+  auto blob = [&](std::string name) -> std::string& {
+    if (next == state.blobs.size()) state.blobs.emplace_back();
+    auto& [blob_name, bytes] = state.blobs[next++];
+    blob_name = std::move(name);
+    return bytes;
+  };
+  blob(kCheckpointTensorsBlob) =
+      CheckpointTensorsText(ProgramWeightTensors(program));
   for (int32_t id = 0; id < store.num_params(); ++id) {
     TORCH_CHECK(!store.states_on_host(id), "states of '", store.name(id),
                 "' are on the host tier at a checkpoint");
     // The fp32 master (the shard itself at f32).
-    state.blobs.emplace_back(ParamBlob(store, id, "shard"),
-                             TensorBytes(store.MasterShard(id)));
+    AssignTensorBytes(store.MasterShard(id),
+                      blob(ParamBlob(store, id, "shard")));
     if (!store.trainable(id)) continue;
-    state.blobs.emplace_back(ParamBlob(store, id, "exp_avg"),
-                             TensorBytes(store.exp_avg(id)));
-    state.blobs.emplace_back(ParamBlob(store, id, "exp_avg_sq"),
-                             TensorBytes(store.exp_avg_sq(id)));
+    AssignTensorBytes(store.exp_avg(id), blob(ParamBlob(store, id, "exp_avg")));
+    AssignTensorBytes(store.exp_avg_sq(id),
+                      blob(ParamBlob(store, id, "exp_avg_sq")));
   }
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
-  state.blobs.emplace_back("rng/cpu", TensorBytes(gen.get_state()));
+  AssignTensorBytes(gen.get_state(), blob("rng/cpu"));
+  state.blobs.resize(next);
 }
 
 // A stretch of this rank's shard that a checkpoint rank holds: `count`
@@ -429,13 +443,17 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
   return job;
 }
 
+TrainingJob::~TrainingJob() {
+  if (pending_.has_value()) pending_->hurry->store(true);
+}
+
 absl::StatusOr<StepStats> TrainingJob::Step(int64_t step) {
   // An earlier checkpoint's files are written while this step trains; the
   // ranks agree on its manifest at the first step boundary after.
   if (pending_.has_value()) RETURN_IF_ERROR(FinishCheckpoint(/*wait=*/false));
   ASSIGN_OR_RETURN(StepStats stats, RunAndReport(step));
   if (checkpoints_ != nullptr && (step + 1) % checkpoint_every_ == 0) {
-    RETURN_IF_ERROR(WriteCheckpoint(step + 1));
+    RETURN_IF_ERROR(WriteCheckpoint(step + 1, stats.iteration_s));
   }
   // Nothing trains after the last step to hide the write behind; a
   // synchronous checkpoint is complete before the step returns.
@@ -603,10 +621,13 @@ absl::StatusOr<int64_t> TrainingJob::Resume() {
   return 0;
 }
 
-absl::Status TrainingJob::WriteCheckpoint(int64_t steps_done) {
+absl::Status TrainingJob::WriteCheckpoint(int64_t steps_done, double step_s) {
   // At most one checkpoint in flight.
   if (pending_.has_value()) RETURN_IF_ERROR(FinishCheckpoint(/*wait=*/true));
-  auto state = std::make_shared<RankCheckpoint>();
+  // The previous snapshot's buffers, its file written.
+  std::shared_ptr<RankCheckpoint> state = std::move(snapshot_);
+  if (state == nullptr) state = std::make_shared<RankCheckpoint>();
+  state->meta = CheckpointMeta();
   state->meta.step = steps_done;
   state->meta.world_size = world_;
   state->meta.graph_hash = model_->graph.StructuralHash();
@@ -622,14 +643,24 @@ absl::Status TrainingJob::WriteCheckpoint(int64_t steps_done) {
   });
   PendingCheckpoint pending;
   pending.meta = state->meta;
+  pending.state = state;
+  pending.hurry = std::make_shared<std::atomic<bool>>(false);
   if (snapshot.ok()) {
+    // Training comes first: the file goes out over half the steps until the
+    // next checkpoint (WritePace), unless someone waits for it sooner (a
+    // synchronous checkpoint, the last step, the job's end).
+    WritePace pace;
+    pace.spread_s = kCheckpointSpread * static_cast<double>(checkpoint_every_) *
+                    std::max(0.0, step_s);
     pending.written = std::async(
-        std::launch::async, [dir = *checkpoints_, state = std::move(state)] {
-          // Training comes first: the writer runs at the lowest nice
-          // level, a small share of a busy CPU but never starved.
+        std::launch::async, [dir = *checkpoints_, state = std::move(state),
+                             hurry = pending.hurry, pace]() mutable {
+          // And the writer runs at the lowest nice level, a small share of
+          // a busy CPU but never starved.
           (void)setpriority(PRIO_PROCESS,
                             static_cast<id_t>(syscall(SYS_gettid)), 19);
-          return dir.WriteRank(*state);
+          pace.hurry = hurry.get();
+          return dir.WriteRank(*state, pace);
         });
   } else {
     std::promise<absl::Status> failed;
@@ -642,6 +673,7 @@ absl::Status TrainingJob::WriteCheckpoint(int64_t steps_done) {
 
 absl::Status TrainingJob::FinishCheckpoint(bool wait) {
   PendingCheckpoint& pending = *pending_;
+  if (wait) pending.hurry->store(true);
   const bool done = wait || pending.written.wait_for(std::chrono::seconds(0)) ==
                                 std::future_status::ready;
   // Every rank must decide alike: the manifest only once every file is
@@ -654,6 +686,8 @@ absl::Status TrainingJob::FinishCheckpoint(bool wait) {
   }
   const absl::Status written = pending.written.get();
   const CheckpointMeta meta = pending.meta;
+  // The writer is done with it: the next snapshot reuses its buffers.
+  snapshot_ = std::move(pending.state);
   pending_.reset();
   ASSIGN_OR_RETURN(std::vector<double> ok,
                    comm_->AllGatherScalars({written.ok() ? 1.0 : 0.0}));

@@ -107,6 +107,9 @@ class TrainingJob {
   // the digests of Executor::ParamDigests. Collective.
   absl::StatusOr<std::string> FinalJson();
 
+  // A checkpoint file still being written is finished at full speed first.
+  ~TrainingJob();
+
  private:
   TrainingJob() = default;
   absl::StatusOr<StepStats> RunAndReport(int64_t step);
@@ -114,10 +117,11 @@ class TrainingJob {
   // (0 when there is none).
   absl::StatusOr<int64_t> Resume();
   // Starts the checkpoint after `steps_done` steps: snapshots this rank's
-  // state (copies) and writes its file in the background; FinishCheckpoint
-  // writes the manifest once every rank's file is durable. Waits for an
-  // earlier one still in flight first (collective).
-  absl::Status WriteCheckpoint(int64_t steps_done);
+  // state (copies) and writes its file in the background, paced over half
+  // the checkpoint interval at `step_s` per step (WritePace);
+  // FinishCheckpoint writes the manifest once every rank's file is durable.
+  // Waits for an earlier one still in flight first (collective).
+  absl::Status WriteCheckpoint(int64_t steps_done, double step_s);
   // Collective, with pending_ set: when every rank's write is done (or,
   // with `wait`, after waiting for this rank's), rank 0 writes the manifest
   // if every write succeeded, and pending_ is cleared; otherwise nothing
@@ -150,8 +154,15 @@ class TrainingJob {
   struct PendingCheckpoint {
     CheckpointMeta meta;
     std::future<absl::Status> written;
+    // What the writer writes from; snapshot_ once it is done.
+    std::shared_ptr<RankCheckpoint> state;
+    // Set when someone waits for the write: the writer stops pacing.
+    std::shared_ptr<std::atomic<bool>> hurry;
   };
   std::optional<PendingCheckpoint> pending_;
+  // The last written snapshot, kept so that the next one reuses its
+  // buffers (FillCheckpoint).
+  std::shared_ptr<RankCheckpoint> snapshot_;
   int64_t checkpoint_every_ = 0;
   bool checkpoint_sync_ = false;  // CheckpointSpec.sync
   int64_t first_step_ = 0;

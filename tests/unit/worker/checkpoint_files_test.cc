@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -168,6 +170,80 @@ TEST_F(CheckpointFilesTest, Prune_KeepsNewestCompleteAndNewerPartial) {
   EXPECT_NE(stat(dir.StepDir(3).c_str(), &st), 0);
   EXPECT_NE(stat(dir.StepDir(2).c_str(), &st), 0);
   EXPECT_EQ(stat(dir.StepDir(10).c_str(), &st), 0);
+}
+
+// Blobs larger than the writer's chunks and writeback interval, of odd
+// sizes (the payload's words straddle the pieces): streamed straight from
+// the blobs, read back whole and checked by the one-shot checksum.
+TEST_F(CheckpointFilesTest, LargeOddBlobs_StreamedAndReadBack) {
+  CheckpointDirectory dir(absl::StrCat(root_, "/ckpt/big"));
+  RankCheckpoint state;
+  state.meta.step = 3;
+  state.meta.world_size = 1;
+  state.meta.graph_hash = "ff";
+  for (size_t size :
+       {size_t{3}, (size_t{9} << 20) + 5, size_t{0}, (size_t{1} << 20) + 1}) {
+    std::string bytes(size, '\0');
+    for (size_t i = 0; i < size; ++i) bytes[i] = static_cast<char>(i * 131);
+    state.blobs.emplace_back(absl::StrCat("blob/", size), std::move(bytes));
+  }
+  ASSERT_TRUE(dir.WriteRank(state).ok());
+  ASSERT_TRUE(dir.WriteManifest(state.meta).ok());
+  absl::StatusOr<CheckpointMeta> meta = dir.ReadManifest(3);
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  absl::StatusOr<RankCheckpoint> back = dir.ReadRank(*meta, 0);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->blobs, state.blobs);
+}
+
+// A paced write spreads its bytes over the time it is given (a lower
+// bound: it sleeps ahead of the pace); once hurried, it sleeps no more.
+TEST_F(CheckpointFilesTest, PacedWrite_SpreadsUnlessHurried) {
+  CheckpointDirectory dir(absl::StrCat(root_, "/ckpt/paced"));
+  RankCheckpoint state;
+  state.meta.step = 1;
+  state.meta.world_size = 1;
+  state.blobs.emplace_back("blob", std::string(size_t{4} << 20, 'x'));
+  WritePace pace;
+  pace.spread_s = 0.4;
+  auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(dir.WriteRank(state, pace).ok());
+  // Its last bytes are due at the end of the spread.
+  EXPECT_GE(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count(),
+      0.3);
+
+  std::atomic<bool> hurry{true};
+  pace.spread_s = 60;
+  pace.hurry = &hurry;
+  state.meta.step = 2;
+  start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(dir.WriteRank(state, pace).ok());
+  EXPECT_LT(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count(),
+      30);
+  absl::StatusOr<CheckpointMeta> meta =
+      (dir.WriteManifest(state.meta).ok() ? dir.ReadManifest(2)
+                                          : absl::InternalError("manifest"));
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  absl::StatusOr<RankCheckpoint> back = dir.ReadRank(*meta, 0);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->blobs, state.blobs);
+}
+
+TEST(CheckpointChecksumTest, InPieces_EqualsWhole) {
+  std::string bytes(1000, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i);
+  for (size_t n : {size_t{0}, size_t{7}, size_t{8}, size_t{13}, size_t{1000}}) {
+    const absl::string_view all = absl::string_view(bytes).substr(0, n);
+    for (size_t cut : {size_t{1}, size_t{3}, size_t{8}, size_t{11}}) {
+      CheckpointChecksummer sum(n);
+      for (size_t at = 0; at < n; at += cut) sum.Add(all.substr(at, cut));
+      EXPECT_EQ(sum.Finish(), CheckpointChecksum(all)) << n << " " << cut;
+    }
+  }
 }
 
 TEST(CheckpointChecksumTest, DependsOnEveryByteAndLength) {

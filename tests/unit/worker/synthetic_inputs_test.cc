@@ -10,23 +10,12 @@
 #include "common/random_bits.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/worker/test_archive_inputs.h"
 
 namespace tandem {
 namespace {
 
 using ::testing::HasSubstr;
-
-v1::ArchiveInput Input(const std::string& name, const std::string& dtype,
-                       std::vector<int64_t> shape, std::vector<int32_t> dynamic,
-                       const std::string& role = "") {
-  v1::ArchiveInput in;
-  in.set_name(name);
-  in.set_dtype(dtype);
-  for (int64_t d : shape) in.add_shape(d);
-  for (int32_t d : dynamic) in.add_dynamic_dims(d);
-  in.set_role(role);
-  return in;
-}
 
 v1::ArchiveInput Floats(const std::string& name, std::vector<int64_t> shape,
                         double mean, double std) {

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "tests/unit/worker/test_archive_inputs.h"
 
 namespace tandem {
 namespace {
@@ -52,19 +53,6 @@ std::string SafetensorsFile(const std::vector<Array>& arrays) {
     out.push_back(static_cast<char>((header.size() >> (8 * i)) & 0xff));
   }
   return out + header + data;
-}
-
-v1::ArchiveInput Input(const std::string& name, const std::string& dtype,
-                       std::vector<int64_t> shape,
-                       std::vector<int32_t> dynamic_dims,
-                       const std::string& role = "") {
-  v1::ArchiveInput in;
-  in.set_name(name);
-  in.set_dtype(dtype);
-  for (int64_t d : shape) in.add_shape(d);
-  for (int32_t d : dynamic_dims) in.add_dynamic_dims(d);
-  in.set_role(role);
-  return in;
 }
 
 template <typename T>

@@ -301,3 +301,71 @@ def test_archive_budget_below_its_params_refused_at_submit(tmp_path, coordinator
         with pytest.raises(tandem.TandemError) as e:
             client.submit(spec)
         assert "model.path" in str(e.value), str(e.value)
+
+
+def strip_synthetic(archive):
+    """The archive as an exporter from before ArchiveSynthetic wrote it: the
+    manifest without the inputs' synthetic descriptions (the manifest is
+    not among the checksummed entries)."""
+    import zipfile
+    with zipfile.ZipFile(archive) as z:
+        entries = [(i.filename, z.read(i.filename)) for i in z.infolist()]
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as z:
+        for name, data in entries:
+            if name.endswith("manifest.json"):
+                manifest = json.loads(data)
+                for i in manifest["inputs"]:
+                    i.pop("synthetic", None)
+                data = json.dumps(manifest).encode()
+            z.writestr(name, data)
+
+
+def test_vit_synthetic_data_through_the_coordinator(tmp_path, coordinator):
+    """`data.kind: synthetic` for a model with named inputs, submitted to a
+    real coordinator (no model.vocab or batch.seq_len: the ViT takes no
+    tokens), planned and switched at world 2, equal to PyTorch eager on the
+    batches tandem.synthetic rebuilds; an archive without the synthetic
+    descriptions is refused at submit, naming the input."""
+    import tandem.synthetic
+
+    world, seed = 2, 5
+    mod = numerics.load_model("vit")
+    module, batch = mod.build()
+    archive = str(tmp_path / "vit.tandem")
+    manifest = tandem.export(module, batch, path=archive,
+                             input_ranges={"labels": (0, 9)})
+    ckpt = tmp_path / "ckpt"
+    spec = job_spec(archive, {"tensors": "unused"}, world, str(ckpt))
+    spec["data"] = {"kind": "synthetic", "seed": seed}
+
+    with tandem.Client(coordinator.address, timeout=10) as client:
+        job = client.submit(spec)
+        runs = run_workers(tmp_path, coordinator.address, job.id, world)
+        final, events = client.get(job.id)
+        messages = [e.message for e in events]
+        assert final.state == job_pb2.JOB_STATE_SUCCEEDED, messages
+        assert any(f"v1 active on all {world} ranks" in m
+                   for m in messages), messages
+
+        old = str(tmp_path / "old.tandem")
+        tandem.export(module, batch, path=old)
+        strip_synthetic(old)
+        stale = dict(spec, name=client_conftest.unique_name("stale"),
+                     model={"kind": "torchscript", "path": old})
+        with pytest.raises(tandem.TandemError) as e:
+            client.submit(stale)
+        assert ("model.path: input 'images' has no synthetic description"
+                in str(e.value)), str(e.value)
+
+    def batch_of(_, step):
+        return tandem.synthetic.global_batch(manifest, seed, step,
+                                             numerics.GLOBAL_BATCH, seq_len=0)
+
+    module, _ = mod.build()
+    ref_losses, _ = numerics.reference(module, None, steps=STEPS,
+                                       batch_of=batch_of)
+    assert [d["schedule_version"] for d in runs[0]][-1] >= 1
+    for step, (d, want) in enumerate(zip(runs[0], ref_losses)):
+        assert abs(d["loss"] - want) <= numerics.RTOL * abs(want), (
+            f"step {step} (v{d['schedule_version']}): loss {d['loss']} vs "
+            f"PyTorch {want}")

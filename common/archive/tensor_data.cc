@@ -36,11 +36,6 @@ std::string InputShapeText(const v1::ArchiveInput& in) {
   return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
 }
 
-bool DynamicDim1(const v1::ArchiveInput& in) {
-  return std::find(in.dynamic_dims().begin(), in.dynamic_dims().end(), 1) !=
-         in.dynamic_dims().end();
-}
-
 std::string NamesHeld(const TensorDataFile& file) {
   std::vector<std::string> names;
   for (const SafetensorsTensor& t : file.header.tensors) {
@@ -199,6 +194,11 @@ constexpr IntegerRange kIntegerRanges[] = {
     {"uint8", 0, UINT8_MAX},         {"bool", 0, 1}};
 
 }  // namespace
+
+bool DynamicDim1(const v1::ArchiveInput& in) {
+  return std::find(in.dynamic_dims().begin(), in.dynamic_dims().end(), 1) !=
+         in.dynamic_dims().end();
+}
 
 bool SyntheticFloating(const std::string& dtype) {
   return dtype == "float32" || dtype == "float64" || dtype == "float16" ||

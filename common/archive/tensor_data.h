@@ -61,6 +61,10 @@ std::vector<std::string> TensorDataProblems(
 std::vector<std::string> SyntheticDataProblems(
     absl::Span<const v1::ArchiveInput> inputs);
 
+// Whether `in`'s dim 1 may vary from batch to batch (its dynamic_dims hold
+// 1): a sequence dimension the data sources cut or set.
+bool DynamicDim1(const v1::ArchiveInput& in);
+
 // Whether `dtype` (an archive's name) is a floating dtype the synthetic
 // source draws: float32, float64, float16, bfloat16.
 bool SyntheticFloating(const std::string& dtype);

@@ -236,9 +236,7 @@ void ValidateArchiveModel(const v1::JobSpec& spec, FieldErrors& errors) {
       }
       continue;
     }
-    const bool dynamic_seq =
-        std::find(in.dynamic_dims().begin(), in.dynamic_dims().end(), 1) !=
-        in.dynamic_dims().end();
+    const bool dynamic_seq = DynamicDim1(in);
     if (in.shape_size() != 2) {
       errors.Add("model.path: input '", in.name(), "' (role ", in.role(),
                  ") has ", in.shape_size(),

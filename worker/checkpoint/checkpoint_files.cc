@@ -22,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/status_macros.h"
 
 namespace tandem {
 namespace {
@@ -267,36 +268,10 @@ absl::Status CheckpointDirectory::WriteRank(const RankCheckpoint& state,
   // The payload is written piece by piece, straight from the blobs: no copy
   // of the whole (as large as the rank's shards and moments) is made.
   const std::string meta = MetaText(state.meta, state.rank);
-  std::string heads;  // the small fields, each piece a view into it
-  std::vector<std::pair<size_t, size_t>> head_pieces;
-  auto head = [&](auto&&... fields) {
-    const size_t at = heads.size();
-    (Put(heads, fields), ...);
-    head_pieces.emplace_back(at, heads.size() - at);
-  };
-  head(static_cast<uint32_t>(meta.size()));
-  head(static_cast<uint32_t>(state.blobs.size()));
+  uint64_t length = 4 + meta.size() + 4;
   for (const auto& [name, bytes] : state.blobs) {
-    head(static_cast<uint32_t>(name.size()));
-    head(static_cast<uint64_t>(bytes.size()));
+    length += 4 + name.size() + 8 + bytes.size();
   }
-  std::vector<absl::string_view> payload;
-  auto head_view = [&](size_t i) {
-    return absl::string_view(heads).substr(head_pieces[i].first,
-                                           head_pieces[i].second);
-  };
-  payload.push_back(head_view(0));
-  payload.push_back(meta);
-  payload.push_back(head_view(1));
-  size_t i = 2;
-  for (const auto& [name, bytes] : state.blobs) {
-    payload.push_back(head_view(i++));
-    payload.push_back(name);
-    payload.push_back(head_view(i++));
-    payload.push_back(bytes);
-  }
-  uint64_t length = 0;
-  for (absl::string_view piece : payload) length += piece.size();
   std::string header(kMagic, sizeof(kMagic));
   Put<uint32_t>(header, kCheckpointFormatVersion);
   Put<uint32_t>(header, 0);
@@ -309,12 +284,28 @@ absl::Status CheckpointDirectory::WriteRank(const RankCheckpoint& state,
         sink.Pace(pace, header.size() + length + sizeof(uint64_t));
         if (absl::Status s = sink.Write(header); !s.ok()) return s;
         CheckpointChecksummer sum(length);
-        for (absl::string_view piece : payload) {
+        // A piece of the payload: checksummed and written a chunk at a time.
+        auto payload = [&](absl::string_view piece) -> absl::Status {
           for (size_t at = 0; at < piece.size(); at += kChunkBytes) {
             const absl::string_view chunk = piece.substr(at, kChunkBytes);
             sum.Add(chunk);
             if (absl::Status s = sink.Write(chunk); !s.ok()) return s;
           }
+          return absl::OkStatus();
+        };
+        auto field = [&](auto value) {
+          std::string bytes;
+          Put(bytes, value);
+          return payload(bytes);
+        };
+        RETURN_IF_ERROR(field(static_cast<uint32_t>(meta.size())));
+        RETURN_IF_ERROR(payload(meta));
+        RETURN_IF_ERROR(field(static_cast<uint32_t>(state.blobs.size())));
+        for (const auto& [name, bytes] : state.blobs) {
+          RETURN_IF_ERROR(field(static_cast<uint32_t>(name.size())));
+          RETURN_IF_ERROR(payload(name));
+          RETURN_IF_ERROR(field(static_cast<uint64_t>(bytes.size())));
+          RETURN_IF_ERROR(payload(bytes));
         }
         std::string trailer;
         Put<uint64_t>(trailer, sum.Finish());

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/archive/safetensors.h"
 #include "common/archive/tensor_data.h"
 #include "common/random_bits.h"
 #include "common/status_macros.h"
@@ -18,21 +19,6 @@ namespace tandem {
 namespace {
 
 constexpr double kSqrt3 = 1.7320508075688772;
-
-// Bytes per element of an integer or bool dtype.
-int IntegerBytes(const std::string& dtype) {
-  if (dtype == "int64") return 8;
-  if (dtype == "int32") return 4;
-  if (dtype == "int16") return 2;
-  return 1;  // int8, uint8, bool
-}
-
-bool HasDim(const v1::ArchiveInput& in, int32_t dim) {
-  for (int32_t d : in.dynamic_dims()) {
-    if (d == dim) return true;
-  }
-  return false;
-}
 
 template <typename T>
 void Store(char* out, int64_t index, T value) {
@@ -75,7 +61,7 @@ absl::StatusOr<std::unique_ptr<SyntheticInputs>> SyntheticInputs::Make(
     std::vector<int64_t> shape;
     for (int d = 1; d < in.shape_size(); ++d) {
       const bool along_seq = (!in.role().empty() && d == 1) ||
-                             (d == 1 && example_seq >= 0 && HasDim(in, 1) &&
+                             (d == 1 && example_seq >= 0 && DynamicDim1(in) &&
                               in.shape(1) == example_seq);
       shape.push_back(along_seq ? seq_len : in.shape(d));
     }
@@ -94,10 +80,9 @@ absl::StatusOr<std::unique_ptr<SyntheticInputs>> SyntheticInputs::Make(
 }
 
 void SyntheticInputs::Draw(const v1::ArchiveInput& in,
+                           const std::vector<int64_t>& sample_shape,
                            const std::vector<int64_t>& samples,
                            HostArray* out) const {
-  const size_t index = static_cast<size_t>(&in - inputs_.data());
-  const std::vector<int64_t>& sample_shape = sample_shapes_[index];
   out->shape.assign(1, static_cast<int64_t>(samples.size()));
   out->shape.insert(out->shape.end(), sample_shape.begin(), sample_shape.end());
   int64_t per_sample = 1;
@@ -121,7 +106,7 @@ void SyntheticInputs::Draw(const v1::ArchiveInput& in,
   const v1::ArchiveSynthetic& s = in.synthetic();
   const bool floating = SyntheticFloating(in.dtype());
   const bool wide = in.dtype() == "float64";
-  const int bytes = floating ? (wide ? 8 : 4) : IntegerBytes(in.dtype());
+  const int64_t bytes = floating && !wide ? 4 : DTypeElementBytes(in.dtype());
   out->dtype = floating && !wide ? std::string("float32") : in.dtype();
   out->bytes.resize(static_cast<size_t>(n * bytes));
   char* data = out->bytes.data();
@@ -174,8 +159,9 @@ std::vector<HostMicroBatch> SyntheticInputs::ReadRank(
                                     first_sample);
     b.counted = static_cast<int64_t>(b.samples.size());
     b.global_counted = global;
-    for (const v1::ArchiveInput& in : inputs_) {
-      Draw(in, b.samples, &b.arrays[in.name()]);
+    for (size_t i = 0; i < inputs_.size(); ++i) {
+      Draw(inputs_[i], sample_shapes_[i], b.samples,
+           &b.arrays[inputs_[i].name()]);
     }
   }
   return batches;

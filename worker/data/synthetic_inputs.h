@@ -70,8 +70,10 @@ class SyntheticInputs {
 
  private:
   SyntheticInputs() = default;
-  void Draw(const v1::ArchiveInput& in, const std::vector<int64_t>& samples,
-            HostArray* out) const;
+  // `in`'s arrays for `samples`, each of `sample_shape`.
+  void Draw(const v1::ArchiveInput& in,
+            const std::vector<int64_t>& sample_shape,
+            const std::vector<int64_t>& samples, HostArray* out) const;
 
   std::vector<v1::ArchiveInput> inputs_;
   // Per input: the per-sample shape (without dim 0).

@@ -21,11 +21,6 @@ namespace {
 // Samples read at once when counting the targets.
 constexpr int64_t kCountChunkSamples = 4096;
 
-bool HasDim(const v1::ArchiveInput& in, int32_t dim) {
-  return std::find(in.dynamic_dims().begin(), in.dynamic_dims().end(), dim) !=
-         in.dynamic_dims().end();
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TensorSource>> TensorSource::Open(
@@ -50,7 +45,7 @@ absl::StatusOr<std::unique_ptr<TensorSource>> TensorSource::Open(
   for (v1::ArchiveInput& spec : inputs) {
     Input in;
     in.array = f.header.Find(spec.name());
-    in.cut = !f.lengths.empty() && HasDim(spec, 1);
+    in.cut = !f.lengths.empty() && DynamicDim1(spec);
     in.element_bytes = DTypeElementBytes(in.array->dtype);
     for (size_t d = 2; d < in.array->shape.size(); ++d) {
       in.inner *= in.array->shape[d];

@@ -604,12 +604,9 @@ StepCopies LastStepCopies(Executor& executor, const Graph& graph) {
 struct World1Run {
   std::vector<double> losses;
   int64_t peak_bytes = 0;
-  // The most bytes over the steps whose offloads were all done before
-  // backward began (StepCopies), each such step's, and how many steps those
-  // were.
-  int64_t judged_peak_bytes = 0;
+  // The peak of each step whose offloads were all done before backward
+  // began (StepCopies).
   std::vector<int64_t> judged_peaks;
-  int judged_steps = 0;
   int64_t offloaded_bytes = 0;
   Profile profile;
   // ShardedParamStore::state_bytes by param id.
@@ -643,9 +640,6 @@ World1Run RunWorld1(const ModelConfig& config, const Schedule& schedule,
       run.peak_bytes = std::max(run.peak_bytes, stats->peak_bytes);
       if (LastStepCopies(**executor, *graph)
               .OffloadsDoneBeforeBackward(offload_bytes)) {
-        ++run.judged_steps;
-        run.judged_peak_bytes =
-            std::max(run.judged_peak_bytes, stats->peak_bytes);
         run.judged_peaks.push_back(stats->peak_bytes);
       }
       run.offloaded_bytes =
@@ -718,16 +712,20 @@ TEST(ExecutorTest,
       static_cast<long long>(plan.none_peak),
       static_cast<long long>(plan.floor_peak),
       static_cast<long long>(measured.peak_bytes),
-      static_cast<long long>(with.judged_peak_bytes),
+      static_cast<long long>(with.judged_peaks.empty()
+                                 ? 0
+                                 : *std::max_element(with.judged_peaks.begin(),
+                                                     with.judged_peaks.end())),
       static_cast<long long>(without.peak_bytes),
-      static_cast<long long>(hw.unmodeled_bytes), with.judged_steps, kPlanSteps,
+      static_cast<long long>(hw.unmodeled_bytes),
+      static_cast<int>(with.judged_peaks.size()), kPlanSteps,
       plan.counts.c_str());
   EXPECT_LT(plan.budget, measured.peak_bytes);
   EXPECT_GT(without.peak_bytes, plan.budget);
   EXPECT_EQ(with.offloaded_bytes, offloaded_state_bytes);
   EXPECT_EQ(without.offloaded_bytes, 0);
   EXPECT_EQ(with.losses, without.losses);
-  if (with.judged_steps == 0) {
+  if (with.judged_peaks.empty()) {
     GTEST_SKIP() << "no step's offloads finished before backward began in "
                  << kPlanSteps << " steps (copy thread starved)";
   }

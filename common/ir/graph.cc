@@ -82,7 +82,9 @@ bool Node::operator==(const Node& other) const {
          recompute == other.recompute && param_ids == other.param_ids &&
          flops == other.flops && time_s == other.time_s &&
          activation_bytes == other.activation_bytes &&
-         workspace_bytes == other.workspace_bytes;
+         workspace_bytes == other.workspace_bytes &&
+         measured_extra_bytes == other.measured_extra_bytes &&
+         measured_carry_bytes == other.measured_carry_bytes;
 }
 
 const Param* Graph::FindParam(int32_t id) const {

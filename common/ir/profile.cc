@@ -1,6 +1,13 @@
 #include "common/ir/profile.h"
 
+#include <algorithm>
+
 namespace tandem {
+
+int64_t CollectiveScratch::Bytes(int64_t padded) const {
+  const int64_t bytes = copies * std::max<int64_t>(padded, 0);
+  return cap_bytes > 0 ? std::min(bytes, cap_bytes) : bytes;
+}
 
 absl::string_view CollectiveKindName(CollectiveKind kind) {
   switch (kind) {
@@ -41,7 +48,8 @@ bool CollectiveTiming::operator==(const CollectiveTiming& other) const {
 
 bool MemorySample::operator==(const MemorySample& other) const {
   return node_id == other.node_id && before_bytes == other.before_bytes &&
-         after_bytes == other.after_bytes;
+         after_bytes == other.after_bytes && rise_bytes == other.rise_bytes &&
+         net_bytes == other.net_bytes;
 }
 
 bool Profile::operator==(const Profile& other) const {
@@ -57,6 +65,8 @@ bool Profile::operator==(const Profile& other) const {
          compute_s_per_reduce_scatter_byte ==
              other.compute_s_per_reduce_scatter_byte &&
          compute_s_per_copy_byte == other.compute_s_per_copy_byte &&
+         allgather_scratch == other.allgather_scratch &&
+         reduce_scatter_scratch == other.reduce_scatter_scratch &&
          nodes == other.nodes && collectives == other.collectives &&
          memory == other.memory;
 }

@@ -53,7 +53,33 @@ struct MemorySample {
   int32_t node_id = 0;
   int64_t before_bytes = 0;
   int64_t after_bytes = 0;
+  // The node's own memory (worker/README.md, "Profiling"): the most the
+  // compute thread's allocations rose above their level at the node's
+  // start while it ran (its temporaries and what it left), and where they
+  // stood at its end against that level (negative: it freed more than it
+  // kept). Other threads' buffers and frees are left out. Both 0: not
+  // measured.
+  int64_t rise_bytes = 0;
+  int64_t net_bytes = 0;
   bool operator==(const MemorySample& other) const;
+};
+
+// Scratch memory a collective holds beyond its flat buffers (its packed
+// input and output) while it runs, as the worker's communicator allocates
+// it: for a collective of `padded` bytes, min(copies·padded, cap_bytes)
+// (cap_bytes 0: no cap). On Gloo an all-gather's output passes through one
+// more buffer of its size and a reduce-scatter is received into another
+// (and, in pieces, what it sends is copied too), piece by piece when
+// collectives go in pieces, so the cap is the pieces in flight; NCCL's own
+// buffers are not counted (copies 0).
+inline constexpr int32_t kMaxScratchCopies = 4;
+struct CollectiveScratch {
+  int32_t copies = 0;
+  int64_t cap_bytes = 0;
+  int64_t Bytes(int64_t padded) const;
+  bool operator==(const CollectiveScratch& other) const {
+    return copies == other.copies && cap_bytes == other.cap_bytes;
+  }
 };
 
 struct Profile {
@@ -88,6 +114,10 @@ struct Profile {
   double compute_s_per_allgather_byte = 0;
   double compute_s_per_reduce_scatter_byte = 0;
   double compute_s_per_copy_byte = 0;
+  // The communicator's scratch rule per collective kind (not measured:
+  // copies 0).
+  CollectiveScratch allgather_scratch;
+  CollectiveScratch reduce_scatter_scratch;
   std::vector<NodeTiming> nodes;
   std::vector<CollectiveTiming> collectives;
   std::vector<MemorySample> memory;

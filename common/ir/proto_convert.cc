@@ -454,6 +454,13 @@ v1::Profile ToProto(const Profile& profile) {
   out.set_compute_s_per_reduce_scatter_byte(
       profile.compute_s_per_reduce_scatter_byte);
   out.set_compute_s_per_copy_byte(profile.compute_s_per_copy_byte);
+  out.mutable_allgather_scratch()->set_copies(profile.allgather_scratch.copies);
+  out.mutable_allgather_scratch()->set_cap_bytes(
+      profile.allgather_scratch.cap_bytes);
+  out.mutable_reduce_scatter_scratch()->set_copies(
+      profile.reduce_scatter_scratch.copies);
+  out.mutable_reduce_scatter_scratch()->set_cap_bytes(
+      profile.reduce_scatter_scratch.cap_bytes);
   for (const NodeTiming& t : profile.nodes) {
     v1::NodeTiming* q = out.add_nodes();
     q->set_node_id(t.node_id);
@@ -479,6 +486,8 @@ v1::Profile ToProto(const Profile& profile) {
     q->set_node_id(m.node_id);
     q->set_before_bytes(m.before_bytes);
     q->set_after_bytes(m.after_bytes);
+    q->set_rise_bytes(m.rise_bytes);
+    q->set_net_bytes(m.net_bytes);
   }
   return out;
 }
@@ -500,6 +509,10 @@ absl::StatusOr<Profile> FromProto(const v1::Profile& proto) {
   p.compute_s_per_reduce_scatter_byte =
       proto.compute_s_per_reduce_scatter_byte();
   p.compute_s_per_copy_byte = proto.compute_s_per_copy_byte();
+  p.allgather_scratch = {proto.allgather_scratch().copies(),
+                         proto.allgather_scratch().cap_bytes()};
+  p.reduce_scatter_scratch = {proto.reduce_scatter_scratch().copies(),
+                              proto.reduce_scatter_scratch().cap_bytes()};
   for (const v1::NodeTiming& q : proto.nodes()) {
     p.nodes.push_back(
         {q.node_id(), q.time_s(), q.samples(), q.allgather_overlap_bytes(),
@@ -521,7 +534,8 @@ absl::StatusOr<Profile> FromProto(const v1::Profile& proto) {
     p.collectives.push_back(std::move(c));
   }
   for (const v1::MemorySample& q : proto.memory()) {
-    p.memory.push_back({q.node_id(), q.before_bytes(), q.after_bytes()});
+    p.memory.push_back({q.node_id(), q.before_bytes(), q.after_bytes(),
+                        q.rise_bytes(), q.net_bytes()});
   }
   return p;
 }

@@ -1108,10 +1108,11 @@ constexpr absl::string_view kProfileExample =
 absl::Status ParseProfileHeader(const Line& line, Profile* profile) {
   Statement st(line);
   st.set_context("profile");
-  RETURN_IF_ERROR(st.ReadAttributes({"graph", "rank", "version", "window",
-                                     "iteration", "peak", "peak_min", "work",
-                                     "copied", "copy_time", "ag_cpu_per_byte",
-                                     "rs_cpu_per_byte", "copy_cpu_per_byte"}));
+  RETURN_IF_ERROR(st.ReadAttributes(
+      {"graph", "rank", "version", "window", "iteration", "peak", "peak_min",
+       "work", "copied", "copy_time", "ag_cpu_per_byte", "rs_cpu_per_byte",
+       "copy_cpu_per_byte", "ag_scratch", "ag_scratch_cap", "rs_scratch",
+       "rs_scratch_cap"}));
   RETURN_IF_ERROR(st.Require("graph", "0123456789abcdef"));
   RETURN_IF_ERROR(st.Read("graph", ParseString, &profile->graph_hash));
   RETURN_IF_ERROR(st.Read("rank", ParseInteger<int32_t>, &profile->rank));
@@ -1133,6 +1134,14 @@ absl::Status ParseProfileHeader(const Line& line, Profile* profile) {
                           &profile->compute_s_per_reduce_scatter_byte));
   RETURN_IF_ERROR(st.Read("copy_cpu_per_byte", ParseNumber,
                           &profile->compute_s_per_copy_byte));
+  RETURN_IF_ERROR(st.Read("ag_scratch", ParseInteger<int32_t>,
+                          &profile->allgather_scratch.copies));
+  RETURN_IF_ERROR(st.Read("ag_scratch_cap", ParseBytes,
+                          &profile->allgather_scratch.cap_bytes));
+  RETURN_IF_ERROR(st.Read("rs_scratch", ParseInteger<int32_t>,
+                          &profile->reduce_scatter_scratch.copies));
+  RETURN_IF_ERROR(st.Read("rs_scratch_cap", ParseBytes,
+                          &profile->reduce_scatter_scratch.cap_bytes));
   return absl::OkStatus();
 }
 
@@ -1209,9 +1218,11 @@ absl::Status ParseMemoryLine(const Line& line, Profile* profile) {
   ASSIGN_OR_RETURN(absl::string_view node, st.Positional(IdExpectation('n')));
   ASSIGN_OR_RETURN(sample.node_id, st.Check(ParseId(node, 'n')));
   st.set_context(absl::StrCat("memory ", node));
-  RETURN_IF_ERROR(st.ReadAttributes({"before", "after"}));
+  RETURN_IF_ERROR(st.ReadAttributes({"before", "after", "rise", "net"}));
   RETURN_IF_ERROR(st.Read("before", ParseBytes, &sample.before_bytes));
   RETURN_IF_ERROR(st.Read("after", ParseBytes, &sample.after_bytes));
+  RETURN_IF_ERROR(st.Read("rise", ParseBytes, &sample.rise_bytes));
+  RETURN_IF_ERROR(st.Read("net", ParseBytes, &sample.net_bytes));
   profile->memory.push_back(sample);
   return absl::OkStatus();
 }
@@ -1478,6 +1489,16 @@ std::string PrintProfile(const Profile& profile) {
       absl::StrAppend(&out, " ", key, "=", FormatDouble(value));
     }
   }
+  // The communicator's scratch rule, when reported.
+  const std::pair<absl::string_view, const CollectiveScratch*> scratch[] = {
+      {"ag_scratch", &profile.allgather_scratch},
+      {"rs_scratch", &profile.reduce_scatter_scratch}};
+  for (const auto& [key, rule] : scratch) {
+    if (rule->copies != 0) absl::StrAppend(&out, " ", key, "=", rule->copies);
+    if (rule->cap_bytes != 0) {
+      absl::StrAppend(&out, " ", key, "_cap=", rule->cap_bytes);
+    }
+  }
   absl::StrAppend(&out, "\n");
   for (const NodeTiming& t : profile.nodes) {
     absl::StrAppend(&out, "time ", FormatId('n', t.node_id), " ",
@@ -1517,7 +1538,10 @@ std::string PrintProfile(const Profile& profile) {
   }
   for (const MemorySample& m : profile.memory) {
     absl::StrAppend(&out, "memory ", FormatId('n', m.node_id),
-                    " before=", m.before_bytes, " after=", m.after_bytes, "\n");
+                    " before=", m.before_bytes, " after=", m.after_bytes);
+    if (m.rise_bytes != 0) absl::StrAppend(&out, " rise=", m.rise_bytes);
+    if (m.net_bytes != 0) absl::StrAppend(&out, " net=", m.net_bytes);
+    out += '\n';
   }
   return out;
 }

@@ -406,6 +406,16 @@ absl::Status ValidateProfile(const Profile& profile, const Graph& graph) {
         "and the compute seconds per transferred byte must be finite and "
         ">= 0.");
   }
+  for (const CollectiveScratch* rule :
+       {&profile.allgather_scratch, &profile.reduce_scatter_scratch}) {
+    if (rule->copies < 0 || rule->copies > kMaxScratchCopies ||
+        rule->cap_bytes < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "profile collective scratch (ag_scratch, rs_scratch) must be 0 to ",
+          kMaxScratchCopies, " copies with a cap >= 0 bytes, got ",
+          rule->copies, " copies capped at ", rule->cap_bytes, " B"));
+    }
+  }
   const GraphIndex index(graph);
   Problems bad("invalid profile entries");
   for (const NodeTiming& t : profile.nodes) {
@@ -445,7 +455,7 @@ absl::Status ValidateProfile(const Profile& profile, const Graph& graph) {
     if (index.NodePos(m.node_id) < 0) {
       bad.Add(absl::StrCat("memory of unknown node n", m.node_id));
     }
-    if (m.before_bytes < 0 || m.after_bytes < 0) {
+    if (m.before_bytes < 0 || m.after_bytes < 0 || m.rise_bytes < 0) {
       bad.Add(absl::StrCat("memory of n", m.node_id, " is negative"));
     }
   }

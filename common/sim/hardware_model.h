@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/ir/profile.h"
 
 namespace tandem {
 
@@ -68,6 +69,11 @@ struct HardwareModel {
   // in the analytic model; CalibrateMemory turns it on, since a profile comes
   // from that runtime.
   bool collective_buffers = false;
+  // With collective_buffers: the scratch each collective holds beyond its
+  // flat buffer while it runs, by kind (the profile's rule, from the
+  // worker's communicator; CalibrateToMeasurements sets it).
+  CollectiveScratch allgather_scratch;
+  CollectiveScratch reduce_scatter_scratch;
 
   // Compute time a transfer takes from the compute stream per byte it moves:
   // the CPU work of the cores that also compute (Gloo's copies and local

@@ -385,7 +385,11 @@ class Replay {
                          ? hw_.compute_s_per_reduce_scatter_byte
                          : hw_.compute_s_per_allgather_byte));
     if (hw_.collective_buffers && comm_free_ > start) {
-      const int64_t staging = bytes + bytes / std::max(graph_.world_size, 1);
+      const CollectiveScratch& scratch = kind == ActionKind::kReduceScatter
+                                             ? hw_.reduce_scatter_scratch
+                                             : hw_.allgather_scratch;
+      const int64_t staging =
+          bytes + bytes / std::max(graph_.world_size, 1) + scratch.Bytes(bytes);
       Allocate(start, staging, kCollectiveBuffers);
       events_.push_back({comm_free_, -staging,
                          static_cast<uint32_t>(events_.size()),
@@ -566,6 +570,10 @@ class Replay {
                     2 * graph_.params.size());
 
     double previous_end = 0;
+    // The running sum of the nodes' measured carries, and what of it is
+    // held (when positive).
+    int64_t carry_sum = 0;
+    int64_t carry_held = 0;
     for (size_t pos = 0; pos < num_nodes; ++pos) {
       const Node& node = graph_.nodes[pos];
       absl::Status status = RunActions(AnchoredSchedule::BeforeSlot(pos));
@@ -586,13 +594,26 @@ class Replay {
       result_.compute_s += node.time_s;
 
       Allocate(start, node.workspace_bytes, kActivations);
+      // What the model puts on top of the memory at the node's start, and
+      // what the node leaves at its end.
+      int64_t new_gradients = 0;
       if (node.phase == Phase::kBackward) {
         for (int p : node_param_pos_[pos]) {
           if (grad_live_[p]) continue;
           grad_live_[p] = true;
           Allocate(start, params_[p].full_bytes, kGradients);
+          new_gradients += params_[p].full_bytes;
         }
       }
+      entry.modeled_rise_bytes = node.workspace_bytes + new_gradients;
+      entry.modeled_net_bytes = new_gradients;
+      if (node.phase == Phase::kForward) {
+        entry.modeled_rise_bytes += node.activation_bytes;
+        entry.modeled_net_bytes += node.activation_bytes;
+      }
+      const int64_t measured_extra =
+          std::max<int64_t>(0, node.measured_extra_bytes);
+      Allocate(start, measured_extra, kActivations);
       now_ = end;
       previous_end = end;
       // Activations appear while the workspace is still held.
@@ -600,14 +621,19 @@ class Replay {
         Allocate(end, node.activation_bytes, kActivations);
         live_activation[pos] = node.activation_bytes;
       }
-      Free(end, node.workspace_bytes, kActivations);
+      Free(end, node.workspace_bytes + measured_extra, kActivations);
       if (node.phase == Phase::kBackward) {
         const int twin = forward_pos_[pos];
         if (twin >= 0 && static_cast<size_t>(twin) < pos) {
           Free(end, live_activation[twin], kActivations);
+          entry.modeled_net_bytes -= live_activation[twin];
           live_activation[twin] = 0;
         }
       }
+      carry_sum += node.measured_carry_bytes;
+      const int64_t carried = std::max<int64_t>(0, carry_sum);
+      Allocate(end, carried - carry_held, kActivations);
+      carry_held = carried;
       status = RunActions(AnchoredSchedule::AfterSlot(pos));
       if (!status.ok()) return status;
       // memory_after_bytes is read after every event so far at this instant.

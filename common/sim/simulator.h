@@ -47,6 +47,11 @@
 //   - activations: a forward node's activation_bytes from its end until its
 //     backward twin ends (the whole iteration when it has none);
 //     workspace_bytes while a node runs;
+//   - what a profile measured beyond these (Node::measured_extra_bytes and
+//     measured_carry_bytes, from CalibrateMemory): the extra while the node
+//     runs, and the running sum of the carries, when positive, from a
+//     node's end on (e.g. the gradient a backward node hands to the next,
+//     or a forward node's outputs beyond its saved activations);
 //   - gradients (param dtype): a gradient shard per param (shard_numel·dtype;
 //     fp32, shard_numel·4, for a param reduced per micro-batch, i.e. named
 //     by more than one REDUCE_SCATTER: its sharded accumulator) always, and
@@ -69,9 +74,11 @@
 //     RELOAD of one on the device costs copy time and moves no memory;
 //   - collective buffers, with hw.collective_buffers (the Tandem worker's
 //     runtime): a collective runs on one flat buffer, its padded
-//     full bytes plus this rank's shard of them, from its start to its end
-//     (for a REDUCE_SCATTER starting at the instant its gradients are freed,
-//     both count: the copy holds both for a moment);
+//     full bytes plus this rank's shard of them, and the scratch the
+//     communicator holds beyond them (hw.allgather_scratch,
+//     reduce_scatter_scratch), from its start to its end (for a
+//     REDUCE_SCATTER starting at the instant its gradients are freed, both
+//     count: the copy holds both for a moment);
 //   - unmodeled: hw.unmodeled_bytes, always (what the runtime was measured to
 //     hold beyond the rules above: autograd temporaries, the loss's buffers;
 //     see CalibrateMemory in coordinator/planner).
@@ -108,6 +115,14 @@ struct NodeTimelineEntry {
   // Memory in use at end_s after the node and the actions anchored after it
   // (in program order; see the memory rules above).
   int64_t memory_after_bytes = 0;
+  // What the model (without the measured extra and carry) puts on top of
+  // the memory at the node's start while it runs (its workspace, the
+  // gradients it allocates, a forward node's activations), and by how much
+  // the node leaves the memory higher at its end (its activations or new
+  // gradients, less the activations its backward frees): CalibrateMemory
+  // compares these with the profile's rise and net.
+  int64_t modeled_rise_bytes = 0;
+  int64_t modeled_net_bytes = 0;
 };
 
 struct CollectiveTimelineEntry {

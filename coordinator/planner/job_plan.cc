@@ -151,6 +151,18 @@ std::string DescribeHardware(const HardwareModel& hw) {
     absl::StrAppend(&out, "; runtime holds ", FormatBytes(hw.unmodeled_bytes),
                     " beyond the memory model");
   }
+  // The communicator's scratch, as the profile reported it.
+  auto scratch = [](const CollectiveScratch& s) {
+    return s.cap_bytes > 0 ? absl::StrCat(s.copies, "x (at most ",
+                                          FormatBytes(s.cap_bytes), ")")
+                           : absl::StrCat(s.copies, "x");
+  };
+  if (hw.collective_buffers && (hw.allgather_scratch.copies > 0 ||
+                                hw.reduce_scatter_scratch.copies > 0)) {
+    absl::StrAppend(&out, "; collectives hold scratch: all-gather ",
+                    scratch(hw.allgather_scratch), ", reduce-scatter ",
+                    scratch(hw.reduce_scatter_scratch), " their padded bytes");
+  }
   if (hw.compute_s_per_allgather_byte > 0 ||
       hw.compute_s_per_reduce_scatter_byte > 0 ||
       hw.compute_s_per_copy_byte > 0) {

@@ -257,6 +257,11 @@ void FitHostLink(const Profile& profile, HardwareModel& hw) {
   hw.host_link_measured = true;
 }
 
+void FitCollectiveScratch(const Profile& profile, HardwareModel& hw) {
+  hw.allgather_scratch = profile.allgather_scratch;
+  hw.reduce_scatter_scratch = profile.reduce_scatter_scratch;
+}
+
 void FitInterference(const Profile& profile, HardwareModel& hw) {
   if (profile.compute_s_per_allgather_byte > 0) {
     hw.compute_s_per_allgather_byte = profile.compute_s_per_allgather_byte;
@@ -270,9 +275,13 @@ void FitInterference(const Profile& profile, HardwareModel& hw) {
   }
 }
 
-absl::Status CalibrateMemory(const Graph& timed, const Schedule& profiled,
+absl::Status CalibrateMemory(Graph& timed, const Schedule& profiled,
                              const Profile& profile, HardwareModel& hw) {
   hw.unmodeled_bytes = 0;
+  for (Node& node : timed.nodes) {
+    node.measured_extra_bytes = 0;
+    node.measured_carry_bytes = 0;
+  }
   if (profile.peak_bytes <= 0) return absl::OkStatus();
   // The profile comes from the Tandem worker, which packs collectives.
   hw.collective_buffers = true;
@@ -281,6 +290,27 @@ absl::Status CalibrateMemory(const Graph& timed, const Schedule& profiled,
     return absl::InvalidArgumentError(absl::StrCat(
         "the schedule the profile was measured under (v", profiled.version,
         ") does not replay on the graph: ", sim.status().message()));
+  }
+  // Each node's own memory as measured, against what the model put on top
+  // of the memory at its start and left at its end under the same
+  // schedule. Measured against the profiled schedule, so a plan that
+  // changes what the model counts (gradients freed earlier, say) changes
+  // the prediction by the model's difference.
+  const GraphIndex index(timed);
+  bool measured = false;
+  for (const MemorySample& sample : profile.memory) {
+    const int pos = index.NodePos(sample.node_id);
+    if (pos < 0 || (sample.rise_bytes == 0 && sample.net_bytes == 0)) continue;
+    const NodeTimelineEntry& modeled = sim->nodes[pos];
+    timed.nodes[pos].measured_extra_bytes =
+        std::max<int64_t>(0, sample.rise_bytes - modeled.modeled_rise_bytes);
+    timed.nodes[pos].measured_carry_bytes =
+        sample.net_bytes - modeled.modeled_net_bytes;
+    measured = true;
+  }
+  if (measured) {
+    sim = Simulate(timed, profiled, hw);
+    if (!sim.ok()) return sim.status();
   }
   hw.unmodeled_bytes =
       std::max<int64_t>(0, profile.peak_bytes - sim->peak_bytes);
@@ -453,6 +483,7 @@ absl::StatusOr<Calibrated> CalibrateToMeasurements(const Graph& graph,
   RETURN_IF_ERROR(FitCollectives(*profile, out.hw));
   FitHostLink(*profile, out.hw);
   FitInterference(*profile, out.hw);
+  FitCollectiveScratch(*profile, out.hw);
   std::optional<Schedule> ran;
   if (profiled != nullptr) {
     ran = *profiled;

@@ -67,15 +67,25 @@ void FitHostLink(const Profile& profile, HardwareModel& hw);
 // it measured one; else leaves them.
 void FitInterference(const Profile& profile, HardwareModel& hw);
 
-// Sets hw.unmodeled_bytes to what the runtime held beyond the simulator's
-// memory model while it ran `profiled`, the schedule the profile was measured
-// under: the profile's peak less the simulated peak of `profiled` on `timed`
-// (ApplyProfile's graph), or 0 when the model over-counts or the profile has
-// no peak. It also turns on hw.collective_buffers (the worker's flat
-// collective buffers), measuring the gap with them counted. Every plan made
-// with `hw` then counts those bytes at every instant, so a plan the simulator
-// fits in the budget fits in the runtime's too.
-absl::Status CalibrateMemory(const Graph& timed, const Schedule& profiled,
+// Sets hw's collective scratch to the profile's (the worker's communicator's
+// rule; none when the profile does not report one).
+void FitCollectiveScratch(const Profile& profile, HardwareModel& hw);
+
+// Calibrates the memory model to what the runtime held while it ran
+// `profiled`, the schedule the profile was measured under, on `timed`
+// (ApplyProfile's graph):
+//   - each node's own memory (the profile's rise and net) against what the
+//     simulator's model put on top of the memory at the node's start and
+//     left at its end under `profiled`: the differences become the node's
+//     measured_extra_bytes and measured_carry_bytes (simulator.h's memory
+//     rules);
+//   - hw.unmodeled_bytes: what is still missing at the peak, the profile's
+//     peak less the simulated peak of `profiled` (0 when the model
+//     over-counts or the profile has no peak), counted at every instant.
+// It also turns on hw.collective_buffers (the worker's flat collective
+// buffers). A plan the simulator then fits in the budget fits in the
+// runtime's too.
+absl::Status CalibrateMemory(Graph& timed, const Schedule& profiled,
                              const Profile& profile, HardwareModel& hw);
 
 // The policy's pipeline for `mode`, as pass-registry specs
@@ -141,7 +151,8 @@ absl::StatusOr<PlanResult> Plan(const Graph& graph, const HardwareModel& hw,
 // A graph and hardware model fitted to a job's measurements: node times
 // from `profile`, collective rates fitted to its collectives, the host link
 // to its host-tier copies (FitHostLink), compute's share lost to transfers
-// to its interference probe (FitInterference), and the memory
+// to its interference probe (FitInterference), the collectives' scratch
+// (FitCollectiveScratch), and the memory
 // model calibrated to the runtime (CalibrateMemory) against `profiled`, the
 // schedule the profile was measured under; when `profiled` is null, the
 // starting schedule of `mode` for a profile of version 0, else the memory

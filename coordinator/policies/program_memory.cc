@@ -158,6 +158,9 @@ ProgramMemory EstimateProgramMemory(const Graph& graph,
   ProgramMemory out;
   out.during.assign(n, 0);
   out.states.assign(n, 0);
+  // The running sum of the measured carries, and what of it is held.
+  int64_t carry_sum = 0;
+  int64_t carry_held = 0;
   for (size_t i = 0; i < n; ++i) {
     const Node& node = graph.nodes[i];
     run(anchored.slot(AnchoredSchedule::BeforeSlot(static_cast<int>(i))));
@@ -172,8 +175,9 @@ ProgramMemory EstimateProgramMemory(const Graph& graph,
       }
     }
     // Like the simulator, count the node's own activations at its end before
-    // its workspace is freed.
+    // its workspace is freed, and what a profile measured beyond the model.
     out.during[i] = level + node.workspace_bytes +
+                    std::max<int64_t>(0, node.measured_extra_bytes) +
                     (node.phase == Phase::kForward ? node.activation_bytes : 0);
     out.states[i] = states;
     if (node.phase == Phase::kForward) {
@@ -186,6 +190,9 @@ ProgramMemory EstimateProgramMemory(const Graph& graph,
         live_activation[twin] = 0;
       }
     }
+    carry_sum += node.measured_carry_bytes;
+    level += std::max<int64_t>(0, carry_sum) - carry_held;
+    carry_held = std::max<int64_t>(0, carry_sum);
     run(anchored.slot(AnchoredSchedule::AfterSlot(static_cast<int>(i))));
   }
   return out;

@@ -48,6 +48,13 @@ absl::StatusOr<Profile> AggregateProfiles(
                  p.compute_s_per_reduce_scatter_byte);
     out.compute_s_per_copy_byte =
         std::max(out.compute_s_per_copy_byte, p.compute_s_per_copy_byte);
+    // Ranks run the same communicator: the most any reports.
+    for (auto [mine, theirs] :
+         {std::pair{&out.allgather_scratch, &p.allgather_scratch},
+          std::pair{&out.reduce_scatter_scratch, &p.reduce_scatter_scratch}}) {
+      mine->copies = std::max(mine->copies, theirs->copies);
+      mine->cap_bytes = std::max(mine->cap_bytes, theirs->cap_bytes);
+    }
     for (const NodeTiming& t : p.nodes) {
       auto [it, inserted] = node_index.emplace(t.node_id, out.nodes.size());
       if (inserted) {
@@ -76,6 +83,8 @@ absl::StatusOr<Profile> AggregateProfiles(
         MemorySample& m = out.memory[i];
         m.before_bytes = std::max(m.before_bytes, p.memory[i].before_bytes);
         m.after_bytes = std::max(m.after_bytes, p.memory[i].after_bytes);
+        m.rise_bytes = std::max(m.rise_bytes, p.memory[i].rise_bytes);
+        m.net_bytes = std::max(m.net_bytes, p.memory[i].net_bytes);
       }
     }
   }

@@ -258,6 +258,28 @@ absl::StatusOr<ChunkTuning> Communicator::TuneChunkBytes() {
   return tuning;
 }
 
+CollectiveScratch Communicator::AllGatherScratch() const {
+  if (native_collectives_) return {};
+  const int64_t chunk =
+      options_.chunk_bytes > 0 ? options_.chunk_bytes : kDefaultCommChunkBytes;
+  // One gathered piece (world * chunk bytes) per piece in flight, and one
+  // more: Gloo's thread drops a finished piece's work (and its buffer) a
+  // moment after it is waited for.
+  return {1, chunk >= kWholeMessages
+                 ? 0
+                 : (options_.max_in_flight + 1) * world_size_ * chunk};
+}
+
+CollectiveScratch Communicator::ReduceScatterScratch() const {
+  if (native_collectives_) return {};
+  const int64_t chunk =
+      options_.chunk_bytes > 0 ? options_.chunk_bytes : kDefaultCommChunkBytes;
+  if (chunk >= kWholeMessages) return {1, 0};  // received whole, sent as is
+  // Each piece in flight, and one more finishing (as for the all-gather):
+  // its rows copied to send, and what it receives.
+  return {2, 2 * (options_.max_in_flight + 1) * world_size_ * chunk};
+}
+
 void Communicator::AllGather(const at::Tensor& input,
                              const at::Tensor& output) {
   TORCH_CHECK(output.numel() == input.numel() * world_size_,

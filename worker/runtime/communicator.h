@@ -28,6 +28,7 @@
 #include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/ir/profile.h"
 #include "common/job/job_spec.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
 
@@ -161,6 +162,16 @@ class Communicator {
   void SetProbeSecondsForTesting(double seconds) {
     probe_seconds_for_testing_ = seconds;
   }
+
+  // The scratch a packed all-gather or reduce-scatter holds beyond its
+  // input and output while it runs (the profile's CollectiveScratch), with
+  // the piece size in use: Gloo gathers into one more buffer of the output's
+  // size and receives a reduce-scatter into one more of the input's size,
+  // per piece (and copies each piece it sends) when collectives go in
+  // pieces, max_in_flight pieces at a time (and one more finishing); NCCL's
+  // own buffers are not counted. Call after TuneChunkBytes.
+  CollectiveScratch AllGatherScratch() const;
+  CollectiveScratch ReduceScatterScratch() const;
 
   // Blocks until every submission so far finished; the first failure.
   absl::Status Drain();

@@ -546,13 +546,15 @@ void Executor::StartBackwardNode(int pos) {
   EnsureParams(pos);
   if (!profiler_.enabled()) return;
   it_->backward_memory = meter_->current_bytes();
+  meter_->BeginNodeWindow();
   it_->backward_start = Now();
 }
 
 void Executor::FinishBackwardNode(int pos) {
   if (!profiler_.enabled()) return;
   profiler_.RecordNode(pos, Since(it_->backward_start));
-  profiler_.RecordMemory(pos, it_->backward_memory, meter_->current_bytes());
+  profiler_.RecordMemory(pos, it_->backward_memory, meter_->current_bytes(),
+                         meter_->NodeWindow());
 }
 
 void Executor::OnBackwardBoundary(int k, int i) {
@@ -628,6 +630,7 @@ void Executor::RunMicroBatch(int k, const MicroBatch& batch) {
                 "from the nodes before it, so its backward cannot be placed "
                 "between theirs; make it part of the unit before it");
     const int64_t memory_before = profiling ? meter_->current_bytes() : 0;
+    if (profiling) meter_->BeginNodeWindow();
     const SteadyTime start = profiling ? Now() : SteadyTime();
     std::vector<at::Tensor> out;
     if (node.recompute) {
@@ -665,7 +668,8 @@ void Executor::RunMicroBatch(int k, const MicroBatch& batch) {
     }
     if (profiling) {
       profiler_.RecordNode(pos, Since(start));
-      profiler_.RecordMemory(pos, memory_before, meter_->current_bytes());
+      profiler_.RecordMemory(pos, memory_before, meter_->current_bytes(),
+                             meter_->NodeWindow());
     }
     RunActions(pos, AnchorPosition::kAfter);
     if (i + 1 == n) break;
@@ -772,6 +776,8 @@ absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
                                    StepStats* stats) {
   const SteadyTime start = Now();
   meter_->ResetPeak();
+  // Nodes run on this thread; their own memory is what it allocates.
+  meter_->MarkComputeThread();
   it_ = std::make_unique<IterationState>();
   const int64_t version = active_->schedule.version;
   const bool least_memory = least_memory_active_;

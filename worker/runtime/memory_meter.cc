@@ -20,11 +20,32 @@
 namespace tandem {
 namespace {
 
-// Each block carries its size in a header one alignment unit long, so the
-// deleter can subtract it without a side table.
+// Each block carries its size, and which compute thread allocated it (0:
+// none), in a header one alignment unit long, so the deleter can subtract it
+// without a side table.
 constexpr size_t kHeader = c10::gAlignment;
+static_assert(kHeader >= 2 * sizeof(size_t), "the header holds two words");
 
 std::atomic<CountingCpuAllocator*> g_instance{nullptr};
+
+// This thread's own level, when it is a compute thread (MarkComputeThread):
+// its blocks less those it freed, and its node window. A block it allocates
+// carries the address of this record, which a free on the same thread
+// recognizes.
+struct OwnLevel {
+  bool compute = false;
+  int64_t level = 0;
+  int64_t window_start = 0;
+  int64_t window_peak = 0;
+};
+thread_local OwnLevel t_own;
+
+void RaiseTo(std::atomic<int64_t>& peak, int64_t now) {
+  int64_t seen = peak.load(std::memory_order_relaxed);
+  while (now > seen &&
+         !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+  }
+}
 
 }  // namespace
 
@@ -48,13 +69,15 @@ c10::DataPtr CountingCpuAllocator::allocate(size_t bytes)
 #endif
 {
   auto* base = static_cast<char*>(c10::alloc_cpu(bytes + kHeader));
-  *reinterpret_cast<size_t*>(base) = bytes;
-  const int64_t now = current_.fetch_add(static_cast<int64_t>(bytes),
-                                         std::memory_order_relaxed) +
-                      static_cast<int64_t>(bytes);
-  int64_t peak = peak_.load(std::memory_order_relaxed);
-  while (now > peak &&
-         !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  auto* header = reinterpret_cast<size_t*>(base);
+  header[0] = bytes;
+  header[1] = t_own.compute ? reinterpret_cast<size_t>(&t_own) : 0;
+  const auto signed_bytes = static_cast<int64_t>(bytes);
+  RaiseTo(peak_, current_.fetch_add(signed_bytes, std::memory_order_relaxed) +
+                     signed_bytes);
+  if (t_own.compute) {
+    t_own.level += signed_bytes;
+    t_own.window_peak = std::max(t_own.window_peak, t_own.level);
   }
   allocations_.fetch_add(1, std::memory_order_relaxed);
   // The context is the data pointer itself (the size sits in the header
@@ -66,10 +89,15 @@ c10::DataPtr CountingCpuAllocator::allocate(size_t bytes)
 
 void CountingCpuAllocator::Delete(void* context) {
   auto* base = static_cast<char*>(context) - kHeader;
-  const size_t bytes = *reinterpret_cast<size_t*>(base);
+  const auto* header = reinterpret_cast<const size_t*>(base);
+  const auto bytes = static_cast<int64_t>(header[0]);
   if (CountingCpuAllocator* a = g_instance.load()) {
-    a->current_.fetch_sub(static_cast<int64_t>(bytes),
-                          std::memory_order_relaxed);
+    a->current_.fetch_sub(bytes, std::memory_order_relaxed);
+  }
+  // A free on the thread that allocated the block, when that is a compute
+  // thread (its own level; other threads' frees are left out).
+  if (header[1] != 0 && header[1] == reinterpret_cast<size_t>(&t_own)) {
+    t_own.level -= bytes;
   }
   c10::free_cpu(base);
 }
@@ -77,6 +105,21 @@ void CountingCpuAllocator::Delete(void* context) {
 void CountingCpuAllocator::ResetPeak() {
   peak_.store(current_.load(std::memory_order_relaxed),
               std::memory_order_relaxed);
+}
+
+void CountingCpuAllocator::MarkComputeThread() { t_own.compute = true; }
+
+void CountingCpuAllocator::BeginNodeWindow() {
+  t_own.window_start = t_own.level;
+  t_own.window_peak = t_own.level;
+}
+
+OwnMemory CountingCpuAllocator::NodeWindow() const {
+  OwnMemory w;
+  w.rise_bytes = std::max<int64_t>(0, t_own.window_peak - t_own.window_start);
+  w.net_bytes = t_own.level - t_own.window_start;
+  w.measured = t_own.compute;
+  return w;
 }
 
 #ifdef TANDEM_WITH_CUDA

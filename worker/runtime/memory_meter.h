@@ -14,6 +14,7 @@
 #include "c10/core/Allocator.h"
 #include "c10/core/Device.h"
 #include "torch/version.h"
+#include "worker/runtime/own_memory.h"
 
 #if TORCH_VERSION_MAJOR > 2 || \
     (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
@@ -32,6 +33,23 @@ class MemoryMeter {
   virtual int64_t peak_bytes() const = 0;
   // Sets the peak to the current value.
   virtual void ResetPeak() = 0;
+
+  // A node's own memory (the profile's MemorySample rise and net): what the
+  // compute thread's allocations and frees did while the node ran.
+  // MarkComputeThread() names the calling thread the compute thread. Its
+  // own level counts the blocks it allocates and drops those it frees;
+  // blocks other threads allocate (collective buffers, host copies,
+  // checkpoint snapshots) and frees on other threads (a gradient freed as
+  // its reduce-scatter starts) run on timings of their own and are left
+  // out. BeginNodeWindow() starts a window at the current own level;
+  // NodeWindow() reports the most the level rose above it since and where
+  // it stands now. Each thread keeps its own level and window, so ranks
+  // sharing a process (the tests' loopback worlds) do not mix; call them
+  // from the compute thread. A meter that cannot tell threads apart
+  // reports nothing (not measured).
+  virtual void MarkComputeThread() {}
+  virtual void BeginNodeWindow() {}
+  virtual OwnMemory NodeWindow() const { return {}; }
 };
 
 // Counts every byte libtorch allocates on the CPU. A storage keeps the
@@ -69,6 +87,9 @@ class CountingCpuAllocator final : public c10::Allocator, public MemoryMeter {
     return peak_.load(std::memory_order_relaxed);
   }
   void ResetPeak() override;
+  void MarkComputeThread() override;
+  void BeginNodeWindow() override;
+  OwnMemory NodeWindow() const override;
   // Allocations made so far (for tests).
   int64_t allocations() const {
     return allocations_.load(std::memory_order_relaxed);

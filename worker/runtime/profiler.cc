@@ -44,9 +44,14 @@ void Profiler::RecordNode(int32_t node_id, double seconds) {
 }
 
 void Profiler::RecordMemory(int32_t node_id, int64_t before_bytes,
-                            int64_t after_bytes) {
+                            int64_t after_bytes, const OwnMemory& own) {
   if (!enabled_) return;
   MemorySample& m = memory_[node_id];
+  if (own.measured) {
+    m.rise_bytes = std::max(m.rise_bytes, own.rise_bytes);
+    m.net_bytes = has_memory_[node_id] ? std::max(m.net_bytes, own.net_bytes)
+                                       : own.net_bytes;
+  }
   m.node_id = node_id;
   m.before_bytes = std::max(m.before_bytes, before_bytes);
   m.after_bytes = std::max(m.after_bytes, after_bytes);
@@ -209,6 +214,8 @@ Profile Profiler::Snapshot(const std::string& graph_hash, int32_t rank) const {
   p.compute_s_per_allgather_byte = per_allgather_byte_;
   p.compute_s_per_reduce_scatter_byte = per_reduce_scatter_byte_;
   p.compute_s_per_copy_byte = per_copy_byte_;
+  p.allgather_scratch = allgather_scratch_;
+  p.reduce_scatter_scratch = reduce_scatter_scratch_;
   for (size_t i = 0; i < nodes_.size(); ++i) {
     const Accumulator& a = nodes_[i];
     if (a.times.empty()) continue;

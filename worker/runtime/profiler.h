@@ -17,6 +17,7 @@
 
 #include "common/ir/profile.h"
 #include "worker/runtime/iteration_timeline.h"
+#include "worker/runtime/own_memory.h"
 
 namespace tandem {
 
@@ -45,7 +46,10 @@ class Profiler {
   // Starts an iteration; a new schedule version starts a new window.
   void BeginIteration(int64_t iteration, int64_t schedule_version);
   void RecordNode(int32_t node_id, double seconds);
-  void RecordMemory(int32_t node_id, int64_t before_bytes, int64_t after_bytes);
+  // `own`: the node's own memory (MemoryMeter::NodeWindow()); the window
+  // keeps the largest of each figure.
+  void RecordMemory(int32_t node_id, int64_t before_bytes, int64_t after_bytes,
+                    const OwnMemory& own = {});
   // `spans`, when known, also place the collective (and compute's wait for
   // it) on the iteration timeline.
   void RecordCollective(const CollectiveTiming& timing,
@@ -69,6 +73,13 @@ class Profiler {
   // The probe's host-tier copy: a window in which no copy ran reports it as
   // its host copies, so the planner knows the host link before offloading.
   void SetProbedHostCopy(int64_t bytes, double seconds);
+  // The communicator's scratch rule (Communicator::AllGatherScratch), in
+  // every snapshot.
+  void SetCollectiveScratch(const CollectiveScratch& allgather,
+                            const CollectiveScratch& reduce_scatter) {
+    allgather_scratch_ = allgather;
+    reduce_scatter_scratch_ = reduce_scatter;
+  }
 
   // The window's medians: each node's and collective's times and the
   // iteration time, so one disturbed step does not move the plan made from
@@ -119,6 +130,8 @@ class Profiler {
   double per_reduce_scatter_byte_ = 0;
   double per_copy_byte_ = 0;
   int64_t probed_copy_bytes_ = 0;
+  CollectiveScratch allgather_scratch_;
+  CollectiveScratch reduce_scatter_scratch_;
   double probed_copy_s_ = 0;
   std::vector<Accumulator> nodes_;
   std::vector<MemorySample> memory_;

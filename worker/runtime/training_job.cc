@@ -434,6 +434,8 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
       interference.compute_s_per_copy_byte);
   job->executor_->profiler().SetProbedHostCopy(interference.host_copy_bytes,
                                                interference.host_copy_s);
+  job->executor_->profiler().SetCollectiveScratch(
+      job->comm_->AllGatherScratch(), job->comm_->ReduceScatterScratch());
   job->meter_ = meter;
   job->budget_bytes_ = spec.memory().budget_bytes();
   for (int32_t id = 0; id < job->store_->num_params(); ++id) {

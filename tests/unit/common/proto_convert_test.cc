@@ -141,6 +141,11 @@ TEST(ProtoConvertTest, Profile_RoundTrip_IsEqual) {
   p.nodes[0].allgather_overlap_bytes = 111;
   p.nodes[0].reduce_scatter_overlap_bytes = 222;
   p.nodes[0].copy_overlap_bytes = 333;
+  p.allgather_scratch = {1, 1 << 20};
+  p.reduce_scatter_scratch = {2, 0};
+  ASSERT_FALSE(p.memory.empty());
+  p.memory[0].rise_bytes = 4096;
+  p.memory[0].net_bytes = -1024;
   auto back = FromProto(ToProto(p));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(*back, p);

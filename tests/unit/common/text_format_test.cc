@@ -663,6 +663,22 @@ TEST(PrintProfileTest, Interference_PrintedWhenMeasuredAndRoundTrip) {
   EXPECT_EQ(PrintProfile(MakeProfile()).find("overlap="), std::string::npos);
 }
 
+TEST(PrintProfileTest, NodeMemoryAndScratch_PrintedWhenMeasuredAndRoundTrip) {
+  Profile profile = MakeProfile();
+  profile.allgather_scratch = {1, 0};
+  profile.reduce_scatter_scratch = {2, 1 << 20};
+  profile.memory.push_back({0, 100, 200, 300, -50});
+  const std::string text = PrintProfile(profile);
+  EXPECT_PRED2(Contains, text,
+               " ag_scratch=1 rs_scratch=2 rs_scratch_cap=1048576\n");
+  EXPECT_PRED2(Contains, text,
+               "memory n0 before=100 after=200 rise=300 net=-50\n");
+  absl::StatusOr<Profile> parsed = ParseProfile(text);
+  ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << text;
+  EXPECT_EQ(*parsed, profile);
+  EXPECT_EQ(PrintProfile(MakeProfile()).find("scratch"), std::string::npos);
+}
+
 TEST(ParseProfileTest, ParseProfile_Fixture_MatchesGraphFixture) {
   absl::StatusOr<Graph> graph = ParseGraph(ReadTestdata("tiny_graph.txt"));
   ASSERT_TRUE(graph.ok()) << graph.status();
@@ -919,7 +935,7 @@ const MalformedCase kMalformedCases[] = {
      "line 2: collective allgather: ", "at: expected a node id like n7"},
     {"MemoryUnknownAttribute", Doc::kProfile,
      "profile graph=abc\nmemory n0 before=1 peak=2\n", "line 2: memory n0: ",
-     "unknown attribute 'peak' (expected one of before, after)"},
+     "unknown attribute 'peak' (expected one of before, after, rise, net)"},
     {"DuplicateProfileHeader", Doc::kProfile,
      "profile graph=abc\nprofile graph=abc\n",
      "line 2: ", "duplicate 'profile' header line"},

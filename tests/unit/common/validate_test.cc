@@ -320,6 +320,14 @@ INSTANTIATE_TEST_SUITE_P(
         ProfileCase{"negative interference",
                     [](Profile& p) { p.compute_s_per_copy_byte = -1e-9; },
                     {"compute seconds per transferred byte"}},
+        ProfileCase{"bad collective scratch",
+                    [](Profile& p) {
+                      p.reduce_scatter_scratch = {9, 0};
+                    },
+                    {"0 to 4 copies", "got 9 copies"}},
+        ProfileCase{"negative node rise",
+                    [](Profile& p) { p.memory[0].rise_bytes = -1; },
+                    {"memory of n1 is negative"}},
         ProfileCase{"collective unknown node",
                     [](Profile& p) { p.collectives[0].node_id = 60; },
                     {"allgather at n60 names an unknown node"}},

@@ -345,7 +345,7 @@ TEST(StartingScheduleTest, Zero3IsOnDemand_Zero1IsTheZeroOnePass) {
 // plan just fits makes the calibrated planner choose differently (or say it
 // cannot), never a plan that would overrun by 40 MB.
 TEST(CalibrateMemoryTest, MeasuredPeakAboveModel_CountedInEveryPlan) {
-  const Graph graph = TinyLlama(4);
+  Graph graph = TinyLlama(4);
   HardwareModel hw = HardwareModel::H100(4);
   absl::StatusOr<Schedule> ran = StartingSchedule(graph, ShardingMode::kZero3);
   ASSERT_TRUE(ran.ok());
@@ -397,8 +397,67 @@ TEST(CalibrateMemoryTest, MeasuredPeakAboveModel_CountedInEveryPlan) {
   EXPECT_EQ(hw.unmodeled_bytes, 0);
 }
 
+// Each node's own memory as the worker measured it (rise and net) is
+// matched node by node: the calibrated simulation of the profiled schedule
+// puts exactly the measured rise on top of a node's start, and carries what
+// a node left beyond the model to the nodes after it.
+TEST(CalibrateMemoryTest, NodeMemory_MatchedNodeByNode) {
+  Graph graph = TinyLlama(4);
+  HardwareModel hw = HardwareModel::H100(4);
+  absl::StatusOr<Schedule> ran = StartingSchedule(graph, ShardingMode::kZero3);
+  ASSERT_TRUE(ran.ok());
+  HardwareModel with_buffers = hw;
+  with_buffers.collective_buffers = true;
+  absl::StatusOr<SimResult> model = Simulate(graph, *ran, with_buffers);
+  ASSERT_TRUE(model.ok());
+  // The first backward node (the loss's) hands a 3 MiB gradient to the next
+  // one, which frees it; a forward node needs 5 MiB of temporaries.
+  int loss_backward = -1;
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    if (graph.nodes[i].phase == Phase::kBackward) {
+      loss_backward = static_cast<int>(i);
+      break;
+    }
+  }
+  ASSERT_GT(loss_backward, 1);
+  const int forward = 1;
+  constexpr int64_t kHanded = 3 << 20;
+  constexpr int64_t kTemporaries = 5 << 20;
+  Profile profile;
+  profile.peak_bytes = model->peak_bytes;
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    const NodeTimelineEntry& m = model->nodes[i];
+    MemorySample sample;
+    sample.node_id = graph.nodes[i].id;
+    sample.rise_bytes = m.modeled_rise_bytes;
+    sample.net_bytes = m.modeled_net_bytes;
+    if (static_cast<int>(i) == forward) sample.rise_bytes += kTemporaries;
+    if (static_cast<int>(i) == loss_backward) sample.net_bytes += kHanded;
+    if (static_cast<int>(i) == loss_backward + 1) sample.net_bytes -= kHanded;
+    if (sample.rise_bytes == 0 && sample.net_bytes == 0) continue;
+    profile.memory.push_back(sample);
+  }
+  ASSERT_TRUE(CalibrateMemory(graph, *ran, profile, hw).ok());
+  EXPECT_EQ(graph.nodes[forward].measured_extra_bytes, kTemporaries);
+  EXPECT_EQ(graph.nodes[loss_backward].measured_carry_bytes, kHanded);
+  EXPECT_EQ(graph.nodes[loss_backward + 1].measured_carry_bytes, -kHanded);
+  absl::StatusOr<SimResult> calibrated = Simulate(graph, *ran, hw);
+  ASSERT_TRUE(calibrated.ok());
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    const int64_t handed = static_cast<int>(i) == loss_backward ? kHanded : 0;
+    EXPECT_EQ(calibrated->nodes[i].memory_after_bytes,
+              model->nodes[i].memory_after_bytes + handed + hw.unmodeled_bytes)
+        << "node " << i;
+  }
+  EXPECT_GE(calibrated->peak_bytes, model->peak_bytes);
+  // Calibrating again starts from the model, not from the last calibration.
+  ASSERT_TRUE(CalibrateMemory(graph, *ran, profile, hw).ok());
+  EXPECT_EQ(graph.nodes[forward].measured_extra_bytes, kTemporaries);
+  EXPECT_EQ(graph.nodes[loss_backward].measured_carry_bytes, kHanded);
+}
+
 TEST(CalibrateMemoryTest, ScheduleNotOfThisGraph_InvalidArgument) {
-  const Graph graph = TinyLlama(4);
+  Graph graph = TinyLlama(4);
   HardwareModel hw = HardwareModel::H100(4);
   absl::StatusOr<Schedule> ran = StartingSchedule(graph, ShardingMode::kZero3);
   ASSERT_TRUE(ran.ok());

@@ -8,10 +8,13 @@ namespace {
 
 TEST(ProfilerTest, Snapshot_TwoIterations_MiddleOfBoth) {
   Profiler p(true, 3);
+  p.SetCollectiveScratch({1, 4096}, {2, 8192});
   for (int it = 0; it < 2; ++it) {
     p.BeginIteration(10 + it, 1);
     p.RecordNode(0, it == 0 ? 1.0 : 3.0);
-    p.RecordMemory(1, 100 * (it + 1), 200);
+    // The node's own memory: the window keeps the most of each figure.
+    p.RecordMemory(1, 100 * (it + 1), 200,
+                   {it == 0 ? 50 : 70, it == 0 ? -30 : -10, true});
     p.RecordCollective({CollectiveKind::kAllGather, 4, {}, 64, 0.5, 0.1, 0});
     p.EndIteration(2.0 + it, 1000 * (it + 1), it == 0 ? 96 : 160);
   }
@@ -29,6 +32,10 @@ TEST(ProfilerTest, Snapshot_TwoIterations_MiddleOfBoth) {
   EXPECT_DOUBLE_EQ(s.collectives[0].issue_to_done_s, 0.5);
   ASSERT_EQ(s.memory.size(), 1u);
   EXPECT_EQ(s.memory[0].before_bytes, 200);
+  EXPECT_EQ(s.memory[0].rise_bytes, 70);
+  EXPECT_EQ(s.memory[0].net_bytes, -10);
+  EXPECT_EQ(s.allgather_scratch, (CollectiveScratch{1, 4096}));
+  EXPECT_EQ(s.reduce_scatter_scratch, (CollectiveScratch{2, 8192}));
   // The text form round-trips.
   auto parsed = ParseProfile(PrintProfile(s));
   ASSERT_TRUE(parsed.ok()) << parsed.status();

@@ -166,6 +166,60 @@ TEST_F(TwoLayerTest, Simulate_CollectiveBuffers_CountedWhileRunning) {
   EXPECT_EQ(r.nodes[4].memory_after_bytes, kTwoLayerStatic);
 }
 
+// The communicator's scratch (an all-gather's output gathered through one
+// more buffer of its size; a reduce-scatter capped at 500 bytes) counts
+// with the flat buffer while the collective runs: the peak of the test
+// above, while g1 is gathered for backward, gains the gather's 2000 bytes.
+TEST_F(TwoLayerTest, Simulate_CollectiveScratch_CountedWithTheBuffer) {
+  HardwareModel hw = TestHardware();
+  hw.collective_buffers = true;
+  hw.allgather_scratch = {1, 0};
+  hw.reduce_scatter_scratch = {2, 500};
+  const Schedule schedule = Load("sim_two_layer_on_demand.txt");
+  SimResult r = MustSimulate(graph_, schedule, hw);
+  EXPECT_EQ(r.peak_bytes, kTwoLayerStatic + 300 + 2000 + 3000 + 2000);
+  EXPECT_EQ(r.peak_breakdown.collective_buffers, 3000 + 2000);
+  // After n2: RS p1 runs with its buffer and the capped scratch.
+  EXPECT_EQ(r.nodes[2].memory_after_bytes, kTwoLayerStatic + 100 + 3000 + 500);
+  EXPECT_EQ(r.nodes[4].memory_after_bytes, kTwoLayerStatic);
+}
+
+// What a profile measured beyond the model (CalibrateMemory's fields): n1
+// held 700 bytes more while it ran, and n1 left 400 bytes more than its
+// activations, which n2 (its backward) gave back 300 of; the running sum
+// (400, then 100) is held from each node's end.
+TEST_F(TwoLayerTest, Simulate_MeasuredExtraAndCarry) {
+  Graph graph = graph_;
+  graph.nodes[1].measured_extra_bytes = 700;
+  graph.nodes[1].measured_carry_bytes = 400;
+  graph.nodes[2].measured_carry_bytes = -300;
+  const Schedule schedule = Load("sim_two_layer_on_demand.txt");
+  SimResult plain = MustSimulate(graph_, schedule, TestHardware());
+  SimResult r = MustSimulate(graph, schedule, TestHardware());
+  EXPECT_EQ(r.nodes[0].memory_after_bytes, plain.nodes[0].memory_after_bytes);
+  EXPECT_EQ(r.nodes[1].memory_after_bytes,
+            plain.nodes[1].memory_after_bytes + 400);
+  EXPECT_EQ(r.nodes[2].memory_after_bytes,
+            plain.nodes[2].memory_after_bytes + 100);
+  EXPECT_EQ(r.nodes[3].memory_after_bytes,
+            plain.nodes[3].memory_after_bytes + 100);
+  // The peak (at n2's start in the plain run) carries the 400 bytes; n1's
+  // extra does not reach it.
+  EXPECT_EQ(r.peak_bytes, plain.peak_bytes + 400);
+  // What the model alone put on top of each node, for CalibrateMemory:
+  // n1 its 200-byte activation (rise and net); n2 its 50-byte workspace and
+  // p1's 2000-byte gradient, and it frees n1's activation.
+  EXPECT_EQ(r.nodes[1].modeled_rise_bytes, 200);
+  EXPECT_EQ(r.nodes[1].modeled_net_bytes, 200);
+  EXPECT_EQ(r.nodes[2].modeled_rise_bytes, 50 + 2000);
+  EXPECT_EQ(r.nodes[2].modeled_net_bytes, 2000 - 200);
+  // A large extra becomes the peak: n1 holds 5000 more while it runs.
+  graph.nodes[1].measured_extra_bytes = 5000;
+  SimResult big = MustSimulate(graph, schedule, TestHardware());
+  EXPECT_EQ(big.peak_node_id, 1);
+  EXPECT_EQ(big.peak_bytes, kTwoLayerStatic + 100 + 2000 + 200 + 5000);
+}
+
 TEST_F(TwoLayerTest, Simulate_PrefetchedGathers_OverlapWithCompute) {
   // AG g0 [0,1], AG g1 [1,2] | n0 [1,3] | n1 [3,5] (g1 ready at 2)
   // AG g0 [5,6] during n2 [5,9] | RS p1 [9,10] | n3 [9,13] (g0 ready at 6)

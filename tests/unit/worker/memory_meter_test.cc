@@ -1,0 +1,120 @@
+#include "worker/runtime/memory_meter.h"
+
+#include <cstdint>
+#include <thread>
+
+#include "ATen/ATen.h"
+#include "gtest/gtest.h"
+#include "tests/unit/worker/loopback_world.h"
+#include "worker/runtime/communicator.h"
+
+namespace tandem {
+namespace {
+
+// A node's own memory counts what the compute thread allocates and frees
+// itself: another thread's allocation while the node runs, and its free of
+// a block the compute thread allocated before, are left out.
+TEST(CountingCpuAllocatorTest, NodeWindow_ComputeThreadsOwnMemoryOnly) {
+  CountingCpuAllocator* meter = CountingCpuAllocator::Install();
+  std::thread([meter] {
+    EXPECT_FALSE(meter->NodeWindow().measured);  // not a compute thread yet
+    meter->MarkComputeThread();
+    at::Tensor before = at::empty({1000}, at::kFloat);  // 4000 B
+    meter->BeginNodeWindow();
+    at::Tensor temporary = at::empty({4096}, at::kFloat);  // 16 KiB
+    at::Tensor kept = at::empty({2048}, at::kFloat);       // 8 KiB
+    temporary = at::Tensor();
+    at::Tensor others;
+    std::thread([&] {
+      others = at::empty({1 << 18}, at::kFloat);  // 1 MiB elsewhere
+      before = at::Tensor();                      // freed elsewhere
+    }).join();
+    OwnMemory own = meter->NodeWindow();
+    EXPECT_TRUE(own.measured);
+    EXPECT_EQ(own.rise_bytes, (4096 + 2048) * 4);
+    EXPECT_EQ(own.net_bytes, 2048 * 4);
+    // A new window starts at the current level; freeing what it found
+    // takes the net below zero.
+    meter->BeginNodeWindow();
+    kept = at::Tensor();
+    own = meter->NodeWindow();
+    EXPECT_EQ(own.rise_bytes, 0);
+    EXPECT_EQ(own.net_bytes, -2048 * 4);
+  }).join();
+}
+
+// The scratch rule the profile reports matches what a Gloo all-gather and
+// reduce-scatter hold beyond their input and output: whole messages hold
+// one more output-sized (received) buffer; pieces at most the pieces in
+// flight. Two ranks share the process, so the process's peak counts both.
+TEST(CommunicatorTest, CollectiveScratch_MatchesWhatGlooHolds) {
+  constexpr int kWorld = 2;
+  constexpr int64_t kShard = 1 << 18;  // 1 MiB of floats per rank
+  CountingCpuAllocator* meter = CountingCpuAllocator::Install();
+  for (const int64_t chunk : {kWholeMessages, int64_t{64} << 10}) {
+    CommOptions options;
+    options.chunk_bytes = chunk;
+    options.max_in_flight = 2;
+    CollectiveScratch gather_rule;
+    CollectiveScratch reduce_rule;
+    int64_t gather_rise = 0;
+    int64_t reduce_rise = 0;
+    RunLoopbackWorld(
+        kWorld,
+        [&](int rank, Communicator& comm) {
+          const at::Tensor in = at::ones({kShard}, at::kFloat);
+          const at::Tensor out = at::empty({kShard * kWorld}, at::kFloat);
+          const at::Tensor rs_in = at::ones({kShard * kWorld}, at::kFloat);
+          const at::Tensor rs_out = at::empty({kShard}, at::kFloat);
+          auto settle = [&] {
+            // Gloo's threads drop their work shortly after wait() returns.
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            ASSERT_TRUE(comm.AllGatherScalars({0.0}).ok());  // both settled
+            if (rank == 0) meter->ResetPeak();
+            ASSERT_TRUE(comm.AllGatherScalars({0.0}).ok());
+          };
+          settle();
+          const int64_t base = meter->current_bytes();
+          ASSERT_TRUE(
+              comm.Submit([&] { comm.AllGather(in, out); })->Wait().ok());
+          ASSERT_TRUE(comm.AllGatherScalars({0.0}).ok());
+          if (rank == 0) {
+            gather_rise = meter->peak_bytes() - base;
+            gather_rule = comm.AllGatherScratch();
+          }
+          settle();
+          const int64_t base2 = meter->current_bytes();
+          ASSERT_TRUE(comm.Submit([&] { comm.ReduceScatterSum(rs_in, rs_out); })
+                          ->Wait()
+                          .ok());
+          ASSERT_TRUE(comm.AllGatherScalars({0.0}).ok());
+          if (rank == 0) {
+            reduce_rise = meter->peak_bytes() - base2;
+            reduce_rule = comm.ReduceScatterScratch();
+          }
+        },
+        options);
+    const int64_t padded = kShard * kWorld * 4;
+    SCOPED_TRACE(chunk == kWholeMessages ? "whole" : "pieces");
+    if (chunk == kWholeMessages) {
+      EXPECT_EQ(gather_rule, (CollectiveScratch{1, 0}));
+      EXPECT_EQ(reduce_rule, (CollectiveScratch{1, 0}));
+    } else {
+      EXPECT_EQ(gather_rule, (CollectiveScratch{1, 3 * kWorld * chunk}));
+      EXPECT_EQ(reduce_rule, (CollectiveScratch{2, 6 * kWorld * chunk}));
+    }
+    // Both ranks' scratch (the inputs and outputs were allocated before):
+    // never more than the rule says; whole messages hold all of it, pieces
+    // at least one piece in flight.
+    const int64_t slack = 64 << 10;
+    EXPECT_LE(gather_rise, kWorld * gather_rule.Bytes(padded) + slack);
+    EXPECT_LE(reduce_rise, kWorld * reduce_rule.Bytes(padded) + slack);
+    const int64_t least = chunk == kWholeMessages ? kWorld * padded - slack
+                                                  : kWorld * chunk - slack;
+    EXPECT_GE(gather_rise, least);
+    EXPECT_GE(reduce_rise, least);
+  }
+}
+
+}  // namespace
+}  // namespace tandem

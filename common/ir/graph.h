@@ -78,9 +78,9 @@ struct Node {
   int64_t workspace_bytes = 0;
   // What a profile measured the node's own allocations to do beyond the
   // estimates above (set by the planner's CalibrateMemory; not part of the
-  // graph's text form; 0: not measured): extra bytes held while it runs,
-  // and bytes it leaves allocated at its end (negative: fewer), which the
-  // simulator carries from node to node as a running sum.
+  // graph's text form; 0: not measured): extra bytes (>= 0) held while it
+  // runs, and bytes it leaves allocated at its end (negative: fewer), which
+  // the simulator carries from node to node as a running sum.
   int64_t measured_extra_bytes = 0;
   int64_t measured_carry_bytes = 0;
 

@@ -611,8 +611,7 @@ class Replay {
         entry.modeled_rise_bytes += node.activation_bytes;
         entry.modeled_net_bytes += node.activation_bytes;
       }
-      const int64_t measured_extra =
-          std::max<int64_t>(0, node.measured_extra_bytes);
+      const int64_t measured_extra = node.measured_extra_bytes;
       Allocate(start, measured_extra, kActivations);
       now_ = end;
       previous_end = end;

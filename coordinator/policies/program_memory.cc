@@ -176,8 +176,7 @@ ProgramMemory EstimateProgramMemory(const Graph& graph,
     }
     // Like the simulator, count the node's own activations at its end before
     // its workspace is freed, and what a profile measured beyond the model.
-    out.during[i] = level + node.workspace_bytes +
-                    std::max<int64_t>(0, node.measured_extra_bytes) +
+    out.during[i] = level + node.workspace_bytes + node.measured_extra_bytes +
                     (node.phase == Phase::kForward ? node.activation_bytes : 0);
     out.states[i] = states;
     if (node.phase == Phase::kForward) {

@@ -211,11 +211,14 @@ CommOptions CommOptionsFromSpec(const v1::JobSpec& spec) {
   return options;
 }
 
-int64_t Communicator::PieceElements(const at::Tensor& t) const {
+int64_t Communicator::ChunkBytes() const {
   // 0 (automatic, before or without tuning): the default pieces.
-  const int64_t bytes =
-      options_.chunk_bytes > 0 ? options_.chunk_bytes : kDefaultCommChunkBytes;
-  return std::max<int64_t>(1, bytes / t.element_size());
+  return options_.chunk_bytes > 0 ? options_.chunk_bytes
+                                  : kDefaultCommChunkBytes;
+}
+
+int64_t Communicator::PieceElements(const at::Tensor& t) const {
+  return std::max<int64_t>(1, ChunkBytes() / t.element_size());
 }
 
 absl::StatusOr<ChunkTuning> Communicator::TuneChunkBytes() {
@@ -223,8 +226,7 @@ absl::StatusOr<ChunkTuning> Communicator::TuneChunkBytes() {
   // options_ changes only below, through the communication thread and
   // waited for, so reading it here is safe.
   if (options_.chunk_bytes > 0 || world_size_ == 1 || native_collectives_) {
-    tuning.chunk_bytes = options_.chunk_bytes > 0 ? options_.chunk_bytes
-                                                  : kDefaultCommChunkBytes;
+    tuning.chunk_bytes = ChunkBytes();
     return tuning;
   }
   constexpr int64_t kProbeBytes = int64_t{8} << 20;
@@ -260,8 +262,7 @@ absl::StatusOr<ChunkTuning> Communicator::TuneChunkBytes() {
 
 CollectiveScratch Communicator::AllGatherScratch() const {
   if (native_collectives_) return {};
-  const int64_t chunk =
-      options_.chunk_bytes > 0 ? options_.chunk_bytes : kDefaultCommChunkBytes;
+  const int64_t chunk = ChunkBytes();
   // One gathered piece (world * chunk bytes) per piece in flight, and one
   // more: Gloo's thread drops a finished piece's work (and its buffer) a
   // moment after it is waited for.
@@ -272,8 +273,7 @@ CollectiveScratch Communicator::AllGatherScratch() const {
 
 CollectiveScratch Communicator::ReduceScatterScratch() const {
   if (native_collectives_) return {};
-  const int64_t chunk =
-      options_.chunk_bytes > 0 ? options_.chunk_bytes : kDefaultCommChunkBytes;
+  const int64_t chunk = ChunkBytes();
   if (chunk >= kWholeMessages) return {1, 0};  // received whole, sent as is
   // Each piece in flight, and one more finishing (as for the all-gather):
   // its rows copied to send, and what it receives.

@@ -185,7 +185,10 @@ class Communicator {
     std::function<void()> body;
   };
   void Loop();
-  // Elements of `t`'s dtype in one piece of options_.chunk_bytes.
+  // The piece size in use: options_.chunk_bytes, or the default pieces
+  // while it is 0 (automatic, before or without tuning).
+  int64_t ChunkBytes() const;
+  // Elements of `t`'s dtype in one piece of ChunkBytes().
   int64_t PieceElements(const at::Tensor& t) const;
 
   const c10::intrusive_ptr<c10d::ProcessGroup> group_;

@@ -104,13 +104,15 @@ TEST(CommunicatorTest, CollectiveScratch_MatchesWhatGlooHolds) {
       EXPECT_EQ(reduce_rule, (CollectiveScratch{2, 6 * kWorld * chunk}));
     }
     // Both ranks' scratch (the inputs and outputs were allocated before):
-    // never more than the rule says; whole messages hold all of it, pieces
-    // at least one piece in flight.
+    // never more than the rule says. At least one rank's whole message, or
+    // one piece in flight, is seen at once; whether the two ranks' buffers
+    // overlap in time depends on the scheduling of Gloo's threads (under
+    // load one rank can free its buffer before the other allocates).
     const int64_t slack = 64 << 10;
     EXPECT_LE(gather_rise, kWorld * gather_rule.Bytes(padded) + slack);
     EXPECT_LE(reduce_rise, kWorld * reduce_rule.Bytes(padded) + slack);
-    const int64_t least = chunk == kWholeMessages ? kWorld * padded - slack
-                                                  : kWorld * chunk - slack;
+    const int64_t least =
+        chunk == kWholeMessages ? padded - slack : chunk - slack;
     EXPECT_GE(gather_rise, least);
     EXPECT_GE(reduce_rise, least);
   }

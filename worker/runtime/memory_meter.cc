@@ -4,9 +4,11 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string_view>
 
 #include "c10/core/CPUAllocator.h"
 #include "c10/core/alignment.h"
@@ -20,11 +22,16 @@
 namespace tandem {
 namespace {
 
-// Each block carries its size, and which compute thread allocated it (0:
-// none), in a header one alignment unit long, so the deleter can subtract it
-// without a side table.
+// Each block carries its size, which compute thread allocated it (0:
+// none) and its raw size when it came from the block cache (0: a small
+// block straight from the C library), in a header one alignment unit long,
+// so the deleter needs no side table.
 constexpr size_t kHeader = c10::gAlignment;
-static_assert(kHeader >= 2 * sizeof(size_t), "the header holds two words");
+static_assert(kHeader >= 3 * sizeof(size_t), "the header holds three words");
+
+// Cached blocks' sizes are multiples of this; a request takes a cached block
+// at most 1/8 larger than it needs.
+constexpr size_t kCacheGranule = size_t{64} << 10;
 
 std::atomic<CountingCpuAllocator*> g_instance{nullptr};
 
@@ -49,6 +56,62 @@ void RaiseTo(std::atomic<int64_t>& peak, int64_t now) {
 
 }  // namespace
 
+struct CountingCpuAllocator::Cache {
+  std::mutex mu;
+  std::multimap<size_t, char*> free;  // raw size -> block
+  int64_t bytes = 0;
+};
+
+CountingCpuAllocator::CountingCpuAllocator() : cache_(new Cache) {
+  const char* env = std::getenv("TANDEM_CPU_BLOCK_CACHE");
+  caching_ = env == nullptr || std::string_view(env) != "0";
+}
+
+char* CountingCpuAllocator::TakeBlock(size_t& capacity) const {
+  capacity = (capacity + kCacheGranule - 1) / kCacheGranule * kCacheGranule;
+  {
+    std::lock_guard<std::mutex> lock(cache_->mu);
+    auto it = cache_->free.lower_bound(capacity);
+    if (it != cache_->free.end() && it->first <= capacity + capacity / 8) {
+      capacity = it->first;
+      char* base = it->second;
+      cache_->free.erase(it);
+      cache_->bytes -= static_cast<int64_t>(capacity);
+      return base;
+    }
+  }
+  return static_cast<char*>(c10::alloc_cpu(capacity));
+}
+
+void CountingCpuAllocator::GiveBlock(char* base, size_t capacity) {
+  {
+    std::lock_guard<std::mutex> lock(cache_->mu);
+    const auto size = static_cast<int64_t>(capacity);
+    if (cache_->bytes + size <=
+        high_water_.load(std::memory_order_relaxed) + kCacheSlackBytes) {
+      cache_->free.emplace(capacity, base);
+      cache_->bytes += size;
+      return;
+    }
+  }
+  c10::free_cpu(base);
+}
+
+int64_t CountingCpuAllocator::cached_bytes() const {
+  std::lock_guard<std::mutex> lock(cache_->mu);
+  return cache_->bytes;
+}
+
+void CountingCpuAllocator::ReleaseCache() {
+  std::multimap<size_t, char*> blocks;
+  {
+    std::lock_guard<std::mutex> lock(cache_->mu);
+    blocks.swap(cache_->free);
+    cache_->bytes = 0;
+  }
+  for (const auto& [size, base] : blocks) c10::free_cpu(base);
+}
+
 CountingCpuAllocator* CountingCpuAllocator::Install() {
   static CountingCpuAllocator* const instance = [] {
     auto* a = new CountingCpuAllocator();  // lives for the process
@@ -68,13 +131,24 @@ c10::DataPtr CountingCpuAllocator::allocate(size_t bytes)
     const
 #endif
 {
-  auto* base = static_cast<char*>(c10::alloc_cpu(bytes + kHeader));
+  size_t capacity = bytes + kHeader;
+  char* base;
+  if (caching_ && capacity >= kCachedMinBytes) {
+    base = TakeBlock(capacity);
+  } else {
+    base = static_cast<char*>(c10::alloc_cpu(capacity));
+    capacity = 0;
+  }
   auto* header = reinterpret_cast<size_t*>(base);
   header[0] = bytes;
   header[1] = t_own.compute ? reinterpret_cast<size_t>(&t_own) : 0;
+  header[2] = capacity;
   const auto signed_bytes = static_cast<int64_t>(bytes);
-  RaiseTo(peak_, current_.fetch_add(signed_bytes, std::memory_order_relaxed) +
-                     signed_bytes);
+  const int64_t now =
+      current_.fetch_add(signed_bytes, std::memory_order_relaxed) +
+      signed_bytes;
+  RaiseTo(peak_, now);
+  RaiseTo(high_water_, now);
   if (t_own.compute) {
     t_own.level += signed_bytes;
     t_own.window_peak = std::max(t_own.window_peak, t_own.level);
@@ -91,15 +165,18 @@ void CountingCpuAllocator::Delete(void* context) {
   auto* base = static_cast<char*>(context) - kHeader;
   const auto* header = reinterpret_cast<const size_t*>(base);
   const auto bytes = static_cast<int64_t>(header[0]);
-  if (CountingCpuAllocator* a = g_instance.load()) {
-    a->current_.fetch_sub(bytes, std::memory_order_relaxed);
-  }
+  CountingCpuAllocator* a = g_instance.load();
+  if (a != nullptr) a->current_.fetch_sub(bytes, std::memory_order_relaxed);
   // A free on the thread that allocated the block, when that is a compute
   // thread (its own level; other threads' frees are left out).
   if (header[1] != 0 && header[1] == reinterpret_cast<size_t>(&t_own)) {
     t_own.level -= bytes;
   }
-  c10::free_cpu(base);
+  if (header[2] != 0 && a != nullptr) {
+    a->GiveBlock(base, header[2]);
+  } else {
+    c10::free_cpu(base);
+  }
 }
 
 void CountingCpuAllocator::ResetPeak() {

@@ -57,6 +57,18 @@ class MemoryMeter {
 // exists (first thing in main); tensors created earlier are not counted.
 // Thread-safe: counters are atomics, so the communication thread and Gloo's
 // threads may allocate concurrently with compute.
+//
+// It also keeps large blocks for reuse, as CUDA's caching allocator does:
+// a freed block of at least kCachedMinBytes goes to a cache instead of back
+// to the C library, and the next allocation of about its size takes it.
+// An iteration allocates the same sizes every time; without the cache
+// glibc returned those blocks to the kernel and faulted them in again,
+// which on a VM slowed a node sevenfold at times (worker/README.md,
+// "Runtime rules", Memory). The counters count what tensors hold, not the cache. The cache
+// never holds more than the most tensors ever held at once (the live
+// high-water mark) plus kCacheSlackBytes, so the process's memory stays
+// under about twice its counted peak. TANDEM_CPU_BLOCK_CACHE=0 in the
+// environment turns it off.
 class CountingCpuAllocator final : public c10::Allocator, public MemoryMeter {
  public:
   // Registers the process-wide instance as libtorch's CPU allocator (once;
@@ -95,13 +107,37 @@ class CountingCpuAllocator final : public c10::Allocator, public MemoryMeter {
     return allocations_.load(std::memory_order_relaxed);
   }
 
+  // Blocks of this size or more (header included) are cached when freed.
+  static constexpr size_t kCachedMinBytes = size_t{256} << 10;
+  // What the cache may hold beyond the live high-water mark.
+  static constexpr int64_t kCacheSlackBytes = int64_t{16} << 20;
+  // Bytes of freed blocks the cache holds now, and whether it is on.
+  int64_t cached_bytes() const;
+  // The most bytes tensors ever held at once (never reset).
+  int64_t high_water_bytes() const {
+    return high_water_.load(std::memory_order_relaxed);
+  }
+  bool caching() const { return caching_; }
+  // Returns every cached block to the C library (for tests, and for a
+  // process about to hold much less than before).
+  void ReleaseCache();
+
  private:
-  CountingCpuAllocator() = default;
+  CountingCpuAllocator();
   static void Delete(void* context);
+  // A raw block of at least `capacity` bytes from the cache or the C
+  // library; `capacity` becomes the block's real size.
+  char* TakeBlock(size_t& capacity) const;
+  // Keeps the block for reuse, or frees it when the cache is full.
+  void GiveBlock(char* base, size_t capacity);
 
   mutable std::atomic<int64_t> current_{0};
   mutable std::atomic<int64_t> peak_{0};
   mutable std::atomic<int64_t> allocations_{0};
+  mutable std::atomic<int64_t> high_water_{0};
+  bool caching_ = true;
+  struct Cache;
+  const std::unique_ptr<Cache> cache_;
 };
 
 // The meter for `device`: the counting allocator on CPU (installing it when

@@ -43,6 +43,55 @@ TEST(CountingCpuAllocatorTest, NodeWindow_ComputeThreadsOwnMemoryOnly) {
   }).join();
 }
 
+// Large blocks come back from the cache, already faulted in, while the
+// counters count only what tensors hold; small blocks and a cache at its
+// bound go back to the C library.
+TEST(CountingCpuAllocatorTest, BlockCache_LargeBlocksReused_CountsUnchanged) {
+  CountingCpuAllocator* meter = CountingCpuAllocator::Install();
+  if (!meter->caching()) GTEST_SKIP() << "TANDEM_CPU_BLOCK_CACHE=0";
+  meter->ReleaseCache();
+  const int64_t base = meter->current_bytes();
+  constexpr int64_t kElems = int64_t{1} << 20;  // 4 MiB of floats
+  at::Tensor a = at::empty({kElems}, at::kFloat);
+  const void* first = a.data_ptr();
+  EXPECT_EQ(meter->current_bytes(), base + 4 * kElems);
+  a = at::Tensor();
+  EXPECT_EQ(meter->current_bytes(), base);
+  EXPECT_GE(meter->cached_bytes(), 4 * kElems);
+  // The same size again, and a slightly smaller one, take the cached block.
+  a = at::empty({kElems}, at::kFloat);
+  EXPECT_EQ(a.data_ptr(), first);
+  EXPECT_EQ(meter->cached_bytes(), 0);
+  a = at::Tensor();
+  meter->ResetPeak();
+  at::Tensor b = at::empty({kElems - 1000}, at::kFloat);
+  EXPECT_EQ(b.data_ptr(), first);
+  EXPECT_EQ(meter->peak_bytes(), base + 4 * (kElems - 1000));
+  b = at::Tensor();
+  // Half the size does not: it would waste more than an eighth.
+  at::Tensor half = at::empty({kElems / 2}, at::kFloat);
+  EXPECT_NE(half.data_ptr(), first);
+  half = at::Tensor();
+  // Small blocks are not cached.
+  meter->ReleaseCache();
+  at::Tensor small = at::empty({1000}, at::kFloat);
+  small = at::Tensor();
+  EXPECT_EQ(meter->cached_bytes(), 0);
+  // Sizes that never fit each other accumulate until the bound: the cache
+  // holds at most the live high-water mark plus the slack.
+  at::Tensor big = at::empty({int64_t{32} << 18}, at::kFloat);  // 32 MiB
+  big = at::Tensor();
+  for (int mib = 16; mib >= 1; mib /= 2) {
+    at::Tensor t = at::empty({int64_t{mib} << 18}, at::kFloat);
+  }
+  EXPECT_LE(meter->cached_bytes(),
+            meter->high_water_bytes() + CountingCpuAllocator::kCacheSlackBytes);
+  EXPECT_LT(meter->cached_bytes(), int64_t{63} << 20);
+  EXPECT_GE(meter->cached_bytes(), int64_t{32} << 20);
+  meter->ReleaseCache();
+  EXPECT_EQ(meter->cached_bytes(), 0);
+}
+
 // The scratch rule the profile reports matches what a Gloo all-gather and
 // reduce-scatter hold beyond their input and output: whole messages hold
 // one more output-sized (received) buffer; pieces at most the pieces in

@@ -89,6 +89,19 @@ struct HardwareModel {
   double compute_s_per_copy_byte = 0;
   static constexpr double kMaxComputeShare = 0.95;
 
+  // What the measured times were scaled by so that the schedule a profile
+  // ran under simulates to the iteration time the profile measured
+  // (CalibrateToMeasurements; 1: not scaled). A profile gives each node's
+  // and each collective's median, and the iteration's median is more than
+  // their sum: waits and nodes are skewed (a collective now and then takes
+  // twice its median on a shared link) and the compute thread spends time
+  // between nodes. Every measured duration (node times, collectives, host
+  // copies, the compute transfers take) is scaled alike, so every schedule's
+  // prediction is scaled by it too.
+  double time_scale = 1;
+  static constexpr double kMinTimeScale = 0.67;
+  static constexpr double kMaxTimeScale = 1.5;
+
   // Fitted from the job's measurements; override the analytic model.
   PiecewiseLinear allgather_fit;
   PiecewiseLinear reduce_scatter_fit;

@@ -174,6 +174,13 @@ std::string DescribeHardware(const HardwareModel& hw) {
                         hw.compute_s_per_reduce_scatter_byte * 1e9,
                         hw.compute_s_per_copy_byte * 1e9));
   }
+  if (hw.time_scale != 1) {
+    absl::StrAppend(
+        &out, absl::StrFormat(
+                  "; measured times scaled by %.3f (the profiled schedule's "
+                  "iteration against its nodes' and collectives' medians)",
+                  hw.time_scale));
+  }
   return out;
 }
 

@@ -467,13 +467,74 @@ absl::StatusOr<PlanResult> Plan(const Graph& graph, const HardwareModel& hw,
   return result;
 }
 
+namespace {
+
+// `profile` with every duration it measured multiplied by `scale`: node
+// times, collectives, host copies and the compute seconds per byte moved.
+Profile ScaledTimes(const Profile& profile, double scale) {
+  Profile out = profile;
+  out.iteration_s *= scale;
+  for (NodeTiming& n : out.nodes) n.time_s *= scale;
+  for (CollectiveTiming& c : out.collectives) {
+    c.issue_to_done_s *= scale;
+    c.run_s *= scale;
+    c.exposed_s *= scale;
+  }
+  out.host_copy_s *= scale;
+  out.compute_s_per_allgather_byte *= scale;
+  out.compute_s_per_reduce_scatter_byte *= scale;
+  out.compute_s_per_copy_byte *= scale;
+  return out;
+}
+
+// CalibrateToMeasurements without the time scale.
+absl::StatusOr<Calibrated> CalibrateUnscaled(
+    const Graph& graph, HardwareModel hw, const Profile& profile,
+    const std::optional<Schedule>& ran);
+
+}  // namespace
+
 absl::StatusOr<Calibrated> CalibrateToMeasurements(const Graph& graph,
                                                    HardwareModel hw,
                                                    const Profile* profile,
                                                    const Schedule* profiled,
                                                    ShardingMode mode) {
+  if (profile == nullptr) return Calibrated{graph, std::move(hw), false};
+  std::optional<Schedule> ran;
+  if (profiled != nullptr) {
+    ran = *profiled;
+  } else if (profile->schedule_version == 0) {
+    absl::StatusOr<Graph> timed = ApplyProfile(graph, *profile);
+    if (!timed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("invalid profile: ", timed.status().message()));
+    }
+    ASSIGN_OR_RETURN(ran, StartingSchedule(*timed, mode));
+  }
+  ASSIGN_OR_RETURN(Calibrated out, CalibrateUnscaled(graph, hw, *profile, ran));
+  if (!ran.has_value() || !(profile->iteration_s > 0)) return out;
+  // The schedule the profile ran under, simulated from the profile's
+  // medians, against the iteration it measured: the time scale.
+  absl::StatusOr<SimResult> sim = Simulate(out.graph, *ran, out.hw);
+  if (!sim.ok() || !(sim->iteration_s > 0)) return out;
+  const double scale =
+      std::clamp(profile->iteration_s / sim->iteration_s,
+                 HardwareModel::kMinTimeScale, HardwareModel::kMaxTimeScale);
+  if (std::abs(scale - 1) < 1e-9) return out;
+  hw.collective_latency_s *= scale;
+  ASSIGN_OR_RETURN(out, CalibrateUnscaled(graph, std::move(hw),
+                                          ScaledTimes(*profile, scale), ran));
+  out.hw.time_scale = scale;
+  return out;
+}
+
+namespace {
+
+absl::StatusOr<Calibrated> CalibrateUnscaled(
+    const Graph& graph, HardwareModel hw, const Profile& profile_in,
+    const std::optional<Schedule>& ran) {
+  const Profile* profile = &profile_in;
   Calibrated out{graph, std::move(hw), false};
-  if (profile == nullptr) return out;
   absl::StatusOr<Graph> timed = ApplyProfile(graph, *profile);
   if (!timed.ok()) {
     return absl::InvalidArgumentError(
@@ -484,12 +545,6 @@ absl::StatusOr<Calibrated> CalibrateToMeasurements(const Graph& graph,
   FitHostLink(*profile, out.hw);
   FitInterference(*profile, out.hw);
   FitCollectiveScratch(*profile, out.hw);
-  std::optional<Schedule> ran;
-  if (profiled != nullptr) {
-    ran = *profiled;
-  } else if (profile->schedule_version == 0) {
-    ASSIGN_OR_RETURN(ran, StartingSchedule(out.graph, mode));
-  }
   if (ran.has_value()) {
     absl::Status calibrated =
         CalibrateMemory(out.graph, *ran, *profile, out.hw);
@@ -501,6 +556,8 @@ absl::StatusOr<Calibrated> CalibrateToMeasurements(const Graph& graph,
   }
   return out;
 }
+
+}  // namespace
 
 absl::StatusOr<Calibrated> CalibrateWithEvidence(
     const Graph& graph, const HardwareModel& hw, const Profile* profile,

@@ -14,6 +14,7 @@
 #include "common/lowering/schedule_semantics.h"
 #include "common/models/graph_builder.h"
 #include "common/models/model_config.h"
+#include "coordinator/planner/job_plan.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -454,6 +455,105 @@ TEST(CalibrateMemoryTest, NodeMemory_MatchedNodeByNode) {
   ASSERT_TRUE(CalibrateMemory(graph, *ran, profile, hw).ok());
   EXPECT_EQ(graph.nodes[forward].measured_extra_bytes, kTemporaries);
   EXPECT_EQ(graph.nodes[loss_backward].measured_carry_bytes, kHanded);
+}
+
+// A profile as a worker would send it for `schedule`: each node's and
+// each collective's time from the simulation, and the iteration `slower`
+// times the simulated one.
+Profile ProfileOf(const Graph& graph, const Schedule& schedule,
+                  const HardwareModel& hw, double slower) {
+  absl::StatusOr<SimResult> sim = Simulate(graph, schedule, hw);
+  EXPECT_TRUE(sim.ok()) << sim.status();
+  Profile p;
+  p.graph_hash = graph.StructuralHash();
+  p.schedule_version = schedule.version;
+  p.iteration_s = sim->iteration_s * slower;
+  for (const NodeTimelineEntry& n : sim->nodes) {
+    NodeTiming t;
+    t.node_id = n.node_id;
+    t.time_s = n.end_s - n.start_s;
+    t.samples = 4;
+    p.nodes.push_back(t);
+  }
+  for (const CollectiveTimelineEntry& c : sim->collectives) {
+    if (c.action_index < 0 ||
+        c.action_index >= static_cast<int>(schedule.actions.size())) {
+      continue;
+    }
+    const Action& a = schedule.actions[c.action_index];
+    CollectiveTiming t;
+    t.node_id = a.node_id;
+    t.bytes = c.bytes;
+    t.issue_to_done_s = c.end_s - c.issue_s;
+    t.run_s = c.end_s - c.start_s;
+    if (a.kind == ActionKind::kAllGather) {
+      t.kind = CollectiveKind::kAllGather;
+      t.group_id = a.group_id;
+    } else {
+      t.kind = CollectiveKind::kReduceScatter;
+      t.param_ids = a.param_ids;
+    }
+    p.collectives.push_back(std::move(t));
+  }
+  return p;
+}
+
+// The iteration a profile measured is more than its nodes' and collectives'
+// medians add up to: every measured time is scaled so that the profiled
+// schedule simulates to it, and every other schedule's prediction scales
+// alike. Far off, the scale is clamped; without a measured iteration there
+// is none.
+TEST(CalibrateToMeasurementsTest, IterationAboveItsMedians_EveryTimeScaled) {
+  Graph graph = TinyLlama(4);
+  const HardwareModel hw = HardwareModel::H100(4);
+  absl::StatusOr<Schedule> ran = StartingSchedule(graph, ShardingMode::kZero3);
+  ASSERT_TRUE(ran.ok());
+  Profile profile = ProfileOf(graph, *ran, hw, 1.0);
+  absl::StatusOr<Calibrated> plain =
+      CalibrateToMeasurements(graph, hw, &profile, &*ran, ShardingMode::kZero3);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_NEAR(plain->hw.time_scale, 1, 0.02);
+  absl::StatusOr<SimResult> base = Simulate(plain->graph, *ran, plain->hw);
+  ASSERT_TRUE(base.ok());
+  EXPECT_NEAR(base->iteration_s, profile.iteration_s,
+              1e-9 * profile.iteration_s);
+  absl::StatusOr<PlanResult> planned =
+      Plan(plain->graph, plain->hw, PlanOptions());
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  absl::StatusOr<SimResult> other =
+      Simulate(plain->graph, planned->schedule, plain->hw);
+  ASSERT_TRUE(other.ok());
+
+  profile.iteration_s *= 1.2;
+  absl::StatusOr<Calibrated> scaled =
+      CalibrateToMeasurements(graph, hw, &profile, &*ran, ShardingMode::kZero3);
+  ASSERT_TRUE(scaled.ok()) << scaled.status();
+  EXPECT_NEAR(scaled->hw.time_scale, 1.2 * plain->hw.time_scale, 1e-9);
+  absl::StatusOr<SimResult> profiled =
+      Simulate(scaled->graph, *ran, scaled->hw);
+  ASSERT_TRUE(profiled.ok());
+  EXPECT_NEAR(profiled->iteration_s, profile.iteration_s,
+              1e-6 * profile.iteration_s);
+  absl::StatusOr<SimResult> other_scaled =
+      Simulate(scaled->graph, planned->schedule, scaled->hw);
+  ASSERT_TRUE(other_scaled.ok());
+  EXPECT_NEAR(other_scaled->iteration_s, 1.2 * other->iteration_s,
+              1e-6 * other->iteration_s);
+  EXPECT_THAT(DescribeHardware(scaled->hw),
+              HasSubstr("measured times scaled by"));
+
+  profile.iteration_s *= 10;
+  scaled =
+      CalibrateToMeasurements(graph, hw, &profile, &*ran, ShardingMode::kZero3);
+  ASSERT_TRUE(scaled.ok());
+  EXPECT_EQ(scaled->hw.time_scale, HardwareModel::kMaxTimeScale);
+  profile.iteration_s = 0;
+  scaled =
+      CalibrateToMeasurements(graph, hw, &profile, &*ran, ShardingMode::kZero3);
+  ASSERT_TRUE(scaled.ok());
+  EXPECT_EQ(scaled->hw.time_scale, 1);
+  EXPECT_THAT(DescribeHardware(scaled->hw),
+              ::testing::Not(HasSubstr("scaled by")));
 }
 
 TEST(CalibrateMemoryTest, ScheduleNotOfThisGraph_InvalidArgument) {

@@ -62,7 +62,7 @@ class PlanningManagerTest : public ::testing::Test {
     p.schedule_version = version;
     p.first_iteration = first;
     p.last_iteration = last;
-    p.iteration_s = 0.05 * scale;
+    p.iteration_s = window_iteration_s_ * scale;
     p.work = window_work_;
     for (const Node& n : graph_.nodes) {
       p.nodes.push_back({n.id, 1e-3 * scale, 2});
@@ -88,8 +88,10 @@ class PlanningManagerTest : public ::testing::Test {
   v1::Job job_;
   Graph graph_;
   std::vector<v1::ScheduleUpdate> published_;
-  // The work the profiles report (Profile::work).
+  // The work the profiles report (Profile::work), and the iteration they
+  // measured (the planner scales its model's times to it).
   double window_work_ = 0;
+  double window_iteration_s_ = 0.05;
 };
 
 TEST_F(PlanningManagerTest, FirstWindowAfterWarmup_PlansAndPublishesV1) {
@@ -301,6 +303,7 @@ TEST_F(PlanningManagerTest, VariableWork_StepsScaledToTheWindowsWork_NoDrift) {
     job_ = *jobs_->Submit(Spec());
     published_.clear();
     window_work_ = report_work ? 1024 : 0;
+    window_iteration_s_ = 0.020;  // what the baseline's steps measure
     ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
     // Half of a step or more is compute that scales with its work. The
     // baseline's first 2 steps make the window; 3 more run while v1 is on

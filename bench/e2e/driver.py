@@ -196,6 +196,9 @@ memory: {{budget_bytes: {budget}}}
             raise RuntimeError("no measured steps")
         it = [max(s[i]["iteration_s"] for s in per_rank) for i in range(n)]
         ex = [max(s[i]["exposed_comm_s"] for s in per_rank) for i in range(n)]
+        # The memory hold's waits (worker/README.md, "Memory guard"), part
+        # of exposed_comm_s.
+        hold = [max(s[i].get("memory_hold_s", 0) for s in per_rank) for i in range(n)]
         peak = max(s[i]["peak_bytes"] for s in per_rank for i in range(n))
         # Steps the memory guard ran on the least-memory schedule (version
         # -1) instead of the planned one: the plan came within the guard
@@ -212,6 +215,7 @@ memory: {{budget_bytes: {budget}}}
         return dict(step_s=med, step_min_s=min(it), step_max_s=max(it),
                     step_rel_mad=statistics.median(abs(t - med) for t in it) / med,
                     exposed_comm_s=statistics.median(ex), peak_bytes=peak, steps=n,
+                    memory_hold_s=statistics.median(hold),
                     fallback_steps=fallback, planned_peaks=planned_peaks,
                     guard_tripped=len(planned_peaks) < min(len(s) for s in every))
 

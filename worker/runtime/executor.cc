@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <functional>
 #include <string>
 #include <utility>
@@ -257,6 +258,10 @@ struct Executor::IterationState {
   };
   absl::flat_hash_map<int32_t, Gather> gathers;
   std::vector<Reduce> reduces;
+  // Every all-gather and reduce-scatter issued this iteration, oldest
+  // first, until the memory hold saw it done (HoldPlannedPeak).
+  std::deque<CollectiveHandle> in_flight;
+  double memory_hold_s = 0;
   double exposed_s = 0;
   double loss_sum = 0;
   int64_t offloaded_bytes = 0;
@@ -294,7 +299,8 @@ Executor::Executor(const Program* program, ProgramFlow flow, Graph graph,
       mode_(initial.mode),
       slot_(std::move(initial), std::move(fallback)),
       profiler_(options.profile, static_cast<int>(graph_.nodes.size())),
-      step_(options.first_step) {}
+      step_(options.first_step),
+      last_rise_(graph_.nodes.size(), 0) {}
 
 Executor::~Executor() { comm_->Drain().IgnoreError(); }
 
@@ -386,7 +392,46 @@ absl::Status Executor::Activate(const Schedule& schedule) {
       schedule.offloads == least->offloads &&
       schedule.actions == least->actions;
   active_ = std::move(p);
+  // The memory hold's line (HoldPlannedPeak): halfway from the plan's
+  // predicted peak to where the memory guard trips, or that line itself
+  // for a plan predicted inside the band. None without a budget, or under
+  // the least-memory plan, which waits for its collectives as issued.
+  hold_limit_ = 0;
+  if (options_.budget_bytes > 0 && slot_.has_fallback() &&
+      !least_memory_active_) {
+    const int64_t guard_line =
+        options_.budget_bytes -
+        static_cast<int64_t>(options_.guard_band *
+                             static_cast<double>(options_.budget_bytes));
+    const int64_t predicted = schedule.prediction.peak_bytes;
+    hold_limit_ = predicted > 0 && predicted < guard_line
+                      ? predicted + (guard_line - predicted) / 2
+                      : guard_line;
+  }
   return absl::OkStatus();
+}
+
+void Executor::HoldPlannedPeak(int pos) {
+  if (hold_limit_ <= 0) return;
+  const int64_t rise = last_rise_[pos];
+  if (meter_->current_bytes() + rise <= hold_limit_) return;
+  const SteadyTime start = Now();
+  bool waited = false;
+  std::deque<CollectiveHandle>& in_flight = it_->in_flight;
+  while (!in_flight.empty() && meter_->current_bytes() + rise > hold_limit_) {
+    const CollectiveHandle handle = std::move(in_flight.front());
+    in_flight.pop_front();
+    if (handle->done()) continue;
+    const absl::Status status = handle->Wait();
+    TORCH_CHECK(status.ok(), std::string(status.message()));
+    waited = true;
+  }
+  if (!waited) return;
+  const double held = Since(start);
+  it_->memory_hold_s += held;
+  it_->exposed_s += held;
+  profiler_.RecordExchange("wait (memory: collectives in flight)", start,
+                           Now());
 }
 
 void Executor::RefreshPersistent(const Prepared* previous) {
@@ -470,6 +515,7 @@ void Executor::RunActions(int pos, AnchorPosition where) {
             store_->Gather(ids, *comm_,
                            /*refresh=*/mode_ == ShardingMode::kZero1),
             a.node_id};
+        it_->in_flight.push_back(it_->gathers[a.group_id].handle);
         break;
       }
       case ActionKind::kWait: {
@@ -494,6 +540,7 @@ void Executor::RunActions(int pos, AnchorPosition where) {
         for (int32_t id : a.param_ids) bytes += store_->full_bytes(id);
         it_->reduces.push_back({store_->ReduceScatterGrads(a.param_ids, *comm_),
                                 a.param_ids, a.node_id, bytes});
+        it_->in_flight.push_back(it_->reduces.back().handle);
         if (least_memory_active_) {
           // The least-memory plan frees each gradient before backward goes
           // on, so its peak does not depend on how fast the link drains.
@@ -544,6 +591,7 @@ void Executor::RunActions(int pos, AnchorPosition where) {
 
 void Executor::StartBackwardNode(int pos) {
   EnsureParams(pos);
+  HoldPlannedPeak(pos);
   if (!profiler_.enabled()) return;
   it_->backward_memory = meter_->current_bytes();
   meter_->BeginNodeWindow();
@@ -553,8 +601,10 @@ void Executor::StartBackwardNode(int pos) {
 void Executor::FinishBackwardNode(int pos) {
   if (!profiler_.enabled()) return;
   profiler_.RecordNode(pos, Since(it_->backward_start));
+  const OwnMemory own = meter_->NodeWindow();
+  if (own.measured) last_rise_[pos] = own.rise_bytes;
   profiler_.RecordMemory(pos, it_->backward_memory, meter_->current_bytes(),
-                         meter_->NodeWindow());
+                         own);
 }
 
 void Executor::OnBackwardBoundary(int k, int i) {
@@ -607,6 +657,7 @@ void Executor::RunMicroBatch(int k, const MicroBatch& batch) {
     const ProgramNode& node = program_->nodes[i];
     RunActions(pos, AnchorPosition::kBefore);
     EnsureParams(pos);
+    HoldPlannedPeak(pos);
     params.clear();
     for (int32_t id : node.param_ids) params.push_back(store_->full(id));
     inputs.clear();
@@ -668,8 +719,9 @@ void Executor::RunMicroBatch(int k, const MicroBatch& batch) {
     }
     if (profiling) {
       profiler_.RecordNode(pos, Since(start));
-      profiler_.RecordMemory(pos, memory_before, meter_->current_bytes(),
-                             meter_->NodeWindow());
+      const OwnMemory own = meter_->NodeWindow();
+      if (own.measured) last_rise_[pos] = own.rise_bytes;
+      profiler_.RecordMemory(pos, memory_before, meter_->current_bytes(), own);
     }
     RunActions(pos, AnchorPosition::kAfter);
     if (i + 1 == n) break;
@@ -898,6 +950,7 @@ absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
   stats->peak_bytes = meter_->peak_bytes();
   stats->schedule_version = version;
   stats->exposed_copy_s = copy_wait_s;
+  stats->memory_hold_s = it_->memory_hold_s;
   stats->offloaded_bytes = it_->max_offloaded_bytes;
   for (const IterationState::Copy& c : it_->copies) {
     // Copies still running (an offload issued late) belong to no span yet.

@@ -105,6 +105,10 @@ struct StepStats {
   double exposed_copy_s = 0;
   // Most bytes of optimizer state on the host tier during the iteration.
   int64_t offloaded_bytes = 0;
+  // Time compute waited for collectives in flight to finish and free their
+  // buffers before a node, to hold the plan's peak (part of
+  // exposed_comm_s; worker/README.md, "Memory guard").
+  double memory_hold_s = 0;
   // The memory guard switched every rank to the least-memory schedule after
   // this step; guard_reason says which peak tripped it.
   bool memory_guard = false;
@@ -201,6 +205,12 @@ class Executor {
   void OnBoundaryHook(int k, int i);
   std::string BoundaryName(int i) const;
   void StartBackwardNode(int pos);
+  // Before the node at `pos`: when the memory now plus what the node's own
+  // allocations rose by last time would pass hold_limit_, waits for the
+  // collectives in flight, oldest first, until it would not (their buffers
+  // are freed as they finish) or none is left. A collective that runs later
+  // than the plan assumed then costs time, not a trip of the memory guard.
+  void HoldPlannedPeak(int pos);
   void FinishBackwardNode(int pos);
   void RefreshPersistent(const Prepared* previous);
   void WaitCounted(const CollectiveHandle& handle, CollectiveTiming timing);
@@ -226,6 +236,9 @@ class Executor {
   // copies in flight.
   std::unique_ptr<HostTier> host_;
   int64_t step_ = 0;
+  // Each node's own memory rise (by graph position) in the last iteration
+  // that measured it: HoldPlannedPeak's estimate of what it will need.
+  std::vector<int64_t> last_rise_;
   // Smallest and largest step peak under the active schedule (-1: none
   // yet), and the last step's: the guard band's measured spread.
   int64_t guard_min_peak_ = -1;
@@ -234,6 +247,8 @@ class Executor {
   // The active schedule runs the least-memory plan (the fallback, or a
   // published plan identical to it): nothing to fall back to.
   bool least_memory_active_ = false;
+  // HoldPlannedPeak's line for the active schedule (0: no hold).
+  int64_t hold_limit_ = 0;
   absl::Status broken_;
 };
 

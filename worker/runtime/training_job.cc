@@ -733,6 +733,7 @@ std::string StepJson(const StepStats& s, int rank) {
   return absl::StrCat("{\"step\":", s.step, ",\"loss\":", json(s.loss),
                       ",\"iteration_s\":", json(s.iteration_s),
                       ",\"exposed_comm_s\":", json(s.exposed_comm_s),
+                      ",\"memory_hold_s\":", json(s.memory_hold_s),
                       ",\"peak_bytes\":", s.peak_bytes,
                       ",\"schedule_version\":", s.schedule_version,
                       ",\"grad_norm\":", json(s.grad_norm),

@@ -197,6 +197,12 @@ void Communicator::Loop() {
         failure_ = status;
       }
     }
+    // What the body captured (gradients, packed buffers, a shard's copy)
+    // is freed before waiters wake: a node that starts once its wait
+    // returns must not find the collective's buffers still held, or its
+    // peak depends on which thread runs first (worker/README.md, "Memory
+    // hold").
+    task.body = nullptr;
     task.handle->Finish(std::move(status));
   }
 }

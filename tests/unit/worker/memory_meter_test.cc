@@ -1,5 +1,6 @@
 #include "worker/runtime/memory_meter.h"
 
+#include <chrono>
 #include <cstdint>
 #include <thread>
 
@@ -90,6 +91,24 @@ TEST(CountingCpuAllocatorTest, BlockCache_LargeBlocksReused_CountsUnchanged) {
   EXPECT_GE(meter->cached_bytes(), int64_t{32} << 20);
   meter->ReleaseCache();
   EXPECT_EQ(meter->cached_bytes(), 0);
+}
+
+// What a collective's body captured is freed before its waiters wake: the
+// node that starts when Wait() returns sees the memory without it.
+TEST(CommunicatorTest, CapturedTensorsFreedBeforeWaitReturns) {
+  CountingCpuAllocator* meter = CountingCpuAllocator::Install();
+  RunLoopbackWorld(1, [&](int rank, Communicator& comm) {
+    for (int i = 0; i < 20; ++i) {
+      const int64_t before = meter->current_bytes();
+      at::Tensor captured = at::ones({int64_t{1} << 18}, at::kFloat);  // 1 MiB
+      CollectiveHandle handle = comm.Submit([captured] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      });
+      captured = at::Tensor();
+      ASSERT_TRUE(handle->Wait().ok());
+      EXPECT_EQ(meter->current_bytes(), before) << "round " << i;
+    }
+  });
 }
 
 // The scratch rule the profile reports matches what a Gloo all-gather and

@@ -432,10 +432,12 @@ memory: {{budget_bytes: {budget}}}
         first plan has run on a live job. The first plan's measured time
         re-fits what transfers take from compute (tandem-plan --measured,
         the coordinator's CalibrateWithEvidence), the job is re-planned and
-        the new plan runs. The row reports the faster of the two measured
-        plans (the coordinator rolls back to the best measured schedule) with
-        the prediction made before that plan ran, and keeps the first one's
-        figures under first_* and the second's under refit_*."""
+        the new plan runs. The row reports the plan the coordinator would
+        keep: the re-planned one unless it measured slower than the first
+        beyond the noise (ScheduleMeasurements' rule, so a re-plan slower
+        within the noise is kept), with the prediction made before that plan
+        ran, and keeps the first one's figures under first_* and the
+        second's under refit_*."""
         first = {k: row.get(k) for k in ("step_s", "step_min_s", "step_max_s",
                                          "predicted_s", "exposed_comm_s", "peak_bytes")}
         row.update({f"first_{k}": v for k, v in first.items()})

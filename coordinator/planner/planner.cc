@@ -487,10 +487,32 @@ Profile ScaledTimes(const Profile& profile, double scale) {
   return out;
 }
 
-// CalibrateToMeasurements without the time scale.
+// CalibrateToMeasurements without the time scale; `ran` is the schedule
+// the profile was measured under, when known.
 absl::StatusOr<Calibrated> CalibrateUnscaled(
     const Graph& graph, HardwareModel hw, const Profile& profile,
-    const std::optional<Schedule>& ran);
+    const std::optional<Schedule>& ran) {
+  Calibrated out{graph, std::move(hw), false};
+  absl::StatusOr<Graph> timed = ApplyProfile(graph, profile);
+  if (!timed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid profile: ", timed.status().message()));
+  }
+  out.graph = *std::move(timed);
+  RETURN_IF_ERROR(FitCollectives(profile, out.hw));
+  FitHostLink(profile, out.hw);
+  FitInterference(profile, out.hw);
+  FitCollectiveScratch(profile, out.hw);
+  if (ran.has_value()) {
+    absl::Status calibrated = CalibrateMemory(out.graph, *ran, profile, out.hw);
+    if (!calibrated.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("profile: ", calibrated.message()));
+    }
+    out.memory_calibrated = true;
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -504,12 +526,7 @@ absl::StatusOr<Calibrated> CalibrateToMeasurements(const Graph& graph,
   if (profiled != nullptr) {
     ran = *profiled;
   } else if (profile->schedule_version == 0) {
-    absl::StatusOr<Graph> timed = ApplyProfile(graph, *profile);
-    if (!timed.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("invalid profile: ", timed.status().message()));
-    }
-    ASSIGN_OR_RETURN(ran, StartingSchedule(*timed, mode));
+    ASSIGN_OR_RETURN(ran, StartingSchedule(graph, mode));  // times unused
   }
   ASSIGN_OR_RETURN(Calibrated out, CalibrateUnscaled(graph, hw, *profile, ran));
   if (!ran.has_value() || !(profile->iteration_s > 0)) return out;
@@ -527,37 +544,6 @@ absl::StatusOr<Calibrated> CalibrateToMeasurements(const Graph& graph,
   out.hw.time_scale = scale;
   return out;
 }
-
-namespace {
-
-absl::StatusOr<Calibrated> CalibrateUnscaled(
-    const Graph& graph, HardwareModel hw, const Profile& profile_in,
-    const std::optional<Schedule>& ran) {
-  const Profile* profile = &profile_in;
-  Calibrated out{graph, std::move(hw), false};
-  absl::StatusOr<Graph> timed = ApplyProfile(graph, *profile);
-  if (!timed.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("invalid profile: ", timed.status().message()));
-  }
-  out.graph = *std::move(timed);
-  RETURN_IF_ERROR(FitCollectives(*profile, out.hw));
-  FitHostLink(*profile, out.hw);
-  FitInterference(*profile, out.hw);
-  FitCollectiveScratch(*profile, out.hw);
-  if (ran.has_value()) {
-    absl::Status calibrated =
-        CalibrateMemory(out.graph, *ran, *profile, out.hw);
-    if (!calibrated.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("profile: ", calibrated.message()));
-    }
-    out.memory_calibrated = true;
-  }
-  return out;
-}
-
-}  // namespace
 
 absl::StatusOr<Calibrated> CalibrateWithEvidence(
     const Graph& graph, const HardwareModel& hw, const Profile* profile,

@@ -399,10 +399,7 @@ absl::Status Executor::Activate(const Schedule& schedule) {
   hold_limit_ = 0;
   if (options_.budget_bytes > 0 && slot_.has_fallback() &&
       !least_memory_active_) {
-    const int64_t guard_line =
-        options_.budget_bytes -
-        static_cast<int64_t>(options_.guard_band *
-                             static_cast<double>(options_.budget_bytes));
+    const int64_t guard_line = options_.budget_bytes - GuardBand();
     const int64_t predicted = schedule.prediction.peak_bytes;
     hold_limit_ = predicted > 0 && predicted < guard_line
                       ? predicted + (guard_line - predicted) / 2
@@ -511,11 +508,11 @@ void Executor::RunActions(int pos, AnchorPosition where) {
     switch (a.kind) {
       case ActionKind::kAllGather: {
         const std::vector<int32_t>& ids = active_->group_params.at(a.group_id);
-        it_->gathers[a.group_id] = {
+        CollectiveHandle handle =
             store_->Gather(ids, *comm_,
-                           /*refresh=*/mode_ == ShardingMode::kZero1),
-            a.node_id};
-        it_->in_flight.push_back(it_->gathers[a.group_id].handle);
+                           /*refresh=*/mode_ == ShardingMode::kZero1);
+        it_->in_flight.push_back(handle);
+        it_->gathers[a.group_id] = {std::move(handle), a.node_id};
         break;
       }
       case ActionKind::kWait: {
@@ -1003,11 +1000,12 @@ bool Executor::NearBudget(int64_t peak) const {
   }
   const int64_t spread =
       guard_min_peak_ < 0 ? 0 : guard_max_peak_ - guard_min_peak_;
-  const int64_t band = std::max<int64_t>(
-      static_cast<int64_t>(options_.guard_band *
-                           static_cast<double>(options_.budget_bytes)),
-      spread);
-  return peak >= options_.budget_bytes - band;
+  return peak >= options_.budget_bytes - std::max(GuardBand(), spread);
+}
+
+int64_t Executor::GuardBand() const {
+  return static_cast<int64_t>(options_.guard_band *
+                              static_cast<double>(options_.budget_bytes));
 }
 
 absl::StatusOr<std::vector<double>> Executor::ParamDigests() {

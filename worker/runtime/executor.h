@@ -187,6 +187,8 @@ class Executor {
   // The guard's verdict for this rank, from its peaks under the active
   // schedule (guard_peaks_) and the peak so far.
   bool NearBudget(int64_t peak) const;
+  // The guard band's fixed part: options_.guard_band of the budget.
+  int64_t GuardBand() const;
 
   absl::Status Activate(const Schedule& schedule);
   absl::Status RunStepImpl(absl::Span<const MicroBatch> batches,

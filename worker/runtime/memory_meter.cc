@@ -54,6 +54,12 @@ void RaiseTo(std::atomic<int64_t>& peak, int64_t now) {
   }
 }
 
+// TANDEM_CPU_BLOCK_CACHE=0 turns the block cache off.
+bool CachingFromEnvironment() {
+  const char* env = std::getenv("TANDEM_CPU_BLOCK_CACHE");
+  return env == nullptr || std::string_view(env) != "0";
+}
+
 }  // namespace
 
 struct CountingCpuAllocator::Cache {
@@ -62,10 +68,8 @@ struct CountingCpuAllocator::Cache {
   int64_t bytes = 0;
 };
 
-CountingCpuAllocator::CountingCpuAllocator() : cache_(new Cache) {
-  const char* env = std::getenv("TANDEM_CPU_BLOCK_CACHE");
-  caching_ = env == nullptr || std::string_view(env) != "0";
-}
+CountingCpuAllocator::CountingCpuAllocator()
+    : caching_(CachingFromEnvironment()), cache_(new Cache) {}
 
 char* CountingCpuAllocator::TakeBlock(size_t& capacity) const {
   capacity = (capacity + kCacheGranule - 1) / kCacheGranule * kCacheGranule;

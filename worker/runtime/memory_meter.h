@@ -64,10 +64,10 @@ class MemoryMeter {
 // An iteration allocates the same sizes every time; without the cache
 // glibc returned those blocks to the kernel and faulted them in again,
 // which on a VM slowed a node sevenfold at times (worker/README.md,
-// "Runtime rules", Memory). The counters count what tensors hold, not the cache. The cache
-// never holds more than the most tensors ever held at once (the live
-// high-water mark) plus kCacheSlackBytes, so the process's memory stays
-// under about twice its counted peak. TANDEM_CPU_BLOCK_CACHE=0 in the
+// "Runtime rules", Memory). The counters count what tensors hold, not the
+// cache. The cache never holds more than the most tensors ever held at once
+// (the live high-water mark) plus kCacheSlackBytes, so the process's memory
+// stays under about twice its counted peak. TANDEM_CPU_BLOCK_CACHE=0 in the
 // environment turns it off.
 class CountingCpuAllocator final : public c10::Allocator, public MemoryMeter {
  public:
@@ -135,7 +135,7 @@ class CountingCpuAllocator final : public c10::Allocator, public MemoryMeter {
   mutable std::atomic<int64_t> peak_{0};
   mutable std::atomic<int64_t> allocations_{0};
   mutable std::atomic<int64_t> high_water_{0};
-  bool caching_ = true;
+  const bool caching_;
   struct Cache;
   const std::unique_ptr<Cache> cache_;
 };

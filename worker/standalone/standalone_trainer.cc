@@ -73,7 +73,7 @@ std::string PerRankPath(absl::string_view path, int rank, int world) {
 
 absl::Status RunStandalone(const StandaloneOptions& options,
                            std::ostream& out) {
-  if (options.threads > 0) at::set_num_threads(options.threads);
+  SetComputeThreads(options.threads);
   ASSIGN_OR_RETURN(MemoryMeter* const meter, ActivateRuntime(options.runtime));
   ASSIGN_OR_RETURN(TrainingJobOptions job_options,
                    TrainingJobOptionsFor(options.runtime, options.offload_dir));

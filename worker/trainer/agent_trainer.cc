@@ -288,7 +288,7 @@ absl::Status Train(const AgentTrainerOptions& options, MemoryMeter* meter,
 
 absl::Status RunAgent(CoordinatorClient& client,
                       const AgentTrainerOptions& options, std::ostream& out) {
-  if (options.threads > 0) at::set_num_threads(options.threads);
+  SetComputeThreads(options.threads);
   // Before registering: a rank that cannot use its device takes no rank.
   ASSIGN_OR_RETURN(MemoryMeter* const meter, ActivateRuntime(options.runtime));
   WorkerAgent::Options agent_options;

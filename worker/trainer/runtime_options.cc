@@ -1,10 +1,13 @@
 #include "worker/trainer/runtime_options.h"
 
+#include <dlfcn.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <string>
 
+#include "ATen/Parallel.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -109,6 +112,23 @@ absl::StatusOr<RuntimeOptions> ResolveRuntimeOptions(
       c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
   gpu.backend = CollectiveBackend::kNccl;
   return gpu;
+}
+
+int SetComputeThreads(int threads) {
+  if (threads > 0) at::set_num_threads(threads);
+  // Looked up, not linked: libtorch's BLAS is whichever libblas.so.3 the
+  // machine selects, OpenBLAS or another.
+  using GetThreads = int (*)();
+  using SetThreads = void (*)(int);
+  const auto get = reinterpret_cast<GetThreads>(
+      dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  const auto set = reinterpret_cast<SetThreads>(
+      dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (get == nullptr || set == nullptr) return 0;
+  if (threads > 0 && std::getenv("OPENBLAS_NUM_THREADS") == nullptr) {
+    set(threads);
+  }
+  return get();
 }
 
 absl::StatusOr<MemoryMeter*> ActivateRuntime(const RuntimeOptions& options) {

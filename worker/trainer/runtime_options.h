@@ -72,6 +72,15 @@ CudaAvailability ThisBuildsCuda();
 absl::StatusOr<RuntimeOptions> ResolveRuntimeOptions(
     DeviceChoice choice, int local_rank, const CudaAvailability& cuda);
 
+// Caps the threads this process computes with at `threads` (0: leaves
+// libtorch's default): libtorch's intra-op pool and, where libtorch's BLAS
+// is OpenBLAS and OPENBLAS_NUM_THREADS is not set, OpenBLAS's own pool,
+// which at::set_num_threads does not reach. Left at one thread per core,
+// OpenBLAS's idle threads spin in sched_yield between calls, taking the
+// cores that the collectives, the host tier and the checkpoint writer need.
+// Returns OpenBLAS's thread count after (0: no OpenBLAS in this process).
+int SetComputeThreads(int threads);
+
 // Checks that this build can run `options` (the pair is gloo/cpu or
 // nccl/cuda, and the build has it), makes the device current on the calling
 // thread (CUDA) and returns its memory meter. The trainers call it before

@@ -6,7 +6,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
+
+#include "ATen/Parallel.h"
 
 namespace tandem {
 namespace {
@@ -176,6 +179,27 @@ TEST(TrainingJobOptionsForTest, TrainingJobOptionsFor_Cpu_CarriesOffloadDir) {
       TrainingJobOptionsFor(RuntimeOptions(), "/tmp/offload");
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->offload_dir, "/tmp/offload");
+}
+
+// --threads reaches OpenBLAS's pool (libtorch's BLAS on Debian), which
+// at::set_num_threads alone leaves at one thread per core; an
+// OPENBLAS_NUM_THREADS the user set wins.
+TEST(SetComputeThreadsTest, OpenBlasPool_FollowsThreadsUnlessEnvironmentSet) {
+  const char* env = std::getenv("OPENBLAS_NUM_THREADS");
+  const std::string saved = env == nullptr ? "" : env;
+  unsetenv("OPENBLAS_NUM_THREADS");
+  const int torch_before = at::get_num_threads();
+  const int before = SetComputeThreads(0);
+  if (before == 0) GTEST_SKIP() << "libtorch's BLAS is not OpenBLAS here";
+  EXPECT_EQ(SetComputeThreads(1), 1);
+  EXPECT_EQ(at::get_num_threads(), 1);
+  EXPECT_EQ(SetComputeThreads(2), 2);
+  setenv("OPENBLAS_NUM_THREADS", "2", 1);
+  EXPECT_EQ(SetComputeThreads(1), 2);
+  unsetenv("OPENBLAS_NUM_THREADS");
+  SetComputeThreads(before);
+  at::set_num_threads(torch_before);
+  if (env != nullptr) setenv("OPENBLAS_NUM_THREADS", saved.c_str(), 1);
 }
 
 }  // namespace

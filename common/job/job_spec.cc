@@ -184,8 +184,7 @@ void ValidateArchiveModel(const v1::JobSpec& spec, FieldErrors& errors) {
       {"kv_heads", m.kv_heads() != 0},
       {"ffn", m.ffn() != 0},
       {"experts", m.experts() != 0},
-      {"top_k", m.top_k() != 0},
-      {"activation_checkpointing", m.activation_checkpointing()}};
+      {"top_k", m.top_k() != 0}};
   for (const auto& [field, set] : builtin_fields) {
     if (set) {
       errors.Add("model.", field,

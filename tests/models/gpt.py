@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, d_model, n_head, block_size):
+    def __init__(self, d_model, n_head, block_size, dropout=0.0):
         super().__init__()
         assert d_model % n_head == 0
         self.n_head = n_head
@@ -29,6 +29,7 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(d_model, d_model)
         mask = torch.tril(torch.ones(block_size, block_size))
         self.register_buffer("mask", mask.view(1, 1, block_size, block_size))
+        self.drop = nn.Dropout(dropout) if dropout else nn.Identity()
 
     def forward(self, x):
         b, t, c = x.size()
@@ -39,29 +40,30 @@ class CausalSelfAttention(nn.Module):
         v = v.view(b, t, self.n_head, hd).transpose(1, 2)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
         att = att.masked_fill(self.mask[:, :, :t, :t] == 0, float("-inf"))
-        att = F.softmax(att, dim=-1)
+        att = self.drop(F.softmax(att, dim=-1))
         y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
         return self.proj(y)
 
 
 class MLP(nn.Module):
-    def __init__(self, d_model):
+    def __init__(self, d_model, dropout=0.0):
         super().__init__()
         self.fc = nn.Linear(d_model, 4 * d_model)
         self.act = nn.GELU()
         self.out = nn.Linear(4 * d_model, d_model)
+        self.drop = nn.Dropout(dropout) if dropout else nn.Identity()
 
     def forward(self, x):
-        return self.out(self.act(self.fc(x)))
+        return self.drop(self.out(self.act(self.fc(x))))
 
 
 class Block(nn.Module):
-    def __init__(self, d_model, n_head, block_size):
+    def __init__(self, d_model, n_head, block_size, dropout=0.0):
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, n_head, block_size)
+        self.attn = CausalSelfAttention(d_model, n_head, block_size, dropout)
         self.ln2 = nn.LayerNorm(d_model)
-        self.mlp = MLP(d_model)
+        self.mlp = MLP(d_model, dropout)
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
@@ -70,12 +72,13 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     def __init__(self, vocab=512, d_model=64, n_head=4, n_layer=3,
-                 block_size=64):
+                 block_size=64, dropout=0.0):
         super().__init__()
         self.tok_emb = nn.Embedding(vocab, d_model)
         self.pos_emb = nn.Embedding(block_size, d_model)
         self.blocks = nn.ModuleList(
-            [Block(d_model, n_head, block_size) for _ in range(n_layer)])
+            [Block(d_model, n_head, block_size, dropout)
+             for _ in range(n_layer)])
         self.ln_f = nn.LayerNorm(d_model)
         self.lm_head = nn.Linear(d_model, vocab, bias=False)
         self.lm_head.weight = self.tok_emb.weight  # tied
@@ -115,6 +118,13 @@ def build(freeze_embeddings=False, n_layer=3):
 
 def build_frozen():
     return build(freeze_embeddings=True)
+
+
+def build_dropout():
+    """With dropout 0.1 in every block (attention weights, MLP output): a
+    model whose forward draws random numbers."""
+    torch.manual_seed(0)
+    return GPT(dropout=0.1), example_batch()
 
 
 def build_demo():

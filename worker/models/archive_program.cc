@@ -119,7 +119,8 @@ std::vector<at::Tensor> RunUnit(LoadedUnit& unit,
 
 }  // namespace
 
-absl::StatusOr<Program> LoadArchiveProgram(const std::string& path) {
+absl::StatusOr<Program> LoadArchiveProgram(const std::string& path,
+                                           bool activation_checkpointing) {
   ASSIGN_OR_RETURN(ModelArchive archive, OpenModelArchive(path));
   const v1::ArchiveManifest& m = archive.manifest;
   const std::string root = kArchiveRoot;
@@ -245,6 +246,11 @@ absl::StatusOr<Program> LoadArchiveProgram(const std::string& path) {
       return RunUnit(*unit, inputs, params);
     };
     program.nodes.push_back(std::move(node));
+  }
+  if (activation_checkpointing) {
+    for (size_t i = 0; i + 1 < program.nodes.size(); ++i) {
+      program.nodes[i].recompute = true;
+    }
   }
   RETURN_IF_ERROR(AnalyzeProgramFlow(program).status());
   return program;

@@ -36,7 +36,13 @@ namespace tandem {
 // (NotFound, InvalidArgument: see OpenModelArchive), InvalidArgument for a
 // unit TorchScript cannot load or whose signature does not match the
 // manifest, Unimplemented for what the worker cannot train yet (above).
-absl::StatusOr<Program> LoadArchiveProgram(const std::string& path);
+//
+// With `activation_checkpointing`, every unit but the last (the one that
+// returns the loss, whose activations its own backward frees at once) is
+// marked ProgramNode::recompute: it keeps only its inputs in forward and
+// runs again in backward (worker/README.md, "Activation checkpointing").
+absl::StatusOr<Program> LoadArchiveProgram(const std::string& path,
+                                           bool activation_checkpointing);
 
 }  // namespace tandem
 

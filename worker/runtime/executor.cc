@@ -43,6 +43,13 @@ struct RecomputeState : torch::CustomClassHolder {
   std::vector<at::Tensor> params;
   // Run first in backward: fails the step unless the params are gathered.
   std::function<void()> check_params;
+  // The random generator of the node's device as forward found it: the
+  // recompute draws the same numbers (dropout masks) as forward did, and
+  // the generator is put back to where it was before the recompute, so
+  // nothing after sees a difference (torch.utils.checkpoint's
+  // preserve_rng_state).
+  at::Generator generator;
+  at::Tensor generator_state;
 };
 
 const auto kRecomputeStateClass =
@@ -98,8 +105,16 @@ class RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
     std::vector<at::Tensor> outputs;
     {
       at::AutoGradMode enable(true);
+      at::Tensor now;
+      {
+        std::lock_guard<std::mutex> lock(state->generator.mutex());
+        now = state->generator.get_state();
+        state->generator.set_state(state->generator_state);
+      }
       outputs = state->node->forward(absl::MakeConstSpan(args.data(), n),
                                      absl::MakeConstSpan(args.data() + n, m));
+      std::lock_guard<std::mutex> lock(state->generator.mutex());
+      state->generator.set_state(now);
     }
     TORCH_CHECK(outputs.size() == grads.size(), "node '", state->node->name,
                 "' returned ", outputs.size(), " tensors when recomputed, ",
@@ -694,6 +709,11 @@ void Executor::RunMicroBatch(int k, const MicroBatch& batch) {
       state->check_params = [this, backward_pos] {
         EnsureParams(backward_pos);
       };
+      state->generator = at::globalContext().defaultGenerator(store_->device());
+      {
+        std::lock_guard<std::mutex> lock(state->generator.mutex());
+        state->generator_state = state->generator.get_state();
+      }
       std::vector<at::Tensor> args = inputs;
       args.insert(args.end(), params.begin(), params.end());
       out = RecomputeFunction::apply(at::TensorList(args), state);

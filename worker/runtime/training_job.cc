@@ -277,6 +277,20 @@ void Restore(const RestoreSource& source, ShardedParamStore& store) {
 
 }  // namespace
 
+void SeedGenerators(uint64_t seed, int rank, const c10::Device& device) {
+  const uint64_t value = seed * 1000003u + static_cast<uint64_t>(rank);
+  at::Generator cpu = at::detail::getDefaultCPUGenerator();
+  {
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    cpu.set_current_seed(value);
+  }
+  if (!device.is_cpu()) {
+    at::Generator own = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(own.mutex());
+    own.set_current_seed(value);
+  }
+}
+
 absl::StatusOr<ModelParts> PrepareModel(const v1::JobSpec& spec, int world) {
   if (spec.parallel().zero_stage() != 3 && spec.parallel().zero_stage() != 1) {
     return absl::UnimplementedError(
@@ -296,7 +310,10 @@ absl::StatusOr<ModelParts> PrepareModel(const v1::JobSpec& spec, int world) {
     c.micro_batch = spec.batch().micro_batch();
     c.grad_accum = spec.batch().grad_accum();
     c.world_size = world;
-    ASSIGN_OR_RETURN(parts.program, LoadArchiveProgram(spec.model().path()));
+    ASSIGN_OR_RETURN(
+        parts.program,
+        LoadArchiveProgram(spec.model().path(),
+                           spec.model().activation_checkpointing()));
     if (!spec.model().init_from().empty()) {
       RETURN_IF_ERROR(
           InitFromWeightsFile(spec.model().init_from(), parts.program));
@@ -399,6 +416,13 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
                   interference.compute_s_per_copy_byte * 1e9,
                   interference.probe_s);
   }
+  // Random ops in the model (dropout) draw from the default generators:
+  // seeded from train.seed and the rank, so a run repeats itself and the
+  // ranks draw different numbers. A resume then restores the checkpoint's
+  // CPU generator state.
+  RETURN_IF_ERROR(TorchCall("seeding the random generators", [&] {
+    SeedGenerators(spec.train().seed(), rank, options.device);
+  }));
   ASSIGN_OR_RETURN(
       job->store_,
       ShardedParamStore::Create(model->program, rank, world, options.device));

@@ -458,6 +458,15 @@ TEST_F(JobSpecArchiveTest, Validate_GoodArchive_Passes) {
   EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
 }
 
+// Exported models take activation checkpointing (every unit but the last
+// recomputes; worker/README.md).
+TEST_F(JobSpecArchiveTest, Validate_ActivationCheckpointing_Accepted) {
+  Write();
+  v1::JobSpec spec = Spec();
+  spec.mutable_model()->set_activation_checkpointing(true);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+}
+
 TEST_F(JobSpecArchiveTest, Validate_DefaultKind_IsBuiltin) {
   v1::JobSpec spec;
   ApplyJobSpecDefaults(spec);

@@ -113,7 +113,7 @@ AdamWOptions TestAdamW(const std::string& archive) {
 // (K * W * micro_batch sequences) as one micro-batch.
 Trajectory TrainReference(const std::string& archive, int world,
                           int grad_accum) {
-  absl::StatusOr<Program> program = LoadArchiveProgram(Archive(archive));
+  absl::StatusOr<Program> program = LoadArchiveProgram(Archive(archive), false);
   EXPECT_TRUE(program.ok()) << program.status();
   Trajectory result;
   if (!program.ok()) return result;
@@ -162,7 +162,8 @@ ShardedRun TrainSharded(const std::string& archive, int world, int grad_accum,
   run.digests.resize(world);
   RunLoopbackWorld(world, [&](int rank, Communicator& comm) {
     // Each rank loads its own program, as a worker process does.
-    absl::StatusOr<Program> program = LoadArchiveProgram(Archive(archive));
+    absl::StatusOr<Program> program =
+        LoadArchiveProgram(Archive(archive), false);
     ASSERT_TRUE(program.ok()) << program.status();
     absl::StatusOr<Graph> graph =
         DeriveGraph(*program, world, grad_accum, kMicroBatch * kSeqLen);
@@ -335,7 +336,8 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST(ArchiveProgramTest, Residual_TiedParamAndSkippingValue) {
-  absl::StatusOr<Program> program = LoadArchiveProgram(Archive("residual"));
+  absl::StatusOr<Program> program =
+      LoadArchiveProgram(Archive("residual"), false);
   ASSERT_TRUE(program.ok()) << program.status();
   ASSERT_EQ(program->nodes.size(), 4u);
   EXPECT_EQ(program->params[0].name, "embed.weight");
@@ -372,7 +374,8 @@ TEST(ArchiveProgramTest, Residual_TiedParamAndSkippingValue) {
 }
 
 TEST(ArchiveProgramTest, Frozen_ParamsLoadUntrainedAndAreNeverReduced) {
-  absl::StatusOr<Program> program = LoadArchiveProgram(Archive("frozen"));
+  absl::StatusOr<Program> program =
+      LoadArchiveProgram(Archive("frozen"), false);
   ASSERT_TRUE(program.ok()) << program.status();
   ASSERT_EQ(program->params.size(), 5u);
   const std::vector<bool> trainable = {false, true, false, true, true};
@@ -386,7 +389,8 @@ TEST(ArchiveProgramTest, Frozen_ParamsLoadUntrainedAndAreNeverReduced) {
     EXPECT_EQ(graph->params[i].trainable, trainable[i]);
   }
   // Another model than the archive with every param trained.
-  absl::StatusOr<Program> residual = LoadArchiveProgram(Archive("residual"));
+  absl::StatusOr<Program> residual =
+      LoadArchiveProgram(Archive("residual"), false);
   ASSERT_TRUE(residual.ok());
   absl::StatusOr<Graph> trained = DeriveGraph(*residual, 2, 2, 12);
   ASSERT_TRUE(trained.ok());
@@ -422,7 +426,7 @@ TEST(ArchiveProgramTest, BrokenArchives_SayWhatIsWrong) {
       {"no_such_archive", "does not exist"},
   };
   for (const auto& [name, message] : cases) {
-    absl::StatusOr<Program> program = LoadArchiveProgram(Archive(name));
+    absl::StatusOr<Program> program = LoadArchiveProgram(Archive(name), false);
     EXPECT_FALSE(program.ok()) << name;
     EXPECT_THAT(program.status().message(), HasSubstr(message))
         << name << ": " << program.status();

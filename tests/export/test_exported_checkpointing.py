@@ -41,11 +41,8 @@ VOCAB = 512
 
 
 def export(tmp_path_factory, build):
-    """(build function, archive path, manifest) of tests/models/gpt.py."""
-    mod = numerics.load_model("gpt")
-    module, batch = getattr(mod, build)()
-    path = str(tmp_path_factory.mktemp(build) / "gpt.tandem")
-    manifest = numerics.tandem.export(module, batch, path=path)
+    """(tests/models/gpt.py's `build` function, archive path, manifest)."""
+    mod, path, manifest = numerics.export_model(tmp_path_factory, "gpt", build)
     return getattr(mod, build), path, manifest
 
 

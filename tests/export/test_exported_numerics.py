@@ -331,11 +331,12 @@ def assert_no_dropout(module):
         assert p == 0, f"{path or '<root>'} has dropout {p}; set it to 0"
 
 
-def export_model(tmp_path_factory, name):
-    """(the model's file as a module, archive path, manifest)."""
+def export_model(tmp_path_factory, name, build="build"):
+    """(the model's file as a module, archive path, manifest) of the model
+    tests/models/<name>.py's `build` function returns."""
     d = tmp_path_factory.mktemp(name)
     mod = load_model(name)
-    module, batch = mod.build()
+    module, batch = getattr(mod, build)()
     path = str(d / f"{name}.tandem")
     manifest = tandem.export(module, batch, path=path)
     return mod, path, manifest

@@ -106,7 +106,7 @@ def test_killed_worker_is_started_again_in_its_task(slurm, coordinator,
             tmp_path, TANDEM_COORDINATOR=coordinator.address,
             TANDEM_JOB=job.id))
         wait_for(lambda: client.get(job.id).job.step >= 12, timeout=120,
-                 what="12 steps; %s" % rank_logs(tmp_path))
+                 what=lambda: "12 steps; %s" % rank_logs(tmp_path))
         pids = client_conftest.worker_pids(job.id)
         assert len(pids) == 2, pids
         os.kill(pids[1], signal.SIGKILL)
@@ -131,14 +131,14 @@ def test_scancel_fails_job_with_signal_event(slurm, coordinator, tmp_path):
             tmp_path, TANDEM_COORDINATOR=coordinator.address,
             TANDEM_JOB=job.id))
         wait_for(lambda: client.get(job.id)[0].step >= 3, timeout=90,
-                 what="3 steps; %s" % rank_logs(tmp_path))
+                 what=lambda: "3 steps; %s" % rank_logs(tmp_path))
 
         slurm.scancel(slurm_job)
         cancelled_at = time.monotonic()
         final = wait_for(
             lambda: (lambda j: j if j.state in (FAILED, CANCELLED) else None)(
                 client.get(job.id)[0]),
-            timeout=20, what="the job to fail after scancel; %s"
+            timeout=20, what=lambda: "the job to fail after scancel; %s"
             % rank_logs(tmp_path))
         ended_s = time.monotonic() - cancelled_at
         print("scancel -> %s in %.2f s" % (job_pb2.JobState.Name(final.state),
@@ -218,7 +218,7 @@ def test_scancel_with_coordinator_in_job_records_failure(slurm, tmp_path):
     with tandem.Client("127.0.0.1:%d" % port, timeout=5, token=token,
                        tls_ca=str(secrets / "server.pem")) as client:
         wait_for(lambda: stepping(client), timeout=90,
-                 what="3 steps; %s" % rank_logs(tmp_path))
+                 what=lambda: "3 steps; %s" % rank_logs(tmp_path))
     slurm.scancel(slurm_job)
     info = slurm.wait_job_end(slurm_job, timeout=60)
     assert info["JobState"] == "CANCELLED", info

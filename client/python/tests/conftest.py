@@ -225,6 +225,9 @@ def worker_pids(job_id):
 
 
 def wait_for(predicate, timeout=10.0, interval=0.05, what="condition"):
+    """Polls predicate until it returns a true value. `what` names it in the
+    timeout's message; a callable `what` is called then (e.g. to read logs
+    as they are when the wait gives up)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -232,7 +235,7 @@ def wait_for(predicate, timeout=10.0, interval=0.05, what="condition"):
             return value
         if time.monotonic() > deadline:
             raise AssertionError("timed out after %gs waiting for %s" %
-                                 (timeout, what))
+                                 (timeout, what() if callable(what) else what))
         time.sleep(interval)
 
 

@@ -177,14 +177,10 @@ void ValidateInitFrom(const std::string& path,
 void ValidateArchiveModel(const v1::JobSpec& spec, FieldErrors& errors) {
   const v1::ModelSpec& m = spec.model();
   const std::pair<const char*, bool> builtin_fields[] = {
-      {"preset", !m.preset().empty()},
-      {"layers", m.layers() != 0},
-      {"d_model", m.d_model() != 0},
-      {"heads", m.heads() != 0},
-      {"kv_heads", m.kv_heads() != 0},
-      {"ffn", m.ffn() != 0},
-      {"experts", m.experts() != 0},
-      {"top_k", m.top_k() != 0}};
+      {"preset", !m.preset().empty()}, {"layers", m.layers() != 0},
+      {"d_model", m.d_model() != 0},   {"heads", m.heads() != 0},
+      {"kv_heads", m.kv_heads() != 0}, {"ffn", m.ffn() != 0},
+      {"experts", m.experts() != 0},   {"top_k", m.top_k() != 0}};
   for (const auto& [field, set] : builtin_fields) {
     if (set) {
       errors.Add("model.", field,

@@ -275,8 +275,10 @@ void Restore(const RestoreSource& source, ShardedParamStore& store) {
   gen.set_state(rng_state);
 }
 
-}  // namespace
-
+// Seeds libtorch's default CPU generator, and `device`'s when it is a GPU,
+// with seed * 1000003 + rank: what the model's random ops (dropout) draw
+// from. Unseeded, libtorch seeds them from /dev/urandom, and a run with
+// dropout would not repeat.
 void SeedGenerators(uint64_t seed, int rank, const c10::Device& device) {
   const uint64_t value = seed * 1000003u + static_cast<uint64_t>(rank);
   at::Generator cpu = at::detail::getDefaultCPUGenerator();
@@ -290,6 +292,8 @@ void SeedGenerators(uint64_t seed, int rank, const c10::Device& device) {
     own.set_current_seed(value);
   }
 }
+
+}  // namespace
 
 absl::StatusOr<ModelParts> PrepareModel(const v1::JobSpec& spec, int world) {
   if (spec.parallel().zero_stage() != 3 && spec.parallel().zero_stage() != 1) {

@@ -57,12 +57,6 @@ struct ModelParts {
 // stage/features this worker cannot run yet.
 absl::StatusOr<ModelParts> PrepareModel(const v1::JobSpec& spec, int world);
 
-// Seeds libtorch's default CPU generator, and `device`'s when it is a GPU,
-// with seed * 1000003 + rank: what the model's random ops (dropout) draw
-// from. Unseeded, libtorch seeds them from /dev/urandom, and a run with
-// dropout would not repeat.
-void SeedGenerators(uint64_t seed, int rank, const c10::Device& device);
-
 // Settings of this worker process rather than of the job.
 struct TrainingJobOptions {
   // Directory of the host tier's files when a schedule offloads (empty:

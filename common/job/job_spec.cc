@@ -169,6 +169,28 @@ void ValidateInitFrom(const std::string& path,
   }
 }
 
+// model.dtype bf16 for an archive: the exporter ran its units in bf16
+// (ArchiveManifest.precision_checks) and they worked. f32 always runs;
+// ValidatePrecision reports the dtypes no model runs in.
+void ValidateArchivePrecision(const v1::ModelSpec& m,
+                              const v1::ArchiveManifest& manifest,
+                              FieldErrors& errors) {
+  if (m.dtype() != v1::DTYPE_BF16) return;
+  const std::string torch_name = "bfloat16";
+  for (const v1::ArchivePrecisionCheck& check : manifest.precision_checks()) {
+    if (check.dtype() != torch_name) continue;
+    if (!check.error().empty()) {
+      errors.Add("model.dtype bf16: the model does not run in bfloat16 ('",
+                 m.path(), "' was checked at export: ", check.error(),
+                 "); make its forward follow its params' dtype, or use f32");
+    }
+    return;
+  }
+  errors.Add("model.dtype bf16: '", m.path(),
+             "' was exported without a bfloat16 check (by an earlier tandem "
+             "export); export the model again, or use f32");
+}
+
 // model.kind torchscript: no builtin fields, and an archive that reads
 // (ReadArchiveManifest) and that the data source can feed: the token
 // sources feed inputs of roles tokens and targets, data.kind tensors every
@@ -200,6 +222,7 @@ void ValidateArchiveModel(const v1::JobSpec& spec, FieldErrors& errors) {
     return;
   }
   ValidateInitFrom(m.init_from(), ArchiveWeightTensors(*manifest), errors);
+  ValidateArchivePrecision(m, *manifest, errors);
   if (spec.data().kind() == "tensors") {
     if (!spec.data().path().empty()) {
       ValidateTensorData(spec, *manifest, errors);
@@ -260,15 +283,10 @@ std::optional<DType> KnownDType(v1::DType d) {
 void ValidatePrecision(const v1::JobSpec& spec, FieldErrors& errors) {
   const v1::ModelSpec& m = spec.model();
   const v1::TrainSpec& t = spec.train();
-  const bool torchscript = m.kind() == "torchscript";
   const std::optional<DType> model = KnownDType(m.dtype());
   if (!model.has_value()) {
     errors.Add("model.dtype must be f32, bf16 or f16, got ",
                static_cast<int>(m.dtype()));
-  } else if (torchscript && *model != DType::kF32) {
-    errors.Add("model.dtype ", DTypeName(*model),
-               " applies to builtin models; an exported model runs in its "
-               "archive's float32: write model.dtype f32 or remove it");
   } else if (*model == DType::kF16) {
     errors.Add(
         "model.dtype f16 needs loss scaling, which the worker does not do "
@@ -302,9 +320,7 @@ void ValidatePrecision(const v1::JobSpec& spec, FieldErrors& errors) {
     if (*model == DType::kF32) {
       errors.Add("train.reduce_dtype ", r,
                  " would round the f32 gradients of model.dtype f32: use f32",
-                 *reduce == DType::kBF16 && !torchscript
-                     ? ", or set model.dtype bf16"
-                     : "");
+                 *reduce == DType::kBF16 ? ", or set model.dtype bf16" : "");
     } else {
       errors.Add("train.reduce_dtype ", r, " must be f32 or model.dtype (", d,
                  "), the dtype the gradients are computed in: use f32 or ", d);

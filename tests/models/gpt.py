@@ -72,8 +72,9 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     def __init__(self, vocab=512, d_model=64, n_head=4, n_layer=3,
-                 block_size=64, dropout=0.0):
+                 block_size=64, dropout=0.0, loss_in_f32=False):
         super().__init__()
+        self.loss_in_f32 = loss_in_f32
         self.tok_emb = nn.Embedding(vocab, d_model)
         self.pos_emb = nn.Embedding(block_size, d_model)
         self.blocks = nn.ModuleList(
@@ -93,6 +94,10 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
+        if self.loss_in_f32:
+            # A bf16 run's loss as precise as an f32 run's (what Hugging Face
+            # models do): the cross-entropy of the logits cast to f32.
+            logits = logits.float()
         return F.cross_entropy(logits.view(-1, logits.size(-1)),
                                labels.view(-1))
 
@@ -118,6 +123,14 @@ def build(freeze_embeddings=False, n_layer=3):
 
 def build_frozen():
     return build(freeze_embeddings=True)
+
+
+def build_f32_loss():
+    """The cross-entropy taken on the logits cast to f32: in bf16 (model.dtype
+    bf16 runs the module as `module.to(torch.bfloat16)`), the rest of the
+    model computes in bf16 and the loss in f32."""
+    torch.manual_seed(0)
+    return GPT(loss_in_f32=True), example_batch()
 
 
 def build_dropout():

@@ -363,10 +363,12 @@ def train(model, batch_of, steps, adamw, clip, world=1, grad_accum=1,
             for micro in range(grad_accum):
                 loss = compute(**rank_slice(batch, world, grad_accum, rank,
                                             micro))
-                assert loss.dtype == torch.float32
+                # The policy's models compute the loss in f32; a module
+                # cast whole (`model.to(dtype)`) may compute it in dtype.
+                assert loss.dtype in (torch.float32, dtype), loss.dtype
                 (loss / grad_accum if grad_accum > 1 else loss).backward()
-                total = loss.detach() if total is None else \
-                    total + loss.detach()
+                value = loss.detach().float()
+                total = value if total is None else total + value
             rank_losses.append(total / grad_accum if grad_accum > 1 else total)
             rank_grads.append([c.grad for c in params])
         for i, m in enumerate(masters):

@@ -9,6 +9,7 @@
 
 #include "ATen/ATen.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/archive/model_archive.h"
@@ -48,6 +49,10 @@ struct LoadedUnit {
   std::vector<std::vector<std::string>> param_paths;
   std::vector<std::vector<std::string>> buffer_paths;
   std::vector<at::Tensor> buffers;
+  // Per input value: a floating batch input to cast to `compute_dtype`
+  // (mixed precision).
+  std::vector<bool> cast_inputs;
+  at::ScalarType compute_dtype = at::kFloat;
   size_t num_outputs = 0;
   // The device buffers and the module live on; they follow the first call's
   // tensors.
@@ -90,7 +95,10 @@ std::vector<at::Tensor> RunUnit(LoadedUnit& unit,
     for (const at::Tensor& p : params) args.emplace_back(p);
     for (const at::Tensor& b : unit.buffers) args.emplace_back(b);
   }
-  for (const at::Tensor& in : inputs) args.emplace_back(in);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    args.emplace_back(unit.cast_inputs[i] ? inputs[i].to(unit.compute_dtype)
+                                          : inputs[i]);
+  }
   // TorchScript's profiling executor would time its first runs as profiling
   // and compiling, and compile again for every new input shape (a
   // variable-length batch); its CPU graphs fuse nothing. Units run their
@@ -119,8 +127,16 @@ std::vector<at::Tensor> RunUnit(LoadedUnit& unit,
 
 }  // namespace
 
-absl::StatusOr<Program> LoadArchiveProgram(const std::string& path,
-                                           bool activation_checkpointing) {
+absl::StatusOr<Program> LoadArchiveProgram(
+    const std::string& path, const ArchiveProgramOptions& options) {
+  if (options.dtype != DType::kF32 && options.dtype != DType::kBF16) {
+    return absl::UnimplementedError(
+        absl::StrCat("'", path, "': model.dtype ", DTypeName(options.dtype),
+                     " is not supported for exported models: use f32 or "
+                     "bf16"));
+  }
+  const at::ScalarType compute_dtype =
+      options.dtype == DType::kBF16 ? at::kBFloat16 : at::kFloat;
   ASSIGN_OR_RETURN(ModelArchive archive, OpenModelArchive(path));
   const v1::ArchiveManifest& m = archive.manifest;
   const std::string root = kArchiveRoot;
@@ -147,7 +163,20 @@ absl::StatusOr<Program> LoadArchiveProgram(const std::string& path,
   Program program;
   program.name = m.name();
   program.loss = m.loss();
+  program.dtype = options.dtype;
+  program.reduce_dtype = options.reduce_dtype;
+  // The batch inputs the units see in the compute dtype.
+  absl::flat_hash_set<std::string> cast_inputs;
   for (const v1::ArchiveInput& in : m.inputs()) {
+    absl::StatusOr<at::ScalarType> type = ScalarTypeOf(in.dtype());
+    if (!type.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", path, "': input '", in.name(), "': ", type.status().message()));
+    }
+    if (compute_dtype != at::kFloat && at::isFloatingType(*type) &&
+        *type != compute_dtype) {
+      cast_inputs.insert(in.name());
+    }
     ProgramInput& input = program.inputs.emplace_back();
     input.name = in.name();
     input.role = in.role();
@@ -185,6 +214,9 @@ absl::StatusOr<Program> LoadArchiveProgram(const std::string& path,
                   at::TensorOptions().dtype(type));
     std::memcpy(value.data_ptr(), weights->data() + t->begin,
                 t->end - t->begin);
+    if (at::isFloatingType(type) && compute_dtype != at::kFloat) {
+      value = value.to(compute_dtype);
+    }
     buffers[b.name()] = value;
   }
 
@@ -226,6 +258,10 @@ absl::StatusOr<Program> LoadArchiveProgram(const std::string& path,
     ProgramNode node;
     node.name = u.name();
     node.inputs.assign(u.inputs().begin(), u.inputs().end());
+    unit->compute_dtype = compute_dtype;
+    for (const std::string& in : u.inputs()) {
+      unit->cast_inputs.push_back(cast_inputs.contains(in));
+    }
     node.outputs.assign(u.outputs().begin(), u.outputs().end());
     for (const std::string& p : u.params()) {
       node.param_ids.push_back(param_ids.at(p));
@@ -247,7 +283,7 @@ absl::StatusOr<Program> LoadArchiveProgram(const std::string& path,
     };
     program.nodes.push_back(std::move(node));
   }
-  if (activation_checkpointing) {
+  if (options.activation_checkpointing) {
     for (size_t i = 0; i + 1 < program.nodes.size(); ++i) {
       program.nodes[i].recompute = true;
     }

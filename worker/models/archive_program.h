@@ -20,29 +20,48 @@
 //   train (ProgramParam::trainable): gathered for its uses, no gradient, no
 //   reduce-scatter, no optimizer state.
 //
+// - mixed precision (ArchiveProgramOptions::dtype bf16): the params are
+//   gathered in bf16 (Program::dtype; the shards keep f32 masters), and the
+//   units' float buffers and float batch inputs are cast to bf16 before the
+//   units see them: the module runs as `module.to(torch.bfloat16)` would,
+//   its own code deciding what else to compute in which dtype (FSDP's
+//   MixedPrecision(param_dtype=bf16) policy). Values passed between units
+//   keep the dtype their unit gave them.
+//
 // Not supported yet, refused at load with what to change: params that are
-// not float32.
+// not float32 in the archive.
 #ifndef TANDEM_WORKER_MODELS_ARCHIVE_PROGRAM_H_
 #define TANDEM_WORKER_MODELS_ARCHIVE_PROGRAM_H_
 
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/ir/graph.h"
 #include "worker/runtime/program.h"
 
 namespace tandem {
+
+// How a job runs the archive (its model.* and train.* keys).
+struct ArchiveProgramOptions {
+  // Every unit but the last (the one that returns the loss, whose
+  // activations its own backward frees at once) is marked
+  // ProgramNode::recompute: it keeps only its inputs in forward and runs
+  // again in backward (worker/README.md, "Activation checkpointing").
+  bool activation_checkpointing = false;
+  // model.dtype: f32 or bf16 (above). The job spec refuses bf16 for an
+  // archive whose exporter did not run it in bf16 (its
+  // ArchiveManifest.precision_checks).
+  DType dtype = DType::kF32;
+  // train.reduce_dtype: f32 or `dtype`.
+  DType reduce_dtype = DType::kF32;
+};
 
 // Loads the archive at `path` as a program. Errors: the archive's own
 // (NotFound, InvalidArgument: see OpenModelArchive), InvalidArgument for a
 // unit TorchScript cannot load or whose signature does not match the
 // manifest, Unimplemented for what the worker cannot train yet (above).
-//
-// With `activation_checkpointing`, every unit but the last (the one that
-// returns the loss, whose activations its own backward frees at once) is
-// marked ProgramNode::recompute: it keeps only its inputs in forward and
-// runs again in backward (worker/README.md, "Activation checkpointing").
-absl::StatusOr<Program> LoadArchiveProgram(const std::string& path,
-                                           bool activation_checkpointing);
+absl::StatusOr<Program> LoadArchiveProgram(
+    const std::string& path, const ArchiveProgramOptions& options);
 
 }  // namespace tandem
 

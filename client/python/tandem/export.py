@@ -77,6 +77,17 @@ _ROOT = "m"
 _LOSS_RTOL = 1e-5
 _GRAD_TOL = 1e-5
 
+# The low-precision dtypes export runs the units in (ArchivePrecisionCheck),
+# with the tolerances of their comparison against the module cast to the
+# dtype. The units run the module's own ops in the same order, so they
+# compute its values (measured on tests/models: equal); the tolerances are a
+# few roundings of the dtype (bf16 keeps 8 bits: 2^-8 relative), so that a
+# kernel summing in another order (TorchScript, another torch build) passes
+# while an op computing in another dtype does not.
+_SPEC_DTYPE = {"bfloat16": "bf16", "float16": "f16"}
+_PRECISION_CHECKS = {torch.bfloat16: dict(loss_rtol=2.0 ** -6,
+                                          grad_tol=2.0 ** -5)}
+
 
 class ExportError(TandemError):
     """A module, batch or option that ``tandem export`` cannot turn into an
@@ -1280,6 +1291,11 @@ def export(module, example_batch, loss=None, wrap=None, path=None, name=None,
     archive = Archive(manifest, entries,
                       weights={n: t.detach() for n, t in weights})
     _verify(archive, batch, ref_loss, ref_grads, checks)
+    for dtype, tolerances in _PRECISION_CHECKS.items():
+        manifest.precision_checks.add(
+            dtype=_dtype_name(dtype),
+            error=_check_precision(archive, root, batch, dtype,
+                                   **tolerances) or "")
 
     if path is not None:
         _write_archive(path, manifest, entries, weights)
@@ -1481,6 +1497,85 @@ def _verify(archive, batch, ref_loss, ref_grads, checks):
                         "the exported units' gradient of %r differs from "
                         "the module's on %s (max abs difference %.3g)" %
                         (n, what, (g - w).abs().max().item()))
+
+
+def _cast_floating(t, dtype):
+    return t.to(dtype) if t.is_floating_point() else t
+
+
+def _check_precision(archive, root, batch, dtype, loss_rtol, grad_tol):
+    """Runs the archive's units in ``dtype`` as the worker does for a
+    model.dtype other than f32 (params, floating buffers and floating batch
+    inputs cast to it) against the module itself in ``dtype`` (its params
+    and buffers swapped for cast copies, the same inputs), on the example
+    batch: the loss, and every trainable param's gradient. Returns None when
+    they agree, else what went wrong: the module's own error in ``dtype``
+    (a constant it makes in float32, an op with no kernel for the dtype),
+    or where the units differ from it. Nothing is raised: a model that does
+    not run in ``dtype`` still exports, and the job spec refuses that dtype
+    for it, quoting this."""
+    from torch.nn.utils import stateless
+
+    name = _dtype_name(dtype)
+    inputs = {k: _cast_floating(v, dtype) for k, v in batch.items()}
+    # One cast copy per tensor, under every name it has (tied params).
+    by_id, swapped = {}, {}
+    for n, t in _all_tensor_names(root):
+        if id(t) not in by_id:
+            c = _cast_floating(t.detach(), dtype)
+            if isinstance(t, nn.Parameter):
+                c.requires_grad_(t.requires_grad)
+            by_id[id(t)] = c
+        swapped[n] = by_id[id(t)]
+    trainable = [(_strip(_ROOT + "." + n), by_id[id(p)])
+                 for n, p in getattr(root, _ROOT).named_parameters()
+                 if p.requires_grad]
+    try:
+        with _seeded(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want = stateless.functional_call(root, swapped, (), inputs)
+            want_grads = (torch.autograd.grad(
+                want, [p for _, p in trainable], allow_unused=True)
+                if trainable and want.requires_grad else ())
+    except Exception as e:  # noqa: BLE001 -- the module's own error
+        return "the module fails in %s: %s: %s" % (
+            name, type(e).__name__, _first_line(e))
+    weights = archive.weights()
+    params = {p.name: _cast_floating(weights[p.name], dtype).requires_grad_(
+        p.requires_grad) for p in archive.manifest.params}
+    buffers = {b.name: _cast_floating(weights[b.name], dtype)
+               for b in archive.manifest.buffers}
+    try:
+        with _seeded(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = run_archive(archive, inputs, params=params, buffers=buffers)
+            got_grads = (torch.autograd.grad(
+                got, [params[n] for n, _ in trainable], allow_unused=True)
+                if trainable and got.requires_grad else ())
+    except Exception as e:  # noqa: BLE001
+        return "the exported units fail in %s: %s: %s" % (
+            name, type(e).__name__, _first_line(e))
+    if got.dtype != want.dtype or not torch.allclose(
+            got.detach().double(), want.detach().double(), rtol=loss_rtol,
+            atol=0):
+        return ("the exported units compute loss %.6g (%s) in %s, the module "
+                "%.6g (%s)" % (got.item(), _dtype_name(got.dtype), name,
+                               want.item(), _dtype_name(want.dtype)))
+    for (n, _), g, w in zip(trainable, got_grads, want_grads):
+        g = torch.zeros(()) if g is None else g.detach().double()
+        w = torch.zeros(()) if w is None else w.detach().double()
+        tol = grad_tol * max(1e-30, w.abs().max().item())
+        if (g - w).abs().max().item() > tol:
+            return ("the exported units' gradient of %r differs from the "
+                    "module's in %s (max abs difference %.3g, largest "
+                    "element %.3g)" % (n, name, (g - w).abs().max().item(),
+                                       w.abs().max().item()))
+    return None
+
+
+def _first_line(e):
+    text = str(e).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def _write_archive(path, manifest, entries, weights):
@@ -1690,6 +1785,10 @@ def describe(manifest, path=None, size=None):
         "%s %s %s dynamic dims %s%s" % (
             i.name, i.dtype, list(i.shape), list(i.dynamic_dims), note(i))
         for i in manifest.inputs))
+    for c in manifest.precision_checks:
+        lines.append("  runs in %s (model.dtype %s): %s" % (
+            c.dtype, _SPEC_DTYPE.get(c.dtype, c.dtype),
+            "no: " + c.error if c.error else "yes, checked"))
     if path is not None:
         lines.append("  wrote %s (%s bytes)" % (path, "{:,}".format(size)))
     return "\n".join(lines)

@@ -345,6 +345,73 @@ def test_runArchive_matchesModule(archives):
         tx.run_archive(archive, {"input_ids": batch["input_ids"]})
 
 
+# ------------------------------------------------------------ bf16 check
+
+def cast_floating(t):
+    return t.to(torch.bfloat16) if t.is_floating_point() else t
+
+
+@pytest.mark.parametrize("model", sorted(BUILDS))
+def test_export_bf16Check_unitsRunInBf16AsTheModuleDoes(archives, model):
+    """Every model of BUILDS runs in bf16, and its manifest says so
+    (ArchivePrecisionCheck, which model.dtype bf16 needs). The runner above
+    runs the units in bf16 as the worker does (params, float buffers and
+    float inputs cast) and computes the module's bf16 loss and gradients:
+    `module.to(torch.bfloat16)` on the bf16 batch."""
+    path, manifest = archives[model]
+    assert [(c.dtype, c.error) for c in manifest.precision_checks] == [
+        ("bfloat16", "")]
+    raw, units, weights = read_raw(path)
+    assert [c["dtype"] for c in raw["precision_checks"]] == ["bfloat16"]
+    assert not raw["precision_checks"][0].get("error")
+    module, batch = BUILDS[model]()
+    batch = {k: cast_floating(v) for k, v in batch.items()}
+    want_loss, want_grads = eager_loss_and_grads(module.to(torch.bfloat16),
+                                                 batch)
+    params = {p["name"]: cast_floating(weights[p["name"]]).requires_grad_(
+        p["requires_grad"]) for p in raw["params"]}
+    buffers = {b["name"]: cast_floating(weights[b["name"]])
+               for b in raw["buffers"]}
+    loss = run_units(raw, units, params, buffers, batch)
+    assert loss.dtype == want_loss.dtype == torch.bfloat16
+    assert loss.item() == want_loss.item()
+    trainable = [n for n, t in params.items() if t.requires_grad]
+    grads = torch.autograd.grad(loss, [params[n] for n in trainable])
+    for n, g in zip(trainable, grads):
+        assert g.dtype == torch.bfloat16, n
+        assert torch.equal(g, want_grads[n]), n
+    assert "runs in bfloat16 (model.dtype bf16): yes, checked" in \
+        tx.describe(manifest)
+
+
+class Float32Constant(torch.nn.Module):
+    """Multiplies by a matrix it creates in float32 each call: fine in f32,
+    a dtype mismatch once its params are bf16."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return (self.lin(x) @ torch.ones(8, 8)).pow(2).mean()
+
+
+def test_export_notBf16Able_exportsAndRecordsTheModulesError(tmp_path):
+    """A model that fails in bf16 still exports (f32 runs it); the manifest
+    records the module's own error, which the job spec quotes when
+    model.dtype bf16 is asked for."""
+    path = tmp_path / "f32only.tandem"
+    manifest = tandem.export(Float32Constant(), {"x": torch.randn(4, 8)},
+                             path=path)
+    assert path.exists()
+    [check] = manifest.precision_checks
+    assert check.dtype == "bfloat16"
+    assert check.error == ("the module fails in bfloat16: RuntimeError: "
+                           "expected scalar type BFloat16 but found Float")
+    assert ("runs in bfloat16 (model.dtype bf16): no: the module fails" in
+            tx.describe(manifest))
+
+
 # ------------------------------------------------------------ archive checks
 
 def rewrite_zip(src, dst, change):

@@ -503,31 +503,52 @@ TEST_F(JobSpecArchiveTest, Validate_Problems_ByField) {
   EXPECT_THAT(ValidateJobSpec(spec).message(), HasSubstr("model.vocab"));
 }
 
-// An exported model runs in its archive's float32: model.dtype stays f32,
-// and so does the reduce dtype.
-TEST_F(JobSpecArchiveTest, Validate_NonF32Dtype_Refused) {
-  Write();
+// model.dtype bf16 runs an exported model in bf16 when its exporter ran the
+// units in bf16 (ArchiveManifest.precision_checks); f16 is refused for every
+// model, and a bf16 reduce needs a bf16 model.
+TEST_F(JobSpecArchiveTest, Validate_Bf16_NeedsThePassedExportCheck) {
+  Write([](v1::ArchiveManifest& m) {
+    m.add_precision_checks()->set_dtype("bfloat16");
+  });
   v1::JobSpec spec = Spec();
   EXPECT_EQ(spec.train().reduce_dtype(), v1::DTYPE_F32);
   spec.mutable_model()->set_dtype(v1::DTYPE_BF16);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  spec.mutable_train()->set_reduce_dtype(v1::DTYPE_BF16);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+
+  // The check failed at export: its error, and what to do.
+  Write([](v1::ArchiveManifest& m) {
+    v1::ArchivePrecisionCheck* check = m.add_precision_checks();
+    check->set_dtype("bfloat16");
+    check->set_error("expected scalar type BFloat16 but found Float");
+  });
   EXPECT_EQ(ValidateJobSpec(spec).message(),
-            "invalid job spec: model.dtype bf16 applies to builtin models; an "
-            "exported model runs in its archive's float32: write model.dtype "
-            "f32 or remove it");
-  // f16 too, with this message rather than f16's (which suggests bf16).
+            absl::StrCat("invalid job spec: model.dtype bf16: the model does "
+                         "not run in bfloat16 ('",
+                         path_,
+                         "' was checked at export: expected scalar type "
+                         "BFloat16 but found Float); make its forward follow "
+                         "its params' dtype, or use f32"));
+  // An archive from before the check.
+  Write();
+  EXPECT_EQ(ValidateJobSpec(spec).message(),
+            absl::StrCat("invalid job spec: model.dtype bf16: '", path_,
+                         "' was exported without a bfloat16 check (by an "
+                         "earlier tandem export); export the model again, or "
+                         "use f32"));
+
+  spec = Spec();
   spec.mutable_model()->set_dtype(v1::DTYPE_F16);
-  spec.mutable_train()->clear_reduce_dtype();
   ApplyJobSpecDefaults(spec);
-  EXPECT_EQ(ValidateJobSpec(spec).message(),
-            "invalid job spec: model.dtype f16 applies to builtin models; an "
-            "exported model runs in its archive's float32: write model.dtype "
-            "f32 or remove it");
+  EXPECT_THAT(ValidateJobSpec(spec).message(),
+              HasSubstr("model.dtype f16 needs loss scaling"));
 
   spec = Spec();
   spec.mutable_train()->set_reduce_dtype(v1::DTYPE_BF16);
   EXPECT_EQ(ValidateJobSpec(spec).message(),
             "invalid job spec: train.reduce_dtype bf16 would round the f32 "
-            "gradients of model.dtype f32: use f32");
+            "gradients of model.dtype f32: use f32, or set model.dtype bf16");
 }
 
 TEST_F(JobSpecArchiveTest, Validate_BadArchive_NamesModelPath) {

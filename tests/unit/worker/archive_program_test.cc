@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/lowering/least_memory.h"
 #include "gmock/gmock.h"
@@ -113,7 +114,7 @@ AdamWOptions TestAdamW(const std::string& archive) {
 // (K * W * micro_batch sequences) as one micro-batch.
 Trajectory TrainReference(const std::string& archive, int world,
                           int grad_accum) {
-  absl::StatusOr<Program> program = LoadArchiveProgram(Archive(archive), false);
+  absl::StatusOr<Program> program = LoadArchiveProgram(Archive(archive), {});
   EXPECT_TRUE(program.ok()) << program.status();
   Trajectory result;
   if (!program.ok()) return result;
@@ -162,8 +163,7 @@ ShardedRun TrainSharded(const std::string& archive, int world, int grad_accum,
   run.digests.resize(world);
   RunLoopbackWorld(world, [&](int rank, Communicator& comm) {
     // Each rank loads its own program, as a worker process does.
-    absl::StatusOr<Program> program =
-        LoadArchiveProgram(Archive(archive), false);
+    absl::StatusOr<Program> program = LoadArchiveProgram(Archive(archive), {});
     ASSERT_TRUE(program.ok()) << program.status();
     absl::StatusOr<Graph> graph =
         DeriveGraph(*program, world, grad_accum, kMicroBatch * kSeqLen);
@@ -336,8 +336,7 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST(ArchiveProgramTest, Residual_TiedParamAndSkippingValue) {
-  absl::StatusOr<Program> program =
-      LoadArchiveProgram(Archive("residual"), false);
+  absl::StatusOr<Program> program = LoadArchiveProgram(Archive("residual"), {});
   ASSERT_TRUE(program.ok()) << program.status();
   ASSERT_EQ(program->nodes.size(), 4u);
   EXPECT_EQ(program->params[0].name, "embed.weight");
@@ -373,9 +372,63 @@ TEST(ArchiveProgramTest, Residual_TiedParamAndSkippingValue) {
   EXPECT_EQ(reductions, 1);
 }
 
+// model.dtype bf16: the params are declared bf16 (the store gathers them so)
+// and the units' float buffers reach them in bf16, so a unit computes in
+// bf16 throughout (blocks.1 multiplies by its f32 `scale` buffer: uncast, its
+// output would be promoted to f32) and lands within bf16's rounding of the
+// f32 values.
+TEST(ArchiveProgramTest, Bf16_BuffersCastAndUnitsComputeInBf16) {
+  absl::StatusOr<Program> f32 = LoadArchiveProgram(Archive("residual"), {});
+  ArchiveProgramOptions options;
+  options.dtype = DType::kBF16;
+  absl::StatusOr<Program> bf16 =
+      LoadArchiveProgram(Archive("residual"), options);
+  ASSERT_TRUE(f32.ok() && bf16.ok()) << bf16.status();
+  EXPECT_EQ(f32->dtype, DType::kF32);
+  EXPECT_EQ(bf16->dtype, DType::kBF16);
+  EXPECT_EQ(bf16->reduce_dtype, DType::kF32);
+  absl::StatusOr<Graph> graph = DeriveGraph(*bf16, 2, 1, 12);
+  ASSERT_TRUE(graph.ok());
+  EXPECT_EQ(graph->params[1].dtype, DType::kBF16);
+  EXPECT_EQ(graph->reduce_dtype, DType::kF32);
+
+  std::vector<at::Tensor> params;
+  for (const ProgramParam& p : f32->params) {
+    at::Tensor t = at::empty(p.shape, at::kFloat);
+    p.init(t.data_ptr<float>(), t.numel());
+    params.push_back(t);
+  }
+  const at::Tensor tokens = at::arange(kSeqLen * kMicroBatch, at::kLong)
+                                .remainder(kVocab)
+                                .view({kMicroBatch, kSeqLen});
+  auto run = [&](const Program& program, at::ScalarType dtype) {
+    absl::flat_hash_map<std::string, at::Tensor> env = {
+        {"tokens", tokens}, {"targets", tokens.roll(1, 1)}};
+    for (const ProgramNode& node : program.nodes) {
+      std::vector<at::Tensor> in, ps;
+      for (const std::string& name : node.inputs) in.push_back(env.at(name));
+      for (int32_t id : node.param_ids) ps.push_back(params[id].to(dtype));
+      std::vector<at::Tensor> out = node.forward(in, ps);
+      for (size_t o = 0; o < out.size(); ++o) env[node.outputs[o]] = out[o];
+    }
+    return env;
+  };
+  auto want = run(*f32, at::kFloat);
+  auto got = run(*bf16, at::kBFloat16);
+  for (const std::string name : {"x0", "x1", "x2", "loss"}) {
+    EXPECT_EQ(got.at(name).scalar_type(), at::kBFloat16) << name;
+    const at::Tensor w = want.at(name);
+    const double err =
+        (got.at(name).to(at::kFloat) - w).abs().max().item<double>() /
+        w.abs().max().item<double>();
+    // bf16 keeps 8 bits; a few roundings deep.
+    EXPECT_LT(err, 0.05) << name;
+    EXPECT_GT(err, 0.0) << name << ": not rounded at all";
+  }
+}
+
 TEST(ArchiveProgramTest, Frozen_ParamsLoadUntrainedAndAreNeverReduced) {
-  absl::StatusOr<Program> program =
-      LoadArchiveProgram(Archive("frozen"), false);
+  absl::StatusOr<Program> program = LoadArchiveProgram(Archive("frozen"), {});
   ASSERT_TRUE(program.ok()) << program.status();
   ASSERT_EQ(program->params.size(), 5u);
   const std::vector<bool> trainable = {false, true, false, true, true};
@@ -390,7 +443,7 @@ TEST(ArchiveProgramTest, Frozen_ParamsLoadUntrainedAndAreNeverReduced) {
   }
   // Another model than the archive with every param trained.
   absl::StatusOr<Program> residual =
-      LoadArchiveProgram(Archive("residual"), false);
+      LoadArchiveProgram(Archive("residual"), {});
   ASSERT_TRUE(residual.ok());
   absl::StatusOr<Graph> trained = DeriveGraph(*residual, 2, 2, 12);
   ASSERT_TRUE(trained.ok());
@@ -426,7 +479,7 @@ TEST(ArchiveProgramTest, BrokenArchives_SayWhatIsWrong) {
       {"no_such_archive", "does not exist"},
   };
   for (const auto& [name, message] : cases) {
-    absl::StatusOr<Program> program = LoadArchiveProgram(Archive(name), false);
+    absl::StatusOr<Program> program = LoadArchiveProgram(Archive(name), {});
     EXPECT_FALSE(program.ok()) << name;
     EXPECT_THAT(program.status().message(), HasSubstr(message))
         << name << ": " << program.status();

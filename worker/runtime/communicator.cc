@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -41,6 +42,25 @@ double Seconds(SteadyTime from, SteadyTime to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
+// Waits for `work`, then until Gloo has let go of it. Gloo completes a
+// work's future on its own thread before that thread drops its references
+// to the work, which hold the collective's tensors (the pieces' inputs and
+// outputs: views of our packed buffers); when that thread is descheduled
+// for a few milliseconds, as on a busy 2-core host, the buffers outlive the
+// collective and meet the next node's allocations: a peak the simulator
+// does not predict, up to a gathered group's size (worker/README.md,
+// "Memory hold"). Bounded: a backend that keeps its works longer costs
+// memory, not a hang.
+void WaitReleased(const c10::intrusive_ptr<c10d::Work>& work) {
+  work->wait();
+  constexpr auto kMaxWait = std::chrono::milliseconds(100);
+  const auto start = std::chrono::steady_clock::now();
+  while (work.use_count() > 1 &&
+         std::chrono::steady_clock::now() - start < kMaxWait) {
+    std::this_thread::yield();
+  }
+}
+
 // Runs a collective over elements [0, n) in pieces of at most `piece`:
 // issue(offset, length) starts one and returns its work; at most
 // `max_in_flight` are outstanding; done(offset, length) runs for each after
@@ -58,7 +78,7 @@ void InPieces(int64_t n, int64_t piece, int max_in_flight, IssueFn issue,
   auto retire = [&] {
     Piece p = std::move(in_flight.front());
     in_flight.pop_front();
-    p.work->wait();
+    WaitReleased(p.work);
     done(p.offset, p.length);
   };
   for (int64_t offset = 0; offset < n; offset += piece) {

@@ -68,12 +68,13 @@ pytestmark = pytest.mark.skipif(not os.path.exists(numerics.WORKER),
                                 reason=f"no {numerics.WORKER}")
 
 STEPS = numerics.STEPS
-STEPS_CURVE = 50
+STEPS_CURVE = mp.STEPS_CURVE
 VOCAB = 512
-FIRST_RATIO = 0.5
+# test_mixed_precision's bounds (the module docstring).
+FIRST_RATIO = mp.FIRST_RATIO
+TRAJECTORY_RATIO = mp.TRAJECTORY_RATIO
+CURVE_RTOL = mp.CURVE_RTOL
 LOSS_ULPS = 1
-TRAJECTORY_RATIO = 1.25
-CURVE_RTOL = 0.01
 CURVE_LR = 1e-3
 
 

@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <thread>
@@ -49,14 +50,20 @@ double Seconds(SteadyTime from, SteadyTime to) {
 // for a few milliseconds, as on a busy 2-core host, the buffers outlive the
 // collective and meet the next node's allocations: a peak the simulator
 // does not predict, up to a gathered group's size (worker/README.md,
-// "Memory hold"). Bounded: a backend that keeps its works longer costs
-// memory, not a hang.
+// "Memory hold"). Bounded: a backend that keeps its works longer than
+// kMaxWait (another libtorch's Gloo) costs memory, not time: after the
+// first such wait the process stops waiting for releases.
 void WaitReleased(const c10::intrusive_ptr<c10d::Work>& work) {
+  static std::atomic<bool> backend_releases{true};
   work->wait();
+  if (!backend_releases.load(std::memory_order_relaxed)) return;
   constexpr auto kMaxWait = std::chrono::milliseconds(100);
   const auto start = std::chrono::steady_clock::now();
-  while (work.use_count() > 1 &&
-         std::chrono::steady_clock::now() - start < kMaxWait) {
+  while (work.use_count() > 1) {
+    if (std::chrono::steady_clock::now() - start > kMaxWait) {
+      backend_releases.store(false, std::memory_order_relaxed);
+      return;
+    }
     std::this_thread::yield();
   }
 }

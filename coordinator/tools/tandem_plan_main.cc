@@ -309,8 +309,9 @@ absl::StatusOr<HardwareModel> LoadHardware(const Args& args,
   return hw;
 }
 
-void PrintPredictions(absl::string_view title, const SimResult& sim,
-                      int64_t budget, double plan_wall_s, bool feasible) {
+void PrintPredictions(absl::string_view title, const Graph& graph,
+                      const SimResult& sim, int64_t budget, double plan_wall_s,
+                      bool feasible) {
   const double ratio =
       sim.lower_bound_s > 0 ? sim.iteration_s / sim.lower_bound_s : 0;
   absl::PrintF("# %s\n", title);
@@ -329,6 +330,20 @@ void PrintPredictions(absl::string_view title, const SimResult& sim,
   if (sim.peak_breakdown.unmodeled > 0) {
     absl::PrintF("unmodeled_bytes %d\n", sim.peak_breakdown.unmodeled);
   }
+  // Where the peak is and what makes it up (common/sim/simulator.h's
+  // memory rules): what to look at when a run peaks elsewhere.
+  const MemoryBreakdown& b = sim.peak_breakdown;
+  const int32_t at = sim.peak_node_id;
+  absl::PrintF(
+      "peak_at         n%d %s: sharded %d, persistent %d, gathered %d, "
+      "activations %d, gradients %d, optimizer states %d, collective "
+      "buffers %d, unmodeled %d (B)\n",
+      at,
+      at >= 0 && at < static_cast<int32_t>(graph.nodes.size())
+          ? graph.nodes[at].name
+          : std::string("?"),
+      b.sharded_params, b.persistent_params, b.gathered_params, b.activations,
+      b.gradients, b.optimizer_states, b.collective_buffers, b.unmodeled);
   absl::PrintF("lower_bound_s   %.6f\n", sim.lower_bound_s);
   absl::PrintF("ratio           %.4f\n", ratio);
   absl::PrintF("plan_wall_s     %.6f\n", plan_wall_s);
@@ -366,8 +381,8 @@ int EvaluateSchedule(const Args& args, const Graph& graph,
     return Fail(absl::StrCat(args.schedule_path, ": ", sim.status().message()));
   }
   if (!args.summary) std::fputs(PrintSchedule(*schedule).c_str(), stdout);
-  PrintPredictions(absl::StrCat("predictions of ", args.schedule_path), *sim,
-                   hw.budget(), 0, sim->peak_bytes <= hw.budget());
+  PrintPredictions(absl::StrCat("predictions of ", args.schedule_path), graph,
+                   *sim, hw.budget(), 0, sim->peak_bytes <= hw.budget());
   if (args.explain) {
     absl::PrintF("# explanation stored in %s\n", args.schedule_path);
     std::fputs(FormatExplanation(schedule->explanation,
@@ -517,7 +532,7 @@ int Main(int argc, char** argv) {
               ? absl::StrCat("policy ", PolicyName(args.policy))
               : absl::StrCat("passes ", absl::StrJoin(args.passes, " ")),
           ", graph ", graph->name, ", ", graph->world_size, " ranks)"),
-      result->sim, hw->budget(), result->plan_wall_s, result->feasible);
+      *graph, result->sim, hw->budget(), result->plan_wall_s, result->feasible);
   if (args.explain) {
     absl::PrintF("# explanation\n");
     std::fputs(

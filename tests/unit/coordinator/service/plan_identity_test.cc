@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -175,6 +176,23 @@ TEST_P(PlanIdentityTest, CoordinatorPlan_EqualsTandemPlans) {
             std::string::npos)
       << out;
   EXPECT_FALSE(coordinator->explanation.empty());
+  // Where the predicted peak is: a node of the graph, and a breakdown that
+  // adds up to the peak.
+  std::smatch at;
+  ASSERT_TRUE(std::regex_search(
+      out, at, std::regex("peak_at +n([0-9]+) ([^:]+): ([^(]*) \\(B\\)")))
+      << out;
+  const int node = std::stoi(at[1].str());
+  ASSERT_LT(node, static_cast<int>(graph->nodes.size()));
+  EXPECT_EQ(at[2].str(), graph->nodes[node].name);
+  const std::string parts = at[3].str();
+  int64_t sum = 0;
+  const std::regex number("[0-9]+");
+  for (std::sregex_iterator it(parts.begin(), parts.end(), number);
+       it != std::sregex_iterator(); ++it) {
+    sum += std::stoll(it->str());
+  }
+  EXPECT_EQ(sum, coordinator->prediction.peak_bytes) << at[0].str();
   // The inputs were not trivial: the plan did more than the baseline.
   EXPECT_GT(coordinator->provenance.passes.size(), 1u);
 }

@@ -110,6 +110,7 @@ std::vector<std::shared_ptr<SessionSink>> WorkerManager::DropRanksLocked(
     if (r.session != 0) sessions_.erase(r.session);
   }
   w.ranks.clear();
+  w.peer_lost_reporter = -1;
   UpdateConnectedMetric(job_id, w);
   return sinks;
 }
@@ -464,20 +465,37 @@ absl::StatusOr<int64_t> WorkerManager::OpenSession(
 }
 
 void WorkerManager::CloseSession(int64_t session) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = sessions_.find(session);
-  if (it == sessions_.end()) return;
-  auto jw = jobs_workers_.find(it->second.job_id);
-  if (jw != jobs_workers_.end()) {
-    auto r = jw->second.ranks.find(it->second.rank);
-    if (r != jw->second.ranks.end() && r->second.session == session) {
-      r->second.session = 0;
-      r->second.sink.reset();
-      r->second.gone_since = Clock::now();
+  std::string job_id;
+  std::string lost_cause;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sessions_.find(session);
+    if (it == sessions_.end()) return;
+    job_id = it->second.job_id;
+    auto jw = jobs_workers_.find(job_id);
+    if (jw != jobs_workers_.end()) {
+      JobWorkers& w = jw->second;
+      auto r = w.ranks.find(it->second.rank);
+      if (r != w.ranks.end() && r->second.session == session) {
+        r->second.session = 0;
+        r->second.sink.reset();
+        r->second.gone_since = Clock::now();
+        // A peer's collective already failed on this one (the peer_lost
+        // error came before this stream closed): it is the lost rank.
+        if (w.peer_lost_reporter >= 0 && w.peer_lost_reporter != r->first &&
+            !r->second.done) {
+          lost_cause =
+              absl::StrCat(RankRef(r->first, r->second.hostname),
+                           " is gone: its session closed and ",
+                           w.peer_lost_reporter_ref, "'s collective failed");
+          w.peer_lost_reporter = -1;
+        }
+      }
+      UpdateConnectedMetric(job_id, w);
     }
-    UpdateConnectedMetric(it->second.job_id, jw->second);
+    sessions_.erase(it);
   }
-  sessions_.erase(it);
+  if (!lost_cause.empty()) LoseRank(job_id, lost_cause, "peer");
 }
 
 absl::Status WorkerManager::OnMessage(int64_t session,
@@ -627,11 +645,18 @@ absl::Status WorkerManager::OnMessage(int64_t session,
         std::string lost;
         {
           std::lock_guard<std::mutex> lock(mu_);
-          for (const auto& [r, info] : jobs_workers_[job_id].ranks) {
+          JobWorkers& w = jobs_workers_[job_id];
+          for (const auto& [r, info] : w.ranks) {
             if (r != rank && info.session == 0 && !info.done) {
               lost = RankRef(r, info.hostname);
               break;
             }
+          }
+          if (lost.empty()) {
+            // The lost rank's stream has not closed yet: CloseSession acts
+            // when it does.
+            w.peer_lost_reporter = rank;
+            w.peer_lost_reporter_ref = RankRef(rank, hostname);
           }
         }
         if (!lost.empty()) {

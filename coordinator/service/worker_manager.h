@@ -212,6 +212,13 @@ class WorkerManager {
     // rejoin_timeout with at least min_world registered, it resumes with
     // them (ResumeSmallerWorld).
     std::optional<std::chrono::steady_clock::time_point> waiting_since;
+    // A rank whose collective failed on a lost peer (WorkerError.peer_lost)
+    // while every other rank's session was still open: the gRPC stream of a
+    // killed process can close after its peer's error arrives. The next
+    // other rank whose session closes is then the lost one (CloseSession).
+    // Cleared when the ranks are dropped (a restart).
+    int32_t peer_lost_reporter = -1;
+    std::string peer_lost_reporter_ref;
   };
   struct Session {
     std::string job_id;

@@ -302,6 +302,54 @@ TEST_F(WorkerManagerTest, FatalError_FailsJob) {
             "rank 1 (host-b): CUDA out of memory");
 }
 
+// A survivor's collective fails on a killed peer (WorkerError.peer_lost):
+// the job fails at once naming the rank whose session closed, whichever
+// came first, the error or the killed process's closed stream (gRPC can
+// notice the stream after the peer's error arrived: the integration test
+// test_worker_killed_fails_job_naming_rank then waited for the heartbeat
+// timeout).
+TEST_F(WorkerManagerTest, PeerLost_FailsJobNamingTheClosedRank_EitherOrder) {
+  for (const bool error_first : {true, false}) {
+    SCOPED_TRACE(error_first ? "error first" : "session closed first");
+    Start(15000ms);
+    ASSERT_TRUE(Register("a", 0, false).ok());
+    ASSERT_TRUE(Register("b", 1, false).ok());
+    const int64_t s0 = Open(0, "a", std::make_shared<RecordingSink>());
+    const int64_t s1 = Open(1, "b", std::make_shared<RecordingSink>());
+    ASSERT_EQ(State(), v1::JOB_STATE_RUNNING);
+    v1::WorkerMessage m;
+    m.mutable_error()->set_message("collective failed: connection reset");
+    m.mutable_error()->set_peer_lost(true);
+    if (error_first) {
+      ASSERT_TRUE(workers_->OnMessage(s0, m).ok());
+      EXPECT_EQ(State(), v1::JOB_STATE_RUNNING);  // no session closed yet
+      workers_->CloseSession(s1);
+    } else {
+      workers_->CloseSession(s1);
+      EXPECT_EQ(State(), v1::JOB_STATE_RUNNING);  // may be a reconnect
+      ASSERT_TRUE(workers_->OnMessage(s0, m).ok());
+    }
+    EXPECT_EQ(State(), v1::JOB_STATE_FAILED);
+    EXPECT_THAT(jobs_->Get(job_.id())->error(),
+                HasSubstr("rank 1 (host-b) is gone: its session closed and "
+                          "rank 0 (host-a)'s collective failed"));
+  }
+}
+
+// The reporter's own session closing is no evidence against anyone.
+TEST_F(WorkerManagerTest, PeerLost_ReporterClosing_LosesNobody) {
+  ASSERT_TRUE(Register("a", 0, false).ok());
+  ASSERT_TRUE(Register("b", 1, false).ok());
+  const int64_t s0 = Open(0, "a", std::make_shared<RecordingSink>());
+  Open(1, "b", std::make_shared<RecordingSink>());
+  v1::WorkerMessage m;
+  m.mutable_error()->set_message("collective failed");
+  m.mutable_error()->set_peer_lost(true);
+  ASSERT_TRUE(workers_->OnMessage(s0, m).ok());
+  workers_->CloseSession(s0);
+  EXPECT_EQ(State(), v1::JOB_STATE_RUNNING);
+}
+
 TEST_F(WorkerManagerTest, BadMessages_AreRejected) {
   ASSERT_TRUE(Register("a").ok());
   const int64_t s0 = Open(0, "a", std::make_shared<RecordingSink>());

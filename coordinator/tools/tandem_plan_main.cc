@@ -5,7 +5,7 @@
 //               [--profile FILE] [--hw "key=value ..."] [--budget BYTES]
 //               [--policy NAME] [--zero1] [--schedule FILE] [--compare]
 //               [--summary] [--profiled-schedule FILE] [--passes LIST]
-//               [--schedule-out FILE] [--explain]
+//               [--schedule-out FILE] [--explain] [--timeline]
 //               [--measured FILE=SECONDS,...] [--headroom BYTES]
 //   tandem-plan --list-passes
 //
@@ -22,10 +22,13 @@
 // --explain prints, after the predictions, the planner's decisions with
 // their simulated gains and binding constraints (FormatExplanation in
 // common/ir/explanation.h); with --schedule, the explanation stored in that
-// file. --measured re-fits what transfers take from compute to schedules
-// already measured on the job; --headroom keeps that much more of the budget
-// free (GuardHeadroom in coordinator/planner/planner.h): both as the
-// coordinator plans a live job.
+// file. --timeline prints the simulated iteration: every node's start, end,
+// stall and the memory after it, then every collective and host-tier copy
+// (issued, started, done, bytes), to hold against a run's trace where the
+// prediction and the measurement part. --measured re-fits what transfers take
+// from compute to schedules already measured on the job; --headroom keeps that
+// much more of the budget free (GuardHeadroom in
+// coordinator/planner/planner.h): both as the coordinator plans a live job.
 // Exit status: 0 on success, 2 on bad input (unknown flag, unreadable file,
 // parse error, invalid graph, profile or schedule, infeasible budget).
 #include <cmath>
@@ -99,6 +102,10 @@ ABSL_FLAG(bool, summary, false, "print the predictions without the schedule");
 ABSL_FLAG(bool, explain, false,
           "also print the planner's decisions: what each did, the pass, its "
           "simulated gain and cost, what binds it");
+ABSL_FLAG(bool, timeline, false,
+          "also print the simulated iteration: each node's start, end, stall "
+          "and memory after it, and each collective's and copy's issue, "
+          "start, end and bytes");
 ABSL_FLAG(std::string, profiled_schedule, "",
           "the schedule the profile was measured under (default for a "
           "version-0 profile: the starting schedule); the memory the runtime "
@@ -127,7 +134,7 @@ constexpr char kUsage[] =
     "                   [--policy NAME] [--zero1] [--schedule FILE] "
     "[--compare] [--summary]\n"
     "                   [--profiled-schedule FILE] [--passes LIST] "
-    "[--explain]\n"
+    "[--explain] [--timeline]\n"
     "                   [--measured FILE=SECONDS,...] [--headroom BYTES]\n"
     "                   [--schedule-out FILE]\n"
     "       tandem-plan --list-passes\n"
@@ -155,6 +162,7 @@ struct Args {
   bool compare = false;
   bool summary = false;
   bool explain = false;
+  bool timeline = false;
   bool list_passes = false;
 };
 
@@ -179,6 +187,7 @@ std::string ReadArgs(Args& args) {
   args.compare = absl::GetFlag(FLAGS_compare);
   args.summary = absl::GetFlag(FLAGS_summary);
   args.explain = absl::GetFlag(FLAGS_explain);
+  args.timeline = absl::GetFlag(FLAGS_timeline);
   for (auto [name, text, out] :
        {std::tuple{"--budget", absl::GetFlag(FLAGS_budget), &args.budget},
         std::tuple{"--headroom", absl::GetFlag(FLAGS_headroom),
@@ -212,6 +221,10 @@ std::string ReadArgs(Args& args) {
   if (args.compare && args.explain) {
     return "--compare prints one row per policy; plan one policy to "
            "--explain it";
+  }
+  if (args.compare && args.timeline) {
+    return "--compare prints one row per policy; plan one policy to print "
+           "its --timeline";
   }
   if (args.compare && !args.schedule_path.empty()) {
     return "--compare plans every policy; it does not take --schedule";
@@ -369,6 +382,36 @@ absl::StatusOr<Schedule> LoadScheduleFile(const std::string& path,
   return schedule;
 }
 
+// --timeline: the simulated iteration, node by node, then the transfers.
+void PrintTimeline(const Graph& graph, const Schedule& schedule,
+                   const SimResult& sim) {
+  absl::PrintF("# timeline: node start_s end_s stall_s memory_after_B\n");
+  for (const NodeTimelineEntry& n : sim.nodes) {
+    absl::PrintF("node n%d %s %.6f %.6f %.6f %d\n", n.node_id,
+                 graph.nodes[n.node_id].name, n.start_s, n.end_s, n.stall_s,
+                 n.memory_after_bytes);
+  }
+  absl::PrintF("# timeline: kind action anchor issue_s start_s end_s bytes\n");
+  auto print = [&](const CollectiveTimelineEntry& c) {
+    // A persistent param's refresh after the step belongs to no action.
+    const bool anchored =
+        c.action_index >= 0 &&
+        c.action_index < static_cast<int>(schedule.actions.size());
+    const std::string where =
+        anchored ? absl::StrCat(schedule.actions[c.action_index].position ==
+                                        AnchorPosition::kBefore
+                                    ? "before n"
+                                    : "after n",
+                                schedule.actions[c.action_index].node_id)
+                 : std::string("after the step (refresh)");
+    absl::PrintF("%s %s %s %.6f %.6f %.6f %d\n", ActionKindName(c.kind),
+                 anchored ? absl::StrCat("a", c.action_index) : "-", where,
+                 c.issue_s, c.start_s, c.end_s, c.bytes);
+  };
+  for (const CollectiveTimelineEntry& c : sim.collectives) print(c);
+  for (const CollectiveTimelineEntry& c : sim.copies) print(c);
+}
+
 // Evaluates a given schedule: validates it against the graph, checks its
 // semantics and simulates it.
 int EvaluateSchedule(const Args& args, const Graph& graph,
@@ -383,6 +426,7 @@ int EvaluateSchedule(const Args& args, const Graph& graph,
   if (!args.summary) std::fputs(PrintSchedule(*schedule).c_str(), stdout);
   PrintPredictions(absl::StrCat("predictions of ", args.schedule_path), graph,
                    *sim, hw.budget(), 0, sim->peak_bytes <= hw.budget());
+  if (args.timeline) PrintTimeline(graph, *schedule, *sim);
   if (args.explain) {
     absl::PrintF("# explanation stored in %s\n", args.schedule_path);
     std::fputs(FormatExplanation(schedule->explanation,
@@ -533,6 +577,7 @@ int Main(int argc, char** argv) {
               : absl::StrCat("passes ", absl::StrJoin(args.passes, " ")),
           ", graph ", graph->name, ", ", graph->world_size, " ranks)"),
       *graph, result->sim, hw->budget(), result->plan_wall_s, result->feasible);
+  if (args.timeline) PrintTimeline(*graph, result->schedule, result->sim);
   if (args.explain) {
     absl::PrintF("# explanation\n");
     std::fputs(

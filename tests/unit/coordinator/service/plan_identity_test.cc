@@ -13,7 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/ir/proto_convert.h"
 #include "common/ir/text_format.h"
 #include "common/job/job_spec.h"
@@ -150,8 +152,8 @@ TEST_P(PlanIdentityTest, CoordinatorPlan_EqualsTandemPlans) {
       TANDEM_PLAN_BIN, " --graph ", dir, "/graph.txt --profile ", dir,
       "/profile.txt --hw 'world=2 ranks_per_node=2 host_gbps=",
       kAssumedCpuHostBytesPerS / 1e9, " memory=1GiB' --budget ", budget, flags,
-      " --summary --explain --schedule-out ", dir, "/schedule.txt > ", dir,
-      "/out.txt 2>&1");
+      " --summary --explain --timeline --schedule-out ", dir,
+      "/schedule.txt > ", dir, "/out.txt 2>&1");
   ASSERT_EQ(std::system(command.c_str()), 0) << command << "\n"
                                              << ReadAll(dir + "/out.txt");
   absl::StatusOr<Schedule> offline =
@@ -193,6 +195,24 @@ TEST_P(PlanIdentityTest, CoordinatorPlan_EqualsTandemPlans) {
     sum += std::stoll(it->str());
   }
   EXPECT_EQ(sum, coordinator->prediction.peak_bytes) << at[0].str();
+  // --timeline: every node once, in order, and every collective the
+  // schedule issues.
+  int nodes = 0;
+  int transfers = 0;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    if (absl::StartsWith(line, absl::StrCat("node n", nodes, " "))) ++nodes;
+    if (absl::StartsWith(line, "allgather ") ||
+        absl::StartsWith(line, "reduce_scatter ")) {
+      ++transfers;
+    }
+  }
+  EXPECT_EQ(nodes, static_cast<int>(graph->nodes.size())) << out;
+  int issued = 0;
+  for (const Action& a : coordinator->actions) {
+    issued += a.kind == ActionKind::kAllGather ||
+              a.kind == ActionKind::kReduceScatter;
+  }
+  EXPECT_GE(transfers, issued) << out;
   // The inputs were not trivial: the plan did more than the baseline.
   EXPECT_GT(coordinator->provenance.passes.size(), 1u);
 }

@@ -385,11 +385,14 @@ absl::StatusOr<Schedule> LoadScheduleFile(const std::string& path,
 // --timeline: the simulated iteration, node by node, then the transfers.
 void PrintTimeline(const Graph& graph, const Schedule& schedule,
                    const SimResult& sim) {
-  absl::PrintF("# timeline: node start_s end_s stall_s memory_after_B\n");
+  absl::PrintF(
+      "# timeline: node start_s end_s stall_s memory_after_B rise_B net_B "
+      "(the node's own, as modeled)\n");
   for (const NodeTimelineEntry& n : sim.nodes) {
-    absl::PrintF("node n%d %s %.6f %.6f %.6f %d\n", n.node_id,
+    absl::PrintF("node n%d %s %.6f %.6f %.6f %d %d %d\n", n.node_id,
                  graph.nodes[n.node_id].name, n.start_s, n.end_s, n.stall_s,
-                 n.memory_after_bytes);
+                 n.memory_after_bytes, n.modeled_rise_bytes,
+                 n.modeled_net_bytes);
   }
   absl::PrintF("# timeline: kind action anchor issue_s start_s end_s bytes\n");
   auto print = [&](const CollectiveTimelineEntry& c) {

@@ -660,6 +660,17 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
   return errors.ToStatus();
 }
 
+void SetPrecisionFromJobSpec(const v1::JobSpec& spec, ModelConfig& c) {
+  c.dtype =
+      FromProtoDType(spec.model().dtype(), "model.dtype").value_or(DType::kF32);
+  c.reduce_dtype.reset();
+  if (spec.train().reduce_dtype() != v1::DTYPE_UNSPECIFIED) {
+    c.reduce_dtype =
+        FromProtoDType(spec.train().reduce_dtype(), "train.reduce_dtype")
+            .value_or(c.dtype);
+  }
+}
+
 absl::StatusOr<ModelConfig> ModelConfigFromJobSpec(const v1::JobSpec& spec) {
   const v1::ModelSpec& m = spec.model();
   ModelConfig c;
@@ -677,14 +688,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromJobSpec(const v1::JobSpec& spec) {
   c.seq_len = spec.batch().seq_len();
   c.micro_batch = spec.batch().micro_batch();
   c.grad_accum = spec.batch().grad_accum();
-  // Defaults make the dtype f32 when unset.
-  c.dtype = FromProtoDType(m.dtype(), "model.dtype").value_or(DType::kF32);
-  // Unset: the same as model.dtype (ModelConfig's nullopt).
-  if (spec.train().reduce_dtype() != v1::DTYPE_UNSPECIFIED) {
-    c.reduce_dtype =
-        FromProtoDType(spec.train().reduce_dtype(), "train.reduce_dtype")
-            .value_or(c.dtype);
-  }
+  SetPrecisionFromJobSpec(spec, c);
   c.activation_checkpointing = m.activation_checkpointing();
   c.world_size = spec.parallel().world_size();
   absl::Status status = ValidateModelConfig(c);

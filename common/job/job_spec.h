@@ -72,6 +72,11 @@ absl::Status CheckJobPathRoots(const v1::JobSpec& spec,
 // sequence length. Fails like ValidateJobSpec.
 absl::StatusOr<ModelConfig> ModelConfigFromJobSpec(const v1::JobSpec& spec);
 
+// model.dtype and train.reduce_dtype into `c`: unset, the dtype is f32 and
+// the reduce dtype model.dtype's (ModelConfig's nullopt). For builtin models
+// (ModelConfigFromJobSpec) and exported ones alike.
+void SetPrecisionFromJobSpec(const v1::JobSpec& spec, ModelConfig& c);
+
 }  // namespace tandem
 
 #endif  // TANDEM_COMMON_JOB_JOB_SPEC_H_

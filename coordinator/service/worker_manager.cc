@@ -482,12 +482,13 @@ void WorkerManager::CloseSession(int64_t session) {
         r->second.gone_since = Clock::now();
         // A peer's collective already failed on this one (the peer_lost
         // error came before this stream closed): it is the lost rank.
-        if (w.peer_lost_reporter >= 0 && w.peer_lost_reporter != r->first &&
-            !r->second.done) {
+        auto reporter = w.ranks.find(w.peer_lost_reporter);
+        if (reporter != w.ranks.end() && reporter != r && !r->second.done) {
           lost_cause =
               absl::StrCat(RankRef(r->first, r->second.hostname),
                            " is gone: its session closed and ",
-                           w.peer_lost_reporter_ref, "'s collective failed");
+                           RankRef(reporter->first, reporter->second.hostname),
+                           "'s collective failed");
           w.peer_lost_reporter = -1;
         }
       }
@@ -656,7 +657,6 @@ absl::Status WorkerManager::OnMessage(int64_t session,
             // The lost rank's stream has not closed yet: CloseSession acts
             // when it does.
             w.peer_lost_reporter = rank;
-            w.peer_lost_reporter_ref = RankRef(rank, hostname);
           }
         }
         if (!lost.empty()) {

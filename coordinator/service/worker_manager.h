@@ -218,7 +218,6 @@ class WorkerManager {
     // other rank whose session closes is then the lost one (CloseSession).
     // Cleared when the ranks are dropped (a restart).
     int32_t peer_lost_reporter = -1;
-    std::string peer_lost_reporter_ref;
   };
   struct Session {
     std::string job_id;

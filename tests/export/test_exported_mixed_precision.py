@@ -67,7 +67,6 @@ sys.path.insert(0, str(HERE.parent / "reference"))
 import hf_models  # noqa: E402
 import test_exported_numerics as numerics  # noqa: E402
 import test_mixed_precision as mp  # noqa: E402
-import test_resume_world_size as resume  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not os.path.exists(numerics.WORKER),
                                 reason=f"no {numerics.WORKER}")
@@ -116,12 +115,9 @@ def worker_run(tmp_path, archive, data, world, dtype, reduce_dtype=None,
             model = f"  vocab: {VOCAB}\n"
             source = f"  kind: tokens\n  path: {data}\n  token_bytes: 2\n"
             batch = f"  seq_len: {numerics.SEQ_LEN}\n"
-        text = numerics.job_yaml(archive, world, ckpt,
+        return numerics.job_yaml(archive, world, ckpt,
                                  model + f"  dtype: {dtype}\n", source, batch,
-                                 train=train, every=steps)
-        line = f"  grad_clip: {numerics.CLIP}\n"
-        assert text.count(line) == 1
-        return text.replace(line, f"  grad_clip: {clip}\n")
+                                 train=train, every=steps, clip=clip)
 
     return numerics.train(tmp_path, archive, None, None, world,
                           tag=f"-{dtype}-{reduce_dtype}-{steps}{tag}",
@@ -153,10 +149,7 @@ def check(what, tmp_path, build, archive, manifest, data, batch_of, world,
     losses, ckpt = worker_run(tmp_path, archive, data, world, "bf16",
                               reduce_dtype, steps=1, clip=mp.NO_CLIP,
                               tag="-first")
-    step_dir = os.path.join(ckpt, "step-%08d" % 1)
-    beta = torch.tensor(1 - numerics.BETAS[0], dtype=torch.float32)
-    got = {n: m / beta
-           for n, (m, _) in resume.checkpoint_moments(step_dir).items()}
+    got = mp.first_gradient(ckpt)
     refs = {}
     for dtype, rd in (("f32", None), ("bf16", reduce_dtype)):
         grads = []
@@ -290,22 +283,13 @@ def test_gpt_bf16_loss_curve(tmp_path, tmp_path_factory):
     assert to_ref <= CURVE_RTOL / 5, "the bf16 curve is not PyTorch's"
 
 
-def run_workers(tmp_path, spec, world, tag, *extra):
+def run_workers(spec, world, tag, *extra):
     """Every rank's step lines of standalone workers on `spec` (extra:
     worker flags, {rank} replaced by the rank)."""
-    port = numerics.free_port()
-    procs = []
-    for r in range(world):
-        cmd = [numerics.WORKER, "--standalone", "--spec", str(spec), "--rank",
-               str(r), "--world", str(world), "--rendezvous",
-               f"127.0.0.1:{port}", "--threads", "1"]
-        cmd += [a.format(rank=r) for a in extra]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
     lines = []
-    for r, p in enumerate(procs):
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, f"{tag} rank {r}:\n{err[-3000:]}"
+    for r, (rc, out, err) in enumerate(
+            numerics.run_standalone(spec, world, extra=extra)):
+        assert rc == 0, f"{tag} rank {r}:\n{err[-3000:]}"
         lines += [json.loads(l) for l in out.splitlines()
                   if l.startswith('{"step"')]
     return lines
@@ -350,7 +334,7 @@ parallel:
 """)
         profile = tmp_path / f"{dtype}.profile.{{rank}}"
         graph = tmp_path / f"{dtype}.graph.{{rank}}"
-        baseline = run_workers(tmp_path, spec, 2, f"{dtype} baseline",
+        baseline = run_workers(spec, 2, f"{dtype} baseline",
                                "--profile-out", str(profile),
                                "--graph-out", str(graph))
         schedule = tmp_path / f"{dtype}.schedule"
@@ -362,7 +346,7 @@ parallel:
         assert out.returncode == 0, out.stderr
         predicted = int(re.search(r"^peak .*?\((\d+) B\)", out.stdout,
                                   re.M).group(1))
-        planned = run_workers(tmp_path, spec, 2, f"{dtype} planned",
+        planned = run_workers(spec, 2, f"{dtype} planned",
                               "--schedule", str(schedule))
         measured = max(l["peak_bytes"] for l in planned)
         lowest = min(l["peak_bytes"] for l in planned)
@@ -400,7 +384,7 @@ def test_gpt_bf16_with_activation_checkpointing_equals_without(tmp_path, gpt):
             f"  seq_len: {numerics.SEQ_LEN}\n",
             train={"steps": STEPS, "lr": numerics.LR, "master_dtype": "f32",
                    "reduce_dtype": "f32"}))
-        lines = run_workers(tmp_path, spec, 2, f"checkpointing {checkpointing}")
+        lines = run_workers(spec, 2, f"checkpointing {checkpointing}")
         losses = [l["loss"] for l in sorted(lines, key=lambda l: l["step"])
                   if l["rank"] == 0]
         runs[checkpointing] = (losses, max(l["peak_bytes"] for l in lines),

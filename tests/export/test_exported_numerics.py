@@ -159,13 +159,14 @@ def full_blob(ranks, name, what, shape):
 
 
 def job_yaml(archive, world, ckpt_dir, model_extra, data, batch_extra,
-             grad_accum=1, train=None, every=STEPS, micro_batch=None):
+             grad_accum=1, train=None, every=STEPS, micro_batch=None,
+             clip=CLIP):
     """The job spec the numerics tests train: the archive (None: a builtin
     model, all in `model_extra`), `data` (the section's lines), and the
     optimizer and batch every reference uses (`micro_batch` sequences per
     rank; default: the global batch split over the ranks). `train`: the
     train keys before the optimizer's (default: STEPS steps at LR);
-    `every`: the checkpoint interval."""
+    `every`: the checkpoint interval; `clip`: train.grad_clip."""
     train = train or {"steps": STEPS, "lr": LR}
     keys = "".join(f"  {k}: {v}\n" for k, v in train.items())
     model = (f"  kind: torchscript\n  path: {archive}\n" if archive
@@ -182,7 +183,7 @@ model:
   beta2: {BETAS[1]}
   eps: {EPS}
   weight_decay: {WD}
-  grad_clip: {CLIP}
+  grad_clip: {clip}
   seed: 1
 parallel:
   world_size: {world}
@@ -207,9 +208,10 @@ def tensors_spec_yaml(archive, data_path, world, ckpt_dir, grad_accum=1):
                     f"  kind: tensors\n  path: {data_path}\n", "", grad_accum)
 
 
-def run_standalone(spec_path, world, schedule=None, timeout_s=120):
+def run_standalone(spec_path, world, schedule=None, timeout_s=120, extra=()):
     """Runs `world` standalone workers on spec_path; returns every rank's
-    (returncode, stdout, stderr)."""
+    (returncode, stdout, stderr). `extra`: more worker flags, "{rank}" in
+    them replaced by the rank (e.g. "--profile-out", "p.{rank}")."""
     port = free_port()
     procs = []
     for r in range(world):
@@ -219,6 +221,7 @@ def run_standalone(spec_path, world, schedule=None, timeout_s=120):
                str(timeout_s)]
         if schedule:
             cmd += ["--schedule", schedule]
+        cmd += [a.format(rank=r) for a in extra]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=300) for p in procs]

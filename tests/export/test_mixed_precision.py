@@ -143,10 +143,8 @@ def job_yaml(preset, init_from, tokens_path, world, ckpt_dir, dtype,
     text = numerics.job_yaml(None, world, ckpt_dir, model, data,
                              f"  seq_len: {numerics.SEQ_LEN}\n",
                              grad_accum=grad_accum, train=train,
-                             every=steps)
-    line = f"  grad_clip: {numerics.CLIP}\n"
-    assert text.count(line) == 1
-    return text.replace(line, f"  grad_clip: {clip}\n")
+                             every=steps, clip=clip)
+    return text
 
 
 def worker_run(tmp_path, preset, init_path, tokens_path, world, dtype,

@@ -22,7 +22,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "common/ir/proto_convert.h"
 #include "common/job/job_spec.h"
 #include "common/job/lr_schedule.h"
 #include "common/models/graph_builder.h"
@@ -315,16 +314,11 @@ absl::StatusOr<ModelParts> PrepareModel(const v1::JobSpec& spec, int world) {
     c.micro_batch = spec.batch().micro_batch();
     c.grad_accum = spec.batch().grad_accum();
     c.world_size = world;
+    SetPrecisionFromJobSpec(spec, c);
     ArchiveProgramOptions options;
     options.activation_checkpointing = spec.model().activation_checkpointing();
-    // Unset: f32, and reduce_dtype model.dtype (ApplyJobSpecDefaults').
-    c.dtype = FromProtoDType(spec.model().dtype(), "model.dtype")
-                  .value_or(DType::kF32);
     options.dtype = c.dtype;
-    options.reduce_dtype =
-        FromProtoDType(spec.train().reduce_dtype(), "train.reduce_dtype")
-            .value_or(c.dtype);
-    if (options.reduce_dtype != c.dtype) c.reduce_dtype = options.reduce_dtype;
+    options.reduce_dtype = c.reduce_dtype.value_or(c.dtype);
     ASSIGN_OR_RETURN(parts.program,
                      LoadArchiveProgram(spec.model().path(), options));
     if (!spec.model().init_from().empty()) {

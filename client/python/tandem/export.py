@@ -498,8 +498,14 @@ def _show_path(f):
     return f if rel.startswith("..") else rel
 
 
+def _first_line(error):
+    """The first line of an exception's message ("" when it has none)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""
+
+
 def _what_went_wrong(error):
-    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    text = _first_line(error)
     text = "%s: %s" % (type(error).__name__, text) if text else \
         type(error).__name__
     if isinstance(error, fx.proxy.TraceError) or "symbolically traced" in text:
@@ -1474,9 +1480,7 @@ def _verify(archive, batch, ref_loss, ref_grads, checks):
             raise ExportError("the exported units fail on %s: %s: %s. A unit "
                               "may have baked in a shape; mark fixed dims "
                               "with dynamic_dims= (CLI: --dynamic)" %
-                              (what, type(e).__name__,
-                               str(e).strip().splitlines()[0]
-                               if str(e).strip() else ""))
+                              (what, type(e).__name__, _first_line(e)))
         if not _allclose(got.detach(), want_loss, _LOSS_RTOL, 0):
             raise ExportError(
                 "the exported units compute loss %.8g on %s, the module "
@@ -1571,11 +1575,6 @@ def _check_precision(archive, root, batch, dtype, loss_rtol, grad_tol):
                     "element %.3g)" % (n, name, (g - w).abs().max().item(),
                                        w.abs().max().item()))
     return None
-
-
-def _first_line(e):
-    text = str(e).strip()
-    return text.splitlines()[0] if text else ""
 
 
 def _write_archive(path, manifest, entries, weights):

@@ -219,7 +219,8 @@ memory: {{budget_bytes: {budget}}}
                     fallback_steps=fallback, planned_peaks=planned_peaks,
                     guard_tripped=len(planned_peaks) < min(len(s) for s in every))
 
-    def plan(self, m, profile, policy, budget, schedule_out, measured=None, headroom=0):
+    def plan(self, m, profile, policy, budget, schedule_out, measured=None, headroom=0,
+             trial_out=None):
         model = (["--graph", self.graph_file(m["name"])] if "export" in m
                  else ["--model", self.model_text(m)])
         cmd = [self.plan_bin] + model + ["--profile", profile,
@@ -230,13 +231,22 @@ memory: {{budget_bytes: {budget}}}
             cmd += ["--headroom", str(headroom)]
         if measured:
             cmd += ["--measured", ",".join(f"{f}={s:.6f}" for f, s in measured)]
+        if trial_out:
+            cmd += ["--trial-out", trial_out]
         out = self.run_local(cmd, 120)
         sched, _, pred = out.partition("# predictions")
         with open(schedule_out, "w") as f:
             f.write(sched)
         vals = dict(re.findall(r"^(\w+)\s+([-0-9.e]+)\s*$", pred, re.M))
         peak = re.search(r"^peak .*?\((\d+) B\)", pred, re.M)
-        return dict(predicted_s=float(vals["iteration_s"]),
+        trial = re.search(r"^trial\s+(\S+) ([-0-9.e]+) .*?peak (\d+) B", pred, re.M)
+        extra = {}
+        if trial_out:
+            extra = dict(trial_file=trial_out if os.path.exists(trial_out) else None,
+                         trial_source=trial.group(1) if trial else None,
+                         trial_predicted_s=float(trial.group(2)) if trial else None,
+                         trial_predicted_peak_bytes=int(trial.group(3)) if trial else None)
+        return dict(extra, predicted_s=float(vals["iteration_s"]),
                     unmodeled_bytes=int(float(vals.get("unmodeled_bytes", 0))),
                     predicted_exposed_comm_s=float(vals["exposed_comm_s"]),
                     predicted_comm_s=float(vals["comm_s"]),
@@ -357,8 +367,10 @@ memory: {{budget_bytes: {budget}}}
                 headroom = 0
                 for attempt in range(attempts):
                     try:
+                        trial_out = (sched[:-len(".sched")] + "-trial.sched"
+                                     if policy == "tandem" else None)
                         row.update(self.plan(m, profile, policy, plan_budget, sched,
-                                             headroom=headroom),
+                                             headroom=headroom, trial_out=trial_out),
                                    planner_budget_bytes=plan_budget, replans=attempt,
                                    headroom_bytes=headroom)
                     except RuntimeError as e:
@@ -407,6 +419,7 @@ memory: {{budget_bytes: {budget}}}
                 if policy == "tandem" and row.get("step_s") and row.get("predicted_s"):
                     self.refit_round(m, profile, plan_budget, sched, spec, discard, row,
                                      headroom)
+                    self.trial_round(sched, spec, discard, row)
                 if row.get("predicted_s") is not None:
                     try:
                         outs = self.run_pair(
@@ -444,7 +457,8 @@ memory: {{budget_bytes: {budget}}}
         second_sched = sched[:-len(".sched")] + "-refit.sched"
         try:
             planned = self.plan(m, profile, "tandem", plan_budget, second_sched,
-                                measured=[(sched, first["step_s"])], headroom=headroom)
+                                measured=[(sched, first["step_s"])], headroom=headroom,
+                                trial_out=second_sched[:-len(".sched")] + "-trial.sched")
             outs = self.run_pair(
                 lambda r, rv: [self.worker, "--standalone", "--spec", spec, "--rank",
                                str(r), "--world", "2", "--rendezvous", rv,
@@ -465,13 +479,51 @@ memory: {{budget_bytes: {budget}}}
         noise = max(0.05, 3 * max(row.get("step_rel_mad", 0), stats["step_rel_mad"]))
         row["refit_noise"] = noise
         if stats["step_s"] <= first["step_s"] * (1 + noise):
-            row.update(planned, **stats)
+            row.update(planned, **stats)  # its runner-up, too
             row["refit"] = "re-planned schedule kept"
             shutil.copyfile(second_sched, sched)  # the comm replay runs it
         else:
             # The first schedule stays, with the prediction made before it
             # ran (the re-fitted model was fitted to its very measurement).
             row["refit"] = "rolled back to the first schedule (the re-planned one measured slower)"
+
+
+    def trial_round(self, sched, spec, discard, row):
+        """The coordinator's trial, offline: the runner-up of the plan the
+        row keeps (the fastest other plan that fits), when the model predicted
+        it within the job's optimize.trial_margin (10%) of that plan, runs
+        too, and the faster by median is kept (PlanningManager's "trial",
+        coordinator/README.md). The row keeps the runner-up's figures under
+        trial_*, and takes them when it was faster, with the prediction the
+        model made for it."""
+        trial = row.pop("trial_file", None)
+        if not trial:
+            row["trial"] = ("no runner-up within the trial margin"
+                            + (f" ({row.get('trial_source')} predicted "
+                               f"{row.get('trial_predicted_s'):.4f})"
+                               if row.get("trial_predicted_s") else ""))
+            return
+        try:
+            outs = self.run_pair(
+                lambda r, rv: [self.worker, "--standalone", "--spec", spec, "--rank",
+                               str(r), "--world", "2", "--rendezvous", rv,
+                               "--threads", "1", "--schedule", trial], 900)
+            stats = self.worker_stats(outs, discard)
+        except RuntimeError as e:
+            row["trial_error"] = str(e)
+            return
+        row.update(trial_step_s=stats["step_s"], trial_step_min_s=stats["step_min_s"],
+                   trial_step_max_s=stats["step_max_s"])
+        if stats["step_s"] < row["step_s"]:
+            row.update(stats, predicted_s=row["trial_predicted_s"],
+                       predicted_peak_bytes=row["trial_predicted_peak_bytes"])
+            for k in ("predicted_exposed_comm_s", "predicted_comm_s"):
+                row.pop(k, None)  # the kept plan's; the runner-up's are not printed
+            row["trial"] = f"runner-up ({row['trial_source']}) measured faster: kept"
+            shutil.copyfile(trial, sched)  # the comm replay runs it
+        else:
+            row["trial"] = (f"runner-up ({row['trial_source']}) measured "
+                            f"{stats['step_s']:.4f} s: back to the plan")
 
 
 def same_actions(a, b):

@@ -42,6 +42,8 @@ def main():
             note = r["error"][:90].replace("|", "/").replace("\n", " ")
         elif r.get("plan_over_budget"):
             note = "plan over budget"
+        if r.get("trial"):
+            note = f"trial: {r['trial']}" + (f"; {note}" if note else "")
         if r.get("fallback_steps"):
             note = (f"memory guard: {r['fallback_steps']} of {r.get('steps')} measured steps "
                     "on the least-memory schedule" + (f"; {note}" if note else ""))

@@ -102,4 +102,10 @@ bool Schedule::operator==(const Schedule& other) const {
          budget_bytes == other.budget_bytes && explanation == other.explanation;
 }
 
+bool SamePlan(const Schedule& a, const Schedule& b) {
+  return a.mode == b.mode && a.groups == b.groups &&
+         a.persistent_param_ids == b.persistent_param_ids &&
+         a.offloads == b.offloads && a.actions == b.actions;
+}
+
 }  // namespace tandem

@@ -114,6 +114,11 @@ struct Schedule {
   bool operator!=(const Schedule& other) const { return !(*this == other); }
 };
 
+// The same plan whatever the versions, provenance, predictions and
+// explanations: the mode, groups, persistent set, offloads and actions the
+// workers would run.
+bool SamePlan(const Schedule& a, const Schedule& b);
+
 }  // namespace tandem
 
 #endif  // TANDEM_COMMON_IR_SCHEDULE_H_

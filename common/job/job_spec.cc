@@ -378,6 +378,7 @@ void ApplyJobSpecDefaults(v1::JobSpec& spec) {
   if (o.warmup_steps() == 0) o.set_warmup_steps(3);
   if (o.drift_threshold() == 0) o.set_drift_threshold(0.1);
   if (o.drift_window() == 0) o.set_drift_window(5);
+  if (!o.has_trial_margin()) o.set_trial_margin(kDefaultTrialMargin);
 
   // comm.chunk_bytes stays 0: automatic.
   v1::CommSpec& comm = *spec.mutable_comm();
@@ -582,6 +583,13 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
                o.drift_threshold());
   }
   AtLeast(errors, "optimize.drift_window", o.drift_window(), 1);
+  if (!(std::isfinite(o.trial_margin()) && o.trial_margin() >= 0 &&
+        o.trial_margin() <= 1)) {
+    errors.Add(
+        "optimize.trial_margin must be between 0 (no trials) and 1 (0.10 = "
+        "10%), got ",
+        o.trial_margin());
+  }
 
   const v1::HardwareSpec& hw = spec.hardware();
   AtLeast(errors, "hardware.ranks_per_node", hw.ranks_per_node(), 0);

@@ -25,15 +25,18 @@ namespace tandem {
 inline constexpr int64_t kDefaultCommChunkBytes = 64 << 10;
 inline constexpr int32_t kDefaultCommMaxInFlight = 4;
 
+// optimize.trial_margin when unset.
+inline constexpr double kDefaultTrialMargin = 0.10;
+
 // Fills fields left at zero with their defaults: data.kind "synthetic",
 // batch.grad_accum 1, train.{lr 1e-3, lr_schedule constant, beta1 0.9, beta2
 // 0.95, eps 1e-8, grad_clip 1.0} (weight_decay, warmup_steps and min_lr
 // default to 0), parallel.{world_size 1, zero_stage 3}, optimize.{policy
 // tandem unless passes are given, warmup_steps 3, drift_threshold 0.1,
-// drift_window 5}, comm.max_in_flight 4 (comm.chunk_bytes 0: automatic),
-// data.token_bytes 2, model.dtype f32, train.master_dtype f32,
-// train.reduce_dtype model.dtype and, for presets with a known shape, model
-// sizes. Idempotent.
+// drift_window 5, trial_margin 0.10 when unset}, comm.max_in_flight 4
+// (comm.chunk_bytes 0: automatic), data.token_bytes 2, model.dtype f32,
+// train.master_dtype f32, train.reduce_dtype model.dtype and, for presets with
+// a known shape, model sizes. Idempotent.
 void ApplyJobSpecDefaults(v1::JobSpec& spec);
 
 // Checks optimize.policy and optimize.passes against the planner's pass

@@ -429,6 +429,14 @@ absl::StatusOr<PlanResult> Plan(const Graph& graph, const HardwareModel& hw,
     // Never behind, predicted: under the same calibrated model, the
     // reference policies' plans too; the fastest that fits wins.
     const double own_iteration_s = result.sim.iteration_s;
+    // Every plan that fits, Tandem's own first: the fastest is returned, the
+    // fastest different one is the runner-up.
+    std::vector<PlanAlternative> fits;
+    std::vector<std::optional<Policy>> fits_policy;
+    if (result.feasible) {
+      fits.push_back({"tandem", result.schedule, result.sim});
+      fits_policy.push_back(std::nullopt);
+    }
     for (Policy reference : kAllPolicies) {
       if (reference == Policy::kTandem) continue;
       PlanOptions other;
@@ -436,11 +444,33 @@ absl::StatusOr<PlanResult> Plan(const Graph& graph, const HardwareModel& hw,
       other.planner = options.planner;
       absl::StatusOr<PlanResult> theirs = Plan(graph, hw, other);
       if (!theirs.ok() || !theirs->feasible) continue;
-      if (theirs->sim.iteration_s < result.sim.iteration_s * (1 - 1e-9)) {
-        result.schedule = theirs->schedule;
-        result.sim = theirs->sim;
-        result.adopted_policy = reference;
+      fits.push_back({std::string(PolicyName(reference)),
+                      std::move(theirs->schedule), std::move(theirs->sim)});
+      fits_policy.push_back(reference);
+    }
+    // Ties keep the earlier: Tandem's own before the references.
+    auto faster = [&](size_t a, size_t b) {
+      return fits[a].sim.iteration_s < fits[b].sim.iteration_s * (1 - 1e-9);
+    };
+    std::optional<size_t> best;
+    for (size_t i = 0; i < fits.size(); ++i) {
+      if (!best.has_value() || faster(i, *best)) best = i;
+    }
+    std::optional<size_t> second;
+    for (size_t i = 0; best.has_value() && i < fits.size(); ++i) {
+      if (i == *best || SamePlan(fits[i].schedule, fits[*best].schedule)) {
+        continue;
       }
+      if (!second.has_value() || faster(i, *second)) second = i;
+    }
+    if (best.has_value() && fits_policy[*best].has_value()) {
+      result.schedule = fits[*best].schedule;
+      result.sim = fits[*best].sim;
+      result.adopted_policy = fits_policy[*best];
+    }
+    if (second.has_value()) {
+      result.runner_up = std::move(fits[*second]);
+      result.runner_up->schedule.budget_bytes = hw.budget();
     }
     if (result.adopted_policy.has_value()) {
       result.schedule.provenance.passes.push_back(absl::StrCat(
@@ -671,14 +701,29 @@ absl::StatusOr<PlanResult> PlanFromMeasurements(const Graph& graph,
   result.feasible = result.sim.peak_bytes <= budget;
   result.headroom_bytes = headroom;
   result.memory_calibrated = calibrated.memory_calibrated;
-  if (profile != nullptr) {
-    result.schedule.provenance.window_first_iteration =
-        profile->first_iteration;
-    result.schedule.provenance.window_last_iteration = profile->last_iteration;
+  std::vector<Schedule*> planned_here = {&result.schedule};
+  if (result.runner_up.has_value()) {
+    result.runner_up->schedule.budget_bytes = budget;
+    planned_here.push_back(&result.runner_up->schedule);
+  }
+  for (Schedule* s : planned_here) {
+    if (profile == nullptr) continue;
+    s->provenance.window_first_iteration = profile->first_iteration;
+    s->provenance.window_last_iteration = profile->last_iteration;
     // The node times were measured at this work: so is the prediction.
-    result.schedule.prediction.work = profile->work;
+    s->prediction.work = profile->work;
   }
   return result;
+}
+
+std::optional<PlanAlternative> TrialCandidate(const PlanResult& result,
+                                              double margin) {
+  if (margin <= 0 || !result.runner_up.has_value() ||
+      result.runner_up->sim.iteration_s >
+          result.sim.iteration_s * (1 + margin)) {
+    return std::nullopt;
+  }
+  return result.runner_up;
 }
 
 absl::StatusOr<int64_t> SmallestFeasibleBudget(const Graph& graph,

@@ -111,6 +111,15 @@ struct PlanOptions {
   std::vector<std::pair<Schedule, double>> measured;
 };
 
+// A plan Plan() weighed and did not return: where it came from ("tandem",
+// Tandem's own pipeline, or a reference policy's name), the schedule and its
+// simulation.
+struct PlanAlternative {
+  std::string source;
+  Schedule schedule;
+  SimResult sim;
+};
+
 struct PlanResult {
   Schedule schedule;
   SimResult sim;
@@ -131,7 +140,20 @@ struct PlanResult {
   // predicted faster than Tandem's own, returned instead (its provenance
   // ends with "chosen-over-tandem:<policy>").
   std::optional<Policy> adopted_policy;
+  // Tandem's policy only: the fastest plan that fits and differs from the
+  // one returned (Tandem's own pipeline's when a reference's was adopted,
+  // else the fastest reference's), with the same budget and work. What a
+  // job measures as a trial when it is predicted within the model's error
+  // of the returned one (TrialCandidate).
+  std::optional<PlanAlternative> runner_up;
 };
+
+// The runner-up worth measuring on the job: predicted at most `margin`
+// (relative, e.g. 0.10) slower than the plan returned, where the cost model
+// cannot tell the two apart (coordinator/README.md, "Trials"). Nullopt when
+// there is none, or `margin` <= 0.
+std::optional<PlanAlternative> TrialCandidate(const PlanResult& result,
+                                              double margin);
 
 // Runs the pipeline over `graph` (validated first) with its node times as
 // they are. The schedule carries its explanation (common/ir/explanation.h):

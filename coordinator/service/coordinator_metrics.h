@@ -26,8 +26,8 @@ struct CoordinatorMetrics {
   metrics::Family<metrics::Counter>* job_restarts;
   // The reasons a plan is made, whose series start at 0 with each job.
   static constexpr const char* kReplanReasons[] = {
-      "initial",  "drift",  "memory",      "reoptimize",
-      "rollback", "cached", "memory-guard"};
+      "initial",  "drift",  "memory",       "reoptimize",
+      "rollback", "cached", "memory-guard", "trial"};
   // {job}
   metrics::Family<metrics::Gauge>* drift_score;
   // {pass}

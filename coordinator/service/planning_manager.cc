@@ -12,6 +12,7 @@
 #include "absl/strings/strip.h"
 #include "common/bytes.h"
 #include "common/ir/proto_convert.h"
+#include "common/job/job_spec.h"
 #include "common/lowering/least_memory.h"
 #include "common/status_macros.h"
 #include "coordinator/passes/pass_pipeline.h"
@@ -31,12 +32,20 @@ double PredictedAtReference(const WorkScale& work, const v1::Prediction& p) {
 // devices report) may move between runs for a cached plan to apply.
 constexpr double kCachedBudgetTolerance = 0.05;
 
-// The same plan whatever its version, provenance and predictions: the
-// actions, groups, persistent set and offloads the workers would run.
-bool SamePlan(const Schedule& a, const Schedule& b) {
-  return a.mode == b.mode && a.groups == b.groups &&
-         a.persistent_param_ids == b.persistent_param_ids &&
-         a.offloads == b.offloads && a.actions == b.actions;
+// The job's optimize.trial_margin (jobs stored before it existed: the
+// default).
+double TrialMargin(const v1::JobSpec& spec) {
+  return spec.optimize().has_trial_margin() ? spec.optimize().trial_margin()
+                                            : kDefaultTrialMargin;
+}
+
+// Where a trial's plan came from: its "trial:<source>" pass.
+std::string TrialSource(const v1::Schedule& schedule) {
+  for (const std::string& pass : schedule.provenance().passes()) {
+    absl::string_view rest = pass;
+    if (absl::ConsumePrefix(&rest, "trial:")) return std::string(rest);
+  }
+  return "the runner-up";
 }
 
 // Per-pass wall time into the coordinator's histogram.
@@ -177,8 +186,22 @@ void PlanningManager::RecoverEvidenceLocked(
   // Rollbacks: each rollback version runs an earlier version's plan again
   // ("rollback-to-vK", its newest such pass) and rejected the version
   // before it, which is never published again.
+  // Trials ("trial-of-vK"): judged unless still the newest version.
   for (size_t i = 0; i < state.schedules.size(); ++i) {
     const v1::Schedule& s = state.schedules[i].schedule;
+    if (s.provenance().reason() == "trial") {
+      for (const std::string& pass : s.provenance().passes()) {
+        int64_t of = 0;
+        absl::string_view rest = pass;
+        if (absl::ConsumePrefix(&rest, "trial-of-v") &&
+            absl::SimpleAtoi(rest, &of)) {
+          state.trials[s.version()] = of;
+          if (i + 1 < state.schedules.size()) {
+            state.trials_judged.insert(s.version());
+          }
+        }
+      }
+    }
     if (s.provenance().reason() != "rollback") continue;
     for (const std::string& pass : s.provenance().passes()) {
       int64_t to = 0;
@@ -425,6 +448,41 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
       return;
     }
   }
+  // A trial is judged once measured; drift waits for the verdict.
+  if (auto trial = state.trials.find(active_version);
+      trial != state.trials.end() &&
+      !state.trials_judged.count(active_version)) {
+    if (state.queued || !state.measured.Summarize(active_version)) return;
+    if (JudgeTrialLocked(job_id, state, active_version, trial->second,
+                         progress.step())) {
+      return;
+    }
+  }
+  // The active plan is judged and not behind: its runner-up's turn.
+  if (state.trial.has_value() && state.trial_after == active_version &&
+      !state.queued && state.pending_reason.empty() && !state.guard_active) {
+    if (std::optional<ScheduleMeasurements::Summary> m =
+            state.measured.Summarize(active_version)) {
+      const double predicted = PredictedAtReference(
+          state.work, state.schedules.back().schedule.prediction());
+      const double theirs =
+          state.work.ToReference(state.trial->schedule.prediction.iteration_s,
+                                 state.trial->schedule.prediction.work);
+      (void)jobs_->RecordEvent(
+          job_id, "trial",
+          absl::StrFormat(
+              "v%d measured %.4f s/iter (median of %d steps); measuring %s's "
+              "plan next, predicted %.4f s/iter against v%d's %.4f (%+.1f%%, "
+              "within optimize.trial_margin %.0f%%: the cost model cannot "
+              "tell them apart); the faster by measurement is kept",
+              active_version, m->median_s, m->samples, state.trial->source,
+              theirs, active_version, predicted,
+              predicted > 0 ? 100 * (theirs / predicted - 1) : 0.0,
+              100 * TrialMargin(state.spec)));
+      QueueLocked(job_id, state, "trial");
+      return;
+    }
+  }
   std::optional<std::string> reason =
       state.drift->Observe(measured, measured_peak);
   if (metrics_ != nullptr) {
@@ -453,6 +511,54 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
                   *reason, progress.step(), measured, predicted,
                   state.drift->score()));
   }
+}
+
+bool PlanningManager::JudgeTrialLocked(const std::string& job_id,
+                                       JobPlanning& state, int64_t trial,
+                                       int64_t against, int64_t step) {
+  state.trials_judged.insert(trial);
+  const std::optional<ScheduleMeasurements::Summary> mine =
+      state.measured.Summarize(trial);
+  const std::optional<ScheduleMeasurements::Summary> theirs =
+      state.measured.Summarize(against);
+  if (!mine.has_value()) return false;
+  const v1::Schedule& active = state.schedules.back().schedule;
+  const std::string source = TrialSource(active);
+  // By median alone: the two were judged equal by the model, and the noise
+  // margin of a rollback protects a plan from chance, not from a trial it
+  // invited.
+  if (theirs.has_value() && mine->median_s >= theirs->median_s) {
+    state.rejected[trial] = active;
+    state.rollback_to = against;
+    state.pending_reason.clear();
+    (void)jobs_->RecordEvent(
+        job_id, "trial",
+        absl::StrFormat(
+            "trial v%d (%s's plan) measured %.4f s/iter (median of %d "
+            "steps) against v%d's %.4f (%d steps): not faster; back to "
+            "v%d's schedule at step %d",
+            trial, source, mine->median_s, mine->samples, against,
+            theirs->median_s, theirs->samples, against, step));
+    QueueLocked(job_id, state, "rollback");
+    return true;
+  }
+  (void)jobs_->RecordEvent(
+      job_id, "trial",
+      theirs.has_value()
+          ? absl::StrFormat(
+                "trial v%d (%s's plan) measured %.4f s/iter (median of %d "
+                "steps) against v%d's %.4f (%d steps): %.1f%% faster; kept",
+                trial, source, mine->median_s, mine->samples, against,
+                theirs->median_s, theirs->samples,
+                100 * (1 - mine->median_s / theirs->median_s))
+          : absl::StrFormat(
+                "trial v%d (%s's plan) measured %.4f s/iter (median of %d "
+                "steps); v%d's measurements were forgotten: kept",
+                trial, source, mine->median_s, mine->samples, against));
+  // From now on drift is watched against what it measured, not against a
+  // prediction the cost model made for a plan it could not price apart.
+  state.drift->SetPrediction(mine->median_s, active.prediction().peak_bytes());
+  return false;
 }
 
 void PlanningManager::MaybeStartCached(const v1::Job& job) {
@@ -699,6 +805,12 @@ void PlanningManager::PlanOne(const std::string& job_id,
   // A "cached" plan: the earlier job's schedule.
   std::string cached_from;
   std::optional<v1::Schedule> cached;
+  // A "trial": the runner-up and the version it is tried against.
+  std::optional<PlanAlternative> trial;
+  int64_t trial_of = -1;
+  double trial_of_predicted_s = 0;
+  // The plan's own runner-up, when worth a trial (TrialCandidate).
+  std::optional<PlanAlternative> next_trial;
   // The schedule the profile was measured under (none for version 0: the
   // starting schedule), or the least-memory fallback.
   std::optional<v1::Schedule> profiled;
@@ -715,9 +827,13 @@ void PlanningManager::PlanOne(const std::string& job_id,
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = state_.find(job_id);
+    // Plans that are not made from a profile: a cached plan, a rollback
+    // and a trial (after a restart, before the next window).
     const bool cached_plan = reason == "cached";
+    const bool needs_profile =
+        !cached_plan && reason != "rollback" && reason != "trial";
     if (stop_ || it == state_.end() || it->second.profiles.graph() == nullptr ||
-        (!it->second.latest && !cached_plan)) {
+        (!it->second.latest && needs_profile)) {
       return;
     }
     graph = *it->second.profiles.graph();
@@ -730,6 +846,18 @@ void PlanningManager::PlanOne(const std::string& job_id,
     if (cached_plan) {
       cached_from = it->second.cached_from;
       cached = it->second.cached;
+    }
+    if (reason == "trial") {
+      if (!it->second.trial.has_value()) return;
+      trial = std::move(it->second.trial);
+      trial_of = it->second.trial_after;
+      it->second.trial.reset();
+      it->second.trial_after = -1;
+      for (const StoredSchedule& s : it->second.schedules) {
+        if (s.schedule.version() == trial_of) {
+          trial_of_predicted_s = s.schedule.prediction().iteration_s();
+        }
+      }
     }
     spec = it->second.spec;
     devices = it->second.devices;
@@ -799,6 +927,23 @@ void PlanningManager::PlanOne(const std::string& job_id,
       planned_on = absl::StrCat("job ", cached_from, "'s plan");
       return reused;
     }
+    if (trial.has_value()) {
+      Schedule s = trial->schedule;
+      s.provenance.passes.push_back(absl::StrCat("trial:", trial->source));
+      s.provenance.passes.push_back(absl::StrCat("trial-of-v", trial_of));
+      Decision chosen;
+      chosen.kind = DecisionKind::kPolicy;
+      chosen.pass = "planner";
+      chosen.what = absl::StrFormat(
+          "%s's plan (predicted %.6f s) measured as a trial against v%d's "
+          "(%.6f s): within optimize.trial_margin of it, where the cost model "
+          "cannot tell the two apart; the faster by measurement is kept",
+          trial->source, s.prediction.iteration_s, trial_of,
+          trial_of_predicted_s);
+      s.explanation.decisions.push_back(std::move(chosen));
+      planned_on = absl::StrCat("v", trial_of, "'s runner-up");
+      return s;
+    }
     if (rollback_to >= 0) {
       // The schedule measured fastest, predicted at what it measured: the
       // evidence, not the model that chose the slower one.
@@ -855,6 +1000,9 @@ void PlanningManager::PlanOne(const std::string& job_id,
                    ? 0
                    : result->headroom_bytes;
     planned_on = DescribeHardware(result->hw);
+    if (reason != "memory-guard") {
+      next_trial = TrialCandidate(*result, TrialMargin(spec));
+    }
     if (!result->feasible) {
       // A reference policy's plan that would run out of memory, as the real
       // framework would: not published.
@@ -959,6 +1107,9 @@ void PlanningManager::PlanOne(const std::string& job_id,
       it->second.schedules.push_back(
           {update.schedule(), update.effective_step()});
       if (rollback_to >= 0) it->second.rollbacks[version] = rollback_to;
+      if (trial.has_value()) it->second.trials[version] = trial_of;
+      it->second.trial_after = next_trial.has_value() ? version : -1;
+      it->second.trial = next_trial;
     }
     // After Stop() the workers hear of it from the next coordinator, which
     // sends the newest stored schedule when they reconnect.
@@ -971,7 +1122,7 @@ void PlanningManager::PlanOne(const std::string& job_id,
       job_id, "schedule",
       absl::StrFormat(
           "v%d (%s) from step %d: predicted %.4f s/iter%s, exposed comm "
-          "%.4f s, peak %s%s; passes %s; planned in %.1f ms on %s%s",
+          "%.4f s, peak %s%s; passes %s; planned in %.1f ms on %s%s%s",
           version, reason, update.effective_step(),
           planned->prediction.iteration_s,
           profile.iteration_s > 0
@@ -984,7 +1135,14 @@ void PlanningManager::PlanOne(const std::string& job_id,
                        : std::string(),
           absl::StrJoin(planned->provenance.passes, ","), wall * 1e3,
           planned_on,
-          assumed.empty() ? "" : absl::StrCat("; assumed: ", assumed)));
+          assumed.empty() ? "" : absl::StrCat("; assumed: ", assumed),
+          next_trial.has_value()
+              ? absl::StrFormat(
+                    "; runner-up %s's plan predicted %.4f s/iter, measured "
+                    "as a trial once this one has run %d steps",
+                    next_trial->source, next_trial->sim.iteration_s,
+                    spec.optimize().drift_window())
+              : std::string()));
   if (publisher) publisher(job_id, update);
 }
 

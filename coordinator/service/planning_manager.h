@@ -15,6 +15,13 @@
 //     published again;
 //   - "cached": no plan: an identical earlier job's newest schedule, as soon
 //     as the graph and every rank's device are known (FindCachedPlan);
+//   - "trial": no plan: the runner-up of the plan that made the active
+//     version, when the cost model predicted it within
+//     optimize.trial_margin of that plan (TrialCandidate), once the active
+//     version has been measured for drift_window steps and is not behind.
+//     Measured as long, the trial is kept when its median is below the
+//     version it was tried against, else that version's plan is published
+//     again ("rollback") and the trial is never published again;
 //   - "memory-guard": the first complete window measured under the
 //     least-memory schedule, which every rank switched to because a rank's
 //     peak came near the budget (OnMemoryGuard); the plan keeps, beyond
@@ -52,6 +59,7 @@
 #include "common/ir/graph.h"
 #include "common/ir/profile.h"
 #include "coordinator/planner/job_plan.h"
+#include "coordinator/planner/planner.h"
 #include "coordinator/service/coordinator_metrics.h"
 #include "coordinator/service/drift_detector.h"
 #include "coordinator/service/job_manager.h"
@@ -179,6 +187,13 @@ class PlanningManager {
     int64_t rollback_to = -1;
     // Rollback versions and the version whose plan each runs again.
     std::map<int64_t, int64_t> rollbacks;
+    // The runner-up to measure once version `trial_after` is judged, and
+    // trial versions with the version each was tried against (judged: an
+    // outcome was decided).
+    std::optional<PlanAlternative> trial;
+    int64_t trial_after = -1;
+    std::map<int64_t, int64_t> trials;
+    std::set<int64_t> trials_judged;
     // A queued "cached" plan: the earlier job it comes from and its schedule.
     std::string cached_from;
     std::optional<v1::Schedule> cached;
@@ -204,8 +219,13 @@ class PlanningManager {
     bool queued = false;
   };
 
-  // After a restart: the rollbacks and rejected versions (from the stored
-  // schedules' provenance) and each version's measured steps (from the
+  // A trial version measured for drift_window steps: kept when faster by
+  // median than the version it was tried against, else rolled back to that
+  // one. Returns whether a rollback was queued. Requires mu_.
+  bool JudgeTrialLocked(const std::string& job_id, JobPlanning& state,
+                        int64_t trial, int64_t against, int64_t step);
+  // After a restart: the rollbacks, trials and rejected versions (from the
+  // stored schedules' provenance) and each version's measured steps (from the
   // stored step history), so that a job is still never left on, or handed
   // again, a plan measured slower than another. Requires mu_.
   void RecoverEvidenceLocked(JobPlanning& state,

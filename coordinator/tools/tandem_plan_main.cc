@@ -7,6 +7,7 @@
 //               [--summary] [--profiled-schedule FILE] [--passes LIST]
 //               [--schedule-out FILE] [--explain] [--timeline]
 //               [--measured FILE=SECONDS,...] [--headroom BYTES]
+//               [--trial-out FILE] [--trial-margin FRACTION]
 //   tandem-plan --list-passes
 //
 // The graph comes from its text form or from the model builder; a profile
@@ -29,6 +30,11 @@
 // from compute to schedules already measured on the job; --headroom keeps that
 // much more of the budget free (GuardHeadroom in
 // coordinator/planner/planner.h): both as the coordinator plans a live job.
+// Tandem's policy also prints the runner-up, the fastest other plan that
+// fits (a `trial` line); --trial-out writes it (text form) when it is
+// predicted within --trial-margin (default 0.10, a job's
+// optimize.trial_margin) of the plan, the trial a live job would measure,
+// and removes the file when there is none.
 // Exit status: 0 on success, 2 on bad input (unknown flag, unreadable file,
 // parse error, invalid graph, profile or schedule, infeasible budget).
 #include <cmath>
@@ -116,6 +122,13 @@ ABSL_FLAG(std::string, measured, "",
           "median); what transfers take from compute is re-fitted to them "
           "before planning, as the coordinator does with a live job's "
           "measurements");
+ABSL_FLAG(std::string, trial_out, "",
+          "write the runner-up (text form) here when it is worth a trial: "
+          "predicted within --trial-margin of the plan, as a live job "
+          "measures it; the file is removed when there is none");
+ABSL_FLAG(double, trial_margin, 0.10,
+          "the runner-up is a trial when predicted at most this much slower "
+          "(0.10 = 10%; a job's optimize.trial_margin)");
 ABSL_FLAG(std::string, headroom, "",
           "more of the budget left free (BYTES), as the coordinator keeps "
           "after a plan tripped the memory guard (its peaks over its "
@@ -136,7 +149,8 @@ constexpr char kUsage[] =
     "                   [--profiled-schedule FILE] [--passes LIST] "
     "[--explain] [--timeline]\n"
     "                   [--measured FILE=SECONDS,...] [--headroom BYTES]\n"
-    "                   [--schedule-out FILE]\n"
+    "                   [--schedule-out FILE] [--trial-out FILE] "
+    "[--trial-margin FRACTION]\n"
     "       tandem-plan --list-passes\n"
     "Plans one training iteration as the coordinator does and prints the "
     "schedule\nwith its predictions, or compares every policy (--compare). "
@@ -158,6 +172,8 @@ struct Args {
   // --measured: schedule files and their measured iteration seconds.
   std::vector<std::pair<std::string, double>> measured;
   std::optional<int64_t> headroom;
+  std::string trial_out;
+  double trial_margin = 0.10;
   bool zero1 = false;
   bool compare = false;
   bool summary = false;
@@ -188,6 +204,15 @@ std::string ReadArgs(Args& args) {
   args.summary = absl::GetFlag(FLAGS_summary);
   args.explain = absl::GetFlag(FLAGS_explain);
   args.timeline = absl::GetFlag(FLAGS_timeline);
+  args.trial_out = absl::GetFlag(FLAGS_trial_out);
+  args.trial_margin = absl::GetFlag(FLAGS_trial_margin);
+  if (!(std::isfinite(args.trial_margin) && args.trial_margin >= 0 &&
+        args.trial_margin <= 1)) {
+    return absl::StrCat(
+        "--trial-margin must be between 0 and 1 (0.10 = 10%), "
+        "got ",
+        args.trial_margin);
+  }
   for (auto [name, text, out] :
        {std::tuple{"--budget", absl::GetFlag(FLAGS_budget), &args.budget},
         std::tuple{"--headroom", absl::GetFlag(FLAGS_headroom),
@@ -228,6 +253,12 @@ std::string ReadArgs(Args& args) {
   }
   if (args.compare && !args.schedule_path.empty()) {
     return "--compare plans every policy; it does not take --schedule";
+  }
+  if (!args.trial_out.empty() &&
+      (args.compare || !args.schedule_path.empty() || !args.passes.empty() ||
+       args.policy != Policy::kTandem)) {
+    return "--trial-out writes the runner-up of Tandem's policy; plan it "
+           "(no --compare, --schedule or --passes, --policy tandem)";
   }
   if (!args.profiled_schedule_path.empty() && args.profile_path.empty()) {
     return "--profiled-schedule needs --profile";
@@ -580,6 +611,32 @@ int Main(int argc, char** argv) {
               : absl::StrCat("passes ", absl::StrJoin(args.passes, " ")),
           ", graph ", graph->name, ", ", graph->world_size, " ranks)"),
       *graph, result->sim, hw->budget(), result->plan_wall_s, result->feasible);
+  if (result->runner_up.has_value()) {
+    const PlanAlternative& second = *result->runner_up;
+    absl::PrintF("trial           %s %.6f (%+.1f%%), peak %d B%s\n",
+                 second.source, second.sim.iteration_s,
+                 100 * (second.sim.iteration_s / result->sim.iteration_s - 1),
+                 second.sim.peak_bytes,
+                 TrialCandidate(*result, args.trial_margin).has_value()
+                     ? ""
+                     : "  beyond --trial-margin: not tried");
+  } else if (args.policy == Policy::kTandem && args.passes.empty()) {
+    absl::PrintF("trial           none (no other plan fits)\n");
+  }
+  if (!args.trial_out.empty()) {
+    std::optional<PlanAlternative> trial =
+        TrialCandidate(*result, args.trial_margin);
+    if (!trial.has_value()) {
+      std::remove(args.trial_out.c_str());
+    } else {
+      std::ofstream out(args.trial_out, std::ios::binary | std::ios::trunc);
+      out << PrintSchedule(trial->schedule);
+      if (!out.flush()) {
+        return Fail(absl::StrCat("cannot write --trial-out file '",
+                                 args.trial_out, "'"));
+      }
+    }
+  }
   if (args.timeline) PrintTimeline(*graph, result->schedule, result->sim);
   if (args.explain) {
     absl::PrintF("# explanation\n");

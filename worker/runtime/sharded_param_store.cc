@@ -252,8 +252,12 @@ CollectiveHandle ShardedParamStore::ReduceScatterGrads(
 absl::StatusOr<CollectiveHandle> ShardedParamStore::OffloadStates(
     absl::Span<const int32_t> ids, HostTier& tier) {
   struct Piece {
-    // The device copies die with the copy; master undefined for fp32.
-    at::Tensor avg, avg_sq, master, host;
+    // The device copies die with the copy; master undefined for fp32. While
+    // a reload of them is in flight, they are in `reloaded` instead (the
+    // copy thread filled them before this copy runs: copies run in order).
+    ReloadedStates states;
+    std::shared_ptr<ReloadedStates> reloaded;
+    at::Tensor host;
   };
   std::vector<Piece> pieces;
   std::vector<int32_t> moved;
@@ -266,11 +270,14 @@ absl::StatusOr<CollectiveHandle> ShardedParamStore::OffloadStates(
       if (!host.ok()) return host.status();
       e.host_states = *std::move(host);
     }
-    pieces.push_back({std::move(e.exp_avg), std::move(e.exp_avg_sq),
-                      std::move(e.master), e.host_states});
+    pieces.push_back(
+        {{std::move(e.exp_avg), std::move(e.exp_avg_sq), std::move(e.master)},
+         std::move(e.reloading),
+         e.host_states});
     e.exp_avg = at::Tensor();
     e.exp_avg_sq = at::Tensor();
     e.master = at::Tensor();
+    e.reloading = nullptr;
     e.states_on_host = true;
     moved.push_back(id);
   }
@@ -278,14 +285,14 @@ absl::StatusOr<CollectiveHandle> ShardedParamStore::OffloadStates(
   CollectiveHandle handle =
       tier.Submit([pieces = std::move(pieces), &tier]() mutable {
         for (Piece& p : pieces) {
-          const int64_t n = p.avg.numel();
-          tier.Copy(p.avg, p.host.narrow(0, 0, n));
-          tier.Copy(p.avg_sq, p.host.narrow(0, n, n));
-          if (p.master.defined())
-            tier.Copy(p.master, p.host.narrow(0, 2 * n, n));
-          p.avg = at::Tensor();  // free the device memory now
-          p.avg_sq = at::Tensor();
-          p.master = at::Tensor();
+          ReloadedStates& s = p.reloaded != nullptr ? *p.reloaded : p.states;
+          const int64_t n = s.avg.numel();
+          tier.Copy(s.avg, p.host.narrow(0, 0, n));
+          tier.Copy(s.avg_sq, p.host.narrow(0, n, n));
+          if (s.master.defined()) {
+            tier.Copy(s.master, p.host.narrow(0, 2 * n, n));
+          }
+          s = ReloadedStates();  // free the device memory now
         }
       });
   for (int32_t id : moved) params_[id].pending_copy = handle;
@@ -295,36 +302,67 @@ absl::StatusOr<CollectiveHandle> ShardedParamStore::OffloadStates(
 CollectiveHandle ShardedParamStore::ReloadStates(absl::Span<const int32_t> ids,
                                                  HostTier& tier) {
   struct Piece {
-    at::Tensor host, avg, avg_sq, master;
+    at::Tensor host;
+    std::shared_ptr<ReloadedStates> into;
+    int64_t numel = 0;
+    bool master = false;
+  };
+  // On CPU the copy thread allocates the states when the copy starts, all of
+  // this reload's at once, as the simulator counts them. On CUDA they are
+  // allocated here, on the compute stream the copy stream is ordered after
+  // (memory the copy thread allocated would belong to the copy stream's
+  // pool, and be reused there while compute still reads it).
+  const bool at_start = device_.is_cpu();
+  const at::TensorOptions f32 =
+      at::TensorOptions().dtype(at::kFloat).device(device_);
+  auto allocate = [f32](const Piece& p) {
+    p.into->avg = at::empty({p.numel}, f32);
+    p.into->avg_sq = at::empty({p.numel}, f32);
+    if (p.master) p.into->master = at::empty({p.numel}, f32);
   };
   std::vector<Piece> pieces;
   std::vector<int32_t> moved;
   for (int32_t id : ids) {
     Entry& e = params_[id];
     if (!e.states_on_host) continue;
-    e.exp_avg = at::empty_like(e.shard, at::kFloat);
-    e.exp_avg_sq = at::empty_like(e.shard, at::kFloat);
-    if (e.has_master) e.master = at::empty_like(e.shard, at::kFloat);
+    e.reloading = std::make_shared<ReloadedStates>();
     e.states_on_host = false;
-    pieces.push_back({e.host_states, e.exp_avg, e.exp_avg_sq, e.master});
+    pieces.push_back({e.host_states, e.reloading, e.shard_numel, e.has_master});
+    if (!at_start) allocate(pieces.back());
     moved.push_back(id);
   }
   if (pieces.empty()) return nullptr;
-  CollectiveHandle handle = tier.Submit([pieces = std::move(pieces), &tier] {
-    for (const Piece& p : pieces) {
-      const int64_t n = p.avg.numel();
-      tier.Copy(p.host.narrow(0, 0, n), p.avg);
-      tier.Copy(p.host.narrow(0, n, n), p.avg_sq);
-      if (p.master.defined()) tier.Copy(p.host.narrow(0, 2 * n, n), p.master);
-    }
-  });
+  CollectiveHandle handle =
+      tier.Submit([pieces = std::move(pieces), &tier, at_start, allocate] {
+        if (at_start) {
+          for (const Piece& p : pieces) allocate(p);
+        }
+        for (const Piece& p : pieces) {
+          const int64_t n = p.numel;
+          tier.Copy(p.host.narrow(0, 0, n), p.into->avg);
+          tier.Copy(p.host.narrow(0, n, n), p.into->avg_sq);
+          if (p.master) tier.Copy(p.host.narrow(0, 2 * n, n), p.into->master);
+        }
+      });
   for (int32_t id : moved) params_[id].pending_copy = handle;
   return handle;
+}
+
+void ShardedParamStore::SettleReload(Entry& e) {
+  if (e.reloading == nullptr) return;
+  const absl::Status s = e.pending_copy->Wait();
+  TORCH_CHECK(s.ok(), "reloading the optimizer states of '", e.name,
+              "' failed: ", std::string(s.message()));
+  e.exp_avg = std::move(e.reloading->avg);
+  e.exp_avg_sq = std::move(e.reloading->avg_sq);
+  e.master = std::move(e.reloading->master);
+  e.reloading = nullptr;
 }
 
 void ShardedParamStore::WaitStates() {
   for (Entry& e : params_) {
     if (e.pending_copy == nullptr) continue;
+    SettleReload(e);
     const absl::Status s = e.pending_copy->Wait();
     TORCH_CHECK(s.ok(), "moving the optimizer states of '", e.name,
                 "' failed: ", std::string(s.message()));
@@ -335,6 +373,13 @@ void ShardedParamStore::WaitStates() {
 at::Tensor ShardedParamStore::MasterShard(int32_t id) const {
   const Entry& e = params_[id];
   if (!e.has_master) return e.shard.to(at::kFloat);
+  if (e.reloading != nullptr) {
+    // Filled once the reload is done (the entry takes it at SettleReload).
+    const absl::Status s = e.pending_copy->Wait();
+    TORCH_CHECK(s.ok(), "reloading the optimizer states of '", e.name,
+                "' failed: ", std::string(s.message()));
+    return e.reloading->master;
+  }
   if (!e.states_on_host) return e.master;
   return e.host_states.narrow(0, 2 * e.shard_numel, e.shard_numel)
       .to(e.shard.device());
@@ -346,6 +391,7 @@ void ShardedParamStore::SetMasterShard(int32_t id, const at::Tensor& values) {
               e.shard_numel, " values in a shard, got ", values.numel());
   TORCH_CHECK(!e.states_on_host || !e.has_master, "the master of '", e.name,
               "' is on the host tier");
+  SettleReload(e);
   if (e.has_master) e.master.copy_(values.reshape({-1}));
   e.shard.copy_(values.reshape({-1}));
 }
@@ -377,6 +423,7 @@ double ShardedParamStore::AdamWStep(const AdamWOptions& o, float factor,
       TORCH_CHECK(s.ok(), "reloading the optimizer states of '", e.name,
                   "' failed: ", std::string(s.message()));
       waited_s += e.pending_copy->waited_s() - before;
+      SettleReload(e);
       e.pending_copy = nullptr;
     }
     // fp32 gradient and master (an fp32 shard is its own).

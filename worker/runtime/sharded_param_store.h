@@ -23,9 +23,12 @@
 // Optimizer states (the AdamW moments, and the fp32 master of a non-fp32
 // param; an fp32 shard is its own master) can move to a host tier (host_tier.h)
 // and back, on its copy thread: OffloadStates frees their device memory once
-// the copy is done, ReloadStates allocates it again at once and fills it
-// asynchronously, and the optimizer step waits, param by param, only for the
-// states it is about to update.
+// the copy is done, ReloadStates allocates it again when the copy starts (on
+// CPU; on CUDA at once, on the compute stream) and fills it asynchronously,
+// and the optimizer step waits, param by param, only for the states it is
+// about to update. A reload queued behind other copies holds no memory until
+// its turn: the simulator counts a reload from its copy's start
+// (common/sim/simulator.h).
 //
 // Threading: Gather/Release/ReduceScatterGrads/optimizer calls come from the
 // compute thread; the communication thread packs and unpacks the buffers
@@ -142,9 +145,9 @@ class ShardedParamStore {
   // memory.
   absl::StatusOr<CollectiveHandle> OffloadStates(absl::Span<const int32_t> ids,
                                                  HostTier& tier);
-  // Allocates device memory for the states of `ids` that are on the host now
-  // and copies them back on `tier`'s copy thread. Null handle when nothing
-  // moves.
+  // Copies the states of `ids` that are on the host now back to device
+  // memory on `tier`'s copy thread, which allocates it when the copy starts
+  // (on CUDA it is allocated now). Null handle when nothing moves.
   CollectiveHandle ReloadStates(absl::Span<const int32_t> ids, HostTier& tier);
   // Blocks until no copy of any state is in flight (checkpoints read them).
   void WaitStates();
@@ -176,6 +179,11 @@ class ShardedParamStore {
   absl::StatusOr<at::Tensor> GatherValue(int32_t id, Communicator& comm);
 
  private:
+  // What a reload fills, written by the copy thread until its handle is
+  // done.
+  struct ReloadedStates {
+    at::Tensor avg, avg_sq, master;
+  };
   struct Entry {
     std::string name;
     int64_t numel = 0;
@@ -199,6 +207,10 @@ class ShardedParamStore {
     bool states_on_host = false;
     // The latest offload or reload of the states.
     CollectiveHandle pending_copy;
+    // A reload in flight: the device states its copy allocates and fills,
+    // moved into the entry (SettleReload) once pending_copy is done; an
+    // offload submitted meanwhile takes them from here.
+    std::shared_ptr<ReloadedStates> reloading;
   };
   ShardedParamStore(int rank, int world_size, at::Device device,
                     at::ScalarType dtype, at::ScalarType reduce_dtype)
@@ -209,6 +221,9 @@ class ShardedParamStore {
         reduce_dtype_(reduce_dtype) {}
   // fp32 state tensors of `e`: the two moments, and its master.
   static int64_t StateCount(const Entry& e) { return e.has_master ? 3 : 2; }
+  // Waits for the reload in flight into `e`, if any, and moves its states
+  // into the entry.
+  static void SettleReload(Entry& e);
 
   const int rank_;
   const int world_size_;

@@ -36,6 +36,7 @@ def test_submit_minimal_dict_applies_server_defaults(client):
     assert s.optimize.policy == "tandem" and list(s.optimize.passes) == []
     assert s.optimize.warmup_steps == 3 and s.optimize.drift_window == 5
     assert s.optimize.drift_threshold == pytest.approx(0.1)
+    assert s.optimize.trial_margin == pytest.approx(0.1)
 
 
 def test_grad_clip_zero_disables_and_unset_defaults_to_one(client, tmp_path):
@@ -48,6 +49,22 @@ def test_grad_clip_zero_disables_and_unset_defaults_to_one(client, tmp_path):
     job = client.submit(str(path))
     assert job.spec.train.HasField("grad_clip")
     assert job.spec.train.grad_clip == 0.0
+
+
+def test_trial_margin_zero_turns_trials_off_and_out_of_range_is_refused(client, tmp_path):
+    # Written as 0 in YAML: kept 0 (no trials), not the default.
+    spec = small_spec()
+    spec.setdefault("optimize", {})["trial_margin"] = 0
+    path = tmp_path / "notrials.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    job = client.submit(str(path))
+    assert job.spec.optimize.HasField("trial_margin")
+    assert job.spec.optimize.trial_margin == 0.0
+    spec["optimize"]["trial_margin"] = 2
+    with pytest.raises(tandem.TandemError) as e:
+        client.submit(spec)
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "optimize.trial_margin must be between 0 (no trials) and 1" in str(e.value)
 
 
 def test_submit_accepts_a_jobspec_message(client):

@@ -46,6 +46,7 @@ TEST(JobSpecTest, Defaults_FillUnsetFields) {
   EXPECT_EQ(spec.parallel().zero_stage(), 3);
   EXPECT_DOUBLE_EQ(spec.optimize().drift_threshold(), 0.1);
   EXPECT_EQ(spec.optimize().drift_window(), 5);
+  EXPECT_DOUBLE_EQ(spec.optimize().trial_margin(), 0.10);
   EXPECT_EQ(spec.comm().chunk_bytes(), 0);  // automatic
   EXPECT_EQ(spec.comm().max_in_flight(), 4);
   // The benchmarked pipeline: the tandem policy, not a pass list.
@@ -576,6 +577,14 @@ INSTANTIATE_TEST_SUITE_P(AllFields, JobSpecErrorTest,
                                                       },
                                                       "optimize.drift_"
                                                       "threshold must be > 0"},
+                                             SpecCase{"trial",
+                                                      [](v1::JobSpec& s) {
+                                                        s.mutable_optimize()
+                                                            ->set_trial_margin(
+                                                                1.5);
+                                                      },
+                                                      "optimize.trial_margin "
+                                                      "must be between 0"},
                                              SpecCase{"ckpt",
                                                       [](v1::JobSpec& s) {
                                                         s.mutable_checkpoint()

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/bytes.h"
 #include "common/ir/text_format.h"
 #include "common/ir/validate.h"
@@ -269,6 +270,68 @@ TEST(PlanTest, EveryPolicyOnTinyLlama_KeepsEveryInvariant) {
     EXPECT_TRUE(result->feasible) << PolicyName(policy);
     EXPECT_FALSE(result->schedule.provenance.passes.empty());
   }
+}
+
+// Tandem's policy returns the fastest plan that fits and, as its runner-up,
+// the fastest other one: a different plan, fitting the budget, predicted no
+// faster, simulated as returned; none when no other plan fits (a budget only
+// Tandem's offloading fits). TrialCandidate offers it only within the
+// margin.
+TEST(PlanTest, TandemPolicy_RunnerUpIsTheFastestOtherPlanThatFits) {
+  const Graph graph = TinyLlama(4);
+  HardwareModel hw = HardwareModel::H100(4);
+  PlanOptions on_demand;
+  on_demand.policy = Policy::kOnDemand;
+  absl::StatusOr<PlanResult> od = Plan(graph, hw, on_demand);
+  ASSERT_TRUE(od.ok());
+  absl::StatusOr<int64_t> least = SmallestFeasibleBudget(graph, hw);
+  ASSERT_TRUE(least.ok());
+  int with_runner_up = 0;
+  for (const int64_t budget : {int64_t{0}, od->sim.peak_bytes - 1,
+                               (od->sim.peak_bytes + *least) / 2, *least}) {
+    SCOPED_TRACE(absl::StrCat("budget ", budget));
+    hw.budget_bytes = budget;
+    absl::StatusOr<PlanResult> result = Plan(graph, hw, PlanOptions());
+    ASSERT_TRUE(result.ok()) << result.status();
+    // The fastest plan of another policy that fits and differs.
+    std::optional<PlanResult> other;
+    for (Policy policy : AllPolicies()) {
+      PlanOptions options;
+      options.policy = policy;
+      absl::StatusOr<PlanResult> theirs = Plan(graph, hw, options);
+      ASSERT_TRUE(theirs.ok() || policy == Policy::kTandem);
+      if (!theirs.ok() || !theirs->feasible ||
+          SamePlan(theirs->schedule, result->schedule)) {
+        continue;
+      }
+      if (!other.has_value() ||
+          theirs->sim.iteration_s < other->sim.iteration_s) {
+        other = *theirs;
+      }
+    }
+    ASSERT_EQ(result->runner_up.has_value(), other.has_value());
+    if (!other.has_value()) continue;
+    ++with_runner_up;
+    const PlanAlternative& second = *result->runner_up;
+    EXPECT_DOUBLE_EQ(second.sim.iteration_s, other->sim.iteration_s)
+        << second.source;
+    EXPECT_FALSE(SamePlan(second.schedule, result->schedule));
+    EXPECT_LE(second.sim.peak_bytes, hw.budget());
+    EXPECT_GE(second.sim.iteration_s, result->sim.iteration_s);
+    EXPECT_EQ(second.schedule.budget_bytes, hw.budget());
+    EXPECT_TRUE(CheckScheduleSemantics(graph, second.schedule).ok());
+    absl::StatusOr<SimResult> again = Simulate(graph, second.schedule, hw);
+    ASSERT_TRUE(again.ok());
+    EXPECT_DOUBLE_EQ(again->iteration_s, second.sim.iteration_s);
+    const double apart = second.sim.iteration_s / result->sim.iteration_s - 1;
+    EXPECT_FALSE(TrialCandidate(*result, 0).has_value());
+    ASSERT_TRUE(TrialCandidate(*result, apart + 1e-6).has_value());
+    EXPECT_EQ(TrialCandidate(*result, apart + 1e-6)->source, second.source);
+    if (apart > 1e-6) {
+      EXPECT_FALSE(TrialCandidate(*result, apart - 1e-6).has_value());
+    }
+  }
+  EXPECT_GE(with_runner_up, 1);
 }
 
 TEST(PlanTest, ReferencePolicyOverBudget_ReturnsPlanMarkedInfeasible) {

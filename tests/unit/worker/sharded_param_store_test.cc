@@ -1,5 +1,6 @@
 #include "worker/runtime/sharded_param_store.h"
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -295,6 +296,66 @@ TEST(ShardedParamStoreTest, Bf16_MasterOffloadedWithStates_ComesBackExact) {
   s.SetMasterShard(0, values);
   EXPECT_TRUE(at::equal(s.MasterShard(0), values));
   EXPECT_TRUE(at::equal(s.shard(0), values.to(at::kBFloat16)));
+}
+
+// A reload queued behind another copy holds no memory until its copy
+// starts, then all of its states at once: what the simulator counts
+// (worker/README.md, "Runtime rules"). An offload of the same states
+// submitted while the reload is still queued takes them once it has run,
+// and a later reload brings back the same values.
+TEST(ShardedParamStoreTest, Reload_QueuedBehindACopy_AllocatesWhenItStarts) {
+  CountingCpuAllocator* meter = CountingCpuAllocator::Get();
+  ASSERT_NE(meter, nullptr);
+  const Program program = Bf16Params(DType::kBF16);
+  auto store = ShardedParamStore::Create(program, 0, 1);
+  ASSERT_TRUE(store.ok());
+  ShardedParamStore& s = **store;
+  absl::StatusOr<std::unique_ptr<HostTier>> made =
+      HostTier::Create(at::Device(at::kCPU), "");
+  ASSERT_TRUE(made.ok()) << made.status();
+  HostTier& tier = **made;
+  const at::Tensor master = s.MasterShard(0).clone();
+  const at::Tensor avg = s.exp_avg(0).clone().fill_(0.25f);
+  at::Tensor(s.exp_avg(0)).copy_(avg);
+  absl::StatusOr<CollectiveHandle> off = s.OffloadStates({0, 1}, tier);
+  ASSERT_TRUE(off.ok()) << off.status();
+  s.WaitStates();
+  const int64_t states = s.state_bytes(0) + s.state_bytes(1);
+  ASSERT_GT(states, 0);
+
+  // The copy thread is busy with another copy until `release`.
+  std::atomic<bool> started{false};
+  std::atomic<bool> release{false};
+  CollectiveHandle busy = tier.Submit([&] {
+    started = true;
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const int64_t before = meter->current_bytes();
+  CollectiveHandle back = s.ReloadStates({0, 1}, tier);
+  ASSERT_NE(back, nullptr);
+  EXPECT_FALSE(s.states_on_host(0));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(meter->current_bytes(), before);  // queued: nothing held yet
+  // Param 1 goes back out before its reload has run.
+  absl::StatusOr<CollectiveHandle> again = s.OffloadStates({1}, tier);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_NE(*again, nullptr);
+  EXPECT_TRUE(s.states_on_host(1));
+  release = true;
+  ASSERT_TRUE(busy->Wait().ok());
+  ASSERT_TRUE(back->Wait().ok());
+  ASSERT_TRUE((*again)->Wait().ok());
+  // Param 0's states are on the device, param 1's back on the host.
+  EXPECT_EQ(meter->current_bytes() - before, s.state_bytes(0));
+  s.WaitStates();
+  EXPECT_TRUE(at::equal(s.MasterShard(0), master));
+  EXPECT_TRUE(at::equal(s.exp_avg(0), avg));
+  CollectiveHandle last = s.ReloadStates({1}, tier);
+  ASSERT_NE(last, nullptr);
+  s.WaitStates();
+  EXPECT_FALSE(s.states_on_host(1));
+  EXPECT_EQ(meter->current_bytes() - before, states);
 }
 
 }  // namespace

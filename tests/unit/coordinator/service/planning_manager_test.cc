@@ -11,6 +11,7 @@
 #include "common/ir/proto_convert.h"
 #include "common/job/job_spec.h"
 #include "common/lowering/least_memory.h"
+#include "common/lowering/schedule_semantics.h"
 #include "common/models/graph_builder.h"
 #include "common/sim/simulator.h"
 #include "coordinator/planner/planner.h"
@@ -22,10 +23,13 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-v1::JobSpec Spec() {
+// `trial_margin`: optimize.trial_margin (negative: unset, the default).
+v1::JobSpec Spec(double trial_margin = -1) {
   v1::JobSpec spec = TinyJobSpec("tiny", 50);
   spec.mutable_optimize()->set_warmup_steps(2);
   spec.mutable_optimize()->set_drift_window(3);
+  if (trial_margin >= 0)
+    spec.mutable_optimize()->set_trial_margin(trial_margin);
   return spec;
 }
 
@@ -229,6 +233,7 @@ int CountEvents(JobManager& jobs, const std::string& job,
 // it measured, so the same 3x does not fire again while a further change
 // does.
 TEST_F(PlanningManagerTest, SustainedDrift_SamePlanAgain_KeptAndWatched) {
+  job_ = *jobs_->Submit(Spec(/*trial_margin=*/0));  // drift alone
   ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
   SendWindow(0, 1, 0);
   ASSERT_EQ(published_.size(), 1u);
@@ -300,7 +305,7 @@ void VariableSteps(PlanningManager& planning, const std::string& job,
 TEST_F(PlanningManagerTest, VariableWork_StepsScaledToTheWindowsWork_NoDrift) {
   for (const bool report_work : {true, false}) {
     SCOPED_TRACE(report_work ? "work reported" : "work not reported");
-    job_ = *jobs_->Submit(Spec());
+    job_ = *jobs_->Submit(Spec(/*trial_margin=*/0));  // drift alone
     published_.clear();
     window_work_ = report_work ? 1024 : 0;
     window_iteration_s_ = 0.020;  // what the baseline's steps measure
@@ -452,6 +457,211 @@ TEST_F(PlanningManagerTest, Restart_KeepsTheRollbackEvidence) {
   EXPECT_TRUE(published.empty());
   EXPECT_THAT(jobs.Events(job_.id(), 0)->back().message(),
               HasSubstr("gave v1's schedule again"));
+  restarted.Stop();
+}
+
+// The events of `kind`, oldest first.
+std::vector<std::string> EventsOf(JobManager& jobs, const std::string& job,
+                                  const std::string& kind) {
+  std::vector<std::string> out;
+  absl::StatusOr<std::vector<v1::JobEvent>> events = jobs.Events(job, 0);
+  for (const v1::JobEvent& e : *events) {
+    if (e.kind() == kind) out.push_back(e.message());
+  }
+  return out;
+}
+
+// Publishes v1 of a job whose every runner-up is worth a trial
+// (trial_margin 1: 100%) and runs it at its prediction (no drift) for
+// drift_window (3) steps after the switch step: the runner-up is published
+// as v2. Returns v1's predicted (and measured) step time.
+double RunUntilTrial(PlanningManager& planning, JobManager& jobs,
+                     const std::string& job,
+                     std::vector<v1::ScheduleUpdate>& published) {
+  Steps(planning, job, 0, 5, 0, 0.100);
+  EXPECT_EQ(published.size(), 1u);
+  if (published.empty()) return 0;
+  const double predicted = published[0].schedule().prediction().iteration_s();
+  planning.OnScheduleActive(job, 1);
+  Steps(planning, job, 5, 4, 1, predicted);
+  planning.Drain();
+  EXPECT_EQ(published.size(), 2u);
+  EXPECT_THAT(
+      jobs.Events(job, 0)->back().message(),
+      AllOf(HasSubstr("v2 (trial) from step"), HasSubstr(",trial-of-v1;"),
+            HasSubstr("on v1's runner-up")));
+  return predicted;
+}
+
+// The runner-up of the published plan, predicted within
+// optimize.trial_margin of it, is measured once the plan has run
+// drift_window steps and is not behind: published as a "trial" version
+// with its source and the version it is tried against, said in events.
+// Measured faster by median, even by less than a rollback's noise margin,
+// it stays and is not tried again.
+TEST_F(PlanningManagerTest, Trial_RunnerUpMeasuredFaster_Kept) {
+  job_ = *jobs_->Submit(Spec(/*trial_margin=*/1.0));
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  SendWindow(0, 1, 0);
+  ASSERT_EQ(published_.size(), 1u);
+  EXPECT_THAT(jobs_->Events(job_.id(), 0)->back().message(),
+              AllOf(HasSubstr("v1 (initial)"), HasSubstr("; runner-up "),
+                    HasSubstr("measured as a trial once this one has run 3 "
+                              "steps")));
+  const double predicted =
+      RunUntilTrial(*planning_, *jobs_, job_.id(), published_);
+  ASSERT_EQ(published_.size(), 2u);
+  const v1::Schedule& trial = published_[1].schedule();
+  EXPECT_EQ(trial.version(), 2);
+  EXPECT_EQ(trial.provenance().reason(), "trial");
+  absl::StatusOr<Schedule> v1 = FromProto(published_[0].schedule());
+  absl::StatusOr<Schedule> v2 = FromProto(trial);
+  ASSERT_TRUE(v1.ok() && v2.ok());
+  EXPECT_FALSE(SamePlan(*v1, *v2));
+  EXPECT_TRUE(CheckScheduleSemantics(graph_, *v2).ok());
+  ASSERT_FALSE(v2->explanation.decisions.empty());
+  EXPECT_THAT(v2->explanation.decisions.back().what,
+              HasSubstr("measured as a trial against v1's"));
+  std::vector<std::string> trials = EventsOf(*jobs_, job_.id(), "trial");
+  ASSERT_EQ(trials.size(), 1u);
+  EXPECT_THAT(trials[0],
+              AllOf(HasSubstr(absl::StrFormat(
+                        "v1 measured %.4f s/iter (median of 3 steps); "
+                        "measuring ",
+                        predicted)),
+                    HasSubstr("'s plan next, predicted "),
+                    HasSubstr("within optimize.trial_margin 100%")));
+
+  planning_->OnScheduleActive(job_.id(), 2);
+  Steps(*planning_, job_.id(), 9, 4, 2, predicted * 0.975);
+  planning_->Drain();
+  EXPECT_EQ(published_.size(), 2u);
+  trials = EventsOf(*jobs_, job_.id(), "trial");
+  ASSERT_EQ(trials.size(), 2u);
+  EXPECT_THAT(trials[1],
+              AllOf(HasSubstr("trial v2 ("),
+                    HasSubstr(absl::StrFormat(
+                        "measured %.4f s/iter (median of 3 steps) against "
+                        "v1's %.4f",
+                        predicted * 0.975, predicted)),
+                    HasSubstr("2.5% faster; kept")));
+  // Kept for good: no further trial, rollback or drift.
+  Steps(*planning_, job_.id(), 13, 20, 2, predicted * 0.975);
+  planning_->Drain();
+  EXPECT_EQ(published_.size(), 2u);
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "trial"), 2);
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "rollback"), 0);
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "drift"), 0);
+  EXPECT_DOUBLE_EQ(jobs_->Get(job_.id())->measured_speedup(),
+                   0.100 / (predicted * 0.975));
+}
+
+// A trial measured slower by median, here by 2.5% (inside the 5% a
+// rollback's noise margin would forgive), goes back to the plan it was
+// tried against, as a rollback version running that plan, and is never
+// published again: not by a re-plan, not as a second trial.
+TEST_F(PlanningManagerTest, Trial_RunnerUpMeasuredSlower_BackToThePlan) {
+  job_ = *jobs_->Submit(Spec(/*trial_margin=*/1.0));
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  SendWindow(0, 1, 0);
+  const double predicted =
+      RunUntilTrial(*planning_, *jobs_, job_.id(), published_);
+  ASSERT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  Steps(*planning_, job_.id(), 9, 4, 2, predicted * 1.025);
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 3u);
+  const v1::Schedule& back = published_[2].schedule();
+  EXPECT_EQ(back.provenance().reason(), "rollback");
+  EXPECT_THAT(back.provenance().passes(),
+              ::testing::Contains("rollback-to-v1"));
+  absl::StatusOr<Schedule> v1 = FromProto(published_[0].schedule());
+  absl::StatusOr<Schedule> v3 = FromProto(back);
+  ASSERT_TRUE(v1.ok() && v3.ok());
+  EXPECT_TRUE(SamePlan(*v1, *v3));
+  EXPECT_DOUBLE_EQ(back.prediction().iteration_s(), predicted);
+  EXPECT_THAT(EventsOf(*jobs_, job_.id(), "trial").back(),
+              AllOf(HasSubstr("trial v2 ("),
+                    HasSubstr(absl::StrFormat(
+                        "measured %.4f s/iter (median of 3 steps) against "
+                        "v1's %.4f (3 steps): not faster; back to v1's "
+                        "schedule at step 12",
+                        predicted * 1.025, predicted))));
+  planning_->OnScheduleActive(job_.id(), 3);
+  Steps(*planning_, job_.id(), 13, 20, 3, predicted);
+  planning_->Drain();
+  EXPECT_EQ(published_.size(), 3u);
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "trial"), 2);
+  // Re-planned from the same measurements, the planner's choice is v1's
+  // plan, the active one: whatever it publishes, never the trial's again.
+  ASSERT_TRUE(planning_->RequestReplan(job_.id(), "").ok());
+  planning_->Drain();
+  for (size_t i = 3; i < published_.size(); ++i) {
+    absl::StatusOr<Schedule> later = FromProto(published_[i].schedule());
+    ASSERT_TRUE(later.ok());
+    absl::StatusOr<Schedule> v2 = FromProto(published_[1].schedule());
+    EXPECT_FALSE(SamePlan(*later, *v2));
+  }
+}
+
+// optimize.trial_margin 0: the runner-up is never measured.
+TEST_F(PlanningManagerTest, Trial_MarginZero_NoTrial) {
+  job_ = *jobs_->Submit(Spec(/*trial_margin=*/0));
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  SendWindow(0, 1, 0);
+  ASSERT_EQ(published_.size(), 1u);
+  EXPECT_THAT(jobs_->Events(job_.id(), 0)->back().message(),
+              ::testing::Not(HasSubstr("runner-up")));
+  const double predicted = published_[0].schedule().prediction().iteration_s();
+  Steps(*planning_, job_.id(), 0, 5, 0, 0.100);
+  planning_->OnScheduleActive(job_.id(), 1);
+  Steps(*planning_, job_.id(), 5, 20, 1, predicted);
+  planning_->Drain();
+  EXPECT_EQ(published_.size(), 1u);
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "trial"), 0);
+}
+
+// A coordinator restart while a trial runs: the restarted manager knows the
+// trial and what it is tried against (from the stored schedules and steps)
+// and still judges it.
+TEST_F(PlanningManagerTest, Restart_DuringTrial_StillJudged) {
+  job_ = *jobs_->Submit(Spec(/*trial_margin=*/1.0));
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  SendWindow(0, 1, 0);
+  const double predicted =
+      RunUntilTrial(*planning_, *jobs_, job_.id(), published_);
+  ASSERT_EQ(published_.size(), 2u);
+  std::vector<StoredStep> stored;
+  for (int64_t step = 0; step < 9; ++step) {
+    StoredStep s;
+    s.step = step;
+    s.schedule_version = step < 5 ? 0 : 1;
+    s.iteration_s = step < 5 ? 0.100 : predicted;
+    stored.push_back(s);
+  }
+  ASSERT_TRUE(store_->PutSteps(job_.id(), stored).ok());
+  planning_->Stop();
+  planning_.reset();
+
+  JobManager jobs(store_.get());
+  ASSERT_TRUE(jobs.Recover().ok());
+  PlanningManager restarted(&jobs, store_.get(), nullptr);
+  std::vector<v1::ScheduleUpdate> published;
+  restarted.SetPublisher([&](const std::string&, const v1::ScheduleUpdate& u) {
+    published.push_back(u);
+  });
+  ASSERT_TRUE(restarted.Recover().ok());
+  restarted.OnScheduleActive(job_.id(), 2);
+  Steps(restarted, job_.id(), 9, 4, 2, predicted * 1.03);
+  restarted.Drain();
+  ASSERT_EQ(published.size(), 1u);
+  EXPECT_EQ(published[0].schedule().provenance().reason(), "rollback");
+  EXPECT_THAT(published[0].schedule().provenance().passes(),
+              ::testing::Contains("rollback-to-v1"));
+  EXPECT_THAT(jobs.Events(job_.id(), 0)->back().message(),
+              HasSubstr("v3 (rollback)"));
+  EXPECT_THAT(EventsOf(jobs, job_.id(), "trial").back(),
+              HasSubstr("not faster; back to v1's schedule"));
   restarted.Stop();
 }
 

@@ -82,6 +82,15 @@ class Bench:
             raise RuntimeError(f"{cmd[0]} failed ({p.returncode}): {p.stderr.strip()[-600:]}")
         return p.stdout
 
+    def run_schedule(self, spec, sched, discard):
+        """Both ranks train `spec` under the schedule file `sched` on the
+        link; the steps' statistics (worker_stats)."""
+        outs = self.run_pair(
+            lambda r, rv: [self.worker, "--standalone", "--spec", spec, "--rank",
+                           str(r), "--world", "2", "--rendezvous", rv,
+                           "--threads", "1", "--schedule", sched], 900)
+        return self.worker_stats(outs, discard)
+
     def run_pair(self, make_cmd, timeout):
         """Rank 0 in ns0, rank 1 in ns1; returns both stdouts. make_cmd(rank,
         rendezvous) -> argv. On any failure both are killed (by pid)."""
@@ -384,11 +393,7 @@ memory: {{budget_bytes: {budget}}}
                             continue
                         break
                     try:
-                        outs = self.run_pair(
-                            lambda r, rv: [self.worker, "--standalone", "--spec", spec, "--rank",
-                                           str(r), "--world", "2", "--rendezvous", rv,
-                                           "--threads", "1", "--schedule", sched], 900)
-                        stats = self.worker_stats(outs, discard)
+                        stats = self.run_schedule(spec, sched, discard)
                         row.update(stats)
                         row.pop("error", None)
                         peaks = stats["planned_peaks"]
@@ -459,11 +464,7 @@ memory: {{budget_bytes: {budget}}}
             planned = self.plan(m, profile, "tandem", plan_budget, second_sched,
                                 measured=[(sched, first["step_s"])], headroom=headroom,
                                 trial_out=second_sched[:-len(".sched")] + "-trial.sched")
-            outs = self.run_pair(
-                lambda r, rv: [self.worker, "--standalone", "--spec", spec, "--rank",
-                               str(r), "--world", "2", "--rendezvous", rv,
-                               "--threads", "1", "--schedule", second_sched], 900)
-            stats = self.worker_stats(outs, discard)
+            stats = self.run_schedule(spec, second_sched, discard)
         except RuntimeError as e:
             row["refit_error"] = str(e)
             return
@@ -504,11 +505,7 @@ memory: {{budget_bytes: {budget}}}
                                if row.get("trial_predicted_s") else ""))
             return
         try:
-            outs = self.run_pair(
-                lambda r, rv: [self.worker, "--standalone", "--spec", spec, "--rank",
-                               str(r), "--world", "2", "--rendezvous", rv,
-                               "--threads", "1", "--schedule", trial], 900)
-            stats = self.worker_stats(outs, discard)
+            stats = self.run_schedule(spec, trial, discard)
         except RuntimeError as e:
             row["trial_error"] = str(e)
             return

@@ -39,13 +39,32 @@ double TrialMargin(const v1::JobSpec& spec) {
                                             : kDefaultTrialMargin;
 }
 
+// The text after `prefix` in the newest of the schedule's provenance passes
+// that starts with it.
+std::optional<std::string> PassAfter(const v1::Schedule& schedule,
+                                     absl::string_view prefix) {
+  const auto& passes = schedule.provenance().passes();
+  for (auto it = passes.rbegin(); it != passes.rend(); ++it) {
+    absl::string_view rest = *it;
+    if (absl::ConsumePrefix(&rest, prefix)) return std::string(rest);
+  }
+  return std::nullopt;
+}
+
+// The version a "rollback-to-vK" or "trial-of-vK" pass names.
+std::optional<int64_t> VersionPass(const v1::Schedule& schedule,
+                                   absl::string_view prefix) {
+  std::optional<std::string> rest = PassAfter(schedule, prefix);
+  int64_t version = 0;
+  if (!rest.has_value() || !absl::SimpleAtoi(*rest, &version)) {
+    return std::nullopt;
+  }
+  return version;
+}
+
 // Where a trial's plan came from: its "trial:<source>" pass.
 std::string TrialSource(const v1::Schedule& schedule) {
-  for (const std::string& pass : schedule.provenance().passes()) {
-    absl::string_view rest = pass;
-    if (absl::ConsumePrefix(&rest, "trial:")) return std::string(rest);
-  }
-  return "the runner-up";
+  return PassAfter(schedule, "trial:").value_or("the runner-up");
 }
 
 // Per-pass wall time into the coordinator's histogram.
@@ -189,27 +208,19 @@ void PlanningManager::RecoverEvidenceLocked(
   // Trials ("trial-of-vK"): judged unless still the newest version.
   for (size_t i = 0; i < state.schedules.size(); ++i) {
     const v1::Schedule& s = state.schedules[i].schedule;
-    if (s.provenance().reason() == "trial") {
-      for (const std::string& pass : s.provenance().passes()) {
-        int64_t of = 0;
-        absl::string_view rest = pass;
-        if (absl::ConsumePrefix(&rest, "trial-of-v") &&
-            absl::SimpleAtoi(rest, &of)) {
-          state.trials[s.version()] = of;
-          if (i + 1 < state.schedules.size()) {
-            state.trials_judged.insert(s.version());
-          }
-        }
+    // (A rollback to a trial keeps the trial's passes: the reason decides.)
+    std::optional<int64_t> of = s.provenance().reason() == "trial"
+                                    ? VersionPass(s, "trial-of-v")
+                                    : std::nullopt;
+    if (of.has_value()) {
+      state.trials[s.version()] = *of;
+      if (i + 1 < state.schedules.size()) {
+        state.trials_judged.insert(s.version());
       }
     }
     if (s.provenance().reason() != "rollback") continue;
-    for (const std::string& pass : s.provenance().passes()) {
-      int64_t to = 0;
-      absl::string_view rest = pass;
-      if (absl::ConsumePrefix(&rest, "rollback-to-v") &&
-          absl::SimpleAtoi(rest, &to)) {
-        state.rollbacks[s.version()] = to;
-      }
+    if (std::optional<int64_t> to = VersionPass(s, "rollback-to-v")) {
+      state.rollbacks[s.version()] = *to;
     }
     if (i > 0) {
       state.rejected[state.schedules[i - 1].schedule.version()] =
@@ -410,8 +421,12 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
     return;
   }
   // Behind the best schedule measured on this job (the baseline counts):
-  // back to that one, whatever the prediction said.
-  if (!state.queued && !state.rejected.count(active_version)) {
+  // back to that one, whatever the prediction said. A trial not yet judged
+  // is judged below instead, against the version it was tried against.
+  const bool unjudged_trial = state.trials.count(active_version) &&
+                              !state.trials_judged.count(active_version);
+  if (!state.queued && !state.rejected.count(active_version) &&
+      !unjudged_trial) {
     std::optional<ScheduleMeasurements::Behind> behind =
         state.measured.BehindBest(active_version);
     auto rerun = state.rollbacks.find(active_version);
@@ -449,12 +464,10 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
     }
   }
   // A trial is judged once measured; drift waits for the verdict.
-  if (auto trial = state.trials.find(active_version);
-      trial != state.trials.end() &&
-      !state.trials_judged.count(active_version)) {
+  if (unjudged_trial) {
     if (state.queued || !state.measured.Summarize(active_version)) return;
-    if (JudgeTrialLocked(job_id, state, active_version, trial->second,
-                         progress.step())) {
+    if (JudgeTrialLocked(job_id, state, active_version,
+                         state.trials.at(active_version), progress.step())) {
       return;
     }
   }

@@ -2,6 +2,7 @@
 tandem-worker processes in agent mode, and the Python client."""
 
 import json
+import re
 import statistics
 import time
 
@@ -140,6 +141,71 @@ def test_two_ranks_submit_to_succeeded_with_replan(cluster):
     assert final.measured_iteration_s == pytest.approx(planned_median,
                                                        rel=0.10), figures
     assert final.predicted_iteration_s > 0
+
+
+TRIAL_STEPS = 40
+
+
+def test_trial_of_the_runner_up_on_real_workers(cluster):
+    """The planner's runner-up (any, with trial_margin 1) runs on the job
+    once the plan has run drift_window steps, and the faster by median is
+    kept: the verdict the coordinator announces is the one the ranks' own
+    step times give, and a lost trial ends on the plan it was tried against
+    (coordinator/README.md, "Trials")."""
+    coord = cluster.coordinator()
+    window = 4
+    with tandem.Client(coord.address, timeout=10) as client:
+        job = client.submit(spec(
+            steps=TRIAL_STEPS,
+            optimize={"warmup_steps": 6, "drift_threshold": 100,
+                      "drift_window": window, "trial_margin": 1.0}))
+        workers = [cluster.worker(coord, job.id, r) for r in range(2)]
+        for w in workers:
+            assert w.wait(timeout=240) == 0, w.log()
+        final = client.get(job.id)[0]
+        msgs = messages(client, job.id)
+        assert final.state == SUCCEEDED, msgs
+        if any(m.startswith("v1 measured") for m in
+               messages(client, job.id, "rollback")):
+            pytest.skip("v1 measured behind the baseline on this machine and "
+                        "was rolled back before its trial: %s" % msgs)
+        trials = messages(client, job.id, "trial")
+        # The announcement and the verdict.
+        assert len(trials) == 2, "\n".join(msgs)
+        announced = re.search(r"measuring (\S+)'s plan next", trials[0])
+        assert announced, trials[0]
+        source = announced.group(1)
+        published = [m for m in msgs if "(trial) from step" in m]
+        assert len(published) == 1, msgs
+        assert ("trial:%s,trial-of-v1;" % source) in published[0], published[0]
+        trial = int(re.match(r"v(\d+) \(trial\)", published[0]).group(1))
+        v1 = client.schedule(job.id, 1).schedule
+        tried = client.schedule(job.id, trial).schedule
+        assert list(tried.actions) != list(v1.actions), "the same plan"
+        ended = client.schedule(job.id).schedule
+
+    runs = [step_lines(w) for w in workers]
+    versions = [[d["schedule_version"] for d in run] for run in runs]
+    assert versions[0] == versions[1], versions
+    v = versions[0]
+    assert trial in v, v
+    times = [max(a["iteration_s"], b["iteration_s"]) for a, b in zip(*runs)]
+    # What the coordinator judged: the trial's first drift_window settled
+    # steps against every settled step of v1.
+    ours = statistics.median(settled_times(v, times, trial)[:window])
+    theirs = statistics.median(settled_times(v, times, 1))
+    print("trial: v%d (%s) %.2f ms against v1 %.2f ms; versions %s" % (
+        trial, source, ours * 1e3, theirs * 1e3, v))
+    assert ("measured %.4f s/iter (median of %d steps) against v1's %.4f" % (
+        ours, window, theirs)) in trials[1], (trials[1], ours, theirs)
+    if ours < theirs:
+        assert trials[1].endswith("faster; kept"), trials[1]
+        assert final.schedule_version == trial and v[-1] == trial, (final, v)
+    else:
+        assert "not faster; back to v1's schedule" in trials[1], trials[1]
+        assert final.schedule_version > trial and v[-1] > trial, (final, v)
+        assert list(ended.actions) == list(v1.actions)
+        assert "rollback-to-v1" in list(ended.provenance.passes)
 
 
 def test_same_job_again_starts_on_the_cached_plan(cluster):

@@ -268,15 +268,28 @@ TEST(ShardedParamStoreTest, Bf16_GathersRoundedMastersAndReducesInReduceDType) {
 // A bf16 param's master moves to the host tier with its moments and comes
 // back unchanged; the checkpoint's fp32 value (MasterShard) reads it there
 // too.
-TEST(ShardedParamStoreTest, Bf16_MasterOffloadedWithStates_ComesBackExact) {
-  const Program program = Bf16Params(DType::kBF16);
-  auto store = ShardedParamStore::Create(program, 0, 1);
-  ASSERT_TRUE(store.ok());
-  ShardedParamStore& s = **store;
-  absl::StatusOr<std::unique_ptr<HostTier>> made =
+// Bf16Params' store at world 1 and a CPU host tier.
+struct OffloadSetup {
+  std::unique_ptr<ShardedParamStore> store;
+  std::unique_ptr<HostTier> tier;
+};
+OffloadSetup Bf16StoreAndTier() {
+  OffloadSetup out;
+  auto store = ShardedParamStore::Create(Bf16Params(DType::kBF16), 0, 1);
+  EXPECT_TRUE(store.ok()) << store.status();
+  absl::StatusOr<std::unique_ptr<HostTier>> tier =
       HostTier::Create(at::Device(at::kCPU), "");
-  ASSERT_TRUE(made.ok()) << made.status();
-  HostTier& tier = **made;
+  EXPECT_TRUE(tier.ok()) << tier.status();
+  if (store.ok()) out.store = *std::move(store);
+  if (tier.ok()) out.tier = *std::move(tier);
+  return out;
+}
+
+TEST(ShardedParamStoreTest, Bf16_MasterOffloadedWithStates_ComesBackExact) {
+  OffloadSetup setup = Bf16StoreAndTier();
+  ASSERT_TRUE(setup.store && setup.tier);
+  ShardedParamStore& s = *setup.store;
+  HostTier& tier = *setup.tier;
   const at::Tensor before = s.MasterShard(0).clone();
   absl::StatusOr<CollectiveHandle> off = s.OffloadStates({0, 1}, tier);
   ASSERT_TRUE(off.ok()) << off.status();
@@ -306,14 +319,10 @@ TEST(ShardedParamStoreTest, Bf16_MasterOffloadedWithStates_ComesBackExact) {
 TEST(ShardedParamStoreTest, Reload_QueuedBehindACopy_AllocatesWhenItStarts) {
   CountingCpuAllocator* meter = CountingCpuAllocator::Get();
   ASSERT_NE(meter, nullptr);
-  const Program program = Bf16Params(DType::kBF16);
-  auto store = ShardedParamStore::Create(program, 0, 1);
-  ASSERT_TRUE(store.ok());
-  ShardedParamStore& s = **store;
-  absl::StatusOr<std::unique_ptr<HostTier>> made =
-      HostTier::Create(at::Device(at::kCPU), "");
-  ASSERT_TRUE(made.ok()) << made.status();
-  HostTier& tier = **made;
+  OffloadSetup setup = Bf16StoreAndTier();
+  ASSERT_TRUE(setup.store && setup.tier);
+  ShardedParamStore& s = *setup.store;
+  HostTier& tier = *setup.tier;
   const at::Tensor master = s.MasterShard(0).clone();
   const at::Tensor avg = s.exp_avg(0).clone().fill_(0.25f);
   at::Tensor(s.exp_avg(0)).copy_(avg);

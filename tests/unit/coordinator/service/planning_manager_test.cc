@@ -86,6 +86,41 @@ class PlanningManagerTest : public ::testing::Test {
     planning_->Drain();
   }
 
+  // A coordinator restarted on the same store.
+  struct Restarted {
+    std::unique_ptr<JobManager> jobs;
+    std::unique_ptr<PlanningManager> planning;
+    std::vector<v1::ScheduleUpdate> published;
+  };
+  // Stores steps 0..n-1 as the job history writes them (v0 before step
+  // `first_v1` at `v0_s`, then v1 at `v1_s`), stops this planning manager
+  // and recovers new job and planning managers from the store.
+  std::unique_ptr<Restarted> RestartAfter(int64_t n, int64_t first_v1,
+                                          double v0_s, double v1_s) {
+    std::vector<StoredStep> stored;
+    for (int64_t step = 0; step < n; ++step) {
+      StoredStep s;
+      s.step = step;
+      s.schedule_version = step < first_v1 ? 0 : 1;
+      s.iteration_s = step < first_v1 ? v0_s : v1_s;
+      stored.push_back(s);
+    }
+    EXPECT_TRUE(store_->PutSteps(job_.id(), stored).ok());
+    planning_->Stop();
+    planning_.reset();
+    auto r = std::make_unique<Restarted>();
+    r->jobs = std::make_unique<JobManager>(store_.get());
+    EXPECT_TRUE(r->jobs->Recover().ok());
+    r->planning =
+        std::make_unique<PlanningManager>(r->jobs.get(), store_.get(), nullptr);
+    r->planning->SetPublisher(
+        [out = &r->published](const std::string&, const v1::ScheduleUpdate& u) {
+          out->push_back(u);
+        });
+    EXPECT_TRUE(r->planning->Recover().ok());
+    return r;
+  }
+
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<JobManager> jobs_;
   std::unique_ptr<PlanningManager> planning_;
@@ -418,27 +453,10 @@ TEST_F(PlanningManagerTest, Restart_KeepsTheRollbackEvidence) {
   planning_->Drain();
   ASSERT_EQ(published_.size(), 2u);
   ASSERT_EQ(published_[1].schedule().provenance().reason(), "rollback");
-  // What the job history stored of those steps (JobHistory writes them).
-  std::vector<StoredStep> stored;
-  for (int64_t step = 0; step < 9; ++step) {
-    StoredStep s;
-    s.step = step;
-    s.schedule_version = step < 5 ? 0 : 1;
-    s.iteration_s = step < 5 ? 0.100 : 0.130;
-    stored.push_back(s);
-  }
-  ASSERT_TRUE(store_->PutSteps(job_.id(), stored).ok());
-  planning_->Stop();
-  planning_.reset();
-
-  JobManager jobs(store_.get());
-  ASSERT_TRUE(jobs.Recover().ok());
-  PlanningManager restarted(&jobs, store_.get(), nullptr);
-  std::vector<v1::ScheduleUpdate> published;
-  restarted.SetPublisher([&](const std::string&, const v1::ScheduleUpdate& u) {
-    published.push_back(u);
-  });
-  ASSERT_TRUE(restarted.Recover().ok());
+  std::unique_ptr<Restarted> r = RestartAfter(9, 5, 0.100, 0.130);
+  PlanningManager& restarted = *r->planning;
+  JobManager& jobs = *r->jobs;
+  std::vector<v1::ScheduleUpdate>& published = r->published;
   restarted.OnScheduleActive(job_.id(), 2);
   Steps(restarted, job_.id(), 9, 4, 2, 0.130);
   restarted.Drain();
@@ -604,6 +622,27 @@ TEST_F(PlanningManagerTest, Trial_RunnerUpMeasuredSlower_BackToThePlan) {
   }
 }
 
+// A trial far slower, beyond the noise a rollback needs, is still judged
+// as a trial: against the version it was tried against, said in a trial
+// event, not as a rollback to the best version measured.
+TEST_F(PlanningManagerTest, Trial_FarSlower_JudgedAsTrial) {
+  job_ = *jobs_->Submit(Spec(/*trial_margin=*/1.0));
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  SendWindow(0, 1, 0);
+  const double predicted =
+      RunUntilTrial(*planning_, *jobs_, job_.id(), published_);
+  ASSERT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  Steps(*planning_, job_.id(), 9, 4, 2, predicted * 2.5);
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 3u);
+  EXPECT_THAT(published_[2].schedule().provenance().passes(),
+              ::testing::Contains("rollback-to-v1"));
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "rollback"), 0);
+  EXPECT_THAT(EventsOf(*jobs_, job_.id(), "trial").back(),
+              HasSubstr("not faster; back to v1's schedule at step 12"));
+}
+
 // optimize.trial_margin 0: the runner-up is never measured.
 TEST_F(PlanningManagerTest, Trial_MarginZero_NoTrial) {
   job_ = *jobs_->Submit(Spec(/*trial_margin=*/0));
@@ -631,26 +670,10 @@ TEST_F(PlanningManagerTest, Restart_DuringTrial_StillJudged) {
   const double predicted =
       RunUntilTrial(*planning_, *jobs_, job_.id(), published_);
   ASSERT_EQ(published_.size(), 2u);
-  std::vector<StoredStep> stored;
-  for (int64_t step = 0; step < 9; ++step) {
-    StoredStep s;
-    s.step = step;
-    s.schedule_version = step < 5 ? 0 : 1;
-    s.iteration_s = step < 5 ? 0.100 : predicted;
-    stored.push_back(s);
-  }
-  ASSERT_TRUE(store_->PutSteps(job_.id(), stored).ok());
-  planning_->Stop();
-  planning_.reset();
-
-  JobManager jobs(store_.get());
-  ASSERT_TRUE(jobs.Recover().ok());
-  PlanningManager restarted(&jobs, store_.get(), nullptr);
-  std::vector<v1::ScheduleUpdate> published;
-  restarted.SetPublisher([&](const std::string&, const v1::ScheduleUpdate& u) {
-    published.push_back(u);
-  });
-  ASSERT_TRUE(restarted.Recover().ok());
+  std::unique_ptr<Restarted> r = RestartAfter(9, 5, 0.100, predicted);
+  PlanningManager& restarted = *r->planning;
+  JobManager& jobs = *r->jobs;
+  std::vector<v1::ScheduleUpdate>& published = r->published;
   restarted.OnScheduleActive(job_.id(), 2);
   Steps(restarted, job_.id(), 9, 4, 2, predicted * 1.03);
   restarted.Drain();

@@ -66,6 +66,12 @@ double PiecewiseLinear::operator()(int64_t bytes) const {
   const auto& [x0, y0] = points_[hi - 1];
   const auto& [x1, y1] = points_[hi];
   const double slope = (y1 - y0) / static_cast<double>(x1 - x0);
+  if (bytes > x1) {
+    const auto& [xf, yf] = points_.front();
+    const double far =
+        std::max(slope, (y1 - yf) / static_cast<double>(x1 - xf));
+    return y1 + far * (x - static_cast<double>(x1));
+  }
   return std::max(0.0, y0 + slope * (x - static_cast<double>(x0)));
 }
 

@@ -38,10 +38,32 @@ TEST(PiecewiseLinearTest, Call_BetweenPoints_Interpolates) {
 }
 
 TEST(PiecewiseLinearTest, Call_BeyondEnds_ExtendsFirstAndLastSegments) {
+  PiecewiseLinear f = MustFit({{1000, 2.0}, {2000, 3.0}, {4000, 8.0}});
+  EXPECT_DOUBLE_EQ(f(8000), 18.0);  // the last segment: 1/400 s per byte
+  EXPECT_DOUBLE_EQ(f(500), 1.5);    // the first: 1/1000 s per byte
+  EXPECT_DOUBLE_EQ(f(0), 1.0);      // the fitted latency
+}
+
+// Past the largest size, never at a rate faster than the line through the
+// first and last points: the last segment here (1/2000 s per byte) is
+// flatter than that line (1/1500), as when two large sizes measured close
+// together differ by noise. What an all-gather profile on a 2 Gbit/s link
+// gave (2 KB, 3.2 MB, 4.3 MB), priced at 17 MB, the refresh of every
+// persistent param: at the link's rate, not 1.2 GB/s.
+TEST(PiecewiseLinearTest, Call_PastTheLast_NoFlatterThanFirstToLast) {
   PiecewiseLinear f = MustFit({{1000, 2.0}, {2000, 3.0}, {4000, 4.0}});
-  EXPECT_DOUBLE_EQ(f(8000), 6.0);  // slope 1/2000 s per byte
-  EXPECT_DOUBLE_EQ(f(500), 1.5);   // slope 1/1000 s per byte
-  EXPECT_DOUBLE_EQ(f(0), 1.0);     // the fitted latency
+  EXPECT_NEAR(f(8000), 4.0 + 4000.0 * 2.0 / 3000.0, 1e-12);
+  EXPECT_DOUBLE_EQ(f(3000), 3.5);  // between points: interpolated
+  PiecewiseLinear ag = MustFit(
+      {{2048, 0.00051}, {3155968, 0.01322}, {3155968, 0.01458},
+       {4325376, 0.01297}, {4325376, 0.01686}});
+  const double at_17mb = ag(16951296);
+  // 16.95 MB at the first-to-last rate (about 290 MB/s): 0.058 s; the last
+  // segment alone gave 0.025 s.
+  EXPECT_NEAR(at_17mb, 0.0149 + (16951296 - 4325376) * (0.0149 - 0.00051) /
+                                    (4325376 - 2048),
+              1e-4);
+  EXPECT_GT(at_17mb, 0.05);
 }
 
 TEST(PiecewiseLinearTest, Call_ExtrapolationBelowZero_ClampsAtZero) {

@@ -31,8 +31,8 @@ namespace tandem {
 // between them, where the link carries 0.25), and a collective several
 // times larger (a refresh of every persistent param) would be priced at a
 // rate the link never ran; the first-to-last line keeps the small sizes'
-// latency and the large sizes' bandwidth. With a single point (b, s) it is the line
-// through the origin s·x/b (a constant s when b = 0): one point cannot
+// latency and the large sizes' bandwidth. With a single point (b, s) it is the
+// line through the origin s·x/b (a constant s when b = 0): one point cannot
 // separate latency from bandwidth.
 class PiecewiseLinear {
  public:

@@ -54,15 +54,18 @@ TEST(PiecewiseLinearTest, Call_PastTheLast_NoFlatterThanFirstToLast) {
   PiecewiseLinear f = MustFit({{1000, 2.0}, {2000, 3.0}, {4000, 4.0}});
   EXPECT_NEAR(f(8000), 4.0 + 4000.0 * 2.0 / 3000.0, 1e-12);
   EXPECT_DOUBLE_EQ(f(3000), 3.5);  // between points: interpolated
-  PiecewiseLinear ag = MustFit(
-      {{2048, 0.00051}, {3155968, 0.01322}, {3155968, 0.01458},
-       {4325376, 0.01297}, {4325376, 0.01686}});
+  PiecewiseLinear ag = MustFit({{2048, 0.00051},
+                                {3155968, 0.01322},
+                                {3155968, 0.01458},
+                                {4325376, 0.01297},
+                                {4325376, 0.01686}});
   const double at_17mb = ag(16951296);
   // 16.95 MB at the first-to-last rate (about 290 MB/s): 0.058 s; the last
   // segment alone gave 0.025 s.
-  EXPECT_NEAR(at_17mb, 0.0149 + (16951296 - 4325376) * (0.0149 - 0.00051) /
-                                    (4325376 - 2048),
-              1e-4);
+  EXPECT_NEAR(
+      at_17mb,
+      0.0149 + (16951296 - 4325376) * (0.0149 - 0.00051) / (4325376 - 2048),
+      1e-4);
   EXPECT_GT(at_17mb, 0.05);
 }
 

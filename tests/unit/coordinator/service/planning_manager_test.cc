@@ -121,6 +121,10 @@ class PlanningManagerTest : public ::testing::Test {
     return r;
   }
 
+  // A job whose every runner-up is worth a trial, planned and run until its
+  // v1's runner-up is published as v2 (RunUntilTrial); v1's predicted step.
+  double StartTrial();
+
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<JobManager> jobs_;
   std::unique_ptr<PlanningManager> planning_;
@@ -511,6 +515,13 @@ double RunUntilTrial(PlanningManager& planning, JobManager& jobs,
   return predicted;
 }
 
+double PlanningManagerTest::StartTrial() {
+  job_ = *jobs_->Submit(Spec(/*trial_margin=*/1.0));
+  EXPECT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  SendWindow(0, 1, 0);
+  return RunUntilTrial(*planning_, *jobs_, job_.id(), published_);
+}
+
 // The runner-up of the published plan, predicted within
 // optimize.trial_margin of it, is measured once the plan has run
 // drift_window steps and is not behind: published as a "trial" version
@@ -579,11 +590,7 @@ TEST_F(PlanningManagerTest, Trial_RunnerUpMeasuredFaster_Kept) {
 // tried against, as a rollback version running that plan, and is never
 // published again: not by a re-plan, not as a second trial.
 TEST_F(PlanningManagerTest, Trial_RunnerUpMeasuredSlower_BackToThePlan) {
-  job_ = *jobs_->Submit(Spec(/*trial_margin=*/1.0));
-  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
-  SendWindow(0, 1, 0);
-  const double predicted =
-      RunUntilTrial(*planning_, *jobs_, job_.id(), published_);
+  const double predicted = StartTrial();
   ASSERT_EQ(published_.size(), 2u);
   planning_->OnScheduleActive(job_.id(), 2);
   Steps(*planning_, job_.id(), 9, 4, 2, predicted * 1.025);
@@ -626,11 +633,7 @@ TEST_F(PlanningManagerTest, Trial_RunnerUpMeasuredSlower_BackToThePlan) {
 // as a trial: against the version it was tried against, said in a trial
 // event, not as a rollback to the best version measured.
 TEST_F(PlanningManagerTest, Trial_FarSlower_JudgedAsTrial) {
-  job_ = *jobs_->Submit(Spec(/*trial_margin=*/1.0));
-  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
-  SendWindow(0, 1, 0);
-  const double predicted =
-      RunUntilTrial(*planning_, *jobs_, job_.id(), published_);
+  const double predicted = StartTrial();
   ASSERT_EQ(published_.size(), 2u);
   planning_->OnScheduleActive(job_.id(), 2);
   Steps(*planning_, job_.id(), 9, 4, 2, predicted * 2.5);
@@ -664,11 +667,7 @@ TEST_F(PlanningManagerTest, Trial_MarginZero_NoTrial) {
 // trial and what it is tried against (from the stored schedules and steps)
 // and still judges it.
 TEST_F(PlanningManagerTest, Restart_DuringTrial_StillJudged) {
-  job_ = *jobs_->Submit(Spec(/*trial_margin=*/1.0));
-  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
-  SendWindow(0, 1, 0);
-  const double predicted =
-      RunUntilTrial(*planning_, *jobs_, job_.id(), published_);
+  const double predicted = StartTrial();
   ASSERT_EQ(published_.size(), 2u);
   std::unique_ptr<Restarted> r = RestartAfter(9, 5, 0.100, predicted);
   PlanningManager& restarted = *r->planning;

@@ -18,6 +18,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -263,8 +264,18 @@ def test_variable_lengths_no_replan(tmp_path, coordinator):
                  if m.split(":")[0] in ("drift", "replan", "rollback",
                                         "memory-guard")]
     assert not unplanned, messages
+    # Planned once: every later version is the trial of v1's runner-up
+    # (optimize.trial_margin is on by default) or, if the trial lost, v1's
+    # plan again; either is judged on the same scaled step times.
+    published = [m for m in messages if re.match(r"schedule: v\d+ \(", m)]
+    later = [m for m in published if not m.startswith("schedule: v1 (")]
+    assert all("(trial)" in m or "(rollback)" in m for m in later), messages
+    assert len(later) <= 2, messages
     versions = [d["schedule_version"] for d in runs[0]]
-    assert versions[0] == 0 and versions[-1] == 1, versions
+    # A version published near the end may never reach the ranks.
+    assert versions[0] == 0 and 1 in versions, versions
+    assert versions == sorted(versions), versions
+    assert versions[-1] <= 1 + len(later), (versions, messages)
 
     module, _ = build_variable_gpt()
     ref_losses, ref_params = numerics.reference(module, None, steps=VAR_STEPS,

@@ -43,7 +43,7 @@ bool CollectiveTiming::operator==(const CollectiveTiming& other) const {
          param_ids == other.param_ids && bytes == other.bytes &&
          issue_to_done_s == other.issue_to_done_s &&
          exposed_s == other.exposed_s && node_id == other.node_id &&
-         run_s == other.run_s;
+         run_s == other.run_s && computing_s == other.computing_s;
 }
 
 bool MemorySample::operator==(const MemorySample& other) const {
@@ -65,6 +65,9 @@ bool Profile::operator==(const Profile& other) const {
          compute_s_per_reduce_scatter_byte ==
              other.compute_s_per_reduce_scatter_byte &&
          compute_s_per_copy_byte == other.compute_s_per_copy_byte &&
+         allgather_stretch == other.allgather_stretch &&
+         reduce_scatter_stretch == other.reduce_scatter_stretch &&
+         copy_stretch == other.copy_stretch &&
          allgather_scratch == other.allgather_scratch &&
          reduce_scatter_scratch == other.reduce_scatter_scratch &&
          nodes == other.nodes && collectives == other.collectives &&

@@ -46,6 +46,9 @@ struct CollectiveTiming {
   int32_t node_id = 0;
   // Time it ran on the stream (issue_to_done_s less queueing); 0: unknown.
   double run_s = 0;
+  // Part of run_s this rank's compute thread was computing (not waiting):
+  // with the profile's stretch, what the collective took alone.
+  double computing_s = 0;
   bool operator==(const CollectiveTiming& other) const;
 };
 
@@ -114,6 +117,11 @@ struct Profile {
   double compute_s_per_allgather_byte = 0;
   double compute_s_per_reduce_scatter_byte = 0;
   double compute_s_per_copy_byte = 0;
+  // How many times longer a transfer runs while compute runs than alone
+  // (the probe's; 0: not measured, else 1..4).
+  double allgather_stretch = 0;
+  double reduce_scatter_stretch = 0;
+  double copy_stretch = 0;
   // The communicator's scratch rule per collective kind (not measured:
   // copies 0).
   CollectiveScratch allgather_scratch;

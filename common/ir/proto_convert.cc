@@ -454,6 +454,9 @@ v1::Profile ToProto(const Profile& profile) {
   out.set_compute_s_per_reduce_scatter_byte(
       profile.compute_s_per_reduce_scatter_byte);
   out.set_compute_s_per_copy_byte(profile.compute_s_per_copy_byte);
+  out.set_allgather_stretch(profile.allgather_stretch);
+  out.set_reduce_scatter_stretch(profile.reduce_scatter_stretch);
+  out.set_copy_stretch(profile.copy_stretch);
   out.mutable_allgather_scratch()->set_copies(profile.allgather_scratch.copies);
   out.mutable_allgather_scratch()->set_cap_bytes(
       profile.allgather_scratch.cap_bytes);
@@ -478,6 +481,7 @@ v1::Profile ToProto(const Profile& profile) {
     q->set_bytes(c.bytes);
     q->set_issue_to_done_s(c.issue_to_done_s);
     q->set_run_s(c.run_s);
+    q->set_computing_s(c.computing_s);
     q->set_exposed_s(c.exposed_s);
     q->set_node_id(c.node_id);
   }
@@ -509,6 +513,9 @@ absl::StatusOr<Profile> FromProto(const v1::Profile& proto) {
   p.compute_s_per_reduce_scatter_byte =
       proto.compute_s_per_reduce_scatter_byte();
   p.compute_s_per_copy_byte = proto.compute_s_per_copy_byte();
+  p.allgather_stretch = proto.allgather_stretch();
+  p.reduce_scatter_stretch = proto.reduce_scatter_stretch();
+  p.copy_stretch = proto.copy_stretch();
   p.allgather_scratch = {proto.allgather_scratch().copies(),
                          proto.allgather_scratch().cap_bytes()};
   p.reduce_scatter_scratch = {proto.reduce_scatter_scratch().copies(),
@@ -529,6 +536,7 @@ absl::StatusOr<Profile> FromProto(const v1::Profile& proto) {
     c.bytes = q.bytes();
     c.issue_to_done_s = q.issue_to_done_s();
     c.run_s = q.run_s();
+    c.computing_s = q.computing_s();
     c.exposed_s = q.exposed_s();
     c.node_id = q.node_id();
     p.collectives.push_back(std::move(c));

@@ -1108,11 +1108,26 @@ constexpr absl::string_view kProfileExample =
 absl::Status ParseProfileHeader(const Line& line, Profile* profile) {
   Statement st(line);
   st.set_context("profile");
-  RETURN_IF_ERROR(st.ReadAttributes(
-      {"graph", "rank", "version", "window", "iteration", "peak", "peak_min",
-       "work", "copied", "copy_time", "ag_cpu_per_byte", "rs_cpu_per_byte",
-       "copy_cpu_per_byte", "ag_scratch", "ag_scratch_cap", "rs_scratch",
-       "rs_scratch_cap"}));
+  RETURN_IF_ERROR(st.ReadAttributes({"graph",
+                                     "rank",
+                                     "version",
+                                     "window",
+                                     "iteration",
+                                     "peak",
+                                     "peak_min",
+                                     "work",
+                                     "copied",
+                                     "copy_time",
+                                     "ag_cpu_per_byte",
+                                     "rs_cpu_per_byte",
+                                     "copy_cpu_per_byte",
+                                     "ag_stretch",
+                                     "rs_stretch",
+                                     "copy_stretch",
+                                     "ag_scratch",
+                                     "ag_scratch_cap",
+                                     "rs_scratch",
+                                     "rs_scratch_cap"}));
   RETURN_IF_ERROR(st.Require("graph", "0123456789abcdef"));
   RETURN_IF_ERROR(st.Read("graph", ParseString, &profile->graph_hash));
   RETURN_IF_ERROR(st.Read("rank", ParseInteger<int32_t>, &profile->rank));
@@ -1134,6 +1149,11 @@ absl::Status ParseProfileHeader(const Line& line, Profile* profile) {
                           &profile->compute_s_per_reduce_scatter_byte));
   RETURN_IF_ERROR(st.Read("copy_cpu_per_byte", ParseNumber,
                           &profile->compute_s_per_copy_byte));
+  RETURN_IF_ERROR(
+      st.Read("ag_stretch", ParseNumber, &profile->allgather_stretch));
+  RETURN_IF_ERROR(
+      st.Read("rs_stretch", ParseNumber, &profile->reduce_scatter_stretch));
+  RETURN_IF_ERROR(st.Read("copy_stretch", ParseNumber, &profile->copy_stretch));
   RETURN_IF_ERROR(st.Read("ag_scratch", ParseInteger<int32_t>,
                           &profile->allgather_scratch.copies));
   RETURN_IF_ERROR(st.Read("ag_scratch_cap", ParseBytes,
@@ -1191,19 +1211,20 @@ absl::Status ParseCollectiveLine(const Line& line, Profile* profile) {
     ASSIGN_OR_RETURN(absl::string_view group,
                      st.Positional(IdExpectation('g')));
     ASSIGN_OR_RETURN(timing.group_id, st.Check(ParseId(group, 'g')));
-    RETURN_IF_ERROR(st.ReadAttributes(
-        {"at", "bytes", "issue_to_done", "run", "exposed", "params"}));
+    RETURN_IF_ERROR(st.ReadAttributes({"at", "bytes", "issue_to_done", "run",
+                                       "computing", "exposed", "params"}));
   } else {
     if (std::optional<absl::string_view> ids = st.OptionalPositional()) {
       ASSIGN_OR_RETURN(timing.param_ids, st.Check(ParseIdList(*ids, 'p')));
     }
-    RETURN_IF_ERROR(st.ReadAttributes(
-        {"at", "bytes", "issue_to_done", "run", "exposed", "group"}));
+    RETURN_IF_ERROR(st.ReadAttributes({"at", "bytes", "issue_to_done", "run",
+                                       "computing", "exposed", "group"}));
   }
   RETURN_IF_ERROR(st.Read("at", IdParser('n'), &timing.node_id));
   RETURN_IF_ERROR(st.Read("bytes", ParseBytes, &timing.bytes));
   RETURN_IF_ERROR(st.Read("issue_to_done", ParseTime, &timing.issue_to_done_s));
   RETURN_IF_ERROR(st.Read("run", ParseTime, &timing.run_s));
+  RETURN_IF_ERROR(st.Read("computing", ParseTime, &timing.computing_s));
   RETURN_IF_ERROR(st.Read("exposed", ParseTime, &timing.exposed_s));
   RETURN_IF_ERROR(st.Read("group", IdParser('g'), &timing.group_id));
   RETURN_IF_ERROR(st.Read("params", IdListParser('p'), &timing.param_ids));
@@ -1483,7 +1504,10 @@ std::string PrintProfile(const Profile& profile) {
   const std::pair<absl::string_view, double> per_byte[] = {
       {"ag_cpu_per_byte", profile.compute_s_per_allgather_byte},
       {"rs_cpu_per_byte", profile.compute_s_per_reduce_scatter_byte},
-      {"copy_cpu_per_byte", profile.compute_s_per_copy_byte}};
+      {"copy_cpu_per_byte", profile.compute_s_per_copy_byte},
+      {"ag_stretch", profile.allgather_stretch},
+      {"rs_stretch", profile.reduce_scatter_stretch},
+      {"copy_stretch", profile.copy_stretch}};
   for (const auto& [key, value] : per_byte) {
     if (!IsPositiveZero(value)) {
       absl::StrAppend(&out, " ", key, "=", FormatDouble(value));
@@ -1527,6 +1551,9 @@ std::string PrintProfile(const Profile& profile) {
                     " exposed=", FormatDouble(c.exposed_s));
     if (!IsPositiveZero(c.run_s)) {
       absl::StrAppend(&out, " run=", FormatDouble(c.run_s));
+    }
+    if (!IsPositiveZero(c.computing_s)) {
+      absl::StrAppend(&out, " computing=", FormatDouble(c.computing_s));
     }
     if (gather && !c.param_ids.empty()) {
       absl::StrAppend(&out, " params=", FormatIdList('p', c.param_ids));

@@ -1,13 +1,16 @@
 #include "common/ir/validate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 
 namespace tandem {
@@ -406,6 +409,18 @@ absl::Status ValidateProfile(const Profile& profile, const Graph& graph) {
         "and the compute seconds per transferred byte must be finite and "
         ">= 0.");
   }
+  for (const auto& [key, stretch] :
+       {std::pair<absl::string_view, double>{"ag_stretch",
+                                             profile.allgather_stretch},
+        {"rs_stretch", profile.reduce_scatter_stretch},
+        {"copy_stretch", profile.copy_stretch}}) {
+    if (!(stretch == 0 || (stretch >= 1 && stretch <= 4))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "profile ", key, " is ", stretch,
+          ": how many times longer a transfer runs while compute runs must "
+          "be 1 to 4 (0: not measured)"));
+    }
+  }
   for (const CollectiveScratch* rule :
        {&profile.allgather_scratch, &profile.reduce_scatter_scratch}) {
     if (rule->copies < 0 || rule->copies > kMaxScratchCopies ||
@@ -444,8 +459,13 @@ absl::Status ValidateProfile(const Profile& profile, const Graph& graph) {
       }
     }
     if (c.bytes < 0 || !FiniteNonNegative(c.issue_to_done_s) ||
-        !FiniteNonNegative(c.exposed_s) || !FiniteNonNegative(c.run_s)) {
+        !FiniteNonNegative(c.exposed_s) || !FiniteNonNegative(c.run_s) ||
+        !FiniteNonNegative(c.computing_s)) {
       bad.Add(absl::StrCat(what, " has a negative or non-finite value"));
+    } else if (c.computing_s >
+               std::max(c.run_s, c.issue_to_done_s) * (1 + 1e-9) + 1e-12) {
+      bad.Add(absl::StrCat(what, " was computing ", c.computing_s, "s of its ",
+                           c.run_s, "s run"));
     } else if (c.exposed_s > c.issue_to_done_s * (1 + 1e-9) + 1e-12) {
       bad.Add(absl::StrCat(what, " has exposed ", c.exposed_s,
                            "s > issue_to_done ", c.issue_to_done_s, "s"));

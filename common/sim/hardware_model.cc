@@ -111,8 +111,8 @@ namespace {
 
 constexpr absl::string_view kHardwareKeys =
     "world, ranks_per_node, intra_gbps, inter_gbps, latency_us, host_gbps, "
-    "ag_cpu_s_per_gb, rs_cpu_s_per_gb, copy_cpu_s_per_gb, memory, budget, "
-    "unmodeled";
+    "ag_cpu_s_per_gb, rs_cpu_s_per_gb, copy_cpu_s_per_gb, ag_stretch, "
+    "rs_stretch, copy_stretch, memory, budget, unmodeled";
 
 absl::Status FieldError(absl::string_view key, absl::string_view value,
                         absl::string_view expected) {
@@ -222,6 +222,16 @@ absl::StatusOr<HardwareModel> ParseHardwareModel(absl::string_view text) {
       (key == "ag_cpu_s_per_gb"   ? hw.compute_s_per_allgather_byte
        : key == "rs_cpu_s_per_gb" ? hw.compute_s_per_reduce_scatter_byte
                                   : hw.compute_s_per_copy_byte) = *per_byte;
+    } else if (key == "ag_stretch" || key == "rs_stretch" ||
+               key == "copy_stretch") {
+      double v = 0;
+      if (!absl::SimpleAtod(value, &v) || !std::isfinite(v) || v < 1 ||
+          v > HardwareModel::kMaxStretch) {
+        return FieldError(key, value, "a number from 1 to 4");
+      }
+      (key == "ag_stretch"   ? hw.allgather_stretch
+       : key == "rs_stretch" ? hw.reduce_scatter_stretch
+                             : hw.copy_stretch) = v;
     } else if (key == "memory" || key == "budget") {
       auto bytes = ParseBytes(key, value);
       if (!bytes.ok()) return bytes.status();

@@ -96,6 +96,23 @@ struct HardwareModel {
   double compute_s_per_copy_byte = 0;
   static constexpr double kMaxComputeShare = 0.95;
 
+  // How many times longer a transfer takes while compute runs than alone:
+  // the other side of the same contention (the cores that compute also run
+  // the transfer's copies and sums). 1 on a GPU. The fits above give a
+  // transfer's time alone; while the compute stream is busy it moves at
+  // 1/stretch of that rate, and takes the share c·B/(stretch·d) of compute,
+  // d its time alone, so a transfer overlapped throughout still costs c·B
+  // seconds of compute. From the profile's interference probe
+  // (CalibrateToMeasurements); 1 in the analytic model.
+  double allgather_stretch = 1;
+  double reduce_scatter_stretch = 1;
+  double copy_stretch = 1;
+  static constexpr double kMaxStretch = 4;
+  bool stretched() const {
+    return allgather_stretch > 1 || reduce_scatter_stretch > 1 ||
+           copy_stretch > 1;
+  }
+
   // What the measured times were scaled by so that the schedule a profile
   // ran under simulates to the iteration time the profile measured
   // (CalibrateToMeasurements; 1: not scaled). A profile gives each node's
@@ -138,6 +155,8 @@ struct HardwareModel {
 // inter_gbps, host_gbps (GB/s = 1e9 bytes/s, > 0), latency_us (>= 0),
 // ag_cpu_s_per_gb, rs_cpu_s_per_gb, copy_cpu_s_per_gb (seconds of compute a
 // GB moved by an all-gather, a reduce-scatter or a host copy takes, >= 0),
+// ag_stretch, rs_stretch, copy_stretch (how many times longer the transfer
+// takes while compute runs, 1..4),
 // memory
 // (bytes > 0, with an optional B/KiB/MiB/GiB/TiB suffix), budget (same, 0 =
 // memory), e.g. "world=64 inter_gbps=25 budget=70GiB". Each key at most once.

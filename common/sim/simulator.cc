@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
+#include <deque>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -354,9 +357,12 @@ class Replay {
 
   // Records `delta` bytes of `kind` at `time`, which is now (the compute
   // stream's clock: program order) or later (another stream's completion).
-  void Record(double time, int64_t delta, MemoryKind kind) {
+  // A transfer's events are known when it starts and ends, but belong to
+  // the instant it was issued: `now` is that (the compute clock by default).
+  void Record(double time, int64_t delta, MemoryKind kind,
+              std::optional<double> now = std::nullopt) {
     if (delta == 0) return;
-    const EventOrder order = time > now_
+    const EventOrder order = time > now.value_or(now_)
                                  ? (delta > 0 ? kAsyncAllocation : kAsyncFree)
                                  : kProgramOrder;
     events_.push_back(
@@ -369,46 +375,30 @@ class Replay {
     Record(time, -bytes, kind);
   }
 
-  // Issues a collective at the compute clock; returns it. While it runs it
-  // holds its flat buffer: the padded full bytes and this rank's shard.
-  const CollectiveTimelineEntry& IssueCollective(int index, ActionKind kind,
-                                                 int64_t bytes,
-                                                 double seconds) {
-    const double start = std::max(now_, comm_free_);
-    comm_free_ = start + seconds;
-    result_.comm_s += seconds;
-    result_.collectives.push_back(
-        {index, kind, now_, start, comm_free_, bytes});
-    comm_share_.push_back(
-        ComputeShare(bytes, seconds,
-                     kind == ActionKind::kReduceScatter
-                         ? hw_.compute_s_per_reduce_scatter_byte
-                         : hw_.compute_s_per_allgather_byte));
-    if (hw_.collective_buffers && comm_free_ > start) {
-      const CollectiveScratch& scratch = kind == ActionKind::kReduceScatter
-                                             ? hw_.reduce_scatter_scratch
-                                             : hw_.allgather_scratch;
-      const int64_t staging =
-          bytes + bytes / std::max(graph_.world_size, 1) + scratch.Bytes(bytes);
-      Allocate(start, staging, kCollectiveBuffers);
-      events_.push_back({comm_free_, -staging,
-                         static_cast<uint32_t>(events_.size()),
-                         kCollectiveBufferFree, kCollectiveBuffers});
-    }
-    return result_.collectives.back();
-  }
-
-  CollectiveTimelineEntry& IssueCopy(int index, ActionKind kind,
-                                     int64_t bytes) {
-    const double seconds = hw_.HostCopySeconds(bytes);
-    const double start = std::max(now_, copy_free_);
-    copy_free_ = start + seconds;
-    result_.copy_s += seconds;
-    result_.copies.push_back({index, kind, now_, start, copy_free_, bytes});
-    copy_share_.push_back(
-        ComputeShare(bytes, seconds, hw_.compute_s_per_copy_byte));
-    return result_.copies.back();
-  }
+  // A transfer issued and not yet finished on one stream, and the memory it
+  // changes when it starts and ends.
+  struct Transfer {
+    size_t entry = 0;        // into the stream's timeline entries
+    double remaining_s = 0;  // of its time alone, at anchor_s
+    // Since anchor_s (its start, or when compute last started or stopped
+    // running alongside it) it moves at one rate: it ends at
+    // anchor_s + remaining_s·(stretch while compute runs, else 1).
+    double anchor_s = 0;
+    bool anchor_busy = false;
+    double stretch = 1;         // its rate is 1/stretch while compute runs
+    double share = 0;           // of compute it takes while both run
+    int64_t staging_bytes = 0;  // a collective's buffers, held start..end
+    int64_t alloc_at_start = 0;
+    int64_t free_at_start = 0;
+    int64_t free_at_end = 0;
+    MemoryKind kind = kGradients;  // of the three above
+  };
+  // One stream: its transfers run one at a time in issue order.
+  struct Stream {
+    std::vector<CollectiveTimelineEntry>* entries = nullptr;
+    std::deque<Transfer> queue;
+    double free_s = 0;  // when the last one finished
+  };
 
   // The share of compute a transfer of `bytes` running `seconds` takes.
   static double ComputeShare(int64_t bytes, double seconds, double per_byte) {
@@ -417,54 +407,172 @@ class Replay {
                     per_byte * static_cast<double>(bytes) / seconds);
   }
 
-  // Share of compute taken at time t by the transfers of one stream
-  // (`entries`, serialized: starts and ends never decrease), and the next
-  // instant after t at which it changes. `*cursor` skips the entries that
-  // ended by t; t never decreases between calls.
-  static double StreamShare(const std::vector<CollectiveTimelineEntry>& entries,
-                            const std::vector<double>& shares, size_t* cursor,
-                            double t, double* next_change) {
-    while (*cursor < entries.size() &&
-           (entries[*cursor].end_s <= t || shares[*cursor] <= 0)) {
-      ++*cursor;
+  // Issues `t` on `stream` at the compute clock; it starts now when the
+  // stream is idle. Returns its timeline entry's index.
+  size_t Issue(Stream& stream, Transfer t, int index, ActionKind kind,
+               int64_t bytes) {
+    // What ended by now has ended: this one starts now if nothing else runs.
+    while (!stream.queue.empty()) {
+      const Transfer& f = stream.queue.front();
+      const double end =
+          f.anchor_s + f.remaining_s * (f.anchor_busy ? f.stretch : 1);
+      if (end > now_) break;
+      FinishFront(stream, end);
     }
-    if (*cursor == entries.size()) return 0;
-    const CollectiveTimelineEntry& e = entries[*cursor];
-    if (e.start_s > t) {
-      *next_change = std::min(*next_change, e.start_s);
-      return 0;
-    }
-    *next_change = std::min(*next_change, e.end_s);
-    return shares[*cursor];
+    t.entry = stream.entries->size();
+    stream.entries->push_back({index, kind, now_, -1, -1, bytes});
+    if (t.remaining_s <= 0) t.staging_bytes = 0;
+    stream.queue.push_back(t);
+    if (stream.queue.size() == 1) StartFront(stream, now_);
+    return t.entry;
   }
 
-  // When a node needing `work` seconds of compute, started at `start`,
-  // ends: compute runs at rate 1 − s(t), where s(t) is the share the running
-  // collective and copy take (capped at kMaxComputeShare together),
-  // piecewise constant between their starts and ends. Every transfer that
-  // can overlap the node was issued before it starts (later ones start
-  // after it ends), so one pass is exact for this rule.
-  double ComputeEnd(double start, double work) {
-    double t = start;
-    double remaining = work;
-    while (remaining > 0) {
-      double next = std::numeric_limits<double>::infinity();
-      const double share =
-          std::min(HardwareModel::kMaxComputeShare,
-                   StreamShare(result_.collectives, comm_share_, &comm_cursor_,
-                               t, &next) +
-                       StreamShare(result_.copies, copy_share_, &copy_cursor_,
-                                   t, &next));
-      const double rate = 1 - share;
-      if (t + remaining / rate <= next) {
-        t += remaining / rate;
-        break;
-      }
-      remaining -= (next - t) * rate;
-      t = next;
+  // The front transfer starts at `time`; one of no time ends there too.
+  void StartFront(Stream& stream, double time) {
+    while (!stream.queue.empty()) {
+      Transfer& t = stream.queue.front();
+      t.anchor_s = time;
+      t.anchor_busy = false;
+      CollectiveTimelineEntry& entry = (*stream.entries)[t.entry];
+      entry.start_s = time;
+      Record(time, t.staging_bytes, kCollectiveBuffers, entry.issue_s);
+      Record(time, t.alloc_at_start, t.kind, entry.issue_s);
+      Record(time, -t.free_at_start, t.kind, entry.issue_s);
+      if (t.remaining_s > 0) return;
+      FinishFront(stream, time, /*start_next=*/false);
     }
-    result_.interference_s += (t - start) - work;
-    return t;
+  }
+
+  // The front transfer ends at `time`; the next one starts then.
+  void FinishFront(Stream& stream, double time, bool start_next = true) {
+    const Transfer t = stream.queue.front();
+    stream.queue.pop_front();
+    CollectiveTimelineEntry& entry = (*stream.entries)[t.entry];
+    entry.end_s = time;
+    stream.free_s = time;
+    if (t.staging_bytes > 0) {
+      events_.push_back({time, -t.staging_bytes,
+                         static_cast<uint32_t>(events_.size()),
+                         kCollectiveBufferFree, kCollectiveBuffers});
+    }
+    Record(time, -t.free_at_end, t.kind, entry.issue_s);
+    if (start_next) StartFront(stream, time);
+  }
+
+  bool Done(const Stream& stream, int64_t entry) const {
+    return entry < 0 || (*stream.entries)[entry].end_s >= 0;
+  }
+
+  // Runs the two transfer streams from the compute clock on, together with
+  // compute when `work` is given (a node with *work seconds of compute
+  // left), until the node's work is done or, without one, until `until()`
+  // holds; returns the time reached. Compute runs at 1 − s, s the shares of
+  // the transfers running (capped at kMaxComputeShare together); a transfer
+  // moves at 1/stretch of its alone rate while compute runs and at its alone
+  // rate while compute waits. Rates are constant between a transfer's start
+  // or end and the node's end, so each step to the next of these is exact.
+  template <typename Until>
+  double Advance(double* work, Until until) {
+    const bool busy = work != nullptr;
+    double t = now_;
+    Stream* streams[] = {&comm_, &copy_};
+    // When the front transfer of `s` ends at the current rates.
+    auto front_end = [busy](const Stream& s) {
+      const Transfer& f = s.queue.front();
+      return f.anchor_s + f.remaining_s * (busy ? f.stretch : 1);
+    };
+    while (true) {
+      if (busy ? *work <= 0 : until()) return t;
+      double share = 0;
+      double next = std::numeric_limits<double>::infinity();
+      for (Stream* s : streams) {
+        if (s->queue.empty()) continue;
+        Transfer& f = s->queue.front();
+        if (f.anchor_busy != busy && f.stretch != 1) {
+          // Its rate changes now: what is left, in its time alone.
+          const double factor = f.anchor_busy ? f.stretch : 1;
+          f.remaining_s =
+              std::max(0.0, f.remaining_s - (t - f.anchor_s) / factor);
+          f.anchor_s = t;
+        }
+        f.anchor_busy = busy;
+        if (busy) share += f.share;
+        next = std::min(next, front_end(*s));
+      }
+      if (busy) {
+        const double rate =
+            1 - std::min(HardwareModel::kMaxComputeShare, share);
+        if (t + *work / rate <= next) {
+          t += *work / rate;
+          *work = 0;
+          return t;
+        }
+        *work -= (next - t) * rate;
+      }
+      // Nothing runs and nothing computes: what `until` waits for was never
+      // issued (the callers' checks rule that out).
+      if (!std::isfinite(next)) return t;
+      t = next;
+      for (Stream* s : streams) {
+        while (!s->queue.empty() && front_end(*s) <= t) FinishFront(*s, t);
+      }
+    }
+  }
+
+  // Issues a collective of `bytes` taking `alone` seconds by itself, at the
+  // compute clock. While it runs it holds its flat buffer: the padded full
+  // bytes and this rank's shard.
+  size_t IssueCollective(int index, ActionKind kind, int64_t bytes,
+                         double alone, int64_t free_at_start = 0,
+                         int64_t free_at_end = 0) {
+    const bool rs = kind == ActionKind::kReduceScatter;
+    result_.comm_s += alone;
+    Transfer t;
+    t.remaining_s = alone;
+    t.stretch =
+        std::clamp(rs ? hw_.reduce_scatter_stretch : hw_.allgather_stretch, 1.0,
+                   HardwareModel::kMaxStretch);
+    t.share = ComputeShare(bytes, alone * t.stretch,
+                           rs ? hw_.compute_s_per_reduce_scatter_byte
+                              : hw_.compute_s_per_allgather_byte);
+    if (hw_.collective_buffers) {
+      const CollectiveScratch& scratch =
+          rs ? hw_.reduce_scatter_scratch : hw_.allgather_scratch;
+      t.staging_bytes =
+          bytes + bytes / std::max(graph_.world_size, 1) + scratch.Bytes(bytes);
+    }
+    t.free_at_start = free_at_start;
+    t.free_at_end = free_at_end;
+    t.kind = kGradients;
+    return Issue(comm_, t, index, kind, bytes);
+  }
+
+  // Issues a host-tier copy of `bytes` at the compute clock; an offload
+  // frees `free_at_end` of optimizer states when done, a reload allocates
+  // `alloc_at_start` when it starts.
+  size_t IssueCopy(int index, ActionKind kind, int64_t bytes,
+                   int64_t alloc_at_start, int64_t free_at_end) {
+    const double alone = hw_.HostCopySeconds(bytes);
+    result_.copy_s += alone;
+    Transfer t;
+    t.remaining_s = alone;
+    t.stretch = std::clamp(hw_.copy_stretch, 1.0, HardwareModel::kMaxStretch);
+    t.share =
+        ComputeShare(bytes, alone * t.stretch, hw_.compute_s_per_copy_byte);
+    t.alloc_at_start = alloc_at_start;
+    t.free_at_end = free_at_end;
+    t.kind = kOptimizerStates;
+    return Issue(copy_, t, index, kind, bytes);
+  }
+
+  // When a node needing `work` seconds of compute, started at the compute
+  // clock, ends (Advance's rule).
+  double ComputeEnd(double work) {
+    const double start = now_;
+    double left = work;
+    const double end = Advance(&left, [] { return true; });
+    result_.interference_s += (end - start) - work;
+    return end;
   }
 
   absl::Status RunActions(size_t slot) {
@@ -476,9 +584,8 @@ class Replay {
         case ActionKind::kAllGather: {
           GroupState& g = group_state_[target];
           const int64_t bytes = groups_[target].padded_bytes;
-          g.done_s =
-              IssueCollective(i, a.kind, bytes, hw_.AllGatherSeconds(bytes))
-                  .end_s;
+          g.entry = static_cast<int64_t>(
+              IssueCollective(i, a.kind, bytes, hw_.AllGatherSeconds(bytes)));
           ++g.outstanding;
           if (!zero1_) {
             Allocate(now_, groups_[target].full_bytes, kGatheredParams);
@@ -494,11 +601,13 @@ class Replay {
                 " but no ALLGATHER of it was issued since its last RELEASE "
                 "(or ever); issue one before the WAIT"));
           }
-          if (g.done_s > now_) {
-            const double stall = g.done_s - now_;
+          if (!Done(comm_, g.entry)) {
+            const double done =
+                Advance(nullptr, [&] { return Done(comm_, g.entry); });
+            const double stall = done - now_;
             result_.group_exposed_s[target] += stall;
             result_.exposed_comm_s += stall;
-            now_ = g.done_s;
+            now_ = done;
           }
           break;
         }
@@ -512,42 +621,42 @@ class Replay {
           break;
         }
         case ActionKind::kReduceScatter: {
-          const CollectiveTimelineEntry& rs = IssueCollective(
-              i, a.kind, rs_bytes_[i], hw_.ReduceScatterSeconds(rs_bytes_[i]));
-          rs_done_s_ = rs.end_s;
-          // With collective buffers, the gradients are copied into the
-          // buffer when the collective starts, and freed then.
-          const double grads_freed =
-              hw_.collective_buffers ? rs.start_s : rs.end_s;
+          int64_t grads = 0;
           for (int32_t id : a.param_ids) {
             const int pos = param_index_.Find(id);
             if (!grad_live_[pos]) continue;
             grad_live_[pos] = false;
-            Free(grads_freed, params_[pos].full_bytes, kGradients);
+            grads += params_[pos].full_bytes;
           }
+          // With collective buffers, the gradients are copied into the
+          // buffer when the collective starts, and freed then.
+          last_rs_ = static_cast<int64_t>(IssueCollective(
+              i, a.kind, rs_bytes_[i], hw_.ReduceScatterSeconds(rs_bytes_[i]),
+              hw_.collective_buffers ? grads : 0,
+              hw_.collective_buffers ? 0 : grads));
           break;
         }
         case ActionKind::kOffload: {
           const int64_t bytes = offload_bytes_[target];
-          const double done = IssueCopy(i, a.kind, bytes).end_s;
-          if (!on_host_[target]) {
+          const bool moves = !on_host_[target];
+          if (moves) {
             on_host_[target] = true;
-            Free(done, bytes, kOptimizerStates);
             host_bytes_ += bytes;
             result_.offloaded_bytes =
                 std::max(result_.offloaded_bytes, host_bytes_);
           }
+          IssueCopy(i, a.kind, bytes, 0, moves ? bytes : 0);
           break;
         }
         case ActionKind::kReload: {
           const int64_t bytes = offload_bytes_[target];
-          const CollectiveTimelineEntry& copy = IssueCopy(i, a.kind, bytes);
-          reload_done_s_ = copy.end_s;
-          if (on_host_[target]) {
+          const bool moves = on_host_[target];
+          if (moves) {
             on_host_[target] = false;
-            Allocate(copy.start_s, bytes, kOptimizerStates);
             host_bytes_ -= bytes;
           }
+          last_reload_ = static_cast<int64_t>(
+              IssueCopy(i, a.kind, bytes, moves ? bytes : 0, 0));
           break;
         }
       }
@@ -565,7 +674,9 @@ class Replay {
     node_marker_seq_.assign(num_nodes, 0);
     result_.group_exposed_s.assign(groups_.size(), 0.0);
     result_.nodes.resize(num_nodes);
-    result_.collectives.reserve(schedule_.actions.size());
+    result_.collectives.reserve(schedule_.actions.size() + 1);
+    comm_.entries = &result_.collectives;
+    copy_.entries = &result_.copies;
     events_.reserve(4 * num_nodes + 2 * schedule_.actions.size() +
                     2 * graph_.params.size());
 
@@ -580,11 +691,19 @@ class Replay {
       if (!status.ok()) return status;
       if (node.phase == Phase::kOptimizer) {
         // The optimizer needs every gradient shard and state issued so far.
-        if (rs_done_s_ > now_) result_.exposed_comm_s += rs_done_s_ - now_;
-        now_ = std::max({now_, rs_done_s_, reload_done_s_});
+        auto ready = [&] {
+          return Done(comm_, last_rs_) && Done(copy_, last_reload_);
+        };
+        if (!ready()) {
+          const double done = Advance(nullptr, ready);
+          const double rs_done =
+              last_rs_ < 0 ? 0 : result_.collectives[last_rs_].end_s;
+          if (rs_done > now_) result_.exposed_comm_s += rs_done - now_;
+          now_ = done;
+        }
       }
       const double start = now_;
-      const double end = ComputeEnd(start, node.time_s);
+      const double end = ComputeEnd(node.time_s);
       node_start_seq_[pos] = static_cast<uint32_t>(events_.size());
       NodeTimelineEntry& entry = result_.nodes[pos];
       entry.node_id = node.id;
@@ -646,8 +765,13 @@ class Replay {
       IssueCollective(-1, ActionKind::kAllGather, persistent_refresh_bytes_,
                       hw_.AllGatherSeconds(persistent_refresh_bytes_));
     }
-    result_.exposed_comm_s += std::max(0.0, comm_free_ - compute_end);
-    result_.iteration_s = std::max({compute_end, comm_free_, copy_free_});
+    // What is still in flight finishes with nothing computing.
+    Advance(nullptr,
+            [&] { return comm_.queue.empty() && copy_.queue.empty(); });
+    const double comm_free = comm_.free_s;
+    const double copy_free = copy_.free_s;
+    result_.exposed_comm_s += std::max(0.0, comm_free - compute_end);
+    result_.iteration_s = std::max({compute_end, comm_free, copy_free});
     result_.lower_bound_s =
         std::max({result_.compute_s, result_.comm_s, result_.copy_s});
     result_.overlap_ratio =
@@ -710,9 +834,10 @@ class Replay {
   }
 
   struct GroupState {
-    // ALLGATHERs issued since the last RELEASE, and when the latest is done.
+    // ALLGATHERs issued since the last RELEASE, and the latest one's
+    // timeline entry (-1: none).
     int outstanding = 0;
-    double done_s = 0;
+    int64_t entry = -1;
   };
 
   const Graph& graph_;
@@ -740,18 +865,15 @@ class Replay {
 
   // Replay state.
   double now_ = 0;
-  double comm_free_ = 0;
   // ZeRO-3 persistent params, padded: re-gathered after the optimizer.
   int64_t persistent_refresh_bytes_ = 0;
-  double copy_free_ = 0;
-  double rs_done_s_ = 0;
-  double reload_done_s_ = 0;
-  // Share of compute each entry of result_.collectives / result_.copies
-  // takes while it runs, and the first entry that may still overlap compute.
-  std::vector<double> comm_share_;
-  std::vector<double> copy_share_;
-  size_t comm_cursor_ = 0;
-  size_t copy_cursor_ = 0;
+  // The communication and copy streams (their entries: result_'s).
+  Stream comm_;
+  Stream copy_;
+  // Timeline entries of the last REDUCE_SCATTER and RELOAD issued (-1:
+  // none): the optimizer waits for them, and with them for all before.
+  int64_t last_rs_ = -1;
+  int64_t last_reload_ = -1;
   int64_t host_bytes_ = 0;
   std::vector<GroupState> group_state_;
   std::vector<bool> grad_live_;

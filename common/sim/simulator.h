@@ -4,20 +4,26 @@
 // Streams and timing rules, walking the nodes in order:
 //   - compute runs the nodes back to back; a node starts when compute is free
 //     and every WAIT before it is satisfied. A transfer takes a share of
-//     compute while it runs: a collective or copy of B bytes lasting d
-//     seconds takes min(c·B/d, 0.95), c the hardware model's
-//     compute_s_per_{allgather,reduce_scatter,copy}_byte (the shares of the
-//     running collective and copy add, capped at 0.95), so a node's work
-//     (its time) stretches by what they take while it runs (0 on a GPU).
+//     compute while both run: a collective or copy of B bytes taking d
+//     seconds alone takes min(c·B/(k·d), 0.95), c the hardware model's
+//     compute_s_per_{allgather,reduce_scatter,copy}_byte and k its
+//     {allgather,reduce_scatter,copy}_stretch (the shares of the running
+//     collective and copy add, capped at 0.95), so a node's work (its time)
+//     stretches by what they take while it runs (0 on a GPU);
+//   - a transfer moves at 1/k of its alone rate while a node runs and at its
+//     alone rate while compute waits or is done (k = 1 on a GPU): its end
+//     depends on compute and compute's on it, and both streams are run
+//     together with compute from one rate change to the next (a transfer's
+//     start or end, a node's end, a WAIT), which is exact for these rules.
 //     Actions at one anchor run in list order at the compute stream's current
 //     time, so a WAIT delays the actions listed after it;
 //   - communication runs collectives one at a time in issue order: ALLGATHER
 //     and REDUCE_SCATTER are issued at the compute stream's current time and
 //     start when the communication stream is free. A collective moves the
-//     padded buffer (shard_numel·world·dtype per param) and is priced by
-//     hw.AllGatherSeconds / ReduceScatterSeconds (0 at world size 1);
+//     padded buffer (shard_numel·world·dtype per param) and takes
+//     hw.AllGatherSeconds / ReduceScatterSeconds alone (0 at world size 1);
 //   - copy runs OFFLOAD and RELOAD one at a time in issue order, at
-//     host_bytes_per_s;
+//     host_bytes_per_s alone;
 //   - WAIT(g) holds compute until g's latest gather is done; the wait is
 //     exposed communication, attributed to g. A WAIT with no ALLGATHER of g
 //     since g's last RELEASE (or ever) fails;
@@ -158,6 +164,8 @@ struct MemoryBreakdown {
 struct SimResult {
   double iteration_s = 0;
   double compute_s = 0;
+  // The collectives' and copies' times alone (what compute stretched them
+  // by is in their timeline entries, not here).
   double comm_s = 0;
   double copy_s = 0;
   // Compute time lost to transfers running alongside (the hardware model's

@@ -174,6 +174,14 @@ std::string DescribeHardware(const HardwareModel& hw) {
                         hw.compute_s_per_reduce_scatter_byte * 1e9,
                         hw.compute_s_per_copy_byte * 1e9));
   }
+  if (hw.stretched()) {
+    absl::StrAppend(
+        &out, absl::StrFormat("; compute makes transfers %.2fx (all-gather), "
+                              "%.2fx (reduce-scatter), %.2fx (copy) as long "
+                              "(measured)",
+                              hw.allgather_stretch, hw.reduce_scatter_stretch,
+                              hw.copy_stretch));
+  }
   if (hw.time_scale != 1) {
     absl::StrAppend(
         &out, absl::StrFormat(

@@ -217,16 +217,28 @@ absl::StatusOr<Graph> ApplyProfile(const Graph& graph, const Profile& profile) {
   return out;
 }
 
+// A profile's stretch, 1 when not measured.
+double Stretch(double measured) {
+  return measured >= 1 ? std::min(measured, HardwareModel::kMaxStretch) : 1;
+}
+
 absl::Status FitCollectives(const Profile& profile, HardwareModel& hw) {
   std::vector<std::pair<int64_t, double>> allgather;
   std::vector<std::pair<int64_t, double>> reduce_scatter;
+  // What each took alone: the part of its run compute ran alongside went
+  // at 1/stretch of its alone rate (HardwareModel's stretch).
+  auto alone = [](const CollectiveTiming& c, double stretch) {
+    const double run = c.run_s > 0 ? c.run_s : c.issue_to_done_s;
+    const double computing = std::clamp(c.computing_s, 0.0, run);
+    return run - computing * (1 - 1 / stretch);
+  };
   for (const CollectiveTiming& c : profile.collectives) {
     if (c.kind == CollectiveKind::kAllGather) {
       allgather.emplace_back(c.bytes,
-                             c.run_s > 0 ? c.run_s : c.issue_to_done_s);
+                             alone(c, Stretch(profile.allgather_stretch)));
     } else if (c.kind == CollectiveKind::kReduceScatter) {
-      reduce_scatter.emplace_back(c.bytes,
-                                  c.run_s > 0 ? c.run_s : c.issue_to_done_s);
+      reduce_scatter.emplace_back(
+          c.bytes, alone(c, Stretch(profile.reduce_scatter_stretch)));
     }
   }
   if (!allgather.empty()) {
@@ -273,6 +285,13 @@ void FitInterference(const Profile& profile, HardwareModel& hw) {
   if (profile.compute_s_per_copy_byte > 0) {
     hw.compute_s_per_copy_byte = profile.compute_s_per_copy_byte;
   }
+  if (profile.allgather_stretch > 0) {
+    hw.allgather_stretch = Stretch(profile.allgather_stretch);
+  }
+  if (profile.reduce_scatter_stretch > 0) {
+    hw.reduce_scatter_stretch = Stretch(profile.reduce_scatter_stretch);
+  }
+  if (profile.copy_stretch > 0) hw.copy_stretch = Stretch(profile.copy_stretch);
 }
 
 absl::Status CalibrateMemory(Graph& timed, const Schedule& profiled,
@@ -509,6 +528,7 @@ Profile ScaledTimes(const Profile& profile, double scale) {
     c.issue_to_done_s *= scale;
     c.run_s *= scale;
     c.exposed_s *= scale;
+    c.computing_s *= scale;
   }
   out.host_copy_s *= scale;
   out.compute_s_per_allgather_byte *= scale;

@@ -48,6 +48,11 @@ absl::StatusOr<Profile> AggregateProfiles(
                  p.compute_s_per_reduce_scatter_byte);
     out.compute_s_per_copy_byte =
         std::max(out.compute_s_per_copy_byte, p.compute_s_per_copy_byte);
+    out.allgather_stretch =
+        std::max(out.allgather_stretch, p.allgather_stretch);
+    out.reduce_scatter_stretch =
+        std::max(out.reduce_scatter_stretch, p.reduce_scatter_stretch);
+    out.copy_stretch = std::max(out.copy_stretch, p.copy_stretch);
     // Ranks run the same communicator: the most any reports.
     for (auto [mine, theirs] :
          {std::pair{&out.allgather_scratch, &p.allgather_scratch},
@@ -75,7 +80,12 @@ absl::StatusOr<Profile> AggregateProfiles(
         c.issue_to_done_s =
             std::max(c.issue_to_done_s, p.collectives[i].issue_to_done_s);
         c.exposed_s = std::max(c.exposed_s, p.collectives[i].exposed_s);
-        c.run_s = std::max(c.run_s, p.collectives[i].run_s);
+        // The slowest rank's run, with the compute that ran alongside it
+        // on that rank (the part the stretch applies to stays paired).
+        if (p.collectives[i].run_s > c.run_s) {
+          c.run_s = p.collectives[i].run_s;
+          c.computing_s = p.collectives[i].computing_s;
+        }
       }
     }
     if (p.memory.size() == out.memory.size()) {

@@ -87,8 +87,10 @@ ABSL_FLAG(std::string, profile, "",
           "measured profile (text form): node times and collective fits");
 ABSL_FLAG(std::string, hw, "",
           "hardware overrides: world ranks_per_node intra_gbps inter_gbps "
-          "host_gbps latency_us memory budget unmodeled (world defaults to "
-          "the graph's)");
+          "host_gbps latency_us ag_cpu_s_per_gb rs_cpu_s_per_gb "
+          "copy_cpu_s_per_gb ag_stretch rs_stretch copy_stretch memory budget "
+          "unmodeled (world defaults to the graph's; a profile's measured "
+          "figures replace them)");
 ABSL_FLAG(std::string, budget, "",
           "memory budget per rank, e.g. 70GiB (B, KiB, MiB, GiB, TiB; KB, MB, "
           "GB, TB)");

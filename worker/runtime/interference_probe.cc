@@ -74,21 +74,38 @@ class ComputeLoop {
   float sink_ = 0;
 };
 
+// HardwareModel::kMaxStretch (common/sim; not a worker dependency).
+constexpr double kMaxStretch = 4;
+
 double Median(std::vector<double> values) {
   if (values.empty()) return 0;
   std::sort(values.begin(), values.end());
   return values[values.size() / 2];
 }
 
-// Compute seconds per byte one transfer took: `start` submits a transfer of
-// `bytes` and returns its handle. `*run_s`, when given, receives the median
-// time the transfer ran.
-absl::StatusOr<double> MeasureKind(
+// What one kind of transfer takes from compute and compute from it.
+struct KindInterference {
+  // Compute seconds per byte moved.
+  double per_byte = 0;
+  // Its run time with the compute loop running against alone (>= 1).
+  double stretch = 1;
+  // Its median run time alone.
+  double alone_s = 0;
+};
+
+// `start` submits a transfer of `bytes` and returns its handle. Each
+// repetition runs it alone (nothing computes until it is done), then again
+// under the compute loop.
+absl::StatusOr<KindInterference> MeasureKind(
     ComputeLoop& loop, int64_t bytes, const InterferenceProbeOptions& options,
-    const std::function<CollectiveHandle()>& start, double* run_s = nullptr) {
+    const std::function<CollectiveHandle()>& start) {
   std::vector<double> per_byte;
   std::vector<double> runs;
+  std::vector<double> alone_runs;
   for (int rep = 0; rep < std::max(options.repetitions, 1); ++rep) {
+    CollectiveHandle solo = start();
+    RETURN_IF_ERROR(solo->Wait());
+    alone_runs.push_back(solo->run_s());
     const double alone = loop.RateAlone(options.alone_window_s);
     CollectiveHandle handle = start();
     const auto [with, elapsed] =
@@ -98,8 +115,14 @@ absl::StatusOr<double> MeasureKind(
     per_byte.push_back(lost / static_cast<double>(bytes));
     runs.push_back(handle->run_s());
   }
-  if (run_s != nullptr) *run_s = Median(std::move(runs));
-  return Median(std::move(per_byte));
+  KindInterference out;
+  out.per_byte = Median(std::move(per_byte));
+  out.alone_s = Median(std::move(alone_runs));
+  const double run_s = Median(std::move(runs));
+  if (out.alone_s > 0 && run_s > 0) {
+    out.stretch = std::clamp(run_s / out.alone_s, 1.0, kMaxStretch);
+  }
+  return out;
 }
 
 }  // namespace
@@ -128,15 +151,19 @@ absl::StatusOr<InterferenceProbe> MeasureInterference(
     const at::Tensor shard = at::zeros({n}, options_f);
     const at::Tensor full = at::zeros({n * world}, options_f);
     const int64_t full_bytes = n * world * static_cast<int64_t>(sizeof(float));
-    ASSIGN_OR_RETURN(probe.compute_s_per_allgather_byte,
+    ASSIGN_OR_RETURN(const KindInterference allgather,
                      MeasureKind(loop, full_bytes, options, [&] {
                        return comm.Submit([&] { comm.AllGather(shard, full); });
                      }));
     ASSIGN_OR_RETURN(
-        probe.compute_s_per_reduce_scatter_byte,
+        const KindInterference reduce_scatter,
         MeasureKind(loop, full_bytes, options, [&] {
           return comm.Submit([&] { comm.ReduceScatterSum(full, shard); });
         }));
+    probe.compute_s_per_allgather_byte = allgather.per_byte;
+    probe.allgather_stretch = allgather.stretch;
+    probe.compute_s_per_reduce_scatter_byte = reduce_scatter.per_byte;
+    probe.reduce_scatter_stretch = reduce_scatter.stretch;
   }
   {
     ASSIGN_OR_RETURN(std::unique_ptr<HostTier> tier,
@@ -148,30 +175,35 @@ absl::StatusOr<InterferenceProbe> MeasureInterference(
     ASSIGN_OR_RETURN(at::Tensor dst, tier->Allocate(kCopyNumel));
     const int64_t bytes =
         kCopyNumel * static_cast<int64_t>(sizeof(float)) * kCopiesPerTransfer;
-    ASSIGN_OR_RETURN(probe.compute_s_per_copy_byte,
-                     MeasureKind(
-                         loop, bytes, options,
-                         [&] {
-                           return tier->Submit([&] {
-                             for (int i = 0; i < kCopiesPerTransfer; ++i) {
-                               tier->Copy(src, dst);
-                             }
-                           });
-                         },
-                         &probe.host_copy_s));
+    ASSIGN_OR_RETURN(const KindInterference copy,
+                     MeasureKind(loop, bytes, options, [&] {
+                       return tier->Submit([&] {
+                         for (int i = 0; i < kCopiesPerTransfer; ++i) {
+                           tier->Copy(src, dst);
+                         }
+                       });
+                     }));
+    probe.compute_s_per_copy_byte = copy.per_byte;
+    probe.copy_stretch = copy.stretch;
+    probe.host_copy_s = copy.alone_s;
     probe.host_copy_bytes = bytes;
   }
   // Every rank reports the mean over ranks: they share the machine's cores.
-  ASSIGN_OR_RETURN(
-      std::vector<double> all,
-      comm.AllGatherScalars({probe.compute_s_per_allgather_byte,
-                             probe.compute_s_per_reduce_scatter_byte,
-                             probe.compute_s_per_copy_byte}));
-  double sums[3] = {0, 0, 0};
-  for (size_t i = 0; i < all.size(); ++i) sums[i % 3] += all[i];
+  constexpr int kFigures = 6;
+  ASSIGN_OR_RETURN(std::vector<double> all,
+                   comm.AllGatherScalars(
+                       {probe.compute_s_per_allgather_byte,
+                        probe.compute_s_per_reduce_scatter_byte,
+                        probe.compute_s_per_copy_byte, probe.allgather_stretch,
+                        probe.reduce_scatter_stretch, probe.copy_stretch}));
+  double sums[kFigures] = {0, 0, 0, 0, 0, 0};
+  for (size_t i = 0; i < all.size(); ++i) sums[i % kFigures] += all[i];
   probe.compute_s_per_allgather_byte = sums[0] / world;
   probe.compute_s_per_reduce_scatter_byte = sums[1] / world;
   probe.compute_s_per_copy_byte = sums[2] / world;
+  probe.allgather_stretch = sums[3] / world;
+  probe.reduce_scatter_stretch = sums[4] / world;
+  probe.copy_stretch = sums[5] / world;
   probe.probe_s = SecondsSince(begin);
   return probe;
 }

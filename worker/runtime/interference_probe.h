@@ -9,15 +9,19 @@
 // Method, per kind: a small matmul loop runs alone for a short window (its
 // rate r0), then again while one transfer of known size B runs (its rate r1
 // over the transfer's d seconds). The transfer took d·(1 − r1/r0) seconds of
-// compute, i.e. c = d·(1 − r1/r0)/B per byte (clamped at 0). Each kind is
+// compute, i.e. c = d·(1 − r1/r0)/B per byte (clamped at 0). The transfer
+// also runs alone (nothing computing, d0 seconds): d/d0 is how many times
+// longer compute makes it (its stretch, clamped to 1..4). Each kind is
 // measured a few times, alone and with alternating, and the median kept;
 // the ranks then average their figures (one small all-gather), so every rank
 // reports the same. The profile carries them (Profile::compute_s_per_*_byte)
 // and the planner's simulator charges them (common/README.md, "Simulator").
 //
 // Collective: every rank calls it at the same point, after
-// Communicator::TuneChunkBytes and before any other submission. Takes a few
-// tenths of a second.
+// Communicator::TuneChunkBytes and before any other submission. Takes about
+// a second (five repetitions: with three, one all-gather's stretch read
+// 1.15-1.75x from run to run on the bench's 2000 Mbit/s link; with five,
+// 1.4-1.7x).
 #ifndef TANDEM_WORKER_RUNTIME_INTERFERENCE_PROBE_H_
 #define TANDEM_WORKER_RUNTIME_INTERFERENCE_PROBE_H_
 
@@ -36,6 +40,11 @@ struct InterferenceProbe {
   double compute_s_per_allgather_byte = 0;
   double compute_s_per_reduce_scatter_byte = 0;
   double compute_s_per_copy_byte = 0;
+  // How many times longer each kind ran with the compute loop running than
+  // alone (1: not slowed).
+  double allgather_stretch = 1;
+  double reduce_scatter_stretch = 1;
+  double copy_stretch = 1;
   // The probe's host-tier copy: bytes and the seconds the copy thread took
   // (this rank's own; the host link's rate).
   int64_t host_copy_bytes = 0;
@@ -51,7 +60,7 @@ struct InterferenceProbeOptions {
   int64_t collective_bytes = 0;
   double link_bytes_per_s = 0;
   // Repetitions per kind (the median is kept).
-  int repetitions = 3;
+  int repetitions = 5;
   // Seconds the matmul loop runs alone per repetition.
   double alone_window_s = 0.02;
   // The host tier's directory (HostTier::Create) for the copy probe.

@@ -1,8 +1,10 @@
 #include "worker/runtime/profiler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tandem {
@@ -34,13 +36,20 @@ void Profiler::BeginIteration(int64_t iteration, int64_t schedule_version) {
   }
   if (iterations_.empty()) first_iteration_ = iteration;
   last_iteration_ = iteration;
+  pending_runs_.clear();
+  node_spans_.clear();
   timeline_.Begin(iteration, schedule_version, TimelineClock::now());
 }
 
 void Profiler::RecordNode(int32_t node_id, double seconds) {
   if (!enabled_) return;
   nodes_[node_id].times.push_back(seconds);
-  timeline_.AddNode(node_id, TimelineClock::now(), seconds);
+  const TimelineClock::time_point now = TimelineClock::now();
+  node_spans_.emplace_back(
+      now - std::chrono::duration_cast<TimelineClock::duration>(
+                std::chrono::duration<double>(seconds)),
+      now);
+  timeline_.AddNode(node_id, now, seconds);
 }
 
 void Profiler::RecordMemory(int32_t node_id, int64_t before_bytes,
@@ -69,6 +78,12 @@ void Profiler::RecordCollective(const CollectiveTiming& t,
   a.issue_to_done.push_back(t.issue_to_done_s);
   a.run.push_back(t.run_s);
   a.exposed.push_back(t.exposed_s);
+  if (spans.started != TimelineClock::time_point{} &&
+      spans.finished > spans.started) {
+    pending_runs_.push_back({&a, spans.started, spans.finished});
+  } else {
+    a.computing.push_back(0);
+  }
 }
 
 void Profiler::RecordExchange(absl::string_view label,
@@ -92,6 +107,20 @@ void Profiler::EndIteration(double iteration_s, int64_t peak_bytes,
   if (!enabled_) return;
   timeline_.End(iteration_s, peak_bytes);
   AccumulateOverlaps(timeline_.last());
+  // Node spans are disjoint and in order (one compute thread).
+  for (const PendingRun& run : pending_runs_) {
+    double computing = 0;
+    for (const auto& [start, end] : node_spans_) {
+      const auto both =
+          std::min(end, run.finished) - std::max(start, run.started);
+      if (both > TimelineClock::duration::zero()) {
+        computing += std::chrono::duration<double>(both).count();
+      }
+    }
+    run.accumulator->computing.push_back(computing);
+  }
+  pending_runs_.clear();
+  node_spans_.clear();
   iterations_.emplace_back(iteration_s, work);
   peak_bytes_ = std::max(peak_bytes_, peak_bytes);
   peak_min_bytes_ =
@@ -104,6 +133,13 @@ void Profiler::SetInterference(double per_allgather_byte,
   per_allgather_byte_ = per_allgather_byte;
   per_reduce_scatter_byte_ = per_reduce_scatter_byte;
   per_copy_byte_ = per_copy_byte;
+}
+
+void Profiler::SetStretch(double allgather, double reduce_scatter,
+                          double copy) {
+  allgather_stretch_ = allgather;
+  reduce_scatter_stretch_ = reduce_scatter;
+  copy_stretch_ = copy;
 }
 
 std::vector<NodeOverlap> NodeOverlaps(const IterationTimeline::Iteration& it) {
@@ -214,6 +250,9 @@ Profile Profiler::Snapshot(const std::string& graph_hash, int32_t rank) const {
   p.compute_s_per_allgather_byte = per_allgather_byte_;
   p.compute_s_per_reduce_scatter_byte = per_reduce_scatter_byte_;
   p.compute_s_per_copy_byte = per_copy_byte_;
+  p.allgather_stretch = allgather_stretch_;
+  p.reduce_scatter_stretch = reduce_scatter_stretch_;
+  p.copy_stretch = copy_stretch_;
   p.allgather_scratch = allgather_scratch_;
   p.reduce_scatter_scratch = reduce_scatter_scratch_;
   for (size_t i = 0; i < nodes_.size(); ++i) {
@@ -232,6 +271,17 @@ Profile Profiler::Snapshot(const std::string& graph_hash, int32_t rank) const {
     t.issue_to_done_s = Median(a.issue_to_done);
     t.run_s = Median(a.run);
     t.exposed_s = Median(a.exposed);
+    // The run's median sample when each has its computing part; a window
+    // cut mid-iteration has fewer, and then the median of those.
+    if (a.computing.size() == a.run.size()) {
+      std::vector<size_t> order(a.run.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::sort(order.begin(), order.end(),
+                [&a](size_t x, size_t y) { return a.run[x] < a.run[y]; });
+      t.computing_s = std::min(a.computing[order[order.size() / 2]], t.run_s);
+    } else if (!a.computing.empty()) {
+      t.computing_s = std::min(Median(a.computing), t.run_s);
+    }
     p.collectives.push_back(std::move(t));
   }
   for (size_t i = 0; i < memory_.size(); ++i) {
@@ -250,6 +300,7 @@ void Profiler::Reset() {
   std::fill(memory_.begin(), memory_.end(), MemorySample{});
   std::fill(has_memory_.begin(), has_memory_.end(), false);
   collectives_.clear();
+  pending_runs_.clear();  // they point into collectives_
 }
 
 }  // namespace tandem

@@ -66,10 +66,11 @@ class Profiler {
   // `work`: the elements of the iteration's batch inputs (StepStats::work),
   // averaged into the window's Profile::work.
   void EndIteration(double iteration_s, int64_t peak_bytes, int64_t work = 0);
-  // The interference probe's compute seconds per byte moved
-  // (interference_probe.h), reported in every snapshot.
+  // The interference probe's compute seconds per byte moved and its
+  // stretches (interference_probe.h), reported in every snapshot.
   void SetInterference(double per_allgather_byte,
                        double per_reduce_scatter_byte, double per_copy_byte);
+  void SetStretch(double allgather, double reduce_scatter, double copy);
   // The probe's host-tier copy: a window in which no copy ran reports it as
   // its host copies, so the planner knows the host link before offloading.
   void SetProbedHostCopy(int64_t bytes, double seconds);
@@ -109,7 +110,19 @@ class Profiler {
     std::vector<double> issue_to_done;
     std::vector<double> run;
     std::vector<double> exposed;
+    // Part of each run the compute thread was computing.
+    std::vector<double> computing;
   };
+  // This iteration's collectives with known spans, placed against its node
+  // spans when it ends (a node still running at RecordCollective counts).
+  struct PendingRun {
+    CollectiveAccumulator* accumulator;
+    TimelineClock::time_point started;
+    TimelineClock::time_point finished;
+  };
+  std::vector<PendingRun> pending_runs_;
+  std::vector<std::pair<TimelineClock::time_point, TimelineClock::time_point>>
+      node_spans_;
   using CollectiveKey = std::tuple<int, int32_t, int32_t, std::vector<int32_t>>;
 
   bool enabled_;
@@ -129,6 +142,9 @@ class Profiler {
   double per_allgather_byte_ = 0;
   double per_reduce_scatter_byte_ = 0;
   double per_copy_byte_ = 0;
+  double allgather_stretch_ = 0;
+  double reduce_scatter_stretch_ = 0;
+  double copy_stretch_ = 0;
   int64_t probed_copy_bytes_ = 0;
   CollectiveScratch allgather_scratch_;
   CollectiveScratch reduce_scatter_scratch_;

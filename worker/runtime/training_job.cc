@@ -417,11 +417,14 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
     absl::FPrintF(stderr,
                   "rank %d: transfers take compute: %.3g s per GB "
                   "all-gathered, %.3g reduce-scattered, %.3g copied to the "
-                  "host tier (probe %.2f s)\n",
+                  "host tier; compute makes them %.2fx, %.2fx and %.2fx as "
+                  "long (probe %.2f s)\n",
                   rank, interference.compute_s_per_allgather_byte * 1e9,
                   interference.compute_s_per_reduce_scatter_byte * 1e9,
                   interference.compute_s_per_copy_byte * 1e9,
-                  interference.probe_s);
+                  interference.allgather_stretch,
+                  interference.reduce_scatter_stretch,
+                  interference.copy_stretch, interference.probe_s);
   }
   // Random ops in the model (dropout) draw from the default generators:
   // seeded from train.seed and the rank, so a run repeats itself and the
@@ -463,6 +466,11 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
       interference.compute_s_per_allgather_byte,
       interference.compute_s_per_reduce_scatter_byte,
       interference.compute_s_per_copy_byte);
+  if (options.interference_probe) {
+    job->executor_->profiler().SetStretch(interference.allgather_stretch,
+                                          interference.reduce_scatter_stretch,
+                                          interference.copy_stretch);
+  }
   job->executor_->profiler().SetProbedHostCopy(interference.host_copy_bytes,
                                                interference.host_copy_s);
   job->executor_->profiler().SetCollectiveScratch(

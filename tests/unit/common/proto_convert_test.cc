@@ -137,6 +137,11 @@ TEST(ProtoConvertTest, Profile_RoundTrip_IsEqual) {
   p.compute_s_per_allgather_byte = 1.5e-9;
   p.compute_s_per_reduce_scatter_byte = 2.5e-9;
   p.compute_s_per_copy_byte = 3e-10;
+  p.allgather_stretch = 1.75;
+  p.reduce_scatter_stretch = 1.5;
+  p.copy_stretch = 1;
+  ASSERT_FALSE(p.collectives.empty());
+  p.collectives[0].computing_s = p.collectives[0].run_s / 2;
   ASSERT_FALSE(p.nodes.empty());
   p.nodes[0].allgather_overlap_bytes = 111;
   p.nodes[0].reduce_scatter_overlap_bytes = 222;

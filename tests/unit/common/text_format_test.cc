@@ -649,9 +649,15 @@ TEST(PrintProfileTest, Interference_PrintedWhenMeasuredAndRoundTrip) {
   profile.nodes[0].allgather_overlap_bytes = 4096;
   profile.nodes[0].reduce_scatter_overlap_bytes = 100;
   profile.nodes[1].copy_overlap_bytes = 7;
+  profile.allgather_stretch = 1.5;
+  profile.copy_stretch = 2;
+  profile.collectives[0].run_s = 0.0015;
+  profile.collectives[0].computing_s = 0.001;
   const std::string text = PrintProfile(profile);
   EXPECT_PRED2(Contains, text,
-               " ag_cpu_per_byte=2e-09 rs_cpu_per_byte=3e-09\n");
+               " ag_cpu_per_byte=2e-09 rs_cpu_per_byte=3e-09 ag_stretch=1.5 "
+               "copy_stretch=2\n");
+  EXPECT_PRED2(Contains, text, " run=0.0015 computing=0.001");
   EXPECT_PRED2(Contains, text, " ag_overlap=4096 rs_overlap=100\n");
   EXPECT_PRED2(Contains, text, " copy_overlap=7\n");
   absl::StatusOr<Profile> parsed = ParseProfile(text);
@@ -661,6 +667,8 @@ TEST(PrintProfileTest, Interference_PrintedWhenMeasuredAndRoundTrip) {
   EXPECT_EQ(PrintProfile(MakeProfile()).find("cpu_per_byte"),
             std::string::npos);
   EXPECT_EQ(PrintProfile(MakeProfile()).find("overlap="), std::string::npos);
+  EXPECT_EQ(PrintProfile(MakeProfile()).find("stretch"), std::string::npos);
+  EXPECT_EQ(PrintProfile(MakeProfile()).find("computing="), std::string::npos);
 }
 
 TEST(PrintProfileTest, NodeMemoryAndScratch_PrintedWhenMeasuredAndRoundTrip) {

@@ -320,6 +320,18 @@ INSTANTIATE_TEST_SUITE_P(
         ProfileCase{"negative interference",
                     [](Profile& p) { p.compute_s_per_copy_byte = -1e-9; },
                     {"compute seconds per transferred byte"}},
+        ProfileCase{"stretch below one",
+                    [](Profile& p) { p.reduce_scatter_stretch = 0.5; },
+                    {"rs_stretch is 0.5", "must be 1 to 4 (0: not measured)"}},
+        ProfileCase{"stretch above four",
+                    [](Profile& p) { p.copy_stretch = 7; },
+                    {"copy_stretch is 7"}},
+        ProfileCase{"computing beyond the run",
+                    [](Profile& p) { p.collectives[0].computing_s = 0.5; },
+                    {"allgather at n", "was computing 0.5s"}},
+        ProfileCase{"negative computing",
+                    [](Profile& p) { p.collectives[0].computing_s = -1; },
+                    {"negative or non-finite"}},
         ProfileCase{"bad collective scratch",
                     [](Profile& p) {
                       p.reduce_scatter_scratch = {9, 0};

@@ -207,6 +207,41 @@ TEST(FitCollectivesTest, TinyProfile_FitsBothKindsThroughTheSamples) {
   EXPECT_NEAR(hw.ReduceScatterSeconds(250 << 10), 0.325e-3, 1e-12);
 }
 
+// A collective that ran under compute ran stretched: the fit is of its time
+// alone, the part of its run compute ran alongside taken at 1/stretch.
+TEST(FitCollectivesTest, RunsUnderCompute_FittedAtTheirTimeAlone) {
+  Profile profile = TinyProfile();
+  for (CollectiveTiming& c : profile.collectives) {
+    const double run = c.run_s > 0 ? c.run_s : c.issue_to_done_s;
+    if (c.kind == CollectiveKind::kAllGather) {
+      c.computing_s = run;  // under compute throughout
+    } else {
+      c.computing_s = run / 2;
+    }
+  }
+  HardwareModel unstretched = HardwareModel::H100(2);
+  ASSERT_TRUE(FitCollectives(profile, unstretched).ok());
+  // No stretch measured: the runs are the times alone.
+  EXPECT_NEAR(unstretched.AllGatherSeconds(16640), 0.1e-3, 1e-12);
+
+  profile.allgather_stretch = 2;
+  profile.reduce_scatter_stretch = 4;
+  HardwareModel hw = HardwareModel::H100(2);
+  ASSERT_TRUE(FitCollectives(profile, hw).ok());
+  EXPECT_NEAR(hw.AllGatherSeconds(16640), 0.05e-3, 1e-12);
+  EXPECT_NEAR(hw.AllGatherSeconds(250 << 10), 0.15e-3, 1e-12);
+  // Half of each run under compute at a quarter rate: 1/2 + 1/8 of it.
+  EXPECT_NEAR(hw.ReduceScatterSeconds(250 << 10), 0.325e-3 * 0.625, 1e-12);
+  // And the model carries the stretches.
+  const Graph graph = TinyGraph();
+  absl::StatusOr<Calibrated> calibrated = CalibrateToMeasurements(
+      graph, HardwareModel::H100(2), &profile, nullptr, ShardingMode::kZero3);
+  ASSERT_TRUE(calibrated.ok()) << calibrated.status();
+  EXPECT_DOUBLE_EQ(calibrated->hw.allgather_stretch, 2);
+  EXPECT_DOUBLE_EQ(calibrated->hw.reduce_scatter_stretch, 4);
+  EXPECT_DOUBLE_EQ(calibrated->hw.copy_stretch, 1);
+}
+
 TEST(FitCollectivesTest, NoCollectives_KeepsTheAnalyticModel) {
   HardwareModel hw = HardwareModel::H100(16);
   const double before = hw.AllGatherSeconds(1 << 30);

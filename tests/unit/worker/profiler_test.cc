@@ -1,5 +1,7 @@
 #include "worker/runtime/profiler.h"
 
+#include <chrono>
+
 #include "common/ir/text_format.h"
 #include "gtest/gtest.h"
 
@@ -134,6 +136,41 @@ TEST(ProfilerTest, Interference_ReportedInSnapshotsAcrossWindows) {
   EXPECT_DOUBLE_EQ(s.compute_s_per_allgather_byte, 1e-9);
   EXPECT_DOUBLE_EQ(s.compute_s_per_reduce_scatter_byte, 2e-9);
   EXPECT_DOUBLE_EQ(s.compute_s_per_copy_byte, 3e-10);
+  auto parsed = ParseProfile(PrintProfile(s));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(*parsed, s);
+}
+
+// The part of a collective's run the compute thread spent in nodes, and the
+// probe's stretches, reach the snapshot (and its text form).
+TEST(ProfilerTest, Collectives_ComputingPartOfTheirRunReported) {
+  using std::chrono::milliseconds;
+  Profiler p(true, 2);
+  p.SetStretch(1.8, 1.5, 1.2);
+  p.BeginIteration(0, 1);
+  const TimelineClock::time_point now = TimelineClock::now();
+  p.RecordNode(0, 0.010);  // [now - 10 ms, now] (a little later)
+  CollectiveTiming under{CollectiveKind::kAllGather, 1, {}, 64, 0.012, 0, 0};
+  under.run_s = 0.010;
+  // From 5 ms before the node ended to 5 ms after: half under it.
+  p.RecordCollective(under, {now - milliseconds(5), now + milliseconds(5),
+                             now + milliseconds(5)});
+  // Spans unknown: nothing is said to have computed alongside.
+  CollectiveTiming unknown{CollectiveKind::kAllGather, 2, {}, 64, 0.01, 0, 0};
+  unknown.run_s = 0.004;
+  p.RecordCollective(unknown);
+  p.EndIteration(0.02, 100);
+  const Profile s = p.Snapshot("h", 0);
+  ASSERT_EQ(s.collectives.size(), 2u);
+  const CollectiveTiming& a =
+      s.collectives[0].group_id == 1 ? s.collectives[0] : s.collectives[1];
+  const CollectiveTiming& b =
+      s.collectives[0].group_id == 1 ? s.collectives[1] : s.collectives[0];
+  EXPECT_NEAR(a.computing_s, 0.005, 0.002);
+  EXPECT_DOUBLE_EQ(b.computing_s, 0);
+  EXPECT_DOUBLE_EQ(s.allgather_stretch, 1.8);
+  EXPECT_DOUBLE_EQ(s.reduce_scatter_stretch, 1.5);
+  EXPECT_DOUBLE_EQ(s.copy_stretch, 1.2);
   auto parsed = ParseProfile(PrintProfile(s));
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(*parsed, s);

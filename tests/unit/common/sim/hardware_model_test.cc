@@ -236,7 +236,27 @@ TEST(ParseHardwareModelTest, Parse_UnknownKey_ListsValidKeys) {
   EXPECT_THAT(hw.status().message(),
               HasSubstr("world, ranks_per_node, intra_gbps, inter_gbps, "
                         "latency_us, host_gbps, ag_cpu_s_per_gb, "
-                        "rs_cpu_s_per_gb, copy_cpu_s_per_gb, memory, budget"));
+                        "rs_cpu_s_per_gb, copy_cpu_s_per_gb, ag_stretch, "
+                        "rs_stretch, copy_stretch, memory, budget"));
+}
+
+TEST(ParseHardwareModelTest, Parse_Stretch_OneToFour) {
+  absl::StatusOr<HardwareModel> hw =
+      ParseHardwareModel("ag_stretch=1.8 rs_stretch=1 copy_stretch=4");
+  ASSERT_TRUE(hw.ok()) << hw.status();
+  EXPECT_DOUBLE_EQ(hw->allgather_stretch, 1.8);
+  EXPECT_DOUBLE_EQ(hw->reduce_scatter_stretch, 1);
+  EXPECT_DOUBLE_EQ(hw->copy_stretch, 4);
+  EXPECT_TRUE(hw->stretched());
+  EXPECT_FALSE(HardwareModel::H100(8).stretched());
+  for (const char* bad : {"ag_stretch=0.5", "rs_stretch=4.5", "copy_stretch=x",
+                          "ag_stretch=nan"}) {
+    absl::StatusOr<HardwareModel> parsed = ParseHardwareModel(bad);
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument)
+        << bad;
+    EXPECT_THAT(parsed.status().message(), HasSubstr("a number from 1 to 4"))
+        << bad;
+  }
 }
 
 TEST(ParseHardwareModelTest, Parse_BadValue_NamesKeyAndExpectation) {

@@ -282,6 +282,63 @@ TEST_F(TwoLayerTest,
   EXPECT_NEAR(capped.nodes[0].end_s, 3.95 * kMs, kTolerance);
 }
 
+TEST_F(TwoLayerTest, Simulate_ComputeStretchesTransfers_OnlyWhileItRuns) {
+  // Each 1 ms collective moves at a quarter of its rate while a node
+  // computes: AG g0 [0,1] alone (compute waits) | AG g1 from 1 under n0
+  // [1,3]: a quarter done by 3, n1 waits for the rest, alone: [1,3.5] |
+  // n1 [3.5,5.5] | AG g0 [5.5,9.5] under n2 [5.5,9.5] | RS p1 [9.5,13.5]
+  // under n3 [9.5,13.5] | RS p0 [13.5,14.5] alone | optimizer [14.5,15.5].
+  HardwareModel hw = TestHardware();
+  hw.allgather_stretch = 4;
+  hw.reduce_scatter_stretch = 4;
+  SimResult r = MustSimulate(graph_, Load("sim_two_layer_prefetch.txt"), hw);
+  ASSERT_EQ(r.collectives.size(), 5u);
+  const double spans[][2] = {
+      {0, 1}, {1, 3.5}, {5.5, 9.5}, {9.5, 13.5}, {13.5, 14.5}};
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_NEAR(r.collectives[i].start_s, spans[i][0] * kMs, kTolerance) << i;
+    EXPECT_NEAR(r.collectives[i].end_s, spans[i][1] * kMs, kTolerance) << i;
+  }
+  EXPECT_NEAR(r.nodes[1].start_s, 3.5 * kMs, kTolerance);
+  EXPECT_NEAR(r.nodes[1].stall_s, 0.5 * kMs, kTolerance);
+  EXPECT_NEAR(r.iteration_s, 15.5 * kMs, kTolerance);
+  EXPECT_NEAR(r.exposed_comm_s, 2.5 * kMs, kTolerance);
+  // comm_s is the collectives' time alone: what no schedule goes below.
+  EXPECT_NEAR(r.comm_s, 5 * kMs, kTolerance);
+  EXPECT_NEAR(r.interference_s, 0, kTolerance);
+
+  // Both sides at once: stretched 2x, each collective takes
+  // 2.5e-7 s/B · 2000 B = 0.5 ms of compute over its 2 ms under a node (a
+  // quarter share), the same 0.5 ms as unstretched over 1 ms at half: AG g1
+  // [1,3] under n0, which did 1.5 ms of work by 3 and ends at 3.5 | n1
+  // [3.5,5.5] | AG g0 [5.5,7.5], n2 ends 10 | RS p1 [10,12], n3 ends 14.5 |
+  // RS p0 [14.5,15.5] | optimizer [15.5,16.5]: the unstretched test's nodes.
+  hw.allgather_stretch = 2;
+  hw.reduce_scatter_stretch = 2;
+  hw.compute_s_per_allgather_byte = 2.5e-7;
+  hw.compute_s_per_reduce_scatter_byte = 2.5e-7;
+  SimResult both = MustSimulate(graph_, Load("sim_two_layer_prefetch.txt"), hw);
+  EXPECT_NEAR(both.collectives[1].end_s, 3 * kMs, kTolerance);
+  EXPECT_NEAR(both.collectives[3].start_s, 10 * kMs, kTolerance);
+  EXPECT_NEAR(both.collectives[3].end_s, 12 * kMs, kTolerance);
+  EXPECT_NEAR(both.nodes[0].end_s, 3.5 * kMs, kTolerance);
+  EXPECT_NEAR(both.nodes[2].end_s, 10 * kMs, kTolerance);
+  EXPECT_NEAR(both.nodes[3].end_s, 14.5 * kMs, kTolerance);
+  EXPECT_NEAR(both.iteration_s, 16.5 * kMs, kTolerance);
+  EXPECT_NEAR(both.interference_s, 1.5 * kMs, kTolerance);
+
+  // On demand compute waits for every gather, and nothing of a gather is
+  // stretched; only RS p1 runs under a node.
+  HardwareModel gathers_only = TestHardware();
+  gathers_only.allgather_stretch = 4;
+  EXPECT_NEAR(
+      MustSimulate(graph_, Load("sim_two_layer_on_demand.txt"), gathers_only)
+          .iteration_s,
+      MustSimulate(graph_, Load("sim_two_layer_on_demand.txt"), TestHardware())
+          .iteration_s,
+      kTolerance);
+}
+
 TEST_F(TwoLayerTest, Simulate_SlowLinks_IsBoundByCommunication) {
   // 5 ms per collective. AG g0 [0,5], AG g1 [5,10] | n0 [5,7] | n1 [10,12]
   // AG g0 [12,17] | n2 [12,16] | RS p1 issued 16 [17,22] | n3 [17,21]

@@ -60,18 +60,18 @@ TEST_F(ProfileAggregatorTest,
        AggregateProfiles_ThreeRanks_SlowestTimeLargestMemory) {
   std::map<int32_t, Profile> by_rank;
   by_rank[0] = P(R"(
-profile graph=$hash rank=0 version=1 window=10..19 iteration=10ms peak=4MiB
+profile graph=$hash rank=0 version=1 window=10..19 iteration=10ms peak=4MiB ag_stretch=1.5
 time n0 0.2ms samples=10
 time n1 0.5ms samples=10
-collective allgather g0 at=n0 bytes=1KiB issue_to_done=0.3ms run=0.1ms exposed=0.1ms
+collective allgather g0 at=n0 bytes=1KiB issue_to_done=0.3ms run=0.1ms computing=0.1ms exposed=0.1ms
 collective reduce_scatter p0 at=n7 bytes=1KiB issue_to_done=0.4ms exposed=0
 memory n0 before=1MiB after=2MiB
 )");
   by_rank[1] = P(R"(
-profile graph=$hash rank=1 version=1 window=10..19 iteration=12ms peak=3MiB
+profile graph=$hash rank=1 version=1 window=10..19 iteration=12ms peak=3MiB ag_stretch=1.7
 time n0 0.3ms samples=10
 time n1 0.4ms samples=10
-collective allgather g0 at=n0 bytes=1KiB issue_to_done=0.2ms run=0.18ms exposed=0.15ms
+collective allgather g0 at=n0 bytes=1KiB issue_to_done=0.2ms run=0.18ms computing=0.09ms exposed=0.15ms
 collective reduce_scatter p0 at=n7 bytes=1KiB issue_to_done=0.6ms exposed=0
 memory n0 before=1.5MiB after=1MiB
 )");
@@ -79,7 +79,7 @@ memory n0 before=1.5MiB after=1MiB
 profile graph=$hash rank=2 version=1 window=10..19 iteration=11ms peak=5MiB
 time n0 0.1ms samples=10
 time n1 0.7ms samples=10
-collective allgather g0 at=n0 bytes=1KiB issue_to_done=0.1ms run=0.05ms exposed=0
+collective allgather g0 at=n0 bytes=1KiB issue_to_done=0.1ms run=0.05ms computing=0.05ms exposed=0
 collective reduce_scatter p0 at=n7 bytes=1KiB issue_to_done=0.5ms exposed=0.2ms
 memory n0 before=1MiB after=3MiB
 )");
@@ -101,6 +101,10 @@ memory n0 before=1MiB after=3MiB
   EXPECT_DOUBLE_EQ(out->collectives[0].exposed_s, 0.15e-3);
   // The run time the collective fit reads: the slowest rank's too.
   EXPECT_DOUBLE_EQ(out->collectives[0].run_s, 0.18e-3);
+  // With the compute that ran alongside it on that rank, and the largest
+  // stretch any rank's probe measured.
+  EXPECT_DOUBLE_EQ(out->collectives[0].computing_s, 0.09e-3);
+  EXPECT_DOUBLE_EQ(out->allgather_stretch, 1.7);
   EXPECT_DOUBLE_EQ(out->collectives[1].issue_to_done_s, 0.6e-3);
   EXPECT_DOUBLE_EQ(out->collectives[1].exposed_s, 0.2e-3);
   ASSERT_EQ(out->memory.size(), 1u);

@@ -601,18 +601,30 @@ absl::StatusOr<Calibrated> CalibrateWithEvidence(
     const std::vector<std::pair<Schedule, double>>& measured,
     InterferenceRefit* refit) {
   const bool probed =
-      profile != nullptr && (profile->compute_s_per_allgather_byte > 0 ||
-                             profile->compute_s_per_reduce_scatter_byte > 0 ||
-                             profile->compute_s_per_copy_byte > 0);
+      profile != nullptr &&
+      (profile->compute_s_per_allgather_byte > 0 ||
+       profile->compute_s_per_reduce_scatter_byte > 0 ||
+       profile->compute_s_per_copy_byte > 0 || profile->allgather_stretch > 1 ||
+       profile->reduce_scatter_stretch > 1 || profile->copy_stretch > 1);
   if (!probed || measured.empty()) {
     return CalibrateToMeasurements(graph, hw, profile, profiled, mode);
   }
-  // The calibration with the probe's figures scaled by k.
+  // The calibration with the probe's contention, both ways, scaled by k:
+  // the per-byte costs times k, each stretch's excess over 1 times k (at
+  // most HardwareModel::kMaxStretch).
   auto calibrate = [&](double k) -> absl::StatusOr<Calibrated> {
     Profile scaled = *profile;
     scaled.compute_s_per_allgather_byte *= k;
     scaled.compute_s_per_reduce_scatter_byte *= k;
     scaled.compute_s_per_copy_byte *= k;
+    for (double* stretch :
+         {&scaled.allgather_stretch, &scaled.reduce_scatter_stretch,
+          &scaled.copy_stretch}) {
+      if (*stretch > 0) {
+        *stretch = std::min(1 + k * (Stretch(*stretch) - 1),
+                            HardwareModel::kMaxStretch);
+      }
+    }
     return CalibrateToMeasurements(graph, hw, &scaled, profiled, mode);
   };
   // How far that calibration simulates the measured schedules from what

@@ -212,9 +212,11 @@ int64_t MemoryHeadroom(int64_t budget, const Profile* profile, int64_t extra);
 int64_t GuardHeadroom(int64_t predicted_peak, int64_t min_peak,
                       int64_t max_peak);
 
-// Re-fits what transfers take from compute to what schedules measured:
-// scales the profile's interference figures (compute_s_per_*_byte) by the k
-// in [0, 4] whose calibration (CalibrateToMeasurements with the scaled
+// Re-fits the contention between transfers and compute to what schedules
+// measured: scales the profile's interference figures both ways, what
+// transfers take from compute (compute_s_per_*_byte, times k) and how much
+// compute stretches transfers (each *_stretch's excess over 1, times k), by
+// the k in [0, 4] whose calibration (CalibrateToMeasurements with the scaled
 // figures) simulates `measured` closest to their measured times (least
 // squares of log(simulated / measured), pulled gently toward k = 1, the
 // probe itself, so that evidence that cannot tell, such as schedules with

@@ -26,8 +26,9 @@
 // file. --timeline prints the simulated iteration: every node's start, end,
 // stall and the memory after it, then every collective and host-tier copy
 // (issued, started, done, bytes), to hold against a run's trace where the
-// prediction and the measurement part. --measured re-fits what transfers take
-// from compute to schedules already measured on the job; --headroom keeps that
+// prediction and the measurement part. --measured re-fits the contention
+// between transfers and compute (both ways) to schedules already measured on
+// the job; --headroom keeps that
 // much more of the budget free (GuardHeadroom in
 // coordinator/planner/planner.h): both as the coordinator plans a live job.
 // Tandem's policy also prints the runner-up, the fastest other plan that
@@ -121,8 +122,9 @@ ABSL_FLAG(std::string, profiled_schedule, "",
 ABSL_FLAG(std::string, measured, "",
           "FILE=SECONDS[,FILE=SECONDS...]: schedules (text form) already run "
           "on this job and their measured iteration times (slowest rank's "
-          "median); what transfers take from compute is re-fitted to them "
-          "before planning, as the coordinator does with a live job's "
+          "median); the contention between transfers and compute (what "
+          "each takes from the other) is re-fitted to them before planning, as "
+          "the coordinator does with a live job's "
           "measurements");
 ABSL_FLAG(std::string, trial_out, "",
           "write the runner-up (text form) here when it is worth a trial: "

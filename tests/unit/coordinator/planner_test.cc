@@ -195,6 +195,68 @@ TEST(CalibrateWithEvidenceTest, MeasuredSchedules_RefitInterferenceScale) {
   EXPECT_DOUBLE_EQ(calibrated->hw.compute_s_per_allgather_byte, 1e-10);
 }
 
+// The other way round: the probe over-read the contention both ways (what
+// transfers take from compute and how much compute stretches them). The
+// refit scales both by one k, so a machine with half the probe's contention
+// is found at k = 0.5, stretches included.
+TEST(CalibrateWithEvidenceTest, MeasuredSchedules_RefitScalesStretchToo) {
+  absl::StatusOr<ModelConfig> config =
+      ParseModelConfig("preset=tiny-llama world=2");
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<Graph> graph = BuildModelGraph(*config);
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  for (Node& n : graph->nodes) n.time_s *= 1000;
+  absl::StatusOr<HardwareModel> hw =
+      ParseHardwareModel("world=2 intra_gbps=2 inter_gbps=2");
+  ASSERT_TRUE(hw.ok()) << hw.status();
+  Profile profile;
+  profile.graph_hash = graph->StructuralHash();
+  profile.compute_s_per_allgather_byte = 4e-9;
+  profile.compute_s_per_reduce_scatter_byte = 4e-9;
+  profile.allgather_stretch = 3;
+  profile.reduce_scatter_stretch = 3;
+
+  PlanOptions options;
+  options.policy = Policy::kDeepCompile;
+  absl::StatusOr<PlanResult> prefetching =
+      PlanFromMeasurements(*graph, *hw, &profile, nullptr, options);
+  ASSERT_TRUE(prefetching.ok()) << prefetching.status();
+  EXPECT_DOUBLE_EQ(prefetching->hw.allgather_stretch, 3);
+  absl::StatusOr<Schedule> baseline =
+      StartingSchedule(*graph, ShardingMode::kZero3);
+  ASSERT_TRUE(baseline.ok()) << baseline.status();
+
+  // What the machine does: half the probe's contention, both ways.
+  HardwareModel real = prefetching->hw;
+  real.compute_s_per_allgather_byte = 2e-9;
+  real.compute_s_per_reduce_scatter_byte = 2e-9;
+  real.allgather_stretch = 2;
+  real.reduce_scatter_stretch = 2;
+  std::vector<std::pair<Schedule, double>> measured;
+  for (const Schedule* s : {&*baseline, &prefetching->schedule}) {
+    absl::StatusOr<SimResult> sim = Simulate(*graph, *s, real);
+    ASSERT_TRUE(sim.ok()) << sim.status();
+    measured.emplace_back(*s, sim->iteration_s);
+  }
+  absl::StatusOr<SimResult> probed =
+      Simulate(*graph, prefetching->schedule, prefetching->hw);
+  ASSERT_TRUE(probed.ok()) << probed.status();
+  ASSERT_GT(probed->iteration_s, measured.back().second * 1.01)
+      << "the probe's contention must price the plan slower than it runs: "
+      << probed->iteration_s;
+
+  InterferenceRefit refit;
+  absl::StatusOr<Calibrated> calibrated = CalibrateWithEvidence(
+      *graph, *hw, &profile, nullptr, ShardingMode::kZero3, measured, &refit);
+  ASSERT_TRUE(calibrated.ok()) << calibrated.status();
+  EXPECT_NEAR(refit.scale, 0.5, 0.02);
+  EXPECT_LT(refit.error, 1e-4);
+  EXPECT_GT(refit.probe_error, refit.error);
+  EXPECT_NEAR(calibrated->hw.allgather_stretch, 2, 0.02);
+  EXPECT_NEAR(calibrated->hw.reduce_scatter_stretch, 2, 0.02);
+  EXPECT_NEAR(calibrated->hw.compute_s_per_allgather_byte, 2e-9, 4e-11);
+}
+
 TEST(FitCollectivesTest, TinyProfile_FitsBothKindsThroughTheSamples) {
   HardwareModel hw = HardwareModel::H100(2);
   ASSERT_TRUE(FitCollectives(TinyProfile(), hw).ok());

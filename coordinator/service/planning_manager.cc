@@ -670,19 +670,24 @@ void PlanningManager::ReportOutcomeLocked(const std::string& job_id,
   const int64_t active =
       state.schedules.empty() ? 0 : state.schedules.back().schedule.version();
   if (version != active) return;
-  const std::optional<ScheduleMeasurements::Summary> now =
-      state.measured.Summarize(active);
-  if (!now.has_value()) return;
-  const std::optional<ScheduleMeasurements::Summary> base =
-      state.measured.Summarize(0);
-  const double speedup =
-      active == 0 ? 1.0
-                  : (base.has_value() ? base->median_s / now->median_s : 0);
   const double predicted =
       state.schedules.empty()
           ? 0
           : PredictedAtReference(state.work,
                                  state.schedules.back().schedule.prediction());
+  const std::optional<ScheduleMeasurements::Summary> now =
+      state.measured.Summarize(active);
+  if (!now.has_value()) {
+    // Too few steps of the active version yet: its prediction alone, never
+    // the figures of the version it replaced.
+    (void)jobs_->UpdateOutcome(job_id, 0, predicted, 0);
+    return;
+  }
+  const std::optional<ScheduleMeasurements::Summary> base =
+      state.measured.Summarize(0);
+  const double speedup =
+      active == 0 ? 1.0
+                  : (base.has_value() ? base->median_s / now->median_s : 0);
   (void)jobs_->UpdateOutcome(job_id, speedup, predicted, now->median_s);
   if (metrics_ != nullptr && speedup > 0) {
     metrics_->speedup->WithLabels({job_id}).Set(speedup);

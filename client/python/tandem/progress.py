@@ -13,6 +13,10 @@ from tandem.v1 import job_pb2
 def describe_outcome(job):
     """What the active schedule bought, as `tandem status` prints it."""
     if job.measured_iteration_s <= 0:
+        if job.schedule_version > 0 and job.predicted_iteration_s > 0:
+            return ("v%d not measured yet (too few steps); predicted %.4f "
+                    "s/iter" % (job.schedule_version,
+                                job.predicted_iteration_s))
         return "- (not measured yet)"
     parts = []
     if job.schedule_version == 0:

@@ -16,6 +16,14 @@ def test_outcome_before_any_measurement():
     assert describe_outcome(job()) == "- (not measured yet)"
 
 
+def test_outcome_of_a_new_plan_not_yet_measured():
+    # A plan that has run fewer steps than a window: its prediction, not the
+    # figures of the version it replaced.
+    assert describe_outcome(job(schedule_version=3,
+                                predicted_iteration_s=0.2603)) == (
+        "v3 not measured yet (too few steps); predicted 0.2603 s/iter")
+
+
 def test_outcome_on_the_baseline():
     assert describe_outcome(job(measured_iteration_s=0.2775,
                                 measured_speedup=1.0)) == (

@@ -697,7 +697,14 @@ TEST_F(PlanningManagerTest, FasterPlan_JobCarriesMeasuredSpeedup) {
   EXPECT_DOUBLE_EQ(job->measured_iteration_s(), 0.100);
   SendWindow(0, 1, 0);
   planning_->OnScheduleActive(job_.id(), 1);
-  Steps(*planning_, job_.id(), 5, 6, 1, 0.080);
+  // v1's first steps, fewer than a window: its prediction alone, never
+  // v0's figures under v1's name.
+  Steps(*planning_, job_.id(), 5, 2, 1, 0.080);
+  job = jobs_->Get(job_.id());
+  EXPECT_DOUBLE_EQ(job->measured_speedup(), 0);
+  EXPECT_DOUBLE_EQ(job->measured_iteration_s(), 0);
+  EXPECT_GT(job->predicted_iteration_s(), 0);
+  Steps(*planning_, job_.id(), 7, 4, 1, 0.080);
   planning_->Drain();
   EXPECT_EQ(published_.size(), 1u);  // faster: kept
   job = jobs_->Get(job_.id());

@@ -316,7 +316,11 @@ memory: {{budget_bytes: {budget}}}
         # profile: what the counting allocator saw beyond the simulator's
         # estimates under the starting schedule (autograd temporaries, loss
         # buffers, Gloo staging) is counted in every plan (CalibrateMemory).
-        od = self.plan(m, profile, "on-demand", 0, os.path.join(wd, f"{tag}-od.sched"))
+        od_sched = os.path.join(wd, f"{tag}-od.sched")
+        od = self.plan(m, profile, "on-demand", 0, od_sched)
+        # The baseline counts as measured (the coordinator's v0): the
+        # warm-up's schedule and its median step, evidence for the re-fit.
+        baseline = (od_sched, warm["step_s"]) if warm.get("step_s") else None
         log(f"{tag}: on-demand measured peak {warm['peak_bytes']} B; the planner counts "
             f"{od.get('unmodeled_bytes', 0)} B beyond its model")
 
@@ -423,7 +427,7 @@ memory: {{budget_bytes: {budget}}}
                             f"re-planning at {plan_budget} B")
                 if policy == "tandem" and row.get("step_s") and row.get("predicted_s"):
                     self.refit_round(m, profile, plan_budget, sched, spec, discard, row,
-                                     headroom)
+                                     headroom, baseline)
                     self.trial_round(sched, spec, discard, row)
                 if row.get("predicted_s") is not None:
                     try:
@@ -445,11 +449,14 @@ memory: {{budget_bytes: {budget}}}
                 self.emit(row)
 
 
-    def refit_round(self, m, profile, plan_budget, sched, spec, discard, row, headroom):
+    def refit_round(self, m, profile, plan_budget, sched, spec, discard, row, headroom,
+                    baseline=None):
         """Tandem's closed loop, offline: what the coordinator does once the
-        first plan has run on a live job. The first plan's measured time
-        re-fits what transfers take from compute (tandem-plan --measured,
-        the coordinator's CalibrateWithEvidence), the job is re-planned and
+        first plan has run on a live job. The first plan's measured time and
+        the baseline's (`baseline`: the warm-up's schedule and median step,
+        the coordinator's v0) re-fit the contention between transfers and
+        compute (tandem-plan --measured, the coordinator's
+        CalibrateWithEvidence), the job is re-planned and
         the new plan runs. The row reports the plan the coordinator would
         keep: the re-planned one unless it measured slower than the first
         beyond the noise (ScheduleMeasurements' rule, so a re-plan slower
@@ -462,7 +469,8 @@ memory: {{budget_bytes: {budget}}}
         second_sched = sched[:-len(".sched")] + "-refit.sched"
         try:
             planned = self.plan(m, profile, "tandem", plan_budget, second_sched,
-                                measured=[(sched, first["step_s"])], headroom=headroom,
+                                measured=([baseline] if baseline else [])
+                                + [(sched, first["step_s"])], headroom=headroom,
                                 trial_out=second_sched[:-len(".sched")] + "-trial.sched")
             stats = self.run_schedule(spec, second_sched, discard)
         except RuntimeError as e:

@@ -39,13 +39,17 @@ def log(msg):
     print(f"[drift {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def start_coordinator(build, workdir, listen="127.0.0.1:0", prefix=()):
-    """Starts tandem-coordinator; returns (process, "host:port")."""
+def start_coordinator(build, workdir, listen="127.0.0.1:0", prefix=(), insecure=False):
+    """Starts tandem-coordinator; returns (process, "host:port"). `insecure`:
+    serve a non-loopback `listen` without TLS and tokens (the coordinator
+    refuses it otherwise), for a private network such as bench/e2e's
+    namespaces."""
     out = open(os.path.join(workdir, "coordinator.out"), "w")
     err = open(os.path.join(workdir, "coordinator.log"), "w")
     proc = subprocess.Popen(list(prefix) + [
         os.path.join(build, "coordinator", "tandem-coordinator"), "--listen", listen,
-        "--db", os.path.join(workdir, "tandem.db")], stdout=out, stderr=err)
+        "--db", os.path.join(workdir, "tandem.db")] + (["--insecure"] if insecure else []),
+        stdout=out, stderr=err)
     host = listen.rsplit(":", 1)[0]
     for _ in range(200):
         text = open(os.path.join(workdir, "coordinator.out")).read()

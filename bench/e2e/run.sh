@@ -4,7 +4,7 @@
 # (issue 9). Run as root from anywhere:
 #
 #   sudo bench/e2e/run.sh [--rates "2000 200"] [--models tiny-llama,wide-short,exported-gpt]
-#                         [--steps 8] [--discard 2] [--out FILE] [--quick]
+#                         [--steps 8] [--discard 2] [--out FILE [--force]] [--quick]
 #                         [--comm "chunk_bytes: 64KiB, max_in_flight: 4"]
 #
 # For each link rate and model it runs, in one run: the compute-alone and
@@ -12,7 +12,9 @@
 # PyTorch DDP (bench/e2e/ddp_reference.py) and Tandem under every policy
 # planned from that profile, at two memory budgets (DDP's footprint and 60%
 # of it). JSON lines go to --out (default $TMPDIR/tandem-e2e/results.jsonl);
-# the table is printed at the end (bench/e2e/report.py). The namespaces
+# the table is printed at the end (bench/e2e/report.py); an --out FILE that
+# exists and is not empty is refused unless --force (results are kept in the
+# repository; the default is scratch and rewritten). The namespaces
 # (tandem-e2e-0/1) and the veth pair are removed on exit, failure included.
 # --comm sets the job spec's `comm` section for every Tandem run (default:
 # the spec's defaults).
@@ -26,7 +28,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 RATES="2000 200"
 MODELS="tiny-llama,wide-short,exported-gpt"
-STEPS="" DISCARD=2 QUICK=0 COMM="" DRIFT_CHECK=0
+STEPS="" DISCARD=2 QUICK=0 COMM="" DRIFT_CHECK=0 FORCE=0
 WORK="${TMPDIR:-/tmp}/tandem-e2e"
 OUT=""
 while [ $# -gt 0 ]; do
@@ -37,12 +39,17 @@ while [ $# -gt 0 ]; do
     --discard) DISCARD="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     --quick) QUICK=1; shift ;;
+    --force) FORCE=1; shift ;;
     --comm) COMM="$2"; shift 2 ;;
     --drift-check) DRIFT_CHECK=1; shift ;;
-    -h|--help) sed -n 2,24p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,25p "$0"; exit 0 ;;
     *) echo "$0: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+if [ -n "$OUT" ] && [ -s "$OUT" ] && [ "$FORCE" -ne 1 ]; then
+  echo "$0: --out $OUT exists and is not empty; pick a new file, or add --force to overwrite it" >&2
+  exit 2
+fi
 OUT="${OUT:-$WORK/results.jsonl}"
 if [ "$(id -u)" -ne 0 ]; then
   echo "$0: needs root (it creates network namespaces and tc qdiscs); rerun with sudo" >&2

@@ -28,9 +28,8 @@
 // (issued, started, done, bytes), to hold against a run's trace where the
 // prediction and the measurement part. --measured re-fits the contention
 // between transfers and compute (both ways) to schedules already measured on
-// the job; --headroom keeps that
-// much more of the budget free (GuardHeadroom in
-// coordinator/planner/planner.h): both as the coordinator plans a live job.
+// the job; --headroom keeps that much more of the budget free (GuardHeadroom
+// in coordinator/planner/planner.h): both as the coordinator plans a live job.
 // Tandem's policy also prints the runner-up, the fastest other plan that
 // fits (a `trial` line); --trial-out writes it (text form) when it is
 // predicted within --trial-margin (default 0.10, a job's

@@ -136,52 +136,71 @@ TEST(ApplyProfileTest, InterferenceTakenOutOfMeasuredTimes) {
   EXPECT_NEAR(timed->nodes[index.NodePos(t.node_id)].time_s, 0.001, 1e-12);
 }
 
+// tiny-llama on two ranks at 2 Gbit/s with CPU-like node times (so that
+// hidden transfers slow compute, which bounds the iteration), and what the
+// starting schedule and a plan measure on a machine `real`.
+class CalibrateWithEvidenceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<ModelConfig> config =
+        ParseModelConfig("preset=tiny-llama world=2");
+    ASSERT_TRUE(config.ok()) << config.status();
+    absl::StatusOr<Graph> graph = BuildModelGraph(*config);
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    for (Node& n : graph->nodes) n.time_s *= 1000;
+    graph_ = *std::move(graph);
+    absl::StatusOr<HardwareModel> hw =
+        ParseHardwareModel("world=2 intra_gbps=2 inter_gbps=2");
+    ASSERT_TRUE(hw.ok()) << hw.status();
+    hw_ = *std::move(hw);
+  }
+
+  // The starting schedule and `plan`, each at its simulated time on `real`.
+  void Measure(const Schedule& plan, const HardwareModel& real,
+               std::vector<std::pair<Schedule, double>>& measured) {
+    absl::StatusOr<Schedule> baseline =
+        StartingSchedule(graph_, ShardingMode::kZero3);
+    ASSERT_TRUE(baseline.ok()) << baseline.status();
+    const Schedule& start = *baseline;
+    for (const Schedule* s : {&start, &plan}) {
+      absl::StatusOr<SimResult> sim = Simulate(graph_, *s, real);
+      ASSERT_TRUE(sim.ok()) << sim.status();
+      measured.emplace_back(*s, sim->iteration_s);
+    }
+  }
+
+  Graph graph_;
+  HardwareModel hw_;
+};
+
 // A job whose transfers really cost twice what the probe measured: the
 // schedules it ran measured accordingly, and the refit finds the factor, so
 // the plan is priced with what the machine does.
-TEST(CalibrateWithEvidenceTest, MeasuredSchedules_RefitInterferenceScale) {
-  absl::StatusOr<ModelConfig> config =
-      ParseModelConfig("preset=tiny-llama world=2");
-  ASSERT_TRUE(config.ok()) << config.status();
-  absl::StatusOr<Graph> graph = BuildModelGraph(*config);
-  ASSERT_TRUE(graph.ok()) << graph.status();
-  // CPU-like node times, so that hidden transfers slow compute, which
-  // bounds the iteration.
-  for (Node& n : graph->nodes) n.time_s *= 1000;
-  absl::StatusOr<HardwareModel> hw =
-      ParseHardwareModel("world=2 intra_gbps=2 inter_gbps=2");
-  ASSERT_TRUE(hw.ok()) << hw.status();
+TEST_F(CalibrateWithEvidenceTest, MeasuredSchedules_RefitInterferenceScale) {
   Profile profile;
-  profile.graph_hash = graph->StructuralHash();
+  profile.graph_hash = graph_.StructuralHash();
   profile.compute_s_per_allgather_byte = 1e-10;
   profile.compute_s_per_reduce_scatter_byte = 1e-10;
 
   PlanOptions options;
   options.policy = Policy::kDeepCompile;
   absl::StatusOr<PlanResult> prefetching =
-      PlanFromMeasurements(*graph, *hw, &profile, nullptr, options);
+      PlanFromMeasurements(graph_, hw_, &profile, nullptr, options);
   ASSERT_TRUE(prefetching.ok()) << prefetching.status();
-  absl::StatusOr<Schedule> baseline =
-      StartingSchedule(*graph, ShardingMode::kZero3);
-  ASSERT_TRUE(baseline.ok()) << baseline.status();
 
   // What the machine does: twice the probe's cost per byte.
   HardwareModel real = prefetching->hw;
   real.compute_s_per_allgather_byte = 2e-10;
   real.compute_s_per_reduce_scatter_byte = 2e-10;
   std::vector<std::pair<Schedule, double>> measured;
-  for (const Schedule* s : {&*baseline, &prefetching->schedule}) {
-    absl::StatusOr<SimResult> sim = Simulate(*graph, *s, real);
-    ASSERT_TRUE(sim.ok()) << sim.status();
-    measured.emplace_back(*s, sim->iteration_s);
-  }
+  ASSERT_NO_FATAL_FAILURE(Measure(prefetching->schedule, real, measured));
   ASSERT_GT(prefetching->sim.interference_s, 0);
   ASSERT_GT(prefetching->sim.compute_s, prefetching->sim.comm_s)
       << "compute must bound the iteration for interference to show";
 
   InterferenceRefit refit;
   absl::StatusOr<Calibrated> calibrated = CalibrateWithEvidence(
-      *graph, *hw, &profile, nullptr, ShardingMode::kZero3, measured, &refit);
+      graph_, hw_, &profile, nullptr, ShardingMode::kZero3, measured, &refit);
   ASSERT_TRUE(calibrated.ok()) << calibrated.status();
   EXPECT_NEAR(refit.scale, 2.0, 0.02);
   EXPECT_LT(refit.error, 1e-4);
@@ -189,7 +208,7 @@ TEST(CalibrateWithEvidenceTest, MeasuredSchedules_RefitInterferenceScale) {
   EXPECT_NEAR(calibrated->hw.compute_s_per_allgather_byte, 2e-10, 2e-12);
 
   // No evidence: the probe's figures as they are.
-  calibrated = CalibrateWithEvidence(*graph, *hw, &profile, nullptr,
+  calibrated = CalibrateWithEvidence(graph_, hw_, &profile, nullptr,
                                      ShardingMode::kZero3, {}, &refit);
   ASSERT_TRUE(calibrated.ok()) << calibrated.status();
   EXPECT_DOUBLE_EQ(calibrated->hw.compute_s_per_allgather_byte, 1e-10);
@@ -199,18 +218,9 @@ TEST(CalibrateWithEvidenceTest, MeasuredSchedules_RefitInterferenceScale) {
 // transfers take from compute and how much compute stretches them). The
 // refit scales both by one k, so a machine with half the probe's contention
 // is found at k = 0.5, stretches included.
-TEST(CalibrateWithEvidenceTest, MeasuredSchedules_RefitScalesStretchToo) {
-  absl::StatusOr<ModelConfig> config =
-      ParseModelConfig("preset=tiny-llama world=2");
-  ASSERT_TRUE(config.ok()) << config.status();
-  absl::StatusOr<Graph> graph = BuildModelGraph(*config);
-  ASSERT_TRUE(graph.ok()) << graph.status();
-  for (Node& n : graph->nodes) n.time_s *= 1000;
-  absl::StatusOr<HardwareModel> hw =
-      ParseHardwareModel("world=2 intra_gbps=2 inter_gbps=2");
-  ASSERT_TRUE(hw.ok()) << hw.status();
+TEST_F(CalibrateWithEvidenceTest, MeasuredSchedules_RefitScalesStretchToo) {
   Profile profile;
-  profile.graph_hash = graph->StructuralHash();
+  profile.graph_hash = graph_.StructuralHash();
   profile.compute_s_per_allgather_byte = 4e-9;
   profile.compute_s_per_reduce_scatter_byte = 4e-9;
   profile.allgather_stretch = 3;
@@ -219,12 +229,9 @@ TEST(CalibrateWithEvidenceTest, MeasuredSchedules_RefitScalesStretchToo) {
   PlanOptions options;
   options.policy = Policy::kDeepCompile;
   absl::StatusOr<PlanResult> prefetching =
-      PlanFromMeasurements(*graph, *hw, &profile, nullptr, options);
+      PlanFromMeasurements(graph_, hw_, &profile, nullptr, options);
   ASSERT_TRUE(prefetching.ok()) << prefetching.status();
   EXPECT_DOUBLE_EQ(prefetching->hw.allgather_stretch, 3);
-  absl::StatusOr<Schedule> baseline =
-      StartingSchedule(*graph, ShardingMode::kZero3);
-  ASSERT_TRUE(baseline.ok()) << baseline.status();
 
   // What the machine does: half the probe's contention, both ways.
   HardwareModel real = prefetching->hw;
@@ -233,13 +240,9 @@ TEST(CalibrateWithEvidenceTest, MeasuredSchedules_RefitScalesStretchToo) {
   real.allgather_stretch = 2;
   real.reduce_scatter_stretch = 2;
   std::vector<std::pair<Schedule, double>> measured;
-  for (const Schedule* s : {&*baseline, &prefetching->schedule}) {
-    absl::StatusOr<SimResult> sim = Simulate(*graph, *s, real);
-    ASSERT_TRUE(sim.ok()) << sim.status();
-    measured.emplace_back(*s, sim->iteration_s);
-  }
+  ASSERT_NO_FATAL_FAILURE(Measure(prefetching->schedule, real, measured));
   absl::StatusOr<SimResult> probed =
-      Simulate(*graph, prefetching->schedule, prefetching->hw);
+      Simulate(graph_, prefetching->schedule, prefetching->hw);
   ASSERT_TRUE(probed.ok()) << probed.status();
   ASSERT_GT(probed->iteration_s, measured.back().second * 1.01)
       << "the probe's contention must price the plan slower than it runs: "
@@ -247,7 +250,7 @@ TEST(CalibrateWithEvidenceTest, MeasuredSchedules_RefitScalesStretchToo) {
 
   InterferenceRefit refit;
   absl::StatusOr<Calibrated> calibrated = CalibrateWithEvidence(
-      *graph, *hw, &profile, nullptr, ShardingMode::kZero3, measured, &refit);
+      graph_, hw_, &profile, nullptr, ShardingMode::kZero3, measured, &refit);
   ASSERT_TRUE(calibrated.ok()) << calibrated.status();
   EXPECT_NEAR(refit.scale, 0.5, 0.02);
   EXPECT_LT(refit.error, 1e-4);

@@ -43,6 +43,9 @@ echo "== exported models against PyTorch eager (tandem export, standalone worker
 (cd "$ROOT/tests/export" && TANDEM_BUILD_DIR="$BUILD_DIR" \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider .) || status=1
 
+echo "== bench/e2e: the driver's selection and the report's targets (synthetic rounds and rows)"
+(cd "$ROOT/tests/unit/bench" && /usr/bin/python3 -m pytest -q -p no:cacheprovider .) || status=1
+
 echo "== deploy/k8s offline checks (kustomize, kubernetes-models, kubernetes-types + tsc)"
 (cd "$ROOT/tests/unit/deploy/k8s" && TANDEM_BUILD_DIR="$BUILD_DIR" \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider .) || status=1

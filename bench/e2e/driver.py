@@ -3,19 +3,29 @@
 by side, over the namespaces and the shaped link that run.sh set up.
 
 Called by run.sh (which owns the namespaces, the veth pair and tc); appends
-JSON lines to --out. Per model, in this order:
-  1. compute alone: Tandem at world 1 (the per-rank batch, no communication,
-     one thread) and PyTorch at world 1 (DDP's compute alone); Tandem's
-     counted world-1 peak gives DDP's footprint and so the two budgets;
+JSON lines to --out. Per model:
+  1. setup: Tandem at world 1 and PyTorch at world 1, a few steps, for the
+     sizes alone (Tandem's counted world-1 peak gives DDP's footprint and so
+     the two budgets; PyTorch's the params and DDP's buckets);
   2. warm-up: Tandem under the on-demand baseline on the link, with
-     --profile-out (8 steps: the profile is the medians of the last 7, so
-     up to 3 steps disturbed by something else on the machine do not move
-     the plans made from it);
-  3. PyTorch DDP on the link, and DDP's all-reduces alone;
-  4. for each budget and each policy: tandem-plan from the warm-up profile
-     (hardware model fitted to it), the worker on the link with that
-     schedule and memory.budget_bytes, and the schedule's collectives
-     replayed alone (tandem-comm-replay).
+     --profile-out (8 steps: the profile is the medians of the last 7);
+  3. each contender's schedule, per budget: the reference policies
+     (on-demand, deepspeed-zero3, fsdp, deepcompile) and Tandem's own
+     pipeline alone ("tandem-passes": its passes, without the choice among
+     the references' plans) planned by tandem-plan from the warm-up profile
+     (the budget-aware ones re-planned after a probe run that exceeded the
+     budget or tripped the memory guard); Tandem's ("tandem") from a real
+     job: a coordinator on the link, the job submitted as a user submits it,
+     two agent-mode workers, run until its loop (profile, plan, trials,
+     rollbacks) settles, the schedule it settled on fetched from the
+     coordinator (bench/e2e/coordinator_job.py);
+  4. the rounds: --rounds times, every contender once (compute alone at
+     world 1 for Tandem and PyTorch, PyTorch DDP on the link, each schedule
+     on the link), the order rotated by one each round; a contender's row
+     is the median over rounds of its per-round median step, with the
+     min-max over rounds and every round's value;
+  5. communication alone, once per schedule (tandem-comm-replay) and for
+     DDP's all-reduces: the rows' lower bounds.
 """
 
 import argparse
@@ -28,7 +38,23 @@ import subprocess
 import sys
 import time
 
-POLICIES = ["on-demand", "deepspeed-zero3", "fsdp", "deepcompile", "tandem"]
+# The reference policies, planned by tandem-plan and run on Tandem's runtime.
+POLICIES = ["on-demand", "deepspeed-zero3", "fsdp", "deepcompile"]
+# Best-reference candidates (report.py): PyTorch DDP and the policies.
+REFERENCES = ["ddp"] + POLICIES
+# Tandem's own pipeline for ZeRO-3 jobs (PolicyPasses(kTandem) in
+# coordinator/planner/planner.cc; coordinator/README.md, "Policies and
+# pipelines"). tandem-plan has no flag for "the tandem policy without the
+# choice among the references' plans"; --passes with this list plans it
+# (Plan() compares the references only for --policy tandem without passes).
+TANDEM_PASSES = ["zero3-insert", "micro-batch-reduce", "offload", "prefetch",
+                 "offload-unshard-search"]
+# The contenders on Tandem's runtime at each budget, in round order.
+RUNTIME_CONTENDERS = POLICIES + ["tandem-passes", "tandem"]
+# Re-planned when a run exceeds the budget or trips the memory guard (what
+# the coordinator does for Tandem's pipeline; DeepCompile's greedy rules are
+# budget-aware too). The others run as planned.
+BUDGET_AWARE = ("deepcompile", "tandem-passes")
 
 # name -> architecture and per-rank batch. tiny: compute ~ communication at
 # 2 Gbit/s; short: a similar param count with 1/8 of the tokens and half the
@@ -48,6 +74,109 @@ MODELS = {
 
 def log(msg):
     print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# -- selection: pure functions (tests/unit/bench/test_e2e_driver.py) ---------
+
+def round_order(names, rounds, rotate=True):
+    """The run order of each round: every contender once per round, rounds
+    interleaved (A B C, B C A, C A B, ...: rotated by one each round so no
+    contender always runs first or right after the same one), or the same
+    order every round (rotate=False)."""
+    n = len(names)
+    return [[names[(r + i) % n] for i in range(n)] if rotate and n else list(names)
+            for r in range(rounds)]
+
+
+def over_rounds(per_round):
+    """A contender's figures over its rounds. `per_round`: one entry per
+    round, the run's statistics ({"step_s": the run's median step, ...}) or
+    {"error": ...} when it failed. step_s is the median over rounds of the
+    per-round medians (every round counts alike: never the best of them),
+    step_min_s/step_max_s the min-max over rounds, round_step_s each
+    round's value (None where it failed)."""
+    ok = [s for s in per_round if s.get("step_s") is not None]
+    out = dict(rounds=len(per_round), rounds_ok=len(ok),
+               round_step_s=[s.get("step_s") for s in per_round])
+    errors = [f"round {i + 1}: {s['error']}" for i, s in enumerate(per_round) if s.get("error")]
+    if errors:
+        out["round_errors"] = errors
+    if not ok:
+        out.update(step_s=None, error=errors[0] if errors else "not run")
+        return out
+    meds = [s["step_s"] for s in ok]
+    out.update(step_s=statistics.median(meds), step_min_s=min(meds), step_max_s=max(meds))
+    for key in ("exposed_comm_s", "memory_hold_s", "step_rel_mad"):
+        vals = [s[key] for s in ok if s.get(key) is not None]
+        if vals:
+            out[key] = statistics.median(vals)
+    if any("steps_min_s" in s for s in ok):
+        out["steps_min_s"] = min(s["steps_min_s"] for s in ok if "steps_min_s" in s)
+        out["steps_max_s"] = max(s["steps_max_s"] for s in ok if "steps_max_s" in s)
+    peaks = [s["peak_bytes"] for s in ok if s.get("peak_bytes") is not None]
+    if peaks:
+        out["peak_bytes"] = max(peaks)
+    out["steps"] = sum(s.get("steps", 0) for s in ok)
+    out["fallback_steps"] = sum(s.get("fallback_steps", 0) for s in ok)
+    return out
+
+
+def prediction_error(predicted, measured):
+    """predicted / measured - 1; None without both."""
+    if not predicted or not measured:
+        return None
+    return predicted / measured - 1
+
+
+def tandem_fields(job, step_s):
+    """The Tandem row's plan fields, from the coordinator job's summary
+    (coordinator_job.py) and the row's median over rounds `step_s`: which
+    plan the loop settled on (version, reason, source: Tandem's own pipeline
+    or which reference's), the first plan's prediction next to its own first
+    measurement (the job's steps under it), and the final plan's prediction
+    made before it ran, against the rounds. Never a prediction fitted to the
+    measurement it is compared with: a rollback's published prediction is
+    what it measured, and coordinator_job.py reports the prediction of the
+    version it reran instead."""
+    out = {k: job.get(k) for k in (
+        "job_id", "settled", "settle_note", "job_steps", "final_version", "final_reason",
+        "final_passes", "final_planned_version", "final_job_measured_s", "first_version",
+        "first_source", "first_predicted_s", "first_measured_s", "versions")}
+    out["plan_source"] = job.get("final_source")
+    out["predicted_s"] = job.get("final_predicted_s")
+    out["prediction_error"] = prediction_error(out["predicted_s"], step_s)
+    out["first_prediction_error"] = prediction_error(job.get("first_predicted_s"),
+                                                     job.get("first_measured_s"))
+    out["first_is_final"] = (job.get("first_version") is not None and
+                             job.get("first_version") == job.get("final_planned_version"))
+    return out
+
+
+def schedule_body(text):
+    """What a schedule does, without what only describes it: comments, the
+    predictions, the provenance, the explanation and its decisions, and the
+    header's version and budget (a schedule fetched from a job is v3 where
+    the same plan from tandem-plan is v0)."""
+    body = []
+    for line in text.splitlines():
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        word = s.split(None, 1)[0]
+        if word in ("predict", "provenance", "explain", "decision", "trial"):
+            continue
+        if word == "schedule":
+            s = " ".join(t for t in s.split()[2:] if not t.startswith("budget="))
+            s = "schedule " + s
+        body.append(s)
+    return body
+
+
+def same_actions(a, b):
+    """Whether two schedule files hold the same schedule, apart from what
+    describes it (schedule_body)."""
+    with open(a) as fa, open(b) as fb:
+        return schedule_body(fa.read()) == schedule_body(fb.read())
 
 
 class Bench:
@@ -156,8 +285,8 @@ class Bench:
         derived it (--graph-out of the warm-up run): tandem-plan's input."""
         return os.path.join(self.a.workdir, f"{name}.graph")
 
-    def spec(self, name, m, world, steps, budget):
-        path = os.path.join(self.a.workdir, f"{name}-w{world}-s{steps}-b{budget}.yaml")
+    def spec(self, name, m, world, steps, budget, tag=""):
+        path = os.path.join(self.a.workdir, f"{name}{tag}-w{world}-s{steps}-b{budget}.yaml")
         if "export" in m:
             model = (f"{{kind: torchscript, path: {self.archive(name, m)}, "
                      f"vocab: {m['vocab']}}}")
@@ -221,46 +350,179 @@ memory: {{budget_bytes: {budget}}}
                          for i in range(min(len(s) for s in every))
                          if all(s[i].get("schedule_version") != -1 for s in every)]
         med = statistics.median(it)
-        return dict(step_s=med, step_min_s=min(it), step_max_s=max(it),
+        return dict(step_s=med, steps_min_s=min(it), steps_max_s=max(it),
                     step_rel_mad=statistics.median(abs(t - med) for t in it) / med,
                     exposed_comm_s=statistics.median(ex), peak_bytes=peak, steps=n,
                     memory_hold_s=statistics.median(hold),
                     fallback_steps=fallback, planned_peaks=planned_peaks,
                     guard_tripped=len(planned_peaks) < min(len(s) for s in every))
 
-    def plan(self, m, profile, policy, budget, schedule_out, measured=None, headroom=0,
-             trial_out=None):
+    def plan(self, m, profile, policy, budget, schedule_out, headroom=0, passes=None):
+        """tandem-plan from the warm-up profile: `policy`'s plan, or with
+        `passes` that pipeline's (planned like Tandem's, without the choice
+        among the references' plans). Writes the schedule; returns its
+        predictions."""
         model = (["--graph", self.graph_file(m["name"])] if "export" in m
                  else ["--model", self.model_text(m)])
-        cmd = [self.plan_bin] + model + ["--profile", profile,
-                                         "--hw", "memory=64GiB", "--policy", policy]
+        cmd = [self.plan_bin] + model + ["--profile", profile, "--hw", "memory=64GiB"]
+        cmd += ["--passes", ",".join(passes)] if passes else ["--policy", policy]
         if budget > 0:
             cmd += ["--budget", str(budget)]
         if headroom > 0:
             cmd += ["--headroom", str(headroom)]
-        if measured:
-            cmd += ["--measured", ",".join(f"{f}={s:.6f}" for f, s in measured)]
-        if trial_out:
-            cmd += ["--trial-out", trial_out]
         out = self.run_local(cmd, 120)
         sched, _, pred = out.partition("# predictions")
         with open(schedule_out, "w") as f:
             f.write(sched)
         vals = dict(re.findall(r"^(\w+)\s+([-0-9.e]+)\s*$", pred, re.M))
         peak = re.search(r"^peak .*?\((\d+) B\)", pred, re.M)
-        trial = re.search(r"^trial\s+(\S+) ([-0-9.e]+) .*?peak (\d+) B", pred, re.M)
-        extra = {}
-        if trial_out:
-            extra = dict(trial_file=trial_out if os.path.exists(trial_out) else None,
-                         trial_source=trial.group(1) if trial else None,
-                         trial_predicted_s=float(trial.group(2)) if trial else None,
-                         trial_predicted_peak_bytes=int(trial.group(3)) if trial else None)
-        return dict(extra, predicted_s=float(vals["iteration_s"]),
+        return dict(predicted_s=float(vals["iteration_s"]),
                     unmodeled_bytes=int(float(vals.get("unmodeled_bytes", 0))),
                     predicted_exposed_comm_s=float(vals["exposed_comm_s"]),
                     predicted_comm_s=float(vals["comm_s"]),
                     predicted_peak_bytes=int(peak.group(1)) if peak else None,
                     plan_over_budget="OVER BUDGET" in pred)
+
+    # -- one run of each kind (a round's entries) ------------------------------
+
+    def run_compute_alone(self, spec1, discard):
+        """Tandem at world 1: the per-rank batch, no communication."""
+        out = self.run_local([self.worker, "--standalone", "--spec", spec1, "--rank", "0",
+                              "--world", "1", "--rendezvous", f"127.0.0.1:{self.next_port()}",
+                              "--threads", "1"], 600)
+        return self.worker_stats([out], discard)
+
+    def run_ddp_compute_alone(self, m, steps, discard):
+        """PyTorch at world 1 (no DDP): PyTorch's compute alone."""
+        out = self.run_local(["/usr/bin/python3", self.ddp, "--world", "1", "--steps", str(steps),
+                              "--warmup", str(discard)] + self.ddp_args(m), 600)
+        st = [json.loads(l)["step_s"] for l in out.splitlines() if l.startswith("{\"step\"")]
+        if not st:
+            raise RuntimeError("no measured steps")
+        return dict(step_s=statistics.median(st), steps_min_s=min(st), steps_max_s=max(st),
+                    steps=len(st))
+
+    def run_ddp(self, m, steps, discard):
+        """PyTorch DDP on the link: per step the slower rank's time."""
+        outs = self.run_pair(lambda r, rv: ["/usr/bin/python3", self.ddp, "--rank", str(r),
+                                            "--world", "2", "--master", rv, "--steps", str(steps),
+                                            "--warmup", str(discard)] + self.ddp_args(m), 900)
+        per_rank = [[json.loads(l) for l in o.splitlines() if l.startswith("{\"step\"")]
+                    for o in outs]
+        n = min(len(s) for s in per_rank)
+        if n == 0:
+            raise RuntimeError("no measured steps")
+        st = [max(s[i]["step_s"] for s in per_rank) for i in range(n)]
+        return dict(step_s=statistics.median(st), steps_min_s=min(st), steps_max_s=max(st),
+                    steps=n)
+
+    # -- obtaining each contender's schedule -----------------------------------
+
+    def setup(self, name, m):
+        """The budgets (fixed by the first rate's run) and the model's sizes,
+        from a few steps at world 1: Tandem's counted peak with full params,
+        grads, both AdamW moments and activations, plus DDP's gradient
+        buckets (a copy of the grads in torch 1.13's default) is DDP's
+        per-rank footprint, the large budget; 60% of it the small one."""
+        budgets_file = os.path.join(self.a.workdir, f"{name}.budgets.json")
+        if os.path.exists(budgets_file):
+            return json.load(open(budgets_file))
+        log(f"{name}: sizes at world 1")
+        c1 = self.run_compute_alone(self.spec(name, m, 1, self.a.discard + 1, 0), self.a.discard)
+        out = self.run_local(["/usr/bin/python3", self.ddp, "--world", "1", "--steps", "1",
+                              "--warmup", "1"] + self.ddp_args(m), 600)
+        ddp1 = json.loads(out.strip().splitlines()[-1])
+        large = c1["peak_bytes"] + ddp1["bucket_bytes"]
+        budgets = dict(large=large, small=int(0.6 * large), world1_peak_bytes=c1["peak_bytes"],
+                       params=ddp1["params"], model_state_bytes=ddp1["model_state_bytes"],
+                       bucket_bytes=ddp1["bucket_bytes"])
+        json.dump(budgets, open(budgets_file, "w"))
+        return budgets
+
+    def plan_contender(self, m, profile, contender, spec_probe, bbytes, sched, tag):
+        """A reference policy's or Tandem's pipeline's schedule at budget
+        `bbytes`, written to `sched`; returns the plan's fields. The
+        budget-aware ones (BUDGET_AWARE) run a probe on the link and
+        re-plan when it exceeded the budget (the planner's budget lowered by
+        the overshoot, as the coordinator does on a memory drift) or
+        tripped the memory guard (keeping free what the plan's peaks went
+        over its prediction plus their spread: the coordinator's
+        GuardHeadroom, coordinator/planner/planner.h), up to 3 times, and
+        fall back to the least-memory plan when the planner says nothing
+        smaller fits. The probe's steps are not measurements: every
+        contender is measured in the rounds alike."""
+        passes = TANDEM_PASSES if contender == "tandem-passes" else None
+        budget_aware = contender in BUDGET_AWARE
+        attempts = 4 if budget_aware else 1
+        plan_budget, headroom = bbytes, 0
+        row = {}
+        for attempt in range(attempts):
+            try:
+                row.update(self.plan(m, profile, contender, plan_budget, sched,
+                                     headroom=headroom, passes=passes),
+                           planner_budget_bytes=plan_budget, replans=attempt,
+                           headroom_bytes=headroom)
+                row.pop("error", None)
+            except RuntimeError as e:
+                row.update(error=f"planning failed: {e}", predicted_s=None)
+                # Lowered below what any plan needs: plan the least-memory
+                # one instead (every state offloaded).
+                least = re.search(r"smallest feasible budget is [^(]*\((\d+) B\)", str(e))
+                if least and int(least.group(1)) > plan_budget and attempt + 1 < attempts:
+                    plan_budget = int(least.group(1))
+                    continue
+                break
+            if not budget_aware:
+                break
+            try:
+                stats = self.run_schedule(spec_probe, sched, self.a.discard)
+            except RuntimeError as e:
+                over = re.search(r"peak memory (\d+) B exceeds memory.budget_bytes (\d+)", str(e))
+                if not over or attempt + 1 == attempts:
+                    row["probe_error"] = str(e)
+                    break
+                plan_budget -= int(over.group(1)) - int(over.group(2)) + (1 << 20)
+                log(f"{tag}: {contender} over budget by {int(over.group(1)) - bbytes} B; "
+                    f"re-planning at {plan_budget} B")
+                continue
+            peaks = stats["planned_peaks"]
+            grown = headroom
+            if peaks:
+                over = max(0, max(peaks) - (row["predicted_peak_bytes"] or 0))
+                grown = max(headroom, over + max(peaks) - min(peaks))
+            # A plan over the budget by its own prediction gains nothing
+            # from more headroom.
+            if stats["guard_tripped"] and grown > headroom and attempt + 1 < attempts:
+                headroom = grown
+                log(f"{tag}: {contender} tripped the memory guard (peaks {min(peaks)}-"
+                    f"{max(peaks)} B, predicted {row['predicted_peak_bytes']} B); "
+                    f"re-planning with {headroom} B more headroom")
+                continue
+            break
+        return row
+
+    def coordinator_job(self, name, m, bname, bbytes, sched):
+        """Tandem's loop on the link as a user runs it (coordinator_job.py,
+        in ns0): the schedule it settled on is written to `sched`; returns
+        the job's summary."""
+        a = self.a
+        spec = self.spec(name, m, 2, a.job_max_steps + 50, bbytes, tag="-job")
+        jobdir = os.path.join(a.workdir, f"job-{name}-{a.rate}-{bname}")
+        shutil.rmtree(jobdir, ignore_errors=True)
+        cmd = ["ip", "netns", "exec", a.ns0, "/usr/bin/python3",
+               os.path.join(self.root, "bench", "e2e", "coordinator_job.py"),
+               "--build", a.build, "--workdir", jobdir, "--spec", spec, "--schedule-out", sched,
+               "--ns1", a.ns1, "--if0", a.if0, "--if1", a.if1, "--ip0", a.ip0, "--ip1", a.ip1,
+               "--settle-steps", str(a.settle_steps), "--max-steps", str(a.job_max_steps),
+               "--timeout-s", str(a.job_timeout_s)]
+        p = subprocess.run(cmd, env=self.env, capture_output=True, text=True,
+                           timeout=a.job_timeout_s + 120)
+        with open(os.path.join(jobdir, "coordinator_job.log"), "w") as f:
+            f.write(" ".join(cmd) + "\n" + p.stderr)
+        if p.returncode != 0 or not p.stdout.strip():
+            raise RuntimeError(f"coordinator job failed ({p.returncode}): "
+                               f"{p.stderr.strip()[-600:]}")
+        return json.loads(p.stdout.strip().splitlines()[-1])
 
     # -- one model -----------------------------------------------------------
 
@@ -270,35 +532,9 @@ memory: {{budget_bytes: {budget}}}
         tag = f"{name}-{a.rate}"
         discard, steps = a.discard, a.steps
 
-        # 1. compute alone (world 1, per-rank batch, no communication).
-        log(f"{tag}: compute alone")
-        spec1 = self.spec(name, m, 1, discard + steps, 0)
-        out = self.run_local([self.worker, "--standalone", "--spec", spec1, "--rank", "0",
-                              "--world", "1", "--rendezvous", f"127.0.0.1:{self.next_port()}",
-                              "--threads", "1"], 600)
-        c1 = self.worker_stats([out], discard)
-        compute_s = c1["step_s"]
-        out = self.run_local(["/usr/bin/python3", self.ddp, "--world", "1", "--steps", str(steps),
-                              "--warmup", str(discard)] + self.ddp_args(m), 600)
-        ddp1 = json.loads(out.strip().splitlines()[-1])
-        ddp_compute_s = ddp1["median_step_s"]
-        params = ddp1["params"]
-        # DDP's per-rank footprint, counted like Tandem's: the unsharded
-        # world-1 run (full params, grads, both AdamW moments, activations)
-        # plus DDP's gradient buckets (a copy of the grads in 1.13's default).
-        budgets_file = os.path.join(wd, f"{name}.budgets.json")
-        if os.path.exists(budgets_file):  # fixed by the first rate's run
-            budgets = json.load(open(budgets_file))
-        else:
-            large = c1["peak_bytes"] + ddp1["bucket_bytes"]
-            budgets = dict(large=large, small=int(0.6 * large),
-                           world1_peak_bytes=c1["peak_bytes"])
-            json.dump(budgets, open(budgets_file, "w"))
-        common = dict(model=name, params=params, compute_alone_s=compute_s,
-                      ddp_compute_alone_s=ddp_compute_s)
-        self.emit(dict(common, contender="compute-alone", budget="-", step_s=compute_s,
-                       step_min_s=c1["step_min_s"], step_max_s=c1["step_max_s"],
-                       peak_bytes=c1["peak_bytes"], lower_bound_s=None))
+        # 1. sizes and budgets.
+        budgets = self.setup(name, m)
+        common = dict(model=name, params=budgets["params"], rounds_planned=a.rounds)
 
         # 2. warm-up profile under on-demand, on the link.
         log(f"{tag}: warm-up profile (on-demand)")
@@ -312,233 +548,131 @@ memory: {{budget_bytes: {budget}}}
         shutil.copyfile(self.graph_file(name) + ".rank0", self.graph_file(name))
         warm = self.worker_stats(outs, 1)
         profile = f"{prof}.rank0"
-        # tandem-plan calibrates its memory model from this (version-0)
-        # profile: what the counting allocator saw beyond the simulator's
-        # estimates under the starting schedule (autograd temporaries, loss
-        # buffers, Gloo staging) is counted in every plan (CalibrateMemory).
-        od_sched = os.path.join(wd, f"{tag}-od.sched")
-        od = self.plan(m, profile, "on-demand", 0, od_sched)
-        # The baseline counts as measured (the coordinator's v0): the
-        # warm-up's schedule and its median step, evidence for the re-fit.
-        baseline = (od_sched, warm["step_s"]) if warm.get("step_s") else None
+        od = self.plan(m, profile, "on-demand", 0, os.path.join(wd, f"{tag}-od.sched"))
         log(f"{tag}: on-demand measured peak {warm['peak_bytes']} B; the planner counts "
             f"{od.get('unmodeled_bytes', 0)} B beyond its model")
 
-        # 3. DDP on the link, and its all-reduces alone.
-        log(f"{tag}: DDP")
-        ddp_row = dict(common, contender="ddp", budget="large", budget_bytes=budgets["large"])
-        ddp_step = None
-        try:
-            outs = self.run_pair(lambda r, rv: ["/usr/bin/python3", self.ddp, "--rank", str(r),
-                                                "--world", "2", "--master", rv, "--steps", str(steps),
-                                                "--warmup", str(discard)] + self.ddp_args(m), 900)
-            per_rank = [[json.loads(l) for l in o.splitlines() if l.startswith("{\"step\"")]
-                        for o in outs]
-            n = min(len(s) for s in per_rank)
-            st = [max(s[i]["step_s"] for s in per_rank) for i in range(n)]
-            outs = self.run_pair(lambda r, rv: ["/usr/bin/python3", self.ddp, "--rank", str(r),
-                                                "--world", "2", "--master", rv, "--mode", "comm",
-                                                "--steps", str(a.replay_steps), "--warmup", "1"]
-                                 + self.ddp_args(m), 900)
-            comm_s = max(json.loads(o.strip().splitlines()[-1])["median_comm_s"] for o in outs)
-            ddp_step = statistics.median(st)
-            ddp_row.update(step_s=ddp_step, step_min_s=min(st), step_max_s=max(st),
-                           comm_alone_s=comm_s,
-                           lower_bound_s=max(ddp_compute_s, comm_s),
-                           exposed_comm_s=max(0.0, ddp_step - ddp_compute_s),
-                           exposed_comm_note="step_s - PyTorch compute alone",
-                           peak_bytes=ddp1["model_state_bytes"],
-                           footprint_bytes=budgets["large"])
-        except RuntimeError as e:
-            ddp_row.update(error=str(e))
-        self.emit(ddp_row)
+        # 3. each contender's schedule.
+        spec1 = self.spec(name, m, 1, discard + steps, 0)
+        contenders = {}  # key -> dict(row=..., run=callable or None)
+        contenders["compute-alone"] = dict(
+            row=dict(common, contender="compute-alone", budget="-"),
+            run=lambda: self.run_compute_alone(spec1, discard))
+        contenders["compute-alone-ddp"] = dict(
+            row=dict(common, contender="compute-alone-ddp", budget="-"),
+            run=lambda: self.run_ddp_compute_alone(m, steps, discard))
+        contenders["ddp"] = dict(
+            row=dict(common, contender="ddp", budget="large", budget_bytes=budgets["large"],
+                     peak_bytes=budgets["model_state_bytes"], footprint_bytes=budgets["large"]),
+            run=lambda: self.run_ddp(m, steps, discard))
+        for bname in ["large", "small"]:
+            bbytes = budgets[bname]
+            spec = self.spec(name, m, 2, discard + steps, bbytes)
+            spec_probe = self.spec(name, m, 2, discard + min(steps, a.probe_steps), bbytes)
+            for contender in RUNTIME_CONTENDERS:
+                sched = os.path.join(wd, f"{tag}-{bname}-{contender}.sched")
+                row = dict(common, contender=contender, budget=bname, budget_bytes=bbytes)
+                if contender == "tandem":
+                    log(f"{tag}: tandem at the {bname} budget ({bbytes} B): a coordinator job")
+                    try:
+                        job = self.coordinator_job(name, m, bname, bbytes, sched)
+                        row["job"] = job
+                        log(f"{tag}: tandem's loop: {job.get('settle_note')}; final "
+                            f"v{job.get('final_version')} ({job.get('final_reason')}, "
+                            f"{job.get('final_source')}'s plan)")
+                    except (RuntimeError, subprocess.TimeoutExpired) as e:
+                        row["error"] = f"coordinator job: {e}"
+                else:
+                    log(f"{tag}: planning {contender} at the {bname} budget ({bbytes} B)")
+                    row.update(self.plan_contender(m, profile, contender, spec_probe, bbytes,
+                                                   sched, tag))
+                runnable = "error" not in row and os.path.exists(sched)
+                contenders[f"{bname}/{contender}"] = dict(
+                    row=row, sched=sched if runnable else None,
+                    run=(lambda spec=spec, sched=sched: self.run_schedule(spec, sched, discard))
+                    if runnable else None)
+            # Which schedules are the same plan (tandem's against the others).
+            tsched = contenders[f"{bname}/tandem"]["sched"]
+            if tsched:
+                contenders[f"{bname}/tandem"]["row"]["same_plan_as"] = [
+                    c for c in RUNTIME_CONTENDERS[:-1]
+                    if contenders[f"{bname}/{c}"]["sched"]
+                    and same_actions(tsched, contenders[f"{bname}/{c}"]["sched"])]
+
+        # 4. the rounds.
+        keys = [k for k, c in contenders.items() if c["run"] is not None]
+        order = round_order(keys, a.rounds)
+        per_round = {k: [] for k in keys}
+        for r, names in enumerate(order):
+            log(f"{tag}: round {r + 1} of {a.rounds}: {', '.join(names)}")
+            for pos, k in enumerate(names):
+                try:
+                    st = contenders[k]["run"]()
+                except RuntimeError as e:
+                    st = dict(error=str(e))
+                st["position"] = pos
+                per_round[k].append(st)
+        for k in keys:
+            contenders[k]["row"].update(over_rounds(per_round[k]),
+                                        round_positions=[s["position"] for s in per_round[k]])
+
+        # 5. communication alone (once each) and the rows.
+        compute_s = contenders["compute-alone"]["row"].get("step_s")
+        ddp_compute_s = contenders["compute-alone-ddp"]["row"].get("step_s")
+        ddp_row = contenders["ddp"]["row"]
+        ddp_step = ddp_row.get("step_s")
+        for k in ("compute-alone", "compute-alone-ddp"):
+            self.emit(dict(contenders[k]["row"], compute_alone_s=compute_s,
+                           ddp_compute_alone_s=ddp_compute_s, lower_bound_s=None))
+        if ddp_step:
+            try:
+                outs = self.run_pair(lambda r, rv: ["/usr/bin/python3", self.ddp, "--rank", str(r),
+                                                    "--world", "2", "--master", rv, "--mode",
+                                                    "comm", "--steps", str(a.replay_steps),
+                                                    "--warmup", "1"] + self.ddp_args(m), 900)
+                comm_s = max(json.loads(o.strip().splitlines()[-1])["median_comm_s"] for o in outs)
+                ddp_row.update(comm_alone_s=comm_s,
+                               lower_bound_s=max(ddp_compute_s or 0, comm_s))
+            except RuntimeError as e:
+                ddp_row.update(comm_alone_error=str(e), lower_bound_s=None)
+            if ddp_compute_s:
+                ddp_row.update(exposed_comm_s=max(0.0, ddp_step - ddp_compute_s),
+                               exposed_comm_note="step_s - PyTorch compute alone")
+            ddp_row.update(ratio_ddp=1.0)
+        self.emit(dict(ddp_row, compute_alone_s=compute_s, ddp_compute_alone_s=ddp_compute_s))
         self.emit(dict(common, contender="ddp", budget="small", budget_bytes=budgets["small"],
-                       step_s=None, lower_bound_s=None, peak_bytes=ddp1["model_state_bytes"],
+                       step_s=None, lower_bound_s=None, peak_bytes=budgets["model_state_bytes"],
                        footprint_bytes=budgets["large"],
                        error=f"cannot run: DDP's footprint {budgets['large']} B exceeds the "
                              f"budget {budgets['small']} B (DDP has no sharding or offload)"))
-
-        # 4. every policy at both budgets.
         for bname in ["large", "small"]:
-            bbytes = budgets[bname]
-            for policy in POLICIES:
-                plan_budget = bbytes
-                log(f"{tag}: {policy} at the {bname} budget ({bbytes} B)")
-                row = dict(common, contender=policy, budget=bname, budget_bytes=bbytes)
-                sched = os.path.join(wd, f"{tag}-{bname}-{policy}.sched")
-                spec = self.spec(name, m, 2, discard + steps, bbytes)
-                # The budget-aware policies re-plan when the run exceeds the
-                # budget, with the planner's budget lowered by the overshoot
-                # (what the coordinator does on a memory drift), and when the
-                # memory guard tripped, keeping free what the plan's peaks
-                # went over its prediction by plus their spread (the
-                # coordinator's memory-guard re-plan, GuardHeadroom in
-                # coordinator/planner/planner.h); the others plan the same
-                # schedule whatever the budget.
-                budget_aware = policy in ("tandem", "deepcompile")
-                attempts = 4 if budget_aware else 1
-                headroom = 0
-                for attempt in range(attempts):
-                    try:
-                        trial_out = (sched[:-len(".sched")] + "-trial.sched"
-                                     if policy == "tandem" else None)
-                        row.update(self.plan(m, profile, policy, plan_budget, sched,
-                                             headroom=headroom, trial_out=trial_out),
-                                   planner_budget_bytes=plan_budget, replans=attempt,
-                                   headroom_bytes=headroom)
-                    except RuntimeError as e:
-                        row.update(error=f"planning failed: {e}", step_s=None, peak_bytes=None,
-                                   predicted_s=None)
-                        # Lowered below what any plan needs: plan the
-                        # least-memory one instead (every state offloaded).
-                        least = re.search(r"smallest feasible budget is [^(]*\((\d+) B\)", str(e))
-                        if least and int(least.group(1)) > plan_budget and attempt + 1 < attempts:
-                            plan_budget = int(least.group(1))
-                            continue
-                        break
-                    try:
-                        stats = self.run_schedule(spec, sched, discard)
-                        row.update(stats)
-                        row.pop("error", None)
-                        peaks = stats["planned_peaks"]
-                        grown = headroom
-                        if peaks:
-                            over = max(0, max(peaks) - (row["predicted_peak_bytes"] or 0))
-                            grown = max(headroom, over + max(peaks) - min(peaks))
-                        # A plan over the budget by its own prediction (a
-                        # policy that cannot fit it) gains nothing from more.
-                        if (budget_aware and stats["guard_tripped"] and grown > headroom
-                                and attempt + 1 < attempts):
-                            headroom = grown
-                            log(f"{tag}: {policy} tripped the memory guard (peaks "
-                                f"{min(peaks)}-{max(peaks)} B, predicted "
-                                f"{row['predicted_peak_bytes']} B); re-planning with "
-                                f"{headroom} B more headroom")
-                            continue
-                        break
-                    except RuntimeError as e:
-                        row.update(error=str(e), step_s=None, peak_bytes=None)
-                        over = re.search(r"peak memory (\d+) B exceeds memory.budget_bytes (\d+)",
-                                         str(e))
-                        if not over or attempt + 1 == attempts:
-                            break
-                        plan_budget -= int(over.group(1)) - int(over.group(2)) + (1 << 20)
-                        log(f"{tag}: {policy} over budget by {int(over.group(1)) - bbytes} B; "
-                            f"re-planning at {plan_budget} B")
-                if policy == "tandem" and row.get("step_s") and row.get("predicted_s"):
-                    self.refit_round(m, profile, plan_budget, sched, spec, discard, row,
-                                     headroom, baseline)
-                    self.trial_round(sched, spec, discard, row)
-                if row.get("predicted_s") is not None:
+            for contender in RUNTIME_CONTENDERS:
+                c = contenders[f"{bname}/{contender}"]
+                row = dict(c["row"], compute_alone_s=compute_s, ddp_compute_alone_s=ddp_compute_s)
+                if c["sched"]:
                     try:
                         outs = self.run_pair(
                             lambda r, rv: [self.replay, "--spec", specw, "--rank", str(r),
-                                           "--world", "2", "--rendezvous", rv, "--schedule", sched,
-                                           "--steps", str(a.replay_steps), "--warmup", "1"], 900)
+                                           "--world", "2", "--rendezvous", rv, "--schedule",
+                                           c["sched"], "--steps", str(a.replay_steps),
+                                           "--warmup", "1"], 900)
                         comm_s = max(json.loads(o.strip().splitlines()[-1])["median_comm_s"]
                                      for o in outs)
-                        row.update(comm_alone_s=comm_s, lower_bound_s=max(compute_s, comm_s))
+                        row.update(comm_alone_s=comm_s,
+                                   lower_bound_s=max(compute_s, comm_s) if compute_s else None)
                     except RuntimeError as e:
                         row.update(comm_alone_error=str(e), lower_bound_s=None)
+                job = row.pop("job", None)
+                if contender == "tandem" and job:
+                    row.update(tandem_fields(job, row.get("step_s")))
+                else:
+                    row["prediction_error"] = prediction_error(row.get("predicted_s"),
+                                                               row.get("step_s"))
                 if row.get("step_s") and ddp_step:
                     row["ratio_ddp"] = row["step_s"] / ddp_step
                 if row.get("step_s") and row.get("lower_bound_s"):
                     row["ratio_lb"] = row["step_s"] / row["lower_bound_s"]
-                if row.get("step_s") and row.get("predicted_s"):
-                    row["prediction_error"] = row["predicted_s"] / row["step_s"] - 1
                 self.emit(row)
-
-
-    def refit_round(self, m, profile, plan_budget, sched, spec, discard, row, headroom,
-                    baseline=None):
-        """Tandem's closed loop, offline: what the coordinator does once the
-        first plan has run on a live job. The first plan's measured time and
-        the baseline's (`baseline`: the warm-up's schedule and median step,
-        the coordinator's v0) re-fit the contention between transfers and
-        compute (tandem-plan --measured, the coordinator's
-        CalibrateWithEvidence), the job is re-planned and
-        the new plan runs. The row reports the plan the coordinator would
-        keep: the re-planned one unless it measured slower than the first
-        beyond the noise (ScheduleMeasurements' rule, so a re-plan slower
-        within the noise is kept), with the prediction made before that plan
-        ran, and keeps the first one's figures under first_* and the
-        second's under refit_*."""
-        first = {k: row.get(k) for k in ("step_s", "step_min_s", "step_max_s",
-                                         "predicted_s", "exposed_comm_s", "peak_bytes")}
-        row.update({f"first_{k}": v for k, v in first.items()})
-        second_sched = sched[:-len(".sched")] + "-refit.sched"
-        try:
-            planned = self.plan(m, profile, "tandem", plan_budget, second_sched,
-                                measured=([baseline] if baseline else [])
-                                + [(sched, first["step_s"])], headroom=headroom,
-                                trial_out=second_sched[:-len(".sched")] + "-trial.sched")
-            stats = self.run_schedule(spec, second_sched, discard)
-        except RuntimeError as e:
-            row["refit_error"] = str(e)
-            return
-        row.update(refit_predicted_s=planned["predicted_s"], refit_step_s=stats["step_s"])
-        if same_actions(sched, second_sched):
-            # The same schedule again: its re-fitted prediction was fitted to
-            # its own measurement, so the first prediction stands.
-            row["refit"] = "re-planned to the same schedule"
-            return
-        # Rolled back only when the re-planned schedule measured slower than
-        # the first beyond the noise, as the coordinator judges it
-        # (ScheduleMeasurements: 3 relative MADs of either, at least 5%).
-        noise = max(0.05, 3 * max(row.get("step_rel_mad", 0), stats["step_rel_mad"]))
-        row["refit_noise"] = noise
-        if stats["step_s"] <= first["step_s"] * (1 + noise):
-            row.update(planned, **stats)  # its runner-up, too
-            row["refit"] = "re-planned schedule kept"
-            shutil.copyfile(second_sched, sched)  # the comm replay runs it
-        else:
-            # The first schedule stays, with the prediction made before it
-            # ran (the re-fitted model was fitted to its very measurement).
-            row["refit"] = "rolled back to the first schedule (the re-planned one measured slower)"
-
-
-    def trial_round(self, sched, spec, discard, row):
-        """The coordinator's trial, offline: the runner-up of the plan the
-        row keeps (the fastest other plan that fits), when the model predicted
-        it within the job's optimize.trial_margin (10%) of that plan, runs
-        too, and the faster by median is kept (PlanningManager's "trial",
-        coordinator/README.md). The row keeps the runner-up's figures under
-        trial_*, and takes them when it was faster, with the prediction the
-        model made for it."""
-        trial = row.pop("trial_file", None)
-        if not trial:
-            row["trial"] = ("no runner-up within the trial margin"
-                            + (f" ({row.get('trial_source')} predicted "
-                               f"{row.get('trial_predicted_s'):.4f})"
-                               if row.get("trial_predicted_s") else ""))
-            return
-        try:
-            stats = self.run_schedule(spec, trial, discard)
-        except RuntimeError as e:
-            row["trial_error"] = str(e)
-            return
-        row.update(trial_step_s=stats["step_s"], trial_step_min_s=stats["step_min_s"],
-                   trial_step_max_s=stats["step_max_s"])
-        if stats["step_s"] < row["step_s"]:
-            row.update(stats, predicted_s=row["trial_predicted_s"],
-                       predicted_peak_bytes=row["trial_predicted_peak_bytes"])
-            for k in ("predicted_exposed_comm_s", "predicted_comm_s"):
-                row.pop(k, None)  # the kept plan's; the runner-up's are not printed
-            row["trial"] = f"runner-up ({row['trial_source']}) measured faster: kept"
-            shutil.copyfile(trial, sched)  # the comm replay runs it
-        else:
-            row["trial"] = (f"runner-up ({row['trial_source']}) measured "
-                            f"{stats['step_s']:.4f} s: back to the plan")
-
-
-def same_actions(a, b):
-    """Whether two schedule files hold the same schedule, apart from what
-    describes it (comments, predictions, provenance, decisions)."""
-    def body(path):
-        skip = ("#", "predict ", "provenance ", "decision ")
-        with open(path) as f:
-            return [l for l in f if not l.startswith(skip)]
-    return body(a) == body(b)
 
 
 def main():
@@ -553,13 +687,25 @@ def main():
     ap.add_argument("--if0", required=True)
     ap.add_argument("--if1", required=True)
     ap.add_argument("--ip0", required=True)
+    ap.add_argument("--ip1", required=True)
     ap.add_argument("--comm", default="",
                     help="the job spec's comm section, e.g. 'chunk_bytes: 64KiB'")
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=8, help="measured steps per run")
     ap.add_argument("--discard", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved rounds: every contender once per round")
     ap.add_argument("--profile-steps", type=int, default=8)
+    ap.add_argument("--probe-steps", type=int, default=3,
+                    help="measured steps of a budget-aware plan's probe run")
     ap.add_argument("--replay-steps", type=int, default=4)
+    ap.add_argument("--settle-steps", type=int, default=15,
+                    help="Tandem's job: steps without a new schedule version that count "
+                         "as settled")
+    ap.add_argument("--job-max-steps", type=int, default=200)
+    ap.add_argument("--job-timeout-s", type=int, default=900)
     a = ap.parse_args()
+    if a.rounds < 1:
+        sys.exit("--rounds must be at least 1")
     b = Bench(a)
     for name in a.models.split(","):
         if name not in MODELS:

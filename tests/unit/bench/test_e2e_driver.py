@@ -1,0 +1,273 @@
+"""bench/e2e's selection and reporting (driver.py, coordinator_job.py,
+report.py) on synthetic rounds, schedules and rows: every contender is
+measured the same number of times in interleaved rounds and reported by its
+median over them, Tandem's row is the plan its job settled on with the
+prediction made before that plan ran, and the targets are checked as issue
+33 states them."""
+
+import importlib.util
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
+E2E = os.path.join(ROOT, "bench", "e2e")
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(f"e2e_{name}", os.path.join(E2E, f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+driver = load("driver")
+job = load("coordinator_job")
+report = load("report")
+
+
+# -- rounds --------------------------------------------------------------------
+
+def test_round_order_interleaves_every_contender_once_per_round():
+    names = ["compute-alone", "ddp", "large/fsdp", "large/tandem-passes", "large/tandem"]
+    order = driver.round_order(names, 3)
+    assert len(order) == 3
+    for r in order:
+        assert sorted(r) == sorted(names)  # once each, every round
+    counts = {n: sum(r.count(n) for r in order) for n in names}
+    assert set(counts.values()) == {3}
+    # Rotated: no contender always first, and no contender runs twice in a
+    # row across a round boundary.
+    assert len({r[0] for r in order}) == 3
+    for a, b in zip(order, order[1:]):
+        assert a[-1] != b[0]
+    assert driver.round_order(names, 2, rotate=False) == [names, names]
+
+
+def test_over_rounds_is_the_median_of_the_rounds_not_the_best():
+    rounds = [dict(step_s=0.30, steps_min_s=0.29, steps_max_s=0.33, steps=8, peak_bytes=10),
+              dict(step_s=0.50, steps_min_s=0.45, steps_max_s=0.55, steps=8, peak_bytes=12),
+              dict(step_s=0.40, steps_min_s=0.38, steps_max_s=0.41, steps=8, peak_bytes=11)]
+    got = driver.over_rounds(rounds)
+    assert got["step_s"] == pytest.approx(0.40)
+    assert got["step_min_s"] == pytest.approx(0.30)
+    assert got["step_max_s"] == pytest.approx(0.50)
+    assert got["round_step_s"] == [0.30, 0.50, 0.40]
+    assert got["rounds"] == got["rounds_ok"] == 3
+    assert got["steps"] == 24 and got["peak_bytes"] == 12
+    assert (got["steps_min_s"], got["steps_max_s"]) == (0.29, 0.55)
+
+
+def test_over_rounds_keeps_failed_rounds_in_view():
+    got = driver.over_rounds([dict(step_s=0.3), dict(error="rank 1 exit 1"), dict(step_s=0.5)])
+    assert got["step_s"] == pytest.approx(0.4)
+    assert got["rounds"] == 3 and got["rounds_ok"] == 2
+    assert got["round_step_s"] == [0.3, None, 0.5]
+    assert got["round_errors"] == ["round 2: rank 1 exit 1"]
+    none = driver.over_rounds([dict(error="boom")])
+    assert none["step_s"] is None and "boom" in none["error"]
+
+
+def test_every_contender_and_tandem_passes_are_measured_alike():
+    assert "tandem" in driver.RUNTIME_CONTENDERS
+    assert "tandem-passes" in driver.RUNTIME_CONTENDERS
+    for p in ("on-demand", "deepspeed-zero3", "fsdp", "deepcompile"):
+        assert p in driver.RUNTIME_CONTENDERS and p in driver.REFERENCES
+    assert "ddp" in driver.REFERENCES
+    # The offline re-fit and trial rounds, which measured Tandem two or three
+    # times and kept the fastest, are gone: Tandem's row is measured in the
+    # rounds like every other.
+    assert not hasattr(driver.Bench, "refit_round")
+    assert not hasattr(driver.Bench, "trial_round")
+    # Tandem's pipeline alone: passes, not the tandem policy's choice.
+    assert driver.TANDEM_PASSES[0] == "zero3-insert"
+    assert "offload-unshard-search" in driver.TANDEM_PASSES
+
+
+# -- schedules -----------------------------------------------------------------
+
+SCHED = """# hardware: 2 ranks, 2 per node; all-gather fitted
+schedule v{v} graph="abc" mode=zero3 budget={budget}
+group g1 p1,p2
+before n1 all_gather g1
+after n1 release g1
+predict iteration={pred} compute=0.1 comm=0.2 exposed=0.05 copy=0 peak=123
+provenance passes="zero3-insert","prefetch" window=3..5 wall=0.01 reason="{reason}"
+explain baseline={base} baseline_exposed=0.1 baseline_peak=200
+decision prefetch pass="prefetch" gain={gain} exposed_gain=0.01 held=0 peak_delta=0 bind=none what="x"
+"""
+
+
+def write(tmp_path, name, **kw):
+    args = dict(v=0, budget=1000, pred="0.3", reason="", base="0.5", gain="0.2")
+    args.update(kw)
+    p = tmp_path / name
+    p.write_text(SCHED.format(**args))
+    return str(p)
+
+
+def test_same_actions_ignores_what_only_describes(tmp_path):
+    a = write(tmp_path, "a.sched")
+    # A re-fit of the same plan: other predictions, explanation, decisions'
+    # gains, provenance; a job's copy of it is v3 with the budget less
+    # headroom.
+    b = write(tmp_path, "b.sched", v=3, budget=900, pred="0.4", reason="drift", base="0.6",
+              gain="0.3")
+    assert driver.same_actions(a, b)
+    c = tmp_path / "c.sched"
+    c.write_text(open(a).read().replace("after n1 release g1", "after n2 release g1"))
+    assert not driver.same_actions(a, str(c))
+    d = tmp_path / "d.sched"
+    d.write_text(open(a).read().replace("mode=zero3", "mode=zero1"))
+    assert not driver.same_actions(a, str(d))
+
+
+# -- the coordinator job -------------------------------------------------------
+
+def test_plan_source_from_provenance():
+    assert job.plan_source(["zero3-insert", "prefetch"]) == "tandem"
+    assert job.plan_source(["deepspeed-prefetch", "chosen-over-tandem:deepspeed-zero3"]) \
+        == "deepspeed-zero3"
+    assert job.plan_source(["fsdp-prefetch", "trial:fsdp", "trial-of-v1"]) == "fsdp"
+    # A reference chosen first, Tandem's own pipeline kept by a trial.
+    assert job.plan_source(["zero3-insert", "trial:tandem", "trial-of-v1"]) == "tandem"
+    # A rollback carries the passes of the version it reran.
+    assert job.plan_source(["x", "chosen-over-tandem:deepcompile", "rollback-to-v1"]) \
+        == "deepcompile"
+    assert job.plan_source(["rollback-to-v0"]) == "baseline"
+    assert job.plan_source(["least-memory"]) == "least-memory"
+
+
+def test_settle_point():
+    steps = [(i, 0) for i in range(1, 8)] + [(i, 1) for i in range(8, 20)]
+    assert job.settle_point(steps, 15) == (False, 1, 12)
+    assert job.settle_point(steps, 12) == (True, 1, 12)
+    # The memory guard's fallback and the baseline are not a settled plan.
+    assert job.settle_point([(i, -1) for i in range(30)], 15)[0] is False
+    assert job.settle_point([(i, 0) for i in range(30)], 15)[0] is False
+    assert job.settle_point([], 15) == (False, None, 0)
+
+
+def test_version_medians_leave_out_each_switching_step():
+    series = [(1, 0, 9.0), (2, 0, 1.0), (3, 0, 1.0), (4, 1, 7.0), (5, 1, 0.5), (6, 1, 0.7),
+              (7, 2, 3.0)]
+    med = job.version_medians(series)
+    assert med[0] == (1.0, 2)
+    assert med[1] == (pytest.approx(0.6), 2)
+    assert med[2] == (3.0, 1)  # only its switching step ran
+
+
+VERSIONS = {
+    1: dict(reason="initial", passes=["zero3-insert", "prefetch"], predicted_s=0.40),
+    2: dict(reason="trial", passes=["fsdp-prefetch", "trial:fsdp", "trial-of-v1"],
+            predicted_s=0.41),
+    # The trial lost: v1's plan again, published at what v1 measured.
+    3: dict(reason="rollback", passes=["zero3-insert", "prefetch", "rollback-to-v1"],
+            predicted_s=0.45),
+}
+SERIES = ([(s, 0, 0.6) for s in range(1, 6)] + [(s, 1, 0.45) for s in range(6, 12)]
+          + [(s, 2, 0.47) for s in range(12, 18)] + [(s, 3, 0.45) for s in range(18, 34)])
+
+
+def test_prediction_is_never_the_rollbacks_own_measurement():
+    assert job.planned_version(VERSIONS, 3) == 1
+    assert job.prediction_before_run(VERSIONS, 3) == 0.40
+    assert job.prediction_before_run(VERSIONS, 2) == 0.41
+    back_to_v0 = dict(VERSIONS)
+    back_to_v0[4] = dict(reason="rollback", passes=["rollback-to-v0"], predicted_s=0.6)
+    assert job.prediction_before_run(back_to_v0, 4) is None
+    got = job.summarize(VERSIONS, SERIES, 3)
+    assert got["final_version"] == 3 and got["final_reason"] == "rollback"
+    assert got["final_source"] == "tandem" and got["final_planned_version"] == 1
+    assert got["final_predicted_s"] == 0.40
+    assert got["final_predicted_s"] != got["final_job_measured_s"]
+    assert got["first_version"] == 1 and got["first_predicted_s"] == 0.40
+    assert got["first_measured_s"] == pytest.approx(0.45)
+    assert got["first_prediction_error"] == pytest.approx(0.40 / 0.45 - 1)
+    assert [v["version"] for v in got["versions"]] == [1, 2, 3]
+
+
+def test_tandem_row_reports_the_first_plan_against_its_own_first_measurement():
+    summary = job.summarize(VERSIONS, SERIES, 3)
+    summary.update(settled=True, job_id="j1")
+    rounds = driver.over_rounds([dict(step_s=0.44), dict(step_s=0.47), dict(step_s=0.46)])
+    fields = driver.tandem_fields(summary, rounds["step_s"])
+    assert fields["plan_source"] == "tandem"
+    assert fields["final_version"] == 3
+    assert fields["predicted_s"] == 0.40  # made before the plan ran
+    assert fields["prediction_error"] == pytest.approx(0.40 / 0.46 - 1)
+    assert fields["first_prediction_error"] == pytest.approx(0.40 / 0.45 - 1)
+    assert fields["first_is_final"] is True
+    assert fields["predicted_s"] != rounds["step_s"]
+
+
+# -- the report ----------------------------------------------------------------
+
+def row(contender, step, lo, hi, budget="large", **kw):
+    return dict(dict(model="tiny-llama", rate_mbit=2000, budget=budget, contender=contender,
+                     step_s=step, step_min_s=lo, step_max_s=hi), **kw)
+
+
+def rows(tandem_lo=0.355, first_err=-0.05):
+    return [
+        row("ddp", 0.40, 0.39, 0.41),
+        row("on-demand", 0.50, 0.49, 0.52),
+        row("deepspeed-zero3", 0.35, 0.34, 0.36),
+        row("fsdp", 0.30, 0.29, 0.31, fallback_steps=4),  # measured the fallback
+        row("deepcompile", 0.38, 0.37, 0.40),
+        row("tandem-passes", 0.37, 0.36, 0.38),
+        row("tandem", 0.36, tandem_lo, 0.37, final_version=2, final_reason="trial",
+            plan_source="deepspeed-zero3",
+            first_version=1, first_predicted_s=0.33, first_measured_s=0.33 / (1 + first_err),
+            first_prediction_error=first_err, settled=True),
+        row("ddp", None, None, None, budget="small", error="cannot run: footprint"),
+        row("on-demand", 0.52, 0.50, 0.53, budget="small"),
+        row("tandem", 0.50, 0.49, 0.51, budget="small", first_prediction_error=0.12,
+            first_version=1, first_predicted_s=0.56, first_measured_s=0.5),
+    ]
+
+
+def test_best_reference_and_ratios():
+    s = {(x["budget"]): x for x in report.summarize(rows())}
+    large = s["large"]
+    assert large["best"] == "deepspeed-zero3"  # fsdp ran on the fallback: left out
+    assert large["excluded"] == ["fsdp"]
+    assert large["ratio_ddp"] == pytest.approx(0.36 / 0.40)
+    assert large["ratio_best"] == pytest.approx(0.36 / 0.35)
+    # tandem-passes is Tandem's, not a reference.
+    assert report.best_reference({"tandem-passes": row("tandem-passes", 0.1, 0.1, 0.1)}) is None
+    small = s["small"]
+    assert small["best"] == "on-demand" and small["ratio_ddp"] is None
+    assert "ddp_target" not in small
+
+
+def test_targets_met_and_missed_with_reasons():
+    s = {x["budget"]: x for x in report.summarize(rows())}
+    assert s["large"]["ddp_target"][0] is True
+    assert s["large"]["spread_target"][0] is True  # 0.355 <= deepspeed's 0.36
+    assert s["large"]["prediction_target"][0] is True
+    ok, why = s["small"]["prediction_target"]
+    assert not ok and "+12.0%" in why and "0.560" in why
+    behind = {x["budget"]: x for x in report.summarize(rows(tandem_lo=0.365))}
+    ok, why = behind["large"]["spread_target"]
+    assert not ok and "deepspeed-zero3" in why and "0.365" in why and "0.360" in why
+    slow = [dict(r, step_s=0.42, step_min_s=0.41, step_max_s=0.43)
+            if r["contender"] == "tandem" and r["budget"] == "large" else r for r in rows()]
+    ok, why = {x["budget"]: x for x in report.summarize(slow)}["large"]["ddp_target"]
+    assert not ok and "1.050" in why and "> 1.00" in why
+    targets = report.check_targets(report.summarize(rows()))
+    assert [(t[1], t[2], t[3]) for t in targets] == [(1, 1, 6), (2, 2, 12), (1, 2, 12)]
+
+
+def test_report_prints_the_tables(tmp_path, capsys, monkeypatch):
+    import json
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows()))
+    monkeypatch.setattr("sys.argv", ["report.py", str(path)])
+    report.main()
+    out = capsys.readouterr().out
+    assert "Tandem/DDP" in out and "Tandem/best ref" in out
+    assert "0.90 |" in out and "1.03 (deepspeed-zero3)" in out
+    assert "v2 (trial): deepspeed-zero3's plan" in out
+    assert "MISSED" in out

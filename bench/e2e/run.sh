@@ -4,14 +4,23 @@
 # (issue 9). Run as root from anywhere:
 #
 #   sudo bench/e2e/run.sh [--rates "2000 200"] [--models tiny-llama,wide-short,exported-gpt]
-#                         [--steps 8] [--discard 2] [--out FILE [--force]] [--quick]
+#                         [--rounds 3] [--steps 8] [--discard 2] [--settle-steps 15]
+#                         [--out FILE [--force]] [--quick]
 #                         [--comm "chunk_bytes: 64KiB, max_in_flight: 4"]
 #
-# For each link rate and model it runs, in one run: the compute-alone and
-# communication-alone lower bound, Tandem's on-demand warm-up with a profile,
-# PyTorch DDP (bench/e2e/ddp_reference.py) and Tandem under every policy
+# For each link rate and model: Tandem's on-demand warm-up with a profile;
+# every reference policy and Tandem's own pipeline alone ("tandem-passes")
 # planned from that profile, at two memory budgets (DDP's footprint and 60%
-# of it). JSON lines go to --out (default $TMPDIR/tandem-e2e/results.jsonl);
+# of it); Tandem's schedule from a real job on the link (a coordinator, the
+# job submitted as a user submits it, two agent-mode workers, run until its
+# loop settles; bench/e2e/coordinator_job.py). Then --rounds interleaved
+# rounds (default 3), each running every contender once: compute alone at
+# world 1 (Tandem and PyTorch), PyTorch DDP (bench/e2e/ddp_reference.py) and
+# each schedule on the link; a row is the median over rounds, with the
+# min-max over rounds. Communication alone (the lower bound) once per
+# schedule. --settle-steps: steps without a new schedule version after which
+# Tandem's job counts as settled. JSON lines go to --out (default
+# $TMPDIR/tandem-e2e/results.jsonl);
 # the table is printed at the end (bench/e2e/report.py); an --out FILE that
 # exists and is not empty is refused unless --force (results are kept in the
 # repository; the default is scratch and rewritten). The namespaces
@@ -21,14 +30,14 @@
 # --drift-check runs only bench/drift/throttle.py (issue 15): a job under a
 # coordinator on the first rate's link, throttled to 1/20 of it mid-job; a
 # drift re-plan must follow within drift_window steps (exit 1 if not).
-# Environment: TANDEM_BUILD_DIR (default build/): the binaries are built
-# there (-j2) when missing.
+# Environment: TANDEM_BUILD_DIR (default build/): the binaries and the
+# Python client's stubs are built there (-j2) when missing.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 RATES="2000 200"
 MODELS="tiny-llama,wide-short,exported-gpt"
-STEPS="" DISCARD=2 QUICK=0 COMM="" DRIFT_CHECK=0 FORCE=0
+STEPS="" DISCARD=2 QUICK=0 COMM="" DRIFT_CHECK=0 FORCE=0 ROUNDS=3 SETTLE=15
 WORK="${TMPDIR:-/tmp}/tandem-e2e"
 OUT=""
 while [ $# -gt 0 ]; do
@@ -37,12 +46,14 @@ while [ $# -gt 0 ]; do
     --models) MODELS="$2"; shift 2 ;;
     --steps) STEPS="$2"; shift 2 ;;
     --discard) DISCARD="$2"; shift 2 ;;
+    --rounds) ROUNDS="$2"; shift 2 ;;
+    --settle-steps) SETTLE="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     --quick) QUICK=1; shift ;;
     --force) FORCE=1; shift ;;
     --comm) COMM="$2"; shift 2 ;;
     --drift-check) DRIFT_CHECK=1; shift ;;
-    -h|--help) sed -n 2,25p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,35p "$0"; exit 0 ;;
     *) echo "$0: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -65,10 +76,12 @@ BINS="worker/tandem-worker coordinator/tandem-plan bench/tandem-comm-replay coor
 for bin in $BINS; do
   [ -x "$BUILD/$bin" ] || need_build=1
 done
+# Tandem's job is submitted with the Python client (client/python).
+[ -f "$ROOT/client/python/tandem/v1/job_service_pb2.py" ] || need_build=1
 if [ "$need_build" -eq 1 ]; then
-  echo "[e2e] building tandem-worker, tandem-plan, tandem-comm-replay, tandem-coordinator in $BUILD" >&2
+  echo "[e2e] building tandem-worker, tandem-plan, tandem-comm-replay, tandem-coordinator and the Python stubs in $BUILD" >&2
   [ -f "$BUILD/CMakeCache.txt" ] || cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >&2
-  cmake --build "$BUILD" -j2 --target tandem-worker tandem-plan tandem-comm-replay tandem-coordinator >&2
+  cmake --build "$BUILD" -j2 --target tandem-worker tandem-plan tandem-comm-replay tandem-coordinator tandem_python_stubs >&2
 fi
 
 # A snapshot of the binaries: a rebuild during the run must not swap them.
@@ -164,11 +177,12 @@ for rate in $RATES; do
   else steps=5
   fi
   replay=$(( steps < 4 ? steps : 4 )); [ "$rate" -ge 1000 ] || replay=3
-  echo "[e2e] link ${rate} Mbit/s: models $MODELS, $steps measured steps ($DISCARD discarded)" >&2
+  echo "[e2e] link ${rate} Mbit/s: models $MODELS, $ROUNDS rounds of $steps measured steps ($DISCARD discarded)" >&2
   /usr/bin/python3 "$ROOT/bench/e2e/driver.py" --rate "$rate" --models "$MODELS" \
     --build "$BUILD" --workdir "$WORK" --out "$OUT" \
-    --ns0 "$NS0" --ns1 "$NS1" --if0 "$IF0" --if1 "$IF1" --ip0 "$IP0" \
+    --ns0 "$NS0" --ns1 "$NS1" --if0 "$IF0" --if1 "$IF1" --ip0 "$IP0" --ip1 "$IP1" \
     --steps "$steps" --discard "$DISCARD" --replay-steps "$replay" \
+    --rounds "$ROUNDS" --settle-steps "$SETTLE" \
     ${COMM:+--comm "$COMM"} &
   DRIVER_PID=$!
   wait "$DRIVER_PID"

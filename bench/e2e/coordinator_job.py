@@ -190,6 +190,28 @@ def summarize(versions, per_step_times, final_version):
 
 # -- the job -------------------------------------------------------------------
 
+def read_steps(path):
+    """A rank's step lines so far; a line still being written is skipped."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            if line.startswith('{"step"') and line.endswith("\n"):
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass
+    return out
+
+
+def job_steps(paths):
+    """[(step, version, slowest rank's iteration_s)] for the steps every rank
+    has reported, in step order."""
+    per_rank = [{s["step"]: s for s in read_steps(p)} for p in paths]
+    common = set(per_rank[0]).intersection(*per_rank[1:])
+    return [(step, per_rank[0][step]["schedule_version"],
+             max(r[step]["iteration_s"] for r in per_rank)) for step in sorted(common)]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", required=True)
@@ -231,18 +253,11 @@ def main():
                     cmd, env=wenv, stdout=open(paths[r], "w"),
                     stderr=open(os.path.join(a.workdir, f"worker{r}.log"), "w")))
 
-            def steps():
-                per = steady.slowest_per_step(paths)
-                # A step counts once both ranks have reported it.
-                done = [set(s["step"] for s in steady.step_lines(p)) for p in paths]
-                both = done[0] & done[1]
-                return [(s, per[s][1], per[s][0]) for s in sorted(per) if s in both]
-
             deadline = time.time() + a.timeout_s
             settled, why = False, ""
             last_check = 0.0
             while True:
-                series = steps()
+                series = job_steps(paths)
                 ok, version, since = settle_point([(s, v) for s, v, _ in series],
                                                   a.settle_steps)
                 if ok and time.time() - last_check > 1.0:
@@ -302,7 +317,7 @@ def main():
             coord.kill()
             coord.wait()
 
-    series = steps()
+    series = job_steps(paths)
     result.update(summarize(versions, series, active.schedule.version),
                   job_steps=len(series))
     # The version the steps ran under at the end: the one measured.

@@ -158,6 +158,18 @@ def test_version_medians_leave_out_each_switching_step():
     assert med[2] == (3.0, 1)  # only its switching step ran
 
 
+def test_job_steps_pair_the_ranks_and_skip_a_line_being_written(tmp_path):
+    r0, r1 = tmp_path / "w0.jsonl", tmp_path / "w1.jsonl"
+    r0.write_text('{"step": 1, "schedule_version": 0, "iteration_s": 0.5}\n'
+                  'loading...\n'
+                  '{"step": 2, "schedule_version": 1, "iteration_s": 0.3}\n'
+                  '{"step": 3, "schedule_version": 1, "iter')
+    r1.write_text('{"step": 1, "schedule_version": 0, "iteration_s": 0.6}\n'
+                  '{"step": 2, "schedule_version": 1, "iteration_s": 0.2}\n'
+                  '{"step": 3, "schedule_version": 1, "iteration_s": 0.2}\n')
+    assert job.job_steps([str(r0), str(r1)]) == [(1, 0, 0.6), (2, 1, 0.3)]
+
+
 VERSIONS = {
     1: dict(reason="initial", passes=["zero3-insert", "prefetch"], predicted_s=0.40),
     2: dict(reason="trial", passes=["fsdp-prefetch", "trial:fsdp", "trial-of-v1"],

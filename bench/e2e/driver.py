@@ -571,6 +571,8 @@ memory: {{budget_bytes: {budget}}}
             spec_probe = self.spec(name, m, 2, discard + min(steps, a.probe_steps), bbytes)
             for contender in RUNTIME_CONTENDERS:
                 sched = os.path.join(wd, f"{tag}-{bname}-{contender}.sched")
+                if os.path.exists(sched):
+                    os.remove(sched)  # an earlier run's
                 row = dict(common, contender=contender, budget=bname, budget_bytes=bbytes)
                 if contender == "tandem":
                     log(f"{tag}: tandem at the {bname} budget ({bbytes} B): a coordinator job")
@@ -639,6 +641,8 @@ memory: {{budget_bytes: {budget}}}
                 ddp_row.update(exposed_comm_s=max(0.0, ddp_step - ddp_compute_s),
                                exposed_comm_note="step_s - PyTorch compute alone")
             ddp_row.update(ratio_ddp=1.0)
+            if ddp_row.get("lower_bound_s"):
+                ddp_row["ratio_lb"] = ddp_step / ddp_row["lower_bound_s"]
         self.emit(dict(ddp_row, compute_alone_s=compute_s, ddp_compute_alone_s=ddp_compute_s))
         self.emit(dict(common, contender="ddp", budget="small", budget_bytes=budgets["small"],
                        step_s=None, lower_bound_s=None, peak_bytes=budgets["model_state_bytes"],

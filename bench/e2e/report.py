@@ -132,6 +132,12 @@ def summarize(rows):
                 ok, f"first plan v{t.get('first_version')} predicted "
                     f"{f(t.get('first_predicted_s'))}, measured {f(t.get('first_measured_s'))} "
                     f"({e:+.1%})" + ("" if ok else ", beyond ±10%"))
+        if t.get("fallback_steps"):
+            note = (f"; Tandem's own steps ran on the memory guard's fallback "
+                    f"({t['fallback_steps']} of {t.get('steps')})")
+            for field in ("ddp_target", "spread_target"):
+                if field in s:
+                    s[field] = (s[field][0], s[field][1] + note)
         out.append(s)
     return out
 
@@ -229,8 +235,10 @@ def main():
     print()
     print("Targets (issue 33, \"Done when\"):")
     for title, met, checked, expected, rows_ in check_targets(summaries):
-        print(f"- {title}: {'MET' if met == checked == expected else 'not met'} "
-              f"({met} of {checked} rows; {expected} in a full run)")
+        verdict = ("MET" if met == checked == expected else
+                   "not met" if met < checked else
+                   f"met on the rows present; not established (a full run has {expected})")
+        print(f"- {title}: {verdict} ({met} of {checked} rows)")
         for name, ok, why in rows_:
             print(f"  - {name}: {'met' if ok else 'MISSED'}: {why}")
 

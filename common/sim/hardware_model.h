@@ -72,9 +72,11 @@ struct HardwareModel {
   // instant. 0 until measured: CalibrateMemory sets it from a profile.
   int64_t unmodeled_bytes = 0;
   // Count each collective's flat buffer while it runs (the Tandem worker
-  // packs every collective into one; see the simulator's memory rules). Off
-  // in the analytic model; CalibrateMemory turns it on, since a profile comes
-  // from that runtime.
+  // packs every collective into one; see the simulator's memory rules), and
+  // the worker's AdamW temporaries during the optimizer (the largest
+  // param's fp32 denominator, and its fp32 gradient copy when gradients are
+  // not fp32). Off in the analytic model; CalibrateMemory turns it on,
+  // since a profile comes from that runtime.
   bool collective_buffers = false;
   // With collective_buffers: the scratch each collective holds beyond its
   // flat buffer while it runs, by kind (the profile's rule, from the

@@ -172,6 +172,7 @@ class Replay {
         schedule_(schedule),
         hw_(hw),
         zero1_(schedule.mode == ShardingMode::kZero1),
+        alone_(graph.world_size <= 1),
         param_index_(graph.params),
         node_index_(graph.nodes) {}
 
@@ -204,6 +205,15 @@ class Replay {
       base_[kShardedParams] += zero1_ ? info.full_bytes : info.shard_bytes;
       if (p.trainable) base_[kGradients] += info.grad_shard_bytes;
       base_[kOptimizerStates] += info.state_bytes;
+      if (p.trainable && shard > 0) {
+        // The worker's AdamW holds, param by param, an fp32 denominator
+        // and (for a gradient not in fp32) an fp32 copy of the gradient:
+        // the largest param's are the optimizer's transient.
+        const int64_t grad_elem = info.grad_shard_bytes / shard;
+        optimizer_transient_bytes_ =
+            std::max(optimizer_transient_bytes_,
+                     shard * (4 + (grad_elem == 4 ? 0 : 4)));
+      }
     }
     base_[kUnmodeled] = std::max<int64_t>(hw_.unmodeled_bytes, 0);
     std::vector<bool> persistent(graph_.params.size(), false);
@@ -217,7 +227,7 @@ class Replay {
       // ZeRO-1 already counts every param in full.
       if (persistent[pos] || zero1_) continue;
       persistent[pos] = true;
-      base_[kPersistentParams] += params_[pos].full_bytes;
+      if (!alone_) base_[kPersistentParams] += params_[pos].full_bytes;
       // The optimizer does not update a frozen param: nothing to refresh.
       if (graph_.params[pos].trainable) {
         persistent_refresh_bytes_ += params_[pos].padded_bytes;
@@ -526,6 +536,7 @@ class Replay {
                          double alone, int64_t free_at_start = 0,
                          int64_t free_at_end = 0) {
     const bool rs = kind == ActionKind::kReduceScatter;
+    if (alone_) alone = 0;  // a local copy: nothing on the link
     result_.comm_s += alone;
     Transfer t;
     t.remaining_s = alone;
@@ -535,7 +546,7 @@ class Replay {
     t.share = ComputeShare(bytes, alone * t.stretch,
                            rs ? hw_.compute_s_per_reduce_scatter_byte
                               : hw_.compute_s_per_allgather_byte);
-    if (hw_.collective_buffers) {
+    if (hw_.collective_buffers && !alone_) {
       const CollectiveScratch& scratch =
           rs ? hw_.reduce_scatter_scratch : hw_.allgather_scratch;
       t.staging_bytes =
@@ -587,7 +598,7 @@ class Replay {
           g.entry = static_cast<int64_t>(
               IssueCollective(i, a.kind, bytes, hw_.AllGatherSeconds(bytes)));
           ++g.outstanding;
-          if (!zero1_) {
+          if (!zero1_ && !alone_) {
             Allocate(now_, groups_[target].full_bytes, kGatheredParams);
           }
           break;
@@ -613,7 +624,7 @@ class Replay {
         }
         case ActionKind::kRelease: {
           GroupState& g = group_state_[target];
-          if (!zero1_) {
+          if (!zero1_ && !alone_) {
             Free(now_, g.outstanding * groups_[target].full_bytes,
                  kGatheredParams);
           }
@@ -713,6 +724,11 @@ class Replay {
       result_.compute_s += node.time_s;
 
       Allocate(start, node.workspace_bytes, kActivations);
+      const int64_t optimizer_transient =
+          node.phase == Phase::kOptimizer && hw_.collective_buffers
+              ? optimizer_transient_bytes_
+              : 0;
+      Allocate(start, optimizer_transient, kOptimizerStates);
       // What the model puts on top of the memory at the node's start, and
       // what the node leaves at its end.
       int64_t new_gradients = 0;
@@ -740,6 +756,7 @@ class Replay {
         live_activation[pos] = node.activation_bytes;
       }
       Free(end, node.workspace_bytes + measured_extra, kActivations);
+      Free(end, optimizer_transient, kOptimizerStates);
       if (node.phase == Phase::kBackward) {
         const int twin = forward_pos_[pos];
         if (twin >= 0 && static_cast<size_t>(twin) < pos) {
@@ -844,6 +861,11 @@ class Replay {
   const Schedule& schedule_;
   const HardwareModel& hw_;
   const bool zero1_;
+  // A world of one: the worker's full tensors alias the shards, so gathered
+  // and persistent params hold no memory of their own, and its collectives
+  // are local copies on the compute thread with no staging buffers: nothing
+  // moves (worker/README.md, "A world of one").
+  const bool alone_;
   const IdIndex param_index_;
   const IdIndex node_index_;
 
@@ -867,6 +889,8 @@ class Replay {
   double now_ = 0;
   // ZeRO-3 persistent params, padded: re-gathered after the optimizer.
   int64_t persistent_refresh_bytes_ = 0;
+  // The optimizer's largest per-param temporaries (Resolve).
+  int64_t optimizer_transient_bytes_ = 0;
   // The communication and copy streams (their entries: result_'s).
   Stream comm_;
   Stream copy_;

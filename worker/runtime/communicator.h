@@ -78,6 +78,13 @@ class CollectiveWork {
  public:
   CollectiveWork();
 
+  // Runs `body` on the calling thread and returns its handle, done: a world
+  // of one has nothing to move, so its "collectives" are local copies that
+  // need no communication thread. started_at/finished_at bracket `body`;
+  // an exception it throws propagates to the caller.
+  static std::shared_ptr<CollectiveWork> RunInline(
+      const std::function<void()>& body);
+
   // Blocks until the collective finished and returns its status. The time
   // spent blocked is added to waited_s().
   absl::Status Wait();

@@ -96,8 +96,17 @@ absl::StatusOr<std::unique_ptr<ShardedParamStore>> ShardedParamStore::Create(
         e.exp_avg = at::zeros_like(master);
         e.exp_avg_sq = at::zeros_like(master);
       }
-      e.full = at::empty(p.shape, f32.dtype(dtype).device(device));
-      ResizeStorage(e.full, 0);
+      if (world_size == 1) {
+        // Alone, the shard is the whole param: the full tensor is a
+        // permanent alias of its bytes (its own leaf and version counter),
+        // so a gather moves nothing and the optimizer's in-place update of
+        // the shard is the param's new value.
+        e.full = at::from_blob(e.shard.data_ptr(), p.shape,
+                               f32.dtype(dtype).device(device));
+      } else {
+        e.full = at::empty(p.shape, f32.dtype(dtype).device(device));
+        ResizeStorage(e.full, 0);
+      }
       // A frozen param's uses carry no gradient to it.
       e.full.set_requires_grad(e.trainable);
       store->params_.push_back(std::move(e));
@@ -119,6 +128,8 @@ bool ShardedParamStore::materialized(int32_t id) const {
 
 CollectiveHandle ShardedParamStore::Gather(absl::Span<const int32_t> ids,
                                            Communicator& comm, bool refresh) {
+  // Alone: the full tensors alias the shards (Create), always gathered.
+  if (world_size_ == 1) return CollectiveWork::RunInline([] {});
   struct Piece {
     at::Tensor shard;  // this rank's shard, read on the comm thread
     void* dest;        // the full storage
@@ -172,6 +183,7 @@ CollectiveHandle ShardedParamStore::Gather(absl::Span<const int32_t> ids,
 }
 
 void ShardedParamStore::Release(absl::Span<const int32_t> ids) {
+  if (world_size_ == 1) return;  // the aliases stay: nothing was gathered
   for (int32_t id : ids) {
     Entry& e = params_[id];
     if (e.pending_gather != nullptr) {
@@ -190,6 +202,9 @@ CollectiveHandle ShardedParamStore::ReduceScatterGrads(
     // Set when this reduce starts accumulating in fp32: shard_grad's value
     // so far (in the reduce dtype), copied into shard_grad first.
     at::Tensor promoted_from;
+    // The param's first reduce this step: it overwrites shard_grad (which
+    // holds the last step's value, never zeroed) instead of adding.
+    bool first;
     int64_t numel;
     int64_t shard_numel;
     int64_t offset;
@@ -206,13 +221,31 @@ CollectiveHandle ShardedParamStore::ReduceScatterGrads(
     // reduces in order: the first has finished writing the old tensor when
     // this one copies it).
     at::Tensor promoted_from;
-    if (++e.reduces > 1 && e.shard_grad.scalar_type() != at::kFloat) {
+    const bool first = ++e.reduces == 1;
+    if (!first && e.shard_grad.scalar_type() != at::kFloat) {
       promoted_from = e.shard_grad;
       e.shard_grad = at::empty_like(promoted_from, at::kFloat);
     }
     pieces.push_back({std::move(grad), e.shard_grad, std::move(promoted_from),
-                      e.numel, e.shard_numel, packed});
+                      first, e.numel, e.shard_numel, packed});
     packed += e.shard_numel;
+  }
+  if (world_size_ == 1) {
+    // Alone, the mean over ranks is this rank's gradient: accumulate it
+    // here, on the compute thread, with no packing and no collective.
+    return CollectiveWork::RunInline([&pieces] {
+      for (Piece& p : pieces) {
+        if (p.promoted_from.defined()) p.shard_grad.copy_(p.promoted_from);
+        if (!p.grad.defined()) {
+          if (p.first) p.shard_grad.zero_();
+        } else if (p.first) {
+          p.shard_grad.copy_(p.grad.reshape({-1}));
+        } else {
+          p.shard_grad.add_(p.grad.reshape({-1}));
+        }
+        p.grad = at::Tensor();
+      }
+    });
   }
   const int world = world_size_;
   const at::Device device = device_;
@@ -244,7 +277,12 @@ CollectiveHandle ShardedParamStore::ReduceScatterGrads(
         p.shard_grad.copy_(p.promoted_from);
         p.promoted_from = at::Tensor();
       }
-      p.shard_grad.add_(out.narrow(0, p.offset, p.shard_numel));
+      const at::Tensor mine = out.narrow(0, p.offset, p.shard_numel);
+      if (p.first) {
+        p.shard_grad.copy_(mine);
+      } else {
+        p.shard_grad.add_(mine);
+      }
     }
   });
 }
@@ -397,10 +435,14 @@ void ShardedParamStore::SetMasterShard(int32_t id, const at::Tensor& values) {
 }
 
 double ShardedParamStore::ShardGradSquaredNorm() const {
+  // As clip_grad_norm_: each gradient's 2-norm in its own precision, then
+  // their squares summed (in double here, over the shards of every rank).
   double sum = 0;
   for (const Entry& e : params_) {
-    if (!e.trainable) continue;
-    sum += e.shard_grad.to(at::kDouble).pow(2).sum().item<double>();
+    if (!e.trainable || e.reduces == 0) continue;  // no gradient: zero
+    const double norm =
+        at::linalg_vector_norm(e.shard_grad, 2).item<double>();
+    sum += norm * norm;
   }
   return sum;
 }
@@ -426,6 +468,9 @@ double ShardedParamStore::AdamWStep(const AdamWOptions& o, float factor,
       SettleReload(e);
       e.pending_copy = nullptr;
     }
+    // No reduce this step (a param no node used): its gradient is zero,
+    // and the shard gradient still holds the last step's.
+    if (e.reduces == 0) e.shard_grad.zero_();
     // fp32 gradient and master (an fp32 shard is its own).
     at::Tensor g = e.shard_grad.to(at::kFloat);
     at::Tensor& master = e.has_master ? e.master : e.shard;
@@ -433,16 +478,17 @@ double ShardedParamStore::AdamWStep(const AdamWOptions& o, float factor,
     master.mul_(1 - o.lr * o.weight_decay);
     e.exp_avg.mul_(o.beta1).add_(g, 1 - o.beta1);
     e.exp_avg_sq.mul_(o.beta2).addcmul_(g, g, 1 - o.beta2);
-    const at::Tensor denom =
-        (e.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(o.eps);
+    // One temporary (torch's (sqrt / c).add_(eps) holds two at once); the
+    // same values.
+    at::Tensor denom = e.exp_avg_sq.sqrt();
+    denom.div_(bias_correction2_sqrt).add_(o.eps);
     master.addcdiv_(e.exp_avg, denom, -step_size);
     if (e.has_master) e.shard.copy_(master);
     // Reduced once this step: the gradient goes back to the reduce dtype
-    // (a schedule that now reduces once needs no fp32 accumulator).
+    // (a schedule that now reduces once needs no fp32 accumulator). It is
+    // not zeroed: the next step's first reduce overwrites it.
     if (e.reduces <= 1 && e.shard_grad.scalar_type() != reduce_dtype_) {
       e.shard_grad = at::zeros_like(e.shard_grad, reduce_dtype_);
-    } else {
-      e.shard_grad.zero_();
     }
     e.reduces = 0;
   }

@@ -442,8 +442,11 @@ TEST_F(TwoLayerTest, Simulate_WorldOne_CollectivesCostNothing) {
   EXPECT_EQ(r.collectives[0].bytes, 2000);
   EXPECT_NEAR(r.collectives[0].end_s, r.collectives[0].start_s, kTolerance);
   // A shard is the whole param: 4000 of params, 4000 of gradient shards and
-  // 8000 of Adam moments, plus at n2's start g1, activations and p1's grad.
-  EXPECT_EQ(r.peak_bytes, 16000 + 2000 + 350 + 2000);
+  // 8000 of Adam moments, plus at n2's start activations and p1's grad. A
+  // gathered group aliases its shards (the worker's world of one): no
+  // memory of its own.
+  EXPECT_EQ(r.peak_bytes, 16000 + 350 + 2000);
+  EXPECT_EQ(r.peak_breakdown.gathered_params, 0);
 }
 
 TEST_F(TwoLayerTest, Simulate_WaitWithoutAllGather_FailsNamingActionAndGroup) {

@@ -12,9 +12,11 @@ namespace tandem {
 absl::StatusOr<Schedule> LeastMemorySchedule(const Graph& graph,
                                              ShardingMode mode) {
   ASSIGN_OR_RETURN(Schedule schedule, StartingSchedule(graph, mode));
-  if (mode == ShardingMode::kZero3 && graph.micro_batches > 1) {
+  if (mode == ShardingMode::kZero3 && graph.micro_batches > 1 &&
+      graph.world_size > 1) {
     // Gradients reduced every micro-batch: no full gradient is held across
-    // micro-batches (gradient_reduction.h).
+    // micro-batches (gradient_reduction.h). Alone, the sharded accumulator
+    // is as large as the full gradient, so reducing once holds less.
     std::vector<int32_t> ids;
     for (const Param& param : graph.params) ids.push_back(param.id);
     SetGradientReduction(graph, ids, GradientReduction::kPerMicroBatch,

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/lowering/anchored_schedule.h"
+#include "common/lowering/persistent_refresh.h"
 
 namespace tandem {
 
@@ -217,6 +218,7 @@ class Replay {
     }
     base_[kUnmodeled] = std::max<int64_t>(hw_.unmodeled_bytes, 0);
     std::vector<bool> persistent(graph_.params.size(), false);
+    std::vector<int32_t> refreshed;
     for (int32_t id : schedule_.persistent_param_ids) {
       const int pos = param_index_.Find(id);
       if (pos < 0) {
@@ -229,8 +231,31 @@ class Replay {
       persistent[pos] = true;
       if (!alone_) base_[kPersistentParams] += params_[pos].full_bytes;
       // The optimizer does not update a frozen param: nothing to refresh.
-      if (graph_.params[pos].trainable) {
-        persistent_refresh_bytes_ += params_[pos].padded_bytes;
+      if (graph_.params[pos].trainable) refreshed.push_back(id);
+    }
+    // The refresh in the worker's chunks (common/lowering/
+    // persistent_refresh.h), each with its params' positions.
+    refresh_chunk_of_.assign(graph_.params.size(), -1);
+    for (const std::vector<int32_t>& ids :
+         PersistentRefreshChunks(graph_, refreshed)) {
+      RefreshChunk chunk;
+      for (int32_t id : ids) {
+        const int pos = param_index_.Find(id);
+        refresh_chunk_of_[pos] = static_cast<int>(refresh_chunks_.size());
+        chunk.bytes += params_[pos].padded_bytes;
+      }
+      refresh_chunks_.push_back(chunk);
+    }
+    // Per node, the last chunk it needs (chunks finish in order).
+    node_refresh_chunk_.assign(graph_.nodes.size(), -1);
+    for (size_t i = 0; i < graph_.nodes.size() && !refresh_chunks_.empty();
+         ++i) {
+      for (int32_t id : graph_.nodes[i].param_ids) {
+        const int pos = param_index_.Find(id);
+        if (pos >= 0) {
+          node_refresh_chunk_[i] =
+              std::max(node_refresh_chunk_[i], refresh_chunk_of_[pos]);
+        }
       }
     }
 
@@ -696,10 +721,26 @@ class Replay {
     // held (when positive).
     int64_t carry_sum = 0;
     int64_t carry_held = 0;
+    // The persistent params' refresh after the previous step, in chunks in
+    // forward order: in the steady state it is issued as this step
+    // begins, and a node waits only for the chunk of its params.
+    for (RefreshChunk& chunk : refresh_chunks_) {
+      chunk.entry = static_cast<int64_t>(
+          IssueCollective(-1, ActionKind::kAllGather, chunk.bytes,
+                          hw_.AllGatherSeconds(chunk.bytes)));
+    }
     for (size_t pos = 0; pos < num_nodes; ++pos) {
       const Node& node = graph_.nodes[pos];
       absl::Status status = RunActions(AnchoredSchedule::BeforeSlot(pos));
       if (!status.ok()) return status;
+      if (const int c = node_refresh_chunk_[pos];
+          c >= 0 && !Done(comm_, refresh_chunks_[c].entry)) {
+        const int64_t entry = refresh_chunks_[c].entry;
+        const double done =
+            Advance(nullptr, [&] { return Done(comm_, entry); });
+        result_.exposed_comm_s += done - now_;
+        now_ = done;
+      }
       if (node.phase == Phase::kOptimizer) {
         // The optimizer needs every gradient shard and state issued so far.
         auto ready = [&] {
@@ -776,12 +817,6 @@ class Replay {
     }
 
     const double compute_end = now_;
-    if (persistent_refresh_bytes_ > 0) {
-      // Persistent params were updated in their shards: one fused all-gather
-      // after the step brings the full copies up to date (action index -1).
-      IssueCollective(-1, ActionKind::kAllGather, persistent_refresh_bytes_,
-                      hw_.AllGatherSeconds(persistent_refresh_bytes_));
-    }
     // What is still in flight finishes with nothing computing.
     Advance(nullptr,
             [&] { return comm_.queue.empty() && copy_.queue.empty(); });
@@ -888,7 +923,15 @@ class Replay {
   // Replay state.
   double now_ = 0;
   // ZeRO-3 persistent params, padded: re-gathered after the optimizer.
-  int64_t persistent_refresh_bytes_ = 0;
+  struct RefreshChunk {
+    int64_t bytes = 0;
+    int64_t entry = -1;  // its collective
+  };
+  std::vector<RefreshChunk> refresh_chunks_;
+  // Per param position, its refresh chunk (-1: none); per node, the last
+  // chunk its params need (-1: none).
+  std::vector<int> refresh_chunk_of_;
+  std::vector<int> node_refresh_chunk_;
   // The optimizer's largest per-param temporaries (Resolve).
   int64_t optimizer_transient_bytes_ = 0;
   // The communication and copy streams (their entries: result_'s).

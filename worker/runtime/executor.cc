@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "common/ir/validate.h"
 #include "common/lowering/least_memory.h"
+#include "common/lowering/persistent_refresh.h"
 #include "common/lowering/schedule_semantics.h"
 #include "common/sim/simulator.h"
 #include "common/status_macros.h"
@@ -449,7 +450,8 @@ void Executor::HoldPlannedPeak(int pos) {
 void Executor::RefreshPersistent(const Prepared* previous) {
   if (mode_ == ShardingMode::kZero1 && previous != nullptr) {
     // The schedule's own gathers after the optimizer refreshed every param.
-    persistent_refresh_ = nullptr;
+    refresh_.clear();
+    refresh_next_ = 0;
     return;
   }
   if (previous != nullptr) {
@@ -457,21 +459,38 @@ void Executor::RefreshPersistent(const Prepared* previous) {
       if (!active_->is_persistent[id]) store_->Release({id});
     }
   }
-  persistent_refresh_ = nullptr;
-  // The optimizer changed the shards: re-gather the persistent set in one
-  // collective, overlapping whatever the caller does before the next step;
-  // the first node that needs one of them waits. A frozen param did not
-  // change: it is gathered only when it is not yet (every rank agrees on
-  // which: they ran the same schedules).
-  persistent_refresh_ids_.clear();
+  refresh_.clear();
+  refresh_next_ = 0;
+  // The optimizer changed the shards: re-gather the persistent set in
+  // chunks in the order the next forward uses them, overlapping whatever
+  // the caller does before the next step and that step's forward; a node
+  // waits for its params' chunk only. A frozen param did not change: it is
+  // gathered only when it is not yet (every rank agrees on which: they ran
+  // the same schedules, and cut the same chunks from the same graph).
+  std::vector<int32_t> ids;
   for (int32_t id : active_->persistent) {
-    if (store_->trainable(id) || !store_->allocated(id)) {
-      persistent_refresh_ids_.push_back(id);
-    }
+    if (store_->trainable(id) || !store_->allocated(id)) ids.push_back(id);
   }
-  if (persistent_refresh_ids_.empty()) return;
-  store_->Release(persistent_refresh_ids_);
-  persistent_refresh_ = store_->Gather(persistent_refresh_ids_, *comm_);
+  if (ids.empty()) return;
+  store_->Release(ids);
+  for (std::vector<int32_t>& chunk : PersistentRefreshChunks(graph_, ids)) {
+    CollectiveHandle handle = store_->Gather(chunk, *comm_);
+    refresh_.push_back({std::move(handle), std::move(chunk)});
+  }
+}
+
+void Executor::WaitRefreshThrough(size_t chunk) {
+  for (; refresh_next_ <= chunk && refresh_next_ < refresh_.size();
+       ++refresh_next_) {
+    const RefreshChunk& c = refresh_[refresh_next_];
+    CollectiveTiming t;
+    t.kind = CollectiveKind::kAllGather;
+    t.group_id = -1;
+    t.param_ids = c.ids;
+    for (int32_t p : c.ids) t.bytes += store_->full_bytes(p);
+    t.node_id = static_cast<int32_t>(graph_.nodes.size() - 1);
+    WaitCounted(c.handle, std::move(t));
+  }
 }
 
 void Executor::WaitCounted(const CollectiveHandle& handle,
@@ -495,17 +514,15 @@ void Executor::EnsureParams(int pos) {
   const Node& node = graph_.nodes[pos];
   for (int32_t id : node.param_ids) {
     if (store_->materialized(id)) continue;
-    if (active_->is_persistent[id] && persistent_refresh_ != nullptr) {
-      CollectiveTiming t;
-      t.kind = CollectiveKind::kAllGather;
-      t.group_id = -1;
-      t.param_ids = persistent_refresh_ids_;
-      for (int32_t p : persistent_refresh_ids_) {
-        t.bytes += store_->full_bytes(p);
+    if (active_->is_persistent[id] && refresh_next_ < refresh_.size()) {
+      // The chunk that gathers it (a later one than those waited for).
+      for (size_t c = refresh_next_; c < refresh_.size(); ++c) {
+        const std::vector<int32_t>& chunk = refresh_[c].ids;
+        if (std::find(chunk.begin(), chunk.end(), id) != chunk.end()) {
+          WaitRefreshThrough(c);
+          break;
+        }
       }
-      t.node_id = static_cast<int32_t>(graph_.nodes.size() - 1);
-      WaitCounted(persistent_refresh_, std::move(t));
-      persistent_refresh_ = nullptr;
       if (store_->materialized(id)) continue;
     }
     TORCH_CHECK(false, "node '", node.name, "' uses param '", store_->name(id),

@@ -229,10 +229,19 @@ class Executor {
   ScheduleSlot slot_;
   std::unique_ptr<Prepared> active_;
   Profiler profiler_;
-  // Persistent params' refresh after the last optimizer step, and the
-  // params it gathers (frozen ones already gathered stay as they are).
-  CollectiveHandle persistent_refresh_;
-  std::vector<int32_t> persistent_refresh_ids_;
+  // Persistent params' refresh after the last optimizer step, in the
+  // chunks of common/lowering/persistent_refresh.h (frozen params already
+  // gathered stay as they are): a node waits for its params' chunk, and the
+  // chunks before it (they finish in order).
+  struct RefreshChunk {
+    CollectiveHandle handle;
+    std::vector<int32_t> ids;
+  };
+  std::vector<RefreshChunk> refresh_;
+  // Chunks before this one have been waited for.
+  size_t refresh_next_ = 0;
+  // Waits for the refresh chunks up to and including `chunk`.
+  void WaitRefreshThrough(size_t chunk);
   std::unique_ptr<IterationState> it_;
   // Created by the first schedule that offloads; kept for the store's
   // copies in flight.

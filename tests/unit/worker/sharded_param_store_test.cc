@@ -147,6 +147,9 @@ TEST(ShardedParamStoreTest, Release_LowersCountedMemoryByParamBytes) {
                             }});
   CountingCpuAllocator* meter = CountingCpuAllocator::Get();
   ASSERT_NE(meter, nullptr);
+  // To a few bytes: the barriers' scalar tensors (16 bytes each) can still
+  // be held by Gloo's thread when the meter is read; no buffer is that small.
+  constexpr int64_t kSlack = 1024;
   int64_t released = 0, gathered = 0, after = 0, full_bytes = 0;
   RunLoopbackWorld(2, [&](int rank, Communicator& comm) {
     auto store = ShardedParamStore::Create(program, rank, 2);
@@ -169,18 +172,16 @@ TEST(ShardedParamStoreTest, Release_LowersCountedMemoryByParamBytes) {
       // staging buffers) shortly after wait() returns: everything else is
       // back where it was.
       int64_t settled = meter->current_bytes();
-      for (int i = 0; i < 200 && settled != released; ++i) {
+      for (int i = 0; i < 200 && std::abs(settled - released) > kSlack; ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
         settled = meter->current_bytes();
       }
-      // (To a few bytes: the other rank's thread keeps small bookkeeping
-      // of its own, not a buffer.)
-      EXPECT_NEAR(settled, released, 1024);
+      EXPECT_NEAR(settled, released, kSlack);
     }
     barrier();
   });
-  EXPECT_GE(gathered - released, 2 * full_bytes);  // 1 MiB a rank
-  EXPECT_GE(gathered - after, 2 * full_bytes);
+  EXPECT_GE(gathered - released, 2 * full_bytes - kSlack);  // 1 MiB a rank
+  EXPECT_GE(gathered - after, 2 * full_bytes - kSlack);
 }
 
 TEST(ShardedParamStoreTest, ReduceScatterGrads_World3_MeanOverRanksInShards) {

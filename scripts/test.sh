@@ -43,7 +43,7 @@ echo "== exported models against PyTorch eager (tandem export, standalone worker
 (cd "$ROOT/tests/export" && TANDEM_BUILD_DIR="$BUILD_DIR" \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider .) || status=1
 
-echo "== bench/e2e: the driver's selection and the report's targets (synthetic rounds and rows)"
+echo "== bench/e2e and bench/overhead: the drivers' selection and reports (synthetic rounds, rows and traces)"
 (cd "$ROOT/tests/unit/bench" && /usr/bin/python3 -m pytest -q -p no:cacheprovider .) || status=1
 
 echo "== deploy/k8s offline checks (kustomize, kubernetes-models, kubernetes-types + tsc)"

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "common/lowering/least_memory.h"
+
 namespace tandem {
 namespace {
 
@@ -22,8 +24,8 @@ constexpr double kMadToSigma = 1.4826;
 }  // namespace
 
 void DriftDetector::SetPrediction(double iteration_s, int64_t peak_bytes) {
-  (void)peak_bytes;
   predicted_s_ = iteration_s;
+  predicted_peak_bytes_ = peak_bytes;
   ++schedule_;
   noise_.reset();
   if (std::optional<Noise> noise = MeasureNoise(steps_.size())) {
@@ -103,7 +105,13 @@ double DriftDetector::noise_bound() const {
 std::optional<std::string> DriftDetector::Observe(double iteration_s,
                                                   int64_t peak_bytes) {
   if (fired_) return std::nullopt;
-  if (budget_bytes_ > 0 && peak_bytes >= 0.95 * budget_bytes_) {
+  // Near the budget and beyond what the plan said it would hold (by more
+  // than the workers' guard band): a plan that peaks where it was predicted,
+  // close to the budget by design, is not re-planned again and again.
+  if (budget_bytes_ > 0 && peak_bytes >= 0.95 * budget_bytes_ &&
+      (predicted_peak_bytes_ <= 0 ||
+       peak_bytes > predicted_peak_bytes_ +
+                        kMemoryGuardBand * static_cast<double>(budget_bytes_))) {
     fired_ = true;
     return std::string("memory");
   }

@@ -24,7 +24,11 @@
 // schedule measured fires; noise that moves the median of `window` steps by
 // more than the threshold raises the bar instead of re-planning.
 // It also fires:
-//   - "memory": the measured peak comes within 5% of the budget.
+//   - "memory": the measured peak comes within 5% of the budget and is over
+//     the active schedule's predicted peak by more than the workers' guard
+//     band (kMemoryGuardBand of the budget); without a predicted peak, the
+//     first condition alone. Plans sit close to the budget by design: one
+//     that peaks where it said fires nothing.
 // The score is the latest window median's relative deviation, exported as a
 // metric.
 #ifndef TANDEM_COORDINATOR_SERVICE_DRIFT_DETECTOR_H_
@@ -94,6 +98,7 @@ class DriftDetector {
   int window_;
   int64_t budget_bytes_;
   double predicted_s_ = 0;
+  int64_t predicted_peak_bytes_ = 0;
   // The newest steps, oldest first: log(iteration_s) and the schedule they
   // ran under (a count of SetPrediction calls).
   struct Recorded {

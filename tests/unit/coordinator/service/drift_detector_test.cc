@@ -62,6 +62,18 @@ TEST(DriftDetectorTest, Observe_NearBudget_FiresMemory) {
   EXPECT_EQ(d.Observe(1.0, 950).value_or(""), "memory");
 }
 
+// A plan made to sit close to the budget (predicted 960 of 1000) that peaks
+// where it said is not re-planned for memory (a small-budget job published
+// a "memory" re-plan every window, one per plan); one over its prediction by
+// more than the guard band (2% of the budget) is.
+TEST(DriftDetectorTest, Observe_NearBudgetAsPredicted_NoMemoryReplan) {
+  DriftDetector d(0.10, 5, 1000);
+  d.SetPrediction(1.0, 960);
+  EXPECT_FALSE(d.Observe(1.0, 975));
+  EXPECT_FALSE(d.Observe(1.0, 980));
+  EXPECT_EQ(d.Observe(1.0, 985).value_or(""), "memory");
+}
+
 TEST(DriftDetectorTest, Observe_NoPrediction_NeverDrifts) {
   DriftDetector d(0.10, 1, 0);
   EXPECT_FALSE(d.Observe(100, 0));

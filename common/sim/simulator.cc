@@ -211,9 +211,8 @@ class Replay {
         // and (for a gradient not in fp32) an fp32 copy of the gradient:
         // the largest param's are the optimizer's transient.
         const int64_t grad_elem = info.grad_shard_bytes / shard;
-        optimizer_transient_bytes_ =
-            std::max(optimizer_transient_bytes_,
-                     shard * (4 + (grad_elem == 4 ? 0 : 4)));
+        optimizer_transient_bytes_ = std::max(
+            optimizer_transient_bytes_, shard * (4 + (grad_elem == 4 ? 0 : 4)));
       }
     }
     base_[kUnmodeled] = std::max<int64_t>(hw_.unmodeled_bytes, 0);

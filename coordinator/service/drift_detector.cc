@@ -110,8 +110,9 @@ std::optional<std::string> DriftDetector::Observe(double iteration_s,
   // close to the budget by design, is not re-planned again and again.
   if (budget_bytes_ > 0 && peak_bytes >= 0.95 * budget_bytes_ &&
       (predicted_peak_bytes_ <= 0 ||
-       peak_bytes > predicted_peak_bytes_ +
-                        kMemoryGuardBand * static_cast<double>(budget_bytes_))) {
+       peak_bytes >
+           predicted_peak_bytes_ +
+               kMemoryGuardBand * static_cast<double>(budget_bytes_))) {
     fired_ = true;
     return std::string("memory");
   }

@@ -267,7 +267,8 @@ CollectiveHandle ShardedParamStore::ReduceScatterGrads(
                 ? std::clamp<int64_t>(p.numel - begin, 0, p.shard_numel)
                 : 0;
         at::Tensor slot = in.narrow(0, j * packed + p.offset, p.shard_numel);
-        if (count > 0) slot.narrow(0, 0, count).copy_(flat.narrow(0, begin, count));
+        if (count > 0)
+          slot.narrow(0, 0, count).copy_(flat.narrow(0, begin, count));
         if (count < p.shard_numel) {
           slot.narrow(0, count, p.shard_numel - count).zero_();
         }
@@ -450,8 +451,7 @@ double ShardedParamStore::ShardGradSquaredNorm() const {
   double sum = 0;
   for (const Entry& e : params_) {
     if (!e.trainable || e.reduces == 0) continue;  // no gradient: zero
-    const double norm =
-        at::linalg_vector_norm(e.shard_grad, 2).item<double>();
+    const double norm = at::linalg_vector_norm(e.shard_grad, 2).item<double>();
     sum += norm * norm;
   }
   return sum;

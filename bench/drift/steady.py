@@ -64,6 +64,20 @@ def start_coordinator(build, workdir, listen="127.0.0.1:0", prefix=(), insecure=
                        open(os.path.join(workdir, "coordinator.log")).read()[-600:])
 
 
+def stop_processes(workers, coord):
+    """Stops the workers (SIGTERM, then SIGKILL after 20 s) and then the
+    coordinator (likewise after 10 s), waiting for each."""
+    for w in workers:
+        if w.poll() is None:
+            w.terminate()
+    for proc, grace in [(w, 20) for w in workers] + [(coord, 10)]:
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def job_spec(name, steps, threshold, window, model=None, batch=None):
     return {"name": name, "model": dict(model or MODEL),
             "data": {"kind": "synthetic", "seed": 1},

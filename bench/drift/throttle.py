@@ -102,16 +102,7 @@ def main():
     finally:
         tc_change("", a.if0, a.rate_mbit)
         tc_change(a.ns1, a.if1, a.rate_mbit)
-        for w in workers:
-            if w.poll() is None:
-                w.terminate()
-        for w in workers:
-            try:
-                w.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                w.kill()
-        coord.terminate()
-        coord.wait(timeout=10)
+        steady.stop_processes(workers, coord)
 
     per_step = steady.slowest_per_step([os.path.join(a.workdir, f"worker{r}.jsonl")
                                         for r in range(2)])

@@ -301,21 +301,7 @@ def main():
             if not tandem.is_terminal(status.job.state):
                 client.cancel(job.id, reason="bench/e2e: the loop settled")
     finally:
-        for w in workers:
-            if w.poll() is None:
-                w.terminate()
-        for w in workers:
-            try:
-                w.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                w.kill()
-                w.wait()
-        coord.terminate()
-        try:
-            coord.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            coord.kill()
-            coord.wait()
+        steady.stop_processes(workers, coord)
 
     series = job_steps(paths)
     result.update(summarize(versions, series, active.schedule.version),

@@ -1,12 +1,13 @@
 // The least-memory schedule of a job: its starting schedule (StartingSchedule)
 // with every optimizer state offloaded before the first node and reloaded
 // after the last backward node, and (ZeRO-3 with gradient accumulation, at
-// world > 1) every gradient reduced per micro-batch. It is the smallest peak any plan
-// reaches (the planner's feasibility bound and the budget a job is refused
-// below), and the fallback every worker holds from its first step: a rank whose
-// peak comes within the guard band of memory.budget_bytes switches to it at an
-// iteration boundary all ranks agree on (worker/README.md, "Memory guard").
-// Both sides build it from the graph alone, so they hold the same schedule.
+// world > 1) every gradient reduced per micro-batch. It is the smallest peak
+// any plan reaches (the planner's feasibility bound and the budget a job is
+// refused below), and the fallback every worker holds from its first step: a
+// rank whose peak comes within the guard band of memory.budget_bytes switches
+// to it at an iteration boundary all ranks agree on (worker/README.md, "Memory
+// guard"). Both sides build it from the graph alone, so they hold the same
+// schedule.
 #ifndef TANDEM_COMMON_LOWERING_LEAST_MEMORY_H_
 #define TANDEM_COMMON_LOWERING_LEAST_MEMORY_H_
 

@@ -71,6 +71,8 @@ def stop_processes(workers, coord):
         if w.poll() is None:
             w.terminate()
     for proc, grace in [(w, 20) for w in workers] + [(coord, 10)]:
+        if proc is coord and proc.poll() is None:
+            proc.terminate()  # once the workers are gone
         try:
             proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:

@@ -70,11 +70,12 @@ struct MemorySample {
 // Scratch memory a collective holds beyond its flat buffers (its packed
 // input and output) while it runs, as the worker's communicator allocates
 // it: for a collective of `padded` bytes, min(copies·padded, cap_bytes)
-// (cap_bytes 0: no cap). On Gloo an all-gather's output passes through one
-// more buffer of its size and a reduce-scatter is received into another
-// (and, in pieces, what it sends is copied too), piece by piece when
-// collectives go in pieces, so the cap is the pieces in flight; NCCL's own
-// buffers are not counted (copies 0).
+// (cap_bytes 0: no cap). On Gloo an all-gather receives straight into its
+// output (copies 0), and a reduce-scatter receives all but one peer's
+// contribution into scratch (none at world 2; at most one copy beyond,
+// capped at the pieces in flight when collectives go in pieces); NCCL's own
+// buffers are not counted (copies 0). Profiles from older workers carry
+// their own, larger rules.
 inline constexpr int32_t kMaxScratchCopies = 4;
 struct CollectiveScratch {
   int32_t copies = 0;

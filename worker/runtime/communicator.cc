@@ -43,10 +43,12 @@ double Seconds(SteadyTime from, SteadyTime to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
-// Waits for `work`, then until Gloo has let go of it. Gloo completes a
-// work's future on its own thread before that thread drops its references
-// to the work, which hold the collective's tensors (the pieces' inputs and
-// outputs: views of our packed buffers); when that thread is descheduled
+// Waits for `work`, then until the backend has let go of it. Gloo's
+// collectives complete a work's future on Gloo's own thread before that
+// thread drops its references to the work, which hold the collective's
+// tensors (the pieces' inputs and outputs: views of our packed buffers);
+// sends and receives complete on the waiting thread, so for them this is
+// the wait alone. When that thread is descheduled
 // for a few milliseconds, as on a busy 2-core host, the buffers outlive the
 // collective and meet the next node's allocations: a peak the simulator
 // does not predict, up to a gathered group's size (worker/README.md,
@@ -69,15 +71,15 @@ void WaitReleased(const c10::intrusive_ptr<c10d::Work>& work) {
 }
 
 // Runs a collective over elements [0, n) in pieces of at most `piece`:
-// issue(offset, length) starts one and returns its work; at most
-// `max_in_flight` are outstanding; done(offset, length) runs for each after
-// it completed, in issue order. Every rank cuts the same n the same way, so
-// the pieces match across ranks.
+// issue(offset, length) starts one and returns its works; at most
+// `max_in_flight` pieces are outstanding; done(offset, length) runs for each
+// after all its works completed, in issue order. Every rank cuts the same n
+// the same way, so the pieces match across ranks.
 template <typename IssueFn, typename DoneFn>
 void InPieces(int64_t n, int64_t piece, int max_in_flight, IssueFn issue,
               DoneFn done) {
   struct Piece {
-    c10::intrusive_ptr<c10d::Work> work;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
     int64_t offset;
     int64_t length;
   };
@@ -85,7 +87,7 @@ void InPieces(int64_t n, int64_t piece, int max_in_flight, IssueFn issue,
   auto retire = [&] {
     Piece p = std::move(in_flight.front());
     in_flight.pop_front();
-    WaitReleased(p.work);
+    for (const auto& work : p.works) WaitReleased(work);
     done(p.offset, p.length);
   };
   for (int64_t offset = 0; offset < n; offset += piece) {
@@ -303,23 +305,28 @@ absl::StatusOr<ChunkTuning> Communicator::TuneChunkBytes() {
 }
 
 CollectiveScratch Communicator::AllGatherScratch() const {
-  if (native_collectives_) return {};
-  const int64_t chunk = ChunkBytes();
-  // One gathered piece (world * chunk bytes) per piece in flight, and one
-  // more: Gloo's thread drops a finished piece's work (and its buffer) a
-  // moment after it is waited for.
-  return {1, chunk >= kWholeMessages
-                 ? 0
-                 : (options_.max_in_flight + 1) * world_size_ * chunk};
+  // Gloo: each peer's piece is received straight into the output and ours
+  // is sent from the input; NCCL's own buffers are not counted.
+  return {};
 }
 
 CollectiveScratch Communicator::ReduceScatterScratch() const {
-  if (native_collectives_) return {};
+  // The first peer's contribution (in rank order) is received straight into
+  // the output; the other world - 2 peers' into one buffer each, per piece
+  // in flight. At world 2 that is nothing. The rule is per collective of
+  // `padded` input bytes, and (world - 2) / world of them is at most one
+  // copy.
+  if (native_collectives_ || world_size_ <= 2) return {};
   const int64_t chunk = ChunkBytes();
-  if (chunk >= kWholeMessages) return {1, 0};  // received whole, sent as is
-  // Each piece in flight, and one more finishing (as for the all-gather):
-  // its rows copied to send, and what it receives.
-  return {2, 2 * (options_.max_in_flight + 1) * world_size_ * chunk};
+  if (chunk >= kWholeMessages) return {1, 0};
+  return {1, options_.max_in_flight * (world_size_ - 2) * chunk};
+}
+
+int Communicator::NextTag() {
+  // Every rank issues the same collectives in the same order (the class's
+  // contract), so every rank draws the same tags.
+  next_tag_ = (next_tag_ + 1) & kTagMask;
+  return next_tag_;
 }
 
 void Communicator::AllGather(const at::Tensor& input,
@@ -332,21 +339,29 @@ void Communicator::AllGather(const at::Tensor& input,
     group_->_allgather_base(out, in)->wait();
     return;
   }
-  if (in.scalar_type() == at::kBFloat16) {
-    // Gloo moves no bf16: move the bits as f16 (copied, never
-    // computed on).
-    AllGather(in.view(at::kHalf), output.view(at::kHalf));
-    return;
-  }
-  // Rank j's elements [offset, offset + length) land at j * n + offset.
+  // Gloo: point to point, each piece received straight into its place in
+  // the output (rank j's elements [offset, offset + length) land at
+  // j * n + offset), our piece copied into ours. Each rank posts its
+  // receives before its sends: Gloo sends a message only once the peer's
+  // receive is posted, and a receive posted late waits a round trip behind
+  // the data queued on the link (a whole alltoall or allgather ran at half
+  // the rate of these sends on a shaped link; bench/README).
   const int64_t n = input.numel();
   auto issue = [&](int64_t offset, int64_t length) {
-    std::vector<at::Tensor> inputs{in.narrow(0, offset, length)};
-    std::vector<std::vector<at::Tensor>> outputs(1);
+    const int tag = NextTag();
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
     for (int j = 0; j < world_size_; ++j) {
-      outputs[0].push_back(output.narrow(0, j * n + offset, length));
+      if (j == rank_) continue;
+      std::vector<at::Tensor> to{output.narrow(0, j * n + offset, length)};
+      works.push_back(group_->recv(to, j, tag));
     }
-    return group_->allgather(outputs, inputs);
+    std::vector<at::Tensor> mine{in.narrow(0, offset, length)};
+    for (int j = 0; j < world_size_; ++j) {
+      if (j == rank_) continue;
+      works.push_back(group_->send(mine, j, tag));
+    }
+    output.narrow(0, rank_ * n + offset, length).copy_(mine[0]);
+    return works;
   };
   InPieces(n, PieceElements(input), options_.max_in_flight, issue,
            [](int64_t, int64_t) {});
@@ -363,32 +378,55 @@ void Communicator::ReduceScatterSum(const at::Tensor& input,
     group_->_reduce_scatter_base(out, in)->wait();
     return;
   }
-  // Per piece [offset, offset + length) of each rank's chunk: row j of `send`
-  // goes to rank j, row j of `received` is rank j's contribution to this
-  // rank's chunk, summed in rank order once the piece arrived.
-  // Gloo moves no bf16: the pieces travel as f16 bits (copied, never computed
-  // on) and are summed as bf16.
+  // Gloo: point to point, per piece [offset, offset + length) of each rank's
+  // chunk: row j of the input goes to rank j as it lies (no copy), and each
+  // peer's contribution to our chunk comes back. The first peer in rank
+  // order writes straight into the output, the others into `extra`; the sum
+  // then runs in rank order (c0 + c1 is c1 + c0 to the bit, so receiving c1
+  // or c0 first changes nothing). Receives are posted before sends, as for
+  // the all-gather. Gloo moves no bf16: the pieces travel as f16 bits
+  // (never computed on) and are summed as bf16.
   const bool bits = in.scalar_type() == at::kBFloat16;
-  const at::Tensor wire = bits ? in.view(at::kHalf) : in;
-  const at::Tensor rows = wire.reshape({world_size_, n});
-  std::deque<at::Tensor> received;
-  std::vector<int64_t> equal_splits;
+  const at::Tensor rows = in.reshape({world_size_, n});
+  const at::Tensor wire_rows = bits ? rows.view(at::kHalf) : rows;
+  const at::Tensor wire_out = bits ? out.view(at::kHalf) : out;
+  const int first_peer = rank_ == 0 ? 1 : 0;
+  std::deque<at::Tensor> extras;  // per piece: [world - 2, length] or none
   auto issue = [&](int64_t offset, int64_t length) {
-    at::Tensor send =
-        length == n ? wire
-                    : rows.narrow(1, offset, length).contiguous().view(-1);
-    received.push_back(at::empty_like(send));
-    return group_->alltoall_base(received.back(), send, equal_splits,
-                                 equal_splits);
+    const int tag = NextTag();
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    at::Tensor extra;
+    if (world_size_ > 2) {
+      extra = at::empty({world_size_ - 2, length}, wire_rows.options());
+    }
+    int next_extra = 0;
+    for (int j = 0; j < world_size_; ++j) {
+      if (j == rank_) continue;
+      std::vector<at::Tensor> to{j == first_peer
+                                     ? wire_out.narrow(0, offset, length)
+                                     : extra.select(0, next_extra++)};
+      works.push_back(group_->recv(to, j, tag));
+    }
+    for (int j = 0; j < world_size_; ++j) {
+      if (j == rank_) continue;
+      std::vector<at::Tensor> row{
+          wire_rows.select(0, j).narrow(0, offset, length)};
+      works.push_back(group_->send(row, j, tag));
+    }
+    extras.push_back(std::move(extra));
+    return works;
   };
   auto sum = [&](int64_t offset, int64_t length) {
-    const at::Tensor got = bits ? received.front().view(at::kBFloat16)
-                                : std::move(received.front());
-    received.pop_front();
-    at::Tensor o = out.narrow(0, offset, length);
-    o.copy_(got.narrow(0, 0, length));
-    for (int j = 1; j < world_size_; ++j) {
-      o.add_(got.narrow(0, j * length, length));
+    const at::Tensor extra = bits && extras.front().defined()
+                                 ? extras.front().view(at::kBFloat16)
+                                 : extras.front();
+    extras.pop_front();
+    at::Tensor o = out.narrow(0, offset, length);  // holds first_peer's
+    int next_extra = 0;
+    for (int j = 0; j < world_size_; ++j) {
+      if (j == first_peer) continue;
+      o.add_(j == rank_ ? rows.select(0, j).narrow(0, offset, length)
+                        : extra.select(0, next_extra++));
     }
   };
   InPieces(n, PieceElements(output), options_.max_in_flight, issue, sum);

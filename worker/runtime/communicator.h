@@ -7,11 +7,14 @@
 // runs submissions strictly in order, one collective at a time, so they match
 // across ranks and a collective's issue→done time is its own.
 //
-// On Gloo, reduce-scatter is an alltoall followed by a local sum in rank order
-// (libtorch 1.13's Gloo has no reduce_scatter; each rank sends (n-1)/n of the
-// bytes, unlike an allreduce), and a collective whose message to one peer is
-// larger than CommOptions::chunk_bytes goes in pieces, pipelined (see
-// CommOptions). On NCCL the native collectives are used, whole.
+// On Gloo, both collectives are point-to-point sends and receives, every
+// receive posted before the sends (libtorch 1.13's Gloo has no
+// reduce_scatter, and its alltoall and allgather ran at half the rate of
+// these on a shaped link: worker/README.md, "Collectives on Gloo"). A
+// reduce-scatter sums what arrives in rank order. Each rank sends (n-1)/n of
+// the bytes, as an allreduce's two halves do. A collective whose message to
+// one peer is larger than CommOptions::chunk_bytes goes in pieces, pipelined
+// (see CommOptions). On NCCL the native collectives are used, whole.
 #ifndef TANDEM_WORKER_RUNTIME_COMMUNICATOR_H_
 #define TANDEM_WORKER_RUNTIME_COMMUNICATOR_H_
 
@@ -172,11 +175,11 @@ class Communicator {
 
   // The scratch a packed all-gather or reduce-scatter holds beyond its
   // input and output while it runs (the profile's CollectiveScratch), with
-  // the piece size in use: Gloo gathers into one more buffer of the output's
-  // size and receives a reduce-scatter into one more of the input's size,
-  // per piece (and copies each piece it sends) when collectives go in
-  // pieces, max_in_flight pieces at a time (and one more finishing); NCCL's
-  // own buffers are not counted. Call after TuneChunkBytes.
+  // the piece size in use. On Gloo an all-gather holds none (it receives
+  // into the output), and a reduce-scatter receives all but one peer's
+  // contribution into scratch: none at world 2, world - 2 messages per
+  // piece in flight beyond; NCCL's own buffers are not counted. Call after
+  // TuneChunkBytes.
   CollectiveScratch AllGatherScratch() const;
   CollectiveScratch ReduceScatterScratch() const;
 
@@ -197,6 +200,10 @@ class Communicator {
   int64_t ChunkBytes() const;
   // Elements of `t`'s dtype in one piece of ChunkBytes().
   int64_t PieceElements(const at::Tensor& t) const;
+  // The tag of the next piece's sends and receives (Gloo). Called on the
+  // communication thread only.
+  int NextTag();
+  static constexpr int kTagMask = (1 << 30) - 1;
 
   const c10::intrusive_ptr<c10d::ProcessGroup> group_;
   const int rank_;
@@ -204,6 +211,8 @@ class Communicator {
   const bool native_collectives_;  // NCCL: _allgather_base et al.
   // Changed only by TuneChunkBytes, on the communication thread.
   CommOptions options_;
+  // The last tag NextTag drew.
+  int next_tag_ = 0;
   // SetProbeSecondsForTesting; 0: use the measured time.
   double probe_seconds_for_testing_ = 0;
 

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/unit/worker/loopback_world.h"
 #include "worker/runtime/communicator.h"
@@ -117,77 +118,82 @@ TEST(CommunicatorTest, CapturedTensorsFreedBeforeWaitReturns) {
 }
 
 // The scratch rule the profile reports matches what a Gloo all-gather and
-// reduce-scatter hold beyond their input and output: whole messages hold
-// one more output-sized (received) buffer; pieces at most the pieces in
-// flight. Two ranks share the process, so the process's peak counts both.
+// reduce-scatter hold beyond their input and output. The all-gather
+// receives straight into its output: nothing. The reduce-scatter receives
+// one peer's contribution into its output and the others' into scratch:
+// nothing at world 2; at world 3 one shard per piece in flight (whole
+// messages: one shard). The ranks share the process, so the process's peak
+// counts them all.
 TEST(CommunicatorTest, CollectiveScratch_MatchesWhatGlooHolds) {
-  constexpr int kWorld = 2;
   constexpr int64_t kShard = 1 << 18;  // 1 MiB of floats per rank
+  constexpr int kInFlight = 2;
   CountingCpuAllocator* meter = CountingCpuAllocator::Install();
-  for (const int64_t chunk : {kWholeMessages, int64_t{64} << 10}) {
-    CommOptions options;
-    options.chunk_bytes = chunk;
-    options.max_in_flight = 2;
-    CollectiveScratch gather_rule;
-    CollectiveScratch reduce_rule;
-    int64_t gather_rise = 0;
-    int64_t reduce_rise = 0;
-    RunLoopbackWorld(
-        kWorld,
-        [&](int rank, Communicator& comm) {
-          const at::Tensor in = at::ones({kShard}, at::kFloat);
-          const at::Tensor out = at::empty({kShard * kWorld}, at::kFloat);
-          const at::Tensor rs_in = at::ones({kShard * kWorld}, at::kFloat);
-          const at::Tensor rs_out = at::empty({kShard}, at::kFloat);
-          auto settle = [&] {
-            // Gloo's threads drop their work shortly after wait() returns.
-            std::this_thread::sleep_for(std::chrono::milliseconds(200));
-            ASSERT_TRUE(comm.AllGatherScalars({0.0}).ok());  // both settled
-            if (rank == 0) meter->ResetPeak();
+  for (const int world : {2, 3}) {
+    for (const int64_t chunk : {kWholeMessages, int64_t{64} << 10}) {
+      CommOptions options;
+      options.chunk_bytes = chunk;
+      options.max_in_flight = kInFlight;
+      CollectiveScratch gather_rule;
+      CollectiveScratch reduce_rule;
+      int64_t gather_rise = 0;
+      int64_t reduce_rise = 0;
+      RunLoopbackWorld(
+          world,
+          [&](int rank, Communicator& comm) {
+            const at::Tensor in = at::ones({kShard}, at::kFloat);
+            const at::Tensor out = at::empty({kShard * world}, at::kFloat);
+            const at::Tensor rs_in = at::ones({kShard * world}, at::kFloat);
+            const at::Tensor rs_out = at::empty({kShard}, at::kFloat);
+            auto settle = [&] {
+              ASSERT_TRUE(comm.AllGatherScalars({0.0}).ok());  // all settled
+              if (rank == 0) meter->ResetPeak();
+              ASSERT_TRUE(comm.AllGatherScalars({0.0}).ok());
+            };
+            settle();
+            const int64_t base = meter->current_bytes();
+            ASSERT_TRUE(
+                comm.Submit([&] { comm.AllGather(in, out); })->Wait().ok());
             ASSERT_TRUE(comm.AllGatherScalars({0.0}).ok());
-          };
-          settle();
-          const int64_t base = meter->current_bytes();
-          ASSERT_TRUE(
-              comm.Submit([&] { comm.AllGather(in, out); })->Wait().ok());
-          ASSERT_TRUE(comm.AllGatherScalars({0.0}).ok());
-          if (rank == 0) {
-            gather_rise = meter->peak_bytes() - base;
-            gather_rule = comm.AllGatherScratch();
-          }
-          settle();
-          const int64_t base2 = meter->current_bytes();
-          ASSERT_TRUE(comm.Submit([&] { comm.ReduceScatterSum(rs_in, rs_out); })
-                          ->Wait()
-                          .ok());
-          ASSERT_TRUE(comm.AllGatherScalars({0.0}).ok());
-          if (rank == 0) {
-            reduce_rise = meter->peak_bytes() - base2;
-            reduce_rule = comm.ReduceScatterScratch();
-          }
-        },
-        options);
-    const int64_t padded = kShard * kWorld * 4;
-    SCOPED_TRACE(chunk == kWholeMessages ? "whole" : "pieces");
-    if (chunk == kWholeMessages) {
-      EXPECT_EQ(gather_rule, (CollectiveScratch{1, 0}));
-      EXPECT_EQ(reduce_rule, (CollectiveScratch{1, 0}));
-    } else {
-      EXPECT_EQ(gather_rule, (CollectiveScratch{1, 3 * kWorld * chunk}));
-      EXPECT_EQ(reduce_rule, (CollectiveScratch{2, 6 * kWorld * chunk}));
+            if (rank == 0) {
+              gather_rise = meter->peak_bytes() - base;
+              gather_rule = comm.AllGatherScratch();
+            }
+            settle();
+            const int64_t base2 = meter->current_bytes();
+            ASSERT_TRUE(
+                comm.Submit([&] { comm.ReduceScatterSum(rs_in, rs_out); })
+                    ->Wait()
+                    .ok());
+            ASSERT_TRUE(comm.AllGatherScalars({0.0}).ok());
+            if (rank == 0) {
+              reduce_rise = meter->peak_bytes() - base2;
+              reduce_rule = comm.ReduceScatterScratch();
+            }
+          },
+          options);
+      const int64_t padded = kShard * world * 4;
+      SCOPED_TRACE(absl::StrCat("world ", world, ", ",
+                                chunk == kWholeMessages ? "whole" : "pieces"));
+      EXPECT_EQ(gather_rule, CollectiveScratch{});
+      // The scalar exchanges' few bytes, and the allocator's rounding.
+      const int64_t slack = 4 << 10;
+      EXPECT_LE(gather_rise, slack);
+      if (world == 2) {
+        EXPECT_EQ(reduce_rule, CollectiveScratch{});
+        EXPECT_LE(reduce_rise, slack);
+        continue;
+      }
+      const int64_t shard_bytes = kShard * 4;
+      if (chunk == kWholeMessages) {
+        EXPECT_EQ(reduce_rule, (CollectiveScratch{1, 0}));
+      } else {
+        EXPECT_EQ(reduce_rule, (CollectiveScratch{1, kInFlight * chunk}));
+      }
+      // Every rank's scratch, never more than the rule says; at least one
+      // rank's (whole: a shard; pieces: a piece) is seen at once.
+      EXPECT_LE(reduce_rise, world * reduce_rule.Bytes(padded) + slack);
+      EXPECT_GE(reduce_rise, chunk == kWholeMessages ? shard_bytes : chunk);
     }
-    // Both ranks' scratch (the inputs and outputs were allocated before):
-    // never more than the rule says. At least one rank's whole message, or
-    // one piece in flight, is seen at once; whether the two ranks' buffers
-    // overlap in time depends on the scheduling of Gloo's threads (under
-    // load one rank can free its buffer before the other allocates).
-    const int64_t slack = 64 << 10;
-    EXPECT_LE(gather_rise, kWorld * gather_rule.Bytes(padded) + slack);
-    EXPECT_LE(reduce_rise, kWorld * reduce_rule.Bytes(padded) + slack);
-    const int64_t least =
-        chunk == kWholeMessages ? padded - slack : chunk - slack;
-    EXPECT_GE(gather_rise, least);
-    EXPECT_GE(reduce_rise, least);
   }
 }
 

@@ -117,11 +117,14 @@ echo
 tandem_cli status "$JOB" | sed -n '1,200p' | grep -E "schedule|state|drift|replan|rollback|bought" || true
 echo
 tandem_cli schedule "$JOB" > "$WORK/schedule.txt" || true
+# The first plan, for its own prediction error (a later version may be a
+# rollback or a trial: its figures are another plan's).
+tandem_cli schedule "$JOB" --version 1 > "$WORK/schedule-v1.txt" 2>/dev/null || true
 head -12 "$WORK/schedule.txt"
 echo "..."
 echo
 
-/usr/bin/python3 - "$WORK/worker0.jsonl" "$WORK/schedule.txt" <<'PY'
+/usr/bin/python3 - "$WORK/worker0.jsonl" "$WORK/schedule-v1.txt" <<'PY'
 import json, statistics, sys
 steps = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{"step"')]
 by_version = {}
@@ -140,17 +143,24 @@ last = max(by_version)
 if base and last > 0:
     speedup = statistics.median(base) / statistics.median(by_version[last])
     print("measured speedup of v%d over the baseline: %.2fx" % (last, speedup))
-    predicted = None
+# The first plan's prediction against its own steps (the first after the
+# switch left out), never against another version's.
+predicted = None
+try:
     for line in open(sys.argv[2]):
         if line.startswith("predict "):
             for tok in line.split():
                 if tok.startswith("iteration="):
                     predicted = float(tok.split("=")[1])
-    if predicted:
-        measured = statistics.median(by_version[last])
-        print("simulator predicted %.4f s/iter for v%d, measured median %.4f s "
-              "(%.1f%% off)" % (predicted, last, measured,
-                                100 * abs(predicted - measured) / measured))
+except OSError:
+    pass
+first = by_version.get(1, [])[1:]
+if predicted and first:
+    measured = statistics.median(first)
+    print("first plan (v1): simulator predicted %.4f s/iter, its own %d steps "
+          "measured median %.4f s (%+.1f%%)" % (
+              predicted, len(first), measured,
+              100 * (predicted - measured) / measured))
 PY
 # The plan cache: the same job again starts on the plan the first one ended
 # on, from step 1, instead of re-learning it through the warm-up.

@@ -81,8 +81,10 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
   const auto parsed = google::protobuf::util::JsonStringToMessage(
       std::string(file.substr(8, header_size)), &json);
   if (!parsed.ok()) {
-    return bad(absl::StrCat("its header is not a JSON object (",
-                            parsed.message().as_string(), ")"));
+    // Not the parser's message: it quotes the bytes it stopped at, and
+    // the file may be anyone's (a path pointed at a secret).
+    return bad(
+        absl::StrCat("its ", header_size, "-byte header is not a JSON object"));
   }
   SafetensorsHeader header;
   for (const auto& [name, value] : json.fields()) {

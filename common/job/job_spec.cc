@@ -358,6 +358,7 @@ void ApplyJobSpecDefaults(v1::JobSpec& spec) {
   v1::TrainSpec& t = *spec.mutable_train();
   if (t.lr() == 0) t.set_lr(1e-3);
   if (t.lr_schedule().empty()) t.set_lr_schedule("constant");
+  if (t.on_nonfinite().empty()) t.set_on_nonfinite("stop");
   if (t.beta1() == 0) t.set_beta1(0.9);
   if (t.beta2() == 0) t.set_beta2(0.95);
   if (t.eps() == 0) t.set_eps(1e-8);
@@ -379,12 +380,45 @@ void ApplyJobSpecDefaults(v1::JobSpec& spec) {
   if (o.drift_threshold() == 0) o.set_drift_threshold(0.1);
   if (o.drift_window() == 0) o.set_drift_window(5);
   if (!o.has_trial_margin()) o.set_trial_margin(kDefaultTrialMargin);
+  if (!o.has_min_gain()) o.set_min_gain(kDefaultMinGain);
 
   // comm.chunk_bytes stays 0: automatic.
   v1::CommSpec& comm = *spec.mutable_comm();
   if (comm.max_in_flight() == 0) {
     comm.set_max_in_flight(kDefaultCommMaxInFlight);
   }
+}
+
+absl::StatusOr<v1::JobSpec> ResolveJobPaths(v1::JobSpec spec) {
+  FieldErrors errors;
+  auto resolve = [&errors](const char* field, std::string* path, bool writes) {
+    if (path->empty()) return;
+    std::error_code ec;
+    // Symlinks resolved along the part that exists; the rest (a checkpoint
+    // directory not made yet, a file not there) taken as written.
+    const std::filesystem::path real =
+        std::filesystem::weakly_canonical(*path, ec);
+    if (ec) {
+      errors.Add(field, " '", path->substr(0, 256),
+                 "' cannot be resolved: ", ec.message());
+      return;
+    }
+    const std::string resolved = real.generic_string();
+    if (std::optional<std::string> why = SystemPathReason(resolved, writes)) {
+      errors.Add(field, " '", path->substr(0, 256), "' resolves to '",
+                 resolved.substr(0, 256), "', ", *why,
+                 "; point it at the job's ",
+                 writes ? "own directory" : "own files");
+      return;
+    }
+    *path = resolved;
+  };
+  resolve("data.path", spec.mutable_data()->mutable_path(), false);
+  resolve("model.path", spec.mutable_model()->mutable_path(), false);
+  resolve("model.init_from", spec.mutable_model()->mutable_init_from(), false);
+  resolve("checkpoint.dir", spec.mutable_checkpoint()->mutable_dir(), true);
+  RETURN_IF_ERROR(errors.ToStatus());
+  return spec;
 }
 
 absl::Status CheckJobPathRoots(const v1::JobSpec& spec,
@@ -404,21 +438,35 @@ absl::Status CheckJobPathRoots(const v1::JobSpec& spec,
     return false;
   };
   auto check = [&](const char* field, const std::string& path, bool writes) {
+    if (path.empty()) return;
     const std::vector<std::string>& own = writes ? roots.write : roots.read;
-    if (path.empty() || own.empty()) return;
     std::vector<std::string> allowed = own;
     if (!writes) {
       allowed.insert(allowed.end(), roots.write.begin(), roots.write.end());
     }
     const char* kind = writes ? "checkpoint" : "data";
     const std::string listed = absl::StrJoin(allowed, ", ");
+    // Whatever the client sent: a relative path resolves against some
+    // process's directory (the coordinator's when it checks the spec, the
+    // worker's when it runs), and ".." walks out of any directory checked.
     if (path[0] != '/') {
       errors.Add(field, " '", path.substr(0, 256),
                  "' is relative, which depends on the worker's directory: "
-                 "give an absolute path under a ",
-                 kind, " root this coordinator allows (", listed, ")");
+                 "give an absolute path",
+                 own.empty() ? std::string()
+                             : absl::StrCat(" under a ", kind,
+                                            " root this coordinator allows (",
+                                            listed, ")"));
       return;
     }
+    for (const auto& part : std::filesystem::path(path)) {
+      if (part == "..") {
+        errors.Add(field, " '", path.substr(0, 256),
+                   "' contains '..': give the path without it");
+        return;
+      }
+    }
+    if (own.empty()) return;
     const std::string normal =
         std::filesystem::path(path).lexically_normal().generic_string();
     if (!under_any(normal, allowed)) {
@@ -542,6 +590,13 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
         t.lr());
   }
   ValidateLrSchedule(t, errors);
+  if (!t.on_nonfinite().empty() && t.on_nonfinite() != "stop" &&
+      t.on_nonfinite() != "continue") {
+    errors.Add(
+        "train.on_nonfinite must be stop (the default: a NaN or "
+        "infinite loss fails the job) or continue, got '",
+        t.on_nonfinite().substr(0, 64), "'");
+  }
   if (!(std::isfinite(t.weight_decay()) && t.weight_decay() >= 0)) {
     errors.Add("train.weight_decay must be >= 0, got ", t.weight_decay());
   }
@@ -589,6 +644,13 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
         "optimize.trial_margin must be between 0 (no trials) and 1 (0.10 = "
         "10%), got ",
         o.trial_margin());
+  }
+  if (!(std::isfinite(o.min_gain()) && o.min_gain() >= 0 &&
+        o.min_gain() <= 0.5)) {
+    errors.Add(
+        "optimize.min_gain must be between 0 and 0.5 (0.03 = a trial is kept "
+        "when measured at least 3% faster), got ",
+        o.min_gain());
   }
 
   const v1::HardwareSpec& hw = spec.hardware();

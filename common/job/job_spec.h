@@ -27,6 +27,8 @@ inline constexpr int32_t kDefaultCommMaxInFlight = 4;
 
 // optimize.trial_margin when unset.
 inline constexpr double kDefaultTrialMargin = 0.10;
+// optimize.min_gain when unset.
+inline constexpr double kDefaultMinGain = 0.03;
 
 // Fills fields left at zero with their defaults: data.kind "synthetic",
 // batch.grad_accum 1, train.{lr 1e-3, lr_schedule constant, beta1 0.9, beta2
@@ -65,11 +67,22 @@ struct JobPathRoots {
 
 // InvalidArgument naming each field whose path is not under one of its
 // roots, e.g. "checkpoint.dir '/home/x' is not under a checkpoint root this
-// coordinator allows (/shared/ckpt); ...". Paths are judged as written, made
-// lexically normal ("/shared/data/../x" is /shared/x); with roots set a
-// relative path is refused, since it would depend on the worker's directory.
+// coordinator allows (/shared/ckpt); ...". With or without roots, a path
+// that is relative (it would depend on some process's directory) or has a
+// ".." component is refused: the coordinator checks this before it opens
+// anything a spec names. Paths are otherwise judged as written.
 absl::Status CheckJobPathRoots(const v1::JobSpec& spec,
                                const JobPathRoots& roots);
+
+// The worker's check before it opens anything a spec names, whoever sent
+// the spec: each path field (data.path, model.path, model.init_from,
+// checkpoint.dir) with its symlinks resolved (the part that exists; a
+// checkpoint directory not made yet is taken as written beyond it), and
+// refused, InvalidArgument naming the field and where it leads, when that
+// is among the system's files (as ValidateJobSpec judges a path as
+// written). Returns the spec with the resolved paths, which the worker then
+// opens. No error quotes a file's content.
+absl::StatusOr<v1::JobSpec> ResolveJobPaths(v1::JobSpec spec);
 
 // The model the spec describes, at the spec's world size, micro-batch and
 // sequence length. Fails like ValidateJobSpec.

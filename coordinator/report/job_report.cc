@@ -111,8 +111,16 @@ std::string Header(const JobReport& r) {
   facts.emplace_back("state", std::string(JobStateName(job.state())));
   facts.emplace_back("step",
                      absl::StrCat(job.step(), " of ", spec.train().steps()));
-  if (job.step() > 0)
-    facts.emplace_back("loss", FormatValue(job.loss(), Unit::kNumber));
+  if (job.step() > 0) {
+    // A diverged loss as such, not as a missing value ("-").
+    facts.emplace_back(
+        "loss", std::isfinite(job.loss())
+                    ? FormatValue(job.loss(), Unit::kNumber)
+                    : absl::StrCat(std::isnan(job.loss())
+                                       ? "NaN"
+                                       : (job.loss() > 0 ? "inf" : "-inf"),
+                                   " (training diverged: see the events)"));
+  }
   facts.emplace_back("schedule", job.schedule_version() == 0
                                      ? std::string("baseline (v0)")
                                      : VersionName(job.schedule_version()));

@@ -1,6 +1,7 @@
 #include "coordinator/service/job_manager.h"
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -139,15 +140,18 @@ absl::Status JobManager::AppendLocked(Record& record, absl::string_view kind,
 absl::StatusOr<v1::Job> JobManager::Submit(v1::JobSpec spec,
                                            std::string owner) {
   ApplyJobSpecDefaults(spec);
+  // Paths first: validation opens the files a spec names (an archive's
+  // manifest, a tensors file's header), and must never open one outside
+  // the roots, relative or through "..".
+  if (absl::Status s = CheckJobPathRoots(spec, limits_.roots); !s.ok()) {
+    return s;
+  }
   // The pipeline it names is checked against the planner's pass registry.
   if (absl::Status s = ValidateJobSpec(spec, CheckOptimizeSpec); !s.ok()) {
     return s;
   }
   // A budget no schedule fits is refused now, not at its first step.
   if (absl::Status s = CheckBudgetFits(spec); !s.ok()) return s;
-  if (absl::Status s = CheckJobPathRoots(spec, limits_.roots); !s.ok()) {
-    return s;
-  }
   std::unique_lock<std::mutex> lock(mu_);
   int active = 0;
   int owned = 0;
@@ -398,9 +402,22 @@ absl::Status JobManager::UpdateProgress(absl::string_view job_id, int64_t step,
   Record* r = Find(job_id);
   if (r == nullptr) return NotFound(job_id);
   if (step < r->job.step()) return absl::OkStatus();  // stale report
+  // Training diverged: kept on record once, when the loss turns
+  // non-finite (the step itself is in the history, its loss stored as such).
+  const bool diverged = !std::isfinite(loss) && std::isfinite(r->job.loss());
   r->job.set_step(step);
   r->job.set_loss(loss);
   r->job.set_schedule_version(schedule_version);
+  if (diverged) {
+    return AppendLocked(
+        *r, "diverged",
+        absl::StrCat("loss became ",
+                     std::isnan(loss) ? "NaN" : (loss > 0 ? "inf" : "-inf"),
+                     " at step ", step,
+                     r->job.spec().train().on_nonfinite() == "continue"
+                         ? " (train.on_nonfinite: continue: training on)"
+                         : ""));
+  }
   changed_.notify_all();
   const double now = NowUnix();
   if (now - r->last_persist_unix_s >= 1.0) {

@@ -32,6 +32,12 @@ double PredictedAtReference(const WorkScale& work, const v1::Prediction& p) {
 // devices report) may move between runs for a cached plan to apply.
 constexpr double kCachedBudgetTolerance = 0.05;
 
+// The job's optimize.min_gain (jobs stored before it existed: the default).
+double MinGain(const v1::JobSpec& spec) {
+  return spec.optimize().has_min_gain() ? spec.optimize().min_gain()
+                                        : kDefaultMinGain;
+}
+
 // The job's optimize.trial_margin (jobs stored before it existed: the
 // default).
 double TrialMargin(const v1::JobSpec& spec) {
@@ -190,14 +196,29 @@ absl::Status PlanningManager::Recover() {
       // The reference work is the first plan's window's.
       state.work.SetReference(
           state.schedules.front().schedule.prediction().work());
-      const v1::Schedule& s = state.schedules.back().schedule;
-      state.drift->SetPrediction(
-          PredictedAtReference(state.work, s.prediction()),
-          s.prediction().peak_bytes());
     }
     RecoverEvidenceLocked(state, *steps);
+    if (!state.schedules.empty()) {
+      const v1::Schedule& s = state.schedules.back().schedule;
+      state.drift->SetPrediction(ExpectedAtReference(state, s),
+                                 s.prediction().peak_bytes());
+    }
   }
   return absl::OkStatus();
+}
+
+double PlanningManager::ExpectedAtReference(const JobPlanning& state,
+                                            const v1::Schedule& schedule) {
+  auto rerun = state.rollbacks.find(schedule.version());
+  if (rerun != state.rollbacks.end()) {
+    for (const int64_t version : {rerun->second, schedule.version()}) {
+      if (std::optional<ScheduleMeasurements::Summary> m =
+              state.measured.Summarize(version)) {
+        return m->median_s;
+      }
+    }
+  }
+  return PredictedAtReference(state.work, schedule.prediction());
 }
 
 void PlanningManager::RecoverEvidenceLocked(
@@ -537,21 +558,32 @@ bool PlanningManager::JudgeTrialLocked(const std::string& job_id,
   if (!mine.has_value()) return false;
   const v1::Schedule& active = state.schedules.back().schedule;
   const std::string source = TrialSource(active);
-  // By median alone: the two were judged equal by the model, and the noise
-  // margin of a rollback protects a plan from chance, not from a trial it
-  // invited.
-  if (theirs.has_value() && mine->median_s >= theirs->median_s) {
+  // Kept only when faster by at least optimize.min_gain: the two were
+  // judged equal by the model, and a few steps' medians move by that much
+  // with noise, so anything less keeps the plan the trial was tried
+  // against (the incumbent), which is not behind. (The noise margin of a
+  // rollback protects a plan from chance, not from a trial it invited.)
+  const double min_gain = MinGain(state.spec);
+  if (theirs.has_value() &&
+      mine->median_s > theirs->median_s * (1 - min_gain)) {
     state.rejected[trial] = active;
     state.rollback_to = against;
     state.pending_reason.clear();
+    const double faster = 1 - mine->median_s / theirs->median_s;
     (void)jobs_->RecordEvent(
         job_id, "trial",
         absl::StrFormat(
             "trial v%d (%s's plan) measured %.4f s/iter (median of %d "
-            "steps) against v%d's %.4f (%d steps): not faster; back to "
-            "v%d's schedule at step %d",
+            "steps) against v%d's %.4f (%d steps): %s; back to v%d's "
+            "schedule at step %d",
             trial, source, mine->median_s, mine->samples, against,
-            theirs->median_s, theirs->samples, against, step));
+            theirs->median_s, theirs->samples,
+            faster > 0
+                ? absl::StrFormat("%.1f%% faster, under optimize.min_gain "
+                                  "%.0f%%: not worth a switch",
+                                  100 * faster, 100 * min_gain)
+                : std::string("not faster"),
+            against, step));
     QueueLocked(job_id, state, "rollback");
     return true;
   }
@@ -746,7 +778,7 @@ void PlanningManager::OnScheduleActive(const std::string& job_id,
   for (const StoredSchedule& s : it->second.schedules) {
     if (s.schedule.version() == version) {
       it->second.drift->SetPrediction(
-          PredictedAtReference(it->second.work, s.schedule.prediction()),
+          ExpectedAtReference(it->second, s.schedule),
           s.schedule.prediction().peak_bytes());
       if (metrics_ != nullptr) {
         metrics_->schedule_version->WithLabels({job_id}).Set(version);
@@ -817,7 +849,8 @@ void PlanningManager::PlanOne(const std::string& job_id,
   // baseline) and what that version measured.
   int64_t rollback_to = -1;
   std::optional<v1::Schedule> rollback_schedule;
-  double rollback_measured_s = 0;
+  // A rollback to the baseline: the plan whose explanation simulated it.
+  std::optional<v1::Schedule> baseline_simulated;
   // Schedules measured slower than the best: never published again.
   std::map<int64_t, v1::Schedule> rejected;
   // A "cached" plan: the earlier job's schedule.
@@ -885,10 +918,11 @@ void PlanningManager::PlanOne(const std::string& job_id,
       rollback_to = it->second.rollback_to;
       for (const StoredSchedule& s : it->second.schedules) {
         if (s.schedule.version() == rollback_to) rollback_schedule = s.schedule;
-      }
-      if (std::optional<ScheduleMeasurements::Summary> m =
-              it->second.measured.Summarize(rollback_to)) {
-        rollback_measured_s = m->median_s;
+        // The baseline's own prediction: the newest plan's simulation of
+        // it (its explanation's baseline).
+        if (s.schedule.explanation().baseline_iteration_s() > 0) {
+          baseline_simulated = s.schedule;
+        }
       }
     }
     for (const StoredSchedule& s : it->second.schedules) {
@@ -972,12 +1006,15 @@ void PlanningManager::PlanOne(const std::string& job_id,
                                             ? ShardingMode::kZero1
                                             : ShardingMode::kZero3);
       if (!back.ok()) return back.status();
+      if (!rollback_schedule.has_value() && baseline_simulated.has_value()) {
+        const v1::Explanation& e = baseline_simulated->explanation();
+        back->prediction.iteration_s = e.baseline_iteration_s();
+        back->prediction.exposed_comm_s = e.baseline_exposed_comm_s();
+        back->prediction.peak_bytes = e.baseline_peak_bytes();
+        back->prediction.work = baseline_simulated->prediction().work();
+      }
       back->provenance.passes.push_back(
           absl::StrCat("rollback-to-v", rollback_to));
-      if (rollback_measured_s > 0) {
-        back->prediction.iteration_s = rollback_measured_s;
-        back->prediction.work = reference_work;
-      }
       planned_on = "the measurements";
       return back;
     }

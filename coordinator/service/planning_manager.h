@@ -224,6 +224,13 @@ class PlanningManager {
   // one. Returns whether a rollback was queued. Requires mu_.
   bool JudgeTrialLocked(const std::string& job_id, JobPlanning& state,
                         int64_t trial, int64_t against, int64_t step);
+  // What the drift detector expects of `schedule`, at the reference work:
+  // its prediction, except for a rollback, which is expected at what the
+  // plan it runs again measured (else at what it measured itself): its
+  // prediction stays the plan's own, so that its error is honest, but the
+  // evidence decided it. Requires mu_.
+  static double ExpectedAtReference(const JobPlanning& state,
+                                    const v1::Schedule& schedule);
   // After a restart: the rollbacks, trials and rejected versions (from the
   // stored schedules' provenance) and each version's measured steps (from the
   // stored step history), so that a job is still never left on, or handed

@@ -1,12 +1,24 @@
 #include "coordinator/store/job_store.h"
 
+#include <fcntl.h>
 #include <openssl/rand.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <optional>
+#include <set>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace tandem {
 namespace {
@@ -97,6 +109,9 @@ CREATE TABLE IF NOT EXISTS meta (
 );
 )sql";
 
+// How a NaN is stored in a REAL column (Statement::BindNumber).
+constexpr const char* kNaNText = "NaN";
+
 // A prepared statement, finalized on scope exit.
 class Statement {
  public:
@@ -128,6 +143,14 @@ class Statement {
     sqlite3_bind_double(stmt_, i, v);
     return *this;
   }
+  // A value that may be NaN (a diverged loss): SQLite turns a bound NaN
+  // into NULL, which a NOT NULL column refuses and the row is lost; the
+  // text 'NaN' is kept as text by a REAL column (SQLite's columns hold any
+  // type; infinities are REALs already). Read back with Number.
+  Statement& BindNumber(int i, double v) {
+    if (std::isnan(v)) return Bind(i, absl::string_view(kNaNText));
+    return Bind(i, v);
+  }
   // SQLITE_ROW or SQLITE_DONE on success.
   absl::StatusOr<bool> Step() {
     const int rc = sqlite3_step(stmt_);
@@ -146,6 +169,13 @@ class Statement {
   }
   int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
   double Real(int col) const { return sqlite3_column_double(stmt_, col); }
+  double Number(int col) const {
+    if (sqlite3_column_type(stmt_, col) == SQLITE_TEXT &&
+        Text(col) == kNaNText) {
+      return std::numeric_limits<double>::quiet_NaN();
+    }
+    return Real(col);
+  }
   absl::Status Reset() {
     sqlite3_clear_bindings(stmt_);
     return sqlite3_reset(stmt_) == SQLITE_OK ? absl::OkStatus()
@@ -178,10 +208,146 @@ absl::Status ParseBlob(const std::string& blob, Message& out,
   return absl::OkStatus();
 }
 
+// The tables any schema version of ours has had.
+const std::set<std::string>& TandemTables() {
+  static const auto* tables = new std::set<std::string>{
+      "jobs",  "events",    "graphs",       "schedules", "workers", "profiles",
+      "steps", "timelines", "rank_windows", "kv",        "meta"};
+  return *tables;
+}
+
+// The database holds the key join secrets are derived from (and every
+// job's history): it and its -wal and -shm must be the owner's alone. Group
+// bits are allowed only for the coordinator's own group: a Kubernetes
+// volume with fsGroup adds g+rw to every file on each mount
+// (deploy/k8s/base/coordinator-deployment.yaml runs as that group).
+absl::Status CheckPrivate(const std::string& path) {
+  for (const std::string& f : {path, path + "-wal", path + "-shm"}) {
+    struct stat st;
+    if (stat(f.c_str(), &st) != 0) continue;  // not there (yet)
+    const mode_t open_to = st.st_gid == getegid() ? 007 : 077;
+    if ((st.st_mode & open_to) != 0) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s is open to other users (mode %04o): it holds the key that "
+          "join secrets are derived from. Run `chmod 600 %s*` and start "
+          "the coordinator again",
+          f, st.st_mode & 07777, path));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// An existing, non-empty file, opened read-only so that nothing in it
+// changes: SQLite's quick integrity check, and only Tandem's tables at a
+// schema version this coordinator knows (an empty database passes).
+absl::Status CheckExisting(const std::string& path) {
+  sqlite3* db = nullptr;
+  int rc = sqlite3_open_v2(
+      path.c_str(), &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_FULLMUTEX, nullptr);
+  auto close = [&db] {
+    sqlite3_close(db);
+    db = nullptr;
+  };
+  if (rc != SQLITE_OK) {
+    std::string msg = db != nullptr ? sqlite3_errmsg(db) : "out of memory";
+    close();
+    return absl::UnavailableError(
+        absl::StrCat("cannot open database ", path, ": ", msg, " (--db)"));
+  }
+  // Every row of a query's first column, as text.
+  auto rows =
+      [&db](const char* sql) -> absl::StatusOr<std::vector<std::string>> {
+    sqlite3_stmt* stmt = nullptr;
+    std::vector<std::string> out;
+    int code = sqlite3_prepare_v2(db, sql, -1, &stmt, nullptr);
+    while (code == SQLITE_OK && (code = sqlite3_step(stmt)) == SQLITE_ROW) {
+      const unsigned char* text = sqlite3_column_text(stmt, 0);
+      out.emplace_back(text != nullptr ? reinterpret_cast<const char*>(text)
+                                       : "");
+      code = SQLITE_OK;
+    }
+    const std::string msg = sqlite3_errmsg(db);
+    sqlite3_finalize(stmt);
+    if (code != SQLITE_DONE) {
+      return absl::UnavailableError(
+          absl::StrCat(msg, " (sqlite code ", code, ")"));
+    }
+    return out;
+  };
+  const auto not_ours = [&path](absl::string_view why) {
+    return absl::UnavailableError(absl::StrCat(
+        path, " is not a Tandem database: ", why,
+        ". Nothing in it was changed; point --db at a Tandem database or a "
+        "new file"));
+  };
+  absl::StatusOr<std::vector<std::string>> tables = rows(
+      "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT "
+      "LIKE 'sqlite_%' ORDER BY name");
+  if (!tables.ok()) {
+    close();
+    return absl::UnavailableError(absl::StrCat(
+        path,
+        " is not a SQLite database, or is damaged: ", tables.status().message(),
+        "; point --db at a Tandem database or a new file"));
+  }
+  absl::StatusOr<std::vector<std::string>> check = rows("PRAGMA quick_check;");
+  if (!check.ok() || check->empty() || (*check)[0] != "ok") {
+    const std::string said = !check.ok()
+                                 ? std::string(check.status().message())
+                                 : (check->empty() ? "no answer" : (*check)[0]);
+    close();
+    return absl::UnavailableError(absl::StrCat(
+        path, " is damaged: SQLite's integrity check says \"", said,
+        "\". Restore it from a backup, or point --db at a new file (the "
+        "jobs in it are lost to this coordinator)"));
+  }
+  absl::StatusOr<std::vector<std::string>> version =
+      rows("PRAGMA user_version;");
+  close();
+  if (!version.ok() || version->empty()) {
+    return not_ours("it has no schema version");
+  }
+  if (tables->empty()) return absl::OkStatus();
+  std::vector<std::string> foreign;
+  for (const std::string& t : *tables) {
+    if (!TandemTables().count(t)) foreign.push_back(t);
+  }
+  if (!foreign.empty()) {
+    return not_ours(absl::StrCat("it has tables Tandem never writes (",
+                                 absl::StrJoin(foreign, ", "), ")"));
+  }
+  if ((*version)[0] == "0") {
+    return not_ours("it has Tandem's table names but no Tandem schema version");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(
     const std::string& path) {
+  // A file on disk (not ":memory:" or a URI): private, and checked before
+  // SQLite may write to it.
+  if (!path.empty() && path != ":memory:" && !absl::StartsWith(path, "file:")) {
+    if (absl::Status s = CheckPrivate(path); !s.ok()) return s;
+    struct stat st;
+    if (stat(path.c_str(), &st) == 0) {
+      if (st.st_size > 0) {
+        if (absl::Status s = CheckExisting(path); !s.ok()) return s;
+      }
+    } else if (errno == ENOENT) {
+      // Created by us, 0600: SQLite gives its -wal and -shm the database
+      // file's mode.
+      const int fd =
+          ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      if (fd < 0 && errno != EEXIST) {
+        return absl::UnavailableError(absl::StrCat(
+            "cannot open database ", path, ": ", std::strerror(errno),
+            "; check that its directory exists and is writable (--db)"));
+      }
+      if (fd >= 0) ::close(fd);
+    }
+  }
   sqlite3* db = nullptr;
   const int rc = sqlite3_open_v2(
       path.c_str(), &db,
@@ -662,7 +828,7 @@ absl::Status JobStore::PutSteps(absl::string_view job_id,
       stmt.Bind(1, job_id)
           .Bind(2, s.step)
           .Bind(3, s.schedule_version)
-          .Bind(4, s.loss)
+          .BindNumber(4, s.loss)
           .Bind(5, s.iteration_s)
           .Bind(6, s.exposed_comm_s)
           .Bind(7, s.peak_bytes)
@@ -693,7 +859,7 @@ absl::StatusOr<std::vector<StoredStep>> JobStore::LoadSteps(
     absl::StatusOr<bool> row = stmt.Step();
     if (!row.ok()) return row.status();
     if (!*row) break;
-    out.push_back({stmt.Int(0), stmt.Int(1), stmt.Real(2), stmt.Real(3),
+    out.push_back({stmt.Int(0), stmt.Int(1), stmt.Number(2), stmt.Real(3),
                    stmt.Real(4), stmt.Int(5), stmt.Int(6)});
   }
   return out;

@@ -79,8 +79,13 @@ struct StoredRankWindow {
 class JobStore {
  public:
   // Opens (creating if needed) the database at `path`; ":memory:" for tests.
-  // Errors: Unavailable when the file cannot be opened or is not a Tandem
-  // database of a known schema version (the message names the path).
+  // A new file is created 0600 (its -wal and -shm follow). An existing file
+  // is checked first, opened read-only so that nothing in it changes:
+  // SQLite's quick integrity check, and only Tandem's tables.
+  // Errors: FailedPrecondition when the file, its -wal or -shm is open to
+  // other users (the message says how to fix it); Unavailable when the file
+  // cannot be opened, is damaged, or is not a Tandem database of a known
+  // schema version (the message names the path).
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(
       const std::string& path);
   ~JobStore();

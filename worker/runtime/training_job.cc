@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <future>
@@ -767,16 +768,43 @@ absl::StatusOr<std::string> TrainingJob::FinalJson() {
   return out;
 }
 
+absl::Status CheckFiniteLoss(const v1::JobSpec& spec, const StepStats& s) {
+  if (std::isfinite(s.loss) || spec.train().on_nonfinite() == "continue") {
+    return absl::OkStatus();
+  }
+  // Every rank has the same loss (the end-of-step exchange), so every rank
+  // stops at the same step. Not FailedPrecondition: that is a stop the
+  // coordinator ordered, and this one must reach it.
+  return absl::AbortedError(absl::StrCat(
+      "loss became ", NonFiniteName(s.loss), " at step ", s.step + 1,
+      " (train.on_nonfinite: stop): training diverged; lower train.lr, set "
+      "train.grad_clip, or check the data, or set train.on_nonfinite: "
+      "continue to train on"));
+}
+
+std::string NonFiniteName(double v) {
+  if (std::isnan(v)) return "NaN";
+  return v > 0 ? "inf" : "-inf";
+}
+
 std::string StepJson(const StepStats& s, int rank) {
-  auto json = [](double v) { return absl::StrFormat("%.17g", v); };
-  return absl::StrCat("{\"step\":", s.step, ",\"loss\":", json(s.loss),
-                      ",\"iteration_s\":", json(s.iteration_s),
-                      ",\"exposed_comm_s\":", json(s.exposed_comm_s),
-                      ",\"memory_hold_s\":", json(s.memory_hold_s),
-                      ",\"peak_bytes\":", s.peak_bytes,
-                      ",\"schedule_version\":", s.schedule_version,
-                      ",\"grad_norm\":", json(s.grad_norm),
-                      ",\"work\":", s.work, ",\"rank\":", rank, "}");
+  // JSON has no NaN or infinity: such a value is null, and a diverged
+  // loss's kind is spelled out beside it.
+  auto json = [](double v) {
+    return std::isfinite(v) ? absl::StrFormat("%.17g", v) : std::string("null");
+  };
+  return absl::StrCat(
+      "{\"step\":", s.step, ",\"loss\":", json(s.loss),
+      std::isfinite(s.loss)
+          ? std::string()
+          : absl::StrCat(",\"loss_nonfinite\":\"", NonFiniteName(s.loss), "\""),
+      ",\"iteration_s\":", json(s.iteration_s),
+      ",\"exposed_comm_s\":", json(s.exposed_comm_s),
+      ",\"memory_hold_s\":", json(s.memory_hold_s),
+      ",\"peak_bytes\":", s.peak_bytes,
+      ",\"schedule_version\":", s.schedule_version,
+      ",\"grad_norm\":", json(s.grad_norm), ",\"work\":", s.work,
+      ",\"rank\":", rank, "}");
 }
 
 }  // namespace tandem

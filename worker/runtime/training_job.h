@@ -183,8 +183,19 @@ class TrainingJob {
 
 // One step's JSON line (without the newline):
 // {"step":..,"loss":..,"iteration_s":..,"exposed_comm_s":..,"peak_bytes":..,
-//  "schedule_version":..,"grad_norm":..,"rank":..}
+//  "schedule_version":..,"grad_norm":..,"rank":..}. Always valid JSON: a
+// non-finite value is null, and a non-finite loss adds "loss_nonfinite":
+// "NaN", "inf" or "-inf".
 std::string StepJson(const StepStats& stats, int rank);
+
+// "NaN", "inf" or "-inf" for a non-finite value.
+std::string NonFiniteName(double v);
+
+// Aborted, "loss became NaN at step S (train.on_nonfinite: stop): ..."
+// with what to change, when the step's loss is not finite and the spec's
+// train.on_nonfinite is not "continue". Call after the step is reported,
+// so that it is kept on record.
+absl::Status CheckFiniteLoss(const v1::JobSpec& spec, const StepStats& stats);
 
 }  // namespace tandem
 

@@ -15,6 +15,7 @@
 #include "absl/strings/str_replace.h"
 #include "common/ir/proto_convert.h"
 #include "common/ir/text_format.h"
+#include "common/job/job_spec.h"
 #include "common/status_macros.h"
 #include "worker/runtime/executor.h"
 #include "worker/runtime/iteration_timeline.h"
@@ -77,7 +78,8 @@ absl::Status RunStandalone(const StandaloneOptions& options,
   ASSIGN_OR_RETURN(MemoryMeter* const meter, ActivateRuntime(options.runtime));
   ASSIGN_OR_RETURN(TrainingJobOptions job_options,
                    TrainingJobOptionsFor(options.runtime, options.offload_dir));
-  const v1::JobSpec& spec = options.spec;
+  // Symlinks resolved and checked before anything the spec names is opened.
+  ASSIGN_OR_RETURN(const v1::JobSpec spec, ResolveJobPaths(options.spec));
   const int rank = options.rendezvous.rank;
   const int world = options.rendezvous.world_size;
   ASSIGN_OR_RETURN(ModelParts model, PrepareModel(spec, world));
@@ -110,6 +112,7 @@ absl::Status RunStandalone(const StandaloneOptions& options,
     ASSIGN_OR_RETURN(StepStats s, job->Step(step));
     out << StepJson(s, rank) << "\n";
     out.flush();
+    RETURN_IF_ERROR(CheckFiniteLoss(spec, s));
     // The process's first step pays one-time costs no later step pays: the
     // profile leaves it out, as an agent's windows do (worker/README.md,
     // "Profiling").

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/ir/proto_convert.h"
+#include "common/job/job_spec.h"
 #include "common/lowering/least_memory.h"
 #include "common/status_macros.h"
 #include "worker/agent/worker_agent.h"
@@ -129,7 +130,8 @@ absl::Status WaitForStart(CoordinatorClient& client, WorkerAgent& agent,
 absl::Status Train(const AgentTrainerOptions& options, MemoryMeter* meter,
                    WorkerAgent& agent, CoordinatorClient& client,
                    const v1::RegisterResponse& registered, std::ostream& out) {
-  const v1::JobSpec& spec = registered.spec();
+  // Symlinks resolved and checked before anything the spec names is opened.
+  ASSIGN_OR_RETURN(const v1::JobSpec spec, ResolveJobPaths(registered.spec()));
   const int rank = registered.rank();
   const int world = registered.world_size();
   ASSIGN_OR_RETURN(ModelParts model, PrepareModel(spec, world));
@@ -258,6 +260,7 @@ absl::Status Train(const AgentTrainerOptions& options, MemoryMeter* meter,
     const bool last_step = step + 1 == spec.train().steps();
     if (last_step) report_timeline();
     agent.ReportProgress(progress);
+    RETURN_IF_ERROR(CheckFiniteLoss(spec, s));
     if (unprofiled) {
       executor.profiler().Reset();
       in_window = 0;

@@ -29,6 +29,7 @@ cannot be asked), 2 for bad arguments.
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -127,6 +128,16 @@ def _table(rows, indent=""):
         _out(indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
 
 
+def _loss_text(job, events):
+    """The loss, or for a diverged one what the job's events say about it
+    ("NaN: loss became NaN at step 12")."""
+    if math.isfinite(job.loss):
+        return "%.4f" % job.loss
+    said = [e.message for e in events if e.kind == "diverged"]
+    name = "NaN" if math.isnan(job.loss) else ("inf" if job.loss > 0 else "-inf")
+    return name + (": " + said[-1] if said else " (training diverged)")
+
+
 def cmd_status(client, args):
     status = client.get(args.job)
     job, events = status
@@ -136,7 +147,7 @@ def cmd_status(client, args):
         ("job", job.id),
         ("state", state_name(job.state)),
         ("step", "%d/%d" % (job.step, total)),
-        ("loss", "%.4f" % job.loss if job.step > 0 else "-"),
+        ("loss", _loss_text(job, events) if job.step > 0 else "-"),
         ("schedule", "v%d" % job.schedule_version if job.schedule_version
          else "baseline (v0)"),
         ("bought", describe_outcome(job)),

@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <optional>
 #include <string>
@@ -654,18 +656,18 @@ TEST(JobSpecTest, RestartMinWorld_WithinWorldAndWithRestarts) {
 
 // Operator roots (--data-roots, --checkpoint-roots): judged on the
 // lexically normal path, a root's sibling with the same prefix is outside
-// it, and no roots means no restriction.
+// it, and no roots means no restriction beyond the next test's.
 TEST(JobSpecTest, PathRoots_UnderRootAccepted_OthersNamed) {
   JobPathRoots roots;
   roots.read = {"/data"};
   roots.write = {"/ckpt"};
   v1::JobSpec spec = TinySpec();
-  spec.mutable_checkpoint()->set_dir("/ckpt/run/../run2");
+  spec.mutable_checkpoint()->set_dir("/ckpt/./run2/");
   spec.mutable_model()->set_init_from("/data/base");
   EXPECT_TRUE(CheckJobPathRoots(spec, roots).ok())
       << CheckJobPathRoots(spec, roots);
   spec.mutable_checkpoint()->set_dir("/ckpt-other/run");
-  spec.mutable_model()->set_init_from("/data/../ckpt/run");  // under a write
+  spec.mutable_model()->set_init_from("/ckpt/run");  // under a write root
   const absl::Status s = CheckJobPathRoots(spec, roots);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()),
@@ -673,6 +675,87 @@ TEST(JobSpecTest, PathRoots_UnderRootAccepted_OthersNamed) {
                         "checkpoint root this coordinator allows (/ckpt)"));
   EXPECT_THAT(std::string(s.message()), Not(HasSubstr("model.init_from")));
   EXPECT_TRUE(CheckJobPathRoots(spec, JobPathRoots()).ok());
+}
+
+// Whatever the client sends, with or without roots: a relative path (the
+// probe's "../../../../../../etc/shadow" was read by the worker) or one with
+// a ".." component is refused for every path field, before anything opens
+// it. A name merely containing dots is fine.
+TEST(JobSpecTest, Paths_RelativeOrDotDot_RefusedWithoutRoots) {
+  struct Case {
+    const char* field;
+    std::string path;
+    const char* want;  // "" = accepted
+  };
+  const std::vector<Case> cases = {
+      {"data.path", "../../../../../../etc/shadow", "is relative"},
+      {"data.path", "data/train.bin", "is relative"},
+      {"data.path", "/shared/data/../../etc/shadow", "contains '..'"},
+      {"model.path", "/shared/m/..", "contains '..'"},
+      {"model.init_from", "weights.bin", "is relative"},
+      {"checkpoint.dir", "/shared/ckpt/../../root", "contains '..'"},
+      {"checkpoint.dir", "ckpt", "is relative"},
+      {"data.path", "/shared/data/a..b/x...bin", ""},
+      {"checkpoint.dir", "/shared/ckpt/run.1", ""},
+  };
+  for (const JobPathRoots& roots :
+       {JobPathRoots(), JobPathRoots{{"/shared"}, {"/shared"}}}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(
+          absl::StrCat(c.field, " ", c.path, " roots ", roots.read.size()));
+      v1::JobSpec spec = TinySpec();
+      const std::string field = c.field;
+      if (field == "data.path") spec.mutable_data()->set_path(c.path);
+      if (field == "model.path") spec.mutable_model()->set_path(c.path);
+      if (field == "model.init_from") {
+        spec.mutable_model()->set_init_from(c.path);
+      }
+      if (field == "checkpoint.dir") spec.mutable_checkpoint()->set_dir(c.path);
+      const absl::Status s = CheckJobPathRoots(spec, roots);
+      if (std::string(c.want).empty()) {
+        EXPECT_TRUE(s.ok()) << s;
+        continue;
+      }
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(std::string(s.message()),
+                  AllOf(HasSubstr(absl::StrCat(c.field, " '", c.path, "' ")),
+                        HasSubstr(c.want)));
+    }
+  }
+}
+
+// The worker resolves symlinks before it opens anything: a link in the
+// job's own directory that leads into /etc is refused, naming where it
+// leads; an ordinary file resolves to its real path, and a checkpoint
+// directory not made yet resolves through the part that exists.
+TEST(JobSpecTest, ResolveJobPaths_SymlinkIntoSystem_Refused) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(::testing::TempDir()) / "resolve_paths";
+  fs::remove_all(dir);
+  fs::create_directories(dir / "real");
+  std::ofstream(dir / "real" / "train.safetensors") << "x";
+  fs::create_symlink(dir / "real", dir / "alias");
+  fs::create_symlink("/etc/passwd", dir / "innocent.safetensors");
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_data()->set_path((dir / "alias" / "train.safetensors").string());
+  spec.mutable_checkpoint()->set_dir((dir / "alias" / "ckpt" / "run").string());
+  absl::StatusOr<v1::JobSpec> ok = ResolveJobPaths(spec);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->data().path(),
+            fs::canonical(dir / "real" / "train.safetensors").string());
+  EXPECT_EQ(ok->checkpoint().dir(),
+            (fs::canonical(dir / "real") / "ckpt" / "run").string());
+
+  spec.mutable_data()->set_path((dir / "innocent.safetensors").string());
+  spec.mutable_model()->set_init_from((dir / "innocent.safetensors").string());
+  const absl::Status bad = ResolveJobPaths(spec).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      std::string(bad.message()),
+      AllOf(HasSubstr("data.path '" + (dir / "innocent.safetensors").string() +
+                      "' resolves to '/etc/passwd', under /etc"),
+            HasSubstr("model.init_from '"), Not(HasSubstr("root:"))));
+  fs::remove_all(dir);
 }
 
 // train.grad_clip: left out, it defaults to 1.0; an explicit 0 disables
@@ -688,6 +771,18 @@ TEST(JobSpecTest, GradClip_ExplicitZeroKept_UnsetDefaultsToOne) {
   EXPECT_TRUE(zero.train().has_grad_clip());
   EXPECT_EQ(zero.train().grad_clip(), 0.0);
   EXPECT_TRUE(ValidateJobSpec(zero).ok()) << ValidateJobSpec(zero);
+}
+
+TEST(JobSpecTest, OnNonfinite_DefaultsToStop_OthersRefused) {
+  v1::JobSpec spec = TinySpec();
+  EXPECT_EQ(spec.train().on_nonfinite(), "stop");
+  spec.mutable_train()->set_on_nonfinite("continue");
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  spec.mutable_train()->set_on_nonfinite("ignore");
+  EXPECT_THAT(std::string(ValidateJobSpec(spec).message()),
+              HasSubstr("train.on_nonfinite must be stop (the default: a NaN "
+                        "or infinite loss fails the job) or continue, got "
+                        "'ignore'"));
 }
 
 TEST(JobSpecTest, LrSchedule_DefaultsToConstant_DecaysValidate) {

@@ -3,7 +3,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -133,8 +137,12 @@ TEST_F(JobManagerTest, Submit_PathsOutsideOperatorRoots_FieldErrors) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   const std::string message(refused.status().message());
   EXPECT_THAT(message, HasSubstr("data.path '/shared/data/../secret/tokens.bin'"
-                                 " is not under a data root this coordinator "
-                                 "allows (/shared/data, /shared/ckpt/)"));
+                                 " contains '..'"));
+  spec.mutable_data()->set_path("/shared/secret/tokens.bin");
+  EXPECT_THAT(std::string(jobs.Submit(spec).status().message()),
+              HasSubstr("data.path '/shared/secret/tokens.bin' is not under a "
+                        "data root this coordinator allows (/shared/data, "
+                        "/shared/ckpt/)"));
   EXPECT_THAT(message, HasSubstr("checkpoint.dir 'ckpt' is relative"));
   EXPECT_TRUE(jobs.List({}, 0).empty());
   spec.mutable_data()->set_path("/shared/data/run1/tokens.bin");
@@ -243,6 +251,34 @@ TEST_F(JobManagerTest, List_FiltersByStateNewestFirst) {
   auto cancelled = manager_->List({v1::JOB_STATE_CANCELLED}, 10);
   ASSERT_EQ(cancelled.size(), 1u);
   EXPECT_EQ(cancelled[0].id(), a->id());
+}
+
+// Training diverged: the job's events say when, once, and the loss stays
+// on the job as it is.
+TEST_F(JobManagerTest, UpdateProgress_NonFiniteLoss_OneDivergedEvent) {
+  auto job = manager_->Submit(TinySpec());
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(manager_->UpdateProgress(job->id(), 4, 2.5, 0).ok());
+  ASSERT_TRUE(manager_->UpdateProgress(job->id(), 5, std::nan(""), 0).ok());
+  ASSERT_TRUE(manager_->UpdateProgress(job->id(), 6, std::nan(""), 0).ok());
+  EXPECT_TRUE(std::isnan(manager_->Get(job->id())->loss()));
+  absl::StatusOr<std::vector<v1::JobEvent>> events =
+      manager_->Events(job->id(), 0);
+  ASSERT_TRUE(events.ok());
+  std::vector<std::string> diverged;
+  for (const v1::JobEvent& e : *events) {
+    if (e.kind() == "diverged") diverged.push_back(e.message());
+  }
+  ASSERT_EQ(diverged.size(), 1u);
+  EXPECT_EQ(diverged[0], "loss became NaN at step 5");
+  // Back to finite and diverging again (continue): said again.
+  ASSERT_TRUE(manager_->UpdateProgress(job->id(), 7, 3.0, 0).ok());
+  ASSERT_TRUE(manager_
+                  ->UpdateProgress(job->id(), 8,
+                                   -std::numeric_limits<double>::infinity(), 0)
+                  .ok());
+  EXPECT_EQ(manager_->Events(job->id(), 0)->back().message(),
+            "loss became -inf at step 8");
 }
 
 TEST_F(JobManagerTest, WaitForEvents_WakesOnProgressAndEvents) {

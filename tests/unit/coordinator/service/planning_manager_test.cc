@@ -403,7 +403,13 @@ TEST_F(PlanningManagerTest, PlanSlowerThanBaseline_RolledBackToIt) {
   const v1::Schedule& back = published_[1].schedule();
   EXPECT_EQ(back.version(), 2);
   EXPECT_EQ(back.provenance().reason(), "rollback");
-  EXPECT_DOUBLE_EQ(back.prediction().iteration_s(), 0.100);
+  // The baseline's own prediction (v1's simulation of it), never what it
+  // measured copied over: a prediction's error is against its own steps.
+  EXPECT_DOUBLE_EQ(
+      back.prediction().iteration_s(),
+      published_[0].schedule().explanation().baseline_iteration_s());
+  EXPECT_GT(back.prediction().iteration_s(), 0);
+  EXPECT_NE(back.prediction().iteration_s(), 0.100);
   absl::StatusOr<Schedule> got = FromProto(back);
   absl::StatusOr<Schedule> start =
       StartingSchedule(graph_, ShardingMode::kZero3);
@@ -526,8 +532,8 @@ double PlanningManagerTest::StartTrial() {
 // optimize.trial_margin of it, is measured once the plan has run
 // drift_window steps and is not behind: published as a "trial" version
 // with its source and the version it is tried against, said in events.
-// Measured faster by median, even by less than a rollback's noise margin,
-// it stays and is not tried again.
+// Measured faster by median by at least optimize.min_gain (3%), even by
+// less than a rollback's noise margin (5%), it stays and is not tried again.
 TEST_F(PlanningManagerTest, Trial_RunnerUpMeasuredFaster_Kept) {
   job_ = *jobs_->Submit(Spec(/*trial_margin=*/1.0));
   ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
@@ -562,7 +568,7 @@ TEST_F(PlanningManagerTest, Trial_RunnerUpMeasuredFaster_Kept) {
                     HasSubstr("within optimize.trial_margin 100%")));
 
   planning_->OnScheduleActive(job_.id(), 2);
-  Steps(*planning_, job_.id(), 9, 4, 2, predicted * 0.975);
+  Steps(*planning_, job_.id(), 9, 4, 2, predicted * 0.96);
   planning_->Drain();
   EXPECT_EQ(published_.size(), 2u);
   trials = EventsOf(*jobs_, job_.id(), "trial");
@@ -572,17 +578,17 @@ TEST_F(PlanningManagerTest, Trial_RunnerUpMeasuredFaster_Kept) {
                     HasSubstr(absl::StrFormat(
                         "measured %.4f s/iter (median of 3 steps) against "
                         "v1's %.4f",
-                        predicted * 0.975, predicted)),
-                    HasSubstr("2.5% faster; kept")));
+                        predicted * 0.96, predicted)),
+                    HasSubstr("4.0% faster; kept")));
   // Kept for good: no further trial, rollback or drift.
-  Steps(*planning_, job_.id(), 13, 20, 2, predicted * 0.975);
+  Steps(*planning_, job_.id(), 13, 20, 2, predicted * 0.96);
   planning_->Drain();
   EXPECT_EQ(published_.size(), 2u);
   EXPECT_EQ(CountEvents(*jobs_, job_.id(), "trial"), 2);
   EXPECT_EQ(CountEvents(*jobs_, job_.id(), "rollback"), 0);
   EXPECT_EQ(CountEvents(*jobs_, job_.id(), "drift"), 0);
   EXPECT_DOUBLE_EQ(jobs_->Get(job_.id())->measured_speedup(),
-                   0.100 / (predicted * 0.975));
+                   0.100 / (predicted * 0.96));
 }
 
 // A trial measured slower by median, here by 2.5% (inside the 5% a
@@ -627,6 +633,25 @@ TEST_F(PlanningManagerTest, Trial_RunnerUpMeasuredSlower_BackToThePlan) {
     absl::StatusOr<Schedule> v2 = FromProto(published_[1].schedule());
     EXPECT_FALSE(SamePlan(*later, *v2));
   }
+}
+
+// A trial measured faster by less than optimize.min_gain (2.5% against 3%)
+// keeps the plan it was tried against: a few steps' medians move that much
+// with noise, and a switch on it is a coin toss.
+TEST_F(PlanningManagerTest, Trial_FasterByLessThanMinGain_IncumbentKept) {
+  const double predicted = StartTrial();
+  ASSERT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  Steps(*planning_, job_.id(), 9, 4, 2, predicted * 0.975);
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 3u);
+  const v1::Schedule& back = published_[2].schedule();
+  EXPECT_EQ(back.provenance().reason(), "rollback");
+  EXPECT_THAT(back.provenance().passes(),
+              ::testing::Contains("rollback-to-v1"));
+  EXPECT_THAT(EventsOf(*jobs_, job_.id(), "trial").back(),
+              HasSubstr("2.5% faster, under optimize.min_gain 3%: not worth a "
+                        "switch; back to v1's schedule at step 12"));
 }
 
 // A trial far slower, beyond the noise a rollback needs, is still judged

@@ -3,10 +3,16 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
+#include <limits>
+#include <string>
 
+#include "absl/strings/str_cat.h"
 #include "common/ir/proto_convert.h"
 #include "common/models/graph_builder.h"
 #include "common/models/model_config.h"
@@ -15,6 +21,7 @@
 namespace tandem {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 std::string TempDb(const char* name) {
@@ -135,6 +142,7 @@ void WriteOldDatabase(const std::string& path, const char* sql) {
   ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
   ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK);
   sqlite3_close(db);
+  ASSERT_EQ(chmod(path.c_str(), 0600), 0);  // the owner's alone, as ours are
 }
 
 // A database written by the previous coordinator (schema 1: no device
@@ -189,6 +197,32 @@ TEST(JobStoreTest, Open_SchemaTwo_MigratesSteps) {
   EXPECT_DOUBLE_EQ((*steps)[0].loss, 2.5);
   EXPECT_EQ((*steps)[0].work, 0);
   EXPECT_EQ((*steps)[1].work, 4096);
+}
+
+// A diverged loss is history too: the steps are kept (SQLite turns a bound
+// NaN into NULL, which the NOT NULL column refused: the probe found 0 rows
+// for such a job) and read back as NaN and infinities.
+TEST(JobStoreTest, PutSteps_NonFiniteLoss_KeptAsSuch) {
+  auto store = JobStore::Open(":memory:");
+  ASSERT_TRUE(store.ok());
+  std::vector<StoredStep> steps(4);
+  const double losses[] = {2.5, std::numeric_limits<double>::infinity(),
+                           std::nan(""),
+                           -std::numeric_limits<double>::infinity()};
+  for (int i = 0; i < 4; ++i) {
+    steps[i].step = i + 1;
+    steps[i].loss = losses[i];
+    steps[i].iteration_s = 0.1;
+  }
+  ASSERT_TRUE((*store)->PutSteps("a", steps).ok());
+  auto back = (*store)->LoadSteps("a");
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->size(), 4u);
+  EXPECT_EQ((*back)[0].loss, 2.5);
+  EXPECT_EQ((*back)[1].loss, std::numeric_limits<double>::infinity());
+  EXPECT_TRUE(std::isnan((*back)[2].loss));
+  EXPECT_EQ((*back)[3].loss, -std::numeric_limits<double>::infinity());
+  EXPECT_EQ((*back)[2].step, 3);
 }
 
 TEST(JobStoreTest, PutJob_SameId_Replaces) {
@@ -247,10 +281,124 @@ TEST(JobStoreTest, AppendEvent_DuplicateSeq_Fails) {
 TEST(JobStoreTest, Open_NotADatabase_SaysWhatToDo) {
   const std::string path = TempDb("garbage.db");
   std::ofstream(path) << std::string(4096, 'x');
+  ASSERT_EQ(chmod(path.c_str(), 0600), 0);
   auto store = JobStore::Open(path);
   ASSERT_FALSE(store.ok());
   EXPECT_EQ(store.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(store.status().message()), HasSubstr(path));
+}
+
+int Mode(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 ? static_cast<int>(st.st_mode & 0777)
+                                      : -1;
+}
+
+std::string Bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The database holds the key join secrets are derived from: it, its -wal
+// and -shm are created for the owner alone, whatever the umask.
+TEST(JobStoreTest, Open_NewFile_OwnerOnly) {
+  const std::string path = TempDb("private.db");
+  const mode_t old_umask = umask(0);  // the most permissive a user may have
+  auto store = JobStore::Open(path);
+  umask(old_umask);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->PutJob(MakeJob("a", 1)).ok());
+  EXPECT_EQ(Mode(path), 0600);
+  EXPECT_EQ(Mode(path + "-wal"), 0600);
+  EXPECT_EQ(Mode(path + "-shm"), 0600);
+}
+
+// A database others can read (made by an older coordinator, or chmod'ed)
+// is refused with the command that fixes it; so is a stray -wal. Group bits
+// pass for the coordinator's own group only (the file's group here is the
+// test's).
+TEST(JobStoreTest, Open_OpenToOthers_RefusedWithTheFix) {
+  const std::string path = TempDb("shared.db");
+  ASSERT_TRUE(JobStore::Open(path).ok());
+  ASSERT_EQ(chmod(path.c_str(), 0644), 0);
+  auto store = JobStore::Open(path);
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(store.status().message()),
+              AllOf(HasSubstr(path + " is open to other users (mode 0644)"),
+                    HasSubstr("chmod 600 " + path + "*")));
+  ASSERT_EQ(chmod(path.c_str(), 0600), 0);
+  EXPECT_TRUE(JobStore::Open(path).ok());
+  // The coordinator's own group may (a Kubernetes fsGroup volume adds g+rw).
+  ASSERT_EQ(chmod(path.c_str(), 0660), 0);
+  EXPECT_TRUE(JobStore::Open(path).ok());
+  ASSERT_EQ(chmod(path.c_str(), 0600), 0);
+  std::ofstream(path + "-wal").flush();
+  ASSERT_EQ(chmod((path + "-wal").c_str(), 0604), 0);
+  store = JobStore::Open(path);
+  ASSERT_FALSE(store.ok());
+  EXPECT_THAT(std::string(store.status().message()),
+              HasSubstr(path + "-wal is open to other users"));
+}
+
+// A damaged page is found at start, not by the first Submit after it.
+TEST(JobStoreTest, Open_DamagedPage_RefusedAtStart) {
+  const std::string path = TempDb("damaged.db");
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    for (int i = 0; i < 200; ++i) {
+      v1::Job job = MakeJob(absl::StrCat("job-", i), i);
+      job.mutable_spec()->set_name(std::string(300, 'n'));
+      ASSERT_TRUE((*store)->PutJob(job).ok());
+    }
+  }  // closed: the WAL is checkpointed into the file
+  std::string bytes = Bytes(path);
+  ASSERT_GT(bytes.size(), 8u * 4096);
+  // Page 2 (the jobs table's root) overwritten.
+  for (size_t i = 4096; i < 2 * 4096; ++i) bytes[i] = static_cast<char>(0xA5);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  auto store = JobStore::Open(path);
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(store.status().message()),
+              AllOf(HasSubstr(path), HasSubstr("damaged")));
+}
+
+// Another program's SQLite file: refused, and left exactly as it was (no
+// Tandem tables added, not switched to WAL).
+TEST(JobStoreTest, Open_AnotherProgramsDatabase_RefusedUnchanged) {
+  const std::string path = TempDb("photos.db");
+  WriteOldDatabase(path,
+                   "CREATE TABLE photos (id INTEGER PRIMARY KEY, name TEXT);"
+                   "INSERT INTO photos VALUES (1, 'lake');");
+  const std::string before = Bytes(path);
+  auto store = JobStore::Open(path);
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(
+      std::string(store.status().message()),
+      AllOf(HasSubstr(path + " is not a Tandem database"),
+            HasSubstr("(photos)"), HasSubstr("Nothing in it was changed")));
+  EXPECT_EQ(Bytes(path), before);
+  EXPECT_EQ(Mode(path + "-wal"), -1);
+  // Tandem's table names without Tandem's schema version: refused too.
+  const std::string lookalike = TempDb("lookalike.db");
+  WriteOldDatabase(lookalike, "CREATE TABLE jobs (id TEXT);");
+  store = JobStore::Open(lookalike);
+  ASSERT_FALSE(store.ok());
+  EXPECT_THAT(std::string(store.status().message()),
+              HasSubstr("no Tandem schema version"));
+}
+
+// An empty file (made by `install -m 600 /dev/null`) is a new database.
+TEST(JobStoreTest, Open_EmptyPrivateFile_IsANewDatabase) {
+  const std::string path = TempDb("empty.db");
+  std::ofstream(path).flush();
+  ASSERT_EQ(chmod(path.c_str(), 0600), 0);
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_TRUE((*store)->PutJob(MakeJob("a", 1)).ok());
 }
 
 TEST(JobStoreTest, Open_MissingDirectory_NamesFlag) {

@@ -20,6 +20,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/job/job_spec.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
 #include "worker/trainer/runtime_options.h"
 
 namespace tandem {
@@ -64,9 +66,11 @@ int FreePort() {
   return port;
 }
 
-absl::StatusOr<std::string> Train(const RuntimeOptions& runtime) {
+absl::StatusOr<std::string> Train(const RuntimeOptions& runtime,
+                                  v1::JobSpec spec = TinySpec(),
+                                  std::string* partial = nullptr) {
   StandaloneOptions options;
-  options.spec = TinySpec();
+  options.spec = std::move(spec);
   options.rendezvous.port = FreePort();
   options.rendezvous.rank = 0;
   options.rendezvous.world_size = 1;
@@ -75,6 +79,7 @@ absl::StatusOr<std::string> Train(const RuntimeOptions& runtime) {
   options.runtime = runtime;
   std::ostringstream out;
   absl::Status status = RunStandalone(options, out);
+  if (partial != nullptr) *partial = out.str();
   if (!status.ok()) return status;
   return out.str();
 }
@@ -106,6 +111,41 @@ TEST(StandaloneTrainerTest, RunStandalone_CpuTwice_SameLinesEveryStep) {
   // Seeded data and init: the same losses, bit for bit.
   EXPECT_EQ(Losses(*second), losses);
   EXPECT_THAT(*first, ::testing::HasSubstr("\"steps\":6,\"rank\":0"));
+}
+
+// Training that diverges (a learning rate of 1e30, no clipping): the step
+// whose loss is not finite is still printed, as valid JSON, and then the
+// job stops with the step it happened at; with on_nonfinite: continue it
+// trains on.
+TEST(StandaloneTrainerTest, RunStandalone_Diverges_StopsWithValidJson) {
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_train()->set_lr(1e30);
+  spec.mutable_train()->set_grad_clip(0);
+  std::string out;
+  absl::StatusOr<std::string> stopped = Train(RuntimeOptions(), spec, &out);
+  ASSERT_FALSE(stopped.ok());
+  EXPECT_EQ(stopped.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(stopped.status().message()),
+              ::testing::ContainsRegex(
+                  "loss became (NaN|inf|-inf) at step [0-9]+ "
+                  "\\(train.on_nonfinite: stop\\): training diverged"));
+  int lines = 0;
+  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
+    google::protobuf::Struct parsed;
+    EXPECT_TRUE(
+        google::protobuf::util::JsonStringToMessage(std::string(line), &parsed)
+            .ok())
+        << line;
+    ++lines;
+  }
+  EXPECT_GE(lines, 1);
+  EXPECT_LT(lines, kSteps);
+  EXPECT_THAT(out, ::testing::HasSubstr("\"loss\":null,\"loss_nonfinite\":"));
+
+  spec.mutable_train()->set_on_nonfinite("continue");
+  absl::StatusOr<std::string> went_on = Train(RuntimeOptions(), spec);
+  ASSERT_TRUE(went_on.ok()) << went_on.status();
+  EXPECT_THAT(*went_on, ::testing::HasSubstr("\"steps\":6,\"rank\":0"));
 }
 
 TEST(StandaloneTrainerTest, RunStandalone_Cuda_MatchesCpuLosses) {

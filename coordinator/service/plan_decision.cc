@@ -1,0 +1,229 @@
+#include "coordinator/service/plan_decision.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+
+namespace tandem {
+namespace {
+
+constexpr std::array<std::pair<PlanReason, absl::string_view>, 8> kReasons = {{
+    {PlanReason::kInitial, "initial"},
+    {PlanReason::kDrift, "drift"},
+    {PlanReason::kMemory, "memory"},
+    {PlanReason::kReoptimize, "reoptimize"},
+    {PlanReason::kRollback, "rollback"},
+    {PlanReason::kCached, "cached"},
+    {PlanReason::kTrial, "trial"},
+    {PlanReason::kMemoryGuard, "memory-guard"},
+}};
+
+// The median of `v` (reordered).
+double Median(std::vector<double>& v) {
+  const size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + mid, v.end());
+  if (v.size() % 2 == 1) return v[mid];
+  const double upper = v[mid];
+  return (*std::max_element(v.begin(), v.begin() + mid) + upper) / 2;
+}
+
+// A block's counted steps: all but the first (it paid for the switch), and
+// only finite, positive times.
+std::vector<double> Counted(const StepBlock& block) {
+  std::vector<double> out;
+  for (size_t i = 1; i < block.step_s.size(); ++i) {
+    const double s = block.step_s[i];
+    if (s > 0 && std::isfinite(s)) out.push_back(s);
+  }
+  return out;
+}
+
+struct Pair {
+  std::vector<double> incumbent;
+  std::vector<double> candidate;
+};
+
+// Each block of one version with the next block of the other, in order.
+std::vector<Pair> PairUp(const std::vector<StepBlock>& blocks,
+                         int64_t incumbent, int64_t candidate,
+                         int min_block_steps) {
+  std::vector<Pair> pairs;
+  std::optional<std::pair<int64_t, std::vector<double>>> pending;
+  for (const StepBlock& b : blocks) {
+    if (b.version != incumbent && b.version != candidate) continue;
+    std::vector<double> steps = Counted(b);
+    if (static_cast<int>(steps.size()) < std::max(min_block_steps, 1)) {
+      continue;
+    }
+    if (pending.has_value() && pending->first != b.version) {
+      Pair p;
+      if (b.version == candidate) {
+        p.incumbent = std::move(pending->second);
+        p.candidate = std::move(steps);
+      } else {
+        p.incumbent = std::move(steps);
+        p.candidate = std::move(pending->second);
+      }
+      pairs.push_back(std::move(p));
+      pending.reset();
+    } else {
+      pending.emplace(b.version, std::move(steps));  // the newer block
+    }
+  }
+  return pairs;
+}
+
+}  // namespace
+
+absl::string_view PlanReasonName(PlanReason reason) {
+  for (const auto& [r, name] : kReasons) {
+    if (r == reason) return name;
+  }
+  return "unknown";
+}
+
+std::optional<PlanReason> PlanReasonFromName(absl::string_view name) {
+  for (const auto& [r, n] : kReasons) {
+    if (n == name) return r;
+  }
+  return std::nullopt;
+}
+
+absl::string_view VerdictName(Verdict verdict) {
+  switch (verdict) {
+    case Verdict::kMeasureMore:
+      return "measure-more";
+    case Verdict::kCandidateFaster:
+      return "faster";
+    case Verdict::kCandidateSlower:
+      return "slower";
+    case Verdict::kEquivalent:
+      return "equivalent";
+    case Verdict::kInconclusive:
+      return "inconclusive";
+  }
+  return "unknown";
+}
+
+std::optional<RatioInterval> InterleavedRatio(
+    const std::vector<StepBlock>& blocks, int64_t incumbent, int64_t candidate,
+    const CompareOptions& options) {
+  const std::vector<Pair> pairs =
+      PairUp(blocks, incumbent, candidate, options.min_block_steps);
+  if (pairs.empty()) return std::nullopt;
+  RatioInterval out;
+  out.pairs = static_cast<int>(pairs.size());
+  std::vector<double> a;
+  std::vector<double> b;
+  for (const Pair& p : pairs) {
+    a.insert(a.end(), p.incumbent.begin(), p.incumbent.end());
+    b.insert(b.end(), p.candidate.begin(), p.candidate.end());
+  }
+  out.incumbent_steps = static_cast<int>(a.size());
+  out.candidate_steps = static_cast<int>(b.size());
+  out.ratio = Median(b) / Median(a);
+
+  // Two levels: pairs with replacement, then each chosen pair's steps with
+  // replacement (a block of k steps gives k draws).
+  std::mt19937_64 rng(options.seed);
+  auto draw = [&rng](size_t n) {
+    return std::uniform_int_distribution<size_t>(0, n - 1)(rng);
+  };
+  const int resamples = std::max(options.resamples, 1);
+  std::vector<double> ratios;
+  ratios.reserve(resamples);
+  for (int r = 0; r < resamples; ++r) {
+    a.clear();
+    b.clear();
+    for (size_t i = 0; i < pairs.size(); ++i) {
+      const Pair& p = pairs[draw(pairs.size())];
+      for (size_t k = 0; k < p.incumbent.size(); ++k) {
+        a.push_back(p.incumbent[draw(p.incumbent.size())]);
+      }
+      for (size_t k = 0; k < p.candidate.size(); ++k) {
+        b.push_back(p.candidate[draw(p.candidate.size())]);
+      }
+    }
+    ratios.push_back(Median(b) / Median(a));
+  }
+  std::sort(ratios.begin(), ratios.end());
+  const double tail = std::clamp((1 - options.confidence) / 2, 0.0, 0.5);
+  auto at = [&ratios](double q) {
+    const size_t i = static_cast<size_t>(
+        std::floor(q * static_cast<double>(ratios.size() - 1) + 0.5));
+    return ratios[std::min(i, ratios.size() - 1)];
+  };
+  out.low = std::min(at(tail), out.ratio);
+  out.high = std::max(at(1 - tail), out.ratio);
+  return out;
+}
+
+Decision DecideInterleaved(const std::vector<StepBlock>& blocks,
+                           int64_t incumbent, int64_t candidate,
+                           const CompareOptions& options) {
+  Decision d;
+  d.interval = InterleavedRatio(blocks, incumbent, candidate, options);
+  if (!d.interval.has_value() || d.interval->pairs < options.min_pairs) {
+    return d;
+  }
+  const RatioInterval& r = *d.interval;
+  const double gain = std::max(options.min_gain, 0.0);
+  if (r.high < 1 && r.ratio <= 1 - gain) {
+    d.verdict = Verdict::kCandidateFaster;
+  } else if (r.low > 1) {
+    d.verdict = Verdict::kCandidateSlower;
+  } else if (r.low >= 1 - gain && r.high <= 1 + gain) {
+    d.verdict = Verdict::kEquivalent;
+  } else if (r.pairs >= options.max_pairs) {
+    d.verdict = Verdict::kInconclusive;
+  }
+  return d;
+}
+
+int64_t TrialBackoffSteps(int64_t base, int inconclusive) {
+  const int doublings = std::clamp(inconclusive, 0, 4);
+  return std::max<int64_t>(base, 1) << doublings;
+}
+
+Speedup DescribeSpeedup(const std::optional<RatioInterval>& interval,
+                        absl::string_view basis, double max_width) {
+  Speedup s;
+  if (!interval.has_value() || interval->ratio <= 0 || interval->low <= 0) {
+    s.text = absl::StrFormat(
+        "not measured yet (no interleaved blocks of the baseline (v0: %s) "
+        "and this plan)",
+        basis);
+    return s;
+  }
+  const RatioInterval& r = *interval;
+  s.steps = r.incumbent_steps + r.candidate_steps;
+  if (r.pairs < 2) {
+    s.text = absl::StrFormat(
+        "not measured yet (%d steps interleaved with the baseline (v0: %s) "
+        "in one block pair; two are needed)",
+        s.steps, basis);
+    return s;
+  }
+  if (r.width() > max_width) {
+    s.text = absl::StrFormat(
+        "not measured yet (%d steps interleaved with the baseline (v0: %s) "
+        "in %d block pairs: %.2f\u2013%.2f\u00d7, wider than %.0f%%)",
+        s.steps, basis, r.pairs, 1 / r.high, 1 / r.low, 100 * max_width);
+    return s;
+  }
+  s.factor = 1 / r.ratio;
+  s.low = 1 / r.high;
+  s.high = 1 / r.low;
+  s.text = absl::StrFormat(
+      "%.2f\u00d7 (%.2f\u2013%.2f) %s than the baseline (v0: %s), measured "
+      "interleaved over %d steps",
+      s.factor, s.low, s.high, s.factor >= 1 ? "faster" : "slower", basis,
+      s.steps);
+  return s;
+}
+
+}  // namespace tandem

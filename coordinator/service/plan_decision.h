@@ -1,0 +1,131 @@
+// Decisions between two schedules from measurements taken interleaved:
+// blocks of steps under the incumbent (A) and a candidate (B), A B A B...,
+// switched between iterations, so that a change in the machine (another
+// job on the link, a CPU hog) lands on both. Pure logic: no lock, no store,
+// no clock, and a seeded resampler, so the same measurements always give the
+// same decision (coordinator/README.md, "Decisions under noise").
+//
+// The figure compared is the ratio of medians, candidate over incumbent
+// (below 1: the candidate is faster), with a percentile bootstrap interval.
+// The bootstrap resamples block pairs (an A block and the B block next to
+// it), then steps within each chosen block: a machine that changed between
+// pairs widens the interval instead of deciding it.
+#ifndef TANDEM_COORDINATOR_SERVICE_PLAN_DECISION_H_
+#define TANDEM_COORDINATOR_SERVICE_PLAN_DECISION_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+
+namespace tandem {
+
+// Why a schedule version exists (its provenance's reason, stored by name).
+enum class PlanReason {
+  kInitial,      // the first plan, from the warm-up's profile
+  kDrift,        // measured steps left the prediction
+  kMemory,       // measured peak came near the budget beyond the prediction
+  kReoptimize,   // a user asked (Reoptimize)
+  kRollback,     // an earlier version's plan again
+  kCached,       // an identical earlier job's plan
+  kTrial,        // the runner-up, measured against the active plan
+  kMemoryGuard,  // planned from steps under the least-memory fallback
+};
+
+// The stored name ("initial", "drift", "memory", "reoptimize", "rollback",
+// "cached", "trial", "memory-guard").
+absl::string_view PlanReasonName(PlanReason reason);
+// Nullopt for a name that is none of the above.
+std::optional<PlanReason> PlanReasonFromName(absl::string_view name);
+
+// Consecutive steps run under one schedule version, in the order measured.
+// The first step of a block paid for the switch into it and is left out.
+struct StepBlock {
+  int64_t version = 0;
+  std::vector<double> step_s;
+};
+
+struct CompareOptions {
+  // The smallest speedup worth a switch (optimize.min_gain).
+  double min_gain = 0.03;
+  // Of the interval.
+  double confidence = 0.95;
+  int resamples = 2000;
+  uint64_t seed = 1;
+  // Block pairs needed before any verdict, and after which an undecided
+  // comparison is inconclusive.
+  int min_pairs = 2;
+  int max_pairs = 6;
+  // Steps a block needs (after its first) to count.
+  int min_block_steps = 2;
+};
+
+// Candidate over incumbent: the ratio of the medians of every counted step,
+// and its interval.
+struct RatioInterval {
+  double ratio = 0;
+  double low = 0;
+  double high = 0;
+  int incumbent_steps = 0;
+  int candidate_steps = 0;
+  // Block pairs the interval resampled.
+  int pairs = 0;
+  double width() const { return ratio > 0 ? (high - low) / ratio : 0; }
+};
+
+// Pairs each block of one version with the next block of the other (blocks
+// of other versions, and blocks too short to count, are skipped) and
+// bootstraps the ratio. Nullopt without a pair.
+std::optional<RatioInterval> InterleavedRatio(
+    const std::vector<StepBlock>& blocks, int64_t incumbent, int64_t candidate,
+    const CompareOptions& options);
+
+enum class Verdict {
+  kMeasureMore,      // fewer than min_pairs pairs, or undecided so far
+  kCandidateFaster,  // interval below 1, ratio at least min_gain below 1
+  kCandidateSlower,  // interval above 1
+  kEquivalent,       // interval inside 1 ± min_gain: not worth a switch
+  kInconclusive,     // max_pairs pairs and still none of the above
+};
+absl::string_view VerdictName(Verdict verdict);
+
+struct Decision {
+  Verdict verdict = Verdict::kMeasureMore;
+  std::optional<RatioInterval> interval;
+  // Whether the candidate runs on: only when it measured faster. Every
+  // other verdict that ends the comparison keeps the incumbent.
+  bool keep_candidate() const { return verdict == Verdict::kCandidateFaster; }
+  bool done() const { return verdict != Verdict::kMeasureMore; }
+};
+Decision DecideInterleaved(const std::vector<StepBlock>& blocks,
+                           int64_t incumbent, int64_t candidate,
+                           const CompareOptions& options);
+
+// Steps to wait before the next trial, after `inconclusive` trials in a row
+// ended without a decision: `base` doubled each time, at most 16 × base.
+int64_t TrialBackoffSteps(int64_t base, int inconclusive);
+
+// What a plan bought over the baseline, for status, watch, the report and
+// the demo: "1.27x (1.21-1.33) faster than the baseline (v0: <basis>),
+// measured interleaved over 40 steps", or "not measured yet (...)" while
+// there is no interval or it is wider than `max_width` of the figure.
+// `interval` is plan over baseline, as InterleavedRatio gives it with the
+// baseline as the incumbent.
+struct Speedup {
+  double factor = 0;  // baseline time over plan time; 0: not measured yet
+  double low = 0;
+  double high = 0;
+  int steps = 0;
+  std::string text;
+  bool measured() const { return factor > 0; }
+};
+inline constexpr double kMaxSpeedupWidth = 0.10;
+Speedup DescribeSpeedup(const std::optional<RatioInterval>& interval,
+                        absl::string_view basis,
+                        double max_width = kMaxSpeedupWidth);
+
+}  // namespace tandem
+
+#endif  // TANDEM_COORDINATOR_SERVICE_PLAN_DECISION_H_

@@ -128,8 +128,16 @@ def test_job_limits_and_roots_refuse_at_submit_with_the_flag(cluster, tmp_path):
             assert e.code_name == "INVALID_ARGUMENT", e
             assert ("checkpoint.dir '/home/elsewhere/ckpt' is not under a "
                     "checkpoint root") in e.message, e.message
-            assert ("data.path '%s/../x.bin' is not under a data root"
+            # A ".." is refused before the roots are looked at.
+            assert ("data.path '%s/../x.bin' contains '..'"
                     % data) in e.message, e.message
+        spec["data"]["path"] = str(data.parent / "x.bin")
+        try:
+            client.submit(spec)
+            raise AssertionError("a path outside the roots was accepted")
+        except tandem.TandemError as e:
+            assert ("data.path '%s' is not under a data root"
+                    % (data.parent / "x.bin")) in e.message, e.message
         # Under the roots, in the place the cancelled job freed.
         spec["checkpoint"]["dir"] = str(ckpt / "run")
         del spec["data"]

@@ -124,6 +124,11 @@ class PlanningManagerTest : public ::testing::Test {
   // A job whose every runner-up is worth a trial, planned and run until its
   // v1's runner-up is published as v2 (RunUntilTrial); v1's predicted step.
   double StartTrial();
+  // StartTrial, then runs the trial (v2) at `factor` of v1's time for
+  // drift_window steps after its switch step: the trial must be judged not
+  // worth keeping, and v3 published as a rollback running v1's plan.
+  // Returns v1's predicted step time.
+  double TrialBackToV1(double factor);
 
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<JobManager> jobs_;
@@ -528,6 +533,21 @@ double PlanningManagerTest::StartTrial() {
   return RunUntilTrial(*planning_, *jobs_, job_.id(), published_);
 }
 
+double PlanningManagerTest::TrialBackToV1(double factor) {
+  const double predicted = StartTrial();
+  EXPECT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  Steps(*planning_, job_.id(), 9, 4, 2, predicted * factor);
+  planning_->Drain();
+  EXPECT_EQ(published_.size(), 3u);
+  if (published_.size() < 3) return predicted;
+  const v1::Schedule& back = published_[2].schedule();
+  EXPECT_EQ(back.provenance().reason(), "rollback");
+  EXPECT_THAT(back.provenance().passes(),
+              ::testing::Contains("rollback-to-v1"));
+  return predicted;
+}
+
 // The runner-up of the published plan, predicted within
 // optimize.trial_margin of it, is measured once the plan has run
 // drift_window steps and is not behind: published as a "trial" version
@@ -596,16 +616,9 @@ TEST_F(PlanningManagerTest, Trial_RunnerUpMeasuredFaster_Kept) {
 // tried against, as a rollback version running that plan, and is never
 // published again: not by a re-plan, not as a second trial.
 TEST_F(PlanningManagerTest, Trial_RunnerUpMeasuredSlower_BackToThePlan) {
-  const double predicted = StartTrial();
-  ASSERT_EQ(published_.size(), 2u);
-  planning_->OnScheduleActive(job_.id(), 2);
-  Steps(*planning_, job_.id(), 9, 4, 2, predicted * 1.025);
-  planning_->Drain();
+  const double predicted = TrialBackToV1(1.025);
   ASSERT_EQ(published_.size(), 3u);
   const v1::Schedule& back = published_[2].schedule();
-  EXPECT_EQ(back.provenance().reason(), "rollback");
-  EXPECT_THAT(back.provenance().passes(),
-              ::testing::Contains("rollback-to-v1"));
   absl::StatusOr<Schedule> v1 = FromProto(published_[0].schedule());
   absl::StatusOr<Schedule> v3 = FromProto(back);
   ASSERT_TRUE(v1.ok() && v3.ok());
@@ -639,16 +652,8 @@ TEST_F(PlanningManagerTest, Trial_RunnerUpMeasuredSlower_BackToThePlan) {
 // keeps the plan it was tried against: a few steps' medians move that much
 // with noise, and a switch on it is a coin toss.
 TEST_F(PlanningManagerTest, Trial_FasterByLessThanMinGain_IncumbentKept) {
-  const double predicted = StartTrial();
-  ASSERT_EQ(published_.size(), 2u);
-  planning_->OnScheduleActive(job_.id(), 2);
-  Steps(*planning_, job_.id(), 9, 4, 2, predicted * 0.975);
-  planning_->Drain();
+  TrialBackToV1(0.975);
   ASSERT_EQ(published_.size(), 3u);
-  const v1::Schedule& back = published_[2].schedule();
-  EXPECT_EQ(back.provenance().reason(), "rollback");
-  EXPECT_THAT(back.provenance().passes(),
-              ::testing::Contains("rollback-to-v1"));
   EXPECT_THAT(EventsOf(*jobs_, job_.id(), "trial").back(),
               HasSubstr("2.5% faster, under optimize.min_gain 3%: not worth a "
                         "switch; back to v1's schedule at step 12"));

@@ -1,5 +1,7 @@
 #include "common/json_string.h"
 
+#include <cmath>
+
 #include "absl/strings/str_format.h"
 
 namespace tandem {
@@ -26,6 +28,11 @@ std::string JsonString(absl::string_view s) {
     }
   }
   return out + "\"";
+}
+
+std::string NonFiniteName(double v) {
+  if (std::isnan(v)) return "NaN";
+  return v > 0 ? "inf" : "-inf";
 }
 
 }  // namespace tandem

@@ -14,6 +14,10 @@ namespace tandem {
 // "\"a\\\"b\"" for a"b.
 std::string JsonString(absl::string_view s);
 
+// "NaN", "inf" or "-inf" for a value that is not finite (JSON has none of
+// them): how step lines, events and reports name a diverged loss.
+std::string NonFiniteName(double v);
+
 }  // namespace tandem
 
 #endif  // TANDEM_COMMON_JSON_STRING_H_

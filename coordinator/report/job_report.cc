@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "common/bytes.h"
 #include "common/ir/explanation.h"
+#include "common/json_string.h"
 #include "coordinator/service/job_manager.h"
 
 namespace tandem {
@@ -116,9 +117,7 @@ std::string Header(const JobReport& r) {
     facts.emplace_back(
         "loss", std::isfinite(job.loss())
                     ? FormatValue(job.loss(), Unit::kNumber)
-                    : absl::StrCat(std::isnan(job.loss())
-                                       ? "NaN"
-                                       : (job.loss() > 0 ? "inf" : "-inf"),
+                    : absl::StrCat(NonFiniteName(job.loss()),
                                    " (training diverged: see the events)"));
   }
   facts.emplace_back("schedule", job.schedule_version() == 0

@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/job/job_spec.h"
+#include "common/json_string.h"
 #include "coordinator/planner/job_plan.h"
 
 namespace tandem {
@@ -411,9 +412,7 @@ absl::Status JobManager::UpdateProgress(absl::string_view job_id, int64_t step,
   if (diverged) {
     return AppendLocked(
         *r, "diverged",
-        absl::StrCat("loss became ",
-                     std::isnan(loss) ? "NaN" : (loss > 0 ? "inf" : "-inf"),
-                     " at step ", step,
+        absl::StrCat("loss became ", NonFiniteName(loss), " at step ", step,
                      r->job.spec().train().on_nonfinite() == "continue"
                          ? " (train.on_nonfinite: continue: training on)"
                          : ""));

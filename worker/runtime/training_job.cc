@@ -25,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "common/job/job_spec.h"
 #include "common/job/lr_schedule.h"
+#include "common/json_string.h"
 #include "common/models/graph_builder.h"
 #include "common/status_macros.h"
 #include "worker/data/micro_batch.h"
@@ -780,11 +781,6 @@ absl::Status CheckFiniteLoss(const v1::JobSpec& spec, const StepStats& s) {
       " (train.on_nonfinite: stop): training diverged; lower train.lr, set "
       "train.grad_clip, or check the data, or set train.on_nonfinite: "
       "continue to train on"));
-}
-
-std::string NonFiniteName(double v) {
-  if (std::isnan(v)) return "NaN";
-  return v > 0 ? "inf" : "-inf";
 }
 
 std::string StepJson(const StepStats& s, int rank) {

@@ -188,9 +188,6 @@ class TrainingJob {
 // "NaN", "inf" or "-inf".
 std::string StepJson(const StepStats& stats, int rank);
 
-// "NaN", "inf" or "-inf" for a non-finite value.
-std::string NonFiniteName(double v);
-
 // Aborted, "loss became NaN at step S (train.on_nonfinite: stop): ..."
 // with what to change, when the step's loss is not finite and the spec's
 // train.on_nonfinite is not "continue". Call after the step is reported,

@@ -93,34 +93,49 @@ struct KindInterference {
   double alone_s = 0;
 };
 
-// `start` submits a transfer of `bytes` and returns its handle. Each
-// repetition runs it alone (nothing computes until it is done), then again
-// under the compute loop.
+// `start` submits a transfer of `bytes` and returns its handle; `barrier`
+// returns once every rank has reached it (nothing at world 1). Each
+// repetition measures the loop's rate alone, meets the other ranks, runs the
+// transfer alone (nothing computes until it is done), then at once again
+// under the compute loop. Both transfers start on every rank within a
+// latency of each other: a rank that started one earlier would count its
+// wait for the others as the transfer's time.
+//
+// The figures are totals over the repetitions (compute lost over bytes
+// moved, time under compute over time alone), not medians: one repetition
+// varies several-fold on a shared machine (a 4 MB all-gather at 2000 Mbit/s
+// ran 10-20 ms alone and 13-40 ms under compute), and what a plan pays is
+// the sum over its many transfers. Medians of five read a stretch of
+// 1.14-2.03x from run to run of the same job.
 absl::StatusOr<KindInterference> MeasureKind(
     ComputeLoop& loop, int64_t bytes, const InterferenceProbeOptions& options,
-    const std::function<CollectiveHandle()>& start) {
-  std::vector<double> per_byte;
-  std::vector<double> runs;
+    const std::function<CollectiveHandle()>& start,
+    const std::function<absl::Status()>& barrier) {
+  double lost_s = 0;
+  double solo_s = 0;
+  double with_s = 0;
+  int64_t moved = 0;
   std::vector<double> alone_runs;
   for (int rep = 0; rep < std::max(options.repetitions, 1); ++rep) {
+    const double alone = loop.RateAlone(options.alone_window_s);
+    RETURN_IF_ERROR(barrier());
     CollectiveHandle solo = start();
     RETURN_IF_ERROR(solo->Wait());
     alone_runs.push_back(solo->run_s());
-    const double alone = loop.RateAlone(options.alone_window_s);
     CollectiveHandle handle = start();
     const auto [with, elapsed] =
         loop.RateUntil([&handle] { return handle->done(); });
     RETURN_IF_ERROR(handle->Wait());
-    const double lost = elapsed * std::max(0.0, 1 - with / alone);
-    per_byte.push_back(lost / static_cast<double>(bytes));
-    runs.push_back(handle->run_s());
+    lost_s += elapsed * std::max(0.0, 1 - with / alone);
+    moved += bytes;
+    solo_s += solo->run_s();
+    with_s += handle->run_s();
   }
   KindInterference out;
-  out.per_byte = Median(std::move(per_byte));
+  out.per_byte = moved > 0 ? lost_s / static_cast<double>(moved) : 0;
   out.alone_s = Median(std::move(alone_runs));
-  const double run_s = Median(std::move(runs));
-  if (out.alone_s > 0 && run_s > 0) {
-    out.stretch = std::clamp(run_s / out.alone_s, 1.0, kMaxStretch);
+  if (solo_s > 0 && with_s > 0) {
+    out.stretch = std::clamp(with_s / solo_s, 1.0, kMaxStretch);
   }
   return out;
 }
@@ -151,15 +166,23 @@ absl::StatusOr<InterferenceProbe> MeasureInterference(
     const at::Tensor shard = at::zeros({n}, options_f);
     const at::Tensor full = at::zeros({n * world}, options_f);
     const int64_t full_bytes = n * world * static_cast<int64_t>(sizeof(float));
-    ASSIGN_OR_RETURN(const KindInterference allgather,
-                     MeasureKind(loop, full_bytes, options, [&] {
-                       return comm.Submit([&] { comm.AllGather(shard, full); });
-                     }));
+    const auto barrier = [&comm] {
+      return comm.AllGatherScalars({0.0}).status();
+    };
+    ASSIGN_OR_RETURN(
+        const KindInterference allgather,
+        MeasureKind(
+            loop, full_bytes, options,
+            [&] { return comm.Submit([&] { comm.AllGather(shard, full); }); },
+            barrier));
     ASSIGN_OR_RETURN(
         const KindInterference reduce_scatter,
-        MeasureKind(loop, full_bytes, options, [&] {
-          return comm.Submit([&] { comm.ReduceScatterSum(full, shard); });
-        }));
+        MeasureKind(
+            loop, full_bytes, options,
+            [&] {
+              return comm.Submit([&] { comm.ReduceScatterSum(full, shard); });
+            },
+            barrier));
     probe.compute_s_per_allgather_byte = allgather.per_byte;
     probe.allgather_stretch = allgather.stretch;
     probe.compute_s_per_reduce_scatter_byte = reduce_scatter.per_byte;
@@ -176,13 +199,17 @@ absl::StatusOr<InterferenceProbe> MeasureInterference(
     const int64_t bytes =
         kCopyNumel * static_cast<int64_t>(sizeof(float)) * kCopiesPerTransfer;
     ASSIGN_OR_RETURN(const KindInterference copy,
-                     MeasureKind(loop, bytes, options, [&] {
-                       return tier->Submit([&] {
-                         for (int i = 0; i < kCopiesPerTransfer; ++i) {
-                           tier->Copy(src, dst);
-                         }
-                       });
-                     }));
+                     MeasureKind(
+                         loop, bytes, options,
+                         [&] {
+                           return tier->Submit([&] {
+                             for (int i = 0; i < kCopiesPerTransfer; ++i) {
+                               tier->Copy(src, dst);
+                             }
+                           });
+                         },
+                         // Each rank's copies are its own: nothing to meet.
+                         [] { return absl::OkStatus(); }));
     probe.compute_s_per_copy_byte = copy.per_byte;
     probe.copy_stretch = copy.stretch;
     probe.host_copy_s = copy.alone_s;

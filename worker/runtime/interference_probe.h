@@ -7,21 +7,24 @@
 // SMs move the bytes and the cost is ~0.
 //
 // Method, per kind: a small matmul loop runs alone for a short window (its
-// rate r0), then again while one transfer of known size B runs (its rate r1
-// over the transfer's d seconds). The transfer took d·(1 − r1/r0) seconds of
-// compute, i.e. c = d·(1 − r1/r0)/B per byte (clamped at 0). The transfer
-// also runs alone (nothing computing, d0 seconds): d/d0 is how many times
-// longer compute makes it (its stretch, clamped to 1..4). Each kind is
-// measured a few times, alone and with alternating, and the median kept;
-// the ranks then average their figures (one small all-gather), so every rank
-// reports the same. The profile carries them (Profile::compute_s_per_*_byte)
-// and the planner's simulator charges them (common/README.md, "Simulator").
+// rate r0); the ranks meet; one transfer of known size B runs alone
+// (nothing computing, d0 seconds), then at once again while the loop runs
+// (its rate r1 over the transfer's d seconds). The transfer took
+// d·(1 − r1/r0) seconds of compute, and compute made it d/d0 times as long
+// (its stretch). Over twelve repetitions the totals are kept: compute lost
+// over bytes moved (c per byte), time under compute over time alone
+// (clamped to 1..4); the ranks then average their figures (one small
+// all-gather), so every rank reports the same. The profile carries them
+// (Profile::compute_s_per_*_byte) and the planner's simulator charges them
+// (common/README.md, "Simulator").
 //
 // Collective: every rank calls it at the same point, after
 // Communicator::TuneChunkBytes and before any other submission. Takes about
-// a second (five repetitions: with three, one all-gather's stretch read
-// 1.15-1.75x from run to run on the bench's 2000 Mbit/s link; with five,
-// 1.4-1.7x).
+// two seconds on the bench's 2000 Mbit/s link. Eight starts of the same job
+// there read an all-gather stretch of 1.32-1.73x and 2.6-3.3 s of compute
+// per GB; with five repetitions, medians, and ranks that left their alone
+// windows apart, 1.14-2.03x and 1.6-2.7 s, and the first plans priced from
+// them were 10-14% fast (bench/README.md).
 #ifndef TANDEM_WORKER_RUNTIME_INTERFERENCE_PROBE_H_
 #define TANDEM_WORKER_RUNTIME_INTERFERENCE_PROBE_H_
 
@@ -59,8 +62,8 @@ struct InterferenceProbeOptions {
   // [1 MiB, 16 MiB]; 4 MiB when the rate is unknown).
   int64_t collective_bytes = 0;
   double link_bytes_per_s = 0;
-  // Repetitions per kind (the median is kept).
-  int repetitions = 5;
+  // Repetitions per kind (their totals are kept).
+  int repetitions = 12;
   // Seconds the matmul loop runs alone per repetition.
   double alone_window_s = 0.02;
   // The host tier's directory (HostTier::Create) for the copy probe.

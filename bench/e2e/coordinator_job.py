@@ -98,17 +98,24 @@ def plan_source(passes):
     return "tandem"
 
 
+# Versions that publish an earlier version's plan again, and the pass that
+# names it: a rollback, and a trial kept after its comparison.
+RERUN_MARKERS = {"rollback": "rollback-to-v", "kept": "kept-v"}
+
+
 def planned_version(versions, version):
     """The version whose plan `version` runs: a "rollback" version reruns
-    the one its `rollback-to-vK` pass names (followed to the first that was
-    planned). `versions` maps version -> {"reason", "passes", ...}."""
+    the one its `rollback-to-vK` pass names, a "kept" version the trial its
+    `kept-vK` pass names (followed to the first that was planned).
+    `versions` maps version -> {"reason", "passes", ...}."""
     seen = set()
     while version in versions and version not in seen:
         seen.add(version)
         rec = versions[version]
-        if rec.get("reason") != "rollback":
+        marker = RERUN_MARKERS.get(rec.get("reason"))
+        if marker is None:
             return version
-        to = version_of(rec.get("passes", []), "rollback-to-v")
+        to = version_of(rec.get("passes", []), marker)
         if to is None:
             return version
         version = to
@@ -125,7 +132,7 @@ def prediction_before_run(versions, version):
     v = planned_version(versions, version)
     if v == 0 or v not in versions:
         return None
-    if versions[v].get("reason") == "rollback":
+    if versions[v].get("reason") in RERUN_MARKERS:
         return None
     return versions[v].get("predicted_s")
 

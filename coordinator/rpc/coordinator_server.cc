@@ -165,7 +165,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   s->worker_events_ = std::make_unique<PlanningFeed>(planning, history);
   workers->SetListener(s->worker_events_.get());
   workers->SetScheduleLookup([planning](const std::string& job_id) {
-    return planning->GetSchedule(job_id, 0);
+    return planning->LatestUpdate(job_id);
   });
   planning->SetPublisher(
       [workers](const std::string& job_id, const v1::ScheduleUpdate& update) {

@@ -11,7 +11,7 @@
 namespace tandem {
 namespace {
 
-constexpr std::array<std::pair<PlanReason, absl::string_view>, 8> kReasons = {{
+constexpr std::array<std::pair<PlanReason, absl::string_view>, 9> kReasons = {{
     {PlanReason::kInitial, "initial"},
     {PlanReason::kDrift, "drift"},
     {PlanReason::kMemory, "memory"},
@@ -19,6 +19,7 @@ constexpr std::array<std::pair<PlanReason, absl::string_view>, 8> kReasons = {{
     {PlanReason::kRollback, "rollback"},
     {PlanReason::kCached, "cached"},
     {PlanReason::kTrial, "trial"},
+    {PlanReason::kKept, "kept"},
     {PlanReason::kMemoryGuard, "memory-guard"},
 }};
 
@@ -117,15 +118,25 @@ std::optional<RatioInterval> InterleavedRatio(
   if (pairs.empty()) return std::nullopt;
   RatioInterval out;
   out.pairs = static_cast<int>(pairs.size());
-  std::vector<double> a;
-  std::vector<double> b;
+  // Each pair's ratio of medians, and their geometric mean: a pair's two
+  // blocks ran on the same machine, so a change between pairs scales both
+  // and leaves its ratio; pooling every step instead would weigh a slow
+  // pair's steps against a fast pair's whenever the two versions' step
+  // counts differ (a block still running).
+  auto geometric_mean = [](const std::vector<double>& logs) {
+    double sum = 0;
+    for (const double l : logs) sum += l;
+    return std::exp(sum / static_cast<double>(logs.size()));
+  };
+  std::vector<double> logs;
   for (const Pair& p : pairs) {
-    a.insert(a.end(), p.incumbent.begin(), p.incumbent.end());
-    b.insert(b.end(), p.candidate.begin(), p.candidate.end());
+    out.incumbent_steps += static_cast<int>(p.incumbent.size());
+    out.candidate_steps += static_cast<int>(p.candidate.size());
+    std::vector<double> candidate_s = p.candidate;
+    std::vector<double> incumbent_s = p.incumbent;
+    logs.push_back(std::log(Median(candidate_s) / Median(incumbent_s)));
   }
-  out.incumbent_steps = static_cast<int>(a.size());
-  out.candidate_steps = static_cast<int>(b.size());
-  out.ratio = Median(b) / Median(a);
+  out.ratio = geometric_mean(logs);
 
   // Two levels: pairs with replacement, then each chosen pair's steps with
   // replacement (a block of k steps gives k draws).
@@ -136,19 +147,23 @@ std::optional<RatioInterval> InterleavedRatio(
   const int resamples = std::max(options.resamples, 1);
   std::vector<double> ratios;
   ratios.reserve(resamples);
+  std::vector<double> a;
+  std::vector<double> b;
   for (int r = 0; r < resamples; ++r) {
-    a.clear();
-    b.clear();
+    logs.clear();
     for (size_t i = 0; i < pairs.size(); ++i) {
       const Pair& p = pairs[draw(pairs.size())];
+      a.clear();
+      b.clear();
       for (size_t k = 0; k < p.incumbent.size(); ++k) {
         a.push_back(p.incumbent[draw(p.incumbent.size())]);
       }
       for (size_t k = 0; k < p.candidate.size(); ++k) {
         b.push_back(p.candidate[draw(p.candidate.size())]);
       }
+      logs.push_back(std::log(Median(b) / Median(a)));
     }
-    ratios.push_back(Median(b) / Median(a));
+    ratios.push_back(geometric_mean(logs));
   }
   std::sort(ratios.begin(), ratios.end());
   const double tail = std::clamp((1 - options.confidence) / 2, 0.0, 0.5);
@@ -162,10 +177,10 @@ std::optional<RatioInterval> InterleavedRatio(
   return out;
 }
 
-Decision DecideInterleaved(const std::vector<StepBlock>& blocks,
-                           int64_t incumbent, int64_t candidate,
-                           const CompareOptions& options) {
-  Decision d;
+ComparisonDecision DecideInterleaved(const std::vector<StepBlock>& blocks,
+                                     int64_t incumbent, int64_t candidate,
+                                     const CompareOptions& options) {
+  ComparisonDecision d;
   d.interval = InterleavedRatio(blocks, incumbent, candidate, options);
   if (!d.interval.has_value() || d.interval->pairs < options.min_pairs) {
     return d;

@@ -6,10 +6,12 @@
 // same decision (coordinator/README.md, "Decisions under noise").
 //
 // The figure compared is the ratio of medians, candidate over incumbent
-// (below 1: the candidate is faster), with a percentile bootstrap interval.
-// The bootstrap resamples block pairs (an A block and the B block next to
-// it), then steps within each chosen block: a machine that changed between
-// pairs widens the interval instead of deciding it.
+// (below 1: the candidate is faster), taken in each block pair (an A block
+// and the B block next to it) and combined as their geometric mean, with a
+// percentile bootstrap interval. A change in the machine between pairs
+// scales both blocks of a pair and leaves its ratio; pairs that disagree
+// widen the interval instead of deciding it. The bootstrap resamples block
+// pairs, then steps within each chosen block.
 #ifndef TANDEM_COORDINATOR_SERVICE_PLAN_DECISION_H_
 #define TANDEM_COORDINATOR_SERVICE_PLAN_DECISION_H_
 
@@ -31,11 +33,12 @@ enum class PlanReason {
   kRollback,     // an earlier version's plan again
   kCached,       // an identical earlier job's plan
   kTrial,        // the runner-up, measured against the active plan
+  kKept,         // a trial's plan again, after it measured faster
   kMemoryGuard,  // planned from steps under the least-memory fallback
 };
 
 // The stored name ("initial", "drift", "memory", "reoptimize", "rollback",
-// "cached", "trial", "memory-guard").
+// "cached", "trial", "kept", "memory-guard").
 absl::string_view PlanReasonName(PlanReason reason);
 // Nullopt for a name that is none of the above.
 std::optional<PlanReason> PlanReasonFromName(absl::string_view name);
@@ -62,8 +65,8 @@ struct CompareOptions {
   int min_block_steps = 2;
 };
 
-// Candidate over incumbent: the ratio of the medians of every counted step,
-// and its interval.
+// Candidate over incumbent: the geometric mean over block pairs of each
+// pair's ratio of medians, and its interval.
 struct RatioInterval {
   double ratio = 0;
   double low = 0;
@@ -91,7 +94,7 @@ enum class Verdict {
 };
 absl::string_view VerdictName(Verdict verdict);
 
-struct Decision {
+struct ComparisonDecision {
   Verdict verdict = Verdict::kMeasureMore;
   std::optional<RatioInterval> interval;
   // Whether the candidate runs on: only when it measured faster. Every
@@ -99,9 +102,9 @@ struct Decision {
   bool keep_candidate() const { return verdict == Verdict::kCandidateFaster; }
   bool done() const { return verdict != Verdict::kMeasureMore; }
 };
-Decision DecideInterleaved(const std::vector<StepBlock>& blocks,
-                           int64_t incumbent, int64_t candidate,
-                           const CompareOptions& options);
+ComparisonDecision DecideInterleaved(const std::vector<StepBlock>& blocks,
+                                     int64_t incumbent, int64_t candidate,
+                                     const CompareOptions& options);
 
 // Steps to wait before the next trial, after `inconclusive` trials in a row
 // ended without a decision: `base` doubled each time, at most 16 × base.

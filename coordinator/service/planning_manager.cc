@@ -239,6 +239,12 @@ void PlanningManager::RecoverEvidenceLocked(
         state.trials_judged.insert(s.version());
       }
     }
+    if (s.provenance().reason() == "kept") {
+      if (std::optional<int64_t> to = VersionPass(s, "kept-v")) {
+        state.rollbacks[s.version()] = *to;
+      }
+      continue;
+    }
     if (s.provenance().reason() != "rollback") continue;
     if (std::optional<int64_t> to = VersionPass(s, "rollback-to-v")) {
       state.rollbacks[s.version()] = *to;
@@ -248,6 +254,15 @@ void PlanningManager::RecoverEvidenceLocked(
           state.schedules[i - 1].schedule;
     }
   }
+  // A trial still undecided: its comparison goes on (the ranks alternate
+  // on their own), from the blocks its steps so far ran in.
+  if (!state.schedules.empty()) {
+    const v1::Schedule& newest = state.schedules.back().schedule;
+    auto of = state.trials.find(newest.version());
+    if (of != state.trials.end() && !state.trials_judged.count(of->first)) {
+      state.comparison = JobPlanning::Comparison{of->first, of->second};
+    }
+  }
   // Step times per version, as OnProgress recorded them (at the reference
   // work), from the steps the job history stored.
   for (const StoredStep& step : steps) {
@@ -255,10 +270,13 @@ void PlanningManager::RecoverEvidenceLocked(
                       static_cast<double>(step.work));
     state.max_step = std::max(state.max_step, step.step);
     if (step.schedule_version == kLeastMemoryVersion) continue;
-    state.measured.Record(
-        step.schedule_version, step.step,
-        state.work.ToReference(step.iteration_s,
-                               static_cast<double>(step.work)));
+    const double at_reference = state.work.ToReference(
+        step.iteration_s, static_cast<double>(step.work));
+    state.measured.Record(step.schedule_version, step.step, at_reference);
+    if (state.comparison.has_value() &&
+        step.step >= state.schedules.back().effective_step) {
+      state.comparison->Add(step.schedule_version, step.step, at_reference);
+    }
   }
   // A rollback that measured as slow as what it replaced had its evidence
   // forgotten (the machine changed): forget it again.
@@ -428,6 +446,13 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
   if (progress.schedule_version() == kLeastMemoryVersion) return;
   state.measured.Record(progress.schedule_version(), progress.step(), measured);
   ReportOutcomeLocked(job_id, state, progress.schedule_version());
+  // A comparison's steps say nothing about drift or rollbacks until it is
+  // decided.
+  if (state.comparison.has_value() &&
+      CompareLocked(job_id, state, progress.schedule_version(), progress.step(),
+                    measured)) {
+    return;
+  }
   // Only iterations run under the newest schedule say anything about it.
   const int64_t active_version =
       state.schedules.empty() ? 0 : state.schedules.back().schedule.version();
@@ -484,14 +509,8 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
       return;
     }
   }
-  // A trial is judged once measured; drift waits for the verdict.
-  if (unjudged_trial) {
-    if (state.queued || !state.measured.Summarize(active_version)) return;
-    if (JudgeTrialLocked(job_id, state, active_version,
-                         state.trials.at(active_version), progress.step())) {
-      return;
-    }
-  }
+  // A trial is judged by its comparison; drift waits for the verdict.
+  if (unjudged_trial) return;
   // The active plan is judged and not behind: its runner-up's turn.
   if (state.trial.has_value() && state.trial_after == active_version &&
       !state.queued && state.pending_reason.empty() && !state.guard_active) {
@@ -547,63 +566,81 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
   }
 }
 
-bool PlanningManager::JudgeTrialLocked(const std::string& job_id,
-                                       JobPlanning& state, int64_t trial,
-                                       int64_t against, int64_t step) {
-  state.trials_judged.insert(trial);
-  const std::optional<ScheduleMeasurements::Summary> mine =
-      state.measured.Summarize(trial);
-  const std::optional<ScheduleMeasurements::Summary> theirs =
-      state.measured.Summarize(against);
-  if (!mine.has_value()) return false;
-  const v1::Schedule& active = state.schedules.back().schedule;
-  const std::string source = TrialSource(active);
-  // Kept only when faster by at least optimize.min_gain: the two were
-  // judged equal by the model, and a few steps' medians move by that much
-  // with noise, so anything less keeps the plan the trial was tried
-  // against (the incumbent), which is not behind. (The noise margin of a
-  // rollback protects a plan from chance, not from a trial it invited.)
-  const double min_gain = MinGain(state.spec);
-  if (theirs.has_value() &&
-      mine->median_s > theirs->median_s * (1 - min_gain)) {
-    state.rejected[trial] = active;
-    state.rollback_to = against;
-    state.pending_reason.clear();
-    const double faster = 1 - mine->median_s / theirs->median_s;
-    (void)jobs_->RecordEvent(
-        job_id, "trial",
-        absl::StrFormat(
-            "trial v%d (%s's plan) measured %.4f s/iter (median of %d "
-            "steps) against v%d's %.4f (%d steps): %s; back to v%d's "
-            "schedule at step %d",
-            trial, source, mine->median_s, mine->samples, against,
-            theirs->median_s, theirs->samples,
-            faster > 0
-                ? absl::StrFormat("%.1f%% faster, under optimize.min_gain "
-                                  "%.0f%%: not worth a switch",
-                                  100 * faster, 100 * min_gain)
-                : std::string("not faster"),
-            against, step));
-    QueueLocked(job_id, state, "rollback");
-    return true;
+bool PlanningManager::CompareLocked(const std::string& job_id,
+                                    JobPlanning& state, int64_t version,
+                                    int64_t step, double seconds) {
+  JobPlanning::Comparison& c = *state.comparison;
+  if (!c.Add(version, step, seconds)) return false;
+  if (state.queued) return true;
+  CompareOptions options;
+  options.min_gain = MinGain(state.spec);
+  const ComparisonDecision decision =
+      DecideInterleaved(c.blocks, c.incumbent, c.candidate, options);
+  if (!decision.done() || !decision.interval.has_value()) return true;
+  const RatioInterval& r = *decision.interval;
+  const int64_t candidate = c.candidate;
+  const int64_t incumbent = c.incumbent;
+  std::optional<v1::Schedule> candidate_schedule;
+  std::optional<v1::Schedule> incumbent_schedule;
+  for (const StoredSchedule& s : state.schedules) {
+    if (s.schedule.version() == candidate) candidate_schedule = s.schedule;
+    if (s.schedule.version() == incumbent) incumbent_schedule = s.schedule;
+  }
+  const std::string source =
+      candidate_schedule.has_value() ? TrialSource(*candidate_schedule) : "";
+  std::string verdict;
+  switch (decision.verdict) {
+    case Verdict::kCandidateFaster:
+      verdict = absl::StrFormat(
+          "%.1f%% faster, beyond optimize.min_gain %.0f%%; kept: its plan "
+          "runs on",
+          100 * (1 - r.ratio), 100 * options.min_gain);
+      break;
+    case Verdict::kCandidateSlower:
+      verdict = absl::StrFormat("%.1f%% slower; back to v%d's schedule",
+                                100 * (r.ratio - 1), incumbent);
+      break;
+    case Verdict::kEquivalent:
+      verdict = absl::StrFormat(
+          "within optimize.min_gain %.0f%% of v%d: not worth a switch; back "
+          "to v%d's schedule",
+          100 * options.min_gain, incumbent, incumbent);
+      break;
+    default:
+      verdict = absl::StrFormat(
+          "inconclusive after %d block pairs (the interval spans both sides "
+          "of optimize.min_gain %.0f%%); back to v%d's schedule",
+          r.pairs, 100 * options.min_gain, incumbent);
+      break;
   }
   (void)jobs_->RecordEvent(
       job_id, "trial",
-      theirs.has_value()
-          ? absl::StrFormat(
-                "trial v%d (%s's plan) measured %.4f s/iter (median of %d "
-                "steps) against v%d's %.4f (%d steps): %.1f%% faster; kept",
-                trial, source, mine->median_s, mine->samples, against,
-                theirs->median_s, theirs->samples,
-                100 * (1 - mine->median_s / theirs->median_s))
-          : absl::StrFormat(
-                "trial v%d (%s's plan) measured %.4f s/iter (median of %d "
-                "steps); v%d's measurements were forgotten: kept",
-                trial, source, mine->median_s, mine->samples, against));
-  // From now on drift is watched against what it measured, not against a
-  // prediction the cost model made for a plan it could not price apart.
-  state.drift->SetPrediction(mine->median_s, active.prediction().peak_bytes());
-  return false;
+      absl::StrFormat(
+          "trial v%d (%s's plan) against v%d, interleaved in blocks of %d "
+          "steps (%d block pairs; %d steps of v%d, %d of v%d counted, each "
+          "block's first left out): v%d/v%d = %.3f (%.3f-%.3f, %.0f%% "
+          "interval) at step %d: %s",
+          candidate, source, incumbent, kComparisonBlockSteps, r.pairs,
+          r.candidate_steps, candidate, r.incumbent_steps, incumbent, candidate,
+          incumbent, r.ratio, r.low, r.high, 100 * options.confidence, step,
+          verdict));
+  state.trials_judged.insert(candidate);
+  state.comparison.reset();
+  state.pending_reason.clear();
+  if (decision.keep_candidate()) {
+    if (incumbent_schedule.has_value()) {
+      state.rejected[incumbent] = *incumbent_schedule;
+    }
+    state.rollback_to = candidate;
+    QueueLocked(job_id, state, "kept");
+  } else {
+    if (candidate_schedule.has_value()) {
+      state.rejected[candidate] = *candidate_schedule;
+    }
+    state.rollback_to = incumbent;
+    QueueLocked(job_id, state, "rollback");
+  }
+  return true;
 }
 
 void PlanningManager::MaybeStartCached(const v1::Job& job) {
@@ -757,6 +794,12 @@ void PlanningManager::OnMemoryGuard(const std::string& job_id, int32_t rank,
     if (state.guard_step == step) return;
     state.guard_step = step;
     state.guard_active = true;
+    // The ranks stopped alternating: a comparison running ends undecided,
+    // and its trial is not tried again.
+    if (state.comparison.has_value()) {
+      state.trials_judged.insert(state.comparison->candidate);
+      state.comparison.reset();
+    }
     // Before the first plan, the initial plan is measured under it anyway.
     if (!state.schedules.empty()) state.pending_reason = "memory-guard";
     message = absl::StrCat(
@@ -860,6 +903,7 @@ void PlanningManager::PlanOne(const std::string& job_id,
   std::optional<PlanAlternative> trial;
   int64_t trial_of = -1;
   double trial_of_predicted_s = 0;
+  std::optional<v1::Schedule> trial_incumbent;
   // The plan's own runner-up, when worth a trial (TrialCandidate).
   std::optional<PlanAlternative> next_trial;
   // The schedule the profile was measured under (none for version 0: the
@@ -881,8 +925,8 @@ void PlanningManager::PlanOne(const std::string& job_id,
     // Plans that are not made from a profile: a cached plan, a rollback
     // and a trial (after a restart, before the next window).
     const bool cached_plan = reason == "cached";
-    const bool needs_profile =
-        !cached_plan && reason != "rollback" && reason != "trial";
+    const bool needs_profile = !cached_plan && reason != "rollback" &&
+                               reason != "kept" && reason != "trial";
     if (stop_ || it == state_.end() || it->second.profiles.graph() == nullptr ||
         (!it->second.latest && needs_profile)) {
       return;
@@ -907,14 +951,18 @@ void PlanningManager::PlanOne(const std::string& job_id,
       for (const StoredSchedule& s : it->second.schedules) {
         if (s.schedule.version() == trial_of) {
           trial_of_predicted_s = s.schedule.prediction().iteration_s();
+          trial_incumbent = s.schedule;
         }
       }
+      // Alternated with the incumbent: without it there is nothing to
+      // compare against.
+      if (!trial_incumbent.has_value()) return;
     }
     spec = it->second.spec;
     devices = it->second.devices;
     version = static_cast<int64_t>(it->second.schedules.size()) + 1;
     rejected = it->second.rejected;
-    if (reason == "rollback") {
+    if (reason == "rollback" || reason == "kept") {
       rollback_to = it->second.rollback_to;
       for (const StoredSchedule& s : it->second.schedules) {
         if (s.schedule.version() == rollback_to) rollback_schedule = s.schedule;
@@ -989,9 +1037,10 @@ void PlanningManager::PlanOne(const std::string& job_id,
       chosen.what = absl::StrFormat(
           "%s's plan (predicted %.6f s) measured as a trial against v%d's "
           "(%.6f s): within optimize.trial_margin of it, where the cost model "
-          "cannot tell the two apart; the faster by measurement is kept",
+          "cannot tell the two apart; the two alternate in blocks of %d "
+          "steps, and the faster by measurement is kept",
           trial->source, s.prediction.iteration_s, trial_of,
-          trial_of_predicted_s);
+          trial_of_predicted_s, kComparisonBlockSteps);
       s.explanation.decisions.push_back(std::move(chosen));
       planned_on = absl::StrCat("v", trial_of, "'s runner-up");
       return s;
@@ -1013,9 +1062,9 @@ void PlanningManager::PlanOne(const std::string& job_id,
         back->prediction.peak_bytes = e.baseline_peak_bytes();
         back->prediction.work = baseline_simulated->prediction().work();
       }
-      back->provenance.passes.push_back(
-          absl::StrCat("rollback-to-v", rollback_to));
-      planned_on = "the measurements";
+      back->provenance.passes.push_back(absl::StrCat(
+          reason == "kept" ? "kept-v" : "rollback-to-v", rollback_to));
+      planned_on = reason == "kept" ? "the comparison" : "the measurements";
       return back;
     }
     PlanOptions options = PlanOptionsFromSpec(spec);
@@ -1145,6 +1194,10 @@ void PlanningManager::PlanOne(const std::string& job_id,
                                   ? it->second.max_step + 1
                                   : it->second.max_step + kSwitchLeadSteps);
   }
+  if (trial.has_value()) {
+    *update.mutable_incumbent() = *trial_incumbent;
+    update.set_block_steps(kComparisonBlockSteps);
+  }
   // Stored before any rank sees it, so that a restarted coordinator knows
   // every version a worker may be running.
   if (absl::Status s = store_->PutSchedule(job_id, update.schedule(),
@@ -1162,7 +1215,10 @@ void PlanningManager::PlanOne(const std::string& job_id,
       it->second.schedules.push_back(
           {update.schedule(), update.effective_step()});
       if (rollback_to >= 0) it->second.rollbacks[version] = rollback_to;
-      if (trial.has_value()) it->second.trials[version] = trial_of;
+      if (trial.has_value()) {
+        it->second.trials[version] = trial_of;
+        it->second.comparison = JobPlanning::Comparison{version, trial_of};
+      }
       it->second.trial_after = next_trial.has_value() ? version : -1;
       it->second.trial = next_trial;
     }
@@ -1286,6 +1342,30 @@ absl::StatusOr<std::vector<StoredSchedule>> PlanningManager::SchedulesOf(
   }
   // A finished job's, or before Recover.
   return store_->LoadSchedules(job_id);
+}
+
+absl::StatusOr<v1::ScheduleUpdate> PlanningManager::LatestUpdate(
+    const std::string& job_id) const {
+  ASSIGN_OR_RETURN(StoredSchedule newest, GetSchedule(job_id, 0));
+  v1::ScheduleUpdate update;
+  update.set_effective_step(newest.effective_step);
+  int64_t incumbent = -1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = state_.find(job_id);
+    if (it != state_.end() && it->second.comparison.has_value() &&
+        it->second.comparison->candidate == newest.schedule.version()) {
+      incumbent = it->second.comparison->incumbent;
+    }
+  }
+  if (incumbent >= 0) {
+    ASSIGN_OR_RETURN(StoredSchedule theirs,
+                     GetScheduleVersion(job_id, incumbent));
+    *update.mutable_incumbent() = std::move(theirs.schedule);
+    update.set_block_steps(kComparisonBlockSteps);
+  }
+  *update.mutable_schedule() = std::move(newest.schedule);
+  return update;
 }
 
 absl::StatusOr<StoredSchedule> PlanningManager::GetSchedule(

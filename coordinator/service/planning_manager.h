@@ -19,9 +19,14 @@
 //     version, when the cost model predicted it within
 //     optimize.trial_margin of that plan (TrialCandidate), once the active
 //     version has been measured for drift_window steps and is not behind.
-//     Measured as long, the trial is kept when its median is below the
-//     version it was tried against, else that version's plan is published
-//     again ("rollback") and the trial is never published again;
+//     The ranks alternate it with that version (the incumbent) in blocks of
+//     kComparisonBlockSteps steps, and the comparison is decided from the
+//     interleaved blocks (DecideInterleaved: a bootstrap interval of the
+//     ratio of medians, optimize.min_gain): measured faster, the trial's
+//     plan is published again to run on ("kept"); slower, equivalent or
+//     inconclusive, the incumbent's is ("rollback") and the trial is never
+//     published again;
+//   - "kept": no plan: the trial's plan, which the comparison found faster;
 //   - "memory-guard": the first complete window measured under the
 //     least-memory schedule, which every rank switched to because a rank's
 //     peak came near the budget (OnMemoryGuard); the plan keeps, beyond
@@ -63,6 +68,7 @@
 #include "coordinator/service/coordinator_metrics.h"
 #include "coordinator/service/drift_detector.h"
 #include "coordinator/service/job_manager.h"
+#include "coordinator/service/plan_decision.h"
 #include "coordinator/service/profile_aggregator.h"
 #include "coordinator/service/schedule_measurements.h"
 #include "coordinator/service/work_scale.h"
@@ -83,6 +89,9 @@ class PlanningManager {
   // Steps between the newest step any rank reported and the step a new
   // schedule takes effect: time for it to reach every rank.
   static constexpr int64_t kSwitchLeadSteps = 2;
+  // Steps per block of a comparison (a trial against its incumbent): the
+  // first step of each pays for the switch and is left out.
+  static constexpr int64_t kComparisonBlockSteps = 4;
 
   // `jobs`, `store` and `metrics` (nullable) must outlive the manager.
   PlanningManager(JobManager* jobs, JobStore* store,
@@ -146,6 +155,11 @@ class PlanningManager {
   absl::StatusOr<int64_t> RequestReplan(const std::string& job_id,
                                         const std::string& reason);
 
+  // The newest schedule of a job as the update that published it, with
+  // its incumbent while a comparison runs: what a worker that reconnects
+  // behind it is sent. NotFound when none.
+  absl::StatusOr<v1::ScheduleUpdate> LatestUpdate(
+      const std::string& job_id) const;
   // The schedule `version` of a job (0: the newest). NotFound when none.
   absl::StatusOr<StoredSchedule> GetSchedule(const std::string& job_id,
                                              int64_t version) const;
@@ -194,6 +208,31 @@ class PlanningManager {
     int64_t trial_after = -1;
     std::map<int64_t, int64_t> trials;
     std::set<int64_t> trials_judged;
+    // The comparison running: a trial version alternating with the version
+    // it is tried against, and the blocks of steps each ran, in order.
+    struct Comparison {
+      int64_t candidate = 0;
+      int64_t incumbent = 0;
+      std::vector<StepBlock> blocks;
+      int64_t last_step = -1;
+      // Adds a step to the block it ran in (a new block when the version
+      // changed or a step is missing), from the candidate's first step on;
+      // false, adding nothing, for a step of another version.
+      bool Add(int64_t version, int64_t step, double seconds) {
+        if (version != candidate && version != incumbent) return false;
+        // The incumbent's steps before the switch: no block of the
+        // comparison yet (the candidate runs first).
+        if (blocks.empty() && version != candidate) return true;
+        if (blocks.empty() || blocks.back().version != version ||
+            step != last_step + 1) {
+          blocks.push_back({version, {}});
+        }
+        blocks.back().step_s.push_back(seconds);
+        last_step = step;
+        return true;
+      }
+    };
+    std::optional<Comparison> comparison;
     // A queued "cached" plan: the earlier job it comes from and its schedule.
     std::string cached_from;
     std::optional<v1::Schedule> cached;
@@ -219,11 +258,12 @@ class PlanningManager {
     bool queued = false;
   };
 
-  // A trial version measured for drift_window steps: kept when faster by
-  // median than the version it was tried against, else rolled back to that
-  // one. Returns whether a rollback was queued. Requires mu_.
-  bool JudgeTrialLocked(const std::string& job_id, JobPlanning& state,
-                        int64_t trial, int64_t against, int64_t step);
+  // A step of the comparison's candidate or incumbent (`version`): added to
+  // its blocks; once DecideInterleaved decides, the winner's plan is queued
+  // ("kept" or "rollback") and the comparison ends. Returns whether the step
+  // belonged to the comparison (nothing else judges it). Requires mu_.
+  bool CompareLocked(const std::string& job_id, JobPlanning& state,
+                     int64_t version, int64_t step, double seconds);
   // What the drift detector expects of `schedule`, at the reference work:
   // its prediction, except for a rollback, which is expected at what the
   // plan it runs again measured (else at what it measured itself): its

@@ -454,11 +454,10 @@ absl::StatusOr<int64_t> WorkerManager::OpenSession(
   }
   // A worker that missed schedules while away gets the newest one.
   if (!lookup) return id;
-  absl::StatusOr<StoredSchedule> latest = lookup(job->id());
-  if (latest.ok() && latest->schedule.version() > hello.schedule_version()) {
+  absl::StatusOr<v1::ScheduleUpdate> latest = lookup(job->id());
+  if (latest.ok() && latest->schedule().version() > hello.schedule_version()) {
     v1::CoordinatorMessage update;
-    *update.mutable_schedule()->mutable_schedule() = latest->schedule;
-    update.mutable_schedule()->set_effective_step(latest->effective_step);
+    *update.mutable_schedule() = *std::move(latest);
     sink->Send(update);
   }
   return id;

@@ -93,9 +93,10 @@ class WorkerEventListener {
 
 class WorkerManager {
  public:
-  // The newest schedule of a job; NotFound when it has none.
-  using ScheduleLookup =
-      std::function<absl::StatusOr<StoredSchedule>(const std::string& job_id)>;
+  // The newest schedule of a job as the update that published it (with
+  // its incumbent while a comparison runs); NotFound when it has none.
+  using ScheduleLookup = std::function<absl::StatusOr<v1::ScheduleUpdate>(
+      const std::string& job_id)>;
 
   struct Options {
     // A running job whose worker stays silent this long is failed.

@@ -362,17 +362,22 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(
 }
 
 absl::Status Executor::OfferSchedule(Schedule schedule,
-                                     int64_t not_before_iteration) {
-  RETURN_IF_ERROR(CheckRunnableSchedule(graph_, schedule));
-  if (schedule.mode != mode_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("schedule v", schedule.version, " is a ",
-                     ShardingModeName(schedule.mode),
-                     " schedule, but this job runs ", ShardingModeName(mode_),
-                     " (parallel.zero_stage is fixed for a job); plan it for ",
-                     ShardingModeName(mode_)));
+                                     int64_t not_before_iteration,
+                                     std::optional<Schedule> incumbent,
+                                     int64_t block_steps) {
+  for (const Schedule* s : {&schedule, incumbent ? &*incumbent : nullptr}) {
+    if (s == nullptr) continue;
+    RETURN_IF_ERROR(CheckRunnableSchedule(graph_, *s));
+    if (s->mode != mode_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "schedule v", s->version, " is a ", ShardingModeName(s->mode),
+          " schedule, but this job runs ", ShardingModeName(mode_),
+          " (parallel.zero_stage is fixed for a job); plan it for ",
+          ShardingModeName(mode_)));
+    }
   }
-  return slot_.Offer(std::move(schedule), not_before_iteration);
+  return slot_.Offer(std::move(schedule), not_before_iteration,
+                     std::move(incumbent), block_steps);
 }
 
 absl::Status Executor::Activate(const Schedule& schedule) {

@@ -14,7 +14,24 @@ ScheduleSlot::ScheduleSlot(Schedule initial, std::optional<Schedule> fallback)
       fallback_(std::move(fallback)) {}
 
 absl::Status ScheduleSlot::Offer(Schedule schedule,
-                                 int64_t not_before_iteration) {
+                                 int64_t not_before_iteration,
+                                 std::optional<Schedule> incumbent,
+                                 int64_t block_steps) {
+  if (incumbent.has_value()) {
+    if (block_steps < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("schedule v", schedule.version, " alternates with v",
+                       incumbent->version, " in blocks of ", block_steps,
+                       " steps; a block is at least 1 step"));
+    }
+    if (incumbent->version >= schedule.version) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("schedule v", schedule.version, " alternates with v",
+                       incumbent->version,
+                       ", which is not older; the incumbent is a "
+                       "version that ran before"));
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (schedule.version <= newest_version_) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -23,7 +40,8 @@ absl::Status ScheduleSlot::Offer(Schedule schedule,
   }
   newest_version_ = schedule.version;
   pending_ = std::make_shared<const Pending>(
-      Pending{std::move(schedule), not_before_iteration});
+      Pending{std::move(schedule), not_before_iteration, std::move(incumbent),
+              block_steps});
   return absl::OkStatus();
 }
 
@@ -49,11 +67,27 @@ const Schedule* ScheduleSlot::Agree(absl::Span<const ScheduleReport> reports,
                   [](const ScheduleReport& r) { return r.near_budget; });
   if (near && fallback_.has_value() && !fallback_active()) {
     active_ = *fallback_;
+    alternation_.reset();
     std::lock_guard<std::mutex> lock(mu_);
     pending_.reset();
     reported_.reset();
     return &active_;
   }
+  if (const Schedule* next = AgreePending(reports, next_iteration)) {
+    return next;
+  }
+  if (!alternation_.has_value()) return nullptr;
+  const Alternation& a = *alternation_;
+  const bool candidate_turn =
+      ((next_iteration - a.start) / a.block_steps) % 2 == 0;
+  const Schedule& turn = candidate_turn ? a.candidate : a.incumbent;
+  if (turn.version == active_.version) return nullptr;
+  active_ = turn;
+  return &active_;
+}
+
+const Schedule* ScheduleSlot::AgreePending(
+    absl::Span<const ScheduleReport> reports, int64_t next_iteration) {
   if (reported_ == nullptr) return nullptr;
   const int64_t version = reports[0].pending_version;
   int64_t not_before = 0;
@@ -61,11 +95,17 @@ const Schedule* ScheduleSlot::Agree(absl::Span<const ScheduleReport> reports,
     if (r.pending_version != version) return nullptr;
     not_before = std::max(not_before, r.not_before);
   }
-  if (version != reported_->schedule.version || version <= active_.version ||
+  if (version != reported_->schedule.version || version <= current_version() ||
       next_iteration < not_before) {
     return nullptr;
   }
   active_ = reported_->schedule;
+  if (reported_->incumbent.has_value()) {
+    alternation_ = Alternation{reported_->schedule, *reported_->incumbent,
+                               next_iteration, reported_->block_steps};
+  } else {
+    alternation_.reset();
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (pending_ == reported_) pending_.reset();
   reported_.reset();

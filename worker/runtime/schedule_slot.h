@@ -18,6 +18,13 @@
 // pending schedule (planned before the guard tripped); the coordinator's next
 // plan, newer than every version seen, replaces the fallback the usual way.
 //
+// A comparison (coordinator/README.md, "Decisions under noise"): a schedule
+// offered with an incumbent alternates with it in blocks of `block_steps`
+// iterations, the offered one first, from the iteration every rank switched
+// to it. Which one runs is a function of the iteration alone, so every rank
+// switches at the same boundaries without another exchange. A newer offer
+// ends the alternation when it takes effect; so does the memory guard.
+//
 // No libtorch: the agreement rule is tested in isolation.
 #ifndef TANDEM_WORKER_RUNTIME_SCHEDULE_SLOT_H_
 #define TANDEM_WORKER_RUNTIME_SCHEDULE_SLOT_H_
@@ -51,8 +58,13 @@ class ScheduleSlot {
   // Thread-safe (the agent's session thread offers while the compute thread
   // trains). Replaces an older pending schedule. Errors: InvalidArgument when
   // the version is not newer than every version the slot has held or been
-  // offered (active, pending, or dropped when the guard tripped).
-  absl::Status Offer(Schedule schedule, int64_t not_before_iteration);
+  // offered (active, pending, or dropped when the guard tripped), or when an
+  // incumbent is given with `block_steps` < 1 or a version not older than
+  // the schedule's.
+  // With `incumbent`: the two alternate once the schedule takes effect.
+  absl::Status Offer(Schedule schedule, int64_t not_before_iteration,
+                     std::optional<Schedule> incumbent = std::nullopt,
+                     int64_t block_steps = 0);
 
   // What this rank reports at the iteration boundary; `near_budget` is the
   // executor's guard verdict for this rank. Remembers the pending schedule
@@ -63,7 +75,8 @@ class ScheduleSlot {
   // Given every rank's report (in rank order, identical on every rank) at
   // the boundary before `next_iteration`, switches when all agree, or to the
   // fallback when any rank is near the budget and the fallback is held and
-  // not active. Returns the newly active schedule, or nullptr when nothing
+  // not active, or to the other schedule of a comparison at the end of a
+  // block. Returns the newly active schedule, or nullptr when nothing
   // changes.
   const Schedule* Agree(absl::Span<const ScheduleReport> reports,
                         int64_t next_iteration);
@@ -79,12 +92,32 @@ class ScheduleSlot {
   bool fallback_active() const {
     return fallback_.has_value() && active_.version == fallback_->version;
   }
+  // A comparison is running (the active schedule is one of its two).
+  bool alternating() const { return alternation_.has_value(); }
 
  private:
   struct Pending {
     Schedule schedule;
     int64_t not_before = 0;
+    std::optional<Schedule> incumbent;
+    int64_t block_steps = 0;
   };
+  struct Alternation {
+    Schedule candidate;
+    Schedule incumbent;
+    int64_t start = 0;
+    int64_t block_steps = 1;
+  };
+  // The agreed pending schedule, when every rank reported it and it may
+  // take effect at `next_iteration`; else nullptr.
+  const Schedule* AgreePending(absl::Span<const ScheduleReport> reports,
+                               int64_t next_iteration);
+  // The newest version that took effect: a comparison's candidate while it
+  // runs, else the active one.
+  int64_t current_version() const {
+    return alternation_.has_value() ? alternation_->candidate.version
+                                    : active_.version;
+  }
   mutable std::mutex mu_;
   std::shared_ptr<const Pending> pending_;  // guarded by mu_
   // The newest version held or offered, the fallback's aside.
@@ -92,6 +125,7 @@ class ScheduleSlot {
   // Compute thread only.
   std::shared_ptr<const Pending> reported_;
   Schedule active_;
+  std::optional<Alternation> alternation_;
   const std::optional<Schedule> fallback_;
 };
 

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -76,9 +77,16 @@ absl::Status OfferPending(WorkerAgent& agent, Executor& executor) {
   while (std::optional<v1::ScheduleUpdate> update = agent.TakeSchedule()) {
     absl::StatusOr<Schedule> schedule = FromProto(update->schedule());
     absl::Status s = schedule.status();
+    // A comparison: the incumbent alternates with it.
+    std::optional<Schedule> incumbent;
+    if (s.ok() && update->has_incumbent()) {
+      absl::StatusOr<Schedule> parsed = FromProto(update->incumbent());
+      s = parsed.status();
+      if (s.ok()) incumbent = *std::move(parsed);
+    }
     if (s.ok()) {
-      s = executor.OfferSchedule(*std::move(schedule),
-                                 update->effective_step());
+      s = executor.OfferSchedule(*std::move(schedule), update->effective_step(),
+                                 std::move(incumbent), update->block_steps());
     }
     if (!s.ok()) {
       // A plan this worker cannot run is the coordinator's bug, not a reason
@@ -212,6 +220,7 @@ absl::Status Train(const AgentTrainerOptions& options, MemoryMeter* meter,
           : std::max(1, static_cast<int>(spec.optimize().warmup_steps()));
   int in_window = 0;
   int64_t applied_version = executor.active_schedule().version;
+  int64_t reported_version = applied_version;
   // The process's first step pays one-time costs (first calls into the
   // model, the allocator's first blocks, the collectives' connections), and
   // a schedule's first step its own (new buffers, the persistent params'
@@ -235,10 +244,14 @@ absl::Status Train(const AgentTrainerOptions& options, MemoryMeter* meter,
     out << StepJson(s, rank) << "\n";
     out.flush();
     if (s.schedule_version != applied_version) {
-      applied_version = s.schedule_version;
-      if (applied_version != kLeastMemoryVersion) {
-        agent.ReportApplied(applied_version, step);
+      // A comparison alternates back to its older incumbent: only a newer
+      // version is news to the coordinator.
+      if (s.schedule_version != kLeastMemoryVersion &&
+          s.schedule_version > reported_version) {
+        reported_version = s.schedule_version;
+        agent.ReportApplied(s.schedule_version, step);
       }
+      applied_version = s.schedule_version;
       unprofiled = true;
     }
     if (s.memory_guard) {

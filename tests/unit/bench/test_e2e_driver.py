@@ -189,6 +189,13 @@ def test_prediction_is_never_the_rollbacks_own_measurement():
     back_to_v0 = dict(VERSIONS)
     back_to_v0[4] = dict(reason="rollback", passes=["rollback-to-v0"], predicted_s=0.6)
     assert job.prediction_before_run(back_to_v0, 4) is None
+    # A trial kept after its comparison: the trial's plan and prediction.
+    kept = dict(VERSIONS)
+    kept[3] = dict(reason="kept", passes=["fsdp-prefetch", "trial:fsdp", "trial-of-v1",
+                                          "kept-v2"], predicted_s=0.39)
+    assert job.planned_version(kept, 3) == 2
+    assert job.prediction_before_run(kept, 3) == 0.41
+    assert job.plan_source(kept[3]["passes"]) == "fsdp"
     got = job.summarize(VERSIONS, SERIES, 3)
     assert got["final_version"] == 3 and got["final_reason"] == "rollback"
     assert got["final_source"] == "tandem" and got["final_planned_version"] == 1

@@ -97,5 +97,58 @@ TEST(ScheduleSlotTest, Agree_NearBudgetWithoutFallback_KeepsSchedule) {
   EXPECT_EQ(slot.active().version, 1);
 }
 
+// The versions active at iterations first..first+count-1, each boundary
+// agreed with every rank reporting the same.
+std::vector<int64_t> RunVersions(ScheduleSlot& slot, int64_t first, int count) {
+  std::vector<int64_t> out;
+  for (int64_t i = first; i < first + count; ++i) {
+    const ScheduleReport r = slot.Report();
+    slot.Agree({r, r}, i);
+    out.push_back(slot.active().version);
+  }
+  return out;
+}
+
+// A comparison: v2 offered with v1 as its incumbent, blocks of 2, takes
+// effect at iteration 5 and alternates v2 v2 v1 v1 v2 v2 ... from there, a
+// function of the iteration alone. A newer plan ends it.
+TEST(ScheduleSlotTest, Offer_WithIncumbent_AlternatesInBlocks) {
+  ScheduleSlot slot(Version(1));
+  ASSERT_TRUE(slot.Offer(Version(2), 5, Version(1), 2).ok());
+  EXPECT_FALSE(slot.alternating());
+  EXPECT_EQ(RunVersions(slot, 3, 10),
+            (std::vector<int64_t>{1, 1, 2, 2, 1, 1, 2, 2, 1, 1}));
+  EXPECT_TRUE(slot.alternating());
+  // v3 is newer than the candidate, whichever of the two runs now.
+  ASSERT_TRUE(slot.Offer(Version(3), 0).ok());
+  EXPECT_EQ(RunVersions(slot, 13, 4), (std::vector<int64_t>{3, 3, 3, 3}));
+  EXPECT_FALSE(slot.alternating());
+}
+
+// Only a schedule newer than the candidate replaces a comparison, even on
+// the incumbent's turn; a bad alternation is refused.
+TEST(ScheduleSlotTest, Offer_DuringComparison_OlderThanCandidateRefused) {
+  ScheduleSlot slot(Version(4));
+  EXPECT_EQ(slot.Offer(Version(5), 0, Version(4), 0).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(slot.Offer(Version(5), 0, Version(6), 3).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(slot.Offer(Version(5), 0, Version(4), 1).ok());
+  EXPECT_EQ(RunVersions(slot, 1, 2), (std::vector<int64_t>{5, 4}));
+  EXPECT_FALSE(slot.Offer(Version(5), 0).ok());
+}
+
+// The memory guard ends a comparison: the fallback runs until the next plan.
+TEST(ScheduleSlotTest, Agree_NearBudgetDuringComparison_FallbackEndsIt) {
+  ScheduleSlot slot(Version(1), Version(-1));
+  ASSERT_TRUE(slot.Offer(Version(2), 0, Version(1), 1).ok());
+  EXPECT_EQ(RunVersions(slot, 1, 2), (std::vector<int64_t>{2, 1}));
+  const ScheduleReport near = slot.Report(true);
+  ASSERT_NE(slot.Agree({near, near}, 3), nullptr);
+  EXPECT_TRUE(slot.fallback_active());
+  EXPECT_FALSE(slot.alternating());
+  EXPECT_EQ(RunVersions(slot, 4, 3), (std::vector<int64_t>{-1, -1, -1}));
+}
+
 }  // namespace
 }  // namespace tandem

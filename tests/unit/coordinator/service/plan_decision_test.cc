@@ -74,7 +74,7 @@ TEST(PlanDecisionTest, Table_MeasurementsToVerdicts) {
   CompareOptions options;  // min_gain 3%, 95%, 2..6 pairs
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    const Decision d = DecideInterleaved(c.blocks, 1, 2, options);
+    const ComparisonDecision d = DecideInterleaved(c.blocks, 1, 2, options);
     EXPECT_EQ(VerdictName(d.verdict), VerdictName(c.want));
     EXPECT_EQ(d.keep_candidate(), c.want == Verdict::kCandidateFaster);
   }
@@ -111,7 +111,7 @@ TEST(PlanDecisionTest, FirstStepOfEachBlock_LeftOut) {
     blocks.push_back(Block(1, 1.0, 0.01, 5, /*first_s=*/9.0));
     blocks.push_back(Block(2, 0.8, 0.01, 5, /*first_s=*/9.0));
   }
-  const Decision d = DecideInterleaved(blocks, 1, 2, {});
+  const ComparisonDecision d = DecideInterleaved(blocks, 1, 2, {});
   ASSERT_TRUE(d.interval.has_value());
   EXPECT_NEAR(d.interval->ratio, 0.8, 0.01);
   EXPECT_EQ(d.verdict, Verdict::kCandidateFaster);
@@ -167,7 +167,7 @@ TEST(PlanDecisionTest, PlanReason_NamesRoundTrip) {
   for (PlanReason r :
        {PlanReason::kInitial, PlanReason::kDrift, PlanReason::kMemory,
         PlanReason::kReoptimize, PlanReason::kRollback, PlanReason::kCached,
-        PlanReason::kTrial, PlanReason::kMemoryGuard}) {
+        PlanReason::kTrial, PlanReason::kKept, PlanReason::kMemoryGuard}) {
     const std::optional<PlanReason> back =
         PlanReasonFromName(PlanReasonName(r));
     ASSERT_TRUE(back.has_value()) << PlanReasonName(r);

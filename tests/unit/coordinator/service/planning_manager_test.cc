@@ -105,6 +105,11 @@ class PlanningManagerTest : public ::testing::Test {
       s.iteration_s = step < first_v1 ? v0_s : v1_s;
       stored.push_back(s);
     }
+    return RestartWith(stored);
+  }
+  // Stores `stored` as the job history writes steps, then restarts.
+  std::unique_ptr<Restarted> RestartWith(
+      const std::vector<StoredStep>& stored) {
     EXPECT_TRUE(store_->PutSteps(job_.id(), stored).ok());
     planning_->Stop();
     planning_.reset();
@@ -124,10 +129,10 @@ class PlanningManagerTest : public ::testing::Test {
   // A job whose every runner-up is worth a trial, planned and run until its
   // v1's runner-up is published as v2 (RunUntilTrial); v1's predicted step.
   double StartTrial();
-  // StartTrial, then runs the trial (v2) at `factor` of v1's time for
-  // drift_window steps after its switch step: the trial must be judged not
-  // worth keeping, and v3 published as a rollback running v1's plan.
-  // Returns v1's predicted step time.
+  // StartTrial, then the comparison: the trial (v2) at `factor` of v1's
+  // time, two block pairs from step 9; the trial must be judged not worth
+  // keeping, and v3 published as a rollback running v1's plan. Returns v1's
+  // predicted step time.
   double TrialBackToV1(double factor);
 
   std::unique_ptr<JobStore> store_;
@@ -533,11 +538,30 @@ double PlanningManagerTest::StartTrial() {
   return RunUntilTrial(*planning_, *jobs_, job_.id(), published_);
 }
 
+// What the ranks run during a comparison of v2 (the trial) against v1:
+// blocks of kComparisonBlockSteps steps, v2 first, from step `first`, for
+// `pairs` block pairs; pair k's steps take `v1_s[k]` under v1 and
+// `v2_s[k]` under v2 (the last value repeats). Returns the next step.
+int64_t Alternate(PlanningManager& planning, const std::string& job,
+                  int64_t first, int pairs, const std::vector<double>& v2_s,
+                  const std::vector<double>& v1_s) {
+  constexpr int kBlock = PlanningManager::kComparisonBlockSteps;
+  int64_t step = first;
+  for (int k = 0; k < pairs; ++k) {
+    const size_t i2 = std::min<size_t>(k, v2_s.size() - 1);
+    const size_t i1 = std::min<size_t>(k, v1_s.size() - 1);
+    Steps(planning, job, step, kBlock, 2, v2_s[i2]);
+    Steps(planning, job, step + kBlock, kBlock, 1, v1_s[i1]);
+    step += 2 * kBlock;
+  }
+  return step;
+}
+
 double PlanningManagerTest::TrialBackToV1(double factor) {
   const double predicted = StartTrial();
   EXPECT_EQ(published_.size(), 2u);
   planning_->OnScheduleActive(job_.id(), 2);
-  Steps(*planning_, job_.id(), 9, 4, 2, predicted * factor);
+  Alternate(*planning_, job_.id(), 9, 2, {predicted * factor}, {predicted});
   planning_->Drain();
   EXPECT_EQ(published_.size(), 3u);
   if (published_.size() < 3) return predicted;
@@ -545,16 +569,19 @@ double PlanningManagerTest::TrialBackToV1(double factor) {
   EXPECT_EQ(back.provenance().reason(), "rollback");
   EXPECT_THAT(back.provenance().passes(),
               ::testing::Contains("rollback-to-v1"));
+  EXPECT_FALSE(published_[2].has_incumbent());
   return predicted;
 }
 
 // The runner-up of the published plan, predicted within
 // optimize.trial_margin of it, is measured once the plan has run
 // drift_window steps and is not behind: published as a "trial" version
-// with its source and the version it is tried against, said in events.
-// Measured faster by median by at least optimize.min_gain (3%), even by
-// less than a rollback's noise margin (5%), it stays and is not tried again.
-TEST_F(PlanningManagerTest, Trial_RunnerUpMeasuredFaster_Kept) {
+// with its source and the version it is tried against, and with that
+// version as its incumbent: the ranks alternate the two in blocks. Measured
+// faster in the interleaved blocks by at least optimize.min_gain (3%), even
+// by less than a rollback's noise margin (5%), the trial's plan is
+// published again to run on ("kept") and is not tried again.
+TEST_F(PlanningManagerTest, Trial_InterleavedFaster_Kept) {
   job_ = *jobs_->Submit(Spec(/*trial_margin=*/1.0));
   ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
   SendWindow(0, 1, 0);
@@ -569,14 +596,21 @@ TEST_F(PlanningManagerTest, Trial_RunnerUpMeasuredFaster_Kept) {
   const v1::Schedule& trial = published_[1].schedule();
   EXPECT_EQ(trial.version(), 2);
   EXPECT_EQ(trial.provenance().reason(), "trial");
+  ASSERT_TRUE(published_[1].has_incumbent());
+  EXPECT_EQ(published_[1].incumbent().version(), 1);
+  EXPECT_EQ(published_[1].block_steps(),
+            PlanningManager::kComparisonBlockSteps);
   absl::StatusOr<Schedule> v1 = FromProto(published_[0].schedule());
   absl::StatusOr<Schedule> v2 = FromProto(trial);
-  ASSERT_TRUE(v1.ok() && v2.ok());
+  absl::StatusOr<Schedule> incumbent = FromProto(published_[1].incumbent());
+  ASSERT_TRUE(v1.ok() && v2.ok() && incumbent.ok());
   EXPECT_FALSE(SamePlan(*v1, *v2));
+  EXPECT_TRUE(SamePlan(*v1, *incumbent));
   EXPECT_TRUE(CheckScheduleSemantics(graph_, *v2).ok());
   ASSERT_FALSE(v2->explanation.decisions.empty());
   EXPECT_THAT(v2->explanation.decisions.back().what,
-              HasSubstr("measured as a trial against v1's"));
+              AllOf(HasSubstr("measured as a trial against v1's"),
+                    HasSubstr("alternate in blocks of 4 steps")));
   std::vector<std::string> trials = EventsOf(*jobs_, job_.id(), "trial");
   ASSERT_EQ(trials.size(), 1u);
   EXPECT_THAT(trials[0],
@@ -588,22 +622,37 @@ TEST_F(PlanningManagerTest, Trial_RunnerUpMeasuredFaster_Kept) {
                     HasSubstr("within optimize.trial_margin 100%")));
 
   planning_->OnScheduleActive(job_.id(), 2);
-  Steps(*planning_, job_.id(), 9, 4, 2, predicted * 0.96);
+  // One block pair decides nothing.
+  int64_t step =
+      Alternate(*planning_, job_.id(), 9, 1, {predicted * 0.96}, {predicted});
   planning_->Drain();
   EXPECT_EQ(published_.size(), 2u);
+  step = Alternate(*planning_, job_.id(), step, 1, {predicted * 0.96},
+                   {predicted});
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 3u);
+  const v1::Schedule& kept = published_[2].schedule();
+  EXPECT_EQ(kept.provenance().reason(), "kept");
+  EXPECT_THAT(kept.provenance().passes(), ::testing::Contains("kept-v2"));
+  EXPECT_FALSE(published_[2].has_incumbent());
+  absl::StatusOr<Schedule> v3 = FromProto(kept);
+  ASSERT_TRUE(v3.ok());
+  EXPECT_TRUE(SamePlan(*v2, *v3));
   trials = EventsOf(*jobs_, job_.id(), "trial");
   ASSERT_EQ(trials.size(), 2u);
   EXPECT_THAT(trials[1],
               AllOf(HasSubstr("trial v2 ("),
-                    HasSubstr(absl::StrFormat(
-                        "measured %.4f s/iter (median of 3 steps) against "
-                        "v1's %.4f",
-                        predicted * 0.96, predicted)),
-                    HasSubstr("4.0% faster; kept")));
+                    HasSubstr("against v1, interleaved in blocks of 4 steps "
+                              "(2 block pairs; 6 steps of v2, 5 of v1 "
+                              "counted, each block's first left out): "
+                              "v2/v1 = 0.960 (0.960-0.960, 95% interval) at "
+                              "step 23: 4.0% faster, beyond optimize.min_gain "
+                              "3%; kept: its plan runs on")));
   // Kept for good: no further trial, rollback or drift.
-  Steps(*planning_, job_.id(), 13, 20, 2, predicted * 0.96);
+  planning_->OnScheduleActive(job_.id(), 3);
+  Steps(*planning_, job_.id(), step, 20, 3, predicted * 0.96);
   planning_->Drain();
-  EXPECT_EQ(published_.size(), 2u);
+  EXPECT_EQ(published_.size(), 3u);
   EXPECT_EQ(CountEvents(*jobs_, job_.id(), "trial"), 2);
   EXPECT_EQ(CountEvents(*jobs_, job_.id(), "rollback"), 0);
   EXPECT_EQ(CountEvents(*jobs_, job_.id(), "drift"), 0);
@@ -611,11 +660,30 @@ TEST_F(PlanningManagerTest, Trial_RunnerUpMeasuredFaster_Kept) {
                    0.100 / (predicted * 0.96));
 }
 
-// A trial measured slower by median, here by 2.5% (inside the 5% a
-// rollback's noise margin would forgive), goes back to the plan it was
-// tried against, as a rollback version running that plan, and is never
-// published again: not by a re-plan, not as a second trial.
-TEST_F(PlanningManagerTest, Trial_RunnerUpMeasuredSlower_BackToThePlan) {
+// A machine that slows down between block pairs lands on both plans: the
+// trial, 5% faster within each pair, is kept, although its second block
+// (at the slower machine) measured slower than the incumbent's first. A
+// comparison of one plan's steps after the other's would have taken the
+// slowdown for the trial's.
+TEST_F(PlanningManagerTest, Trial_MachineSlowsDuringComparison_StillKept) {
+  const double predicted = StartTrial();
+  ASSERT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  Alternate(*planning_, job_.id(), 9, 2,
+            {predicted * 0.95, predicted * 1.3 * 0.95},
+            {predicted, predicted * 1.3});
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 3u);
+  EXPECT_EQ(published_[2].schedule().provenance().reason(), "kept");
+  EXPECT_THAT(EventsOf(*jobs_, job_.id(), "trial").back(),
+              HasSubstr("5.0% faster, beyond optimize.min_gain 3%; kept"));
+}
+
+// A trial measured slower in the interleaved blocks, here by 2.5% (inside
+// the 5% a rollback's noise margin would forgive), goes back to the plan
+// it was tried against, as a rollback version running that plan, and is
+// never published again: not by a re-plan, not as a second trial.
+TEST_F(PlanningManagerTest, Trial_InterleavedSlower_BackToThePlan) {
   const double predicted = TrialBackToV1(1.025);
   ASSERT_EQ(published_.size(), 3u);
   const v1::Schedule& back = published_[2].schedule();
@@ -626,16 +694,14 @@ TEST_F(PlanningManagerTest, Trial_RunnerUpMeasuredSlower_BackToThePlan) {
   EXPECT_DOUBLE_EQ(back.prediction().iteration_s(), predicted);
   EXPECT_THAT(EventsOf(*jobs_, job_.id(), "trial").back(),
               AllOf(HasSubstr("trial v2 ("),
-                    HasSubstr(absl::StrFormat(
-                        "measured %.4f s/iter (median of 3 steps) against "
-                        "v1's %.4f (3 steps): not faster; back to v1's "
-                        "schedule at step 12",
-                        predicted * 1.025, predicted))));
+                    HasSubstr("v2/v1 = 1.025 (1.025-1.025, 95% interval) at "
+                              "step 23: 2.5% slower; back to v1's schedule")));
   planning_->OnScheduleActive(job_.id(), 3);
-  Steps(*planning_, job_.id(), 13, 20, 3, predicted);
+  Steps(*planning_, job_.id(), 25, 20, 3, predicted);
   planning_->Drain();
   EXPECT_EQ(published_.size(), 3u);
   EXPECT_EQ(CountEvents(*jobs_, job_.id(), "trial"), 2);
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "rollback"), 0);
   // Re-planned from the same measurements, the planner's choice is v1's
   // plan, the active one: whatever it publishes, never the trial's again.
   ASSERT_TRUE(planning_->RequestReplan(job_.id(), "").ok());
@@ -649,31 +715,54 @@ TEST_F(PlanningManagerTest, Trial_RunnerUpMeasuredSlower_BackToThePlan) {
 }
 
 // A trial measured faster by less than optimize.min_gain (2.5% against 3%)
-// keeps the plan it was tried against: a few steps' medians move that much
-// with noise, and a switch on it is a coin toss.
+// keeps the plan it was tried against: not worth a switch.
 TEST_F(PlanningManagerTest, Trial_FasterByLessThanMinGain_IncumbentKept) {
   TrialBackToV1(0.975);
   ASSERT_EQ(published_.size(), 3u);
   EXPECT_THAT(EventsOf(*jobs_, job_.id(), "trial").back(),
-              HasSubstr("2.5% faster, under optimize.min_gain 3%: not worth a "
-                        "switch; back to v1's schedule at step 12"));
+              HasSubstr("v2/v1 = 0.975 (0.975-0.975, 95% interval) at step "
+                        "23: within optimize.min_gain 3% of v1: not worth a "
+                        "switch; back to v1's schedule"));
+}
+
+// Block pairs that disagree (the trial 10% faster in one, 10% slower in the
+// next) decide nothing until optimize's six pairs are spent: inconclusive,
+// and the incumbent stays.
+TEST_F(PlanningManagerTest, Trial_PairsDisagree_InconclusiveIncumbentKept) {
+  const double predicted = StartTrial();
+  ASSERT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  const std::vector<double> v2_s = {predicted * 0.9, predicted * 1.1,
+                                    predicted * 0.9, predicted * 1.1,
+                                    predicted * 0.9, predicted * 1.1};
+  Alternate(*planning_, job_.id(), 9, 5, v2_s, {predicted});
+  planning_->Drain();
+  EXPECT_EQ(published_.size(), 2u);
+  Steps(*planning_, job_.id(), 49, 4, 2, v2_s.back());
+  Steps(*planning_, job_.id(), 53, 4, 1, predicted);
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 3u);
+  EXPECT_EQ(published_[2].schedule().provenance().reason(), "rollback");
+  EXPECT_THAT(EventsOf(*jobs_, job_.id(), "trial").back(),
+              HasSubstr("inconclusive after 6 block pairs"));
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "rollback"), 0);
 }
 
 // A trial far slower, beyond the noise a rollback needs, is still judged
-// as a trial: against the version it was tried against, said in a trial
-// event, not as a rollback to the best version measured.
+// by its comparison: against the version it was tried against, said in a
+// trial event, not as a rollback to the best version measured.
 TEST_F(PlanningManagerTest, Trial_FarSlower_JudgedAsTrial) {
   const double predicted = StartTrial();
   ASSERT_EQ(published_.size(), 2u);
   planning_->OnScheduleActive(job_.id(), 2);
-  Steps(*planning_, job_.id(), 9, 4, 2, predicted * 2.5);
+  Alternate(*planning_, job_.id(), 9, 2, {predicted * 2.5}, {predicted});
   planning_->Drain();
   ASSERT_EQ(published_.size(), 3u);
   EXPECT_THAT(published_[2].schedule().provenance().passes(),
               ::testing::Contains("rollback-to-v1"));
   EXPECT_EQ(CountEvents(*jobs_, job_.id(), "rollback"), 0);
   EXPECT_THAT(EventsOf(*jobs_, job_.id(), "trial").back(),
-              HasSubstr("not faster; back to v1's schedule at step 12"));
+              HasSubstr("150.0% slower; back to v1's schedule"));
 }
 
 // optimize.trial_margin 0: the runner-up is never measured.
@@ -693,18 +782,37 @@ TEST_F(PlanningManagerTest, Trial_MarginZero_NoTrial) {
   EXPECT_EQ(CountEvents(*jobs_, job_.id(), "trial"), 0);
 }
 
-// A coordinator restart while a trial runs: the restarted manager knows the
-// trial and what it is tried against (from the stored schedules and steps)
-// and still judges it.
-TEST_F(PlanningManagerTest, Restart_DuringTrial_StillJudged) {
+// A coordinator restart during a comparison: the restarted manager knows
+// the trial and its incumbent (from the stored schedules), rebuilds the
+// blocks measured so far from the stored steps, hands a reconnecting
+// worker the trial with its incumbent, and decides once the ranks (which
+// alternate on their own) have run one more block pair.
+TEST_F(PlanningManagerTest, Restart_DuringComparison_StillDecided) {
   const double predicted = StartTrial();
   ASSERT_EQ(published_.size(), 2u);
-  std::unique_ptr<Restarted> r = RestartAfter(9, 5, 0.100, predicted);
+  const int64_t effective = published_[1].effective_step();
+  std::vector<StoredStep> stored;
+  for (int64_t step = 0; step < effective + 8; ++step) {
+    StoredStep s;
+    s.step = step;
+    const bool compared = step >= effective;
+    const bool trial_turn = compared && (step - effective) % 8 < 4;
+    s.schedule_version = step < 5 ? 0 : (trial_turn ? 2 : 1);
+    s.iteration_s =
+        step < 5 ? 0.100 : (trial_turn ? predicted * 1.03 : predicted);
+    stored.push_back(s);
+  }
+  std::unique_ptr<Restarted> r = RestartWith(stored);
   PlanningManager& restarted = *r->planning;
   JobManager& jobs = *r->jobs;
   std::vector<v1::ScheduleUpdate>& published = r->published;
-  restarted.OnScheduleActive(job_.id(), 2);
-  Steps(restarted, job_.id(), 9, 4, 2, predicted * 1.03);
+  absl::StatusOr<v1::ScheduleUpdate> latest = restarted.LatestUpdate(job_.id());
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->schedule().version(), 2);
+  EXPECT_EQ(latest->incumbent().version(), 1);
+  EXPECT_EQ(latest->block_steps(), PlanningManager::kComparisonBlockSteps);
+  Alternate(restarted, job_.id(), effective + 8, 1, {predicted * 1.03},
+            {predicted});
   restarted.Drain();
   ASSERT_EQ(published.size(), 1u);
   EXPECT_EQ(published[0].schedule().provenance().reason(), "rollback");
@@ -713,7 +821,11 @@ TEST_F(PlanningManagerTest, Restart_DuringTrial_StillJudged) {
   EXPECT_THAT(jobs.Events(job_.id(), 0)->back().message(),
               HasSubstr("v3 (rollback)"));
   EXPECT_THAT(EventsOf(jobs, job_.id(), "trial").back(),
-              HasSubstr("not faster; back to v1's schedule"));
+              HasSubstr("3.0% slower; back to v1's schedule"));
+  // Decided: the newest is no comparison any more.
+  latest = restarted.LatestUpdate(job_.id());
+  ASSERT_TRUE(latest.ok());
+  EXPECT_FALSE(latest->has_incumbent());
   restarted.Stop();
 }
 

@@ -534,12 +534,15 @@ TEST_F(WorkerManagerTest, Applied_AllRanks_ReportsActiveOnce) {
 }
 
 TEST_F(WorkerManagerTest, OpenSession_BehindLatestSchedule_SendsIt) {
-  StoredSchedule latest;
-  latest.schedule.set_version(3);
-  latest.effective_step = 12;
+  v1::ScheduleUpdate latest;
+  latest.mutable_schedule()->set_version(3);
+  latest.set_effective_step(12);
+  // A comparison: the incumbent travels with it.
+  latest.mutable_incumbent()->set_version(2);
+  latest.set_block_steps(4);
   std::vector<std::string> asked;
   workers_->SetScheduleLookup(
-      [&](const std::string& job_id) -> absl::StatusOr<StoredSchedule> {
+      [&](const std::string& job_id) -> absl::StatusOr<v1::ScheduleUpdate> {
         asked.push_back(job_id);
         return latest;
       });
@@ -555,6 +558,8 @@ TEST_F(WorkerManagerTest, OpenSession_BehindLatestSchedule_SendsIt) {
   ASSERT_EQ(behind->Take().size(), 1u);
   EXPECT_EQ(behind->Take()[0].schedule().schedule().version(), 3);
   EXPECT_EQ(behind->Take()[0].schedule().effective_step(), 12);
+  EXPECT_EQ(behind->Take()[0].schedule().incumbent().version(), 2);
+  EXPECT_EQ(behind->Take()[0].schedule().block_steps(), 4);
   auto current = std::make_shared<RecordingSink>();
   hello.set_rank(1);
   hello.set_incarnation("b");

@@ -723,11 +723,22 @@ PlanningManager::FindCachedPlan(const v1::Job& job,
     }
     absl::StatusOr<std::vector<StoredSchedule>> schedules =
         store_->LoadSchedules(id);
-    if (!schedules.ok() || schedules->empty() ||
-        schedules->back().schedule.prediction().peak_bytes() > mine.budget()) {
+    if (!schedules.ok()) continue;
+    // The newest schedule that is no trial: a trial still last was never
+    // decided (a decided one is followed by its "kept" or "rollback"
+    // version), and an undecided plan is not handed out.
+    const StoredSchedule* newest = nullptr;
+    for (auto s = schedules->rbegin(); s != schedules->rend(); ++s) {
+      if (s->schedule.provenance().reason() != "trial") {
+        newest = &*s;
+        break;
+      }
+    }
+    if (newest == nullptr ||
+        newest->schedule.prediction().peak_bytes() > mine.budget()) {
       continue;
     }
-    found = std::make_pair(id, schedules->back().schedule);
+    found = std::make_pair(id, newest->schedule);
     found_submitted = other->submitted_unix_s();
   }
   return found;

@@ -286,8 +286,8 @@ class PlanningManager {
   // for. Requires mu_.
   void OnWindowLocked(const std::string& job_id, JobPlanning& state,
                       Profile aggregate);
-  // The plan cache: the newest schedule of an earlier job (running or
-  // succeeded) with the same graph hash, model, batch, world, declared
+  // The plan cache: the newest schedule that is no undecided trial of an
+  // earlier job (running or succeeded) with the same graph hash, model, batch, world, declared
   // budget and hardware, pipeline and comm settings, the same ranks per node,
   // and a budget within 5% (a budget of 0 follows the memory the devices
   // report) that the plan's predicted peak fits. Nullopt when none.

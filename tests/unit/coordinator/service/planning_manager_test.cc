@@ -923,6 +923,34 @@ TEST_F(PlanningManagerTest, SameJobAgain_StartsOnItsCachedPlan) {
   EXPECT_EQ(published_.size(), 2u);
 }
 
+// A job that ended during a comparison never hands out its undecided trial:
+// the same job again starts on the plan the trial was tried against.
+TEST_F(PlanningManagerTest, CachedPlan_NeverAnUndecidedTrial) {
+  job_ = *jobs_->Submit(Spec(/*trial_margin=*/1.0));
+  RegisterDevices(*planning_, *store_, job_.id());
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  SendWindow(0, 1, 0);
+  RunUntilTrial(*planning_, *jobs_, job_.id(), published_);
+  ASSERT_EQ(published_.size(), 2u);
+  ASSERT_EQ(published_[1].schedule().provenance().reason(), "trial");
+  ASSERT_TRUE(
+      jobs_->Transition(job_.id(), v1::JOB_STATE_SUCCEEDED, "done").ok());
+
+  absl::StatusOr<v1::Job> again = jobs_->Submit(Spec(/*trial_margin=*/1.0));
+  ASSERT_TRUE(again.ok());
+  RegisterDevices(*planning_, *store_, again->id());
+  ASSERT_TRUE(planning_->OnGraph(again->id(), 0, Report(true)).ok());
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 3u);
+  EXPECT_THAT(
+      published_[2].schedule().provenance().passes(),
+      ::testing::Contains(absl::StrCat("cached-from:", job_.id(), "/v1")));
+  absl::StatusOr<Schedule> v1 = FromProto(published_[0].schedule());
+  absl::StatusOr<Schedule> cached = FromProto(published_[2].schedule());
+  ASSERT_TRUE(v1.ok() && cached.ok());
+  EXPECT_TRUE(SamePlan(*v1, *cached));
+}
+
 // A plan whose step peaks vary with timing trips the memory guard; the
 // re-plan keeps free what its peaks went over its prediction by plus their
 // spread (GuardHeadroom), since the worker's guard band widens to that

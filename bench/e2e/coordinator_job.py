@@ -99,8 +99,10 @@ def plan_source(passes):
 
 
 # Versions that publish an earlier version's plan again, and the pass that
-# names it: a rollback, and a trial kept after its comparison.
-RERUN_MARKERS = {"rollback": "rollback-to-v", "kept": "kept-v"}
+# names it: a rollback, a trial kept after its comparison, and a settled
+# plan alternated with the baseline to measure its speedup.
+RERUN_MARKERS = {"rollback": "rollback-to-v", "kept": "kept-v",
+                 "baseline-check": "baseline-check-of-v"}
 
 
 def planned_version(versions, version):

@@ -381,6 +381,7 @@ void ApplyJobSpecDefaults(v1::JobSpec& spec) {
   if (o.drift_window() == 0) o.set_drift_window(5);
   if (!o.has_trial_margin()) o.set_trial_margin(kDefaultTrialMargin);
   if (!o.has_min_gain()) o.set_min_gain(kDefaultMinGain);
+  if (!o.has_baseline_pairs()) o.set_baseline_pairs(kDefaultBaselinePairs);
 
   // comm.chunk_bytes stays 0: automatic.
   v1::CommSpec& comm = *spec.mutable_comm();
@@ -651,6 +652,12 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
         "optimize.min_gain must be between 0 and 0.5 (0.03 = a trial is kept "
         "when measured at least 3% faster), got ",
         o.min_gain());
+  }
+  if (o.baseline_pairs() < 0 || o.baseline_pairs() > kMaxBaselinePairs) {
+    errors.Add(
+        "optimize.baseline_pairs must be between 0 (no interleaved "
+        "baseline measurement) and ",
+        kMaxBaselinePairs, " block pairs, got ", o.baseline_pairs());
   }
 
   const v1::HardwareSpec& hw = spec.hardware();

@@ -29,6 +29,9 @@ inline constexpr int32_t kDefaultCommMaxInFlight = 4;
 inline constexpr double kDefaultTrialMargin = 0.10;
 // optimize.min_gain when unset.
 inline constexpr double kDefaultMinGain = 0.03;
+// optimize.baseline_pairs when unset, and its largest value.
+inline constexpr int32_t kDefaultBaselinePairs = 4;
+inline constexpr int32_t kMaxBaselinePairs = 16;
 
 // Fills fields left at zero with their defaults: data.kind "synthetic",
 // batch.grad_accum 1, train.{lr 1e-3, lr_schedule constant, beta1 0.9, beta2

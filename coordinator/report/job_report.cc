@@ -123,14 +123,17 @@ std::string Header(const JobReport& r) {
   facts.emplace_back("schedule", job.schedule_version() == 0
                                      ? std::string("baseline (v0)")
                                      : VersionName(job.schedule_version()));
-  if (job.measured_speedup() > 0) {
+  // What the plan bought, as the coordinator measured it interleaved with
+  // the baseline (with its interval and basis), or why it has no figure.
+  if (job.schedule_version() > 0 && !job.speedup_text().empty()) {
     facts.emplace_back(
         "bought",
-        absl::StrFormat("%.2fx measured speedup over the baseline; predicted "
-                        "%s, measured %s per iteration",
-                        job.measured_speedup(),
-                        Seconds(job.predicted_iteration_s()),
-                        Seconds(job.measured_iteration_s())));
+        job.measured_iteration_s() > 0
+            ? absl::StrCat(job.speedup_text(), "; predicted ",
+                           Seconds(job.predicted_iteration_s()), ", measured ",
+                           Seconds(job.measured_iteration_s()),
+                           " per iteration")
+            : job.speedup_text());
   }
   const v1::ModelSpec& m = spec.model();
   std::string model = m.preset().empty() ? "model" : m.preset();

@@ -25,9 +25,10 @@ struct CoordinatorMetrics {
   // Elastic restarts of a job (restart.max_restarts), by what was lost.
   metrics::Family<metrics::Counter>* job_restarts;
   // The reasons a plan is made, whose series start at 0 with each job.
+  // Every PlanReasonName (coordinator/service/plan_decision.h).
   static constexpr const char* kReplanReasons[] = {
-      "initial",  "drift",  "memory",       "reoptimize",
-      "rollback", "cached", "memory-guard", "trial"};
+      "initial", "drift",        "memory", "reoptimize", "rollback",
+      "cached",  "memory-guard", "trial",  "kept",       "baseline-check"};
   // {job}
   metrics::Family<metrics::Gauge>* drift_score;
   // {pass}

@@ -426,14 +426,18 @@ absl::Status JobManager::UpdateProgress(absl::string_view job_id, int64_t step,
   return absl::OkStatus();
 }
 
-absl::Status JobManager::UpdateOutcome(absl::string_view job_id, double speedup,
-                                       double predicted_s, double measured_s) {
+absl::Status JobManager::UpdateOutcome(absl::string_view job_id,
+                                       const Outcome& outcome) {
   std::lock_guard<std::mutex> lock(mu_);
   Record* r = Find(job_id);
   if (r == nullptr) return NotFound(job_id);
-  r->job.set_measured_speedup(speedup);
-  r->job.set_predicted_iteration_s(predicted_s);
-  r->job.set_measured_iteration_s(measured_s);
+  r->job.set_measured_speedup(outcome.speedup);
+  r->job.set_speedup_low(outcome.speedup_low);
+  r->job.set_speedup_high(outcome.speedup_high);
+  r->job.set_speedup_steps(outcome.speedup_steps);
+  r->job.set_speedup_text(outcome.speedup_text);
+  r->job.set_predicted_iteration_s(outcome.predicted_s);
+  r->job.set_measured_iteration_s(outcome.measured_s);
   return absl::OkStatus();
 }
 

@@ -125,11 +125,19 @@ class JobManager {
   absl::Status UpdateProgress(absl::string_view job_id, int64_t step,
                               double loss, int64_t schedule_version);
 
-  // What the active schedule bought (v1::Job's measured_speedup,
-  // predicted_iteration_s, measured_iteration_s); written with the next
-  // progress or event.
-  absl::Status UpdateOutcome(absl::string_view job_id, double speedup,
-                             double predicted_s, double measured_s);
+  // What the active schedule bought (v1::Job's measured_speedup and its
+  // interval, steps and text, predicted_iteration_s, measured_iteration_s);
+  // written with the next progress or event.
+  struct Outcome {
+    double speedup = 0;
+    double speedup_low = 0;
+    double speedup_high = 0;
+    int32_t speedup_steps = 0;
+    std::string speedup_text;
+    double predicted_s = 0;
+    double measured_s = 0;
+  };
+  absl::Status UpdateOutcome(absl::string_view job_id, const Outcome& outcome);
 
   // The job and its events after some seq, read under one lock: a job seen
   // terminal here comes with the event that ended it.

@@ -11,7 +11,7 @@
 namespace tandem {
 namespace {
 
-constexpr std::array<std::pair<PlanReason, absl::string_view>, 9> kReasons = {{
+constexpr std::array<std::pair<PlanReason, absl::string_view>, 10> kReasons = {{
     {PlanReason::kInitial, "initial"},
     {PlanReason::kDrift, "drift"},
     {PlanReason::kMemory, "memory"},
@@ -21,6 +21,7 @@ constexpr std::array<std::pair<PlanReason, absl::string_view>, 9> kReasons = {{
     {PlanReason::kTrial, "trial"},
     {PlanReason::kKept, "kept"},
     {PlanReason::kMemoryGuard, "memory-guard"},
+    {PlanReason::kBaselineCheck, "baseline-check"},
 }};
 
 // The median of `v` (reordered).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <optional>
 
 #include "absl/strings/numbers.h"
@@ -17,7 +18,6 @@
 #include "common/status_macros.h"
 #include "coordinator/passes/pass_pipeline.h"
 #include "coordinator/planner/planner.h"
-#include "google/protobuf/util/message_differencer.h"
 
 namespace tandem {
 namespace {
@@ -28,14 +28,24 @@ double PredictedAtReference(const WorkScale& work, const v1::Prediction& p) {
   return work.ToReference(p.iteration_s(), p.work());
 }
 
-// How far the budget of a job with memory.budget_bytes 0 (the memory its
-// devices report) may move between runs for a cached plan to apply.
-constexpr double kCachedBudgetTolerance = 0.05;
-
 // The job's optimize.min_gain (jobs stored before it existed: the default).
 double MinGain(const v1::JobSpec& spec) {
   return spec.optimize().has_min_gain() ? spec.optimize().min_gain()
                                         : kDefaultMinGain;
+}
+
+// The job's optimize.baseline_pairs (jobs stored before it existed: the
+// default).
+int BaselinePairs(const v1::JobSpec& spec) {
+  return spec.optimize().has_baseline_pairs() ? spec.optimize().baseline_pairs()
+                                              : kDefaultBaselinePairs;
+}
+
+// What the baseline (v0) does, the basis a speedup is stated against.
+std::string BaselineBasis(const v1::JobSpec& spec) {
+  return spec.parallel().zero_stage() == 1
+             ? "ZeRO-1, gradients all-reduced in buckets"
+             : "FSDP-style on-demand gathers";
 }
 
 // The job's optimize.trial_margin (jobs stored before it existed: the
@@ -230,22 +240,25 @@ void PlanningManager::RecoverEvidenceLocked(
   for (size_t i = 0; i < state.schedules.size(); ++i) {
     const v1::Schedule& s = state.schedules[i].schedule;
     // (A rollback to a trial keeps the trial's passes: the reason decides.)
-    std::optional<int64_t> of = s.provenance().reason() == "trial"
-                                    ? VersionPass(s, "trial-of-v")
-                                    : std::nullopt;
+    const std::optional<PlanReason> why =
+        PlanReasonFromName(s.provenance().reason());
+    std::optional<int64_t> of =
+        why == PlanReason::kTrial ? VersionPass(s, "trial-of-v") : std::nullopt;
     if (of.has_value()) {
       state.trials[s.version()] = *of;
       if (i + 1 < state.schedules.size()) {
         state.trials_judged.insert(s.version());
       }
     }
-    if (s.provenance().reason() == "kept") {
-      if (std::optional<int64_t> to = VersionPass(s, "kept-v")) {
+    // A kept trial and a baseline check rerun a plan, rejecting nothing.
+    if (why == PlanReason::kKept || why == PlanReason::kBaselineCheck) {
+      if (std::optional<int64_t> to = VersionPass(
+              s, why == PlanReason::kKept ? "kept-v" : "baseline-check-of-v")) {
         state.rollbacks[s.version()] = *to;
       }
       continue;
     }
-    if (s.provenance().reason() != "rollback") continue;
+    if (why != PlanReason::kRollback) continue;
     if (std::optional<int64_t> to = VersionPass(s, "rollback-to-v")) {
       state.rollbacks[s.version()] = *to;
     }
@@ -261,6 +274,14 @@ void PlanningManager::RecoverEvidenceLocked(
     auto of = state.trials.find(newest.version());
     if (of != state.trials.end() && !state.trials_judged.count(of->first)) {
       state.comparison = JobPlanning::Comparison{of->first, of->second};
+    }
+    // A baseline check: measured again from its stored steps (its first step
+    // after them completes it when every pair is in).
+    if (PlanReasonFromName(newest.provenance().reason()) ==
+            PlanReason::kBaselineCheck &&
+        BaselinePairs(state.spec) > 0) {
+      state.comparison = JobPlanning::Comparison{newest.version(), 0,
+                                                 BaselinePairs(state.spec)};
     }
   }
   // Step times per version, as OnProgress recorded them (at the reference
@@ -399,11 +420,11 @@ void PlanningManager::OnWindowLocked(const std::string& job_id,
                                 : state.schedules.back().schedule.version();
   if (state.schedules.empty() &&
       latest.last_iteration + 1 >= state.spec.optimize().warmup_steps()) {
-    QueueLocked(job_id, state, "initial");
-  } else if (!state.pending_reason.empty() &&
+    QueueLocked(job_id, state, PlanReason::kInitial);
+  } else if (state.pending_reason.has_value() &&
              latest.schedule_version == active_version) {
-    QueueLocked(job_id, state, state.pending_reason);
-    state.pending_reason.clear();
+    QueueLocked(job_id, state, *state.pending_reason);
+    state.pending_reason.reset();
   }
 }
 
@@ -493,7 +514,7 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
     if (behind.has_value()) {
       state.rejected[active_version] = state.schedules.back().schedule;
       state.rollback_to = behind->best_version;
-      state.pending_reason.clear();
+      state.pending_reason.reset();
       (void)jobs_->RecordEvent(
           job_id, "rollback",
           absl::StrFormat(
@@ -505,7 +526,7 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
               behind->best_version, behind->best.median_s, behind->best.samples,
               100 * (behind->active.median_s / behind->best.median_s - 1),
               100 * behind->noise, behind->best_version, progress.step()));
-      QueueLocked(job_id, state, "rollback");
+      QueueLocked(job_id, state, PlanReason::kRollback);
       return;
     }
   }
@@ -513,7 +534,8 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
   if (unjudged_trial) return;
   // The active plan is judged and not behind: its runner-up's turn.
   if (state.trial.has_value() && state.trial_after == active_version &&
-      !state.queued && state.pending_reason.empty() && !state.guard_active) {
+      !state.queued && !state.pending_reason.has_value() &&
+      !state.guard_active) {
     if (std::optional<ScheduleMeasurements::Summary> m =
             state.measured.Summarize(active_version)) {
       const double predicted = PredictedAtReference(
@@ -532,22 +554,41 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
               theirs, active_version, predicted,
               predicted > 0 ? 100 * (theirs / predicted - 1) : 0.0,
               100 * TrialMargin(state.spec)));
-      QueueLocked(job_id, state, "trial");
+      QueueLocked(job_id, state, PlanReason::kTrial);
       return;
     }
+  }
+  // The active plan has settled (measured, not behind, no trial to come):
+  // what it bought is measured against the baseline, interleaved, once.
+  // Not for a plan that reruns the baseline's.
+  auto rerun = state.rollbacks.find(active_version);
+  const bool reruns_baseline =
+      rerun != state.rollbacks.end() && rerun->second == 0;
+  if (BaselinePairs(state.spec) > 0 && !state.queued &&
+      !state.pending_reason.has_value() && !state.guard_active &&
+      !state.comparison.has_value() &&
+      state.speedup_version != active_version && !reruns_baseline &&
+      !(state.trial.has_value() && state.trial_after == active_version) &&
+      state.measured.Summarize(active_version).has_value()) {
+    state.rollback_to = active_version;
+    QueueLocked(job_id, state, PlanReason::kBaselineCheck);
+    return;
   }
   std::optional<std::string> reason =
       state.drift->Observe(measured, measured_peak);
   if (metrics_ != nullptr) {
     metrics_->drift_score->WithLabels({job_id}).Set(state.drift->score());
   }
-  if (reason.has_value() && state.pending_reason.empty() && !state.queued) {
-    state.pending_reason = *reason;
+  // The detector says "drift" or "memory" (drift_detector.h).
+  const std::optional<PlanReason> why =
+      reason.has_value() ? PlanReasonFromName(*reason) : std::nullopt;
+  if (why.has_value() && !state.pending_reason.has_value() && !state.queued) {
+    state.pending_reason = why;
     const double predicted = PredictedAtReference(
         state.work, state.schedules.back().schedule.prediction());
     (void)jobs_->RecordEvent(
         job_id, "drift",
-        *reason == "drift"
+        *why == PlanReason::kDrift
             ? absl::StrFormat(
                   "drift at step %d: the last %d steps measured %.4f s/iter "
                   "(median) against %.4f expected (score %.2f; threshold "
@@ -571,6 +612,10 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
                                     int64_t step, double seconds) {
   JobPlanning::Comparison& c = *state.comparison;
   if (!c.Add(version, step, seconds)) return false;
+  if (c.baseline_pairs > 0) {
+    MeasureBaselineLocked(job_id, state, version, step);
+    return true;
+  }
   if (state.queued) return true;
   CompareOptions options;
   options.min_gain = MinGain(state.spec);
@@ -626,21 +671,53 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
           verdict));
   state.trials_judged.insert(candidate);
   state.comparison.reset();
-  state.pending_reason.clear();
+  state.pending_reason.reset();
   if (decision.keep_candidate()) {
     if (incumbent_schedule.has_value()) {
       state.rejected[incumbent] = *incumbent_schedule;
     }
     state.rollback_to = candidate;
-    QueueLocked(job_id, state, "kept");
+    QueueLocked(job_id, state, PlanReason::kKept);
   } else {
     if (candidate_schedule.has_value()) {
       state.rejected[candidate] = *candidate_schedule;
     }
     state.rollback_to = incumbent;
-    QueueLocked(job_id, state, "rollback");
+    QueueLocked(job_id, state, PlanReason::kRollback);
   }
   return true;
+}
+
+void PlanningManager::MeasureBaselineLocked(const std::string& job_id,
+                                            JobPlanning& state, int64_t version,
+                                            int64_t step) {
+  const JobPlanning::Comparison& c = *state.comparison;
+  const std::optional<RatioInterval> r =
+      InterleavedRatio(c.blocks, c.incumbent, c.candidate, CompareOptions{});
+  // Every pair in and the plan running on by itself; or, when a block was
+  // cut short (a step missing), the plan alone for longer than a pair.
+  const bool all_in =
+      r.has_value() && r->pairs >= c.baseline_pairs && version == c.candidate;
+  const bool alone_long = !c.blocks.empty() &&
+                          c.blocks.back().version == c.candidate &&
+                          c.blocks.back().step_s.size() >
+                              static_cast<size_t>(2 * kComparisonBlockSteps);
+  if (!all_in && !alone_long) {
+    // How far the check is, in the job's outcome.
+    ReportOutcomeLocked(job_id, state, c.candidate);
+    return;
+  }
+  const int64_t checked = c.candidate;
+  state.comparison.reset();
+  state.speedup_version = checked;
+  state.speedup = DescribeSpeedup(r, BaselineBasis(state.spec));
+  (void)jobs_->RecordEvent(
+      job_id, "baseline",
+      absl::StrFormat("v%d against the baseline (v0), alternated in %d block "
+                      "pairs of %d steps, at step %d: %s",
+                      checked, r.has_value() ? r->pairs : 0,
+                      kComparisonBlockSteps, step, state.speedup.text));
+  ReportOutcomeLocked(job_id, state, checked);
 }
 
 void PlanningManager::MaybeStartCached(const v1::Job& job) {
@@ -660,88 +737,15 @@ void PlanningManager::MaybeStartCached(const v1::Job& job) {
     hash = state.profiles.graph()->StructuralHash();
     devices = state.devices;
   }
-  std::optional<std::pair<std::string, v1::Schedule>> cached =
-      FindCachedPlan(job, hash, devices);
+  std::optional<CachedPlan> cached =
+      FindCachedPlan(*jobs_, *store_, job, hash, devices);
   if (!cached.has_value()) return;
   std::lock_guard<std::mutex> lock(mu_);
   JobPlanning& state = State(job.id(), job);
   if (!state.schedules.empty() || state.queued) return;
-  state.cached_from = cached->first;
-  state.cached = std::move(cached->second);
-  QueueLocked(job.id(), state, "cached");
-}
-
-std::optional<std::pair<std::string, v1::Schedule>>
-PlanningManager::FindCachedPlan(const v1::Job& job,
-                                const std::string& graph_hash,
-                                const std::vector<RankDevice>& devices) {
-  absl::StatusOr<std::vector<std::string>> candidates =
-      store_->JobsWithGraph(graph_hash);
-  if (!candidates.ok()) return std::nullopt;
-  const v1::JobSpec& spec = job.spec();
-  const HardwareModel mine = HardwareForJob(spec, devices).hw;
-  std::optional<std::pair<std::string, v1::Schedule>> found;
-  double found_submitted = -1;
-  for (const std::string& id : *candidates) {
-    if (id == job.id()) continue;
-    absl::StatusOr<v1::Job> other = jobs_->Get(id);
-    if (!other.ok() || other->submitted_unix_s() <= found_submitted ||
-        (other->state() != v1::JOB_STATE_RUNNING &&
-         other->state() != v1::JOB_STATE_SUCCEEDED)) {
-      continue;
-    }
-    const v1::JobSpec& o = other->spec();
-    using ::google::protobuf::util::MessageDifferencer;
-    if (!MessageDifferencer::Equals(o.model(), spec.model()) ||
-        !MessageDifferencer::Equals(o.batch(), spec.batch()) ||
-        !MessageDifferencer::Equals(o.parallel(), spec.parallel()) ||
-        !MessageDifferencer::Equals(o.memory(), spec.memory()) ||
-        !MessageDifferencer::Equals(o.hardware(), spec.hardware()) ||
-        !MessageDifferencer::Equals(o.comm(), spec.comm()) ||
-        o.optimize().policy() != spec.optimize().policy() ||
-        !std::equal(o.optimize().passes().begin(), o.optimize().passes().end(),
-                    spec.optimize().passes().begin(),
-                    spec.optimize().passes().end())) {
-      continue;
-    }
-    absl::StatusOr<std::vector<StoredWorker>> workers = store_->LoadWorkers(id);
-    if (!workers.ok()) continue;
-    std::vector<RankDevice> theirs;
-    for (const StoredWorker& w : *workers) {
-      theirs.push_back({w.hostname, w.device, w.device_memory_bytes});
-    }
-    // The same budget: declared budgets are equal (compared above); a budget
-    // of 0 is the memory the devices report, which moves a little between
-    // runs: within 5%, and the plan's predicted peak must fit the new one.
-    const HardwareModel hw = HardwareForJob(o, theirs).hw;
-    const double budgets =
-        static_cast<double>(std::max(hw.budget(), mine.budget()));
-    if (hw.ranks_per_node != mine.ranks_per_node ||
-        std::abs(static_cast<double>(hw.budget() - mine.budget())) >
-            kCachedBudgetTolerance * budgets) {
-      continue;
-    }
-    absl::StatusOr<std::vector<StoredSchedule>> schedules =
-        store_->LoadSchedules(id);
-    if (!schedules.ok()) continue;
-    // The newest schedule that is no trial: a trial still last was never
-    // decided (a decided one is followed by its "kept" or "rollback"
-    // version), and an undecided plan is not handed out.
-    const StoredSchedule* newest = nullptr;
-    for (auto s = schedules->rbegin(); s != schedules->rend(); ++s) {
-      if (s->schedule.provenance().reason() != "trial") {
-        newest = &*s;
-        break;
-      }
-    }
-    if (newest == nullptr ||
-        newest->schedule.prediction().peak_bytes() > mine.budget()) {
-      continue;
-    }
-    found = std::make_pair(id, newest->schedule);
-    found_submitted = other->submitted_unix_s();
-  }
-  return found;
+  state.cached_from = cached->job_id;
+  state.cached = std::move(cached->schedule);
+  QueueLocked(job.id(), state, PlanReason::kCached);
 }
 
 void PlanningManager::ReportOutcomeLocked(const std::string& job_id,
@@ -750,27 +754,63 @@ void PlanningManager::ReportOutcomeLocked(const std::string& job_id,
   const int64_t active =
       state.schedules.empty() ? 0 : state.schedules.back().schedule.version();
   if (version != active) return;
-  const double predicted =
-      state.schedules.empty()
-          ? 0
-          : PredictedAtReference(state.work,
-                                 state.schedules.back().schedule.prediction());
+  JobManager::Outcome o;
+  if (!state.schedules.empty()) {
+    o.predicted_s = PredictedAtReference(
+        state.work, state.schedules.back().schedule.prediction());
+  }
+  // Too few steps of the active version yet: its prediction alone, never
+  // the figures of the version it replaced (nor the gauge's: NaN, "not
+  // measured", which no alert or panel reads as a value).
   const std::optional<ScheduleMeasurements::Summary> now =
       state.measured.Summarize(active);
-  if (!now.has_value()) {
-    // Too few steps of the active version yet: its prediction alone, never
-    // the figures of the version it replaced.
-    (void)jobs_->UpdateOutcome(job_id, 0, predicted, 0);
-    return;
+  if (now.has_value()) o.measured_s = now->median_s;
+  double gauge = std::numeric_limits<double>::quiet_NaN();
+  auto rerun = state.rollbacks.find(active);
+  if (active == 0 || (rerun != state.rollbacks.end() && rerun->second == 0)) {
+    if (now.has_value()) {
+      o.speedup = 1;
+      gauge = 1;
+    }
+    o.speedup_text =
+        active == 0
+            ? std::string("on the baseline (v0)")
+            : absl::StrFormat("on the baseline's plan (v%d runs v0's again)",
+                              active);
+  } else if (state.speedup_version == active) {
+    // Measured interleaved (its baseline check): the figure with its
+    // interval, or why it is not one.
+    const Speedup& s = state.speedup;
+    o.speedup = s.factor;
+    o.speedup_low = s.low;
+    o.speedup_high = s.high;
+    o.speedup_steps = s.steps;
+    o.speedup_text = s.text;
+    if (s.measured()) gauge = s.factor;
+  } else if (BaselinePairs(state.spec) == 0) {
+    o.speedup_text =
+        "not measured (optimize.baseline_pairs is 0: no interleaved "
+        "measurement against the baseline)";
+  } else if (state.comparison.has_value() &&
+             state.comparison->candidate == active &&
+             state.comparison->baseline_pairs > 0) {
+    const JobPlanning::Comparison& c = *state.comparison;
+    const int64_t baseline_blocks = std::count_if(
+        c.blocks.begin(), c.blocks.end(),
+        [&c](const StepBlock& b) { return b.version == c.incumbent; });
+    o.speedup_text = absl::StrFormat(
+        "not measured yet (v%d alternates with the baseline: %d of %d block "
+        "pairs)",
+        active, baseline_blocks, c.baseline_pairs);
+  } else {
+    o.speedup_text = absl::StrFormat(
+        "not measured yet (v%d is measured against the baseline, "
+        "interleaved, once it has settled)",
+        active);
   }
-  const std::optional<ScheduleMeasurements::Summary> base =
-      state.measured.Summarize(0);
-  const double speedup =
-      active == 0 ? 1.0
-                  : (base.has_value() ? base->median_s / now->median_s : 0);
-  (void)jobs_->UpdateOutcome(job_id, speedup, predicted, now->median_s);
-  if (metrics_ != nullptr && speedup > 0) {
-    metrics_->speedup->WithLabels({job_id}).Set(speedup);
+  (void)jobs_->UpdateOutcome(job_id, o);
+  if (metrics_ != nullptr) {
+    metrics_->speedup->WithLabels({job_id}).Set(gauge);
   }
 }
 
@@ -812,7 +852,9 @@ void PlanningManager::OnMemoryGuard(const std::string& job_id, int32_t rank,
       state.comparison.reset();
     }
     // Before the first plan, the initial plan is measured under it anyway.
-    if (!state.schedules.empty()) state.pending_reason = "memory-guard";
+    if (!state.schedules.empty()) {
+      state.pending_reason = PlanReason::kMemoryGuard;
+    }
     message = absl::StrCat(
         "rank ", rank, ": ", reason,
         state.schedules.empty()
@@ -859,12 +901,19 @@ absl::StatusOr<int64_t> PlanningManager::RequestReplan(
         "job ", job_id,
         " has no profile yet; re-optimize after its warm-up steps"));
   }
-  QueueLocked(job_id, state, reason.empty() ? "reoptimize" : reason);
+  const std::optional<PlanReason> why =
+      reason.empty() ? PlanReason::kReoptimize : PlanReasonFromName(reason);
+  if (!why.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown re-plan reason '", reason,
+                     "'; use 'reoptimize' (or leave it empty)"));
+  }
+  QueueLocked(job_id, state, *why);
   return static_cast<int64_t>(state.schedules.size()) + 1;
 }
 
 void PlanningManager::QueueLocked(const std::string& job_id, JobPlanning& state,
-                                  const std::string& reason) {
+                                  PlanReason reason) {
   if (state.queued || stop_) return;
   state.queued = true;
   queue_.emplace_back(job_id, reason);
@@ -891,8 +940,8 @@ void PlanningManager::PlannerLoop() {
   idle_.notify_all();
 }
 
-void PlanningManager::PlanOne(const std::string& job_id,
-                              const std::string& reason) {
+void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
+  const std::string reason(PlanReasonName(why));
   // Snapshot what the plan needs, then plan without the lock.
   Graph graph;
   Profile profile;
@@ -935,9 +984,11 @@ void PlanningManager::PlanOne(const std::string& job_id,
     auto it = state_.find(job_id);
     // Plans that are not made from a profile: a cached plan, a rollback
     // and a trial (after a restart, before the next window).
-    const bool cached_plan = reason == "cached";
-    const bool needs_profile = !cached_plan && reason != "rollback" &&
-                               reason != "kept" && reason != "trial";
+    const bool cached_plan = why == PlanReason::kCached;
+    const bool needs_profile = !cached_plan && why != PlanReason::kRollback &&
+                               why != PlanReason::kKept &&
+                               why != PlanReason::kTrial &&
+                               why != PlanReason::kBaselineCheck;
     if (stop_ || it == state_.end() || it->second.profiles.graph() == nullptr ||
         (!it->second.latest && needs_profile)) {
       return;
@@ -953,7 +1004,7 @@ void PlanningManager::PlanOne(const std::string& job_id,
       cached_from = it->second.cached_from;
       cached = it->second.cached;
     }
-    if (reason == "trial") {
+    if (why == PlanReason::kTrial) {
       if (!it->second.trial.has_value()) return;
       trial = std::move(it->second.trial);
       trial_of = it->second.trial_after;
@@ -973,7 +1024,8 @@ void PlanningManager::PlanOne(const std::string& job_id,
     devices = it->second.devices;
     version = static_cast<int64_t>(it->second.schedules.size()) + 1;
     rejected = it->second.rejected;
-    if (reason == "rollback" || reason == "kept") {
+    if (why == PlanReason::kRollback || why == PlanReason::kKept ||
+        why == PlanReason::kBaselineCheck) {
       rollback_to = it->second.rollback_to;
       for (const StoredSchedule& s : it->second.schedules) {
         if (s.schedule.version() == rollback_to) rollback_schedule = s.schedule;
@@ -1003,7 +1055,7 @@ void PlanningManager::PlanOne(const std::string& job_id,
       }
     }
     JobPlanning& state = it->second;
-    if (reason == "memory-guard" && !state.schedules.empty()) {
+    if (why == PlanReason::kMemoryGuard && !state.schedules.empty()) {
       const v1::Schedule& tripped = state.schedules.back().schedule;
       auto seen = state.peak_by_version.find(tripped.version());
       if (seen != state.peak_by_version.end()) {
@@ -1074,8 +1126,13 @@ void PlanningManager::PlanOne(const std::string& job_id,
         back->prediction.work = baseline_simulated->prediction().work();
       }
       back->provenance.passes.push_back(absl::StrCat(
-          reason == "kept" ? "kept-v" : "rollback-to-v", rollback_to));
-      planned_on = reason == "kept" ? "the comparison" : "the measurements";
+          why == PlanReason::kKept            ? "kept-v"
+          : why == PlanReason::kBaselineCheck ? "baseline-check-of-v"
+                                              : "rollback-to-v",
+          rollback_to));
+      planned_on = why == PlanReason::kKept            ? "the comparison"
+                   : why == PlanReason::kBaselineCheck ? "the plan that settled"
+                                                       : "the measurements";
       return back;
     }
     PlanOptions options = PlanOptionsFromSpec(spec);
@@ -1115,7 +1172,7 @@ void PlanningManager::PlanOne(const std::string& job_id,
                    ? 0
                    : result->headroom_bytes;
     planned_on = DescribeHardware(result->hw);
-    if (reason != "memory-guard") {
+    if (why != PlanReason::kMemoryGuard) {
       next_trial = TrialCandidate(*result, TrialMargin(spec));
     }
     if (!result->feasible) {
@@ -1148,7 +1205,7 @@ void PlanningManager::PlanOne(const std::string& job_id,
         absl::StrCat("planning v", version, " (", reason,
                      ") failed: ", planned.status().message(),
                      "; the job keeps its current schedule",
-                     KeepActive(job_id, reason)));
+                     KeepActive(job_id, why)));
     return;
   }
   for (const auto& [slower, schedule] : rejected) {
@@ -1160,11 +1217,11 @@ void PlanningManager::PlanOne(const std::string& job_id,
                        "'s schedule again, which measured slower than the "
                        "best schedule on this job; the job keeps its "
                        "current schedule",
-                       KeepActive(job_id, reason)));
+                       KeepActive(job_id, why)));
       return;
     }
   }
-  if (reason == "drift") {
+  if (why == PlanReason::kDrift) {
     // A drift re-plan that changes nothing is no re-plan.
     std::optional<v1::Schedule> active;
     {
@@ -1183,7 +1240,7 @@ void PlanningManager::PlanOne(const std::string& job_id,
           job_id, "replan",
           absl::StrCat("planning v", version, " (drift) gave the active v",
                        active->version(), "'s schedule again; the job keeps it",
-                       KeepActive(job_id, reason)));
+                       KeepActive(job_id, why)));
       return;
     }
   }
@@ -1209,6 +1266,23 @@ void PlanningManager::PlanOne(const std::string& job_id,
     *update.mutable_incumbent() = *trial_incumbent;
     update.set_block_steps(kComparisonBlockSteps);
   }
+  const int baseline_pairs = BaselinePairs(spec);
+  if (why == PlanReason::kBaselineCheck) {
+    absl::StatusOr<Schedule> baseline = StartingSchedule(
+        graph, spec.parallel().zero_stage() == 1 ? ShardingMode::kZero1
+                                                 : ShardingMode::kZero3);
+    if (!baseline.ok()) {
+      (void)jobs_->RecordEvent(
+          job_id, "replan",
+          absl::StrCat("the baseline check of v", rollback_to,
+                       " has no baseline to alternate with: ",
+                       baseline.status().message()));
+      return;
+    }
+    *update.mutable_incumbent() = ToProto(*baseline);
+    update.set_block_steps(kComparisonBlockSteps);
+    update.set_block_pairs(baseline_pairs);
+  }
   // Stored before any rank sees it, so that a restarted coordinator knows
   // every version a worker may be running.
   if (absl::Status s = store_->PutSchedule(job_id, update.schedule(),
@@ -1229,6 +1303,10 @@ void PlanningManager::PlanOne(const std::string& job_id,
       if (trial.has_value()) {
         it->second.trials[version] = trial_of;
         it->second.comparison = JobPlanning::Comparison{version, trial_of};
+      }
+      if (why == PlanReason::kBaselineCheck) {
+        it->second.comparison =
+            JobPlanning::Comparison{version, 0, baseline_pairs};
       }
       it->second.trial_after = next_trial.has_value() ? version : -1;
       it->second.trial = next_trial;
@@ -1269,8 +1347,8 @@ void PlanningManager::PlanOne(const std::string& job_id,
 }
 
 std::string PlanningManager::KeepActive(const std::string& job_id,
-                                        const std::string& reason) {
-  if (reason != "drift") return "";
+                                        PlanReason reason) {
+  if (reason != PlanReason::kDrift) return "";
   std::lock_guard<std::mutex> lock(mu_);
   auto it = state_.find(job_id);
   if (it == state_.end() || it->second.schedules.empty() ||
@@ -1361,19 +1439,23 @@ absl::StatusOr<v1::ScheduleUpdate> PlanningManager::LatestUpdate(
   v1::ScheduleUpdate update;
   update.set_effective_step(newest.effective_step);
   int64_t incumbent = -1;
+  int pairs = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = state_.find(job_id);
     if (it != state_.end() && it->second.comparison.has_value() &&
         it->second.comparison->candidate == newest.schedule.version()) {
       incumbent = it->second.comparison->incumbent;
+      pairs = it->second.comparison->baseline_pairs;
     }
   }
   if (incumbent >= 0) {
+    // The trial's incumbent, or the baseline (v0: the starting schedule).
     ASSIGN_OR_RETURN(StoredSchedule theirs,
                      GetScheduleVersion(job_id, incumbent));
     *update.mutable_incumbent() = std::move(theirs.schedule);
     update.set_block_steps(kComparisonBlockSteps);
+    update.set_block_pairs(pairs);
   }
   *update.mutable_schedule() = std::move(newest.schedule);
   return update;

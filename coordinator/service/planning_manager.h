@@ -14,7 +14,7 @@
 //     best one measured on the job (ScheduleMeasurements), whose plan is
 //     published again;
 //   - "cached": no plan: an identical earlier job's newest schedule, as soon
-//     as the graph and every rank's device are known (FindCachedPlan);
+//     as the graph and every rank's device are known (plan_cache.h);
 //   - "trial": no plan: the runner-up of the plan that made the active
 //     version, when the cost model predicted it within
 //     optimize.trial_margin of that plan (TrialCandidate), once the active
@@ -27,6 +27,10 @@
 //     inconclusive, the incumbent's is ("rollback") and the trial is never
 //     published again;
 //   - "kept": no plan: the trial's plan, which the comparison found faster;
+//   - "baseline-check": no plan: the settled plan again (measured, not
+//     behind, its trial decided), alternated with the baseline (v0) for
+//     optimize.baseline_pairs block pairs, after which it runs on: what it
+//     bought is measured interleaved, with an interval (DescribeSpeedup);
 //   - "memory-guard": the first complete window measured under the
 //     least-memory schedule, which every rank switched to because a rank's
 //     peak came near the budget (OnMemoryGuard); the plan keeps, beyond
@@ -68,6 +72,7 @@
 #include "coordinator/service/coordinator_metrics.h"
 #include "coordinator/service/drift_detector.h"
 #include "coordinator/service/job_manager.h"
+#include "coordinator/service/plan_cache.h"
 #include "coordinator/service/plan_decision.h"
 #include "coordinator/service/profile_aggregator.h"
 #include "coordinator/service/schedule_measurements.h"
@@ -209,10 +214,14 @@ class PlanningManager {
     std::map<int64_t, int64_t> trials;
     std::set<int64_t> trials_judged;
     // The comparison running: a trial version alternating with the version
-    // it is tried against, and the blocks of steps each ran, in order.
+    // it is tried against, or a baseline check alternating with v0, and the
+    // blocks of steps each ran, in order.
     struct Comparison {
       int64_t candidate = 0;
       int64_t incumbent = 0;
+      // A baseline check of this many block pairs (a measurement, not a
+      // decision); 0: a trial.
+      int baseline_pairs = 0;
       std::vector<StepBlock> blocks;
       int64_t last_step = -1;
       // Adds a step to the block it ran in (a new block when the version
@@ -233,6 +242,10 @@ class PlanningManager {
       }
     };
     std::optional<Comparison> comparison;
+    // The speedup over the baseline measured by the newest baseline check,
+    // and the version it measured (-1: none yet).
+    int64_t speedup_version = -1;
+    Speedup speedup;
     // A queued "cached" plan: the earlier job it comes from and its schedule.
     std::string cached_from;
     std::optional<v1::Schedule> cached;
@@ -254,7 +267,7 @@ class PlanningManager {
     int64_t guard_step = -1;
     bool guard_active = false;
     int64_t extra_headroom = 0;
-    std::string pending_reason;
+    std::optional<PlanReason> pending_reason;
     bool queued = false;
   };
 
@@ -264,6 +277,11 @@ class PlanningManager {
   // belonged to the comparison (nothing else judges it). Requires mu_.
   bool CompareLocked(const std::string& job_id, JobPlanning& state,
                      int64_t version, int64_t step, double seconds);
+  // A baseline check's step (CompareLocked): once its block pairs are in
+  // and the plan runs on by itself, what it bought becomes the job's
+  // speedup (an event, the job's outcome, the gauge). Requires mu_.
+  void MeasureBaselineLocked(const std::string& job_id, JobPlanning& state,
+                             int64_t version, int64_t step);
   // What the drift detector expects of `schedule`, at the reference work:
   // its prediction, except for a rollback, which is expected at what the
   // plan it runs again measured (else at what it measured itself): its
@@ -286,24 +304,17 @@ class PlanningManager {
   // for. Requires mu_.
   void OnWindowLocked(const std::string& job_id, JobPlanning& state,
                       Profile aggregate);
-  // The plan cache: the newest schedule that is no undecided trial of an
-  // earlier job (running or succeeded) with the same graph hash, model, batch, world, declared
-  // budget and hardware, pipeline and comm settings, the same ranks per node,
-  // and a budget within 5% (a budget of 0 follows the memory the devices
-  // report) that the plan's predicted peak fits. Nullopt when none.
-  // Looks the job up in the plan cache once its graph and every rank's
-  // device are known, and queues the cached plan when there is one.
+  // Looks the job up in the plan cache (plan_cache.h) once its graph and
+  // every rank's device are known, and queues the cached plan when there is
+  // one.
   void MaybeStartCached(const v1::Job& job);
-  std::optional<std::pair<std::string, v1::Schedule>> FindCachedPlan(
-      const v1::Job& job, const std::string& graph_hash,
-      const std::vector<RankDevice>& devices);
   // Tells the job what the active schedule bought, once `version` (the one
   // a step just ran under) is the active one and measured. Requires mu_.
   void ReportOutcomeLocked(const std::string& job_id, const JobPlanning& state,
                            int64_t version);
   // Queues a plan for the job. Requires mu_.
   void QueueLocked(const std::string& job_id, JobPlanning& state,
-                   const std::string& reason);
+                   PlanReason reason);
   // A drift re-plan that publishes nothing (it failed, gave a plan measured
   // slower before, or gave the active plan again) leaves the active
   // schedule running: from now on the detector expects it at what it
@@ -312,9 +323,9 @@ class PlanningManager {
   // deviation does not fire again and a later change still does. Returns
   // the clause for the event ("" for other reasons, or under the memory
   // guard).
-  std::string KeepActive(const std::string& job_id, const std::string& reason);
+  std::string KeepActive(const std::string& job_id, PlanReason reason);
   void PlannerLoop();
-  void PlanOne(const std::string& job_id, const std::string& reason);
+  void PlanOne(const std::string& job_id, PlanReason reason);
   void Fail(const std::string& job_id, const std::string& message);
   // Drops the job's state.
   void Forget(const std::string& job_id);
@@ -332,7 +343,7 @@ class PlanningManager {
   std::condition_variable work_;
   std::condition_variable idle_;
   std::map<std::string, JobPlanning> state_;
-  std::deque<std::pair<std::string, std::string>> queue_;  // job, reason
+  std::deque<std::pair<std::string, PlanReason>> queue_;  // job, reason
   bool busy_ = false;
   bool stop_ = false;
   std::once_flag joined_;

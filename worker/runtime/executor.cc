@@ -364,7 +364,7 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(
 absl::Status Executor::OfferSchedule(Schedule schedule,
                                      int64_t not_before_iteration,
                                      std::optional<Schedule> incumbent,
-                                     int64_t block_steps) {
+                                     int64_t block_steps, int64_t block_pairs) {
   for (const Schedule* s : {&schedule, incumbent ? &*incumbent : nullptr}) {
     if (s == nullptr) continue;
     RETURN_IF_ERROR(CheckRunnableSchedule(graph_, *s));
@@ -377,7 +377,7 @@ absl::Status Executor::OfferSchedule(Schedule schedule,
     }
   }
   return slot_.Offer(std::move(schedule), not_before_iteration,
-                     std::move(incumbent), block_steps);
+                     std::move(incumbent), block_steps, block_pairs);
 }
 
 absl::Status Executor::Activate(const Schedule& schedule) {

@@ -148,11 +148,12 @@ class Executor {
   // takes effect at the first iteration boundary at which every rank holds
   // it, and not before iteration `not_before_iteration`. With `incumbent`
   // (checked alike): a comparison, the two alternating in blocks of
-  // `block_steps` iterations once it takes effect (ScheduleSlot).
+  // `block_steps` iterations once it takes effect, for `block_pairs` pairs
+  // (0: until a newer schedule; ScheduleSlot).
   absl::Status OfferSchedule(Schedule schedule,
                              int64_t not_before_iteration = 0,
                              std::optional<Schedule> incumbent = std::nullopt,
-                             int64_t block_steps = 0);
+                             int64_t block_steps = 0, int64_t block_pairs = 0);
 
   // Runs one iteration over this rank's micro-batches (one per graph
   // micro-batch). Each micro-batch's loss (its own mean) weighs 1 / (world *

@@ -16,7 +16,7 @@ ScheduleSlot::ScheduleSlot(Schedule initial, std::optional<Schedule> fallback)
 absl::Status ScheduleSlot::Offer(Schedule schedule,
                                  int64_t not_before_iteration,
                                  std::optional<Schedule> incumbent,
-                                 int64_t block_steps) {
+                                 int64_t block_steps, int64_t block_pairs) {
   if (incumbent.has_value()) {
     if (block_steps < 1) {
       return absl::InvalidArgumentError(
@@ -31,6 +31,11 @@ absl::Status ScheduleSlot::Offer(Schedule schedule,
                        ", which is not older; the incumbent is a "
                        "version that ran before"));
     }
+    if (block_pairs < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "schedule v", schedule.version, " alternates for ", block_pairs,
+          " block pairs; 0 (until a newer schedule) or more"));
+    }
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (schedule.version <= newest_version_) {
@@ -41,7 +46,7 @@ absl::Status ScheduleSlot::Offer(Schedule schedule,
   newest_version_ = schedule.version;
   pending_ = std::make_shared<const Pending>(
       Pending{std::move(schedule), not_before_iteration, std::move(incumbent),
-              block_steps});
+              block_steps, block_pairs});
   return absl::OkStatus();
 }
 
@@ -78,6 +83,13 @@ const Schedule* ScheduleSlot::Agree(absl::Span<const ScheduleReport> reports,
   }
   if (!alternation_.has_value()) return nullptr;
   const Alternation& a = *alternation_;
+  if (a.end > 0 && next_iteration >= a.end) {
+    // Done: the candidate runs on.
+    const bool switched = active_.version != a.candidate.version;
+    if (switched) active_ = a.candidate;
+    alternation_.reset();
+    return switched ? &active_ : nullptr;
+  }
   const bool candidate_turn =
       ((next_iteration - a.start) / a.block_steps) % 2 == 0;
   const Schedule& turn = candidate_turn ? a.candidate : a.incumbent;
@@ -101,8 +113,12 @@ const Schedule* ScheduleSlot::AgreePending(
   }
   active_ = reported_->schedule;
   if (reported_->incumbent.has_value()) {
-    alternation_ = Alternation{reported_->schedule, *reported_->incumbent,
-                               next_iteration, reported_->block_steps};
+    const int64_t block = reported_->block_steps;
+    alternation_ = Alternation{
+        reported_->schedule, *reported_->incumbent, next_iteration, block,
+        reported_->block_pairs > 0
+            ? next_iteration + 2 * block * reported_->block_pairs
+            : 0};
   } else {
     alternation_.reset();
   }

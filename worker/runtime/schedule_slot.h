@@ -22,8 +22,9 @@
 // offered with an incumbent alternates with it in blocks of `block_steps`
 // iterations, the offered one first, from the iteration every rank switched
 // to it. Which one runs is a function of the iteration alone, so every rank
-// switches at the same boundaries without another exchange. A newer offer
-// ends the alternation when it takes effect; so does the memory guard.
+// switches at the same boundaries without another exchange. It ends after
+// `block_pairs` pairs (the offered schedule then runs on; 0: no end), when
+// a newer offer takes effect, or when the memory guard trips.
 //
 // No libtorch: the agreement rule is tested in isolation.
 #ifndef TANDEM_WORKER_RUNTIME_SCHEDULE_SLOT_H_
@@ -61,10 +62,11 @@ class ScheduleSlot {
   // offered (active, pending, or dropped when the guard tripped), or when an
   // incumbent is given with `block_steps` < 1 or a version not older than
   // the schedule's.
-  // With `incumbent`: the two alternate once the schedule takes effect.
+  // With `incumbent`: the two alternate once the schedule takes effect, for
+  // `block_pairs` block pairs (0: until a newer schedule).
   absl::Status Offer(Schedule schedule, int64_t not_before_iteration,
                      std::optional<Schedule> incumbent = std::nullopt,
-                     int64_t block_steps = 0);
+                     int64_t block_steps = 0, int64_t block_pairs = 0);
 
   // What this rank reports at the iteration boundary; `near_budget` is the
   // executor's guard verdict for this rank. Remembers the pending schedule
@@ -101,12 +103,15 @@ class ScheduleSlot {
     int64_t not_before = 0;
     std::optional<Schedule> incumbent;
     int64_t block_steps = 0;
+    int64_t block_pairs = 0;
   };
   struct Alternation {
     Schedule candidate;
     Schedule incumbent;
     int64_t start = 0;
     int64_t block_steps = 1;
+    // The iteration the candidate runs on from (0: none).
+    int64_t end = 0;
   };
   // The agreed pending schedule, when every rank reported it and it may
   // take effect at `next_iteration`; else nullptr.

@@ -86,7 +86,8 @@ absl::Status OfferPending(WorkerAgent& agent, Executor& executor) {
     }
     if (s.ok()) {
       s = executor.OfferSchedule(*std::move(schedule), update->effective_step(),
-                                 std::move(incumbent), update->block_steps());
+                                 std::move(incumbent), update->block_steps(),
+                                 update->block_pairs());
     }
     if (!s.ok()) {
       // A plan this worker cannot run is the coordinator's bug, not a reason

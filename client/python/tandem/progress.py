@@ -21,11 +21,12 @@ def describe_outcome(job):
     parts = []
     if job.schedule_version == 0:
         parts.append("baseline")
-    elif job.measured_speedup > 0:
-        parts.append("%.2fx faster than the baseline (v0)"
-                     % job.measured_speedup)
+    elif job.speedup_text:
+        # The coordinator's words: the figure with its interval and basis,
+        # measured interleaved with the baseline, or why there is none yet.
+        parts.append(job.speedup_text)
     else:
-        parts.append("baseline not measured")
+        parts.append("speedup not measured")
     line = ", ".join(parts) + "; measured %.4f s/iter" % job.measured_iteration_s
     if job.predicted_iteration_s > 0:
         line += ", predicted %.4f (%+.1f%%)" % (
@@ -151,7 +152,8 @@ class ProgressView:
         parts.append("schedule v%d" % job.schedule_version
                      if job.schedule_version > 0 else "schedule baseline")
         if job.schedule_version > 0 and job.measured_speedup > 0:
-            parts.append("%.2fx vs baseline" % job.measured_speedup)
+            parts.append("%.2fx (%.2f-%.2f) vs baseline" % (
+                job.measured_speedup, job.speedup_low, job.speedup_high))
         return "  ".join(parts)
 
     # -- output

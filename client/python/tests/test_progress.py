@@ -31,23 +31,36 @@ def test_outcome_on_the_baseline():
 
 
 def test_outcome_of_a_plan_with_prediction_error():
+    # The speedup as the coordinator measured it, interleaved, with its
+    # interval and basis.
+    text = ("1.28\u00d7 (1.21\u20131.33) faster than the baseline (v0: "
+            "FSDP-style on-demand gathers), measured interleaved over 24 steps")
     line = describe_outcome(job(schedule_version=1, measured_speedup=1.28,
+                                speedup_low=1.21, speedup_high=1.33,
+                                speedup_steps=24, speedup_text=text,
                                 measured_iteration_s=0.2171,
                                 predicted_iteration_s=0.2552))
-    assert line == ("1.28x faster than the baseline (v0); measured 0.2171 "
-                    "s/iter, predicted 0.2552 (+17.5%)")
+    assert line == (text + "; measured 0.2171 s/iter, predicted 0.2552 "
+                    "(+17.5%)")
 
 
-def test_outcome_when_the_baseline_was_not_measured():
+def test_outcome_before_the_speedup_is_measured():
+    # Never a number from too few steps: the coordinator says why.
+    text = "not measured yet (v2 alternates with the baseline: 1 of 4 block pairs)"
+    line = describe_outcome(job(schedule_version=2, measured_iteration_s=0.1,
+                                speedup_text=text))
+    assert line.startswith(text + "; measured 0.1000 s/iter")
+    # A coordinator that says nothing about it.
     line = describe_outcome(job(schedule_version=2, measured_iteration_s=0.1))
-    assert line.startswith("baseline not measured; measured 0.1000 s/iter")
+    assert line.startswith("speedup not measured; measured 0.1000 s/iter")
 
 
 def test_watch_line_carries_the_speedup():
     import io
     view = ProgressView(out=io.StringIO(), tty=False)
     line = view.status_text(job(step=5, schedule_version=1,
-                                measured_speedup=1.28), bar=False)
-    assert "schedule v1" in line and "1.28x vs baseline" in line
+                                measured_speedup=1.28, speedup_low=1.21,
+                                speedup_high=1.33), bar=False)
+    assert "schedule v1" in line and "1.28x (1.21-1.33) vs baseline" in line
     line = view.status_text(job(step=5), bar=False)
     assert "vs baseline" not in line

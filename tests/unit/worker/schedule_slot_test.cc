@@ -138,6 +138,17 @@ TEST(ScheduleSlotTest, Offer_DuringComparison_OlderThanCandidateRefused) {
   EXPECT_FALSE(slot.Offer(Version(5), 0).ok());
 }
 
+// A comparison with an end: two block pairs of 2, then v2 runs on by
+// itself, with no newer offer.
+TEST(ScheduleSlotTest, Offer_WithBlockPairs_CandidateRunsOnAfterThem) {
+  ScheduleSlot slot(Version(1));
+  ASSERT_TRUE(slot.Offer(Version(2), 0, Version(0), 2, 2).ok());
+  EXPECT_EQ(RunVersions(slot, 1, 12),
+            (std::vector<int64_t>{2, 2, 0, 0, 2, 2, 0, 0, 2, 2, 2, 2}));
+  EXPECT_FALSE(slot.alternating());
+  EXPECT_FALSE(slot.Offer(Version(3), 0, Version(2), 2, -1).ok());
+}
+
 // The memory guard ends a comparison: the fallback runs until the next plan.
 TEST(ScheduleSlotTest, Agree_NearBudgetDuringComparison_FallbackEndsIt) {
   ScheduleSlot slot(Version(1), Version(-1));

@@ -21,8 +21,9 @@ using ::testing::Not;
 v1::JobSpec Spec() {
   v1::JobSpec spec = TinyJobSpec("report", 10);
   spec.mutable_optimize()->set_warmup_steps(2);
-  // One plan, measured: no trial of its runner-up.
+  // One plan, measured: no trial of its runner-up, no baseline check.
   spec.mutable_optimize()->set_trial_margin(0);
+  spec.mutable_optimize()->set_baseline_pairs(0);
   return spec;
 }
 

@@ -24,12 +24,15 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // `trial_margin`: optimize.trial_margin (negative: unset, the default).
-v1::JobSpec Spec(double trial_margin = -1) {
+// The interleaved baseline check is off unless a test asks for it
+// (`baseline_pairs`): the other tests count the versions a job publishes.
+v1::JobSpec Spec(double trial_margin = -1, int baseline_pairs = 0) {
   v1::JobSpec spec = TinyJobSpec("tiny", 50);
   spec.mutable_optimize()->set_warmup_steps(2);
   spec.mutable_optimize()->set_drift_window(3);
   if (trial_margin >= 0)
     spec.mutable_optimize()->set_trial_margin(trial_margin);
+  spec.mutable_optimize()->set_baseline_pairs(baseline_pairs);
   return spec;
 }
 
@@ -513,15 +516,24 @@ std::vector<std::string> EventsOf(JobManager& jobs, const std::string& job,
 // (trial_margin 1: 100%) and runs it at its prediction (no drift) for
 // drift_window (3) steps after the switch step: the runner-up is published
 // as v2. Returns v1's predicted (and measured) step time.
-double RunUntilTrial(PlanningManager& planning, JobManager& jobs,
-                     const std::string& job,
-                     std::vector<v1::ScheduleUpdate>& published) {
+// Five v0 steps at 0.100, then v1 (published by then) at its prediction (no
+// drift) for `v1_steps` steps from step 5. Returns v1's prediction.
+double RunV1AtPrediction(PlanningManager& planning, const std::string& job,
+                         std::vector<v1::ScheduleUpdate>& published,
+                         int v1_steps) {
   Steps(planning, job, 0, 5, 0, 0.100);
   EXPECT_EQ(published.size(), 1u);
   if (published.empty()) return 0;
   const double predicted = published[0].schedule().prediction().iteration_s();
   planning.OnScheduleActive(job, 1);
-  Steps(planning, job, 5, 4, 1, predicted);
+  Steps(planning, job, 5, v1_steps, 1, predicted);
+  return predicted;
+}
+
+double RunUntilTrial(PlanningManager& planning, JobManager& jobs,
+                     const std::string& job,
+                     std::vector<v1::ScheduleUpdate>& published) {
+  const double predicted = RunV1AtPrediction(planning, job, published, 4);
   planning.Drain();
   EXPECT_EQ(published.size(), 2u);
   EXPECT_THAT(
@@ -656,8 +668,11 @@ TEST_F(PlanningManagerTest, Trial_InterleavedFaster_Kept) {
   EXPECT_EQ(CountEvents(*jobs_, job_.id(), "trial"), 2);
   EXPECT_EQ(CountEvents(*jobs_, job_.id(), "rollback"), 0);
   EXPECT_EQ(CountEvents(*jobs_, job_.id(), "drift"), 0);
-  EXPECT_DOUBLE_EQ(jobs_->Get(job_.id())->measured_speedup(),
-                   0.100 / (predicted * 0.96));
+  absl::StatusOr<v1::Job> job = jobs_->Get(job_.id());
+  EXPECT_DOUBLE_EQ(job->measured_iteration_s(), predicted * 0.96);
+  // No baseline check in this job: no speedup figure, and it says why.
+  EXPECT_DOUBLE_EQ(job->measured_speedup(), 0);
+  EXPECT_THAT(job->speedup_text(), HasSubstr("optimize.baseline_pairs is 0"));
 }
 
 // A machine that slows down between block pairs lands on both plans: the
@@ -829,31 +844,188 @@ TEST_F(PlanningManagerTest, Restart_DuringComparison_StillDecided) {
   restarted.Stop();
 }
 
-// The job says what the active schedule bought: v0's median over v1's, and
-// v1's predicted and measured step times.
-TEST_F(PlanningManagerTest, FasterPlan_JobCarriesMeasuredSpeedup) {
+// A job with the baseline check on (2 block pairs, no trials): five v0
+// steps, v1 published and run at its prediction (no drift) until it has
+// settled and its check (v2) is published. Returns v1's predicted step.
+double RunUntilBaselineCheck(PlanningManager& planning, JobManager& jobs,
+                             const std::string& job,
+                             std::vector<v1::ScheduleUpdate>& published) {
+  const double predicted = RunV1AtPrediction(planning, job, published, 2);
+  absl::StatusOr<v1::Job> j = jobs.Get(job);
+  // v1's first steps, fewer than a window: its prediction alone.
+  EXPECT_DOUBLE_EQ(j->measured_speedup(), 0);
+  EXPECT_DOUBLE_EQ(j->measured_iteration_s(), 0);
+  EXPECT_GT(j->predicted_iteration_s(), 0);
+  Steps(planning, job, 7, 2, 1, predicted);
+  planning.Drain();
+  EXPECT_EQ(published.size(), 2u);
+  return predicted;
+}
+
+// The check's alternation as the ranks run it from step 9: v2 and v0 in
+// blocks of 4, pair k's v2 steps at `v2_s[k]` and v0 steps at `v0_s[k]`;
+// then one step of v2 on its own. Returns the step after.
+int64_t BaselineBlocks(PlanningManager& planning, const std::string& job,
+                       const std::vector<double>& v2_s,
+                       const std::vector<double>& v0_s) {
+  int64_t step = 9;
+  for (size_t k = 0; k < v2_s.size(); ++k) {
+    Steps(planning, job, step, 4, 2, v2_s[k]);
+    Steps(planning, job, step + 4, 4, 0, v0_s[k]);
+    step += 8;
+  }
+  Steps(planning, job, step, 1, 2, v2_s.back());
+  return step + 1;
+}
+
+// What the active schedule bought is measured against the baseline,
+// interleaved: once v1 has settled, v2 reruns its plan alternating with v0
+// (the starting schedule) for optimize.baseline_pairs block pairs, then runs
+// on; the job's speedup is the geometric mean of each pair's ratio, with its
+// interval and basis, in the job, an event and its text. Before that, no
+// figure: never v0's or a sequential one.
+TEST_F(PlanningManagerTest, BaselineCheck_SpeedupMeasuredInterleaved) {
+  job_ = *jobs_->Submit(Spec(/*trial_margin=*/0, /*baseline_pairs=*/2));
   ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
-  Steps(*planning_, job_.id(), 0, 5, 0, 0.100);
-  absl::StatusOr<v1::Job> job = jobs_->Get(job_.id());
-  EXPECT_DOUBLE_EQ(job->measured_speedup(), 1.0);  // on the baseline
-  EXPECT_DOUBLE_EQ(job->measured_iteration_s(), 0.100);
   SendWindow(0, 1, 0);
-  planning_->OnScheduleActive(job_.id(), 1);
-  // v1's first steps, fewer than a window: its prediction alone, never
-  // v0's figures under v1's name.
-  Steps(*planning_, job_.id(), 5, 2, 1, 0.080);
+  absl::StatusOr<v1::Job> job = jobs_->Get(job_.id());
+  const double p =
+      RunUntilBaselineCheck(*planning_, *jobs_, job_.id(), published_);
+  ASSERT_EQ(published_.size(), 2u);
+  const v1::ScheduleUpdate& check = published_[1];
+  EXPECT_EQ(check.schedule().provenance().reason(), "baseline-check");
+  EXPECT_THAT(check.schedule().provenance().passes(),
+              ::testing::Contains("baseline-check-of-v1"));
+  ASSERT_TRUE(check.has_incumbent());
+  EXPECT_EQ(check.incumbent().version(), 0);
+  EXPECT_EQ(check.block_steps(), PlanningManager::kComparisonBlockSteps);
+  EXPECT_EQ(check.block_pairs(), 2);
+  absl::StatusOr<Schedule> v1 = FromProto(published_[0].schedule());
+  absl::StatusOr<Schedule> v2 = FromProto(check.schedule());
+  ASSERT_TRUE(v1.ok() && v2.ok());
+  EXPECT_TRUE(SamePlan(*v1, *v2));
   job = jobs_->Get(job_.id());
   EXPECT_DOUBLE_EQ(job->measured_speedup(), 0);
-  EXPECT_DOUBLE_EQ(job->measured_iteration_s(), 0);
-  EXPECT_GT(job->predicted_iteration_s(), 0);
-  Steps(*planning_, job_.id(), 7, 4, 1, 0.080);
-  planning_->Drain();
-  EXPECT_EQ(published_.size(), 1u);  // faster: kept
+  EXPECT_THAT(job->speedup_text(), HasSubstr("not measured yet"));
+
+  // The ranks alternate v2 and v0; the machine slows by 30% for the second
+  // pair, on both: the ratio holds.
+  planning_->OnScheduleActive(job_.id(), 2);
+  Steps(*planning_, job_.id(), 9, 4, 2, p);
+  Steps(*planning_, job_.id(), 13, 4, 0, 1.25 * p);
   job = jobs_->Get(job_.id());
-  EXPECT_DOUBLE_EQ(job->measured_speedup(), 0.100 / 0.080);
-  EXPECT_DOUBLE_EQ(job->measured_iteration_s(), 0.080);
-  EXPECT_DOUBLE_EQ(job->predicted_iteration_s(),
-                   published_[0].schedule().prediction().iteration_s());
+  EXPECT_DOUBLE_EQ(job->measured_speedup(), 0);
+  EXPECT_THAT(job->speedup_text(),
+              HasSubstr("v2 alternates with the baseline: 1 of 2 block "
+                        "pairs"));
+  Steps(*planning_, job_.id(), 17, 4, 2, p * 1.3);
+  Steps(*planning_, job_.id(), 21, 4, 0, 1.25 * p * 1.3);
+  Steps(*planning_, job_.id(), 25, 1, 2, p);
+  job = jobs_->Get(job_.id());
+  EXPECT_NEAR(job->measured_speedup(), 1.25, 1e-9);
+  EXPECT_NEAR(job->speedup_low(), 1.25, 1e-9);
+  EXPECT_NEAR(job->speedup_high(), 1.25, 1e-9);
+  EXPECT_EQ(job->speedup_steps(), 12);
+  EXPECT_EQ(job->speedup_text(),
+            "1.25\u00d7 (1.25\u20131.25) faster than the baseline (v0: "
+            "FSDP-style on-demand gathers), measured interleaved over 12 "
+            "steps");
+  EXPECT_THAT(EventsOf(*jobs_, job_.id(), "baseline").back(),
+              HasSubstr("v2 against the baseline (v0), alternated in 2 block "
+                        "pairs of 4 steps, at step 25: 1.25\u00d7"));
+  // v2 runs on: no further version, no drift, the figure stays.
+  Steps(*planning_, job_.id(), 26, 20, 2, p);
+  planning_->Drain();
+  EXPECT_EQ(published_.size(), 2u);
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "drift"), 0);
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "baseline"), 1);
+  EXPECT_NEAR(jobs_->Get(job_.id())->measured_speedup(), 1.25, 1e-9);
+}
+
+// Pairs that disagree (the plan 30% faster in one, 10% in the other) give an
+// interval wider than 20% of the figure: "not measured yet", no number.
+TEST_F(PlanningManagerTest, BaselineCheck_TooNoisy_NoFigure) {
+  job_ = *jobs_->Submit(Spec(/*trial_margin=*/0, /*baseline_pairs=*/2));
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  SendWindow(0, 1, 0);
+  const double p =
+      RunUntilBaselineCheck(*planning_, *jobs_, job_.id(), published_);
+  ASSERT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  BaselineBlocks(*planning_, job_.id(), {0.875 * p, 1.125 * p},
+                 {1.25 * p, 1.25 * p});
+  absl::StatusOr<v1::Job> job = jobs_->Get(job_.id());
+  EXPECT_DOUBLE_EQ(job->measured_speedup(), 0);
+  EXPECT_THAT(job->speedup_text(), AllOf(HasSubstr("not measured yet"),
+                                         HasSubstr("in 2 block pairs"),
+                                         HasSubstr("wider than 20%")));
+}
+
+// The speedup gauge: 1 on the baseline; NaN ("not measured") while the plan
+// has too few steps and until its baseline check is done, never the figure
+// of the version it replaced; then the check's figure.
+TEST_F(PlanningManagerTest, SpeedupGauge_NeverThePreviousVersionsFigure) {
+  metrics::Registry registry;
+  absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> metrics =
+      CoordinatorMetrics::Create(registry);
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  planning_->Stop();
+  planning_ = std::make_unique<PlanningManager>(jobs_.get(), store_.get(),
+                                                metrics->get());
+  planning_->SetPublisher(
+      [this](const std::string&, const v1::ScheduleUpdate& update) {
+        published_.push_back(update);
+      });
+  job_ = *jobs_->Submit(Spec(/*trial_margin=*/0, /*baseline_pairs=*/2));
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  metrics::Gauge& gauge = (*metrics)->speedup->WithLabels({job_.id()});
+  Steps(*planning_, job_.id(), 0, 5, 0, 0.100);
+  EXPECT_DOUBLE_EQ(gauge.value(), 1.0);
+  SendWindow(0, 1, 0);
+  const double p = published_[0].schedule().prediction().iteration_s();
+  planning_->OnScheduleActive(job_.id(), 1);
+  Steps(*planning_, job_.id(), 5, 2, 1, p);
+  EXPECT_TRUE(std::isnan(gauge.value())) << gauge.value();
+  Steps(*planning_, job_.id(), 7, 2, 1, p);
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  Steps(*planning_, job_.id(), 9, 4, 2, p);
+  EXPECT_TRUE(std::isnan(gauge.value())) << gauge.value();
+  Steps(*planning_, job_.id(), 13, 4, 0, 1.25 * p);
+  Steps(*planning_, job_.id(), 17, 4, 2, p);
+  Steps(*planning_, job_.id(), 21, 4, 0, 1.25 * p);
+  Steps(*planning_, job_.id(), 25, 1, 2, p);
+  EXPECT_NEAR(gauge.value(), 1.25, 1e-9);
+}
+
+// A coordinator restart after a baseline check: the check is measured
+// again from the stored steps, and its figure is the job's again.
+TEST_F(PlanningManagerTest, Restart_AfterBaselineCheck_FigureMeasuredAgain) {
+  job_ = *jobs_->Submit(Spec(/*trial_margin=*/0, /*baseline_pairs=*/2));
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  SendWindow(0, 1, 0);
+  const double p =
+      RunUntilBaselineCheck(*planning_, *jobs_, job_.id(), published_);
+  ASSERT_EQ(published_.size(), 2u);
+  const int64_t effective = published_[1].effective_step();
+  std::vector<StoredStep> stored;
+  for (int64_t step = 0; step < effective + 16; ++step) {
+    StoredStep s;
+    s.step = step;
+    const bool alternating = step >= effective;
+    const bool baseline_turn = alternating && (step - effective) % 8 >= 4;
+    s.schedule_version =
+        step < 5 ? 0 : (!alternating ? 1 : (baseline_turn ? 0 : 2));
+    s.iteration_s = step < 5 ? 0.100 : (baseline_turn ? 1.25 * p : p);
+    stored.push_back(s);
+  }
+  std::unique_ptr<Restarted> r = RestartWith(stored);
+  Steps(*r->planning, job_.id(), effective + 16, 1, 2, p);
+  absl::StatusOr<v1::Job> job = r->jobs->Get(job_.id());
+  EXPECT_NEAR(job->measured_speedup(), 1.25, 1e-9);
+  EXPECT_TRUE(r->published.empty());
+  r->planning->Stop();
 }
 
 // A second job of the same model, batch, world, budget and hardware starts

@@ -564,7 +564,7 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
   auto rerun = state.rollbacks.find(active_version);
   const bool reruns_baseline =
       rerun != state.rollbacks.end() && rerun->second == 0;
-  if (BaselinePairs(state.spec) > 0 && !state.queued &&
+  if (BaselinePairs(state.spec) > 0 && !state.baseline_unfit && !state.queued &&
       !state.pending_reason.has_value() && !state.guard_active &&
       !state.comparison.has_value() &&
       state.speedup_version != active_version && !reruns_baseline &&
@@ -791,6 +791,10 @@ void PlanningManager::ReportOutcomeLocked(const std::string& job_id,
     o.speedup_text =
         "not measured (optimize.baseline_pairs is 0: no interleaved "
         "measurement against the baseline)";
+  } else if (state.baseline_unfit) {
+    o.speedup_text =
+        "not measured: the baseline (v0) does not fit memory.budget_bytes "
+        "(the memory guard tripped under it), so it is not run to compare";
   } else if (state.comparison.has_value() &&
              state.comparison->candidate == active &&
              state.comparison->baseline_pairs > 0) {
@@ -845,6 +849,12 @@ void PlanningManager::OnMemoryGuard(const std::string& job_id, int32_t rank,
     if (state.guard_step == step) return;
     state.guard_step = step;
     state.guard_active = true;
+    // Under the baseline (before any plan, or in a baseline check): it does
+    // not fit the budget, and is not run again to measure a speedup.
+    if (state.schedules.empty() || (state.comparison.has_value() &&
+                                    state.comparison->baseline_pairs > 0)) {
+      state.baseline_unfit = true;
+    }
     // The ranks stopped alternating: a comparison running ends undecided,
     // and its trial is not tried again.
     if (state.comparison.has_value()) {

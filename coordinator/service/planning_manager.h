@@ -246,6 +246,10 @@ class PlanningManager {
     // and the version it measured (-1: none yet).
     int64_t speedup_version = -1;
     Speedup speedup;
+    // The memory guard tripped under the baseline (before the first plan, or
+    // during a baseline check): it does not fit the budget, and no check
+    // runs it again.
+    bool baseline_unfit = false;
     // A queued "cached" plan: the earlier job it comes from and its schedule.
     std::string cached_from;
     std::optional<v1::Schedule> cached;

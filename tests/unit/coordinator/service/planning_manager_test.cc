@@ -961,6 +961,29 @@ TEST_F(PlanningManagerTest, BaselineCheck_TooNoisy_NoFigure) {
                                          HasSubstr("wider than 20%")));
 }
 
+// A baseline that tripped the memory guard does not fit the budget: no
+// baseline check runs it again (each would trip the guard and re-plan, a
+// version every few steps), and the speedup says why it has no figure.
+TEST_F(PlanningManagerTest, BaselineCheck_BaselineOverBudget_NeverRun) {
+  job_ = *jobs_->Submit(Spec(/*trial_margin=*/0, /*baseline_pairs=*/2));
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  for (int r = 0; r < 2; ++r) {
+    planning_->OnMemoryGuard(job_.id(), r, 1,
+                             "memory guard: ... under schedule v0");
+  }
+  SendWindow(0, 1, kLeastMemoryVersion);
+  ASSERT_EQ(published_.size(), 1u);
+  const double p = published_[0].schedule().prediction().iteration_s();
+  planning_->OnScheduleActive(job_.id(), 1);
+  Steps(*planning_, job_.id(), 2, 20, 1, p);
+  planning_->Drain();
+  EXPECT_EQ(published_.size(), 1u);
+  absl::StatusOr<v1::Job> job = jobs_->Get(job_.id());
+  EXPECT_DOUBLE_EQ(job->measured_speedup(), 0);
+  EXPECT_THAT(job->speedup_text(),
+              HasSubstr("the baseline (v0) does not fit memory.budget_bytes"));
+}
+
 // The speedup gauge: 1 on the baseline; NaN ("not measured") while the plan
 // has too few steps and until its baseline check is done, never the figure
 // of the version it replaced; then the check's figure.

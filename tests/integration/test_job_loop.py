@@ -411,14 +411,9 @@ def test_reference_policy_runs_on_real_workers(cluster, policy, passes):
     coord = cluster.coordinator()
     with tandem.Client(coord.address, timeout=10) as client:
         # The policy's plan as the newest version: no baseline check after.
-        job = client.submit(spec(steps=12, optimize={"policy": policy,
-                                                     "baseline_pairs": 0}))
-        workers = [cluster.worker(coord, job.id, r) for r in range(2)]
-        for w in workers:
-            assert w.wait(timeout=240) == 0, w.log()
-        final = client.get(job.id)[0]
-        msgs = messages(client, job.id)
-        assert final.state == SUCCEEDED, msgs
+        job, _, final, msgs = run_planned_job(
+            cluster, coord, client,
+            spec(steps=12, optimize={"policy": policy, "baseline_pairs": 0}))
         planned = [m for m in msgs if "v1 (initial)" in m]
         assert planned, msgs
         assert ("passes " + passes + ";") in planned[0], planned[0]

@@ -132,6 +132,10 @@ class PlanningManagerTest : public ::testing::Test {
   // A job whose every runner-up is worth a trial, planned and run until its
   // v1's runner-up is published as v2 (RunUntilTrial); v1's predicted step.
   double StartTrial();
+  // A job with the baseline check on (2 block pairs, no trials), planned
+  // and run until v1's check is published as v2 (RunUntilBaselineCheck);
+  // v1's predicted step.
+  double StartBaselineCheck();
   // StartTrial, then the comparison: the trial (v2) at `factor` of v1's
   // time, two block pairs from step 9; the trial must be judged not worth
   // keeping, and v3 published as a rollback running v1's plan. Returns v1's
@@ -862,6 +866,13 @@ double RunUntilBaselineCheck(PlanningManager& planning, JobManager& jobs,
   return predicted;
 }
 
+double PlanningManagerTest::StartBaselineCheck() {
+  job_ = *jobs_->Submit(Spec(/*trial_margin=*/0, /*baseline_pairs=*/2));
+  EXPECT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  SendWindow(0, 1, 0);
+  return RunUntilBaselineCheck(*planning_, *jobs_, job_.id(), published_);
+}
+
 // The check's alternation as the ranks run it from step 9: v2 and v0 in
 // blocks of 4, pair k's v2 steps at `v2_s[k]` and v0 steps at `v0_s[k]`;
 // then one step of v2 on its own. Returns the step after.
@@ -885,12 +896,8 @@ int64_t BaselineBlocks(PlanningManager& planning, const std::string& job,
 // interval and basis, in the job, an event and its text. Before that, no
 // figure: never v0's or a sequential one.
 TEST_F(PlanningManagerTest, BaselineCheck_SpeedupMeasuredInterleaved) {
-  job_ = *jobs_->Submit(Spec(/*trial_margin=*/0, /*baseline_pairs=*/2));
-  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
-  SendWindow(0, 1, 0);
-  absl::StatusOr<v1::Job> job = jobs_->Get(job_.id());
-  const double p =
-      RunUntilBaselineCheck(*planning_, *jobs_, job_.id(), published_);
+  const double p = StartBaselineCheck();
+  absl::StatusOr<v1::Job> job;
   ASSERT_EQ(published_.size(), 2u);
   const v1::ScheduleUpdate& check = published_[1];
   EXPECT_EQ(check.schedule().provenance().reason(), "baseline-check");
@@ -945,11 +952,7 @@ TEST_F(PlanningManagerTest, BaselineCheck_SpeedupMeasuredInterleaved) {
 // Pairs that disagree (the plan 30% faster in one, 10% in the other) give an
 // interval wider than 20% of the figure: "not measured yet", no number.
 TEST_F(PlanningManagerTest, BaselineCheck_TooNoisy_NoFigure) {
-  job_ = *jobs_->Submit(Spec(/*trial_margin=*/0, /*baseline_pairs=*/2));
-  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
-  SendWindow(0, 1, 0);
-  const double p =
-      RunUntilBaselineCheck(*planning_, *jobs_, job_.id(), published_);
+  const double p = StartBaselineCheck();
   ASSERT_EQ(published_.size(), 2u);
   planning_->OnScheduleActive(job_.id(), 2);
   BaselineBlocks(*planning_, job_.id(), {0.875 * p, 1.125 * p},
@@ -1025,11 +1028,7 @@ TEST_F(PlanningManagerTest, SpeedupGauge_NeverThePreviousVersionsFigure) {
 // A coordinator restart after a baseline check: the check is measured
 // again from the stored steps, and its figure is the job's again.
 TEST_F(PlanningManagerTest, Restart_AfterBaselineCheck_FigureMeasuredAgain) {
-  job_ = *jobs_->Submit(Spec(/*trial_margin=*/0, /*baseline_pairs=*/2));
-  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
-  SendWindow(0, 1, 0);
-  const double p =
-      RunUntilBaselineCheck(*planning_, *jobs_, job_.id(), published_);
+  const double p = StartBaselineCheck();
   ASSERT_EQ(published_.size(), 2u);
   const int64_t effective = published_[1].effective_step();
   std::vector<StoredStep> stored;

@@ -264,18 +264,24 @@ def test_variable_lengths_no_replan(tmp_path, coordinator):
                  if m.split(":")[0] in ("drift", "replan", "rollback",
                                         "memory-guard")]
     assert not unplanned, messages
-    # Planned once: every later version is the trial of v1's runner-up
-    # (optimize.trial_margin is on by default) or, if the trial lost, v1's
-    # plan again; either is judged on the same scaled step times.
+    # Planned once: every later version reruns a plan already made. The
+    # trial of v1's runner-up (optimize.trial_margin is on by default), then
+    # the comparison's verdict (the trial kept, or v1's plan again), then the
+    # baseline check of the plan that settled; each is judged on the same
+    # scaled step times, and none is a new plan from a profile.
     published = [m for m in messages if re.match(r"schedule: v\d+ \(", m)]
     later = [m for m in published if not m.startswith("schedule: v1 (")]
-    assert all("(trial)" in m or "(rollback)" in m for m in later), messages
-    assert len(later) <= 2, messages
+    reruns = ("(trial)", "(rollback)", "(kept)", "(baseline-check)")
+    assert all(any(r in m for r in reruns) for m in later), messages
+    assert len(later) <= 3, messages
     versions = [d["schedule_version"] for d in runs[0]]
-    # A version published near the end may never reach the ranks.
+    # The ranks ran only published versions (a comparison alternates two of
+    # them in blocks, so the sequence need not rise); a version published
+    # near the end may never reach them.
+    numbers = {int(re.match(r"schedule: v(\d+)", m).group(1))
+               for m in published}
     assert versions[0] == 0 and 1 in versions, versions
-    assert versions == sorted(versions), versions
-    assert versions[-1] <= 1 + len(later), (versions, messages)
+    assert set(versions) <= numbers | {0}, (versions, messages)
 
     module, _ = build_variable_gpt()
     ref_losses, ref_params = numerics.reference(module, None, steps=VAR_STEPS,

@@ -137,8 +137,17 @@ mkdir -p "$WORK" "$(dirname "$OUT")"
 : > "$OUT"
 rm -f "$WORK"/*.budgets.json
 
+# The token bucket holds one TCP segment offload burst (a 64 KiB payload plus
+# headers). With a 64 KiB bucket tbf cut every such burst into MTU-sized
+# packets in software: at 2000 Mbit/s the kernel then spent about 1.9 of this
+# machine's 2 cores moving the bytes (softirq and system time 4.6x those of
+# a 256 KiB bucket for the same transfers), starving compute so that no
+# contender could overlap anything, which a NIC that segments in hardware
+# never does (bench/README.md, "The emulated link's own cost").
+BURST=256kb
+
 # Machine facts, into the results.
-/usr/bin/python3 - "$OUT" "$COMM" <<'EOF'
+/usr/bin/python3 - "$OUT" "$COMM" "$BURST" <<'EOF'
 import json, os, platform, subprocess, sys, time
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 import torch
@@ -146,7 +155,7 @@ facts = {"contender": "machine", "cpu": cpu, "cores": os.cpu_count(),
          "kernel": platform.release(), "torch": torch.__version__,
          "loadavg_start": open("/proc/loadavg").read().split()[:3],
          "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-         "comm": sys.argv[2] or "spec defaults"}
+         "comm": sys.argv[2] or "spec defaults", "link_burst": sys.argv[3]}
 open(sys.argv[1], "a").write(json.dumps(facts) + "\n")
 EOF
 
@@ -154,13 +163,13 @@ if [ "$DRIFT_CHECK" -eq 1 ]; then
   rate=${RATES%% *}
   for pair in "$NS0 $IF0" "$NS1 $IF1"; do
     set -- $pair
-    ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate "${rate}mbit" burst 64kb latency 50ms
+    ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate "${rate}mbit" burst "$BURST" latency 50ms
   done
   echo "[e2e] drift check on a ${rate} Mbit/s link" >&2
   # The coordinator and rank 0 in ns0, rank 1 in ns1: all over the link.
   ip netns exec "$NS0" /usr/bin/python3 "$ROOT/bench/drift/throttle.py" --build "$BUILD" \
     --workdir "$WORK/drift" --ns1 "$NS1" --if0 "$IF0" --if1 "$IF1" --ip0 "$IP0" --ip1 "$IP1" \
-    --rate-mbit "$rate" --out "$OUT" &
+    --rate-mbit "$rate" --burst "$BURST" --out "$OUT" &
   DRIVER_PID=$!
   wait "$DRIVER_PID"
   exit $?
@@ -169,7 +178,7 @@ fi
 for rate in $RATES; do
   for pair in "$NS0 $IF0" "$NS1 $IF1"; do
     set -- $pair
-    ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate "${rate}mbit" burst 64kb latency 50ms
+    ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate "${rate}mbit" burst "$BURST" latency 50ms
   done
   if [ -n "$STEPS" ]; then steps=$STEPS
   elif [ "$QUICK" -eq 1 ]; then steps=3

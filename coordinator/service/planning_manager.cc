@@ -616,7 +616,7 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
     MeasureBaselineLocked(job_id, state, version, step);
     return true;
   }
-  if (state.queued) return true;
+  if (state.queued || !c.closed_block) return true;
   CompareOptions options;
   options.min_gain = MinGain(state.spec);
   const ComparisonDecision decision =
@@ -692,16 +692,19 @@ void PlanningManager::MeasureBaselineLocked(const std::string& job_id,
                                             JobPlanning& state, int64_t version,
                                             int64_t step) {
   const JobPlanning::Comparison& c = *state.comparison;
-  const std::optional<RatioInterval> r =
-      InterleavedRatio(c.blocks, c.incumbent, c.candidate, CompareOptions{});
-  // Every pair in and the plan running on by itself; or, when a block was
-  // cut short (a step missing), the plan alone for longer than a pair.
-  const bool all_in =
-      r.has_value() && r->pairs >= c.baseline_pairs && version == c.candidate;
+  // When a block was cut short (a step missing), the plan may run alone for
+  // longer than a pair: measured from what is in.
   const bool alone_long = !c.blocks.empty() &&
                           c.blocks.back().version == c.candidate &&
                           c.blocks.back().step_s.size() >
                               static_cast<size_t>(2 * kComparisonBlockSteps);
+  std::optional<RatioInterval> r;
+  if (c.closed_block || alone_long) {
+    r = InterleavedRatio(c.blocks, c.incumbent, c.candidate, CompareOptions{});
+  }
+  // Every pair in and the plan running on by itself.
+  const bool all_in =
+      r.has_value() && r->pairs >= c.baseline_pairs && version == c.candidate;
   if (!all_in && !alone_long) {
     // How far the check is, in the job's outcome.
     ReportOutcomeLocked(job_id, state, c.candidate);
@@ -849,6 +852,8 @@ void PlanningManager::OnMemoryGuard(const std::string& job_id, int32_t rank,
     if (state.guard_step == step) return;
     state.guard_step = step;
     state.guard_active = true;
+    state.guard_over_version =
+        state.schedules.empty() ? 0 : state.schedules.back().schedule.version();
     // Under the baseline (before any plan, or in a baseline check): it does
     // not fit the budget, and is not run again to measure a speedup.
     if (state.schedules.empty() || (state.comparison.has_value() &&
@@ -879,8 +884,12 @@ void PlanningManager::OnScheduleActive(const std::string& job_id,
   std::lock_guard<std::mutex> lock(mu_);
   auto it = state_.find(job_id);
   if (it == state_.end()) return;
-  // A published plan replaced the least-memory fallback.
-  if (version > 0) it->second.guard_active = false;
+  // A plan published after the guard tripped replaced the least-memory
+  // fallback. The version the guard tripped under, reported active late
+  // (the ranks left it within a step or two), did not.
+  if (version > it->second.guard_over_version) {
+    it->second.guard_active = false;
+  }
   for (const StoredSchedule& s : it->second.schedules) {
     if (s.schedule.version() == version) {
       it->second.drift->SetPrediction(

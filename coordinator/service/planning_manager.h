@@ -224,19 +224,30 @@ class PlanningManager {
       int baseline_pairs = 0;
       std::vector<StepBlock> blocks;
       int64_t last_step = -1;
+      // The step Add took last closed a block: it was a block's last
+      // (kComparisonBlockSteps), or it opened a new block (the one before
+      // is over, full or cut short). A verdict is reached only then, so the
+      // interval is recomputed only then (a bootstrap of 2000 resamples,
+      // under the manager's lock), not on every step.
+      bool closed_block = false;
       // Adds a step to the block it ran in (a new block when the version
       // changed or a step is missing), from the candidate's first step on;
       // false, adding nothing, for a step of another version.
       bool Add(int64_t version, int64_t step, double seconds) {
+        closed_block = false;
         if (version != candidate && version != incumbent) return false;
         // The incumbent's steps before the switch: no block of the
         // comparison yet (the candidate runs first).
         if (blocks.empty() && version != candidate) return true;
         if (blocks.empty() || blocks.back().version != version ||
             step != last_step + 1) {
+          closed_block = !blocks.empty();
           blocks.push_back({version, {}});
         }
         blocks.back().step_s.push_back(seconds);
+        closed_block =
+            closed_block || blocks.back().step_s.size() ==
+                                static_cast<size_t>(kComparisonBlockSteps);
         last_step = step;
         return true;
       }
@@ -270,6 +281,10 @@ class PlanningManager {
     // next plans keep beyond MemoryHeadroom.
     int64_t guard_step = -1;
     bool guard_active = false;
+    // The newest version published when the guard tripped: only a newer one
+    // replaces the fallback. The ranks report a version active once all of
+    // them run it, which can come after they left it for the fallback.
+    int64_t guard_over_version = 0;
     int64_t extra_headroom = 0;
     std::optional<PlanReason> pending_reason;
     bool queued = false;

@@ -184,7 +184,6 @@ def run_planned_job(cluster, coord, client, job_spec):
 
 
 TRIAL_STEPS = 90
-BLOCK = 4  # PlanningManager::kComparisonBlockSteps
 
 
 def pair_ratios(v, times, candidate, incumbent, last_index):
@@ -251,14 +250,18 @@ def test_trial_of_the_runner_up_on_real_workers(cluster):
     assert versions[0] == versions[1], versions
     v = versions[0]
     # The ranks alternated: full blocks of the trial and of v1 in turn, the
-    # trial first, until the verdict's version took effect.
+    # trial first, until the verdict's version took effect. The block is
+    # the length the coordinator announced.
+    blocks = re.search(r"interleaved in blocks of (\d+) steps", trials[1])
+    assert blocks, trials[1]
+    block = int(blocks.group(1))
     start = v.index(trial)
     end = next(i for i in range(start, len(v)) if v[i] not in (trial, 1))
     alternated = v[start:end]
-    expected = [trial if (i // BLOCK) % 2 == 0 else 1
+    expected = [trial if (i // block) % 2 == 0 else 1
                 for i in range(len(alternated))]
     assert alternated == expected, v
-    assert alternated.count(1) >= 2 * BLOCK - 1, v
+    assert alternated.count(1) >= 2 * block - 1, v
     times = [max(a["iteration_s"], b["iteration_s"]) for a, b in zip(*runs)]
     verdict = re.search(
         r"v%d/v1 = ([0-9.]+) \(([0-9.]+)-([0-9.]+), 95%% interval\) at step "
@@ -319,17 +322,18 @@ def test_speedup_measured_interleaved_with_the_baseline(cluster):
     versions = [[d["schedule_version"] for d in run] for run in runs]
     assert versions[0] == versions[1], versions
     v = versions[0]
-    start = v.index(check)
-    alternated = v[start:start + 2 * BLOCK * pairs]
-    expected = [check if (i // BLOCK) % 2 == 0 else 0
-                for i in range(2 * BLOCK * pairs)]
-    assert alternated == expected, v
-    assert all(x == check for x in v[start + 2 * BLOCK * pairs:]), v
-    times = [max(a["iteration_s"], b["iteration_s"]) for a, b in zip(*runs)]
-    m = re.search(r"alternated in (\d+) block pairs of 4 steps, at step "
+    m = re.search(r"alternated in (\d+) block pairs of (\d+) steps, at step "
                   r"(\d+): (.*)$", measured[0])
     assert m and int(m.group(1)) == pairs, measured[0]
-    ratios = pair_ratios(v, times, check, 0, int(m.group(2)) - 1)
+    block = int(m.group(2))
+    start = v.index(check)
+    alternated = v[start:start + 2 * block * pairs]
+    expected = [check if (i // block) % 2 == 0 else 0
+                for i in range(2 * block * pairs)]
+    assert alternated == expected, v
+    assert all(x == check for x in v[start + 2 * block * pairs:]), v
+    times = [max(a["iteration_s"], b["iteration_s"]) for a, b in zip(*runs)]
+    ratios = pair_ratios(v, times, check, 0, int(m.group(3)) - 1)
     assert len(ratios) == pairs, (ratios, v)
     mine = 1 / statistics.geometric_mean(ratios)
     print("baseline check: v%d, pair speedups %s, ranks' own lines %.3f; "
@@ -341,7 +345,7 @@ def test_speedup_measured_interleaved_with_the_baseline(cluster):
         assert (final.speedup_low <= final.measured_speedup
                 <= final.speedup_high), final
         # Every block whole, less its first step.
-        assert final.speedup_steps == 2 * (BLOCK - 1) * pairs, final
+        assert final.speedup_steps == 2 * (block - 1) * pairs, final
         assert ("than the baseline (v0: FSDP-style on-demand gathers), "
                 "measured interleaved over %d steps" % final.speedup_steps
                 ) in final.speedup_text, final.speedup_text

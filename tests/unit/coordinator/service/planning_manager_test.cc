@@ -659,10 +659,10 @@ TEST_F(PlanningManagerTest, Trial_InterleavedFaster_Kept) {
   EXPECT_THAT(trials[1],
               AllOf(HasSubstr("trial v2 ("),
                     HasSubstr("against v1, interleaved in blocks of 4 steps "
-                              "(2 block pairs; 6 steps of v2, 5 of v1 "
+                              "(2 block pairs; 6 steps of v2, 6 of v1 "
                               "counted, each block's first left out): "
                               "v2/v1 = 0.960 (0.960-0.960, 95% interval) at "
-                              "step 23: 4.0% faster, beyond optimize.min_gain "
+                              "step 24: 4.0% faster, beyond optimize.min_gain "
                               "3%; kept: its plan runs on")));
   // Kept for good: no further trial, rollback or drift.
   planning_->OnScheduleActive(job_.id(), 3);
@@ -714,7 +714,7 @@ TEST_F(PlanningManagerTest, Trial_InterleavedSlower_BackToThePlan) {
   EXPECT_THAT(EventsOf(*jobs_, job_.id(), "trial").back(),
               AllOf(HasSubstr("trial v2 ("),
                     HasSubstr("v2/v1 = 1.025 (1.025-1.025, 95% interval) at "
-                              "step 23: 2.5% slower; back to v1's schedule")));
+                              "step 24: 2.5% slower; back to v1's schedule")));
   planning_->OnScheduleActive(job_.id(), 3);
   Steps(*planning_, job_.id(), 25, 20, 3, predicted);
   planning_->Drain();
@@ -740,7 +740,7 @@ TEST_F(PlanningManagerTest, Trial_FasterByLessThanMinGain_IncumbentKept) {
   ASSERT_EQ(published_.size(), 3u);
   EXPECT_THAT(EventsOf(*jobs_, job_.id(), "trial").back(),
               HasSubstr("v2/v1 = 0.975 (0.975-0.975, 95% interval) at step "
-                        "23: within optimize.min_gain 3% of v1: not worth a "
+                        "24: within optimize.min_gain 3% of v1: not worth a "
                         "switch; back to v1's schedule"));
 }
 
@@ -801,6 +801,33 @@ TEST_F(PlanningManagerTest, Trial_MarginZero_NoTrial) {
   EXPECT_EQ(CountEvents(*jobs_, job_.id(), "trial"), 0);
 }
 
+// A version and the step time it ran at.
+struct VersionAt {
+  int64_t version;
+  double seconds;
+};
+
+// The steps a coordinator stored for a job that ran v0 for five steps at
+// 0.100 s, then `before` until `from`, then `first` and `second` in
+// alternating blocks of kComparisonBlockSteps (first first) until `until`.
+std::vector<StoredStep> AlternatedHistory(int64_t from, int64_t until,
+                                          VersionAt before, VersionAt first,
+                                          VersionAt second) {
+  constexpr int64_t kBlock = PlanningManager::kComparisonBlockSteps;
+  std::vector<StoredStep> stored;
+  for (int64_t step = 0; step < until; ++step) {
+    VersionAt ran = step < 5 ? VersionAt{0, 0.100} : before;
+    if (step >= from)
+      ran = (step - from) % (2 * kBlock) < kBlock ? first : second;
+    StoredStep s;
+    s.step = step;
+    s.schedule_version = ran.version;
+    s.iteration_s = ran.seconds;
+    stored.push_back(s);
+  }
+  return stored;
+}
+
 // A coordinator restart during a comparison: the restarted manager knows
 // the trial and its incumbent (from the stored schedules), rebuilds the
 // blocks measured so far from the stored steps, hands a reconnecting
@@ -810,18 +837,9 @@ TEST_F(PlanningManagerTest, Restart_DuringComparison_StillDecided) {
   const double predicted = StartTrial();
   ASSERT_EQ(published_.size(), 2u);
   const int64_t effective = published_[1].effective_step();
-  std::vector<StoredStep> stored;
-  for (int64_t step = 0; step < effective + 8; ++step) {
-    StoredStep s;
-    s.step = step;
-    const bool compared = step >= effective;
-    const bool trial_turn = compared && (step - effective) % 8 < 4;
-    s.schedule_version = step < 5 ? 0 : (trial_turn ? 2 : 1);
-    s.iteration_s =
-        step < 5 ? 0.100 : (trial_turn ? predicted * 1.03 : predicted);
-    stored.push_back(s);
-  }
-  std::unique_ptr<Restarted> r = RestartWith(stored);
+  std::unique_ptr<Restarted> r =
+      RestartWith(AlternatedHistory(effective, effective + 8, {1, predicted},
+                                    {2, predicted * 1.03}, {1, predicted}));
   PlanningManager& restarted = *r->planning;
   JobManager& jobs = *r->jobs;
   std::vector<v1::ScheduleUpdate>& published = r->published;
@@ -1031,18 +1049,8 @@ TEST_F(PlanningManagerTest, Restart_AfterBaselineCheck_FigureMeasuredAgain) {
   const double p = StartBaselineCheck();
   ASSERT_EQ(published_.size(), 2u);
   const int64_t effective = published_[1].effective_step();
-  std::vector<StoredStep> stored;
-  for (int64_t step = 0; step < effective + 16; ++step) {
-    StoredStep s;
-    s.step = step;
-    const bool alternating = step >= effective;
-    const bool baseline_turn = alternating && (step - effective) % 8 >= 4;
-    s.schedule_version =
-        step < 5 ? 0 : (!alternating ? 1 : (baseline_turn ? 0 : 2));
-    s.iteration_s = step < 5 ? 0.100 : (baseline_turn ? 1.25 * p : p);
-    stored.push_back(s);
-  }
-  std::unique_ptr<Restarted> r = RestartWith(stored);
+  std::unique_ptr<Restarted> r = RestartWith(AlternatedHistory(
+      effective, effective + 16, {1, p}, {2, p}, {0, 1.25 * p}));
   Steps(*r->planning, job_.id(), effective + 16, 1, 2, p);
   absl::StatusOr<v1::Job> job = r->jobs->Get(job_.id());
   EXPECT_NEAR(job->measured_speedup(), 1.25, 1e-9);
@@ -1143,6 +1151,28 @@ TEST_F(PlanningManagerTest, CachedPlan_NeverAnUndecidedTrial) {
   absl::StatusOr<Schedule> cached = FromProto(published_[2].schedule());
   ASSERT_TRUE(v1.ok() && cached.ok());
   EXPECT_TRUE(SamePlan(*v1, *cached));
+}
+
+// The guard trips under v1 before v1 is reported active on every rank (a
+// plan over budget trips it within its first steps, and the last rank's
+// "active" report can come after): the ranks run the fallback, so the
+// windows measured under it still bring the memory-guard re-plan.
+TEST_F(PlanningManagerTest, MemoryGuard_TripBeforeActiveReport_StillReplans) {
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  Steps(*planning_, job_.id(), 0, 5, 0, 0.100);
+  SendWindow(0, 1, 0);
+  ASSERT_EQ(published_.size(), 1u);
+  planning_->OnMemoryGuard(job_.id(), 0, 7,
+                           "memory guard: ... under schedule v1");
+  planning_->OnScheduleActive(job_.id(), 1);
+  Steps(*planning_, job_.id(), 7, 3, kLeastMemoryVersion, 0.2);
+  SendWindow(7, 9, kLeastMemoryVersion);
+  ASSERT_EQ(published_.size(), 2u);
+  EXPECT_EQ(published_[1].schedule().provenance().reason(), "memory-guard");
+  // The re-plan reported active ends the fallback.
+  planning_->OnScheduleActive(job_.id(), 2);
+  SendWindow(10, 12, 2);
+  EXPECT_EQ(published_.size(), 2u);
 }
 
 // A plan whose step peaks vary with timing trips the memory guard; the

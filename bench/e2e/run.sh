@@ -140,7 +140,7 @@ rm -f "$WORK"/*.budgets.json
 # The token bucket holds one TCP segment offload burst (a 64 KiB payload plus
 # headers). With a 64 KiB bucket tbf cut every such burst into MTU-sized
 # packets in software: at 2000 Mbit/s the kernel then spent about 1.9 of this
-# machine's 2 cores moving the bytes (softirq and system time 4.6x those of
+# machine's 2 cores moving the bytes (system and softirq time 3.4x those of
 # a 256 KiB bucket for the same transfers), starving compute so that no
 # contender could overlap anything, which a NIC that segments in hardware
 # never does (bench/README.md, "The emulated link's own cost").

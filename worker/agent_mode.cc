@@ -2,6 +2,7 @@
 // stop signals around the agent trainer.
 #include "worker/agent_mode.h"
 
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -62,7 +63,17 @@ int RunAgentMode(const AgentModeFlags& flags, const RuntimeOptions& runtime,
   }
   std::signal(SIGTERM, OnStopSignal);
   std::signal(SIGINT, OnStopSignal);
+  std::signal(SIGHUP, OnStopSignal);
   options.stop_signal = &g_stop_signal;
+  if (flags.exit_with_parent) {
+    // The launcher (tandem launch) ending by any means, SIGKILL included,
+    // hangs up on this rank. A launcher gone before this call left us to
+    // init: the same hang-up, now.
+    prctl(PR_SET_PDEATHSIG, SIGHUP);
+    if (flags.launcher_pid > 0 && getppid() != flags.launcher_pid) {
+      g_stop_signal.store(SIGHUP);
+    }
+  }
 
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> channel =
       MakeChannelCredentials({flags.tls_ca, flags.tls_cert, flags.tls_key});

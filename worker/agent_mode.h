@@ -36,6 +36,13 @@ struct AgentModeFlags {
   std::string tls_cert;
   std::string tls_key;
   std::string join_secret;
+  // --exit-with-parent: the kernel sends SIGHUP when the process that
+  // started this one ends (PR_SET_PDEATHSIG), which stops the rank like
+  // SIGTERM with its own reason; `launcher_pid` ($TANDEM_LAUNCHER_PID,
+  // 0: unchecked) is that parent, checked once the signal is asked for, in
+  // case it ended before.
+  bool exit_with_parent = false;
+  int64_t launcher_pid = 0;
 };
 
 // The exit status of a worker whose job restarts (Command KIND_RESTART):

@@ -33,9 +33,11 @@
 // visible to every user of the host), over TLS with --tls-ca.
 // --metrics-listen on an address other than loopback needs --insecure.
 //
-// In agent mode SIGTERM and SIGINT stop the rank cleanly: it tells the
-// coordinator (the job fails with "rank r stopped by signal SIGTERM") and
-// exits with 128 + the signal. --health-listen serves grpc.health.v1.
+// In agent mode SIGTERM, SIGINT and SIGHUP stop the rank cleanly: it tells
+// the coordinator (the job fails with "rank r stopped by signal SIGTERM")
+// and exits with 128 + the signal. --exit-with-parent asks the kernel for
+// SIGHUP when the launcher ends (tandem launch: no orphaned ranks).
+// --health-listen serves grpc.health.v1.
 //
 // Flags are abseil flags (common/flags/command_line.h: --help lists them,
 // an unknown one is refused with the valid ones). What a launcher sets is
@@ -51,6 +53,7 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/flags/command_line.h"
 #include "common/flags/flag_checks.h"
@@ -99,6 +102,10 @@ ABSL_FLAG(std::string, tls_key, "", "agent mode: the PEM key of --tls-cert");
 ABSL_FLAG(std::string, join_secret_file, "",
           "agent mode: a file holding the job's join secret, which an "
           "authenticating coordinator requires (default: $TANDEM_JOIN_SECRET)");
+ABSL_FLAG(bool, exit_with_parent, false,
+          "agent mode: stop (SIGHUP, reported to the coordinator) when the "
+          "process that started this one ends, however it ends; tandem "
+          "launch passes it, with $TANDEM_LAUNCHER_PID");
 ABSL_FLAG(bool, insecure, false,
           "serve a non-loopback --metrics-listen in the clear (a private "
           "network you trust)");
@@ -285,6 +292,14 @@ int main(int argc, char** argv) {
         tandem::ReadJoinSecret(join_secret_file, env);
     if (!secret.ok()) return Fail(std::string(secret.status().message()));
     agent.join_secret = *std::move(secret);
+    agent.exit_with_parent = absl::GetFlag(FLAGS_exit_with_parent);
+    // tandem launch's pid; a value that is no pid is no check.
+    const std::optional<std::string> launcher = env.Get("TANDEM_LAUNCHER_PID");
+    int64_t pid = 0;
+    if (agent.exit_with_parent && launcher.has_value() &&
+        absl::SimpleAtoi(*launcher, &pid) && pid > 0) {
+      agent.launcher_pid = pid;
+    }
   }
 
   if (standalone) {

@@ -12,7 +12,8 @@ import time
 import yaml
 
 import tandem
-from conftest import REPO, unique_name, wait_for, worker_binary
+from conftest import REPO, client_conftest, unique_name, wait_for, \
+    worker_binary
 
 CLIENT = REPO / "client" / "python"
 
@@ -104,26 +105,60 @@ def test_launch_world_size_mismatch_and_bad_args_are_usage_errors(
         assert client.list() == []  # every refusal came before a submit
 
 
-def test_launch_forwards_ctrl_c_to_the_workers(cluster, tmp_path):
+def worker_pids(job_id):
+    return [pid for pid, _ in client_conftest.worker_processes(job_id)]
+
+
+def launched_job(client):
+    def running():
+        jobs = client.list(states="RUNNING")
+        return jobs[0] if jobs and jobs[0].step >= 2 else None
+    return wait_for(running, timeout=120,
+                    what="the launched job to run 2 steps")
+
+
+def test_launch_ctrl_c_cancels_the_job(cluster, tmp_path):
+    """Ctrl-C of `tandem launch` cancels the job with the launcher's reason;
+    the workers stop when the coordinator tells them, and none is left."""
     c = cluster.coordinator()
     logs = tmp_path / "logs"
     p = launch(c, "--nproc", 2, "--threads", 1, "--log-dir", logs,
                spec_file(tmp_path, steps=100000))
     with tandem.Client(c.address) as client:
-        def running():
-            jobs = client.list(states="RUNNING")
-            return jobs[0] if jobs and jobs[0].step >= 2 else None
-        job = wait_for(running, timeout=120, what="the launched job to run 2 steps")
+        job = launched_job(client)
+        assert len(worker_pids(job.id)) == 2
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=90)
         assert p.returncode == 128 + signal.SIGINT, (out, err)
-        assert "SIGINT: stopping the 2 workers" in out
+        assert "SIGINT: cancelling job %s" % job.id in out, out
         final, _ = client.get(job.id)
-        assert tandem.state_name(final.state) == "FAILED"
-        assert "stopped by signal SIGTERM" in final.error, final.error
-    # Both workers stopped cleanly (they told the coordinator) and are gone.
-    for rank in (0, 1):
-        assert "SIGTERM" in (logs / ("rank%d.log" % rank)).read_text()
+        assert tandem.state_name(final.state) == "CANCELLED", final
+        assert "stopped by tandem launch (SIGINT)" in final.error, final.error
+    assert worker_pids(job.id) == []
+
+
+def test_launch_killed_leaves_no_worker_behind(cluster, tmp_path):
+    """SIGKILL of `tandem launch` (a closed terminal, a dropped ssh): the
+    kernel hangs up on its workers (--exit-with-parent), each tells the
+    coordinator why it stops, and the job fails with that reason."""
+    c = cluster.coordinator()
+    p = launch(c, "--nproc", 2, "--threads", 1, "--log-dir", tmp_path / "logs",
+               spec_file(tmp_path, steps=100000))
+    with tandem.Client(c.address) as client:
+        job = launched_job(client)
+        assert len(worker_pids(job.id)) == 2
+        p.kill()
+        p.communicate(timeout=30)
+        wait_for(lambda: worker_pids(job.id) == [], timeout=30,
+                 what="the workers to exit after their launcher")
+
+        def ended():
+            j, _ = client.get(job.id)
+            return j if tandem.is_terminal(j.state) else None
+        final = wait_for(ended, timeout=30, what="the job to end")
+        assert tandem.state_name(final.state) == "FAILED", final
+        assert "stopped by signal SIGHUP: its launcher is gone" in \
+            final.error, final.error
 
 
 def test_launch_cancels_the_job_when_a_worker_dies_early(cluster, tmp_path):

@@ -68,8 +68,15 @@ std::string SignalName(int signal) {
 }
 
 std::string StoppedBySignal(int rank, int signal) {
+  // SIGHUP: the launcher's end (tandem-worker --exit-with-parent) or a
+  // closed terminal; SIGTERM: Slurm's scancel, most often.
+  absl::string_view why = signal == SIGTERM ? " (scancel?)"
+                          : signal == SIGHUP
+                              ? ": its launcher is gone (tandem launch was "
+                                "killed, or its terminal closed)"
+                              : "";
   return absl::StrCat("rank ", rank, " stopped by signal ", SignalName(signal),
-                      signal == SIGTERM ? " (scancel?)" : "");
+                      why);
 }
 
 // Offers every schedule the coordinator pushed since the last call.

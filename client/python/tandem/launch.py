@@ -1,13 +1,15 @@
 """``tandem launch``: torchrun for one host. Submits a job (or joins one with
 ``--job``), starts N local ``tandem-worker`` processes with their ranks,
-``LOCAL_RANK`` and a log each, follows the job like ``tandem watch``, and
-forwards Ctrl-C and SIGTERM to the workers, which tell the coordinator and
-stop (client/README.md, "Launch on one host").
+``LOCAL_RANK`` and a log each, and follows the job like ``tandem watch``.
+Ctrl-C or SIGTERM cancels the job ("stopped by tandem launch (SIGINT)"),
+and the workers stop when the coordinator tells them; the workers die with
+the launcher, whatever ends it (client/README.md, "Launch on one host").
 
 Needs no torch: it runs the C++ worker binary."""
 
 import os
 import pathlib
+import queue
 import shutil
 import signal
 import subprocess
@@ -27,7 +29,53 @@ STOP_GRACE_S = 30.0
 # themselves, and a job that ended turns them away.
 COORDINATOR_PATIENCE_S = 30.0
 
+# How long a cancel on Ctrl-C may take before the launcher stops the workers
+# itself (SIGTERM: they tell the coordinator, which fails the job).
+CANCEL_PATIENCE_S = 10.0
+
 _TRANSIENT = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+
+
+class _Spawner:
+    """Starts every worker process from one thread that lives as long as the
+    launcher. Each worker asks the kernel for SIGHUP when its parent goes
+    (tandem-worker --exit-with-parent, PR_SET_PDEATHSIG), and the kernel
+    means the thread that forked it: a worker started again from the
+    monitor thread would otherwise be hung up on when that thread ends."""
+
+    def __init__(self):
+        self._requests = queue.Queue()
+        threading.Thread(target=self._loop, name="tandem-spawner",
+                         daemon=True).start()
+
+    def _loop(self):
+        while True:
+            start, done, finished = self._requests.get()
+            try:
+                done.append((start(), None))
+            except BaseException as e:  # handed to the caller
+                done.append((None, e))
+            finished.set()
+
+    def run(self, start):
+        """start() on the spawner's thread; its result, or its exception."""
+        done, finished = [], threading.Event()
+        self._requests.put((start, done, finished))
+        finished.wait()
+        result, error = done[0]
+        if error is not None:
+            raise error
+        return result
+
+
+_SPAWNER = None
+
+
+def _spawner():
+    global _SPAWNER
+    if _SPAWNER is None:
+        _SPAWNER = _Spawner()
+    return _SPAWNER
 
 
 def find_worker(explicit=None):
@@ -77,7 +125,9 @@ class LocalWorkers:
     given) with LOCAL_RANK=r, stdout (a JSON line per step) to
     LOG_DIR/rankR.out and stderr to LOG_DIR/rankR.log. Each runs in a
     process group of its own, so a Ctrl-C at the terminal reaches only the
-    launcher, which forwards it."""
+    launcher, which cancels the job; and each exits when the launcher does
+    (``--exit-with-parent``: SIGHUP from the kernel, which the worker reports
+    to the coordinator), so a killed launcher leaves no worker behind."""
 
     def __init__(self, worker, address, job_id, nproc, log_dir, ranks=True,
                  threads=0, extra_args=(), join_secret="", tls_ca=None):
@@ -91,7 +141,8 @@ class LocalWorkers:
         self.launches = []
         self.crashes = []  # exits other than 75, by worker
         for r in range(nproc):
-            cmd = [worker, "--coordinator", address, "--job", job_id]
+            cmd = [worker, "--coordinator", address, "--job", job_id,
+                   "--exit-with-parent"]
             if ranks:
                 cmd += ["--rank", str(r)]
             if threads:
@@ -99,7 +150,10 @@ class LocalWorkers:
             if tls_ca:
                 cmd += ["--tls-ca", os.path.abspath(tls_ca)]
             cmd += list(extra_args)
-            env = dict(os.environ, LOCAL_RANK=str(r))
+            # The parent the worker checks is still there once it has
+            # asked for SIGHUP (the launcher may die before that).
+            env = dict(os.environ, LOCAL_RANK=str(r),
+                       TANDEM_LAUNCHER_PID=str(os.getpid()))
             env.pop("TANDEM_TOKEN", None)  # the user's; workers never need it
             if join_secret:
                 env["TANDEM_JOIN_SECRET"] = join_secret
@@ -122,8 +176,8 @@ class LocalWorkers:
         out = open(self.log_dir / ("rank%d.out" % r), mode)
         err = open(self.log_dir / ("rank%d.log" % r), mode)
         try:
-            self.procs[r] = subprocess.Popen(
-                cmd, stdout=out, stderr=err, env=env, start_new_session=True)
+            self.procs[r] = _spawner().run(lambda: subprocess.Popen(
+                cmd, stdout=out, stderr=err, env=env, start_new_session=True))
         except OSError as e:
             raise TandemError("cannot start %s: %s" % (cmd[0], e)) from None
         finally:
@@ -206,18 +260,43 @@ class Launch:
                                          daemon=True)
 
     def install_signal_handlers(self):
-        def forward(signum, frame):
+        """SIGINT or SIGTERM: the job is cancelled, "stopped by tandem
+        launch (SIGINT)", and the workers stop when the coordinator tells
+        them (the watch then sees the job CANCELLED). When the coordinator
+        cannot be told within CANCEL_PATIENCE_S, the workers get SIGTERM
+        (they report it, and the job fails). A second signal kills them."""
+        def stop(signum, frame):
             self.signals.append(signum)
             name = signal.Signals(signum).name
             if len(self.signals) == 1:
-                self.out("%s: stopping the %d workers (again to kill them)"
-                         % (name, self.workers.running()))
-                self.workers.signal(signal.SIGTERM)
+                self.out("%s: cancelling job %s; the %d workers stop when "
+                         "the coordinator tells them (again to kill them)"
+                         % (name, self.job_id, self.workers.running()))
+                threading.Thread(target=self._cancel, args=(name,),
+                                 daemon=True).start()
             else:
                 self.workers.signal(signal.SIGKILL)
                 raise KeyboardInterrupt
-        signal.signal(signal.SIGINT, forward)
-        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+
+    def _cancel(self, name):
+        reason = "stopped by tandem launch (%s)" % name
+        deadline = time.monotonic() + CANCEL_PATIENCE_S
+        while True:
+            try:
+                job, _ = self.client.get(self.job_id)
+                if not is_terminal(job.state):
+                    self.client.cancel(self.job_id, reason=reason)
+                return
+            except TandemError as e:
+                if e.code_name not in _TRANSIENT or \
+                        time.monotonic() >= deadline:
+                    self.out("cannot cancel job %s (%s); stopping the "
+                             "workers" % (self.job_id, e.message))
+                    self.workers.signal(signal.SIGTERM)
+                    return
+                time.sleep(0.5)
 
     def start_monitor(self):
         self._monitor.start()

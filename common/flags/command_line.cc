@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "common/did_you_mean.h"
 
 namespace tandem {
 namespace {
@@ -64,37 +65,12 @@ bool LooksBoolean(absl::string_view text) {
          lower == "no" || lower == "1" || lower == "0";
 }
 
-// Levenshtein distance, for "did you mean".
-size_t EditDistance(absl::string_view a, absl::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1,
-                         diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
 // `typed` as written ("--metrics-lisen"), `name` without its dashes.
 absl::Status UnknownFlag(const CommandLineSpec& spec, absl::string_view typed,
                          absl::string_view name) {
   const std::vector<std::string> names = FlagNames();
   const std::string wanted = absl::StrCat("--", Dashed(name));
-  std::string closest;
-  size_t best = 3;  // suggest only near misses
-  for (const std::string& name : names) {
-    const size_t d = EditDistance(wanted, name);
-    if (d < best) {
-      best = d;
-      closest = name;
-    }
-  }
+  const std::string closest = NearestOption(wanted, names);
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown flag '", typed, "'",
       closest.empty() ? "" : absl::StrCat(" (did you mean ", closest, "?)"),

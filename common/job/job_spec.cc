@@ -15,6 +15,7 @@
 #include "common/archive/model_archive.h"
 #include "common/archive/tensor_data.h"
 #include "common/archive/weights_file.h"
+#include "common/did_you_mean.h"
 #include "common/ir/proto_convert.h"
 #include "common/job/lr_schedule.h"
 #include "common/models/hf_names.h"
@@ -28,6 +29,14 @@ constexpr int32_t kMaxWorldSize = 4096;
 
 bool IsNamedPreset(const std::string& preset) {
   return preset != "llama" && preset != "moe" && ModelPreset(preset).ok();
+}
+
+// " (did you mean 'x'?)" for a near miss among `options`, else "".
+std::string DidYouMean(const std::string& typed,
+                       const std::vector<std::string>& options) {
+  const std::string nearest = NearestOption(typed, options);
+  return nearest.empty() ? ""
+                         : absl::StrCat(" (did you mean '", nearest, "'?)");
 }
 
 class FieldErrors {
@@ -501,9 +510,16 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
 
   const v1::ModelSpec& m = spec.model();
   const bool torchscript = m.kind() == "torchscript";
-  if (m.kind() != "builtin" && !torchscript) {
+  const bool builtin = m.kind() == "builtin";
+  // An unknown preset filled no sizes: their errors would only follow from
+  // it, so they are left out.
+  const bool sized = builtin && (m.preset() == "llama" || m.preset() == "moe" ||
+                                 IsNamedPreset(m.preset()));
+  if (!builtin && !torchscript) {
     errors.Add("model.kind must be builtin or torchscript, got '", m.kind(),
-               "'");
+               "'",
+               DidYouMean(m.kind(),
+                          std::vector<std::string>{"builtin", "torchscript"}));
   } else if (torchscript) {
     ValidateArchiveModel(spec, errors);
   } else {
@@ -512,12 +528,15 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
           "model.path is for model.kind torchscript; a builtin model "
           "takes model.preset and sizes");
     }
-    if (m.preset() != "llama" && m.preset() != "moe" &&
-        !IsNamedPreset(m.preset())) {
+    if (!sized) {
+      std::vector<std::string> presets = ModelPresetNames();
+      presets.insert(presets.begin(), {"llama", "moe"});
       errors.Add("model.preset must be llama, moe or one of ",
                  absl::StrJoin(ModelPresetNames(), ", "), ", got '", m.preset(),
-                 "'");
+                 "'", DidYouMean(m.preset(), presets));
     }
+  }
+  if (sized) {
     AtLeast(errors, "model.layers", m.layers(), 1);
     AtLeast(errors, "model.d_model", m.d_model(), 1);
     AtLeast(errors, "model.heads", m.heads(), 1);
@@ -540,7 +559,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
   // inputs of a role: ValidateArchiveModel checks them when it has some.
   const bool tokens_read =
       !tensors && !(torchscript && d.kind() == "synthetic");
-  if (tokens_read) {
+  if (tokens_read && (sized || torchscript)) {
     AtLeast(errors, "model.vocab", m.vocab(), 2);
     AtMost(errors, "model.vocab", m.vocab(), 1 << 24,
            "the largest real vocabularies are about 256k tokens");
@@ -550,8 +569,10 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
   CheckJobPath(errors, "model.init_from", m.init_from(), /*writes=*/false);
 
   if (d.kind() != "synthetic" && d.kind() != "tokens" && !tensors) {
-    errors.Add("data.kind must be synthetic, tokens or tensors, got '",
-               d.kind(), "'");
+    errors.Add(
+        "data.kind must be synthetic, tokens or tensors, got '", d.kind(), "'",
+        DidYouMean(d.kind(),
+                   std::vector<std::string>{"synthetic", "tokens", "tensors"}));
   }
   if (d.kind() == "tokens" && d.path().empty()) {
     errors.Add("data.path must name the token file when data.kind is tokens");
@@ -623,6 +644,12 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
   }
   if (par.zero_stage() != 1 && par.zero_stage() != 3) {
     errors.Add("parallel.zero_stage must be 1 or 3, got ", par.zero_stage());
+  }
+  if (!(std::isfinite(par.start_timeout_s()) && par.start_timeout_s() >= 0 &&
+        par.start_timeout_s() <= 7 * 86400)) {
+    errors.Add(
+        "parallel.start_timeout_s must be 0..604800 seconds (0: 900), got ",
+        par.start_timeout_s());
   }
   AtLeast<int64_t>(errors, "memory.budget_bytes", spec.memory().budget_bytes(),
                    0);

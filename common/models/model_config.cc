@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "common/did_you_mean.h"
 #include "common/status_macros.h"
 
 namespace tandem {
@@ -133,33 +134,10 @@ constexpr absl::string_view kKeys[] = {
     "name",       "reduce_dtype",
 };
 
-// Levenshtein distance, for "did you mean" hints on short keys.
-int EditDistance(absl::string_view a, absl::string_view b) {
-  std::vector<int> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = static_cast<int>(j);
-  for (size_t i = 1; i <= a.size(); ++i) {
-    int diag = row[0];
-    row[0] = static_cast<int>(i);
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const int up = row[j];
-      row[j] = std::min(
-          {row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
 absl::Status UnknownKey(absl::string_view key) {
-  std::string hint;
-  int best = 3;
-  for (absl::string_view k : kKeys) {
-    const int d = EditDistance(key, k);
-    if (d < best) {
-      best = d;
-      hint = absl::StrCat(" Did you mean '", k, "'?");
-    }
-  }
+  const std::string nearest = NearestOption(key, kKeys);
+  const std::string hint =
+      nearest.empty() ? "" : absl::StrCat(" Did you mean '", nearest, "'?");
   return absl::InvalidArgumentError(
       absl::StrCat("unknown key '", key, "' (expected one of ",
                    absl::StrJoin(kKeys, ", "), ").", hint));

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "common/archive/model_archive.h"
 #include "common/bytes.h"
+#include "common/did_you_mean.h"
 #include "common/job/job_spec.h"
 #include "common/models/graph_builder.h"
 #include "coordinator/planner/pass_registry.h"
@@ -31,9 +32,12 @@ std::vector<std::string> CheckOptimizeSpec(const v1::OptimizeSpec& optimize,
     if (!policy.has_value()) {
       std::vector<std::string> names;
       for (Policy p : AllPolicies()) names.emplace_back(PolicyName(p));
-      problems.push_back(absl::StrCat("optimize.policy '", optimize.policy(),
-                                      "' is not a policy; use ",
-                                      absl::StrJoin(names, ", ")));
+      const std::string nearest = NearestOption(optimize.policy(), names);
+      problems.push_back(absl::StrCat(
+          "optimize.policy '", optimize.policy(), "' is not a policy",
+          nearest.empty() ? ""
+                          : absl::StrCat(" (did you mean '", nearest, "'?)"),
+          "; use ", absl::StrJoin(names, ", ")));
     } else if (*policy != Policy::kTandem && zero_stage == 1) {
       problems.push_back(absl::StrCat(
           "optimize.policy '", optimize.policy(),

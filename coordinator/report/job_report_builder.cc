@@ -550,16 +550,19 @@ absl::StatusOr<std::string> JobReportBuilder::RenderHtml(
   return RenderJobReport(*r);
 }
 
+metrics::HttpExporter::Page JobReportBuilder::ErrorPage(
+    int status, absl::string_view message) {
+  return metrics::HttpExporter::Page{
+      status, "text/html; charset=utf-8",
+      absl::StrCat("<!DOCTYPE html>\n<html lang=\"en\"><head><meta "
+                   "charset=\"utf-8\"><title>Tandem: ",
+                   status, "</title></head><body><p>",
+                   report::HtmlEscape(message), "</p></body></html>\n")};
+}
+
 metrics::HttpExporter::Page JobReportBuilder::ServePage(
     absl::string_view path) const {
-  auto error_page = [](int status, absl::string_view message) {
-    return metrics::HttpExporter::Page{
-        status, "text/html; charset=utf-8",
-        absl::StrCat("<!DOCTYPE html>\n<html lang=\"en\"><head><meta "
-                     "charset=\"utf-8\"><title>Tandem: ",
-                     status, "</title></head><body><p>",
-                     report::HtmlEscape(message), "</p></body></html>\n")};
-  };
+  const auto error_page = &JobReportBuilder::ErrorPage;
   absl::string_view id = path;
   absl::ConsumePrefix(&id, "/");
   absl::ConsumeSuffix(&id, "/");

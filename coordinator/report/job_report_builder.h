@@ -44,6 +44,9 @@ class JobReportBuilder {
   // report; 404 with a page saying so for a missing or unknown job id, 400
   // for an id over 256 characters, 500 with the error otherwise.
   metrics::HttpExporter::Page ServePage(absl::string_view path) const;
+  // The page ServePage answers an error with: `message` as HTML.
+  static metrics::HttpExporter::Page ErrorPage(int status,
+                                               absl::string_view message);
 
  private:
   const JobManager* jobs_;

@@ -58,7 +58,8 @@ class PlanningFeed final : public WorkerEventListener {
 };
 
 // The metrics port under authentication: /metrics for any known token, a
-// job's report (/jobs/<id>) for its owner or an admin.
+// job's report (/jobs/<id>) for its owner or an admin; anyone else gets
+// the page of a job that does not exist.
 std::optional<metrics::HttpExporter::Page> GateHttp(
     const RpcAuth& auth, const JobManager& jobs,
     absl::string_view authorization, absl::string_view path) {
@@ -77,7 +78,8 @@ std::optional<metrics::HttpExporter::Page> GateHttp(
     const absl::string_view id = rest.substr(0, rest.find('/'));
     if (absl::StatusOr<v1::Job> job = jobs.Get(id); job.ok()) {
       if (grpc::Status denied = auth.MayAccess(caller, *job); !denied.ok()) {
-        return refuse(403, denied);
+        // The page a job that does not exist gets: a stranger cannot tell.
+        return JobReportBuilder::ErrorPage(404, NoSuchJob(id));
       }
     }
   }

@@ -160,6 +160,12 @@ grpc::Status JobServiceImpl::Watch(
     }
     known = now;
     if (IsTerminal(known.state()) && events.empty()) break;
+    // A token revoked since (the token file re-read on SIGHUP) ends the
+    // stream within a wait (500 ms), with the answer a new call would get.
+    Principal caller;
+    grpc::Status still = auth_->Authenticate(*context, &caller);
+    if (still.ok()) still = auth_->MayAccess(caller, known);
+    if (!still.ok()) return still;
   }
   return grpc::Status::OK;
 }

@@ -1,6 +1,7 @@
 #include "coordinator/rpc/rpc_auth.h"
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/service/job_manager.h"
 #include "coordinator/service/kv_store.h"
 
 namespace tandem {
@@ -70,10 +71,9 @@ grpc::Status RpcAuth::MayAccess(const Principal& caller,
   if (tokens_ == nullptr || caller.admin || caller.user == job.owner()) {
     return grpc::Status::OK;
   }
-  return Denied(absl::StrCat("job ", job.id(), " belongs to user '",
-                             job.owner(), "'; user '", caller.user,
-                             "' may not read, cancel or re-plan it (only its "
-                             "owner or an admin may)"));
+  // Another user's job: the answer for a job that does not exist, so that a
+  // stranger learns nothing of which ids exist.
+  return grpc::Status(grpc::StatusCode::NOT_FOUND, NoSuchJob(job.id()));
 }
 
 std::optional<std::string> RpcAuth::ListFilter(const Principal& caller) const {

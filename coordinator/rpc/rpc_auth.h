@@ -52,7 +52,8 @@ class RpcAuth {
                             Principal* caller) const;
   grpc::Status Authenticate(const grpc::ServerContext& context,
                             Principal* caller) const;
-  // PERMISSION_DENIED unless `caller` owns `job` or is an admin.
+  // NOT_FOUND, as for a job that does not exist, unless `caller` owns `job`
+  // or is an admin.
   grpc::Status MayAccess(const Principal& caller, const v1::Job& job) const;
   // For List: the owner to filter on (nullopt: all jobs).
   std::optional<std::string> ListFilter(const Principal& caller) const;

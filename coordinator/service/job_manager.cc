@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/job/job_spec.h"
@@ -27,6 +28,33 @@ std::string NewJobId(absl::string_view name) {
 }
 
 }  // namespace
+
+std::string WaitingFor(const v1::Job& job,
+                       const std::map<int32_t, std::string>& connected) {
+  const int32_t world = job.spec().parallel().world_size();
+  std::vector<std::string> here;
+  std::vector<std::string> missing;
+  for (int32_t r = 0; r < world; ++r) {
+    auto it = connected.find(r);
+    if (it == connected.end()) {
+      missing.push_back(absl::StrCat(r));
+    } else {
+      here.push_back(absl::StrCat("rank ", r, " on ", it->second));
+    }
+  }
+  const size_t n = missing.size();
+  const std::string registered =
+      here.empty()
+          ? absl::StrCat("no rank of ", world, " registered yet")
+          : absl::StrCat(here.size(), " of ", world, " ranks registered (",
+                         absl::StrJoin(here, ", "), ")");
+  if (n == 0) return registered;
+  return absl::StrCat(registered, "; missing ", n == 1 ? "rank " : "ranks ",
+                      absl::StrJoin(missing, ", "), ": start ",
+                      n == 1 ? "it" : "them", " with `tandem launch --nproc ",
+                      n, " --job ", job.id(),
+                      "` (deploy/slurm, deploy/k8s on a cluster)");
+}
 
 bool IsTerminal(v1::JobState state) {
   return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
@@ -102,10 +130,14 @@ const JobManager::Record* JobManager::Find(absl::string_view job_id) const {
   return it == jobs_.end() ? nullptr : &it->second;
 }
 
-absl::Status JobManager::NotFound(absl::string_view job_id) const {
-  return absl::NotFoundError(absl::StrCat(
+std::string NoSuchJob(absl::string_view job_id) {
+  return absl::StrCat(
       "no job '", job_id.substr(0, 128),
-      "' on this coordinator; `tandem list` shows the jobs it knows"));
+      "' on this coordinator; `tandem list` shows the jobs it knows");
+}
+
+absl::Status JobManager::NotFound(absl::string_view job_id) const {
+  return absl::NotFoundError(NoSuchJob(job_id));
 }
 
 absl::Status JobManager::TrimEvents(Record& record) {
@@ -183,6 +215,8 @@ absl::StatusOr<v1::Job> JobManager::Submit(v1::JobSpec spec,
   record.job.set_submitted_unix_s(NowUnix());
   record.job.set_owner(std::move(owner));
   *record.job.mutable_spec() = std::move(spec);
+  record.job.set_waiting(WaitingFor(record.job, {}));
+  record.job.set_waiting_since_unix_s(record.job.submitted_unix_s());
   const std::string id = record.job.id();
   if (absl::Status s = AppendLocked(
           record, "state",
@@ -272,6 +306,10 @@ absl::Status JobManager::Transition(absl::string_view job_id,
     }
     if (r->job.state() == state) return absl::OkStatus();
     r->job.set_state(state);
+    if (state != v1::JOB_STATE_PENDING) {
+      r->job.clear_waiting();
+      r->job.clear_waiting_since_unix_s();
+    }
     if (state == v1::JOB_STATE_FAILED || state == v1::JOB_STATE_CANCELLED) {
       r->job.set_error(std::string(message));
     }
@@ -302,6 +340,8 @@ absl::StatusOr<int> JobManager::RestartOrFail(absl::string_view job_id,
       restart = r->job.restarts() + 1;
       r->job.set_restarts(restart);
       r->job.set_state(v1::JOB_STATE_PENDING);
+      r->job.set_waiting(WaitingFor(r->job, {}));
+      r->job.set_waiting_since_unix_s(NowUnix());
       state = v1::JOB_STATE_PENDING;
       if (absl::Status s = AppendLocked(
               *r, "restart",
@@ -364,6 +404,7 @@ absl::Status JobManager::ResumeSmaller(absl::string_view job_id, int32_t world,
     r->job.set_submitted_world_size(now);
   }
   spec.mutable_parallel()->set_world_size(world);
+  r->job.set_waiting(WaitingFor(r->job, {}));
   return AppendLocked(
       *r, "restart",
       absl::StrCat("restart ", r->job.restarts(), " resumes at world ", world,
@@ -371,6 +412,50 @@ absl::Status JobManager::ResumeSmaller(absl::string_view job_id, int32_t world,
                    " did not register within restart.rejoin_timeout_s; the "
                    "newest checkpoint is resharded to ",
                    world, world == 1 ? " rank" : " ranks"));
+}
+
+int JobManager::FailOverdueStarts() {
+  std::vector<std::pair<std::string, std::string>> overdue;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const double now = NowUnix();
+    for (const auto& [id, r] : jobs_) {
+      const v1::Job& job = r.job;
+      if (job.state() != v1::JOB_STATE_PENDING ||
+          job.waiting_since_unix_s() <= 0) {
+        continue;
+      }
+      const double limit = job.spec().parallel().start_timeout_s() > 0
+                               ? job.spec().parallel().start_timeout_s()
+                               : kDefaultStartTimeoutS;
+      const double waited = now - job.waiting_since_unix_s();
+      if (waited < limit) continue;
+      overdue.emplace_back(
+          id, absl::StrFormat(
+                  "its ranks did not all start within "
+                  "parallel.start_timeout_s (%g s)%s: %s; submit it again "
+                  "and start its workers, or raise parallel.start_timeout_s",
+                  limit, job.restarts() > 0 ? " of its restart" : "",
+                  job.waiting()));
+    }
+  }
+  int failed = 0;
+  for (const auto& [id, reason] : overdue) {
+    failed += Transition(id, v1::JOB_STATE_FAILED, reason).ok();
+  }
+  return failed;
+}
+
+absl::Status JobManager::SetWaiting(absl::string_view job_id,
+                                    absl::string_view waiting) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Record* r = Find(job_id);
+  if (r == nullptr) return NotFound(job_id);
+  if (r->job.state() != v1::JOB_STATE_PENDING || r->job.waiting() == waiting) {
+    return absl::OkStatus();
+  }
+  r->job.set_waiting(std::string(waiting));
+  return AppendLocked(*r, "worker", absl::StrCat("waiting: ", waiting));
 }
 
 absl::Status JobManager::RecordEvent(absl::string_view job_id,

@@ -36,6 +36,20 @@ bool IsTerminal(v1::JobState state);
 // "PENDING", "RUNNING", ...
 absl::string_view JobStateName(v1::JobState state);
 
+// The answer for a job id this coordinator does not know, and the same
+// for one the caller may not see (so that a stranger cannot tell them
+// apart): "no job 'ID' on this coordinator; `tandem list` shows the jobs it
+// knows".
+std::string NoSuchJob(absl::string_view job_id);
+
+// What a PENDING job waits for, in words: which ranks are registered and
+// connected (`connected`: rank -> host), which are missing, and the command
+// that starts the missing ones ("1 of 2 ranks registered (rank 0 on host-a);
+// missing rank 1: start it with `tandem launch --nproc 1 --job JOB` on its
+// host").
+std::string WaitingFor(const v1::Job& job,
+                       const std::map<int32_t, std::string>& connected);
+
 class JobManager {
  public:
   // Called (outside the manager's lock) after every state change, and
@@ -111,6 +125,14 @@ class JobManager {
                              absl::string_view missing);
   absl::StatusOr<int> RestartOrFail(absl::string_view job_id,
                                     absl::string_view cause);
+  // Fails every PENDING job that has waited for its ranks longer than its
+  // parallel.start_timeout_s (0: kDefaultStartTimeoutS), saying what it
+  // waited for and what to do. Returns how many.
+  int FailOverdueStarts();
+  static constexpr double kDefaultStartTimeoutS = 900;
+  // A PENDING job's Job.waiting: what it waits for (WaitingFor), with a
+  // "worker" event when it changed. Nothing for a job not PENDING.
+  absl::Status SetWaiting(absl::string_view job_id, absl::string_view waiting);
   // Appends an event of `kind` (e.g. "schedule", "replan", "worker").
   absl::Status RecordEvent(absl::string_view job_id, absl::string_view kind,
                            absl::string_view message);

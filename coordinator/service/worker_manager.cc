@@ -81,15 +81,23 @@ void WorkerManager::StartIfReady(const std::string& job_id) {
   absl::StatusOr<v1::Job> job = jobs_->Get(job_id);
   if (!job.ok() || job->state() != v1::JOB_STATE_PENDING) return;
   const int32_t world = job->spec().parallel().world_size();
+  std::map<int32_t, std::string> connected;
   {
     std::lock_guard<std::mutex> lock(mu_);
     JobWorkers& w = jobs_workers_[job_id];
     // Connected, not merely registered: a rank that died between its
     // registration and its session never counts.
-    int32_t connected = 0;
-    for (const auto& [_, r] : w.ranks) connected += r.session != 0;
-    if (connected != world) return;
-    w.waiting_since.reset();
+    for (const auto& [rank, r] : w.ranks) {
+      if (r.session != 0 && rank < world) connected[rank] = r.hostname;
+    }
+    if (static_cast<int32_t>(connected.size()) == world) {
+      w.waiting_since.reset();
+    }
+  }
+  if (static_cast<int32_t>(connected.size()) != world) {
+    // Still waiting: the job says for which ranks, and how to start them.
+    (void)jobs_->SetWaiting(job_id, WaitingFor(*job, connected));
+    return;
   }
   if (!jobs_
            ->Transition(job_id, v1::JOB_STATE_RUNNING,
@@ -496,6 +504,8 @@ void WorkerManager::CloseSession(int64_t session) {
     sessions_.erase(it);
   }
   if (!lost_cause.empty()) LoseRank(job_id, lost_cause, "peer");
+  // A PENDING job's wait names the ranks connected: this one no more.
+  StartIfReady(job_id);
 }
 
 absl::Status WorkerManager::OnMessage(int64_t session,
@@ -809,6 +819,12 @@ void WorkerManager::WatchLoop() {
     }
     for (const auto& [job_id, world, missing] : smaller) {
       ResumeSmallerWorld(job_id, world, missing);
+    }
+    // Jobs whose ranks never all came (parallel.start_timeout_s), once a
+    // second: they fail saying which ranks were missing.
+    if (now - last_start_check_ >= std::chrono::seconds(1)) {
+      last_start_check_ = now;
+      jobs_->FailOverdueStarts();
     }
     lock.lock();
     // Finished jobs need no watching.

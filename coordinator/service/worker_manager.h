@@ -225,6 +225,9 @@ class WorkerManager {
     int32_t rank = 0;
   };
 
+  // When WatchLoop last failed the jobs past parallel.start_timeout_s.
+  std::chrono::steady_clock::time_point last_start_check_{};
+
   JobWorkers& Workers(const v1::Job& job);
   // The job's current rendezvous prefix (restarts, resumed world).
   static std::string StorePrefix(const v1::Job& job);

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import grpc
 import pytest
@@ -139,15 +140,22 @@ def test_users_see_and_steer_only_their_own_jobs(secure, pki):
     expect_refused(lambda: client(secure, pki, "nobody-0123456789abcdef")
                    .list(), grpc.StatusCode.UNAUTHENTICATED, "unknown token")
 
-    # Another user's job: every call on it is refused, and List hides it.
-    for call in (lambda: bob.get(job.id), lambda: bob.cancel(job.id),
-                 lambda: bob.reoptimize(job.id),
-                 lambda: bob.schedule(job.id), lambda: bob.report(job.id),
-                 lambda: bob.timeline(job.id),
-                 lambda: bob.join_secret(job.id),
-                 lambda: next(iter(bob.watch(job.id)))):
-        expect_refused(call, grpc.StatusCode.PERMISSION_DENIED,
-                       "job %s belongs to user 'alice'; user 'bob'" % job.id)
+    # Another user's job: every call on it gets the answer of a job that
+    # does not exist (a stranger cannot tell which ids do), and List hides
+    # it.
+    missing = job.id + "x"
+    for make in (lambda j: lambda: bob.get(j), lambda j: lambda: bob.cancel(j),
+                 lambda j: lambda: bob.reoptimize(j),
+                 lambda j: lambda: bob.schedule(j),
+                 lambda j: lambda: bob.report(j),
+                 lambda j: lambda: bob.timeline(j),
+                 lambda j: lambda: bob.join_secret(j),
+                 lambda j: lambda: next(iter(bob.watch(j)))):
+        theirs = expect_refused(make(job.id), grpc.StatusCode.NOT_FOUND,
+                                "no job '%s' on this coordinator" % job.id)
+        none = expect_refused(make(missing), grpc.StatusCode.NOT_FOUND,
+                              "no job '%s' on this coordinator" % missing)
+        assert theirs.replace(job.id, "ID") == none.replace(missing, "ID")
     assert [j.id for j in bob.list()] == [bobs.id]
     assert [j.id for j in alice.list()] == [job.id]
     # An admin sees and steers every job.
@@ -179,7 +187,7 @@ def test_cli_passes_token_and_ca_and_says_what_is_missing(secure, pki):
     other = cli(secure, "--token", BOB, "--tls-ca", pki / "ca.pem", "cancel",
                 job_id)
     assert other.returncode == 1
-    assert "belongs to user 'alice'" in other.stderr
+    assert "no job '%s' on this coordinator" % job_id in other.stderr
     # Plaintext to the TLS port: no answer, and the hint names --tls-ca.
     plain = cli(secure, "--token", ALICE, "--timeout", "3", "status", job_id)
     assert plain.returncode == 1
@@ -303,6 +311,26 @@ def test_sighup_rereads_the_token_file(secure, pki):
     assert client(secure, pki, CAROL).list() == []
 
 
+def test_revoking_a_token_ends_its_open_watch(secure, pki):
+    """A Watch opened before its token was revoked ends within a second of
+    the token file's re-read (SIGHUP), UNAUTHENTICATED, as a new call
+    would be."""
+    bob = client(secure, pki, BOB)
+    job = bob.submit(spec())
+    updates = iter(bob.watch(job.id))
+    assert next(updates)[0].id == job.id  # the stream is open
+    write_tokens(secure.tokens, [ALICE + " alice", ROOT + " root admin"])
+    secure.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "SIGHUP" in secure.log_path.read_text(), timeout=10)
+    revoked = time.monotonic()
+    with pytest.raises(tandem.TandemError) as e:
+        for _ in updates:
+            pass
+    assert e.value.code == grpc.StatusCode.UNAUTHENTICATED, e.value
+    assert "unknown token" in e.value.message
+    assert time.monotonic() - revoked < 2.0
+
+
 def _refused(c):
     try:
         c.list()
@@ -372,7 +400,11 @@ def test_metrics_port_asks_for_tokens(cluster, pki, tmp_path):
     status, body = get("/metrics", BOB)
     assert status == 200 and "tandem_jobs" in body
     status, body = get("/jobs/" + job.id, BOB)
-    assert status == 403 and "belongs to user 'alice'" in body
+    assert status == 404 and job.id in body, (status, body)
+    assert "on this coordinator" in body, body
+    missing_status, missing_body = get("/jobs/" + job.id + "x", BOB)
+    assert (status, body.replace(job.id, "ID")) == (
+        missing_status, missing_body.replace(job.id + "x", "ID"))
     status, body = get("/jobs/" + job.id, ALICE)
     assert status == 200 and job.id in body
 

@@ -39,8 +39,9 @@ import grpc
 from tandem import spec as spec_mod
 from tandem.client import Client, default_address, is_terminal, state_name
 from tandem.errors import TandemError
-from tandem.progress import (ProgressView, describe_outcome, event_line,
-                             fmt_bytes, fmt_time)
+from tandem.progress import (ProgressView, describe_outcome,
+                             describe_waiting, event_line, fmt_bytes,
+                             fmt_time)
 from tandem.v1 import job_pb2
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -164,6 +165,8 @@ def cmd_status(client, args):
                          job.spec.parallel.world_size,
                          job.submitted_world_size,
                          job.spec.restart.min_world)))
+    if job.state == job_pb2.JOB_STATE_PENDING:
+        rows.append(("waiting", describe_waiting(job)))
     if job.error:
         rows.append(("error", job.error))
     rows += [("model", model), ("batch", batch),

@@ -35,6 +35,29 @@ def describe_outcome(job):
     return line
 
 
+def describe_waiting(job, now_unix=None):
+    """What a PENDING job waits for, and for how long: "waiting 35 s: 1 of
+    2 ranks registered (rank 0 on a); missing rank 1: start it with ..."
+    (the coordinator's words, Job.waiting)."""
+    what = job.waiting or "waiting for %d workers" % \
+        job.spec.parallel.world_size
+    since = job.waiting_since_unix_s
+    if not since:
+        return what
+    now = time.time() if now_unix is None else now_unix
+    return "waiting %s: %s" % (fmt_duration(max(now - since, 0.0)), what)
+
+
+def fmt_duration(seconds):
+    """35 s, 4 min 10 s, 2 h 5 min."""
+    s = int(round(seconds))
+    if s < 60:
+        return "%d s" % s
+    if s < 3600:
+        return "%d min %d s" % (s // 60, s % 60)
+    return "%d h %d min" % (s // 3600, s % 3600 // 60)
+
+
 def fmt_time(unix_s, with_date=False):
     if not unix_s:
         return "-"
@@ -135,9 +158,8 @@ class ProgressView:
     def status_text(self, job, bar=True):
         total = job.spec.train.steps
         parts = [state_name(job.state)]
-        if job.state == job_pb2.JOB_STATE_PENDING and job.step == 0:
-            parts.append("waiting for %d workers" %
-                         job.spec.parallel.world_size)
+        if job.state == job_pb2.JOB_STATE_PENDING:
+            parts.append(describe_waiting(job))
             return "  ".join(parts)
         if bar:
             frac = min(max(job.step / total, 0.0), 1.0) if total > 0 else 0.0

@@ -95,8 +95,12 @@ def parse_enum(enum_desc, value, path="value"):
         v = enum_desc.values_by_name.get(name)
         if v is not None and not v.name.endswith("_UNSPECIFIED"):
             return v.number
-    raise SpecError("%s: expected one of %s, got %r" %
-                    (path, ", ".join(choices), value), path)
+    # Near misses only: f64 is no typo of f16.
+    close = difflib.get_close_matches(key, [c.lower() for c in choices], n=1,
+                                      cutoff=0.75)
+    hint = " (did you mean '%s'?)" % close[0] if close else ""
+    raise SpecError("%s: expected one of %s, got %r%s" %
+                    (path, ", ".join(choices), value, hint), path)
 
 
 # ---------------------------------------------------------------- scalars
@@ -195,47 +199,61 @@ def _keys_of(desc):
     return [f.name for f in desc.fields]
 
 
-def _fill(msg, data, prefix):
+def _fill(msg, data, prefix, errors):
+    """Fills `msg` from `data`; every problem found goes to `errors` (a
+    list of SpecError) and the rest is still read, so that one run names
+    them all."""
     desc = msg.DESCRIPTOR
     where = prefix or "the job spec"
     if not isinstance(data, dict):
-        raise SpecError("%s: expected a mapping with keys %s, got %s" %
-                        (where, ", ".join(_keys_of(desc)), _describe(data)),
-                        prefix)
+        errors.append(SpecError(
+            "%s: expected a mapping with keys %s, got %s" %
+            (where, ", ".join(_keys_of(desc)), _describe(data)), prefix))
+        return
     for key, value in data.items():
-        if not isinstance(key, str):
-            raise SpecError("%s: key %r is not a name; valid keys: %s" %
-                            (where, key, ", ".join(_keys_of(desc))), prefix)
-        path = prefix + "." + key if prefix else key
-        field = desc.fields_by_name.get(key)
-        if field is None:
-            keys = _keys_of(desc)
-            close = difflib.get_close_matches(key, keys, n=1)
-            hint = " (did you mean '%s'?)" % close[0] if close else ""
-            scope = "of %s" % prefix if prefix else "at the top level"
-            raise SpecError("unknown key '%s'%s; valid keys %s: %s" %
-                            (path, hint, scope, ", ".join(keys)), path)
-        if value is None:  # `key:` with nothing after it: leave unset
-            continue
-        if field.label == FD.LABEL_REPEATED:
-            if not isinstance(value, list):
-                raise SpecError("%s: expected a list, got %s" %
-                                (path, _describe(value)), path)
-            target = getattr(msg, key)
-            for i, item in enumerate(value):
-                ipath = "%s[%d]" % (path, i)
-                if field.type == FD.TYPE_MESSAGE:
-                    _fill(target.add(), item, ipath)
-                else:
-                    if item is None:
-                        raise SpecError("%s: empty list item" % ipath, ipath)
+        try:
+            _fill_key(msg, desc, key, value, prefix, where, errors)
+        except SpecError as e:
+            errors.append(e)
+
+
+def _fill_key(msg, desc, key, value, prefix, where, errors):
+    if not isinstance(key, str):
+        raise SpecError("%s: key %r is not a name; valid keys: %s" %
+                        (where, key, ", ".join(_keys_of(desc))), prefix)
+    path = prefix + "." + key if prefix else key
+    field = desc.fields_by_name.get(key)
+    if field is None:
+        keys = _keys_of(desc)
+        close = difflib.get_close_matches(key, keys, n=1)
+        hint = " (did you mean '%s'?)" % close[0] if close else ""
+        scope = "of %s" % prefix if prefix else "at the top level"
+        raise SpecError("unknown key '%s'%s; valid keys %s: %s" %
+                        (path, hint, scope, ", ".join(keys)), path)
+    if value is None:  # `key:` with nothing after it: leave unset
+        return
+    if field.label == FD.LABEL_REPEATED:
+        if not isinstance(value, list):
+            raise SpecError("%s: expected a list, got %s" %
+                            (path, _describe(value)), path)
+        target = getattr(msg, key)
+        for i, item in enumerate(value):
+            ipath = "%s[%d]" % (path, i)
+            if field.type == FD.TYPE_MESSAGE:
+                _fill(target.add(), item, ipath, errors)
+            elif item is None:
+                errors.append(SpecError("%s: empty list item" % ipath, ipath))
+            else:
+                try:
                     target.append(_parse_scalar(field, item, ipath))
-        elif field.type == FD.TYPE_MESSAGE:
-            sub = getattr(msg, key)
-            sub.SetInParent()
-            _fill(sub, value, path)
-        else:
-            setattr(msg, key, _parse_scalar(field, value, path))
+                except SpecError as e:
+                    errors.append(e)
+    elif field.type == FD.TYPE_MESSAGE:
+        sub = getattr(msg, key)
+        sub.SetInParent()
+        _fill(sub, value, path, errors)
+    else:
+        setattr(msg, key, _parse_scalar(field, value, path))
 
 
 def spec_from_dict(data, source=None):
@@ -244,12 +262,17 @@ def spec_from_dict(data, source=None):
     Raises ``SpecError`` naming the key path for unknown keys and wrong types.
     """
     spec = job_pb2.JobSpec()
-    try:
-        _fill(spec, data, "")
-    except SpecError as e:
-        if source:
-            raise SpecError(e.message, e.path, source) from None
-        raise
+    errors = []
+    _fill(spec, data, "", errors)
+    if len(errors) == 1:
+        e = errors[0]
+        raise SpecError(e.message, e.path, source)
+    if errors:
+        # Every problem, one per line; `path` is the first's.
+        raise SpecError(
+            "%d problems:\n%s" % (len(errors), "\n".join(
+                "  - " + e.message for e in errors)),
+            errors[0].path, source)
     return spec
 
 

@@ -150,8 +150,13 @@ def test_watch_plain_lines_and_python_watch(coordinator, client, fake_workers):
     steps_seen = sorted({j.step for j, _ in updates})
     assert steps_seen[-1] == steps and len(steps_seen) >= 3
     kinds = [(e.kind, e.message.split(":")[0]) for _, e in updates if e]
-    assert kinds == [("state", "PENDING"), ("state", "RUNNING"),
-                     ("state", "SUCCEEDED")]
+    assert [k for k in kinds if k[0] == "state"] == [
+        ("state", "PENDING"), ("state", "RUNNING"), ("state", "SUCCEEDED")]
+    # While PENDING, what the job waits for as the ranks come: before it
+    # runs, and nothing else.
+    running = kinds.index(("state", "RUNNING"))
+    assert all(k == ("worker", "waiting") for k in kinds[1:running]), kinds
+    assert all(k[0] == "state" for k in kinds[running:]), kinds
 
 
 def test_fatal_worker_error_fails_job_and_watch_exits_1(coordinator, client,

@@ -64,3 +64,22 @@ def test_watch_line_carries_the_speedup():
     assert "schedule v1" in line and "1.28x (1.21-1.33) vs baseline" in line
     line = view.status_text(job(step=5), bar=False)
     assert "vs baseline" not in line
+
+
+def test_waiting_job_says_for_what_and_how_long():
+    from tandem.progress import describe_waiting
+    import io
+    text = ("1 of 2 ranks registered (rank 0 on a); missing rank 1: start "
+            "it with `tandem launch --nproc 1 --job j`")
+    j = job(state=job_pb2.JOB_STATE_PENDING, waiting=text,
+            waiting_since_unix_s=1000.0)
+    assert describe_waiting(j, now_unix=1035.0) == "waiting 35 s: " + text
+    assert describe_waiting(j, now_unix=1250.4).startswith("waiting 4 min 10 s: ")
+    assert describe_waiting(j, now_unix=1000.0 + 7500).startswith(
+        "waiting 2 h 5 min: ")
+    view = ProgressView(out=io.StringIO(), tty=False)
+    assert text in view.status_text(j, bar=False)
+    # A coordinator that says nothing: the count.
+    j = job(state=job_pb2.JOB_STATE_PENDING)
+    j.spec.parallel.world_size = 2
+    assert describe_waiting(j) == "waiting for 2 workers"

@@ -277,3 +277,23 @@ def test_progress_view_plain_lines_are_throttled():
     assert lines[0].startswith("RUNNING  step 1/10 (10%)")
     assert lines[-1].startswith("RUNNING  step 10/10 (100%)")
     assert 3 <= len(lines) <= 5  # every ~1 s, and the last step
+
+
+def test_every_problem_in_one_pass():
+    # Two key typos and a value of the wrong type: all three named at once,
+    # each with its own hint, not one per run.
+    with pytest.raises(SpecError) as e:
+        S.parse_yaml("modle:\n  layers: 2\nbatch:\n  micro_bach: 2\n"
+                     "  seq_len: many\ntrain:\n  steps: 5\n")
+    text = str(e.value)
+    assert text.startswith("3 problems:\n"), text
+    assert "unknown key 'modle' (did you mean 'model'?)" in text
+    assert "unknown key 'batch.micro_bach' (did you mean 'micro_batch'?)" in text
+    assert "batch.seq_len" in text
+    assert e.value.path == "modle"
+
+
+def test_enum_value_typo_gets_a_hint():
+    with pytest.raises(SpecError) as e:
+        S.parse_yaml("model:\n  dtype: bf61\n")
+    assert str(e.value).endswith("got 'bf61' (did you mean 'bf16'?)")

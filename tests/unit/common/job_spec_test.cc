@@ -654,6 +654,41 @@ TEST(JobSpecTest, RestartMinWorld_WithinWorldAndWithRestarts) {
               HasSubstr("restart.rejoin_timeout_s must be 0..86400"));
 }
 
+// A preset typed wrong is one error with a hint, not six: the sizes it
+// would have filled are not reported missing.
+TEST(JobSpecTest, PresetTypo_OneErrorWithAHint) {
+  v1::JobSpec spec;
+  spec.set_name("typo");
+  spec.mutable_model()->set_preset("tiny-lama");
+  spec.mutable_batch()->set_micro_batch(2);
+  spec.mutable_batch()->set_seq_len(16);
+  spec.mutable_train()->set_steps(5);
+  ApplyJobSpecDefaults(spec);
+  const std::string message(ValidateJobSpec(spec).message());
+  EXPECT_THAT(message, HasSubstr("got 'tiny-lama' (did you mean "
+                                 "'tiny-llama'?)"));
+  for (const char* follow_on : {"model.layers", "model.d_model", "model.heads",
+                                "model.ffn", "model.vocab"}) {
+    EXPECT_THAT(message, Not(HasSubstr(follow_on))) << message;
+  }
+  spec.mutable_model()->set_preset("llama");
+  spec.mutable_data()->set_kind("synthetc");
+  EXPECT_THAT(std::string(ValidateJobSpec(spec).message()),
+              HasSubstr("got 'synthetc' (did you mean 'synthetic'?)"));
+}
+
+TEST(JobSpecTest, StartTimeout_NonNegativeAndBounded) {
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_parallel()->set_start_timeout_s(60);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  for (const double bad : {-1.0, 1e9, std::nan("")}) {
+    spec.mutable_parallel()->set_start_timeout_s(bad);
+    EXPECT_THAT(std::string(ValidateJobSpec(spec).message()),
+                HasSubstr("parallel.start_timeout_s must be 0..604800 "
+                          "seconds (0: 900)"));
+  }
+}
+
 // Operator roots (--data-roots, --checkpoint-roots): judged on the
 // lexically normal path, a root's sibling with the same prefix is outside
 // it, and no roots means no restriction beyond the next test's.

@@ -12,6 +12,7 @@ namespace tandem {
 namespace {
 
 using namespace std::chrono_literals;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -173,6 +174,73 @@ TEST_F(WorkerManagerTest, Register_AllRanks_JobRuns) {
   EXPECT_EQ(Register("a")->rank(), 0);
   EXPECT_EQ(Register("c").status().code(),
             absl::StatusCode::kResourceExhausted);
+}
+
+// A PENDING job says what it waits for: the ranks connected, those
+// missing, and the command that starts them; a rank whose session closes
+// is missing again; once all run, nothing.
+TEST_F(WorkerManagerTest, Pending_SaysWhichRanksAreMissingAndHow) {
+  v1::Job job = *jobs_->Get(job_.id());
+  EXPECT_EQ(job.waiting(),
+            absl::StrCat("no rank of 2 registered yet; missing ranks 0, 1: "
+                         "start them with `tandem launch --nproc 2 --job ",
+                         job_.id(),
+                         "` (deploy/slurm, deploy/k8s on a "
+                         "cluster)"));
+  EXPECT_DOUBLE_EQ(job.waiting_since_unix_s(), job.submitted_unix_s());
+  // Registered but not connected: still missing.
+  ASSERT_TRUE(Register("a", 1, /*connect=*/false).ok());
+  EXPECT_THAT(jobs_->Get(job_.id())->waiting(),
+              HasSubstr("no rank of 2 registered yet"));
+  const int64_t s1 = Open(1, "a", std::make_shared<RecordingSink>());
+  EXPECT_THAT(jobs_->Get(job_.id())->waiting(),
+              HasSubstr(absl::StrCat(
+                  "1 of 2 ranks registered (rank 1 on host-a); missing rank "
+                  "0: start it with `tandem launch --nproc 1 --job ",
+                  job_.id(), "`")));
+  auto events = jobs_->Events(job_.id(), 0);
+  EXPECT_THAT(events->back().message(),
+              HasSubstr("waiting: 1 of 2 ranks registered"));
+  workers_->CloseSession(s1);
+  EXPECT_THAT(jobs_->Get(job_.id())->waiting(),
+              HasSubstr("no rank of 2 registered yet"));
+  ASSERT_TRUE(Register("b", 0).ok());
+  ASSERT_TRUE(Register("c", 1).ok());
+  job = *jobs_->Get(job_.id());
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.waiting(), "");
+  EXPECT_EQ(job.waiting_since_unix_s(), 0);
+}
+
+// A job whose ranks never all come fails after parallel.start_timeout_s,
+// saying which were missing and what to do.
+TEST_F(WorkerManagerTest, Pending_PastStartTimeout_FailsNamingMissingRanks) {
+  v1::JobSpec spec = Spec();
+  spec.mutable_parallel()->set_start_timeout_s(0.2);
+  const v1::Job job = *jobs_->Submit(spec);
+  v1::RegisterRequest req = Request("a", 0);
+  req.set_job_id(job.id());
+  ASSERT_TRUE(workers_->Register(req).ok());
+  v1::SessionHello hello;
+  hello.set_job_id(job.id());
+  hello.set_rank(0);
+  hello.set_incarnation("a");
+  ASSERT_TRUE(
+      workers_->OpenSession(hello, std::make_shared<RecordingSink>()).ok());
+  for (int i = 0; i < 150 && !IsTerminal(jobs_->Get(job.id())->state()); ++i) {
+    std::this_thread::sleep_for(20ms);
+  }
+  const v1::Job failed = *jobs_->Get(job.id());
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.error(),
+              AllOf(HasSubstr("its ranks did not all start within "
+                              "parallel.start_timeout_s (0.2 s)"),
+                    HasSubstr("1 of 2 ranks registered (rank 0 on host-a); "
+                              "missing rank 1: start it with `tandem launch "
+                              "--nproc 1 --job"),
+                    HasSubstr("or raise parallel.start_timeout_s")));
+  // The default job (900 s) still waits.
+  EXPECT_EQ(State(), v1::JOB_STATE_PENDING);
 }
 
 TEST_F(WorkerManagerTest, Register_BadRequests_AreRefused) {

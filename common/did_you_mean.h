@@ -48,6 +48,14 @@ std::string NearestOption(absl::string_view typed, const Options& options,
   return nearest;
 }
 
+// " (did you mean 'x'?)" for a near miss among `options`, else "": to
+// append to an error that names what was typed.
+template <typename Options>
+std::string DidYouMean(absl::string_view typed, const Options& options) {
+  const std::string nearest = NearestOption(typed, options);
+  return nearest.empty() ? "" : " (did you mean '" + nearest + "'?)";
+}
+
 }  // namespace tandem
 
 #endif  // TANDEM_COMMON_DID_YOU_MEAN_H_

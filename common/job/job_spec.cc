@@ -31,14 +31,6 @@ bool IsNamedPreset(const std::string& preset) {
   return preset != "llama" && preset != "moe" && ModelPreset(preset).ok();
 }
 
-// " (did you mean 'x'?)" for a near miss among `options`, else "".
-std::string DidYouMean(const std::string& typed,
-                       const std::vector<std::string>& options) {
-  const std::string nearest = NearestOption(typed, options);
-  return nearest.empty() ? ""
-                         : absl::StrCat(" (did you mean '", nearest, "'?)");
-}
-
 class FieldErrors {
  public:
   template <typename... Args>

@@ -32,12 +32,10 @@ std::vector<std::string> CheckOptimizeSpec(const v1::OptimizeSpec& optimize,
     if (!policy.has_value()) {
       std::vector<std::string> names;
       for (Policy p : AllPolicies()) names.emplace_back(PolicyName(p));
-      const std::string nearest = NearestOption(optimize.policy(), names);
-      problems.push_back(absl::StrCat(
-          "optimize.policy '", optimize.policy(), "' is not a policy",
-          nearest.empty() ? ""
-                          : absl::StrCat(" (did you mean '", nearest, "'?)"),
-          "; use ", absl::StrJoin(names, ", ")));
+      problems.push_back(absl::StrCat("optimize.policy '", optimize.policy(),
+                                      "' is not a policy",
+                                      DidYouMean(optimize.policy(), names),
+                                      "; use ", absl::StrJoin(names, ", ")));
     } else if (*policy != Policy::kTandem && zero_stage == 1) {
       problems.push_back(absl::StrCat(
           "optimize.policy '", optimize.policy(),

@@ -562,26 +562,25 @@ metrics::HttpExporter::Page JobReportBuilder::ErrorPage(
 
 metrics::HttpExporter::Page JobReportBuilder::ServePage(
     absl::string_view path) const {
-  const auto error_page = &JobReportBuilder::ErrorPage;
   absl::string_view id = path;
   absl::ConsumePrefix(&id, "/");
   absl::ConsumeSuffix(&id, "/");
   if (id.empty()) {
-    return error_page(404,
-                      "Name a job: /jobs/<job id> (`tandem list` shows the "
-                      "ids).");
+    return ErrorPage(404,
+                     "Name a job: /jobs/<job id> (`tandem list` shows the "
+                     "ids).");
   }
   if (id.size() > 256) {
-    return error_page(400,
-                      "A job id has at most 256 characters; `tandem list` "
-                      "shows the ids.");
+    return ErrorPage(400,
+                     "A job id has at most 256 characters; `tandem list` "
+                     "shows the ids.");
   }
   absl::StatusOr<std::string> html = RenderHtml(std::string(id));
   if (html.ok()) {
     return metrics::HttpExporter::Page{200, "text/html; charset=utf-8",
                                        *std::move(html)};
   }
-  return error_page(
+  return ErrorPage(
       html.status().code() == absl::StatusCode::kNotFound ? 404 : 500,
       html.status().message());
 }

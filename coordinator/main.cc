@@ -35,11 +35,19 @@ ABSL_FLAG(std::string, auth_tokens, "",
           "SIGHUP); jobs belong to their submitter and workers need the "
           "job's join secret");
 ABSL_FLAG(int, max_rpc_threads, 2048,
-          "server threads; each open stream (a worker's session, a watch) "
-          "holds one, and past the cap calls get RESOURCE_EXHAUSTED");
+          "server threads for calls in flight (streams and waiting KvGets "
+          "hold none); past the cap calls get RESOURCE_EXHAUSTED");
 ABSL_FLAG(double, session_hello_timeout_s, 10,
           "end a worker session that sends no hello within this many "
           "seconds");
+ABSL_FLAG(int, max_pending_sessions, 4096,
+          "worker sessions that may wait for their hello at once; past it a "
+          "new one gets RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_pending_sessions_per_peer, 256,
+          "worker sessions one address may have waiting for their hello");
+ABSL_FLAG(int, max_streams_per_user, 128,
+          "watch streams one user may hold open (everyone is one user "
+          "without --auth-tokens)");
 ABSL_FLAG(int, max_active_jobs, 10000,
           "jobs not yet ended (PENDING or RUNNING) this coordinator holds; "
           "past it Submit gets RESOURCE_EXHAUSTED");
@@ -82,6 +90,8 @@ constexpr char kUsage[] =
     "         [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]] "
     "[--auth-tokens FILE] [--insecure]\n"
     "         [--max-rpc-threads N] [--session-hello-timeout-s S]\n"
+    "         [--max-pending-sessions N] [--max-pending-sessions-per-peer N]\n"
+    "         [--max-streams-per-user N]\n"
     "         [--max-active-jobs N] [--max-active-jobs-per-user N] "
     "[--max-events-per-job N]\n"
     "         [--max-profile-bytes-per-job B] "
@@ -116,6 +126,10 @@ int main(int argc, char** argv) {
   options.auth_tokens = absl::GetFlag(FLAGS_auth_tokens);
   options.insecure = absl::GetFlag(FLAGS_insecure);
   options.max_rpc_threads = absl::GetFlag(FLAGS_max_rpc_threads);
+  options.max_pending_sessions = absl::GetFlag(FLAGS_max_pending_sessions);
+  options.max_pending_sessions_per_peer =
+      absl::GetFlag(FLAGS_max_pending_sessions_per_peer);
+  options.max_streams_per_user = absl::GetFlag(FLAGS_max_streams_per_user);
   options.job_limits.max_active_jobs = absl::GetFlag(FLAGS_max_active_jobs);
   options.job_limits.max_active_jobs_per_user =
       absl::GetFlag(FLAGS_max_active_jobs_per_user);
@@ -145,6 +159,12 @@ int main(int argc, char** argv) {
        tandem::CheckPositive("--heartbeat-timeout-s", heartbeat_timeout_s),
        tandem::CheckAtLeast("--max-rpc-threads", options.max_rpc_threads, 8),
        tandem::CheckPositive("--session-hello-timeout-s", hello_timeout_s),
+       tandem::CheckAtLeast("--max-pending-sessions",
+                            options.max_pending_sessions, 1),
+       tandem::CheckAtLeast("--max-pending-sessions-per-peer",
+                            options.max_pending_sessions_per_peer, 1),
+       tandem::CheckAtLeast("--max-streams-per-user",
+                            options.max_streams_per_user, 1),
        tandem::CheckAtLeast("--max-active-jobs",
                             options.job_limits.max_active_jobs, 1),
        tandem::CheckAtLeast("--max-active-jobs-per-user",

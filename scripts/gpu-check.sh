@@ -21,9 +21,9 @@
 # and exits 0. Exits non-zero, saying what failed, otherwise.
 #
 # Besides PyTorch it needs what the standalone-only build needs: protobuf
-# (protoc and libprotobuf; the job spec is a proto), abseil, yaml-cpp,
-# civetweb and GoogleTest (Debian/Ubuntu: protobuf-compiler libprotobuf-dev
-# libabsl-dev libyaml-cpp-dev libcivetweb-dev libgtest-dev libgmock-dev).
+# (protoc and libprotobuf; the job spec is a proto), abseil, yaml-cpp and
+# GoogleTest (Debian/Ubuntu: protobuf-compiler libprotobuf-dev libabsl-dev
+# libyaml-cpp-dev libgtest-dev libgmock-dev).
 # A machine with no package registry takes them as .deb files instead:
 # `scripts/gpu-deps.sh` downloads them (on a Debian 12 machine that has one)
 # into .gpu-deps/, and this script unpacks every .deb found there into a
@@ -146,7 +146,7 @@ cmake_args=(
 say "configuring $BUILD"
 mkdir -p "$BUILD"
 cmake "${cmake_args[@]}" | tee "$BUILD/configure.log" ||
-  die "configure failed (missing protobuf, abseil, yaml-cpp, civetweb or GoogleTest? see above)"
+  die "configure failed (missing protobuf, abseil, yaml-cpp or GoogleTest? see above)"
 grep -q "defines: .*TANDEM_WITH_NCCL" "$BUILD/configure.log" ||
   die "the build did not pick up a CUDA libtorch with NCCL (see $BUILD/configure.log)"
 say "building"

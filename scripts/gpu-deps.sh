@@ -15,15 +15,14 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DIR="${1:-$ROOT/.gpu-deps}"
 
-# The -dev packages and the runtime libraries they point at (civetweb: its
-# CMake config names the server binary; libgloo-dev: headers only, for
+# The -dev packages and the runtime libraries they point at (libgloo-dev:
+# headers only, for
 # ProcessGroupGloo.hpp, since the PyTorch wheel ships none); zlib, OpenSSL
 # and libstdc++ come with any distribution.
 packages=(
   protobuf-compiler libprotoc32 libprotobuf32 libprotobuf-dev
   libabsl-dev libabsl20220623
   libyaml-cpp-dev libyaml-cpp0.7
-  libcivetweb-dev libcivetweb1 civetweb
   libgtest-dev libgmock-dev
   libgloo-dev
 )

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the container image tandem:VERSION from Debian packages: a bookworm
 # rootfs made by mmdebstrap with only the runtime packages (libtorch, gRPC,
-# protobuf, sqlite, civetweb, OpenBLAS, python3 with grpcio/protobuf/yaml),
+# protobuf, sqlite, OpenBLAS, python3 with grpcio/protobuf/yaml),
 # imported with podman, plus a layer with Tandem's binaries from the build
 # and the Python client (`tandem` on PATH). deploy/k8s/README.md, "The
 # image", says what is in it, how VERSION is made and how to push it.
@@ -40,7 +40,6 @@ RUNTIME_PACKAGES=(
   # both daemons and tandem-health (libgrpc29 brings libssl3, whose
   # libcrypto the coordinator's join secrets use too)
   libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 libyaml-cpp0.7
-  libcivetweb1
   # coordinator store
   libsqlite3-0
   # the Python client and CLI

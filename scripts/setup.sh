@@ -23,8 +23,6 @@ PACKAGES=(
   libsqlite3-dev sqlite3
   # TLS and join secrets (libcrypto), certificates in tests and the Slurm recipe
   libssl-dev openssl
-  # metrics exporter (its CMake config is broken without the civetweb package)
-  libcivetweb-dev civetweb
   # worker
   libtorch-dev libgloo-dev libopenblas0-pthread
   # tests and benchmarks (clang and its runtimes: the fuzz targets)

@@ -426,18 +426,20 @@ absl::StatusOr<v1::JobSpec> ResolveJobPaths(v1::JobSpec spec) {
 absl::Status CheckJobPathRoots(const v1::JobSpec& spec,
                                const JobPathRoots& roots) {
   FieldErrors errors;
-  auto under_any = [](const std::string& normal,
-                      const std::vector<std::string>& dirs) {
+  // The root (lexically normal) that holds `normal`, if any.
+  auto root_of =
+      [](const std::string& normal,
+         const std::vector<std::string>& dirs) -> std::optional<std::string> {
     for (const std::string& dir : dirs) {
       std::string root =
           std::filesystem::path(dir).lexically_normal().generic_string();
       while (root.size() > 1 && root.back() == '/') root.pop_back();
       if (normal == root || root == "/" ||
           absl::StartsWith(normal, absl::StrCat(root, "/"))) {
-        return true;
+        return root;
       }
     }
-    return false;
+    return std::nullopt;
   };
   auto check = [&](const char* field, const std::string& path, bool writes) {
     if (path.empty()) return;
@@ -471,12 +473,45 @@ absl::Status CheckJobPathRoots(const v1::JobSpec& spec,
     if (own.empty()) return;
     const std::string normal =
         std::filesystem::path(path).lexically_normal().generic_string();
-    if (!under_any(normal, allowed)) {
+    const std::optional<std::string> root = root_of(normal, allowed);
+    if (!root.has_value()) {
       errors.Add(field, " '", path.substr(0, 256), "' is not under a ", kind,
                  " root this coordinator allows (", listed,
                  "); move the files there or ask the operator to add a "
                  "root (--",
                  writes ? "checkpoint" : "data", "-roots)");
+      return;
+    }
+    // A root this host sees is seen as the workers see it (a shared file
+    // system): what a job reads must be there now, not fail when its
+    // workers start, and no symbolic link may lead out of the roots.
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (!fs::is_directory(*root, ec)) return;
+    if (!fs::exists(normal, ec)) {
+      if (!writes) {
+        errors.Add(field, " '", path.substr(0, 256),
+                   "' does not exist (this coordinator sees the ", kind,
+                   " root ", *root,
+                   " as the workers do); check the path, or write the files "
+                   "before submitting");
+      }
+      return;
+    }
+    const std::string real = fs::canonical(normal, ec).generic_string();
+    if (ec) return;
+    bool inside = false;
+    for (const std::string& dir : allowed) {
+      std::error_code dir_ec;
+      const std::string real_root =
+          fs::weakly_canonical(dir, dir_ec).generic_string();
+      if (!dir_ec && root_of(real, {real_root}).has_value()) inside = true;
+    }
+    if (!inside) {
+      errors.Add(field, " '", path.substr(0, 256), "' leads out of the ", kind,
+                 " roots (", listed, ") through a symbolic link, to '",
+                 real.substr(0, 256),
+                 "'; give the path of the files themselves under a root");
     }
   };
   check("data.path", spec.data().path(), /*writes=*/false);

@@ -245,7 +245,24 @@ absl::StatusOr<Family<Histogram>*> Registry::AddHistogram(
   return out;
 }
 
-std::string Registry::Expose() const {
+void Registry::AddCollectHook(std::function<void()> hook) {
+  std::lock_guard<std::mutex> lock(mu_);
+  hooks_.push_back(std::move(hook));
+}
+
+std::string Registry::Expose(const SeriesFilter& filter) const {
+  {
+    std::vector<std::function<void()>> hooks;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      hooks = hooks_;
+    }
+    for (const auto& hook : hooks) hook();
+  }
+  auto keep = [&](const std::vector<std::string>& names,
+                  const LabelValues& values) {
+    return !filter || filter(names, values);
+  };
   std::string out;
   auto header = [&](const std::string& name, const std::string& help,
                     MetricType type) {
@@ -256,6 +273,7 @@ std::string Registry::Expose() const {
     header(family.name_, family.help_, family.type_);
     std::lock_guard<std::mutex> lock(family.mu_);
     for (const auto& [values, series] : family.series_) {
+      if (!keep(family.label_names_, values)) continue;
       absl::StrAppend(&out, family.name_,
                       LabelText(family.label_names_, values, "", ""), " ",
                       FormatValue(series->value()), "\n");
@@ -272,6 +290,7 @@ std::string Registry::Expose() const {
       header(family.name_, family.help_, family.type_);
       std::lock_guard<std::mutex> family_lock(family.mu_);
       for (const auto& [values, series] : family.series_) {
+        if (!keep(family.label_names_, values)) continue;
         const Histogram::Snapshot s = series->snapshot();
         for (size_t i = 0; i <= s.bounds.size(); ++i) {
           const std::string le =

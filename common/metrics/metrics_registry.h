@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -128,8 +129,21 @@ class Registry {
       absl::string_view name, absl::string_view help,
       std::vector<std::string> label_names, std::vector<double> bounds);
 
-  // Every family, in registration order, in the text exposition format 0.0.4.
-  std::string Expose() const;
+  // Which series a reader may see: called with a family's label names and
+  // one series' values; false leaves the series out (its family's HELP and
+  // TYPE stay).
+  using SeriesFilter = std::function<bool(
+      const std::vector<std::string>& label_names, const LabelValues& values)>;
+
+  // Every family, in registration order, in the text exposition format
+  // 0.0.4; with `filter`, only the series it keeps. The collect hooks run
+  // first.
+  std::string Expose(const SeriesFilter& filter = nullptr) const;
+
+  // Runs before every Expose, to set gauges that are read, not pushed
+  // (open streams, waiting calls). Add before serving; each must stay
+  // callable for the registry's life.
+  void AddCollectHook(std::function<void()> hook);
 
  private:
   template <typename T>
@@ -147,6 +161,7 @@ class Registry {
   const size_t max_series_;
   mutable std::mutex mu_;
   std::vector<Entry> families_;
+  std::vector<std::function<void()>> hooks_;
   Counter* dropped_ = nullptr;
 };
 

@@ -3,6 +3,9 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include <algorithm>
+#include <atomic>
+#include <map>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -57,33 +60,57 @@ class PlanningFeed final : public WorkerEventListener {
   JobHistory* history_;
 };
 
-// The metrics port under authentication: /metrics for any known token, a
-// job's report (/jobs/<id>) for its owner or an admin; anyone else gets
-// the page of a job that does not exist.
-std::optional<metrics::HttpExporter::Page> GateHttp(
-    const RpcAuth& auth, const JobManager& jobs,
-    absl::string_view authorization, absl::string_view path) {
-  auto refuse = [](int status, const grpc::Status& why) {
-    return metrics::HttpExporter::Page{status, "text/plain; charset=utf-8",
-                                       absl::StrCat(why.error_message(), "\n")};
-  };
+// The metrics port under authentication: /metrics for any known token,
+// showing an admin every series and anyone else only the series of their
+// own jobs (and those of no job); a job's report (/jobs/<id>) for its owner
+// or an admin; anyone else gets the page of a job that does not exist.
+metrics::HttpExporter::Access GateHttp(const RpcAuth& auth,
+                                       const JobManager& jobs,
+                                       absl::string_view authorization,
+                                       absl::string_view path) {
+  metrics::HttpExporter::Access access;
   Principal caller;
   grpc::Status s = auth.Authenticate(
       authorization.empty() ? std::nullopt
                             : std::optional<absl::string_view>(authorization),
       &caller);
-  if (!s.ok()) return refuse(401, s);
+  if (!s.ok()) {
+    access.refusal =
+        metrics::HttpExporter::Page{401, "text/plain; charset=utf-8",
+                                    absl::StrCat(s.error_message(), "\n")};
+    return access;
+  }
   absl::string_view rest = path;
   if (absl::ConsumePrefix(&rest, "/jobs/")) {
     const absl::string_view id = rest.substr(0, rest.find('/'));
     if (absl::StatusOr<v1::Job> job = jobs.Get(id); job.ok()) {
       if (grpc::Status denied = auth.MayAccess(caller, *job); !denied.ok()) {
         // The page a job that does not exist gets: a stranger cannot tell.
-        return JobReportBuilder::ErrorPage(404, NoSuchJob(id));
+        access.refusal = JobReportBuilder::ErrorPage(404, NoSuchJob(id));
       }
     }
+    return access;
   }
-  return std::nullopt;
+  if (auth.ListFilter(caller).has_value()) {
+    // A job's series carry its id as "job": kept when the caller owns it.
+    // The filter runs during this scrape only; owners are looked up once.
+    auto owned = std::make_shared<std::map<std::string, bool>>();
+    access.series = [&jobs, owned, user = caller.user](
+                        const std::vector<std::string>& names,
+                        const metrics::LabelValues& values) {
+      for (size_t i = 0; i < names.size(); ++i) {
+        if (names[i] != "job") continue;
+        auto [it, fresh] = owned->emplace(values[i], false);
+        if (fresh) {
+          absl::StatusOr<v1::Job> job = jobs.Get(values[i]);
+          it->second = job.ok() && job->owner() == user;
+        }
+        return it->second;
+      }
+      return true;
+    };
+  }
+  return access;
 }
 
 }  // namespace
@@ -147,7 +174,6 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       s->jobs_.get(), s->store_.get(), s->history_.get(), &s->timelines_);
   WorkerManager::Options worker_options;
   worker_options.heartbeat_timeout = options.heartbeat_timeout;
-  worker_options.max_sessions = options.max_rpc_threads;
   s->workers_ = std::make_unique<WorkerManager>(s->jobs_.get(), s->store_.get(),
                                                 &s->kv_, s->metrics_.get(),
                                                 &s->timelines_, worker_options);
@@ -190,13 +216,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   s->auth_ = std::make_unique<RpcAuth>(std::move(tokens),
                                        JoinSecrets(*std::move(secret_key)),
                                        !options.tls_client_ca.empty());
+  WatchHub::Limits watch_limits;
+  watch_limits.max_streams_per_user = options.max_streams_per_user;
   s->job_service_ = std::make_unique<JobServiceImpl>(
       s->jobs_.get(), s->planning_.get(), s->workers_.get(), &s->timelines_,
-      s->reports_.get(), s->auth_.get());
+      s->reports_.get(), s->auth_.get(), watch_limits);
   // Workers heartbeat every second; a session silent for twice the
   // heartbeat timeout (at least 30 s) belongs to a worker already failed.
   WorkerServiceImpl::SessionLimits session_limits;
   session_limits.hello_timeout = options.session_hello_timeout;
+  session_limits.max_pending = options.max_pending_sessions;
+  session_limits.max_pending_per_peer = options.max_pending_sessions_per_peer;
   session_limits.idle_timeout =
       std::max(std::chrono::milliseconds(30000), 2 * options.heartbeat_timeout);
   s->worker_service_ = std::make_unique<WorkerServiceImpl>(
@@ -210,8 +240,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.RegisterService(s->worker_service_.get());
   // Profiles of big graphs are large; 64 MiB bounds them.
   builder.SetMaxReceiveMessageSize(64 << 20);
-  // A bounded pool: every stream holds a thread (synchronous server), so
-  // the threads are capped, and silent sessions are ended (above).
+  // A bounded pool for the unary calls; the streams and KvGet are callback
+  // handlers and hold no thread while they wait.
   grpc::ResourceQuota quota("tandem-coordinator");
   quota.SetMaxThreads(options.max_rpc_threads);
   builder.SetResourceQuota(quota);
@@ -247,11 +277,40 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     if (s->auth_->enabled()) {
       s->exporter_->SetGate(
           [auth = s->auth_.get(), jobs = s->jobs_.get()](
-              absl::string_view authorization, absl::string_view path)
-              -> std::optional<metrics::HttpExporter::Page> {
+              absl::string_view authorization, absl::string_view path) {
             return GateHttp(*auth, *jobs, authorization, path);
           });
     }
+    // Gauges read at each scrape, on the exporter's handler threads (which
+    // its destructor joins, so the pointers outlive every call).
+    s->registry_.AddCollectHook(
+        [metrics = s->metrics_.get(), jobs = s->job_service_.get(),
+         workers = s->worker_service_.get(), kv = &s->kv_,
+         http = s->exporter_.get(),
+         refused = std::make_shared<std::atomic<int64_t>>(0)] {
+          const int64_t open = workers->sessions_open();
+          const int64_t pending = workers->sessions_pending();
+          metrics->open_streams->WithLabels({"session"})
+              .Set(static_cast<double>(open - pending));
+          metrics->open_streams->WithLabels({"pending_session"})
+              .Set(static_cast<double>(pending));
+          metrics->open_streams->WithLabels({"watch"}).Set(
+              static_cast<double>(jobs->watches()));
+          metrics->waiting_kv_gets->WithLabels({}).Set(
+              static_cast<double>(kv->waiters()));
+          const metrics::HttpExporter::Stats stats = http->stats();
+          metrics->http_connections->WithLabels({}).Set(
+              static_cast<double>(stats.open));
+          // Counted once however many scrapes run at once.
+          int64_t seen = refused->load();
+          while (stats.refused > seen &&
+                 !refused->compare_exchange_weak(seen, stats.refused)) {
+          }
+          if (stats.refused > seen) {
+            metrics->http_refused->WithLabels({}).Increment(
+                static_cast<double>(stats.refused - seen));
+          }
+        });
   }
   return s;
 }

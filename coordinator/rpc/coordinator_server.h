@@ -46,11 +46,16 @@ struct CoordinatorOptions {
   std::string tls_client_ca;
   std::string auth_tokens;
   bool insecure = false;
-  // Limits (coordinator/README.md, "Limits"): server threads, one per open
-  // stream or call in flight (past it a call gets RESOURCE_EXHAUSTED), and
-  // how long a worker session may stay silent before and after its hello.
+  // Limits (coordinator/README.md, "Limits"): server threads for unary
+  // calls in flight (past it a call gets RESOURCE_EXHAUSTED; streams and
+  // waiting KvGets hold none), how long a worker session may stay silent
+  // before and after its hello, how many may await their hello (in all and
+  // per peer address), and watches per user.
   int max_rpc_threads = 2048;
   std::chrono::milliseconds session_hello_timeout{10000};
+  int max_pending_sessions = 4096;
+  int max_pending_sessions_per_peer = 256;
+  int max_streams_per_user = 128;
   // Jobs not yet ended, events per job, and where jobs may read and write
   // (--max-active-jobs, --max-active-jobs-per-user, --max-events-per-job,
   // --data-roots, --checkpoint-roots).

@@ -22,18 +22,19 @@ grpc::Status CheckJobId(const std::string& id) {
 
 }  // namespace
 
-grpc::Status JobServiceImpl::Authorize(const grpc::ServerContext& context,
-                                       const std::string& job_id,
-                                       v1::Job* job) {
+grpc::Status JobServiceImpl::Authorize(const grpc::ServerContextBase& context,
+                                       const std::string& job_id, v1::Job* job,
+                                       Principal* caller) {
   if (grpc::Status s = CheckJobId(job_id); !s.ok()) return s;
-  Principal caller;
-  if (grpc::Status s = auth_->Authenticate(context, &caller); !s.ok()) {
+  Principal who;
+  if (grpc::Status s = auth_->Authenticate(context, &who); !s.ok()) {
     return s;
   }
   absl::StatusOr<v1::Job> found = jobs_->Get(job_id);
   if (!found.ok()) return ToGrpc(found.status());
-  if (grpc::Status s = auth_->MayAccess(caller, *found); !s.ok()) return s;
+  if (grpc::Status s = auth_->MayAccess(who, *found); !s.ok()) return s;
   if (job != nullptr) *job = *std::move(found);
+  if (caller != nullptr) *caller = std::move(who);
   return grpc::Status::OK;
 }
 
@@ -126,48 +127,15 @@ grpc::Status JobServiceImpl::Reoptimize(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::Watch(
-    grpc::ServerContext* context, const v1::WatchJobRequest* request,
-    grpc::ServerWriter<v1::WatchJobResponse>* writer) {
+grpc::ServerWriteReactor<v1::WatchJobResponse>* JobServiceImpl::Watch(
+    grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
   v1::Job known;
-  if (grpc::Status s = Authorize(*context, request->job_id(), &known);
+  Principal caller;
+  if (grpc::Status s = Authorize(*context, request->job_id(), &known, &caller);
       !s.ok()) {
-    return s;
+    return WatchHub::Refuse(s);
   }
-  int64_t after = request->after_seq();
-  v1::WatchJobResponse first;
-  *first.mutable_job() = known;
-  if (!writer->Write(first)) return grpc::Status::OK;
-  while (!context->IsCancelled()) {
-    // The job and its events from one snapshot: a terminal job comes with
-    // the event that ended it.
-    absl::StatusOr<JobManager::JobChanges> changes = jobs_->WaitForEvents(
-        request->job_id(), after, known, std::chrono::milliseconds(500));
-    if (!changes.ok()) return ToGrpc(changes.status());
-    const v1::Job& now = changes->job;
-    const std::vector<v1::JobEvent>& events = changes->events;
-    if (events.empty() && now.step() != known.step()) {
-      v1::WatchJobResponse progress;
-      *progress.mutable_job() = now;
-      if (!writer->Write(progress)) return grpc::Status::OK;
-    }
-    for (const v1::JobEvent& e : events) {
-      v1::WatchJobResponse update;
-      *update.mutable_job() = now;
-      *update.mutable_event() = e;
-      if (!writer->Write(update)) return grpc::Status::OK;
-      after = e.seq();
-    }
-    known = now;
-    if (IsTerminal(known.state()) && events.empty()) break;
-    // A token revoked since (the token file re-read on SIGHUP) ends the
-    // stream within a wait (500 ms), with the answer a new call would get.
-    Principal caller;
-    grpc::Status still = auth_->Authenticate(*context, &caller);
-    if (still.ok()) still = auth_->MayAccess(caller, known);
-    if (!still.ok()) return still;
-  }
-  return grpc::Status::OK;
+  return watches_.Open(context, *request, caller, std::move(known));
 }
 
 grpc::Status JobServiceImpl::GetSchedule(grpc::ServerContext* context,

@@ -1,10 +1,13 @@
 // JobService over gRPC: maps each RPC onto the job and planning managers.
 // Handlers validate request sizes; everything else is the managers' logic.
+// Watch uses the callback API (WatchHub: no thread per stream); the other
+// calls answer at once on the server's bounded pool.
 #ifndef TANDEM_COORDINATOR_RPC_JOB_SERVICE_IMPL_H_
 #define TANDEM_COORDINATOR_RPC_JOB_SERVICE_IMPL_H_
 
 #include "coordinator/report/job_report_builder.h"
 #include "coordinator/rpc/rpc_auth.h"
+#include "coordinator/rpc/watch_hub.h"
 #include "coordinator/service/job_manager.h"
 #include "coordinator/service/planning_manager.h"
 #include "coordinator/service/timeline_store.h"
@@ -13,17 +16,23 @@
 
 namespace tandem {
 
-class JobServiceImpl final : public v1::JobService::Service {
+class JobServiceImpl final
+    : public v1::JobService::WithCallbackMethod_Watch<v1::JobService::Service> {
  public:
   JobServiceImpl(JobManager* jobs, PlanningManager* planning,
                  WorkerManager* workers, const TimelineStore* timelines,
-                 const JobReportBuilder* reports, const RpcAuth* auth)
+                 const JobReportBuilder* reports, const RpcAuth* auth,
+                 WatchHub::Limits watch_limits = {})
       : jobs_(jobs),
         planning_(planning),
         workers_(workers),
         timelines_(timelines),
         reports_(reports),
-        auth_(auth) {}
+        auth_(auth),
+        watches_(jobs, auth, watch_limits) {}
+
+  // Watch streams open now.
+  int64_t watches() const { return watches_.streams(); }
 
   grpc::Status Submit(grpc::ServerContext* context,
                       const v1::SubmitJobRequest* request,
@@ -42,9 +51,9 @@ class JobServiceImpl final : public v1::JobService::Service {
                           v1::ReoptimizeResponse* response) override;
   // Streams the job and every event (replaying those after after_seq) until
   // the job ends or the client hangs up.
-  grpc::Status Watch(grpc::ServerContext* context,
-                     const v1::WatchJobRequest* request,
-                     grpc::ServerWriter<v1::WatchJobResponse>* writer) override;
+  grpc::ServerWriteReactor<v1::WatchJobResponse>* Watch(
+      grpc::CallbackServerContext* context,
+      const v1::WatchJobRequest* request) override;
   grpc::Status GetSchedule(grpc::ServerContext* context,
                            const v1::GetScheduleRequest* request,
                            v1::GetScheduleResponse* response) override;
@@ -57,9 +66,10 @@ class JobServiceImpl final : public v1::JobService::Service {
 
  private:
   // The calls on one job: a well-formed id, an authenticated caller who may
-  // access the job, which exists. Fills `job` when given.
-  grpc::Status Authorize(const grpc::ServerContext& context,
-                         const std::string& job_id, v1::Job* job = nullptr);
+  // access the job, which exists. Fills `job` and `caller` when given.
+  grpc::Status Authorize(const grpc::ServerContextBase& context,
+                         const std::string& job_id, v1::Job* job = nullptr,
+                         Principal* caller = nullptr);
 
   JobManager* jobs_;
   PlanningManager* planning_;
@@ -67,6 +77,8 @@ class JobServiceImpl final : public v1::JobService::Service {
   const TimelineStore* timelines_;
   const JobReportBuilder* reports_;
   const RpcAuth* auth_;
+  // Declared last: its thread reaches the members above.
+  WatchHub watches_;
 };
 
 }  // namespace tandem

@@ -7,8 +7,8 @@
 namespace tandem {
 namespace {
 
-std::optional<absl::string_view> Metadata(const grpc::ServerContext& context,
-                                          absl::string_view key) {
+std::optional<absl::string_view> Metadata(
+    const grpc::ServerContextBase& context, absl::string_view key) {
   const auto& md = context.client_metadata();
   auto it = md.find(grpc::string_ref(key.data(), key.size()));
   if (it == md.end()) return std::nullopt;
@@ -61,7 +61,14 @@ grpc::Status RpcAuth::Authenticate(
   return grpc::Status::OK;
 }
 
-grpc::Status RpcAuth::Authenticate(const grpc::ServerContext& context,
+std::optional<std::string> RpcAuth::Authorization(
+    const grpc::ServerContextBase& context) {
+  std::optional<absl::string_view> value = Metadata(context, kAuthorization);
+  if (!value.has_value()) return std::nullopt;
+  return std::string(*value);
+}
+
+grpc::Status RpcAuth::Authenticate(const grpc::ServerContextBase& context,
                                    Principal* caller) const {
   return Authenticate(Metadata(context, kAuthorization), caller);
 }
@@ -106,7 +113,7 @@ grpc::Status RpcAuth::CheckWorker(std::optional<absl::string_view> join_secret,
   return grpc::Status::OK;
 }
 
-grpc::Status RpcAuth::CheckWorker(const grpc::ServerContext& context,
+grpc::Status RpcAuth::CheckWorker(const grpc::ServerContextBase& context,
                                   absl::string_view job_id) const {
   bool certificate = false;
   if (require_worker_certificate_) {
@@ -116,7 +123,7 @@ grpc::Status RpcAuth::CheckWorker(const grpc::ServerContext& context,
   return CheckWorker(Metadata(context, kJoinSecret), certificate, job_id);
 }
 
-grpc::Status RpcAuth::CheckWorkerKey(const grpc::ServerContext& context,
+grpc::Status RpcAuth::CheckWorkerKey(const grpc::ServerContextBase& context,
                                      absl::string_view key) const {
   // Without tokens, keys are not tied to jobs; a certificate may still be
   // required.

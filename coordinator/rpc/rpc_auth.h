@@ -50,8 +50,12 @@ class RpcAuth {
   // absent). Anonymous admin when authentication is off.
   grpc::Status Authenticate(std::optional<absl::string_view> authorization,
                             Principal* caller) const;
-  grpc::Status Authenticate(const grpc::ServerContext& context,
+  grpc::Status Authenticate(const grpc::ServerContextBase& context,
                             Principal* caller) const;
+  // The call's `authorization` value, kept by streams that authenticate
+  // again later (a revoked token ends them).
+  static std::optional<std::string> Authorization(
+      const grpc::ServerContextBase& context);
   // NOT_FOUND, as for a job that does not exist, unless `caller` owns `job`
   // or is an admin.
   grpc::Status MayAccess(const Principal& caller, const v1::Job& job) const;
@@ -62,11 +66,11 @@ class RpcAuth {
   grpc::Status CheckWorker(std::optional<absl::string_view> join_secret,
                            bool peer_certificate,
                            absl::string_view job_id) const;
-  grpc::Status CheckWorker(const grpc::ServerContext& context,
+  grpc::Status CheckWorker(const grpc::ServerContextBase& context,
                            absl::string_view job_id) const;
   // A rendezvous key: must lie under "jobs/<id>/" of the job the secret
   // opens. Always OK when authentication is off.
-  grpc::Status CheckWorkerKey(const grpc::ServerContext& context,
+  grpc::Status CheckWorkerKey(const grpc::ServerContextBase& context,
                               absl::string_view key) const;
 
  private:

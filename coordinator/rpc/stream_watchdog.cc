@@ -16,21 +16,21 @@ StreamWatchdog::~StreamWatchdog() {
 void StreamWatchdog::Run() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
-    const auto now = std::chrono::steady_clock::now();
-    auto next = now + std::chrono::seconds(1);
-    for (auto& [id, e] : entries_) {
-      if (e.fired) continue;
-      if (e.deadline <= now) {
-        e.fired = true;
-        ++cancelled_;
-        // Safe under mu_: the guard unregisters (under mu_) before its
-        // handler returns and the context goes away.
-        e.context->TryCancel();
-      } else if (e.deadline < next) {
-        next = e.deadline;
-      }
+    const Clock::time_point now = Clock::now();
+    while (!order_.empty() && order_.begin()->first <= now) {
+      Entry& e = entries_.at(order_.begin()->second);
+      order_.erase(order_.begin());
+      e.fired = true;
+      ++cancelled_;
+      // Safe under mu_: the guard unregisters (under mu_) before its
+      // stream's context goes away. TryCancel runs no reaction inline.
+      e.context->TryCancel();
     }
-    wake_.wait_until(lock, next);
+    if (order_.empty()) {
+      wake_.wait(lock);
+    } else {
+      wake_.wait_until(lock, order_.begin()->first);
+    }
   }
 }
 
@@ -39,28 +39,48 @@ int64_t StreamWatchdog::cancelled() const {
   return cancelled_;
 }
 
+size_t StreamWatchdog::watched() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entries_.size();
+}
+
 StreamWatchdog::Guard::Guard(StreamWatchdog* watchdog,
-                             grpc::ServerContext* context,
+                             grpc::ServerContextBase* context,
                              std::chrono::milliseconds timeout)
     : watchdog_(watchdog) {
+  const Clock::time_point deadline = Clock::now() + timeout;
+  bool earliest;
   {
     std::lock_guard<std::mutex> lock(watchdog_->mu_);
     id_ = watchdog_->next_id_++;
-    watchdog_->entries_[id_] = {
-        context, std::chrono::steady_clock::now() + timeout, false};
+    watchdog_->entries_[id_] = {context, deadline, false};
+    earliest = watchdog_->order_.empty() ||
+               deadline < watchdog_->order_.begin()->first;
+    watchdog_->order_.emplace(deadline, id_);
   }
-  watchdog_->wake_.notify_all();
+  if (earliest) watchdog_->wake_.notify_all();
 }
 
 StreamWatchdog::Guard::~Guard() {
   std::lock_guard<std::mutex> lock(watchdog_->mu_);
-  watchdog_->entries_.erase(id_);
+  auto it = watchdog_->entries_.find(id_);
+  if (!it->second.fired) watchdog_->order_.erase({it->second.deadline, id_});
+  watchdog_->entries_.erase(it);
 }
 
 void StreamWatchdog::Guard::Extend(std::chrono::milliseconds timeout) {
-  std::lock_guard<std::mutex> lock(watchdog_->mu_);
-  watchdog_->entries_[id_].deadline =
-      std::chrono::steady_clock::now() + timeout;
+  bool earliest;
+  {
+    std::lock_guard<std::mutex> lock(watchdog_->mu_);
+    Entry& e = watchdog_->entries_.at(id_);
+    if (e.fired) return;  // too late: the stream is being cancelled
+    watchdog_->order_.erase({e.deadline, id_});
+    e.deadline = Clock::now() + timeout;
+    earliest = watchdog_->order_.empty() ||
+               e.deadline < watchdog_->order_.begin()->first;
+    watchdog_->order_.emplace(e.deadline, id_);
+  }
+  if (earliest) watchdog_->wake_.notify_all();
 }
 
 bool StreamWatchdog::Guard::expired() const {

@@ -66,6 +66,25 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(
                         "Measured median step time of the baseline (v0) over "
                         "the active schedule's; 1 on the baseline.",
                         {"job"}));
+  ASSIGN_OR_RETURN(
+      m->open_streams,
+      registry.AddGauge("tandem_open_streams",
+                        "Open gRPC streams by kind: worker sessions, those "
+                        "still awaiting their hello, and watches.",
+                        {"kind"}));
+  ASSIGN_OR_RETURN(
+      m->waiting_kv_gets,
+      registry.AddGauge("tandem_waiting_kv_gets",
+                        "Rendezvous gets waiting for their key.", {}));
+  ASSIGN_OR_RETURN(
+      m->http_connections,
+      registry.AddGauge("tandem_http_connections",
+                        "Connections the metrics port holds open.", {}));
+  ASSIGN_OR_RETURN(m->http_refused,
+                   registry.AddCounter("tandem_http_refused_total",
+                                       "Metrics-port connections refused at "
+                                       "a cap (per address, or in all).",
+                                       {}));
   return m;
 }
 

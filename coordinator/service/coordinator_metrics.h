@@ -39,6 +39,12 @@ struct CoordinatorMetrics {
   metrics::Family<metrics::Gauge>* schedule_version;
   // {job}: the baseline's median step time over the active schedule's.
   metrics::Family<metrics::Gauge>* speedup;
+  // Read at each scrape (CoordinatorServer's collect hook). {kind}:
+  // "session", "pending_session", "watch".
+  metrics::Family<metrics::Gauge>* open_streams;
+  metrics::Family<metrics::Gauge>* waiting_kv_gets;
+  metrics::Family<metrics::Gauge>* http_connections;
+  metrics::Family<metrics::Counter>* http_refused;
 
   static absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> Create(
       metrics::Registry& registry);

@@ -86,6 +86,17 @@ void JobManager::SetStateListener(StateListener listener) {
   listener_ = std::move(listener);
 }
 
+void JobManager::SetChangeListener(ChangeListener listener) {
+  std::lock_guard<std::mutex> lock(mu_);
+  change_listener_ = std::move(listener);
+}
+
+void JobManager::ChangedLocked(Record& record) {
+  ++record.generation;
+  changed_.notify_all();
+  if (change_listener_) change_listener_();
+}
+
 absl::Status JobManager::Recover() {
   absl::StatusOr<std::vector<v1::Job>> jobs = store_->LoadJobs();
   if (!jobs.ok()) return jobs.status();
@@ -166,7 +177,7 @@ absl::Status JobManager::AppendLocked(Record& record, absl::string_view kind,
   // Dropping old events from the store may fail without harm: a restart
   // trims again.
   TrimEvents(record).IgnoreError();
-  changed_.notify_all();
+  ChangedLocked(record);
   return absl::OkStatus();
 }
 
@@ -502,7 +513,7 @@ absl::Status JobManager::UpdateProgress(absl::string_view job_id, int64_t step,
                          ? " (train.on_nonfinite: continue: training on)"
                          : ""));
   }
-  changed_.notify_all();
+  ChangedLocked(*r);
   const double now = NowUnix();
   if (now - r->last_persist_unix_s >= 1.0) {
     r->last_persist_unix_s = now;
@@ -546,6 +557,23 @@ absl::StatusOr<JobManager::JobChanges> JobManager::WaitForEvents(
     }
     changed_.wait_until(lock, deadline);
   }
+}
+
+absl::StatusOr<std::optional<JobManager::JobChanges>> JobManager::ChangesSince(
+    absl::string_view job_id, int64_t after_seq, int64_t* generation) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Record* r = Find(job_id);
+  if (r == nullptr) return NotFound(job_id);
+  if (r->generation == *generation) return std::nullopt;
+  *generation = r->generation;
+  JobChanges out;
+  out.job = r->job;
+  // Events are in seq order: start past `after_seq`.
+  auto first = std::upper_bound(
+      r->events.begin(), r->events.end(), after_seq,
+      [](int64_t seq, const v1::JobEvent& e) { return seq < e.seq(); });
+  out.events.assign(first, r->events.end());
+  return out;
 }
 
 }  // namespace tandem

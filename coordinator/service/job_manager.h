@@ -85,6 +85,11 @@ class JobManager {
   // Loads every job and its events from the store (after a restart).
   absl::Status Recover();
   void SetStateListener(StateListener listener);
+  // Called whenever a job gets an event or a new step, under the manager's
+  // lock: it may only take note (WatchHub wakes its thread), never call
+  // back into the manager.
+  using ChangeListener = std::function<void()>;
+  void SetChangeListener(ChangeListener listener);
 
   // Applies defaults, validates (InvalidArgument with field-level messages),
   // assigns an id and stores the job as PENDING, owned by `owner` (the
@@ -174,12 +179,19 @@ class JobManager {
                                            int64_t after_seq,
                                            const v1::Job& known,
                                            std::chrono::milliseconds timeout);
+  // Without waiting: nullopt when the job has not changed since
+  // `*generation` (a count the manager keeps per job), else the job, its
+  // events after `after_seq`, and `*generation` moved on. Start from 0.
+  absl::StatusOr<std::optional<JobChanges>> ChangesSince(
+      absl::string_view job_id, int64_t after_seq, int64_t* generation) const;
 
  private:
   struct Record {
     v1::Job job;
     std::vector<v1::JobEvent> events;
     double last_persist_unix_s = 0;
+    // Bumped by every change a watcher sees (ChangedLocked).
+    int64_t generation = 1;
   };
   Record* Find(absl::string_view job_id);
   const Record* Find(absl::string_view job_id) const;
@@ -194,6 +206,8 @@ class JobManager {
   // Appends an event and persists it and the job row. Requires mu_.
   absl::Status AppendLocked(Record& record, absl::string_view kind,
                             absl::string_view message);
+  // Wakes waiters and the change listener. Requires mu_.
+  void ChangedLocked(Record& record);
 
   JobStore* store_;
   const Limits limits_;
@@ -203,6 +217,7 @@ class JobManager {
   // Ended jobs by the time of their last event, oldest first.
   std::set<std::pair<double, std::string>> ended_;
   StateListener listener_;
+  ChangeListener change_listener_;
 };
 
 }  // namespace tandem

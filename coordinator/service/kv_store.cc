@@ -47,7 +47,7 @@ absl::Status KvStore::CheckSizes(absl::string_view key,
 }
 
 absl::Status KvStore::PutLocked(Map::iterator it, absl::string_view key,
-                                absl::string_view value) {
+                                absl::string_view value, Fired* fired) {
   if (absl::Status s = CheckSizes(key, value); !s.ok()) return s;
   const bool adds = it == data_.end();
   const size_t old_bytes = adds ? 0 : key.size() + it->second.size();
@@ -88,7 +88,120 @@ absl::Status KvStore::PutLocked(Map::iterator it, absl::string_view key,
     it->second = std::string(value);
   }
   changed_.notify_all();
+  for (auto w = waiting_on_.find(key);
+       w != waiting_on_.end() && w->first == key; w = waiting_on_.find(key)) {
+    fired->emplace_back(RemoveWaiterLocked(w->second), std::string(value));
+  }
   return absl::OkStatus();
+}
+
+KvStore::WaitDone KvStore::RemoveWaiterLocked(uint64_t id) {
+  auto it = waiters_.find(id);
+  if (it == waiters_.end()) return nullptr;
+  Waiter& w = it->second;
+  for (auto k = waiting_on_.find(w.key);
+       k != waiting_on_.end() && k->first == w.key; ++k) {
+    if (k->second == id) {
+      waiting_on_.erase(k);
+      break;
+    }
+  }
+  deadlines_.erase({w.deadline, id});
+  auto n = waiters_per_ns_.find(KvNamespace(w.key));
+  if (n != waiters_per_ns_.end() && --n->second == 0) waiters_per_ns_.erase(n);
+  WaitDone done = std::move(w.done);
+  waiters_.erase(it);
+  return done;
+}
+
+void KvStore::Run(Fired fired) {
+  for (auto& [done, value] : fired) {
+    if (done) done(std::move(value));
+  }
+}
+
+KvStore::~KvStore() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  expiry_wake_.notify_all();
+  if (expiry_.joinable()) expiry_.join();
+}
+
+absl::StatusOr<KvStore::Waiting> KvStore::GetOrWait(
+    absl::string_view key, std::chrono::steady_clock::time_point deadline,
+    WaitDone done) {
+  if (absl::Status s = CheckSizes(key, ""); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = data_.find(key);
+  if (it != data_.end()) return Waiting{it->second, 0};
+  const absl::string_view ns = KvNamespace(key);
+  auto n = waiters_per_ns_.find(ns);
+  const size_t in_ns = n == waiters_per_ns_.end() ? 0 : n->second;
+  if (in_ns >= kMaxWaitersPerJob) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "rendezvous quota: ",
+        ns.empty() ? std::string("keys outside any job")
+                   : absl::StrCat("job ", ns.substr(5, ns.size() - 6)),
+        " has ", in_ns, " gets waiting, the most one job may have; ",
+        "wait for fewer keys at once"));
+  }
+  if (waiters_.size() >= kMaxWaiters) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the rendezvous store has ", waiters_.size(),
+                     " gets waiting, the most it holds; retry shortly"));
+  }
+  const uint64_t id = next_waiter_++;
+  waiters_.emplace(id, Waiter{std::string(key), deadline, std::move(done)});
+  waiting_on_.emplace(std::string(key), id);
+  const bool earliest =
+      deadlines_.empty() || deadline < deadlines_.begin()->first;
+  deadlines_.emplace(deadline, id);
+  if (n == waiters_per_ns_.end()) {
+    waiters_per_ns_.emplace(std::string(ns), 1);
+  } else {
+    ++n->second;
+  }
+  if (!expiry_.joinable()) {
+    expiry_ = std::thread([this] { Expire(); });
+  } else if (earliest) {
+    expiry_wake_.notify_all();
+  }
+  return Waiting{std::nullopt, id};
+}
+
+bool KvStore::CancelWait(uint64_t waiter) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return RemoveWaiterLocked(waiter) != nullptr;
+}
+
+size_t KvStore::waiters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waiters_.size();
+}
+
+void KvStore::Expire() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    Fired fired;
+    const auto now = std::chrono::steady_clock::now();
+    while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+      fired.emplace_back(RemoveWaiterLocked(deadlines_.begin()->second),
+                         std::nullopt);
+    }
+    if (!fired.empty()) {
+      lock.unlock();
+      Run(std::move(fired));
+      lock.lock();
+      continue;
+    }
+    if (deadlines_.empty()) {
+      expiry_wake_.wait(lock);
+    } else {
+      expiry_wake_.wait_until(lock, deadlines_.begin()->first);
+    }
+  }
 }
 
 KvStore::Map::iterator KvStore::EraseLocked(Map::iterator it, bool persist) {
@@ -108,8 +221,14 @@ KvStore::Map::iterator KvStore::EraseLocked(Map::iterator it, bool persist) {
 }
 
 absl::Status KvStore::Set(absl::string_view key, absl::string_view value) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return PutLocked(data_.find(key), key, value);
+  Fired fired;
+  absl::Status s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s = PutLocked(data_.find(key), key, value, &fired);
+  }
+  Run(std::move(fired));
+  return s;
 }
 
 absl::StatusOr<std::optional<std::string>> KvStore::Get(
@@ -129,6 +248,14 @@ absl::StatusOr<std::optional<std::string>> KvStore::Get(
 }
 
 absl::StatusOr<int64_t> KvStore::Add(absl::string_view key, int64_t delta) {
+  Fired fired;
+  absl::StatusOr<int64_t> out = AddAndCollect(key, delta, &fired);
+  Run(std::move(fired));
+  return out;
+}
+
+absl::StatusOr<int64_t> KvStore::AddAndCollect(absl::string_view key,
+                                               int64_t delta, Fired* fired) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = data_.find(key);
   int64_t value = 0;
@@ -143,7 +270,8 @@ absl::StatusOr<int64_t> KvStore::Add(absl::string_view key, int64_t delta) {
                                               key.substr(0, 64),
                                               "' overflows a 64-bit integer"));
   }
-  if (absl::Status s = PutLocked(it, key, absl::StrCat(value)); !s.ok()) {
+  if (absl::Status s = PutLocked(it, key, absl::StrCat(value), fired);
+      !s.ok()) {
     return s;
   }
   return value;
@@ -152,16 +280,30 @@ absl::StatusOr<int64_t> KvStore::Add(absl::string_view key, int64_t delta) {
 absl::StatusOr<std::string> KvStore::CompareSet(absl::string_view key,
                                                 absl::string_view expected,
                                                 absl::string_view desired) {
+  Fired fired;
+  absl::StatusOr<std::string> out =
+      CompareSetAndCollect(key, expected, desired, &fired);
+  Run(std::move(fired));
+  return out;
+}
+
+absl::StatusOr<std::string> KvStore::CompareSetAndCollect(
+    absl::string_view key, absl::string_view expected,
+    absl::string_view desired, Fired* fired) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = data_.find(key);
   if (absl::Status s = CheckSizes(key, desired); !s.ok()) return s;
   if (it == data_.end()) {
     if (!expected.empty()) return std::string(expected);
-    if (absl::Status s = PutLocked(it, key, desired); !s.ok()) return s;
+    if (absl::Status s = PutLocked(it, key, desired, fired); !s.ok()) {
+      return s;
+    }
     return std::string(desired);
   }
   if (it->second == expected) {
-    if (absl::Status s = PutLocked(it, key, desired); !s.ok()) return s;
+    if (absl::Status s = PutLocked(it, key, desired, fired); !s.ok()) {
+      return s;
+    }
   }
   return it->second;
 }

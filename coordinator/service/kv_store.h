@@ -13,16 +13,25 @@
 // values), so one job cannot fill the store for the others; and the whole
 // store at most kMaxKeys keys and kMaxBytes bytes. Keys outside any job
 // share one namespace with the same quota.
+//
+// A get that waits for its key holds no thread (GetOrWait): the waiter is a
+// callback, run by whoever sets the key or, at its deadline, by the store's
+// one expiry thread. Waiters are bounded like keys: kMaxWaitersPerJob per
+// namespace, kMaxWaiters in all.
 #ifndef TANDEM_COORDINATOR_SERVICE_KV_STORE_H_
 #define TANDEM_COORDINATOR_SERVICE_KV_STORE_H_
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -41,6 +50,15 @@ class KvStore {
   static constexpr size_t kMaxBytes = 512u << 20;
   static constexpr size_t kMaxKeysPerJob = 16384;
   static constexpr size_t kMaxBytesPerJob = 32u << 20;
+  static constexpr size_t kMaxWaitersPerJob = 4096;
+  static constexpr size_t kMaxWaiters = 65536;
+
+  KvStore() = default;
+  // Stops the expiry thread; waiters still registered are dropped without
+  // being called (their server has shut down first).
+  ~KvStore();
+  KvStore(const KvStore&) = delete;
+  KvStore& operator=(const KvStore&) = delete;
 
   // Writes every change through to `store` (which must outlive this) before
   // it is acknowledged, and loads what it holds: a restarted coordinator
@@ -52,8 +70,30 @@ class KvStore {
   // message says which, with the figures).
   absl::Status Set(absl::string_view key, absl::string_view value);
   // Waits up to `timeout` for the key; nullopt when it never appeared.
+  // Blocks the calling thread: servers use GetOrWait.
   absl::StatusOr<std::optional<std::string>> Get(
       absl::string_view key, std::chrono::milliseconds timeout);
+
+  // Get without a thread. When the key is there, its value, and `done` is
+  // not called. Otherwise `done` is registered and runs exactly once,
+  // outside the store's lock: with the value, on the thread that sets the
+  // key, or with nullopt at `deadline`, on the store's expiry thread; unless
+  // CancelWait removes it first. `done` must not block, nor call back into
+  // the store. Errors: InvalidArgument for a bad key, ResourceExhausted past
+  // the waiter quotas (nothing is registered then).
+  using WaitDone = std::function<void(std::optional<std::string>)>;
+  struct Waiting {
+    std::optional<std::string> value;  // set: the key was there
+    uint64_t waiter = 0;               // else: the id for CancelWait
+  };
+  absl::StatusOr<Waiting> GetOrWait(
+      absl::string_view key, std::chrono::steady_clock::time_point deadline,
+      WaitDone done);
+  // Removes a waiter. False when its `done` has already been taken to run
+  // (it then runs, or has run, once).
+  bool CancelWait(uint64_t waiter);
+  // Waiters registered now.
+  size_t waiters() const;
   // Adds `delta` to the integer value of `key` (0 when absent) and returns
   // the result. FailedPrecondition when the value is not an integer,
   // OutOfRange when the sum overflows int64 (nothing is changed).
@@ -78,10 +118,31 @@ class KvStore {
   // Key and value within their bounds. Requires nothing.
   static absl::Status CheckSizes(absl::string_view key,
                                  absl::string_view value);
-  // Sets `key` (found at `it`, or end()) to `value` within the quotas.
-  // Requires mu_.
+  // A waiter's callback taken to run, with what it gets.
+  using Fired = std::vector<std::pair<WaitDone, std::optional<std::string>>>;
+  struct Waiter {
+    std::string key;
+    std::chrono::steady_clock::time_point deadline;
+    WaitDone done;
+  };
+  // Sets `key` (found at `it`, or end()) to `value` within the quotas; the
+  // key's waiters move to `fired`, to be run once mu_ is released. Requires
+  // mu_.
   absl::Status PutLocked(Map::iterator it, absl::string_view key,
-                         absl::string_view value);
+                         absl::string_view value, Fired* fired);
+  // Add and CompareSet; the waiters they wake go to `fired`. Take mu_.
+  absl::StatusOr<int64_t> AddAndCollect(absl::string_view key, int64_t delta,
+                                        Fired* fired);
+  absl::StatusOr<std::string> CompareSetAndCollect(absl::string_view key,
+                                                   absl::string_view expected,
+                                                   absl::string_view desired,
+                                                   Fired* fired);
+  // Unregisters a waiter (its callback is returned; null when it is not
+  // registered). Requires mu_.
+  WaitDone RemoveWaiterLocked(uint64_t id);
+  static void Run(Fired fired);
+  // The expiry thread: fires waiters at their deadlines.
+  void Expire();
   // Removes the key, from the database too when `persist`. Requires mu_.
   Map::iterator EraseLocked(Map::iterator it, bool persist);
 
@@ -93,6 +154,18 @@ class KvStore {
   // are dropped when they empty.
   std::map<std::string, Usage, std::less<>> usage_;
   Usage total_;
+
+  // Waiters by id, by key and by deadline; counts per namespace.
+  std::map<uint64_t, Waiter> waiters_;
+  std::multimap<std::string, uint64_t, std::less<>> waiting_on_;
+  std::set<std::pair<std::chrono::steady_clock::time_point, uint64_t>>
+      deadlines_;
+  std::map<std::string, size_t, std::less<>> waiters_per_ns_;
+  uint64_t next_waiter_ = 1;
+  // Started with the first waiter; wakes for the earliest deadline.
+  std::condition_variable expiry_wake_;
+  std::thread expiry_;
+  bool stop_ = false;
 };
 
 // The quota namespace of a key: "jobs/<id>/" for a job's keys, else "".

@@ -856,9 +856,31 @@ void PlanningManager::OnMemoryGuard(const std::string& job_id, int32_t rank,
         state.schedules.empty() ? 0 : state.schedules.back().schedule.version();
     // Under the baseline (before any plan, or in a baseline check): it does
     // not fit the budget, and is not run again to measure a speedup.
-    if (state.schedules.empty() || (state.comparison.has_value() &&
-                                    state.comparison->baseline_pairs > 0)) {
-      state.baseline_unfit = true;
+    const bool under_baseline =
+        state.schedules.empty() ||
+        (state.comparison.has_value() && state.comparison->baseline_pairs > 0);
+    if (under_baseline) state.baseline_unfit = true;
+    // The plan it tripped under does not fit: however fast it measured, it
+    // is never rolled back to, nor is any version that reruns it (a rollback
+    // to it would trip the guard again). Not for a baseline check, whose
+    // baseline blocks may be what tripped it.
+    bool baseline_check = false;
+    for (const StoredSchedule& s : state.schedules) {
+      if (s.schedule.version() == state.guard_over_version) {
+        baseline_check = s.schedule.provenance().reason() ==
+                         PlanReasonName(PlanReason::kBaselineCheck);
+      }
+    }
+    if (!under_baseline && !baseline_check) {
+      const int64_t tripped = state.guard_over_version;
+      auto rerun = state.rollbacks.find(tripped);
+      const int64_t plan =
+          rerun == state.rollbacks.end() ? tripped : rerun->second;
+      state.measured.Forget(tripped);
+      state.measured.Forget(plan);
+      for (const auto& [version, reruns] : state.rollbacks) {
+        if (reruns == plan) state.measured.Forget(version);
+      }
     }
     // The ranks stopped alternating: a comparison running ends undecided,
     // and its trial is not tried again.

@@ -71,6 +71,8 @@ std::optional<ScheduleMeasurements::Behind> ScheduleMeasurements::BehindBest(
   return best;
 }
 
+void ScheduleMeasurements::Forget(int64_t version) { versions_.erase(version); }
+
 void ScheduleMeasurements::KeepOnly(int64_t version) {
   for (auto it = versions_.begin(); it != versions_.end();) {
     it = it->first == version ? std::next(it) : versions_.erase(it);

@@ -57,6 +57,9 @@ class ScheduleMeasurements {
   // describes the machine (a schedule rolled back to measured slower than it
   // did before).
   void KeepOnly(int64_t version);
+  // Forgets one version: it cannot run again (the memory guard tripped
+  // under it), so it is never the best to roll back to.
+  void Forget(int64_t version);
 
  private:
   struct Samples {

@@ -728,14 +728,6 @@ void WorkerManager::OnJobEnded(const std::string& job_id, v1::JobState state) {
 }
 
 std::string WorkerManager::OverloadHintLocked(Clock::time_point now) const {
-  if (options_.max_sessions > 0 &&
-      static_cast<int64_t>(sessions_.size()) * 10 >=
-          static_cast<int64_t>(options_.max_sessions) * 9) {
-    return absl::StrCat(
-        "; this coordinator holds ", sessions_.size(),
-        " worker sessions against --max-rpc-threads ", options_.max_sessions,
-        ": it may have refused this worker's session (raise the flag)");
-  }
   const double timeout_s =
       std::chrono::duration<double>(options_.heartbeat_timeout).count();
   if (now - heartbeat_delay_at_ <= 2 * options_.heartbeat_timeout &&

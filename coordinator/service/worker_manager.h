@@ -107,9 +107,6 @@ class WorkerManager {
     // one, or did not come back after a coordinator restart) counts as
     // gone until its job runs (Rank::gone_since).
     std::chrono::milliseconds session_grace{5000};
-    // The server's thread cap (--max-rpc-threads; 0: unknown). A rank that
-    // times out while the sessions fill it is said to be perhaps refused.
-    int max_sessions = 0;
   };
 
   // Every pointer must outlive the manager; `metrics` and `timelines` may be
@@ -254,8 +251,8 @@ class WorkerManager {
   void WatchLoop();
   void UpdateConnectedMetric(const std::string& job_id, const JobWorkers& w);
   // Why a silent rank may be alive after all, when this coordinator is the
-  // likelier cause: its sessions fill the thread cap, or heartbeats reach
-  // it late. Empty otherwise. Requires mu_.
+  // likelier cause: heartbeats reach it late. Empty otherwise. Requires
+  // mu_.
   std::string OverloadHintLocked(
       std::chrono::steady_clock::time_point now) const;
 

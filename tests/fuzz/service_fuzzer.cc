@@ -187,7 +187,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 10:
       Unary<v1::KvGetRequest, v1::KvGetResponse>(
-          workers, &WorkerServiceImpl::KvGet, data, size, false);
+          workers, &WorkerServiceImpl::KvGetNow, data, size, false);
       break;
     case 11:
       Unary<v1::KvAddRequest, v1::KvAddResponse>(

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import grpc
@@ -374,9 +375,20 @@ def test_public_address_needs_tls_and_tokens_or_insecure(cluster, pki,
     assert w.returncode == 2 and "--insecure" in w.stderr
 
 
-def test_metrics_port_asks_for_tokens(cluster, pki, tmp_path):
+def http_get(port, path, token=None):
     import urllib.error
     import urllib.request
+    req = urllib.request.Request(
+        "http://127.0.0.1:%d%s" % (port, path),
+        headers={"Authorization": "Bearer " + token} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_metrics_port_asks_for_tokens(cluster, pki, tmp_path):
     tokens = write_tokens(tmp_path / "tokens", [ALICE + " alice",
                                                 BOB + " bob"])
     c = cluster.coordinator(extra=[
@@ -385,14 +397,7 @@ def test_metrics_port_asks_for_tokens(cluster, pki, tmp_path):
     job = client(c, pki, ALICE).submit(spec())
 
     def get(path, token=None):
-        req = urllib.request.Request(
-            "http://127.0.0.1:%d%s" % (c.metrics_port, path),
-            headers={"Authorization": "Bearer " + token} if token else {})
-        try:
-            with urllib.request.urlopen(req, timeout=10) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode()
+        return http_get(c.metrics_port, path, token)
 
     status, body = get("/metrics")
     assert status == 401 and "no token" in body
@@ -407,6 +412,44 @@ def test_metrics_port_asks_for_tokens(cluster, pki, tmp_path):
         missing_status, missing_body.replace(job.id + "x", "ID"))
     status, body = get("/jobs/" + job.id, ALICE)
     assert status == 200 and job.id in body
+
+
+def test_metrics_show_a_user_only_their_own_jobs_series(cluster, pki,
+                                                        tmp_path):
+    """Issue 36 item 8: /metrics showed every user's job ids to any token
+    holder. A job's series (here its connected workers, once its worker's
+    session is open) reach its owner and an admin, never another user."""
+    tokens = write_tokens(tmp_path / "tokens", [
+        ALICE + " alice", BOB + " bob", ROOT + " root admin"])
+    c = cluster.coordinator(extra=[
+        "--tls-cert", pki / "server.pem", "--tls-key", pki / "server.key",
+        "--auth-tokens", tokens, "--metrics-listen", "127.0.0.1:0"])
+    alice = client(c, pki, ALICE)
+    job = alice.submit(spec())
+    stub, md = worker_stub(c, pki, alice.join_secret(job.id))
+    stub.Register(wpb.RegisterRequest(job_id=job.id, incarnation="i-1",
+                                      hostname="h", requested_rank=0,
+                                      device="cpu"), metadata=md, timeout=10)
+    release = threading.Event()
+
+    def messages():
+        yield wpb.WorkerMessage(hello=wpb.SessionHello(
+            job_id=job.id, rank=0, incarnation="i-1"))
+        release.wait()
+
+    call = stub.Session(messages(), metadata=md, timeout=60)
+    series = 'tandem_workers_connected{job="%s"} 1' % job.id
+    try:
+        wait_for(lambda: series in http_get(c.metrics_port, "/metrics",
+                                            ALICE)[1],
+                 timeout=20, what="alice's job's series")
+        assert series in http_get(c.metrics_port, "/metrics", ROOT)[1]
+        status, body = http_get(c.metrics_port, "/metrics", BOB)
+        assert status == 200 and "tandem_jobs{" in body, body
+        assert job.id not in body, body
+    finally:
+        release.set()
+        call.cancel()
 
 
 def test_health_check_over_tls(secure, pki):

@@ -349,7 +349,7 @@ def cmd_watch(client, args):
 def watch_job(client, job_id, args):
     """Follows a job to its end; reconnects (replaying missed events) when
     the coordinator goes away for less than --reconnect-s."""
-    view = ProgressView()
+    view = ProgressView(verbose=getattr(args, "verbose", False))
     last_seq = 0
     job = None
     lost_since = None
@@ -640,6 +640,10 @@ def build_parser():
                         metavar="S",
                         help="keep retrying this long when the coordinator "
                              "goes away (default 60; 0: give up at once)")
+        sp.add_argument("--verbose", "-v", action="store_true",
+                        help="print each event whole (the planner's passes, "
+                             "calibration and runner-up); default: its "
+                             "first clause")
 
     sp = add("submit", cmd_submit, "submit a job from a YAML job spec")
     sp.add_argument("spec", metavar="job.yaml", help="YAML job spec")

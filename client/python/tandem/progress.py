@@ -88,9 +88,28 @@ def state_name(state):
     return spec_mod.enum_short_name(job_pb2.JobState.DESCRIPTOR, state).upper()
 
 
-def event_line(event):
-    return "[%s] %s: %s" % (fmt_time(event.time_unix_s), event.kind,
-                            event.message)
+# A short event line's message: its first clause, at most this long.
+SHORT_MESSAGE = 160
+
+
+def short_message(message):
+    """The first clause of an event's message: the coordinator writes the
+    headline first and the planner's detail (passes, calibration, what was
+    assumed, the runner-up) after "; ". Cut at SHORT_MESSAGE characters."""
+    head = message.split("; ", 1)[0]
+    if len(head) > SHORT_MESSAGE:
+        head = head[:SHORT_MESSAGE - 3].rstrip() + "..."
+    elif len(head) < len(message):
+        head += " [...]"
+    return head
+
+
+def event_line(event, verbose=True):
+    """One event; `verbose` False keeps it to one short line (the headline
+    of the message; ``tandem watch --verbose`` and ``tandem status`` print
+    it whole)."""
+    message = event.message if verbose else short_message(event.message)
+    return "[%s] %s: %s" % (fmt_time(event.time_unix_s), event.kind, message)
 
 
 class StepRate:
@@ -137,8 +156,9 @@ class ProgressView:
     BAR_WIDTH = 24
 
     def __init__(self, out=None, tty=None, min_interval=1.0,
-                 clock=time.monotonic):
+                 clock=time.monotonic, verbose=False):
         self.out = out or sys.stdout
+        self.verbose = verbose
         self.tty = self.out.isatty() if tty is None else tty
         self.min_interval = min_interval
         self.clock = clock
@@ -228,11 +248,11 @@ class ProgressView:
         self.rate.observe(job.step)
         if self.tty:
             self._clear_bar()
-            self._write(event_line(event) + "\n")
+            self._write(event_line(event, self.verbose) + "\n")
             self._draw_bar()
         else:
             self._plain_progress()
-            self._write(event_line(event) + "\n")
+            self._write(event_line(event, self.verbose) + "\n")
 
     def note(self, text):
         """A message of the client's own (e.g. reconnecting)."""

@@ -83,3 +83,36 @@ def test_waiting_job_says_for_what_and_how_long():
     j = job(state=job_pb2.JOB_STATE_PENDING)
     j.spec.parallel.world_size = 2
     assert describe_waiting(j) == "waiting for 2 workers"
+
+
+def test_watch_prints_each_event_as_one_short_line():
+    """Issue 37 item 5: a schedule event was a ~700-character line of the
+    planner's internals. `tandem watch` prints its headline; --verbose and
+    `tandem status` print it whole."""
+    import io
+    from tandem.progress import SHORT_MESSAGE, event_line
+    e = job_pb2.JobEvent(
+        seq=4, time_unix_s=1000.0, kind="schedule",
+        message="v2 (trial) from step 40: predicted 0.1234 s/iter (measured "
+                "0.1300), exposed comm 0.0100 s, peak 12.5 MiB; passes "
+                "zero3-insert,prefetch,unshard; planned in 3.1 ms on "
+                "2 ranks x cpu; assumed: link 1.2 GB/s (calibrated " +
+                "x" * 500 + "); runner-up fsdp's plan predicted 0.13")
+    short = event_line(e, verbose=False)
+    assert short.endswith("peak 12.5 MiB [...]"), short
+    assert "passes" not in short and len(short) < 200
+    assert event_line(e).endswith("predicted 0.13")  # whole by default
+    # A headline alone that is too long is cut.
+    long_one = job_pb2.JobEvent(kind="replan", message="y" * 400)
+    cut = event_line(long_one, verbose=False)
+    assert cut.endswith("...") and len(cut) < SHORT_MESSAGE + 40
+    # A message of one clause is printed as it is.
+    plain = job_pb2.JobEvent(kind="state", message="RUNNING: all 2 ranks")
+    assert event_line(plain, verbose=False).endswith(": RUNNING: all 2 ranks")
+    out = io.StringIO()
+    view = ProgressView(out=out, tty=False)
+    view.event(job(step=0), e)
+    assert out.getvalue().count("\n") == 1 and "runner-up" not in out.getvalue()
+    out = io.StringIO()
+    ProgressView(out=out, tty=False, verbose=True).event(job(step=0), e)
+    assert "runner-up" in out.getvalue()

@@ -712,6 +712,47 @@ TEST(JobSpecTest, PathRoots_UnderRootAccepted_OthersNamed) {
   EXPECT_TRUE(CheckJobPathRoots(spec, JobPathRoots()).ok());
 }
 
+// A root this host sees is checked on disk at submit: a missing file is
+// refused then (not when the workers start), and so is a symbolic link
+// under a root that leads out of every root. A checkpoint directory may not
+// exist yet; a root this host does not have is judged on the path alone.
+TEST(JobSpecTest, PathRoots_RootOnThisHost_FilesCheckedAtSubmit) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(::testing::TempDir()) / "path_roots_disk";
+  fs::remove_all(dir);
+  fs::create_directories(dir / "data");
+  fs::create_directories(dir / "ckpt");
+  fs::create_directories(dir / "elsewhere");
+  std::ofstream(dir / "data" / "train.bin") << "tokens";
+  std::ofstream(dir / "elsewhere" / "secret.bin") << "secret";
+  fs::create_symlink(dir / "elsewhere" / "secret.bin",
+                     dir / "data" / "escape.bin");
+  fs::create_symlink(dir / "data" / "train.bin", dir / "ckpt" / "link.bin");
+  JobPathRoots roots;
+  roots.read = {(dir / "data").string()};
+  roots.write = {(dir / "ckpt").string()};
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_data()->set_path((dir / "data" / "train.bin").string());
+  spec.mutable_checkpoint()->set_dir((dir / "ckpt" / "run-not-yet").string());
+  spec.mutable_model()->set_init_from((dir / "ckpt" / "link.bin").string());
+  EXPECT_TRUE(CheckJobPathRoots(spec, roots).ok())
+      << CheckJobPathRoots(spec, roots);
+
+  spec.mutable_data()->set_path((dir / "data" / "missing.bin").string());
+  absl::Status s = CheckJobPathRoots(spec, roots);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr(absl::StrCat("data.path '", (dir / "data").string(),
+                                     "/missing.bin' does not exist")));
+
+  spec.mutable_data()->set_path((dir / "data" / "escape.bin").string());
+  s = CheckJobPathRoots(spec, roots);
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("escape.bin' leads out of the data roots"),
+                    HasSubstr("elsewhere/secret.bin")));
+  EXPECT_THAT(std::string(s.message()), Not(HasSubstr("secret\n")));
+  fs::remove_all(dir);
+}
+
 // Whatever the client sends, with or without roots: a relative path (the
 // probe's "../../../../../../etc/shadow" was read by the worker) or one with
 // a ".." component is refused for every path field, before anything opens

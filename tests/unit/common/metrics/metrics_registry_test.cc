@@ -1,11 +1,7 @@
 #include "common/metrics/metrics_registry.h"
 
-#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -13,8 +9,6 @@
 #include <fstream>
 #include <thread>
 #include <vector>
-
-#include "common/metrics/http_exporter.h"
 
 namespace tandem::metrics {
 namespace {
@@ -120,104 +114,6 @@ TEST(FormatValueTest, SpecialValues) {
   EXPECT_EQ(FormatValue(-1.0 / 0.0), "-Inf");
   EXPECT_EQ(FormatValue(0.1), "0.1");
   EXPECT_EQ(FormatValue(0.0 / 0.0), "NaN");
-}
-
-// Fetches http://127.0.0.1:port/metrics with a plain socket.
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "";
-  }
-  const std::string req =
-      "GET " + path +
-      " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-  (void)!write(fd, req.data(), req.size());
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, n);
-  close(fd);
-  return out;
-}
-
-TEST(HttpExporterTest, Scrape_ServesExpositionThatPromtoolAccepts) {
-  Registry registry;
-  auto g = registry.AddGauge("tandem_overlap_ratio", "Overlap.", {"job"});
-  (*g)->WithLabels({"j1"}).Set(0.75);
-  auto h = registry.AddHistogram("tandem_iteration_seconds", "Iteration.",
-                                 {"job"}, ExponentialBuckets(0.01, 2, 8));
-  (*h)->WithLabels({"j1"}).Observe(0.2);
-  auto exporter = HttpExporter::Start("127.0.0.1:0", &registry);
-  ASSERT_TRUE(exporter.ok()) << exporter.status();
-  ASSERT_GT((*exporter)->port(), 0);
-
-  const std::string response = HttpGet((*exporter)->port(), "/metrics");
-  EXPECT_THAT(response, HasSubstr("200 OK"));
-  EXPECT_THAT(response, HasSubstr("text/plain; version=0.0.4"));
-  EXPECT_THAT(response, HasSubstr("tandem_overlap_ratio{job=\"j1\"} 0.75"));
-
-  if (system("command -v promtool >/dev/null 2>&1") != 0) {
-    GTEST_SKIP() << "promtool not installed";
-  }
-  const std::string path = ::testing::TempDir() + "/metrics.txt";
-  std::ofstream(path) << registry.Expose();
-  const std::string cmd = "promtool check metrics < " + path + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  std::string lint;
-  char buf[512];
-  while (fgets(buf, sizeof(buf), pipe) != nullptr) lint += buf;
-  EXPECT_EQ(pclose(pipe), 0) << lint;
-  EXPECT_EQ(lint, "");
-}
-
-// Connections that send nothing (half-open sockets, a stuck client) do not
-// stall a scrape: more of them than there used to be threads, and a scrape
-// still answers at once; civetweb drops them after kRequestTimeoutMs.
-TEST(HttpExporterTest, IdleConnections_DoNotStallTheScrape) {
-  Registry registry;
-  auto g = registry.AddGauge("tandem_up", "Up.", {});
-  (*g)->WithLabels({}).Set(1);
-  auto exporter = HttpExporter::Start("127.0.0.1:0", &registry);
-  ASSERT_TRUE(exporter.ok()) << exporter.status();
-  std::vector<int> idle;
-  for (int i = 0; i < 4; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>((*exporter)->port()));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-    idle.push_back(fd);
-  }
-  const auto start = std::chrono::steady_clock::now();
-  const std::string response = HttpGet((*exporter)->port(), "/metrics");
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
-  for (int fd : idle) close(fd);
-  EXPECT_THAT(response, HasSubstr("tandem_up 1"));
-  // Generous for a loaded machine; the old exporter took 29.5 s.
-  EXPECT_LT(seconds, HttpExporter::kRequestTimeoutMs / 1000.0);
-}
-
-TEST(HttpExporterTest, Start_MalformedAddress_IsRejected) {
-  Registry registry;
-  auto e = HttpExporter::Start("nonsense", &registry);
-  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(e.status().message()), HasSubstr("HOST:PORT"));
-}
-
-TEST(HttpExporterTest, Start_PortInUse_IsUnavailable) {
-  Registry registry;
-  auto first = HttpExporter::Start("127.0.0.1:0", &registry);
-  ASSERT_TRUE(first.ok());
-  auto second = HttpExporter::Start(
-      "127.0.0.1:" + std::to_string((*first)->port()), &registry);
-  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -324,6 +325,47 @@ TEST_F(JobManagerTest, WaitForEvents_TerminalJobComesWithItsStateEvent) {
   ASSERT_EQ(changes->events.size(), 1u);
   EXPECT_EQ(changes->events[0].message(),
             "SUCCEEDED: all 1 ranks finished 1 steps");
+}
+
+// ChangesSince (the watch hub's poll): nothing until the job changes, then
+// the job and only the events past the last one seen; the listener hears
+// each change.
+TEST_F(JobManagerTest, ChangesSince_AnswersOnlyChanges_AndTheListenerHears) {
+  std::atomic<int> heard{0};
+  manager_->SetChangeListener([&] { ++heard; });
+  auto job = manager_->Submit(TinySpec());
+  ASSERT_TRUE(job.ok());
+  int64_t generation = 0;
+  auto first = manager_->ChangesSince(job->id(), 0, &generation);
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(first->has_value());
+  ASSERT_FALSE((*first)->events.empty());
+  const int64_t seen = (*first)->events.back().seq();
+  auto none = manager_->ChangesSince(job->id(), seen, &generation);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+
+  const int before = heard;
+  ASSERT_TRUE(manager_->UpdateProgress(job->id(), 3, 2.5, 0).ok());
+  EXPECT_EQ(heard, before + 1);
+  auto progress = manager_->ChangesSince(job->id(), seen, &generation);
+  ASSERT_TRUE(progress.ok() && progress->has_value());
+  EXPECT_TRUE((*progress)->events.empty());
+  EXPECT_EQ((*progress)->job.step(), 3);
+
+  ASSERT_TRUE(
+      manager_->Transition(job->id(), v1::JOB_STATE_CANCELLED, "by test").ok());
+  EXPECT_GT(heard, before + 1);
+  auto ended = manager_->ChangesSince(job->id(), seen, &generation);
+  ASSERT_TRUE(ended.ok() && ended->has_value());
+  EXPECT_EQ((*ended)->job.state(), v1::JOB_STATE_CANCELLED);
+  ASSERT_EQ((*ended)->events.size(), 1u);
+  EXPECT_GT((*ended)->events[0].seq(), seen);
+
+  EXPECT_EQ(
+      manager_->ChangesSince("no-such-job", 0, &generation).status().code(),
+      absl::StatusCode::kNotFound);
+  manager_->SetChangeListener(nullptr);
 }
 
 }  // namespace

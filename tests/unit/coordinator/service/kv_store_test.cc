@@ -6,7 +6,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/store/job_store.h"
@@ -35,6 +39,129 @@ TEST(KvStoreTest, Get_Timeout_ReturnsNothing) {
   auto v = kv.Get("missing", 20ms);
   ASSERT_TRUE(v.ok());
   EXPECT_FALSE(v->has_value());
+}
+
+// GetOrWait: the waiter holds no thread; exactly one of set, deadline and
+// cancel ends it.
+struct Answers {
+  std::mutex mu;
+  std::vector<std::optional<std::string>> got;
+  KvStore::WaitDone Record() {
+    return [this](std::optional<std::string> v) {
+      std::lock_guard<std::mutex> lock(mu);
+      got.push_back(std::move(v));
+    };
+  }
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mu);
+    return got.size();
+  }
+};
+
+std::chrono::steady_clock::time_point In(std::chrono::milliseconds d) {
+  return std::chrono::steady_clock::now() + d;
+}
+
+TEST(KvStoreTest, GetOrWait_KeyThere_AnswersAtOnceWithoutTheCallback) {
+  KvStore kv;
+  ASSERT_TRUE(kv.Set("jobs/a/k", "v").ok());
+  Answers answers;
+  auto w = kv.GetOrWait("jobs/a/k", In(5s), answers.Record());
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->value.value_or(""), "v");
+  EXPECT_EQ(kv.waiters(), 0u);
+  EXPECT_EQ(answers.size(), 0u);
+}
+
+TEST(KvStoreTest, GetOrWait_SetAddAndCompareSet_EachWakeTheirWaitersOnce) {
+  KvStore kv;
+  Answers a, b, c, other;
+  ASSERT_FALSE(kv.GetOrWait("jobs/a/x", In(5s), a.Record())->value);
+  ASSERT_FALSE(kv.GetOrWait("jobs/a/x", In(5s), b.Record())->value);
+  ASSERT_FALSE(kv.GetOrWait("jobs/a/n", In(5s), c.Record())->value);
+  ASSERT_FALSE(kv.GetOrWait("jobs/a/y", In(5s), other.Record())->value);
+  EXPECT_EQ(kv.waiters(), 4u);
+  ASSERT_TRUE(kv.Set("jobs/a/x", "1").ok());
+  ASSERT_TRUE(kv.Set("jobs/a/x", "2").ok());  // nobody waits any more
+  ASSERT_TRUE(kv.Add("jobs/a/n", 7).ok());
+  ASSERT_EQ(a.got, std::vector<std::optional<std::string>>{"1"});
+  ASSERT_EQ(b.got, std::vector<std::optional<std::string>>{"1"});
+  ASSERT_EQ(c.got, std::vector<std::optional<std::string>>{"7"});
+  EXPECT_EQ(other.size(), 0u);
+  ASSERT_TRUE(*kv.CompareSet("jobs/a/y", "", "z") == "z");
+  ASSERT_EQ(other.got, std::vector<std::optional<std::string>>{"z"});
+  EXPECT_EQ(kv.waiters(), 0u);
+}
+
+TEST(KvStoreTest, GetOrWait_Deadline_AnswersNothingOnTheExpiryThread) {
+  KvStore kv;
+  Answers early, late;
+  ASSERT_FALSE(kv.GetOrWait("jobs/a/k", In(30ms), early.Record())->value);
+  ASSERT_FALSE(kv.GetOrWait("jobs/a/k", In(10s), late.Record())->value);
+  for (int i = 0; i < 500 && early.size() == 0; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(early.got, std::vector<std::optional<std::string>>{std::nullopt});
+  EXPECT_EQ(late.size(), 0u);
+  EXPECT_EQ(kv.waiters(), 1u);
+  ASSERT_TRUE(kv.Set("jobs/a/k", "v").ok());
+  ASSERT_EQ(late.got, std::vector<std::optional<std::string>>{"v"});
+  EXPECT_EQ(early.size(), 1u);  // never twice
+}
+
+TEST(KvStoreTest, CancelWait_RemovesTheWaiterOnce) {
+  KvStore kv;
+  Answers answers;
+  auto w = kv.GetOrWait("jobs/a/k", In(10s), answers.Record());
+  ASSERT_TRUE(w.ok());
+  EXPECT_TRUE(kv.CancelWait(w->waiter));
+  EXPECT_FALSE(kv.CancelWait(w->waiter));
+  EXPECT_EQ(kv.waiters(), 0u);
+  ASSERT_TRUE(kv.Set("jobs/a/k", "v").ok());
+  EXPECT_EQ(answers.size(), 0u);
+}
+
+TEST(KvStoreTest, GetOrWait_PerJobQuota_LeavesOtherJobsTheirs) {
+  KvStore kv;
+  Answers answers;
+  for (size_t i = 0; i < KvStore::kMaxWaitersPerJob; ++i) {
+    ASSERT_TRUE(
+        kv.GetOrWait(absl::StrCat("jobs/greedy/", i), In(10s), answers.Record())
+            .ok());
+  }
+  auto refused = kv.GetOrWait("jobs/greedy/more", In(10s), answers.Record());
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("job greedy has 4096 gets waiting"));
+  EXPECT_TRUE(kv.GetOrWait("jobs/other/k", In(10s), answers.Record()).ok());
+  EXPECT_EQ(kv.waiters(), KvStore::kMaxWaitersPerJob + 1);
+}
+
+// Many setters and waiters at once: every waiter is answered exactly once.
+TEST(KvStoreTest, GetOrWait_RacingSetsAndDeadlines_AnswerEachWaiterOnce) {
+  KvStore kv;
+  constexpr int kKeys = 200;
+  std::vector<std::unique_ptr<Answers>> answers;
+  for (int i = 0; i < kKeys; ++i) {
+    answers.push_back(std::make_unique<Answers>());
+    // Half expire while the setter runs.
+    auto w = kv.GetOrWait(absl::StrCat("jobs/r/", i),
+                          In(i % 2 == 0 ? 5ms : 10s), answers[i]->Record());
+    ASSERT_TRUE(w.ok());
+  }
+  std::thread setter([&] {
+    for (int i = 0; i < kKeys; ++i) {
+      ASSERT_TRUE(kv.Set(absl::StrCat("jobs/r/", i), "v").ok());
+    }
+  });
+  setter.join();
+  for (int i = 0; i < 500 && kv.waiters() > 0; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  for (int i = 0; i < kKeys; ++i) {
+    ASSERT_EQ(answers[i]->size(), 1u) << i;
+    if (i % 2 == 1) EXPECT_EQ(answers[i]->got[0].value_or(""), "v") << i;
+  }
 }
 
 TEST(KvStoreTest, Add_CountsAndRejectsNonIntegers) {

@@ -1241,6 +1241,42 @@ TEST_F(PlanningManagerTest, MemoryGuardTrip_ReplanKeepsOvershootAndSpread) {
   EXPECT_LT(v2.prediction().peak_bytes(), predicted);
 }
 
+// A plan the memory guard tripped under is never rolled back to, however
+// fast it measured until then: it would trip the guard again. The
+// memory-guard re-plan, measured slower, goes back to the baseline's plan.
+TEST_F(PlanningManagerTest, Rollback_NeverReturnsToAPlanThatTrippedTheGuard) {
+  v1::JobSpec spec = Spec(/*trial_margin=*/0);
+  spec.mutable_optimize()->set_drift_threshold(100);  // no drift re-plans
+  job_ = *jobs_->Submit(spec);
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  Steps(*planning_, job_.id(), 0, 5, 0, 0.100);
+  SendWindow(0, 1, 0);
+  ASSERT_EQ(published_.size(), 1u);
+  planning_->OnScheduleActive(job_.id(), 1);
+  Steps(*planning_, job_.id(), 5, 6, 1, 0.080);  // 20% faster than v0
+  planning_->OnMemoryGuard(job_.id(), 0, 11,
+                           "memory guard: rank(s) 0 came within the band "
+                           "under schedule v1");
+  Steps(*planning_, job_.id(), 11, 3, kLeastMemoryVersion, 0.2);
+  SendWindow(11, 13, kLeastMemoryVersion);
+  ASSERT_EQ(published_.size(), 2u);
+  ASSERT_EQ(published_[1].schedule().provenance().reason(), "memory-guard");
+  planning_->OnScheduleActive(job_.id(), 2);
+  Steps(*planning_, job_.id(), 14, 5, 2, 0.130);  // slower than v0 and v1
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 3u);
+  EXPECT_EQ(published_[2].schedule().provenance().reason(), "rollback");
+  std::string rollback;
+  absl::StatusOr<std::vector<v1::JobEvent>> events =
+      jobs_->Events(job_.id(), 0);
+  ASSERT_TRUE(events.ok());
+  for (const v1::JobEvent& e : *events) {
+    if (e.kind() == "rollback") rollback = e.message();
+  }
+  EXPECT_THAT(rollback, AllOf(HasSubstr("v2 measured 0.1300 s/iter"),
+                              HasSubstr("rolling back to v0's schedule")));
+}
+
 TEST_F(PlanningManagerTest, PlanWithinNoiseOfBaseline_Kept) {
   ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
   Steps(*planning_, job_.id(), 0, 5, 0, 0.100);

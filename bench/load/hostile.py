@@ -52,6 +52,7 @@ sys.path.insert(0, str(REPO / "client" / "python"))
 
 USER_TOKEN = "user-token-0123456789abcdef"
 ATTACKER_TOKEN = "mallory-token-0123456789abcd"
+ADMIN_TOKEN = "ops-token-0123456789abcdefgh"
 
 
 def log(*args):
@@ -121,6 +122,11 @@ async def attack(args):
                 await pause(args.retry_s * random.uniform(0.5, 1.5))
             else:
                 counts["sessions_ended"] += 1
+                if code not in (grpc.StatusCode.CANCELLED,
+                                grpc.StatusCode.DEADLINE_EXCEEDED):
+                    key = "session_" + code.name
+                    counts[key] = counts.get(key, 0) + 1
+                    await pause(1.0)
 
     async def kv_get(i, prefix, secret):
         stub = wgrpc.WorkerServiceStub(channels[i % len(channels)])
@@ -135,6 +141,9 @@ async def attack(args):
             if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 counts["kv_refused"] += 1
                 await pause(args.retry_s)
+            elif code != grpc.StatusCode.OK:
+                counts["kv_" + code.name] = counts.get("kv_" + code.name, 0) + 1
+                await pause(1.0)
 
     async def watch(i, job_id):
         stub = jgrpc.JobServiceStub(channels[i % len(channels)])
@@ -147,6 +156,9 @@ async def attack(args):
                 return
             if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 counts["watch_refused"] += 1
+            else:
+                key = "watch_" + code.name
+                counts[key] = counts.get(key, 0) + 1
             await pause(args.retry_s * random.uniform(0.5, 1.5))
 
     async def slow_http(i):
@@ -236,8 +248,10 @@ def proc_status(pid):
 
 
 def scrape(port, names):
-    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port,
-                                timeout=10) as r:
+    req = urllib.request.Request(
+        "http://127.0.0.1:%d/metrics" % port,
+        headers={"Authorization": "Bearer " + ADMIN_TOKEN})
+    with urllib.request.urlopen(req, timeout=10) as r:
         body = r.read().decode()
     out = {}
     for line in body.splitlines():
@@ -250,7 +264,8 @@ def scrape(port, names):
 
 def start_coordinator(build, work):
     tokens = work / "tokens"
-    tokens.write_text("%s user\n%s mallory\n" % (USER_TOKEN, ATTACKER_TOKEN))
+    tokens.write_text("%s user\n%s mallory\n%s ops admin\n" % (
+        USER_TOKEN, ATTACKER_TOKEN, ADMIN_TOKEN))
     log_path = work / "coordinator.log"
     proc = subprocess.Popen(
         [str(build / "coordinator" / "tandem-coordinator"),
@@ -293,6 +308,17 @@ def step_times(path, first, last):
 
 
 def run_phase(kind, args, ctx):
+    attacker = None
+    try:
+        return measure_phase(kind, args, ctx, attacker_slot := [])
+    finally:
+        for attacker in attacker_slot:
+            if attacker.poll() is None:
+                attacker.kill()
+                attacker.wait()
+
+
+def measure_phase(kind, args, ctx, attacker_slot):
     import tandem
     user = ctx["user"]
     attacker = None
@@ -305,6 +331,7 @@ def run_phase(kind, args, ctx):
              "--slow-http", str(args.slow_http),
              "--retry-s", str(args.retry_s)],
             stdout=subprocess.PIPE, text=True)
+        attacker_slot.append(attacker)
         assert attacker.stdout.readline().strip() == "ready"
         time.sleep(args.ramp_s)  # let it open what it can
     submit_s, list_s, samples, errors = [], [], [], []
@@ -335,7 +362,11 @@ def run_phase(kind, args, ctx):
     held = None
     if attacker is not None:
         attacker.send_signal(signal.SIGTERM)
-        out, _ = attacker.communicate(timeout=120)
+        try:
+            out, _ = attacker.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            attacker.kill()
+            out, _ = attacker.communicate()
         lines = [l for l in out.splitlines() if l.startswith("{")]
         held = json.loads(lines[-1]) if lines else None
     steps = step_times(ctx["rank0_out"], first_step + 1, last_step)

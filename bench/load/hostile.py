@@ -247,6 +247,16 @@ def proc_status(pid):
     return threads, rss
 
 
+def cpu_s(pid):
+    """User plus system CPU seconds of a process so far."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def scrape(port, names):
     req = urllib.request.Request(
         "http://127.0.0.1:%d/metrics" % port,
@@ -336,6 +346,8 @@ def measure_phase(kind, args, ctx, attacker_slot):
         time.sleep(args.ramp_s)  # let it open what it can
     submit_s, list_s, samples, errors = [], [], [], []
     first_step = user.get(ctx["job"]).job.step
+    cpu0 = {"coordinator": cpu_s(ctx["coordinator"].pid),
+            "attacker": cpu_s(attacker.pid) if attacker else 0.0}
     end = time.monotonic() + args.phase_s
     next_sample = 0.0
     while time.monotonic() < end:
@@ -355,6 +367,12 @@ def measure_phase(kind, args, ctx, attacker_slot):
             errors.append("%s: %s" % (e.code_name, e.message[:200]))
         time.sleep(0.1)
     last_step = user.get(ctx["job"]).job.step
+    # Cores each used over the phase: on a small machine the attacker's own
+    # CPU competes with the job's ranks, the coordinator's is what it costs.
+    cores = {"coordinator": (cpu_s(ctx["coordinator"].pid) -
+                             cpu0["coordinator"]) / args.phase_s,
+             "attacker": ((cpu_s(attacker.pid) - cpu0["attacker"]) /
+                          args.phase_s) if attacker else 0.0}
     gauges = scrape(ctx["metrics_port"], ("tandem_open_streams",
                                           "tandem_waiting_kv_gets",
                                           "tandem_http_connections",
@@ -385,11 +403,12 @@ def measure_phase(kind, args, ctx, attacker_slot):
         "steps": len(steps),
         "step_median_s": statistics.median(steps) if steps else None,
         "gauges_at_end": gauges,
+        "cores_used": cores,
         "attacker": held,
     }
     log(kind, json.dumps({k: row[k] for k in (
         "submit_p99_s", "list_p99_s", "threads_max", "rss_max_bytes",
-        "step_median_s", "steps", "error_count")}))
+        "step_median_s", "steps", "error_count", "cores_used")}))
     return row
 
 

@@ -98,6 +98,9 @@ async def attack(args):
         waiter.cancel()
         if task not in done:
             call.cancel()
+            # Its ending (CANCELLED) is of no interest; retrieved, so that
+            # asyncio does not print it.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
             return "stopped"
         try:
             task.result()

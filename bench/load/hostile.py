@@ -321,9 +321,9 @@ def step_times(path, first, last):
 
 
 def run_phase(kind, args, ctx):
-    attacker = None
+    attacker_slot = []  # the phase's attacker, once started
     try:
-        return measure_phase(kind, args, ctx, attacker_slot := [])
+        return measure_phase(kind, args, ctx, attacker_slot)
     finally:
         for attacker in attacker_slot:
             if attacker.poll() is None:

@@ -350,15 +350,15 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvGet(
     grpc::CallbackServerContext* context, const v1::KvGetRequest* request,
     v1::KvGetResponse* response) {
   auto* reactor = new KvGetReactor(kv_, response);
+  const int64_t wait =
+      std::clamp<int64_t>(request->timeout_ms(), 0, kMaxKvWaitMs);
+  if (wait == 0) {  // checks the caller itself
+    reactor->FinishWith(KvGetNow(context, request, response));
+    return reactor;
+  }
   if (grpc::Status s = auth_->CheckWorkerKey(*context, request->key());
       !s.ok()) {
     reactor->FinishWith(s);
-    return reactor;
-  }
-  const int64_t wait =
-      std::clamp<int64_t>(request->timeout_ms(), 0, kMaxKvWaitMs);
-  if (wait == 0) {
-    reactor->FinishWith(KvGetNow(context, request, response));
     return reactor;
   }
   reactor->Start(request->key(), std::chrono::milliseconds(wait));

@@ -285,7 +285,12 @@ def test_trial_of_the_runner_up_on_real_workers(cluster):
         assert "kept-v%d" % trial in list(ended.provenance.passes)
     else:
         assert "back to v1's schedule" in trials[1], trials[1]
-        assert final.schedule_version > trial and v[-1] > trial, (final, v)
+        # The job may end inside the baseline check that follows, on one of
+        # its baseline blocks (v0): the last plan the ranks ran is the
+        # rollback's.
+        ran = [x for x in v if x != 0]
+        assert ran[-1] > trial, (final, v)
+        assert final.schedule_version in (0, ran[-1]), (final, v)
         assert list(ended.actions) == list(v1.actions)
         assert "rollback-to-v1" in list(ended.provenance.passes)
     # Once decided, the verdict's version runs; then at most the baseline

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/ir/validate.h"
@@ -444,12 +445,27 @@ void Executor::HoldPlannedPeak(int pos) {
     TORCH_CHECK(status.ok(), std::string(status.message()));
     waited = true;
   }
-  if (!waited) return;
+  // An offload frees its states on the device when its copy is done, and
+  // the copy thread can run late too (a schedule's first copies into fresh
+  // host pages, a busy core): oldest first, as the collectives.
+  bool waited_copy = false;
+  for (IterationState::Copy& c : it_->copies) {
+    if (meter_->current_bytes() + rise <= hold_limit_) break;
+    if (c.handle == nullptr || c.handle->done() ||
+        !absl::StartsWith(c.label, "offload")) {
+      continue;
+    }
+    const absl::Status status = c.handle->Wait();
+    TORCH_CHECK(status.ok(), std::string(status.message()));
+    waited_copy = true;
+  }
+  if (!waited && !waited_copy) return;
   const double held = Since(start);
   it_->memory_hold_s += held;
   it_->exposed_s += held;
-  profiler_.RecordExchange("wait (memory: collectives in flight)", start,
-                           Now());
+  profiler_.RecordExchange(waited_copy ? "wait (memory: transfers in flight)"
+                                       : "wait (memory: collectives in flight)",
+                           start, Now());
 }
 
 void Executor::RefreshPersistent(const Prepared* previous) {

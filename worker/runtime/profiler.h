@@ -21,6 +21,16 @@
 
 namespace tandem {
 
+// Steps at the start of a process that no profile window holds: they pay
+// one-time costs no later step pays (the model's first calls, the
+// allocator's first blocks, the collectives' connections) and, for an
+// exported model, run before TorchScript's profiling executor has
+// optimized its graphs: an exported GPT's steps read 0.60, 0.54, 0.58, then
+// 0.50 s at 2000 Mbit/s (2026-11-29), and a window of steps 1-3 priced its
+// first plan 9-12% slow (worker/README.md, "Profiling"). The first step
+// under each later schedule is left out too, for its own new buffers.
+inline constexpr int kUnprofiledProcessSteps = 2;
+
 // Bytes all-gathers, reduce-scatters and host copies moved while one node
 // of an iteration computed: each transfer's bytes times the share of its
 // span inside the node's span (NodeTiming's overlap bytes).

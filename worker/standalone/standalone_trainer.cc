@@ -20,6 +20,7 @@
 #include "worker/runtime/executor.h"
 #include "worker/runtime/iteration_timeline.h"
 #include "worker/runtime/memory_meter.h"
+#include "worker/runtime/profiler.h"
 #include "worker/runtime/program.h"
 #include "worker/runtime/standard_schedules.h"
 #include "worker/runtime/training_job.h"
@@ -113,10 +114,11 @@ absl::Status RunStandalone(const StandaloneOptions& options,
     out << StepJson(s, rank) << "\n";
     out.flush();
     RETURN_IF_ERROR(CheckFiniteLoss(spec, s));
-    // The process's first step pays one-time costs no later step pays: the
-    // profile leaves it out, as an agent's windows do (worker/README.md,
-    // "Profiling").
-    if (step == job->first_step() && step + 1 < spec.train().steps()) {
+    // The process's first steps pay one-time costs no later step pays: the
+    // profile leaves them out, as an agent's windows do, but keeps at least
+    // the last step (worker/README.md, "Profiling").
+    if (step < job->first_step() + kUnprofiledProcessSteps &&
+        step + 1 < spec.train().steps()) {
       job->executor().profiler().Reset();
     }
   }

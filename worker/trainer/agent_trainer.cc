@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <csignal>
@@ -23,6 +24,7 @@
 #include "worker/agent/worker_agent.h"
 #include "worker/runtime/iteration_timeline.h"
 #include "worker/runtime/process_group.h"
+#include "worker/runtime/profiler.h"
 #include "worker/runtime/standard_schedules.h"
 #include "worker/runtime/training_job.h"
 #include "worker/trainer/coordinator_store.h"
@@ -229,12 +231,11 @@ absl::Status Train(const AgentTrainerOptions& options, MemoryMeter* meter,
   int in_window = 0;
   int64_t applied_version = executor.active_schedule().version;
   int64_t reported_version = applied_version;
-  // The process's first step pays one-time costs (first calls into the
-  // model, the allocator's first blocks, the collectives' connections), and
-  // a schedule's first step its own (new buffers, the persistent params'
-  // gathers): neither is profiled, or the plan made from the window would
-  // price them into every step (worker/README.md, "Profiling").
-  bool unprofiled = true;
+  // The process's first steps pay one-time costs (kUnprofiledProcessSteps),
+  // and a schedule's first step its own (new buffers, the persistent
+  // params' gathers): none is profiled, or the plan made from the window
+  // would price them into every step (worker/README.md, "Profiling").
+  int unprofiled = kUnprofiledProcessSteps;
 
   for (int64_t step = job->first_step(); step < spec.train().steps(); ++step) {
     RETURN_IF_ERROR(stop_signal());
@@ -260,7 +261,7 @@ absl::Status Train(const AgentTrainerOptions& options, MemoryMeter* meter,
         agent.ReportApplied(s.schedule_version, step);
       }
       applied_version = s.schedule_version;
-      unprofiled = true;
+      unprofiled = std::max(unprofiled, 1);
     }
     if (s.memory_guard) {
       // Every rank runs the least-memory schedule from the next step: the
@@ -282,10 +283,10 @@ absl::Status Train(const AgentTrainerOptions& options, MemoryMeter* meter,
     if (last_step) report_timeline();
     agent.ReportProgress(progress);
     RETURN_IF_ERROR(CheckFiniteLoss(spec, s));
-    if (unprofiled) {
+    if (unprofiled > 0) {
       executor.profiler().Reset();
       in_window = 0;
-      unprofiled = false;
+      --unprofiled;
     } else if (++in_window >= window) {
       agent.ReportProfile(ToProto(executor.ProfileSnapshot()));
       if (!last_step) report_timeline();

@@ -27,9 +27,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr int kSteps = 4;
+constexpr int kSteps = 5;
 // The pushed schedule takes effect at this step.
-constexpr int kSwitchStep = 2;
+constexpr int kSwitchStep = 3;
 
 v1::JobSpec TinySpec(int world) {
   v1::JobSpec spec;
@@ -149,15 +149,16 @@ TEST(AgentTrainerTest, RunAgent_WorldOne_TrainsSwitchesAndReportsEveryStep) {
   EXPECT_EQ(applied[0].applied().version(), 1);
   EXPECT_EQ(applied[0].applied().step(), kSwitchStep);
   // Profile windows of one step (warmup_steps 1), a timeline with them:
-  // step 1's. Step 0 (the process's first) and step 2 (the switch, v1's
-  // first) pay one-time costs and are not profiled; the last window's
+  // step 2's. Steps 0 and 1 (the process's first, kUnprofiledProcessSteps)
+  // and step 3 (the switch, v1's first) pay one-time costs and are not
+  // profiled; the last window's
   // profile would follow the last progress report, which ends the job: the
   // agent drops it once stopped.
   const std::vector<v1::WorkerMessage> profiles =
       OfKind(sent, v1::WorkerMessage::kProfile);
   ASSERT_EQ(profiles.size(), 1u);
-  EXPECT_EQ(profiles[0].profile().first_iteration(), 1);
-  EXPECT_EQ(profiles[0].profile().last_iteration(), 1);
+  EXPECT_EQ(profiles[0].profile().first_iteration(), 2);
+  EXPECT_EQ(profiles[0].profile().last_iteration(), 2);
   EXPECT_EQ(profiles[0].profile().schedule_version(), 0);
   // Every step holds the same work (fixed shapes): the profile says so too.
   EXPECT_GT(progress[0].progress().work(), 0);
@@ -176,7 +177,7 @@ TEST(AgentTrainerTest, RunAgent_WorldOne_TrainsSwitchesAndReportsEveryStep) {
   EXPECT_THAT(lines[0], HasSubstr("\"step\":0"));
   EXPECT_THAT(lines[kSteps],
               HasSubstr("{\"param_digests\":{\"embed.weight\":"));
-  EXPECT_THAT(lines[kSteps], HasSubstr("\"steps\":4,\"rank\":0"));
+  EXPECT_THAT(lines[kSteps], HasSubstr("\"steps\":5,\"rank\":0"));
 }
 
 TEST(AgentTrainerTest, RunAgent_CoordinatorStopsJob_FailedPreconditionNoSteps) {

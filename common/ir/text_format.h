@@ -60,16 +60,38 @@
 // any Action round-trips.
 //
 // Profile:
-//   profile graph=0123456789abcdef rank=0 version=3 window=10..20 iteration=0.1
-//   peak=1GiB [copied=64MiB copy_time=20ms]
-//   time n0 1ms samples=10 collective allgather g0 at=n1 bytes=4MiB
-//   issue_to_done=2ms run=1ms exposed=0.5ms collective reduce_scatter p1,p2
-//   at=n5 bytes=4MiB issue_to_done=2ms exposed=0 memory n0 before=1MiB
-//   after=2MiB
-// graph= is required; rank=-1 is the aggregate over ranks. A collective's ARG
-// is a group (allgather) or a param list (reduce_scatter, allreduce); the
-// other field prints as params= or group= when set.
-//
+//   profile graph=0123456789abcdef rank=0 version=3 window=10..20
+//     iteration=0.1 peak=1GiB peak_min=900MiB work=512 copied=64MiB
+//     copy_time=20ms ag_cpu_per_byte=1e-9 rs_cpu_per_byte=1.2e-9
+//     copy_cpu_per_byte=3e-10 ag_stretch=1.14 rs_stretch=1.15
+//     copy_stretch=1.6 ag_scratch=1 ag_scratch_cap=1MiB rs_scratch=2
+//     rs_scratch_cap=1MiB
+//   time n0 1ms samples=10 ag_overlap=4MiB rs_overlap=0 copy_overlap=0
+//   collective allgather g0 at=n1 bytes=4MiB issue_to_done=2ms run=1ms
+//     exposed=0.5ms computing=0.8ms params=p1,p2
+//   collective reduce_scatter p1,p2 at=n5 bytes=4MiB issue_to_done=2ms
+//     exposed=0 group=g0
+//   memory n0 before=1MiB after=2MiB rise=1.5MiB net=1MiB
+// (Each statement is one line; the indented lines above continue the one
+// before.) The header: graph= is required; rank=-1 is the aggregate over
+// ranks. Optional, and printed only when measured (not 0): peak_min= (the
+// window's smallest step peak), work= (elements of the rank's batch inputs
+// in the median iteration, what the times were measured at), copied= and
+// copy_time= (the host-tier copies' bytes and seconds), the interference
+// probe's figures (ag_, rs_ and copy_cpu_per_byte: seconds of compute a byte
+// moved takes; ag_, rs_ and copy_stretch: how many times longer a transfer
+// takes while compute runs) and the communicator's scratch rule (ag_ and
+// rs_scratch: copies of the padded buffer a collective holds beyond it,
+// at most _cap bytes in all). `time`: a node's median and its sample count, and the bytes each
+// kind of transfer moved while it ran (the _overlap= fields, 0 omitted).
+// `collective`: ARG is a group (allgather) or a param list (reduce_scatter,
+// allreduce); the other field prints as params= or group= when set; run=
+// (its time on the stream, issue_to_done less queueing) and computing= (the
+// part of run this rank's compute thread was computing) are omitted when 0. `memory`: the counted bytes
+// before and after a node, and, when the meter tells the compute thread's
+// own allocations apart, the most they rose above `before` (rise=) and
+// where they ended (net=).
+
 // Parse errors are InvalidArgument and name the line and the token, e.g.
 //   "line 4: node n3: unknown attribute 'tim' (expected one of mb, of, ...)".
 // Parsing checks syntax only; run validate.h on the result for semantics.

@@ -7,6 +7,8 @@
 #                         [--rounds 3] [--steps 8] [--discard 2] [--settle-steps 15]
 #                         [--out FILE [--force]] [--quick]
 #                         [--comm "chunk_bytes: 64KiB, max_in_flight: 4"]
+#   sudo bench/e2e/run.sh --drift-check [--rates R]
+#   sudo bench/e2e/run.sh --noise [--rates R] [--noise-args "--jobs 5 ..."] --out FILE
 #
 # For each link rate and model: Tandem's on-demand warm-up with a profile;
 # every reference policy and Tandem's own pipeline alone ("tandem-passes")
@@ -30,6 +32,10 @@
 # --drift-check runs only bench/drift/throttle.py (issue 15): a job under a
 # coordinator on the first rate's link, throttled to 1/20 of it mid-job; a
 # drift re-plan must follow within drift_window steps (exit 1 if not).
+# --noise runs only bench/noise/noise.py (issue 34) on the first rate's link:
+# jobs of the demo and an exported model, quiet, beside a CPU hog and under
+# link flaps, each re-measured quietly after; --noise-args passes its options
+# (noise.py --help).
 # Environment: TANDEM_BUILD_DIR (default build/): the binaries and the
 # Python client's stubs are built there (-j2) when missing.
 set -euo pipefail
@@ -37,7 +43,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 RATES="2000 200"
 MODELS="tiny-llama,wide-short,exported-gpt"
-STEPS="" DISCARD=2 QUICK=0 COMM="" DRIFT_CHECK=0 FORCE=0 ROUNDS=3 SETTLE=15
+STEPS="" DISCARD=2 QUICK=0 COMM="" DRIFT_CHECK=0 NOISE=0 NOISE_ARGS="" FORCE=0 ROUNDS=3 SETTLE=15
 WORK="${TMPDIR:-/tmp}/tandem-e2e"
 OUT=""
 while [ $# -gt 0 ]; do
@@ -53,7 +59,9 @@ while [ $# -gt 0 ]; do
     --force) FORCE=1; shift ;;
     --comm) COMM="$2"; shift 2 ;;
     --drift-check) DRIFT_CHECK=1; shift ;;
-    -h|--help) sed -n 2,35p "$0"; exit 0 ;;
+    --noise) NOISE=1; shift ;;
+    --noise-args) NOISE_ARGS="$2"; shift 2 ;;
+    -h|--help) sed -n 2,41p "$0"; exit 0 ;;
     *) echo "$0: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -159,27 +167,40 @@ facts = {"contender": "machine", "cpu": cpu, "cores": os.cpu_count(),
 open(sys.argv[1], "a").write(json.dumps(facts) + "\n")
 EOF
 
-if [ "$DRIFT_CHECK" -eq 1 ]; then
-  rate=${RATES%% *}
+# Shapes both ends of the link to $1 Mbit/s.
+shape_link() {
+  local mbit=$1 pair ns dev
   for pair in "$NS0 $IF0" "$NS1 $IF1"; do
-    set -- $pair
-    ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate "${rate}mbit" burst "$BURST" latency 50ms
+    read -r ns dev <<<"$pair"
+    ip netns exec "$ns" tc qdisc replace dev "$dev" root tbf rate "${mbit}mbit" burst "$BURST" latency 50ms
   done
-  echo "[e2e] drift check on a ${rate} Mbit/s link" >&2
-  # The coordinator and rank 0 in ns0, rank 1 in ns1: all over the link.
-  ip netns exec "$NS0" /usr/bin/python3 "$ROOT/bench/drift/throttle.py" --build "$BUILD" \
-    --workdir "$WORK/drift" --ns1 "$NS1" --if0 "$IF0" --if1 "$IF1" --ip0 "$IP0" --ip1 "$IP1" \
-    --rate-mbit "$rate" --burst "$BURST" --out "$OUT" &
+}
+
+# --drift-check or --noise: one driver on the first rate's link, run inside
+# ns0 (the coordinator and rank 0 there, rank 1 in ns1: all over the link).
+SOLO=""
+if [ "$DRIFT_CHECK" -eq 1 ]; then
+  SOLO="drift check:$ROOT/bench/drift/throttle.py:$WORK/drift"
+elif [ "$NOISE" -eq 1 ]; then
+  SOLO="noise bench:$ROOT/bench/noise/noise.py:$WORK/noise"
+fi
+if [ -n "$SOLO" ]; then
+  IFS=: read -r what script workdir <<<"$SOLO"
+  rate=${RATES%% *}
+  shape_link "$rate"
+  echo "[e2e] $what on a ${rate} Mbit/s link" >&2
+  extra=()
+  [ "$NOISE" -eq 1 ] && read -r -a extra <<<"$NOISE_ARGS"
+  ip netns exec "$NS0" /usr/bin/python3 "$script" --build "$BUILD" \
+    --workdir "$workdir" --ns1 "$NS1" --if0 "$IF0" --if1 "$IF1" --ip0 "$IP0" --ip1 "$IP1" \
+    --rate-mbit "$rate" --burst "$BURST" --out "$OUT" "${extra[@]}" &
   DRIVER_PID=$!
   wait "$DRIVER_PID"
   exit $?
 fi
 
 for rate in $RATES; do
-  for pair in "$NS0 $IF0" "$NS1 $IF1"; do
-    set -- $pair
-    ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate "${rate}mbit" burst "$BURST" latency 50ms
-  done
+  shape_link "$rate"
   if [ -n "$STEPS" ]; then steps=$STEPS
   elif [ "$QUICK" -eq 1 ]; then steps=3
   elif [ "$rate" -ge 1000 ]; then steps=8

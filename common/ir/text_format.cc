@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/bytes.h"
 #include "common/status_macros.h"
 
 namespace tandem {
@@ -1317,28 +1318,103 @@ absl::StatusOr<Graph> ParseGraph(absl::string_view text) {
   return graph;
 }
 
+namespace {
+
+// A comment for a line of a schedule printed with names: "  # TEXT\n", with
+// control bytes replaced so that it stays one line. Empty text: a bare
+// newline.
+std::string NameComment(absl::string_view text) {
+  if (text.empty()) return "\n";
+  std::string out = "  # ";
+  for (char c : text) {
+    out += static_cast<unsigned char>(c) < 0x20 || c == 0x7f ? '?' : c;
+  }
+  out += '\n';
+  return out;
+}
+
+// Params by their model names, the dotted prefix they share said once:
+// "layers.0.attn: wq.weight, wk.weight". At most kShown names, then how many
+// more. An id the graph lacks prints as itself.
+std::string ParamNames(const Graph& graph, const std::vector<int32_t>& ids) {
+  constexpr size_t kShown = 8;
+  std::vector<std::string> names;
+  names.reserve(ids.size());
+  for (int32_t id : ids) {
+    const Param* p = graph.FindParam(id);
+    names.push_back(p != nullptr ? p->name : FormatId('p', id));
+  }
+  if (names.empty()) return "";
+  if (names.size() == 1) return names[0];
+  // The longest prefix every name shares, cut after a dot.
+  size_t common = names[0].size();
+  for (const std::string& n : names) {
+    size_t i = 0;
+    while (i < common && i < n.size() && n[i] == names[0][i]) ++i;
+    common = i;
+  }
+  const size_t dot = names[0].rfind('.', common == 0 ? 0 : common - 1);
+  const size_t cut = common == 0 || dot == std::string::npos ? 0 : dot + 1;
+  std::string out;
+  if (cut > 0) absl::StrAppend(&out, names[0].substr(0, cut - 1), ": ");
+  for (size_t i = 0; i < names.size() && i < kShown; ++i) {
+    absl::StrAppend(&out, i == 0 ? "" : ", ", names[i].substr(cut));
+  }
+  if (names.size() > kShown) {
+    absl::StrAppend(&out, " and ", names.size() - kShown, " more");
+  }
+  return out;
+}
+
+std::string NodeName(const Graph& graph, int32_t id) {
+  const Node* n = graph.FindNode(id);
+  return n != nullptr ? n->name : FormatId('n', id);
+}
+
+}  // namespace
+
 std::string PrintSchedule(const Schedule& schedule) {
+  return PrintSchedule(schedule, nullptr);
+}
+
+std::string PrintSchedule(const Schedule& schedule, const Graph* names) {
+  // With `names`, each line that names params or nodes ends in a comment
+  // saying which; the parser skips comments, so the text round-trips alike.
+  auto comment = [&](const std::string& text) {
+    return names != nullptr ? NameComment(text) : std::string("\n");
+  };
   std::string out = absl::StrCat("schedule ", FormatId('v', schedule.version),
                                  " graph=", FormatString(schedule.graph_hash),
                                  " mode=", ShardingModeName(schedule.mode),
-                                 " budget=", schedule.budget_bytes, "\n");
+                                 " budget=", schedule.budget_bytes);
+  out += comment(
+      schedule.budget_bytes > 0
+          ? absl::StrCat("budget ", FormatBytesShort(schedule.budget_bytes))
+          : std::string());
   for (const GatherGroup& g : schedule.groups) {
     absl::StrAppend(&out, "group ", FormatId('g', g.id));
     if (!g.param_ids.empty()) {
       absl::StrAppend(&out, " ", FormatIdList('p', g.param_ids));
     }
-    out += '\n';
+    out += comment(names != nullptr ? ParamNames(*names, g.param_ids) : "");
   }
   if (!schedule.persistent_param_ids.empty()) {
     absl::StrAppend(&out, "persistent ",
-                    FormatIdList('p', schedule.persistent_param_ids), "\n");
+                    FormatIdList('p', schedule.persistent_param_ids));
+    out += comment(names != nullptr
+                       ? ParamNames(*names, schedule.persistent_param_ids)
+                       : "");
   }
   for (const OffloadEntry& o : schedule.offloads) {
     absl::StrAppend(&out, "offload ", FormatId('o', o.id));
     if (!o.param_ids.empty()) {
       absl::StrAppend(&out, " ", FormatIdList('p', o.param_ids));
     }
-    absl::StrAppend(&out, " bytes=", o.bytes, "\n");
+    absl::StrAppend(&out, " bytes=", o.bytes);
+    out += comment(names != nullptr
+                       ? absl::StrCat(ParamNames(*names, o.param_ids), " (",
+                                      FormatBytesShort(o.bytes), ")")
+                       : "");
   }
   for (const Action& a : schedule.actions) {
     absl::StrAppend(&out, AnchorPositionName(a.position), " ",
@@ -1374,7 +1450,15 @@ std::string PrintSchedule(const Schedule& schedule) {
     if (!offload_printed && a.offload_id != 0) {
       absl::StrAppend(&out, " offload=", FormatId('o', a.offload_id));
     }
-    out += '\n';
+    if (names == nullptr) {
+      out += '\n';
+      continue;
+    }
+    std::string what = NodeName(*names, a.node_id);
+    if (a.kind == ActionKind::kReduceScatter && !a.param_ids.empty()) {
+      absl::StrAppend(&what, "; ", ParamNames(*names, a.param_ids));
+    }
+    out += NameComment(what);
   }
   const Prediction& p = schedule.prediction;
   absl::StrAppend(
@@ -1382,7 +1466,10 @@ std::string PrintSchedule(const Schedule& schedule) {
       " compute=", FormatDouble(p.compute_s), " comm=", FormatDouble(p.comm_s),
       " exposed=", FormatDouble(p.exposed_comm_s),
       " copy=", FormatDouble(p.copy_s), " peak=", p.peak_bytes,
-      p.work > 0 ? absl::StrCat(" work=", FormatDouble(p.work)) : "", "\n");
+      p.work > 0 ? absl::StrCat(" work=", FormatDouble(p.work)) : "");
+  out += comment(p.peak_bytes > 0
+                     ? absl::StrCat("peak ", FormatBytesShort(p.peak_bytes))
+                     : std::string());
   const Provenance& v = schedule.provenance;
   out += "provenance";
   if (!v.passes.empty()) {

@@ -82,15 +82,15 @@
 // moved takes; ag_, rs_ and copy_stretch: how many times longer a transfer
 // takes while compute runs) and the communicator's scratch rule (ag_ and
 // rs_scratch: copies of the padded buffer a collective holds beyond it,
-// at most _cap bytes in all). `time`: a node's median and its sample count, and the bytes each
-// kind of transfer moved while it ran (the _overlap= fields, 0 omitted).
-// `collective`: ARG is a group (allgather) or a param list (reduce_scatter,
-// allreduce); the other field prints as params= or group= when set; run=
-// (its time on the stream, issue_to_done less queueing) and computing= (the
-// part of run this rank's compute thread was computing) are omitted when 0. `memory`: the counted bytes
-// before and after a node, and, when the meter tells the compute thread's
-// own allocations apart, the most they rose above `before` (rise=) and
-// where they ended (net=).
+// at most _cap bytes in all). `time`: a node's median and its sample count, and
+// the bytes each kind of transfer moved while it ran (the _overlap= fields, 0
+// omitted). `collective`: ARG is a group (allgather) or a param list
+// (reduce_scatter, allreduce); the other field prints as params= or group= when
+// set; run= (its time on the stream, issue_to_done less queueing) and
+// computing= (the part of run this rank's compute thread was computing) are
+// omitted when 0. `memory`: the counted bytes before and after a node, and,
+// when the meter tells the compute thread's own allocations apart, the most
+// they rose above `before` (rise=) and where they ended (net=).
 
 // Parse errors are InvalidArgument and name the line and the token, e.g.
 //   "line 4: node n3: unknown attribute 'tim' (expected one of mb, of, ...)".
@@ -112,6 +112,12 @@ std::string PrintGraph(const Graph& graph);
 absl::StatusOr<Graph> ParseGraph(absl::string_view text);
 
 std::string PrintSchedule(const Schedule& schedule);
+// The same text, and with `names` (the schedule's graph; may be null) each
+// line that names params or nodes ends in a comment with their model
+// names ("group g1 p1,p2  # layers.0.attn: wq.weight, wk.weight"), the
+// budget and peak lines with their sizes in KiB/MiB/GiB. Comments do not
+// parse, so ParseSchedule gives back the same schedule either way.
+std::string PrintSchedule(const Schedule& schedule, const Graph* names);
 absl::StatusOr<Schedule> ParseSchedule(absl::string_view text);
 
 std::string PrintProfile(const Profile& profile);

@@ -152,7 +152,12 @@ grpc::Status JobServiceImpl::GetSchedule(grpc::ServerContext* context,
   absl::StatusOr<Schedule> ir = FromProto(stored->schedule);
   if (!ir.ok()) return ToGrpc(ir.status());
   *response->mutable_schedule() = stored->schedule;
-  response->set_text(PrintSchedule(*ir));
+  // Params and nodes by their model names, when the graph is at hand and is
+  // the one the schedule was planned for (a schedule of a graph the job ran
+  // before a resize keeps its ids alone).
+  absl::StatusOr<Graph> graph = planning_->JobGraph(request->job_id());
+  const bool named = graph.ok() && graph->StructuralHash() == ir->graph_hash;
+  response->set_text(PrintSchedule(*ir, named ? &*graph : nullptr));
   response->set_explanation(FormatExplanation(ir->explanation,
                                               ir->prediction.iteration_s,
                                               ir->prediction.exposed_comm_s));

@@ -1538,6 +1538,26 @@ absl::StatusOr<StoredSchedule> PlanningManager::GetSchedule(
                    " yet; schedules appear after the warm-up steps"));
 }
 
+absl::StatusOr<Graph> PlanningManager::JobGraph(
+    const std::string& job_id) const {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = state_.find(job_id);
+    if (it != state_.end() && it->second.profiles.graph() != nullptr) {
+      return *it->second.profiles.graph();
+    }
+  }
+  absl::StatusOr<std::optional<v1::Graph>> stored = store_->LoadGraph(job_id);
+  if (!stored.ok()) return stored.status();
+  if (!stored->has_value()) {
+    return absl::NotFoundError(
+        absl::StrCat("job ", job_id,
+                     " has no graph yet: rank 0 sends it once "
+                     "it built the model"));
+  }
+  return FromProto(**stored);
+}
+
 absl::StatusOr<StoredSchedule> PlanningManager::GetScheduleVersion(
     const std::string& job_id, int64_t version) const {
   absl::StatusOr<v1::Job> job = jobs_->Get(job_id);

@@ -174,6 +174,10 @@ class PlanningManager {
   // versions it has.
   absl::StatusOr<StoredSchedule> GetScheduleVersion(const std::string& job_id,
                                                     int64_t version) const;
+  // The graph rank 0 reported for the job (the one it runs now), from
+  // memory while the job is planned, else from the store. NotFound before
+  // rank 0 sent it.
+  absl::StatusOr<Graph> JobGraph(const std::string& job_id) const;
   // Blocks until no plan is queued or running (tests).
   void Drain();
 

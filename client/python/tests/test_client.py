@@ -34,7 +34,7 @@ def test_submit_minimal_dict_applies_server_defaults(client):
     assert s.parallel.zero_stage == 3
     # The pipeline plan_bench measures: the tandem policy, no pass list.
     assert s.optimize.policy == "tandem" and list(s.optimize.passes) == []
-    assert s.optimize.warmup_steps == 3 and s.optimize.drift_window == 5
+    assert s.optimize.warmup_steps == 5 and s.optimize.drift_window == 5
     assert s.optimize.drift_threshold == pytest.approx(0.1)
     assert s.optimize.trial_margin == pytest.approx(0.1)
 

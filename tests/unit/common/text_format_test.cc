@@ -529,6 +529,35 @@ TEST(PrintScheduleTest, PrintSchedule_DefaultSchedule_RoundTrips) {
   EXPECT_EQ(*parsed, schedule);
 }
 
+TEST(PrintScheduleTest, PrintSchedule_WithNames_CommentsModelNamesRoundTrips) {
+  Graph graph = MakeGraph();
+  graph.nodes[1].name = "layers.0\nmb0";  // a control byte stays in-line
+  const Schedule schedule = MakeSchedule();
+  const std::string text = PrintSchedule(schedule, &graph);
+  absl::StatusOr<Schedule> parsed = ParseSchedule(text);
+  ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << text;
+  EXPECT_EQ(*parsed, schedule);
+  // Without names, the same text less the comments.
+  EXPECT_EQ(PrintSchedule(schedule, nullptr), PrintSchedule(schedule));
+  EXPECT_PRED2(Contains, text,
+               "schedule v42 graph=0123456789abcdef mode=zero1 "
+               "budget=85899345920  # budget 80.00GiB\n");
+  // The shared dotted prefix once, then each param's own part.
+  EXPECT_PRED2(Contains, text,
+               "\ngroup g0 p1,p2  # layers.0: attn.wq.weight, norm.scale\n"
+               "group g7 p0  # embed.weight\ngroup g8\n");
+  // Ids the graph does not have print as themselves.
+  EXPECT_PRED2(Contains, text, "\npersistent p3,p4  # p3, p4\n");
+  EXPECT_PRED2(Contains, text,
+               "\noffload o0 p1 bytes=1048576  # layers.0.attn.wq.weight "
+               "(1.00MiB)\n");
+  EXPECT_PRED2(Contains, text, "\nbefore n1 allgather g7  # layers.0?mb0\n");
+  EXPECT_PRED2(Contains, text,
+               "\nafter n5 reduce_scatter p1,p2  # layers.0.mb1; "
+               "layers.0: attn.wq.weight, norm.scale\n");
+  EXPECT_PRED2(Contains, text, "peak=1073741825  # peak 1.00GiB\n");
+}
+
 TEST(PrintScheduleTest, PrintSchedule_AwkwardProvenanceStrings_RoundTrip) {
   Schedule schedule = MakeSchedule();
   schedule.provenance.passes = {"", "with,comma", "with space", "q\"uote"};

@@ -1,0 +1,409 @@
+#!/usr/bin/python3
+"""bench/noise: do the loop's decisions hold under noise? (issue 34)
+
+Run by `bench/e2e/run.sh --noise` inside the first namespace (ns0), whose
+veth pair to ns1 tc shapes: the coordinator listens on ns0's address, rank 0
+runs here and rank 1 in ns1, both over the shaped link, one thread each.
+
+For each model (the demo job, deploy/local/demo.yaml, and the exported GPT
+of deploy/local/exported.yaml) and each condition, --jobs jobs run as a user
+runs them (a coordinator, the job submitted with the Python client, two
+agent-mode workers), --steps steps each:
+  quiet    nothing else runs;
+  cpu-hog  a process takes a varying share of one core (0-90%, a new share
+           every 2-8 s at random, in 10 ms slices), for the job's life and
+           never longer than --job-timeout-s: it stops by itself;
+  flaps    the link's rate flips between --rate-mbit and a quarter of it at
+           random times (every 3-12 s), restored when the job ends.
+After each job, with nothing else running, every distinct plan the job ran
+(the baseline v0 included) is re-measured standalone on the same link,
+interleaved (A B C ... A B C ..., --remeasure-rounds rounds of
+--remeasure-steps steps, the first --discard of each run left out): the
+quiet truth the job's decisions are held against. Per job it reports
+  - versions published per 100 steps once settled: versions first run after
+    the settle step (the end of the first --settle-steps steps in a row in
+    which no new version appeared, after the first plan), per 100 steps
+    after it;
+  - whether the kept (final) plan is wrong: a plan the job also ran
+    re-measures faster than it by more than optimize.min_gain (3%);
+  - the final plan's re-measured time against the best re-measured plan's;
+  - the speedup the coordinator reported (its interval) and the quiet
+    re-measured speedup (v0's median / the final plan's), and whether the
+    interval contains it.
+One JSON line per job and a summary line per model and condition go to
+--out; the summary is printed at the end (bench/README.md, "noise").
+"""
+
+import argparse
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "bench", "drift"))
+import steady  # noqa: E402  (bench/drift/steady.py: coordinator, step lines)
+
+MIN_GAIN = 0.03  # optimize.min_gain's default (coordinator/README.md)
+
+
+def log(msg):
+    print(f"[noise {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def tc_rate(ns, ifname, mbit, burst):
+    cmd = ["tc", "qdisc", "change", "dev", ifname, "root", "tbf", "rate", f"{mbit}mbit",
+           "burst", burst, "latency", "50ms"]
+    if ns:
+        cmd = ["ip", "netns", "exec", ns] + cmd
+    subprocess.run(cmd, check=True)
+
+
+class CpuHog:
+    """A process taking a varying share of one core until stop() or its own
+    deadline, whichever comes first."""
+
+    SCRIPT = r"""
+import random, sys, time
+deadline = time.time() + float(sys.argv[1])
+rng = random.Random(int(sys.argv[2]))
+while time.time() < deadline:
+    share = rng.uniform(0.0, 0.9)
+    phase_end = min(deadline, time.time() + rng.uniform(2, 8))
+    while time.time() < phase_end:
+        start = time.time()
+        while time.time() - start < 0.010 * share:
+            pass
+        time.sleep(0.010 * (1 - share))
+"""
+
+    def __init__(self, limit_s, seed):
+        self.proc = subprocess.Popen(["/usr/bin/python3", "-c", self.SCRIPT, str(limit_s),
+                                      str(seed)])
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+class LinkFlaps:
+    """Flips the link between its rate and a quarter of it at random times
+    until stop() or its deadline; always leaves it at its rate."""
+
+    def __init__(self, a, limit_s, seed):
+        self.a = a
+        self.stopped = threading.Event()
+        self.flips = 0
+        self.rng = random.Random(seed)
+        self.deadline = time.time() + limit_s
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def set(self, mbit):
+        tc_rate("", self.a.if0, mbit, self.a.burst)
+        tc_rate(self.a.ns1, self.a.if1, mbit, self.a.burst)
+
+    def run(self):
+        low = False
+        try:
+            while not self.stopped.wait(self.rng.uniform(3, 12)):
+                if time.time() > self.deadline:
+                    break
+                low = not low
+                self.set(max(1, self.a.rate_mbit // 4) if low else self.a.rate_mbit)
+                self.flips += 1
+        finally:
+            self.set(self.a.rate_mbit)
+
+    def stop(self):
+        self.stopped.set()
+        self.thread.join(timeout=30)
+
+
+def model_specs(a):
+    """name -> (job spec dict, note)."""
+    import yaml
+    out = {}
+    for name in a.models.split(","):
+        if name == "demo":
+            spec = yaml.safe_load(open(os.path.join(ROOT, "deploy", "local", "demo.yaml")))
+        elif name == "exported-gpt":
+            spec = yaml.safe_load(open(os.path.join(ROOT, "deploy", "local", "exported.yaml")))
+            archive = os.path.join(a.workdir, "gpt.tandem")
+            if not os.path.exists(archive):
+                env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "client", "python"))
+                subprocess.run(["/usr/bin/python3", "-m", "tandem", "export",
+                                "tests/models/gpt.py:build_demo", "-o", archive],
+                               cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
+            spec["model"]["path"] = archive
+        else:
+            sys.exit(f"--models: unknown model '{name}' (demo, exported-gpt)")
+        spec["name"] = f"noise-{name}"
+        spec["train"]["steps"] = a.steps
+        out[name] = spec
+    return out
+
+
+def write_spec(path, spec):
+    with open(path, "w") as f:
+        json.dump(spec, f)  # JSON is YAML
+    return path
+
+
+def worker_cmd(a, r, extra):
+    cmd = [os.path.join(a.build, "worker", "tandem-worker"), "--threads", "1"] + extra
+    if r == 1:
+        cmd = ["ip", "netns", "exec", a.ns1] + cmd
+    return cmd
+
+
+def worker_env(a, r):
+    return dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
+                GLOO_SOCKET_IFNAME=a.if0 if r == 0 else a.if1)
+
+
+def run_job(a, spec, condition, workdir, seed, tandem):
+    """One job under `condition`; returns what the analysis needs."""
+    os.makedirs(workdir, exist_ok=True)
+    coord, address = steady.start_coordinator(a.build, workdir, listen=f"{a.ip0}:0",
+                                              insecure=True)
+    workers, noise = [], None
+    try:
+        with tandem.Client(address, timeout=30) as client:
+            job = client.submit(spec)
+            for r in range(2):
+                workers.append(subprocess.Popen(
+                    worker_cmd(a, r, ["--coordinator", address, "--job", job.id,
+                                      "--rank", str(r),
+                                      "--bind-host", a.ip0 if r == 0 else a.ip1]),
+                    env=worker_env(a, r),
+                    stdout=open(os.path.join(workdir, f"worker{r}.jsonl"), "w"),
+                    stderr=open(os.path.join(workdir, f"worker{r}.log"), "w")))
+            if condition == "cpu-hog":
+                noise = CpuHog(a.job_timeout_s, seed)
+            elif condition == "flaps":
+                noise = LinkFlaps(a, a.job_timeout_s, seed)
+            deadline = time.time() + a.job_timeout_s
+            for r, w in enumerate(workers):
+                left = max(1.0, deadline - time.time())
+                if w.wait(timeout=left) != 0:
+                    raise RuntimeError(f"rank {r} exited {w.returncode}: see {workdir}/worker{r}.log")
+            flips = noise.flips if isinstance(noise, LinkFlaps) else None
+            if noise is not None:
+                noise.stop()
+                noise = None
+            final, events = client.get(job.id)
+            per_step = steady.slowest_per_step(
+                [os.path.join(workdir, f"worker{r}.jsonl") for r in range(2)])
+            versions = sorted({v for _, v in per_step.values() if v >= 0})
+            texts = {}
+            for v in versions:
+                texts[v] = client.schedule(job.id, v).text
+        return dict(job=job.id, final=final, events=events, per_step=per_step,
+                    texts=texts, flips=flips)
+    finally:
+        if noise is not None:
+            noise.stop()
+        steady.stop_processes(workers, coord)
+
+
+def plan_key(text):
+    """A schedule's plan: its group, persistent, offload and action lines,
+    without the header, predictions, provenance, explanation and comments
+    (a rollback reruns an earlier version's plan under a new number)."""
+    keep = []
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line and line.split()[0] in ("group", "persistent", "offload", "before", "after"):
+            keep.append(line)
+    return "\n".join(keep)
+
+
+def remeasure(a, spec, texts, workdir):
+    """Each distinct plan (v0 included) standalone on the quiet link,
+    interleaved; returns {version: median step s} for one version per plan,
+    and {version: that representative}."""
+    reps, seen = {}, {}
+    for v in sorted(texts):
+        key = plan_key(texts[v])
+        if key not in seen:
+            seen[key] = v
+        reps[v] = seen[key]
+    plans = sorted(set(reps.values()))
+    spec1 = dict(spec, train=dict(spec["train"], steps=a.remeasure_steps))
+    spec_path = write_spec(os.path.join(workdir, "remeasure.yaml"), spec1)
+    times = {v: [] for v in plans}
+    port = 29900
+    for rnd in range(a.remeasure_rounds):
+        for v in plans:
+            sched = os.path.join(workdir, f"v{v}.sched")
+            with open(sched, "w") as f:
+                f.write(texts[v])
+            port += 1
+            rv = f"{a.ip0}:{port}"
+            procs = []
+            for r in range(2):
+                procs.append(subprocess.Popen(
+                    worker_cmd(a, r, ["--standalone", "--spec", spec_path, "--rank", str(r),
+                                      "--world", "2", "--rendezvous", rv, "--schedule", sched]),
+                    env=worker_env(a, r), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    text=True))
+                if r == 0:
+                    time.sleep(0.2)
+            outs = []
+            for r, p in enumerate(procs):
+                out, err = p.communicate(timeout=600)
+                if p.returncode != 0:
+                    raise RuntimeError(f"re-measure of v{v}, rank {r}: {err.strip()[-400:]}")
+                outs.append(out)
+            steps = {}
+            for out in outs:
+                for line in out.splitlines():
+                    if line.startswith('{"step"'):
+                        s = json.loads(line)
+                        steps[s["step"]] = max(steps.get(s["step"], 0.0), s["iteration_s"])
+            kept = [t for s, t in sorted(steps.items()) if s >= a.discard]
+            times[v].append(statistics.median(kept))
+    return {v: statistics.median(ts) for v, ts in times.items()}, reps, times
+
+
+def settle_step(per_step, settle_steps):
+    """The first step after which no new version appears for settle_steps
+    steps, counted from the first plan's first step; None when never."""
+    first_seen, seen = {}, set()
+    for s in sorted(per_step):
+        v = per_step[s][1]
+        if v not in seen:
+            seen.add(v)
+            first_seen[v] = s
+    news = sorted(s for v, s in first_seen.items() if v > 0)
+    if not news:
+        return None, first_seen
+    last = max(per_step)
+    for i, s in enumerate(news):
+        nxt = news[i + 1] if i + 1 < len(news) else last + 1
+        if nxt - s >= settle_steps:
+            return s + settle_steps, first_seen
+    return None, first_seen
+
+
+def analyse(a, run, quiet, reps):
+    per_step, final = run["per_step"], run["final"]
+    settled, first_seen = settle_step(per_step, a.settle_steps)
+    last = max(per_step)
+    after = [v for v, s in first_seen.items() if settled is not None and s >= settled and v > 0]
+    span = (last + 1 - settled) if settled is not None else 0
+    final_v = max(v for v in run["texts"])
+    # The version the job ended on (its last step's, not a baseline block).
+    ran = [per_step[s][1] for s in sorted(per_step) if per_step[s][1] > 0]
+    end_v = ran[-1] if ran else 0
+    final_t = quiet[reps[end_v]]
+    best_v = min(quiet, key=quiet.get)
+    best_t = quiet[best_v]
+    wrong = final_t > best_t * (1 + MIN_GAIN)
+    quiet_speedup = quiet[reps[0]] / final_t if 0 in reps else None
+    reported = final.measured_speedup if final.measured_speedup > 0 else None
+    contains = None
+    if reported is not None and quiet_speedup is not None:
+        contains = final.speedup_low <= quiet_speedup <= final.speedup_high
+    return {
+        "job": run["job"], "steps": last + 1, "versions": final_v,
+        "settled_at_step": settled,
+        "versions_per_100_settled": (round(100.0 * len(after) / span, 2) if span > 0 else None),
+        "end_version": end_v, "end_plan_of": reps[end_v],
+        "quiet_s": {f"v{v}": round(t, 5) for v, t in sorted(quiet.items())},
+        "final_over_best": round(final_t / best_t, 4), "best_plan": f"v{best_v}",
+        "wrong_plan_kept": wrong,
+        "reported_speedup": reported,
+        "reported_interval": ([final.speedup_low, final.speedup_high]
+                              if reported is not None else None),
+        "speedup_text": final.speedup_text,
+        "quiet_speedup": round(quiet_speedup, 4) if quiet_speedup else None,
+        "interval_contains_quiet": contains,
+        "link_flips": run["flips"],
+        "state": final.state,
+    }
+
+
+def summarize(model, condition, rows):
+    per100 = [r["versions_per_100_settled"] for r in rows
+              if r["versions_per_100_settled"] is not None]
+    judged = [r for r in rows if r["interval_contains_quiet"] is not None]
+    return {
+        "summary": True, "model": model, "condition": condition, "jobs": len(rows),
+        "wrong_plans_kept": sum(r["wrong_plan_kept"] for r in rows),
+        "versions_per_100_settled_max": max(per100) if per100 else None,
+        "never_settled": sum(r["settled_at_step"] is None for r in rows),
+        "final_over_best_median": (round(statistics.median(r["final_over_best"] for r in rows), 4)
+                                   if rows else None),
+        "interval_contains_quiet": f"{sum(r['interval_contains_quiet'] for r in judged)} of {len(judged)}",
+        "speedup_not_reported": len(rows) - len(judged),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--ns1", required=True)
+    ap.add_argument("--if0", required=True)
+    ap.add_argument("--if1", required=True)
+    ap.add_argument("--ip0", required=True)
+    ap.add_argument("--ip1", required=True)
+    ap.add_argument("--rate-mbit", type=int, required=True)
+    ap.add_argument("--burst", default="256kb")
+    ap.add_argument("--models", default="demo,exported-gpt")
+    ap.add_argument("--conditions", default="quiet,cpu-hog,flaps")
+    ap.add_argument("--jobs", type=int, default=5, help="jobs per model and condition")
+    ap.add_argument("--steps", type=int, default=160)
+    ap.add_argument("--settle-steps", type=int, default=15)
+    ap.add_argument("--remeasure-rounds", type=int, default=3)
+    ap.add_argument("--remeasure-steps", type=int, default=10)
+    ap.add_argument("--discard", type=int, default=3)
+    ap.add_argument("--job-timeout-s", type=float, default=900)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    for c in a.conditions.split(","):
+        if c not in ("quiet", "cpu-hog", "flaps"):
+            sys.exit(f"--conditions: unknown condition '{c}' (quiet, cpu-hog, flaps)")
+    sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+    import tandem  # the Python client
+
+    os.makedirs(a.workdir, exist_ok=True)
+    specs = model_specs(a)
+    summaries = []
+    n = 0
+    for model, spec in specs.items():
+        for condition in a.conditions.split(","):
+            rows = []
+            for j in range(a.jobs):
+                n += 1
+                workdir = os.path.join(a.workdir, f"{model}-{condition}-{j}")
+                log(f"{model}, {condition}, job {j + 1} of {a.jobs}")
+                run = run_job(a, spec, condition, workdir, a.seed * 1000 + n, tandem)
+                quiet, reps, _ = remeasure(a, spec, run["texts"], workdir)
+                row = analyse(a, run, quiet, reps)
+                row.update(model=model, condition=condition, rate_mbit=a.rate_mbit)
+                rows.append(row)
+                with open(a.out, "a") as f:
+                    f.write(json.dumps(row, sort_keys=True) + "\n")
+                log(json.dumps(row, sort_keys=True))
+            s = summarize(model, condition, rows)
+            s["rate_mbit"] = a.rate_mbit
+            summaries.append(s)
+            with open(a.out, "a") as f:
+                f.write(json.dumps(s, sort_keys=True) + "\n")
+    for s in summaries:
+        print(json.dumps(s, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""bench/noise's analysis (noise.py) on synthetic jobs: when a job counts as
+settled and how many versions it published after, which plans are one plan,
+and when a kept plan is wrong or a reported interval misses the quiet
+re-measure (issue 34)."""
+
+import argparse
+import importlib.util
+import os
+from types import SimpleNamespace
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
+spec = importlib.util.spec_from_file_location(
+    "noise", os.path.join(ROOT, "bench", "noise", "noise.py"))
+noise = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(noise)
+
+SCHEDULE = """schedule v{v} graph=abc mode=zero3 budget=0  # budget
+group g0 p0,p1  # layers.0: a, b
+persistent p2
+before n1 allgather g0  # layers.0
+{extra}predict iteration={pred} compute=0.1 comm=0.1 exposed=0 copy=0 peak=1
+provenance passes=zero3-insert{rollback} window=2..4 wall=0.001 reason=x
+"""
+
+
+def schedule(v, pred, extra="", rollback=""):
+    return SCHEDULE.format(v=v, pred=pred, extra=extra, rollback=rollback)
+
+
+def steps(versions):
+    """per_step as steady.slowest_per_step gives it: step -> (s, version)."""
+    return {s: (0.1, v) for s, v in enumerate(versions)}
+
+
+def args(**kw):
+    base = dict(settle_steps=15)
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def final(speedup=0.0, low=0.0, high=0.0, text="not measured yet"):
+    return SimpleNamespace(measured_speedup=speedup, speedup_low=low, speedup_high=high,
+                           speedup_text=text, state=3)
+
+
+def test_plan_key_ignores_header_predictions_and_comments():
+    a = noise.plan_key(schedule(1, 0.5))
+    b = noise.plan_key(schedule(4, 0.7, rollback=",rollback-to-v1"))
+    assert a == b
+    c = noise.plan_key(schedule(2, 0.5, extra="after n2 release g0\n"))
+    assert c != a
+
+
+def test_settle_step_is_the_end_of_the_first_quiet_stretch_after_a_plan():
+    # v0 for 6 steps, v1 for 10, v2 for 20 (settles at 16 + 15), then v3.
+    per_step = steps([0] * 6 + [1] * 10 + [2] * 20 + [3] * 40)
+    settled, first = noise.settle_step(per_step, 15)
+    assert first == {0: 0, 1: 6, 2: 16, 3: 36}
+    assert settled == 31
+    # Baseline blocks of a check (v0 again) are no new version.
+    per_step = steps([0] * 6 + [1] * 20 + [0, 0, 1, 1] * 5 + [1] * 10)
+    assert noise.settle_step(per_step, 15)[0] == 21
+    # Never 15 steps without a new version, to the job's end: never settled.
+    per_step = steps([0] * 6 + [1] * 10 + [2] * 10 + [3] * 10)
+    assert noise.settle_step(per_step, 15)[0] is None
+    # The last version running 15 steps to the end settles it.
+    per_step = steps([0] * 6 + [1] * 10 + [2] * 10 + [3] * 15)
+    assert noise.settle_step(per_step, 15)[0] == 41
+    assert noise.settle_step(steps([0] * 30), 15)[0] is None
+
+
+def test_analyse_counts_versions_after_settling_and_flags_a_wrong_plan():
+    per_step = steps([0] * 6 + [1] * 20 + [2] * 30 + [3] * 44)  # 100 steps
+    texts = {0: schedule(0, 0), 1: schedule(1, 0.5), 2: schedule(2, 0.4, extra="after n2 release g0\n"),
+             3: schedule(3, 0.5, rollback=",rollback-to-v1")}
+    reps = {0: 0, 1: 1, 2: 2, 3: 1}
+    run = dict(job="j", per_step=per_step, texts=texts, flips=None,
+               final=final(1.30, 1.20, 1.40, "1.30x (1.20-1.40)"))
+    # v3 reruns v1's plan, which the quiet re-measure finds 10% slower than
+    # v2's: a wrong plan kept.
+    quiet = {0: 0.65, 1: 0.55, 2: 0.50}
+    row = noise.analyse(args(), run, quiet, reps)
+    assert row["settled_at_step"] == 21
+    # v2 (step 26) and v3 (step 56) after step 21, over 79 steps.
+    assert row["versions_per_100_settled"] == round(100 * 2 / 79, 2)
+    assert row["end_version"] == 3 and row["end_plan_of"] == 1
+    assert row["wrong_plan_kept"] is True
+    assert row["final_over_best"] == round(0.55 / 0.50, 4)
+    assert row["quiet_speedup"] == round(0.65 / 0.55, 4)
+    assert row["interval_contains_quiet"] is False  # 1.18 outside 1.20-1.40
+    # Within min_gain of the best: not wrong; the interval holds it.
+    quiet = {0: 0.65, 1: 0.50, 2: 0.49}
+    row = noise.analyse(args(), run, quiet, reps)
+    assert row["wrong_plan_kept"] is False
+    assert row["interval_contains_quiet"] is True
+
+
+def test_analyse_without_a_reported_speedup_judges_no_interval():
+    per_step = steps([0] * 6 + [1] * 40)
+    run = dict(job="j", per_step=per_step, texts={0: schedule(0, 0), 1: schedule(1, 0.5)},
+               flips=3, final=final())
+    row = noise.analyse(args(), run, {0: 0.6, 1: 0.5}, {0: 0, 1: 1})
+    assert row["reported_speedup"] is None and row["interval_contains_quiet"] is None
+    s = noise.summarize("demo", "flaps", [row])
+    assert s["speedup_not_reported"] == 1 and s["interval_contains_quiet"] == "0 of 0"
+    assert s["wrong_plans_kept"] == 0

@@ -64,6 +64,26 @@ def start_coordinator(build, workdir, listen="127.0.0.1:0", prefix=(), insecure=
                        open(os.path.join(workdir, "coordinator.log")).read()[-600:])
 
 
+def add_link_args(ap):
+    """The options bench/e2e/run.sh passes a driver it runs inside ns0 on
+    its shaped link (--drift-check, --noise)."""
+    for name in ("--build", "--workdir", "--ns1", "--if0", "--if1", "--ip0", "--ip1"):
+        ap.add_argument(name, required=True)
+    ap.add_argument("--rate-mbit", type=int, required=True, help="the link's rate")
+    ap.add_argument("--burst", default="256kb",
+                    help="the tbf bucket the link was set up with (bench/e2e/run.sh)")
+
+
+def tc_rate(ns, ifname, mbit, burst):
+    """Sets one end of the shaped link (in namespace `ns`, or this one) to
+    `mbit` Mbit/s."""
+    cmd = ["tc", "qdisc", "change", "dev", ifname, "root", "tbf", "rate", f"{mbit}mbit",
+           "burst", burst, "latency", "50ms"]
+    if ns:
+        cmd = ["ip", "netns", "exec", ns] + cmd
+    subprocess.run(cmd, check=True)
+
+
 def stop_processes(workers, coord):
     """Stops the workers (SIGTERM, then SIGKILL after 20 s) and then the
     coordinator (likewise after 10 s), waiting for each."""

@@ -24,26 +24,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import steady  # noqa: E402  (bench/drift/steady.py)
 
 
-def tc_change(ns, ifname, mbit, burst):
-    cmd = ["tc", "qdisc", "change", "dev", ifname, "root", "tbf", "rate", f"{mbit}mbit",
-           "burst", burst, "latency", "50ms"]
-    if ns:
-        cmd = ["ip", "netns", "exec", ns] + cmd
-    subprocess.run(cmd, check=True)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--build", required=True)
-    ap.add_argument("--workdir", required=True)
-    ap.add_argument("--ns1", required=True)
-    ap.add_argument("--if0", required=True)
-    ap.add_argument("--if1", required=True)
-    ap.add_argument("--ip0", required=True)
-    ap.add_argument("--ip1", required=True)
-    ap.add_argument("--rate-mbit", type=int, required=True, help="the link's rate before")
-    ap.add_argument("--burst", default="256kb",
-                    help="the tbf bucket the link was set up with (bench/e2e/run.sh)")
+    steady.add_link_args(ap)
     ap.add_argument("--throttled-mbit", type=int, default=0, help="default: rate / 20")
     ap.add_argument("--throttle-at", type=int, default=120,
                     help="steps under a plan before the throttle")
@@ -90,8 +73,8 @@ def main():
                                        f"see {a.workdir}")
                 time.sleep(0.2)
             before = steady.step_lines(rank0)[-1]["step"]
-            tc_change("", a.if0, throttled, a.burst)
-            tc_change(a.ns1, a.if1, throttled, a.burst)
+            steady.tc_rate("", a.if0, throttled, a.burst)
+            steady.tc_rate(a.ns1, a.if1, throttled, a.burst)
             log_at = time.time()
             steady.log(f"link throttled to {throttled} Mbit/s after step {before}")
             while steady.step_lines(rank0)[-1]["step"] < before + a.after:
@@ -102,8 +85,8 @@ def main():
             _, events = client.get(job.id)
             client.cancel(job.id, reason="drift check done")
     finally:
-        tc_change("", a.if0, a.rate_mbit, a.burst)
-        tc_change(a.ns1, a.if1, a.rate_mbit, a.burst)
+        steady.tc_rate("", a.if0, a.rate_mbit, a.burst)
+        steady.tc_rate(a.ns1, a.if1, a.rate_mbit, a.burst)
         steady.stop_processes(workers, coord)
 
     per_step = steady.slowest_per_step([os.path.join(a.workdir, f"worker{r}.jsonl")

@@ -38,7 +38,6 @@ import argparse
 import json
 import os
 import random
-import re
 import statistics
 import subprocess
 import sys
@@ -55,14 +54,6 @@ MIN_GAIN = 0.03  # optimize.min_gain's default (coordinator/README.md)
 
 def log(msg):
     print(f"[noise {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def tc_rate(ns, ifname, mbit, burst):
-    cmd = ["tc", "qdisc", "change", "dev", ifname, "root", "tbf", "rate", f"{mbit}mbit",
-           "burst", burst, "latency", "50ms"]
-    if ns:
-        cmd = ["ip", "netns", "exec", ns] + cmd
-    subprocess.run(cmd, check=True)
 
 
 class CpuHog:
@@ -107,8 +98,8 @@ class LinkFlaps:
         self.thread.start()
 
     def set(self, mbit):
-        tc_rate("", self.a.if0, mbit, self.a.burst)
-        tc_rate(self.a.ns1, self.a.if1, mbit, self.a.burst)
+        steady.tc_rate("", self.a.if0, mbit, self.a.burst)
+        steady.tc_rate(self.a.ns1, self.a.if1, mbit, self.a.burst)
 
     def run(self):
         low = False
@@ -350,15 +341,7 @@ def summarize(model, condition, rows):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--build", required=True)
-    ap.add_argument("--workdir", required=True)
-    ap.add_argument("--ns1", required=True)
-    ap.add_argument("--if0", required=True)
-    ap.add_argument("--if1", required=True)
-    ap.add_argument("--ip0", required=True)
-    ap.add_argument("--ip1", required=True)
-    ap.add_argument("--rate-mbit", type=int, required=True)
-    ap.add_argument("--burst", default="256kb")
+    steady.add_link_args(ap)
     ap.add_argument("--models", default="demo,exported-gpt")
     ap.add_argument("--conditions", default="quiet,cpu-hog,flaps")
     ap.add_argument("--jobs", type=int, default=5, help="jobs per model and condition")
@@ -389,8 +372,10 @@ def main():
                 workdir = os.path.join(a.workdir, f"{model}-{condition}-{j}")
                 log(f"{model}, {condition}, job {j + 1} of {a.jobs}")
                 run = run_job(a, spec, condition, workdir, a.seed * 1000 + n, tandem)
-                quiet, reps, _ = remeasure(a, spec, run["texts"], workdir)
+                quiet, reps, rounds = remeasure(a, spec, run["texts"], workdir)
                 row = analyse(a, run, quiet, reps)
+                row["quiet_rounds_s"] = {f"v{v}": [round(t, 5) for t in ts]
+                                         for v, ts in sorted(rounds.items())}
                 row.update(model=model, condition=condition, rate_mbit=a.rate_mbit)
                 rows.append(row)
                 with open(a.out, "a") as f:

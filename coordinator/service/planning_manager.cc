@@ -1563,15 +1563,13 @@ absl::StatusOr<StoredSchedule> PlanningManager::GetScheduleVersion(
   absl::StatusOr<v1::Job> job = jobs_->Get(job_id);
   if (!job.ok()) return job.status();
   if (version == 0) {
-    absl::StatusOr<std::optional<v1::Graph>> stored = store_->LoadGraph(job_id);
-    if (!stored.ok()) return stored.status();
-    if (!stored->has_value()) {
+    absl::StatusOr<Graph> graph = JobGraph(job_id);
+    if (absl::IsNotFound(graph.status())) {
       return absl::NotFoundError(absl::StrCat(
           "job ", job_id,
           " has no graph yet, so no baseline (v0): rank 0 sends it once it "
           "built the model"));
     }
-    absl::StatusOr<Graph> graph = FromProto(**stored);
     if (!graph.ok()) return graph.status();
     absl::StatusOr<Schedule> baseline =
         StartingSchedule(*graph, job->spec().parallel().zero_stage() == 1

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "ATen/ATen.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/ir/validate.h"
@@ -288,6 +287,8 @@ struct Executor::IterationState {
     std::string label;
     int64_t bytes;
     CollectiveHandle handle;
+    // An offload: frees its states on the device when done.
+    bool frees = false;
   };
   std::vector<Copy> copies;
   SteadyTime backward_start;
@@ -451,10 +452,7 @@ void Executor::HoldPlannedPeak(int pos) {
   bool waited_copy = false;
   for (IterationState::Copy& c : it_->copies) {
     if (meter_->current_bytes() + rise <= hold_limit_) break;
-    if (c.handle == nullptr || c.handle->done() ||
-        !absl::StartsWith(c.label, "offload")) {
-      continue;
-    }
+    if (!c.frees || c.handle == nullptr || c.handle->done()) continue;
     const absl::Status status = c.handle->Wait();
     TORCH_CHECK(status.ok(), std::string(status.message()));
     waited_copy = true;
@@ -609,8 +607,8 @@ void Executor::RunActions(int pos, AnchorPosition where) {
         absl::StatusOr<CollectiveHandle> copy =
             store_->OffloadStates(ids, *host_);
         TORCH_CHECK(copy.ok(), std::string(copy.status().message()));
-        it_->copies.push_back(
-            {absl::StrCat("offload o", a.offload_id), bytes, *copy});
+        it_->copies.push_back({absl::StrCat("offload o", a.offload_id), bytes,
+                               *copy, /*frees=*/true});
         if (least_memory_active_ && *copy != nullptr) {
           // The memory guard's fallback: its states leave before compute
           // allocates, so its peak is the least any schedule reaches rather

@@ -32,8 +32,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       RoundTrip<tandem::Graph>(text, tandem::ParseGraph, tandem::PrintGraph);
       break;
     case 1:
-      RoundTrip<tandem::Schedule>(text, tandem::ParseSchedule,
-                                  tandem::PrintSchedule);
+      // PrintSchedule is overloaded (with and without names): pick the
+      // one-argument form explicitly.
+      RoundTrip<tandem::Schedule>(
+          text, tandem::ParseSchedule,
+          [](const tandem::Schedule& s) { return tandem::PrintSchedule(s); });
       break;
     default:
       RoundTrip<tandem::Profile>(text, tandem::ParseProfile,

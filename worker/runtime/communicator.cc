@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 #include "worker/runtime/torch_status.h"
 
@@ -465,6 +467,20 @@ absl::Status Communicator::Drain() {
   if (last != nullptr) last->Wait().IgnoreError();
   std::lock_guard<std::mutex> lock(mu_);
   return failure_;
+}
+
+namespace {
+constexpr absl::string_view kCollectiveFailureUrl =
+    "tandem.dev/worker/collective-failure";
+}  // namespace
+
+absl::Status MarkCollectiveFailure(absl::Status status) {
+  if (!status.ok()) status.SetPayload(kCollectiveFailureUrl, absl::Cord("1"));
+  return status;
+}
+
+bool IsCollectiveFailure(const absl::Status& status) {
+  return status.GetPayload(kCollectiveFailureUrl).has_value();
 }
 
 }  // namespace tandem

@@ -228,6 +228,13 @@ class Communicator {
   std::thread thread_;
 };
 
+// A collective's failure carried past the Communicator that saw it: the
+// status gets a payload, so that a caller holding no Communicator (the job
+// failed to start and is gone) can tell a lost peer from the job's own
+// error.
+absl::Status MarkCollectiveFailure(absl::Status status);
+bool IsCollectiveFailure(const absl::Status& status);
+
 }  // namespace tandem
 
 #endif  // TANDEM_WORKER_RUNTIME_COMMUNICATOR_H_

@@ -394,94 +394,105 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
   }
   job->comm_ = std::make_unique<Communicator>(std::move(group),
                                               CommOptionsFromSpec(spec));
-  RETURN_IF_ERROR(CheckSameGraph(model->graph, *job->comm_));
-  ASSIGN_OR_RETURN(const ChunkTuning tuning, job->comm_->TuneChunkBytes());
-  if (tuning.tuned()) {
-    absl::FPrintF(
-        stderr,
-        "rank %d: link %.1f MB/s out of each rank (%d MiB all-gather "
-        "in %d KiB pieces: %.3f s): collectives %s\n",
-        rank, tuning.rate() / 1e6, tuning.probe_bytes >> 20,
-        kDefaultCommChunkBytes >> 10, tuning.probe_s,
-        tuning.chunk_bytes == kWholeMessages
-            ? std::string("whole")
-            : absl::StrCat("in ", tuning.chunk_bytes >> 10, " KiB pieces"));
-  }
-  job->device_ = options.device;
-  InterferenceProbe interference;
-  if (options.interference_probe) {
-    InterferenceProbeOptions probe_options;
-    probe_options.link_bytes_per_s = tuning.rate();
-    probe_options.offload_dir = options.offload_dir;
+  // Everything from here on may run collectives. One that fails (a peer
+  // died before its first step) is marked as such: the caller has no
+  // Communicator left to ask, and a lost peer is for the coordinator to
+  // judge, not this rank's error.
+  absl::Status setup = [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckSameGraph(model->graph, *job->comm_));
+    ASSIGN_OR_RETURN(const ChunkTuning tuning, job->comm_->TuneChunkBytes());
+    if (tuning.tuned()) {
+      absl::FPrintF(
+          stderr,
+          "rank %d: link %.1f MB/s out of each rank (%d MiB all-gather "
+          "in %d KiB pieces: %.3f s): collectives %s\n",
+          rank, tuning.rate() / 1e6, tuning.probe_bytes >> 20,
+          kDefaultCommChunkBytes >> 10, tuning.probe_s,
+          tuning.chunk_bytes == kWholeMessages
+              ? std::string("whole")
+              : absl::StrCat("in ", tuning.chunk_bytes >> 10, " KiB pieces"));
+    }
+    job->device_ = options.device;
+    InterferenceProbe interference;
+    if (options.interference_probe) {
+      InterferenceProbeOptions probe_options;
+      probe_options.link_bytes_per_s = tuning.rate();
+      probe_options.offload_dir = options.offload_dir;
+      ASSIGN_OR_RETURN(
+          interference,
+          MeasureInterference(*job->comm_, options.device, probe_options));
+      absl::FPrintF(stderr,
+                    "rank %d: transfers take compute: %.3g s per GB "
+                    "all-gathered, %.3g reduce-scattered, %.3g copied to the "
+                    "host tier; compute makes them %.2fx, %.2fx and %.2fx as "
+                    "long (probe %.2f s)\n",
+                    rank, interference.compute_s_per_allgather_byte * 1e9,
+                    interference.compute_s_per_reduce_scatter_byte * 1e9,
+                    interference.compute_s_per_copy_byte * 1e9,
+                    interference.allgather_stretch,
+                    interference.reduce_scatter_stretch,
+                    interference.copy_stretch, interference.probe_s);
+    }
+    // Random ops in the model (dropout) draw from the default generators:
+    // seeded from train.seed and the rank, so a run repeats itself and the
+    // ranks draw different numbers. A resume then restores the checkpoint's
+    // CPU generator state.
+    RETURN_IF_ERROR(TorchCall("seeding the random generators", [&] {
+      SeedGenerators(spec.train().seed(), rank, options.device);
+    }));
     ASSIGN_OR_RETURN(
-        interference,
-        MeasureInterference(*job->comm_, options.device, probe_options));
-    absl::FPrintF(stderr,
-                  "rank %d: transfers take compute: %.3g s per GB "
-                  "all-gathered, %.3g reduce-scattered, %.3g copied to the "
-                  "host tier; compute makes them %.2fx, %.2fx and %.2fx as "
-                  "long (probe %.2f s)\n",
-                  rank, interference.compute_s_per_allgather_byte * 1e9,
-                  interference.compute_s_per_reduce_scatter_byte * 1e9,
-                  interference.compute_s_per_copy_byte * 1e9,
-                  interference.allgather_stretch,
-                  interference.reduce_scatter_stretch,
-                  interference.copy_stretch, interference.probe_s);
-  }
-  // Random ops in the model (dropout) draw from the default generators:
-  // seeded from train.seed and the rank, so a run repeats itself and the
-  // ranks draw different numbers. A resume then restores the checkpoint's
-  // CPU generator state.
-  RETURN_IF_ERROR(TorchCall("seeding the random generators", [&] {
-    SeedGenerators(spec.train().seed(), rank, options.device);
-  }));
-  ASSIGN_OR_RETURN(
-      job->store_,
-      ShardedParamStore::Create(model->program, rank, world, options.device));
-  if (!spec.checkpoint().dir().empty()) {
-    job->checkpoints_ =
-        std::make_unique<CheckpointDirectory>(spec.checkpoint().dir());
-    job->checkpoint_every_ = spec.checkpoint().every();
-    job->checkpoint_sync_ = spec.checkpoint().sync();
-    ASSIGN_OR_RETURN(job->first_step_, job->Resume());
-  }
-  ExecutorOptions exec;
-  exec.offload_dir = options.offload_dir;
-  exec.first_step = job->first_step_;
-  exec.adamw.lr = spec.train().lr();
-  exec.adamw.beta1 = spec.train().beta1();
-  exec.adamw.beta2 = spec.train().beta2();
-  exec.adamw.eps = spec.train().eps();
-  exec.adamw.weight_decay = spec.train().weight_decay();
-  exec.adamw.grad_clip = spec.train().grad_clip();
-  // Each step's rate from train.lr_schedule, by the executor's own step
-  // count, which starts at the checkpoint's step on a resume.
-  exec.lr_schedule = [train = spec.train()](int64_t step) {
-    return LearningRate(train, step);
-  };
-  exec.budget_bytes = spec.memory().budget_bytes();
-  ASSIGN_OR_RETURN(
-      job->executor_,
-      Executor::Create(&model->program, model->graph, job->store_.get(),
-                       job->comm_.get(), meter, std::move(initial), exec));
-  job->executor_->profiler().SetInterference(
-      interference.compute_s_per_allgather_byte,
-      interference.compute_s_per_reduce_scatter_byte,
-      interference.compute_s_per_copy_byte);
-  if (options.interference_probe) {
-    job->executor_->profiler().SetStretch(interference.allgather_stretch,
-                                          interference.reduce_scatter_stretch,
-                                          interference.copy_stretch);
-  }
-  job->executor_->profiler().SetProbedHostCopy(interference.host_copy_bytes,
-                                               interference.host_copy_s);
-  job->executor_->profiler().SetCollectiveScratch(
-      job->comm_->AllGatherScratch(), job->comm_->ReduceScatterScratch());
-  job->meter_ = meter;
-  job->budget_bytes_ = spec.memory().budget_bytes();
-  for (int32_t id = 0; id < job->store_->num_params(); ++id) {
-    job->sharded_param_bytes_ +=
-        job->store_->shard_numel(id) * static_cast<int64_t>(sizeof(float));
+        job->store_,
+        ShardedParamStore::Create(model->program, rank, world, options.device));
+    if (!spec.checkpoint().dir().empty()) {
+      job->checkpoints_ =
+          std::make_unique<CheckpointDirectory>(spec.checkpoint().dir());
+      job->checkpoint_every_ = spec.checkpoint().every();
+      job->checkpoint_sync_ = spec.checkpoint().sync();
+      ASSIGN_OR_RETURN(job->first_step_, job->Resume());
+    }
+    ExecutorOptions exec;
+    exec.offload_dir = options.offload_dir;
+    exec.first_step = job->first_step_;
+    exec.adamw.lr = spec.train().lr();
+    exec.adamw.beta1 = spec.train().beta1();
+    exec.adamw.beta2 = spec.train().beta2();
+    exec.adamw.eps = spec.train().eps();
+    exec.adamw.weight_decay = spec.train().weight_decay();
+    exec.adamw.grad_clip = spec.train().grad_clip();
+    // Each step's rate from train.lr_schedule, by the executor's own step
+    // count, which starts at the checkpoint's step on a resume.
+    exec.lr_schedule = [train = spec.train()](int64_t step) {
+      return LearningRate(train, step);
+    };
+    exec.budget_bytes = spec.memory().budget_bytes();
+    ASSIGN_OR_RETURN(
+        job->executor_,
+        Executor::Create(&model->program, model->graph, job->store_.get(),
+                         job->comm_.get(), meter, std::move(initial), exec));
+    job->executor_->profiler().SetInterference(
+        interference.compute_s_per_allgather_byte,
+        interference.compute_s_per_reduce_scatter_byte,
+        interference.compute_s_per_copy_byte);
+    if (options.interference_probe) {
+      job->executor_->profiler().SetStretch(interference.allgather_stretch,
+                                            interference.reduce_scatter_stretch,
+                                            interference.copy_stretch);
+    }
+    job->executor_->profiler().SetProbedHostCopy(interference.host_copy_bytes,
+                                                 interference.host_copy_s);
+    job->executor_->profiler().SetCollectiveScratch(
+        job->comm_->AllGatherScratch(), job->comm_->ReduceScatterScratch());
+    job->meter_ = meter;
+    job->budget_bytes_ = spec.memory().budget_bytes();
+    for (int32_t id = 0; id < job->store_->num_params(); ++id) {
+      job->sharded_param_bytes_ +=
+          job->store_->shard_numel(id) * static_cast<int64_t>(sizeof(float));
+    }
+    return absl::OkStatus();
+  }();
+  if (!setup.ok()) {
+    if (!job->comm_->failure().ok()) return MarkCollectiveFailure(setup);
+    return setup;
   }
   return job;
 }

@@ -22,6 +22,7 @@
 #include "common/lowering/least_memory.h"
 #include "common/status_macros.h"
 #include "worker/agent/worker_agent.h"
+#include "worker/runtime/communicator.h"
 #include "worker/runtime/iteration_timeline.h"
 #include "worker/runtime/process_group.h"
 #include "worker/runtime/profiler.h"
@@ -205,9 +206,16 @@ absl::Status Train(const AgentTrainerOptions& options, MemoryMeter* meter,
                    BaselineSchedule(model.graph, spec.parallel().zero_stage()));
   ASSIGN_OR_RETURN(TrainingJobOptions job_options,
                    TrainingJobOptionsFor(options.runtime, options.offload_dir));
-  ASSIGN_OR_RETURN(std::unique_ptr<TrainingJob> job,
-                   TrainingJob::Start(spec, &model, rank, world, group,
-                                      std::move(baseline), meter, job_options));
+  absl::StatusOr<std::unique_ptr<TrainingJob>> started =
+      TrainingJob::Start(spec, &model, rank, world, group, std::move(baseline),
+                         meter, job_options);
+  // A peer that dies after the rendezvous, before the first step, fails one
+  // of Start's collectives (the graph check, the link probe, a resume).
+  if (!started.ok() && IsCollectiveFailure(started.status())) {
+    return peer_failed("starting the job: a collective failed",
+                       started.status());
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<TrainingJob> job, std::move(started));
   Executor& executor = job->executor();
   if (options.observer != nullptr) {
     options.observer->OnStart(options.job_id, rank, world);

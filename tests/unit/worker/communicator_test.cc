@@ -250,6 +250,23 @@ TEST(CommunicatorTest, FailedBody_ReportsStatusAndFailsLaterSubmissions) {
   });
 }
 
+// A failed collective's status keeps its mark through the caller's copies
+// and moves (TrainingJob::Start hands it to a caller with no Communicator);
+// the job's own errors carry none.
+TEST(CommunicatorTest, MarkCollectiveFailure_SurvivesCopiesOkStaysOk) {
+  const absl::Status marked = MarkCollectiveFailure(
+      absl::InternalError("collective on rank 0: Connection reset by peer"));
+  absl::Status copy = marked;
+  EXPECT_TRUE(IsCollectiveFailure(copy));
+  absl::StatusOr<int> carried = std::move(copy);
+  EXPECT_TRUE(IsCollectiveFailure(carried.status()));
+  EXPECT_EQ(marked.message(),
+            "collective on rank 0: Connection reset by peer");
+  EXPECT_FALSE(IsCollectiveFailure(absl::InternalError("model error")));
+  EXPECT_TRUE(MarkCollectiveFailure(absl::OkStatus()).ok());
+  EXPECT_FALSE(IsCollectiveFailure(absl::OkStatus()));
+}
+
 TEST(ProcessGroupTest, ParseRendezvousAddress_HostPortOrFlagError) {
   RendezvousOptions options;
   ASSERT_TRUE(ParseRendezvousAddress("10.0.0.2:29501", &options).ok());

@@ -21,9 +21,9 @@ interleaved (A B C ... A B C ..., --remeasure-rounds rounds of
 --remeasure-steps steps, the first --discard of each run left out): the
 quiet truth the job's decisions are held against. Per job it reports
   - versions published per 100 steps once settled: versions first run after
-    the settle step (the end of the first --settle-steps steps in a row in
-    which no new version appeared, after the first plan), per 100 steps
-    after it;
+    the settle step (the end of the first --settle-steps steps in a row that
+    ran one plan version alone: no new version, no comparison's blocks), per
+    100 steps after it;
   - whether the kept (final) plan is wrong: a plan the job also ran
     re-measures faster than it by more than optimize.min_gain (3%);
   - the final plan's re-measured time against the best re-measured plan's;
@@ -266,22 +266,26 @@ def remeasure(a, spec, texts, workdir):
 
 
 def settle_step(per_step, settle_steps):
-    """The first step after which no new version appears for settle_steps
-    steps, counted from the first plan's first step; None when never."""
-    first_seen, seen = {}, set()
+    """The step after the first stretch of settle_steps steps, after the first
+    plan, that ran one plan version alone: no new version and no comparison
+    in flight (the coordinator's interleaved blocks, a baseline check's v0
+    or a trial's incumbent, are 4 steps long, so a comparison never leaves
+    one version alone that long). A trial's verdict or a baseline check
+    therefore falls before the settle point, never after it. Returns
+    (that step or None when never, {version: step first run})."""
+    first_seen = {}
+    for s in sorted(per_step):
+        first_seen.setdefault(per_step[s][1], s)
+    run_v, run_len = None, 0
     for s in sorted(per_step):
         v = per_step[s][1]
-        if v not in seen:
-            seen.add(v)
-            first_seen[v] = s
-    news = sorted(s for v, s in first_seen.items() if v > 0)
-    if not news:
-        return None, first_seen
-    last = max(per_step)
-    for i, s in enumerate(news):
-        nxt = news[i + 1] if i + 1 < len(news) else last + 1
-        if nxt - s >= settle_steps:
-            return s + settle_steps, first_seen
+        if v <= 0:
+            run_v, run_len = None, 0
+            continue
+        run_len = run_len + 1 if v == run_v else 1
+        run_v = v
+        if run_len >= settle_steps:
+            return s + 1, first_seen
     return None, first_seen
 
 

@@ -52,16 +52,26 @@ def test_plan_key_ignores_header_predictions_and_comments():
     assert c != a
 
 
-def test_settle_step_is_the_end_of_the_first_quiet_stretch_after_a_plan():
+def test_settle_step_is_the_end_of_the_first_stretch_one_plan_ran_alone():
     # v0 for 6 steps, v1 for 10, v2 for 20 (settles at 16 + 15), then v3.
     per_step = steps([0] * 6 + [1] * 10 + [2] * 20 + [3] * 40)
     settled, first = noise.settle_step(per_step, 15)
     assert first == {0: 0, 1: 6, 2: 16, 3: 36}
     assert settled == 31
-    # Baseline blocks of a check (v0 again) are no new version.
-    per_step = steps([0] * 6 + [1] * 20 + [0, 0, 1, 1] * 5 + [1] * 10)
-    assert noise.settle_step(per_step, 15)[0] == 21
-    # Never 15 steps without a new version, to the job's end: never settled.
+    # A baseline check's v0 blocks break the stretch: v1 ran 8 steps, then
+    # 4-step blocks of v0 and v1; the check's last v1 block runs on alone
+    # from step 34 (settled at 49).
+    per_step = steps([0] * 6 + [1] * 8 + [0] * 4 + [1] * 4 + [0] * 4 + [1] * 4 +
+                     [0] * 4 + [1] * 4 + [1] * 30)
+    assert noise.settle_step(per_step, 15)[0] == 49
+    # A trial alternating 4-step blocks of v1 and v2 for 24 steps, whose
+    # verdict (a rollback, v3) comes after: the verdict is before the settle
+    # point (the old rule settled at step 31, 15 steps after v2 first ran,
+    # and counted v3 as a version published once settled).
+    per_step = steps([0] * 6 + [1] * 10 + [2, 2, 2, 2, 1, 1, 1, 1] * 3 + [3] * 30)
+    settled, first = noise.settle_step(per_step, 15)
+    assert first[3] == 40 and settled == 55
+    # Never 15 steps of one version alone, to the job's end: never settled.
     per_step = steps([0] * 6 + [1] * 10 + [2] * 10 + [3] * 10)
     assert noise.settle_step(per_step, 15)[0] is None
     # The last version running 15 steps to the end settles it.

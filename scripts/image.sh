@@ -2,8 +2,10 @@
 # Builds the container image tandem:VERSION from Debian packages: a bookworm
 # rootfs made by mmdebstrap with only the runtime packages (libtorch, gRPC,
 # protobuf, sqlite, OpenBLAS, python3 with grpcio/protobuf/yaml),
-# imported with podman, plus a layer with Tandem's binaries from the build
-# and the Python client (`tandem` on PATH). deploy/k8s/README.md, "The
+# imported with podman, plus a layer that installs Tandem's own Debian
+# package (made by cpack from the build: the binaries in /usr/bin, its
+# dependencies checked by dpkg against the base) and the Python client
+# (`tandem` on PATH). deploy/k8s/README.md, "The
 # image", says what is in it, how VERSION is made and how to push it.
 #
 #   scripts/image.sh             build (or confirm up to date) and print the size
@@ -45,7 +47,8 @@ RUNTIME_PACKAGES=(
   # the Python client and CLI
   python3 python3-grpcio python3-protobuf python3-yaml
 )
-# Tandem's executables, from the build directory, into /usr/local/bin.
+# Tandem's executables, built here and packaged by cpack (CMakeLists.txt,
+# "Installing") into /usr/bin.
 BINARIES=(
   coordinator/tandem-coordinator
   coordinator/tandem-health
@@ -165,13 +168,21 @@ if ! podman image exists "$BASE_IMAGE"; then
     grep -vx "$BASE_IMAGE" | xargs -r podman image rm >/dev/null 2>&1 || true
 fi
 
-# --- layer: Tandem's binaries and the Python client ---------------------------
+# --- layer: Tandem's package and the Python client ---------------------------
 STAGE="$CACHE/layer"
 rm -rf "$STAGE"
-mkdir -p "$STAGE/usr/local/bin"
+mkdir -p "$STAGE/usr"
+# The Debian package a user installs, as `cmake --install` + cpack make it.
+rm -rf "$CACHE/pkg"
+(cd "$CACHE" && cpack -G DEB -B "$CACHE/pkg" --config "$BUILD_DIR/CPackConfig.cmake" \
+  > "$CACHE/cpack.log" 2>&1) ||
+  { echo "$0: cpack failed (log: $CACHE/cpack.log):" >&2; tail -5 "$CACHE/cpack.log" >&2; exit 1; }
+deb=$(ls "$CACHE"/pkg/tandem_*.deb)
 for b in "${BINARIES[@]}"; do
-  install -m 0755 "$BUILD_DIR/$b" "$STAGE/usr/local/bin/"
+  dpkg-deb -c "$deb" | grep -q "\./usr/bin/$(basename "$b")\$" ||
+    { echo "$0: $deb lacks /usr/bin/$(basename "$b")" >&2; exit 1; }
 done
+cp "$deb" "$STAGE/tandem.deb"
 # pip builds from a copy at a fixed path (the checkout stays untouched and
 # the installed metadata is the same every time), with the generated stubs.
 SRC="$CACHE/src/python"
@@ -192,16 +203,24 @@ site=$(echo "$STAGE"/usr/local/lib/python3*/dist-packages)
 /usr/bin/python3 -m compileall -q --invalidation-mode checked-hash \
   -s "$STAGE" -p / "$site/tandem"
 
+# dpkg installs the package as on any Debian machine: a dependency the
+# base lacks fails the build here, naming it.
 cat > "$STAGE/Containerfile" <<EOF
 FROM $BASE_IMAGE
+COPY tandem.deb /tmp/tandem.deb
+RUN dpkg -i /tmp/tandem.deb && rm /tmp/tandem.deb
 COPY usr/ /usr/
 ENV PATH=$PATH_ENV
 USER $UID_GID:$UID_GID
 WORKDIR /var/lib/tandem
 CMD ["tandem-coordinator", "--listen", "0.0.0.0:50051", "--db", "/var/lib/tandem/tandem.db", "--tls-cert", "/etc/tandem/tls/tls.crt", "--tls-key", "/etc/tandem/tls/tls.key", "--auth-tokens", "/etc/tandem/auth/tokens"]
 EOF
-CONTENT=$(cd "$STAGE" && find . -type f -printf '%p %m\n' | sort &&
-  find . -type f -print0 | sort -z | xargs -0 sha256sum)
+# The package file carries build times: its payload's binaries and its
+# control fields (version, dependencies) stand for it in the key.
+CONTENT=$(cd "$STAGE" && find . -type f ! -name tandem.deb -printf '%p %m\n' | sort &&
+  find . -type f ! -name tandem.deb -print0 | sort -z | xargs -0 sha256sum &&
+  dpkg-deb -f tandem.deb Package Version Depends &&
+  for b in "${BINARIES[@]}"; do sha256sum "$BUILD_DIR/$b" | cut -c1-64; done)
 CONTENT_KEY=$(echo "$CONTENT" | sha256sum | cut -c1-16)
 
 ref="localhost/$IMAGE:$VERSION"
@@ -212,7 +231,9 @@ if [ "$current" = "$CONTENT_KEY" ]; then
 else
   old=$(podman image inspect --format '{{.Id}}' "$ref" 2>/dev/null || true)
   echo "image: building $ref (content $CONTENT_KEY)"
-  podman build --quiet --pull=never --network=none \
+  # runc: the RUN step needs a runtime that works here (tests/e2e/
+  # test_image.py says why not crun).
+  podman build --quiet --pull=never --network=none --runtime runc \
     --label "io.tandem.content=$CONTENT_KEY" \
     --label "org.opencontainers.image.title=tandem" \
     --label "org.opencontainers.image.version=$VERSION" \

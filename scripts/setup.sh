@@ -15,6 +15,9 @@ JOBS="${TANDEM_JOBS:-2}"
 PACKAGES=(
   # toolchain
   build-essential cmake ninja-build pkg-config git clang-format
+  # cpack's Debian package (ctest install, scripts/image.sh): dpkg-shlibdeps
+  # comes with build-essential, and CPackDeb finds the binaries with file(1)
+  file
   # protocol
   protobuf-compiler libprotobuf-dev protobuf-compiler-grpc libgrpc++-dev
   # common

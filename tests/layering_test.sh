@@ -6,7 +6,14 @@
 #   - the coordinator's analyses include no passes (analyses are read-only
 #     and passes use them, not the reverse);
 #   - common/ includes neither coordinator/ nor worker/;
-#   - libtorch stays in worker/ and its tests.
+#   - libtorch stays in worker/ and its tests;
+#   - no cycle between folders (worker/runtime, common/sim, ...: the first
+#     two path components), whatever the direction it is closed in
+#     (tests/layering_cycles.py names the includes);
+#   - worker/runtime includes nothing of the worker above it (models, data,
+#     checkpoint, trainer, agent: they build on the runtime);
+#   - gRPC in common/ only in its one credentials target
+#     (common/security/grpc_credentials.*, tandem_security_grpc).
 set -u
 root="${1:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
 cd "$root" || exit 2
@@ -28,5 +35,11 @@ check "common/ must not include coordinator/ or worker/" \
   "$(grep -rnE $src '#include *"(coordinator|worker)/' common/)"
 check "libtorch only in worker/ and its tests" \
   "$(grep -rnE $src '#include *[<"](torch|ATen|c10)/' common/ coordinator/ bench/ client/ 2>/dev/null)"
+check "worker/runtime must not include the worker above it (models, data, checkpoint, trainer, agent build on the runtime; move the shared part into runtime/ or common/)" \
+  "$(grep -rnE $src '#include *"worker/' worker/runtime/ | grep -v '#include *"worker/runtime/')"
+check "gRPC in common/ only in common/security/grpc_credentials.* (tandem_security_grpc; the rest of common/ has no gRPC runtime)" \
+  "$(grep -rnE $src '#include *[<"](grpc|grpcpp)/' common/ | grep -v '^common/security/grpc_credentials\.')"
+check "no include cycle between folders (one direction of each must go: move what both need below them)" \
+  "$(/usr/bin/python3 "$root/tests/layering_cycles.py" "$root")"
 [ $status -eq 0 ] && echo "layering: ok"
 exit $status

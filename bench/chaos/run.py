@@ -50,7 +50,6 @@ tests/integration/test_chaos.py runs a short version of it; bench/README.md
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import pathlib
@@ -76,12 +75,9 @@ import tandem  # noqa: E402
 from tandem.errors import TandemError  # noqa: E402
 from tandem.v1 import job_pb2  # noqa: E402
 
-# The coordinator process helper the client and integration tests share.
-_spec = importlib.util.spec_from_file_location(
-    "client_tests_conftest", REPO / "client" / "python" / "tests" /
-    "conftest.py")
-_client_tests = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_client_tests)
+# The coordinator process helper the Python suites share.
+sys.path.insert(0, str(REPO / "tests" / "harness"))
+import tandem_harness  # noqa: E402
 
 PENDING = job_pb2.JOB_STATE_PENDING
 RUNNING = job_pb2.JOB_STATE_RUNNING
@@ -115,7 +111,7 @@ def build_dir(explicit=None):
 
 # --------------------------------------------------------------- processes
 
-class Coordinator(_client_tests.Coordinator):
+class Coordinator(tandem_harness.Coordinator):
     """tandem-coordinator on a fixed database (the client tests' process
     helper); start() again after kill() reuses the port."""
 
@@ -132,7 +128,7 @@ class Coordinator(_client_tests.Coordinator):
 def worker_pids(job_id):
     """{rank: pid} of the tandem-worker processes of a job (from /proc)."""
     pids = {}
-    for pid, args in _client_tests.worker_processes(job_id):
+    for pid, args in tandem_harness.worker_processes(job_id):
         if b"--rank" in args:
             try:
                 pids[int(args[args.index(b"--rank") + 1])] = pid

@@ -6,6 +6,10 @@
 
 namespace tandem {
 
+int64_t OptimizerStateBytesPerElement(DType param_dtype) {
+  return param_dtype == DType::kF32 ? 8 : 12;
+}
+
 int DTypeBytes(DType dtype) {
   switch (dtype) {
     case DType::kF32:

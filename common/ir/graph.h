@@ -19,6 +19,10 @@ enum class DType { kF32, kBF16, kF16 };
 
 // Bytes of one element.
 int DTypeBytes(DType dtype);
+// Bytes of optimizer state per param element: two fp32 Adam moments, plus
+// an fp32 master copy of a low-precision param. The simulator, the lowering
+// and the worker's executor all count it.
+int64_t OptimizerStateBytesPerElement(DType param_dtype);
 // "f32", "bf16", "f16".
 absl::string_view DTypeName(DType dtype);
 std::optional<DType> ParseDType(absl::string_view name);

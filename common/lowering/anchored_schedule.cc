@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "common/sim/simulator.h"
+#include "common/ir/graph.h"
 
 namespace tandem {
 

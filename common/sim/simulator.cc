@@ -18,11 +18,6 @@
 
 namespace tandem {
 
-int64_t OptimizerStateBytesPerElement(DType param_dtype) {
-  // Two fp32 Adam moments, plus an fp32 master copy of low-precision params.
-  return param_dtype == DType::kF32 ? 8 : 12;
-}
-
 namespace {
 
 // Id -> position in a vector of IR elements; the first of duplicate ids wins.

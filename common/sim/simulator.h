@@ -108,10 +108,6 @@
 
 namespace tandem {
 
-// Bytes of optimizer state per param element (Adam moments, plus fp32 master
-// weights for low-precision params).
-int64_t OptimizerStateBytesPerElement(DType param_dtype);
-
 struct NodeTimelineEntry {
   int32_t node_id = 0;
   double start_s = 0;

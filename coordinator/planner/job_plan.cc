@@ -254,6 +254,9 @@ absl::Status CheckBudgetFits(const v1::JobSpec& spec) {
   hardware.hw.host_bytes_per_s = 1e18;
   absl::StatusOr<int64_t> smallest = SmallestFeasibleBudget(
       *graph, hardware.hw, PlanOptionsFromSpec(spec).mode);
+  // The least-memory schedule, the guard's fallback, may use the budget
+  // itself (the guard band binds the other schedules): a budget at least
+  // its peak never fails for memory.
   if (!smallest.ok() || *smallest <= budget) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "memory.budget_bytes ", budget, " B is below ", FormatBytes(*smallest),
@@ -261,8 +264,8 @@ absl::Status CheckBudgetFits(const v1::JobSpec& spec) {
       "offloaded) by the memory model, and no schedule needs less: set "
       "memory.budget_bytes: ",
       PasteableBudget(*smallest),
-      " or more (the workers hold somewhat more than the model counts; the "
-      "first profile measures it), or shard over more ranks"));
+      " or more (the first profile measures what the workers hold), or "
+      "shard over more ranks"));
 }
 
 }  // namespace tandem

@@ -1,8 +1,12 @@
 #include "coordinator/report/job_report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -104,6 +108,20 @@ std::string TimeUtc(double unix_s) {
       absl::UTCTimeZone());
 }
 
+// The baseline schedule (v0) in the terms of what users run today.
+std::string BaselineText(const v1::JobSpec& spec) {
+  if (spec.parallel().zero_stage() == 1) {
+    return "v0: ZeRO-1, DDP-style: every param stays whole on every rank, "
+           "gradients are reduce-scattered and the optimizer states sharded, "
+           "the updated shards all-gathered after the step";
+  }
+  return "v0: FSDP-style on-demand gathers (FULL_SHARD, no prefetch; "
+         "DeepSpeed ZeRO-3 without prefetch or persistence): each layer's "
+         "params all-gathered just before its forward and again before its "
+         "backward, freed after use, its gradients reduce-scattered after its "
+         "backward";
+}
+
 std::string Header(const JobReport& r) {
   const v1::Job& job = r.job;
   const v1::JobSpec& spec = job.spec();
@@ -123,6 +141,7 @@ std::string Header(const JobReport& r) {
   facts.emplace_back("schedule", job.schedule_version() == 0
                                      ? std::string("baseline (v0)")
                                      : VersionName(job.schedule_version()));
+  facts.emplace_back("baseline", BaselineText(spec));
   // What the plan bought, as the coordinator measured it interleaved with
   // the baseline (with its interval and basis), or why it has no figure.
   if (job.schedule_version() > 0 && !job.speedup_text().empty()) {
@@ -172,6 +191,23 @@ std::string Header(const JobReport& r) {
   return out;
 }
 
+// Samples (or tokens, for a builtin language model) one step trains over
+// every rank: what throughput is counted in.
+struct StepUnits {
+  double per_step = 0;
+  std::string name;
+};
+StepUnits UnitsPerStep(const v1::JobSpec& spec) {
+  const double samples = static_cast<double>(spec.parallel().world_size()) *
+                         spec.batch().micro_batch() *
+                         std::max(1, spec.batch().grad_accum());
+  // An exported model's inputs need not be tokens: samples.
+  if (!spec.model().path().empty() || spec.batch().seq_len() <= 0) {
+    return {samples, "samples"};
+  }
+  return {samples * spec.batch().seq_len(), "tokens"};
+}
+
 const ReportVersion* FindVersion(const JobReport& r, int64_t version) {
   for (const ReportVersion& v : r.versions) {
     if (v.version == version) return &v;
@@ -196,6 +232,19 @@ std::vector<Rule> SwitchRules(const JobReport& r) {
   return rules;
 }
 
+// A chart over the job's steps, schedule switches marked.
+LineChart StepChart(std::string id, std::string title, std::string y_label,
+                    Unit y_unit, const std::vector<Rule>& switches) {
+  LineChart chart;
+  chart.id = std::move(id);
+  chart.title = std::move(title);
+  chart.x_label = "step";
+  chart.y_label = std::move(y_label);
+  chart.y_unit = y_unit;
+  chart.x_rules = switches;
+  return chart;
+}
+
 std::string ProgressSection(const JobReport& r) {
   std::string out =
       "<section id=\"progress\"><h2>Loss and iteration time by step</h2>\n";
@@ -208,26 +257,17 @@ std::string ProgressSection(const JobReport& r) {
     return out;
   }
   const std::vector<Rule> switches = SwitchRules(r);
-  LineChart loss;
-  loss.id = "loss";
-  loss.title = "Loss by step";
-  loss.x_label = "step";
-  loss.y_label = "loss";
+  LineChart loss =
+      StepChart("loss", "Loss by step", "loss", Unit::kNumber, switches);
   loss.y_from_zero = false;
-  loss.x_rules = switches;
   Series loss_series{"loss (rank 0)", {}, 0};
   for (const StoredStep& s : r.steps) {
     if (std::isfinite(s.loss)) loss_series.points.emplace_back(s.step, s.loss);
   }
   loss.series.push_back(std::move(loss_series));
 
-  LineChart time;
-  time.id = "iteration-time";
-  time.title = "Iteration time by step";
-  time.x_label = "step";
-  time.y_label = "seconds per iteration";
-  time.y_unit = Unit::kSeconds;
-  time.x_rules = switches;
+  LineChart time = StepChart("iteration-time", "Iteration time by step",
+                             "seconds per iteration", Unit::kSeconds, switches);
   Series measured{"measured (slowest rank)", {}, 0};
   Series exposed{"exposed communication (largest rank)", {}, 9};
   bool any_exposed = false;
@@ -248,17 +288,127 @@ std::string ProgressSection(const JobReport& r) {
     if (v.first_step == v.last_step) predicted.points.resize(1);
     time.series.push_back(std::move(predicted));
   }
+  // Throughput: what a step trains over all ranks per second of it.
+  const StepUnits units = UnitsPerStep(r.job.spec());
+  LineChart rate = StepChart(
+      "throughput",
+      absl::StrCat("Throughput by step (", units.name, " per second)"),
+      absl::StrCat(units.name, " per second"), Unit::kNumber, switches);
+  Series rate_series{absl::StrCat(units.name, "/s, all ranks"), {}, 1};
+  for (const StoredStep& s : r.steps) {
+    if (s.iteration_s > 0) {
+      rate_series.points.emplace_back(s.step, units.per_step / s.iteration_s);
+    }
+  }
+  rate.series.push_back(std::move(rate_series));
+
+  // Peak memory per step against the budget.
+  LineChart memory =
+      StepChart("peak-by-step", "Peak memory by step (largest rank)",
+                "peak bytes", Unit::kBytes, switches);
+  Series peaks{"peak (largest rank)", {}, 3};
+  double peak_max = 0;
+  for (const StoredStep& s : r.steps) {
+    if (s.peak_bytes <= 0) continue;
+    peaks.points.emplace_back(s.step, static_cast<double>(s.peak_bytes));
+    peak_max = std::max(peak_max, static_cast<double>(s.peak_bytes));
+  }
+  const int64_t budget = r.job.spec().memory().budget_bytes();
+  // A budget far above the peaks would flatten them: said in text instead.
+  const bool budget_drawn = budget > 0 && budget <= 4 * std::max(1.0, peak_max);
+  if (budget_drawn) {
+    memory.y_rules.push_back({static_cast<double>(budget),
+                              absl::StrCat("budget ", FormatBytesShort(budget)),
+                              2, true});
+  }
+  const bool any_peak = !peaks.points.empty();
+  memory.series.push_back(std::move(peaks));
+
   absl::StrAppend(&out, "<h3>Loss</h3>\n", report::RenderLineChart(loss),
-                  "<h3>Iteration time</h3>\n", report::RenderLineChart(time));
+                  "<h3>Iteration time</h3>\n", report::RenderLineChart(time),
+                  "<h3>Throughput</h3>\n", report::RenderLineChart(rate));
+  if (any_peak) {
+    absl::StrAppend(&out, "<h3>Peak memory</h3>\n",
+                    report::RenderLineChart(memory));
+    if (budget <= 0) {
+      absl::StrAppend(&out, Note("No budget: memory.budget_bytes is 0."));
+    } else if (!budget_drawn) {
+      absl::StrAppend(
+          &out, Note(absl::StrCat("The budget, ", FormatBytes(budget),
+                                  ", is far above every step's peak (",
+                                  FormatBytes(static_cast<int64_t>(peak_max)),
+                                  " at most): not drawn.")));
+    }
+  }
   absl::StrAppend(
       &out,
       Note(absl::StrCat(
           r.steps.size(),
           " steps, each once every rank reported it: the "
-          "slowest rank's time, the largest exposed communication. Dashed "
-          "rules mark schedule switches; dashed lines are each version's "
-          "prediction over the steps it ran.")),
+          "slowest rank's time, the largest exposed communication and the "
+          "largest peak; throughput is ",
+          units.name == "tokens"
+              ? "world x micro_batch x grad_accum x seq_len tokens"
+              : "world x micro_batch x grad_accum samples",
+          " over the slowest rank's time. Dashed rules mark schedule "
+          "switches; dashed lines are each version's prediction over the "
+          "steps it ran.")),
       "</section>\n");
+  return out;
+}
+
+// The versions grouped by why they were published (the reason), each kind
+// with its count, the steps its versions ran and what they changed: the
+// product, over its versions, of the measured median of the version before
+// each against its own (above 1: faster).
+std::string DecisionsByKind(const JobReport& r) {
+  struct Kind {
+    int versions = 0;
+    int64_t steps = 0;
+    double gain = 1;
+    int judged = 0;
+  };
+  std::vector<std::string> order;
+  std::map<std::string, Kind> kinds;
+  const ReportVersion* before = nullptr;
+  for (const ReportVersion& v : r.versions) {
+    if (v.version > 0) {
+      const std::string why = v.reason.empty() ? "unknown" : v.reason;
+      if (!kinds.count(why)) order.push_back(why);
+      Kind& k = kinds[why];
+      ++k.versions;
+      if (v.first_step >= 0) k.steps += v.last_step - v.first_step + 1;
+      if (before != nullptr && before->measured_steps > 0 &&
+          v.measured_steps > 0 && v.measured_s > 0) {
+        k.gain *= before->measured_s / v.measured_s;
+        ++k.judged;
+      }
+    }
+    if (v.measured_steps > 0) before = &v;
+  }
+  if (order.empty()) return "";
+  std::string out =
+      "<h3>Decisions by kind</h3>\n<table><tr><th>kind</th><th>versions"
+      "</th><th>steps run</th><th>what they changed</th></tr>";
+  for (const std::string& why : order) {
+    const Kind& k = kinds[why];
+    std::string change = "-";
+    if (k.judged > 0) {
+      change = absl::StrFormat("%.3f\u00d7 (%s %.1f%%, over %d version%s)",
+                               k.gain, k.gain >= 1 ? "faster by" : "slower by",
+                               100 * std::abs(1 - 1 / k.gain), k.judged,
+                               k.judged == 1 ? "" : "s");
+    }
+    absl::StrAppend(&out, "<tr>", Td(why), TdNum(absl::StrCat(k.versions)),
+                    TdNum(absl::StrCat(k.steps)), TdNum(change), "</tr>");
+  }
+  absl::StrAppend(
+      &out, "</table>\n",
+      Note("What each kind changed: the measured median of the version "
+           "running before each of its versions against its own, multiplied "
+           "over them. These medians were measured one after the other, not "
+           "interleaved: the speedup over the baseline above, measured "
+           "interleaved, is the figure to quote."));
   return out;
 }
 
@@ -316,8 +466,9 @@ std::string VersionsSection(const JobReport& r) {
                     TdNum(Bytes(v.measured_peak_bytes)), "<td class=\"mono\">",
                     HtmlEscape(v.passes), "</td></tr>");
   }
+  absl::StrAppend(&out, "</table>\n", DecisionsByKind(r));
   absl::StrAppend(
-      &out, "</table>\n",
+      &out,
       Note("Measured: the median of the slowest rank's step times under the "
            "version, the first step after each switch (it pays for the "
            "switch) and the job's first step left out; ± the median absolute "

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -45,8 +46,9 @@ class PlanningFeed final : public WorkerEventListener {
     planning_->OnWorldChanged(job_id);
   }
   void OnMemoryGuard(const std::string& job_id, int32_t rank, int64_t step,
+                     std::optional<int64_t> tripped_version,
                      const std::string& reason) override {
-    planning_->OnMemoryGuard(job_id, rank, step, reason);
+    planning_->OnMemoryGuard(job_id, rank, step, tripped_version, reason);
   }
   void OnRankRegistered(const std::string& job_id, int32_t rank,
                         const std::string& hostname, const std::string& device,

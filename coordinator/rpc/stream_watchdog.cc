@@ -1,20 +1,22 @@
 #include "coordinator/rpc/stream_watchdog.h"
 
+#include "absl/time/time.h"
+
 namespace tandem {
 
 StreamWatchdog::StreamWatchdog() : thread_([this] { Run(); }) {}
 
 StreamWatchdog::~StreamWatchdog() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  wake_.notify_all();
+  wake_.SignalAll();
   thread_.join();
 }
 
 void StreamWatchdog::Run() {
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();
   while (!stop_) {
     const Clock::time_point now = Clock::now();
     while (!order_.empty() && order_.begin()->first <= now) {
@@ -27,20 +29,22 @@ void StreamWatchdog::Run() {
       e.context->TryCancel();
     }
     if (order_.empty()) {
-      wake_.wait(lock);
+      wake_.Wait(&mu_);
     } else {
-      wake_.wait_until(lock, order_.begin()->first);
+      wake_.WaitWithTimeout(
+          &mu_, absl::FromChrono(order_.begin()->first - Clock::now()));
     }
   }
+  mu_.Unlock();
 }
 
 int64_t StreamWatchdog::cancelled() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return cancelled_;
 }
 
 size_t StreamWatchdog::watched() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return entries_.size();
 }
 
@@ -51,18 +55,18 @@ StreamWatchdog::Guard::Guard(StreamWatchdog* watchdog,
   const Clock::time_point deadline = Clock::now() + timeout;
   bool earliest;
   {
-    std::lock_guard<std::mutex> lock(watchdog_->mu_);
+    absl::MutexLock lock(&watchdog_->mu_);
     id_ = watchdog_->next_id_++;
     watchdog_->entries_[id_] = {context, deadline, false};
     earliest = watchdog_->order_.empty() ||
                deadline < watchdog_->order_.begin()->first;
     watchdog_->order_.emplace(deadline, id_);
   }
-  if (earliest) watchdog_->wake_.notify_all();
+  if (earliest) watchdog_->wake_.SignalAll();
 }
 
 StreamWatchdog::Guard::~Guard() {
-  std::lock_guard<std::mutex> lock(watchdog_->mu_);
+  absl::MutexLock lock(&watchdog_->mu_);
   auto it = watchdog_->entries_.find(id_);
   if (!it->second.fired) watchdog_->order_.erase({it->second.deadline, id_});
   watchdog_->entries_.erase(it);
@@ -71,7 +75,7 @@ StreamWatchdog::Guard::~Guard() {
 void StreamWatchdog::Guard::Extend(std::chrono::milliseconds timeout) {
   bool earliest;
   {
-    std::lock_guard<std::mutex> lock(watchdog_->mu_);
+    absl::MutexLock lock(&watchdog_->mu_);
     Entry& e = watchdog_->entries_.at(id_);
     if (e.fired) return;  // too late: the stream is being cancelled
     watchdog_->order_.erase({e.deadline, id_});
@@ -80,11 +84,11 @@ void StreamWatchdog::Guard::Extend(std::chrono::milliseconds timeout) {
                e.deadline < watchdog_->order_.begin()->first;
     watchdog_->order_.emplace(e.deadline, id_);
   }
-  if (earliest) watchdog_->wake_.notify_all();
+  if (earliest) watchdog_->wake_.SignalAll();
 }
 
 bool StreamWatchdog::Guard::expired() const {
-  std::lock_guard<std::mutex> lock(watchdog_->mu_);
+  absl::MutexLock lock(&watchdog_->mu_);
   return watchdog_->entries_.at(id_).fired;
 }
 

@@ -12,13 +12,14 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <set>
 #include <thread>
 #include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace tandem {
 
@@ -63,16 +64,16 @@ class StreamWatchdog {
     Clock::time_point deadline;
     bool fired = false;
   };
-  void Run();
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
 
-  mutable std::mutex mu_;
-  std::condition_variable wake_;
-  std::map<uint64_t, Entry> entries_;
+  mutable absl::Mutex mu_;
+  absl::CondVar wake_;
+  std::map<uint64_t, Entry> entries_ ABSL_GUARDED_BY(mu_);
   // The deadlines of entries not yet fired, earliest first.
-  std::set<std::pair<Clock::time_point, uint64_t>> order_;
-  uint64_t next_id_ = 0;
-  int64_t cancelled_ = 0;
-  bool stop_ = false;
+  std::set<std::pair<Clock::time_point, uint64_t>> order_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t cancelled_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -4,6 +4,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "coordinator/rpc/queued_writer.h"
 #include "coordinator/rpc/status_util.h"
 
@@ -123,10 +125,10 @@ WatchHub::WatchHub(JobManager* jobs, const RpcAuth* auth, Limits limits)
 WatchHub::~WatchHub() {
   jobs_->SetChangeListener(nullptr);
   {
-    std::lock_guard<std::mutex> lock(wake_mu_);
+    absl::MutexLock lock(&wake_mu_);
     stop_ = true;
   }
-  wake_cv_.notify_all();
+  wake_cv_.SignalAll();
   thread_.join();
 }
 
@@ -135,7 +137,7 @@ WatchHub::Reactor* WatchHub::Open(grpc::CallbackServerContext* context,
                                   const Principal& caller, v1::Job job) {
   Stream* stream;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     int& held = per_user_[caller.user];
     if (held >= limits_.max_streams_per_user) {
       const int n = held;
@@ -163,12 +165,12 @@ WatchHub::Reactor* WatchHub::Refuse(grpc::Status status) {
 }
 
 int64_t WatchHub::streams() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return static_cast<int64_t>(streams_.size());
 }
 
 void WatchHub::Remove(Stream* stream) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   streams_.erase(stream);
   auto it = per_user_.find(stream->user());
   if (it != per_user_.end() && --it->second == 0) per_user_.erase(it);
@@ -176,30 +178,34 @@ void WatchHub::Remove(Stream* stream) {
 
 void WatchHub::Wake() {
   {
-    std::lock_guard<std::mutex> lock(wake_mu_);
+    absl::MutexLock lock(&wake_mu_);
     woken_ = true;
   }
-  wake_cv_.notify_one();
+  wake_cv_.Signal();
 }
 
 void WatchHub::Run() {
   using Clock = std::chrono::steady_clock;
   Clock::time_point next_recheck = Clock::now() + limits_.recheck;
-  std::unique_lock<std::mutex> wake(wake_mu_);
+  wake_mu_.Lock();
   while (!stop_) {
-    wake_cv_.wait_until(wake, next_recheck, [this] { return woken_ || stop_; });
+    const absl::Time until =
+        absl::Now() + absl::FromChrono(next_recheck - Clock::now());
+    while (!woken_ && !stop_ && !wake_cv_.WaitWithDeadline(&wake_mu_, until)) {
+    }
     if (stop_) break;
     woken_ = false;
-    wake.unlock();
+    wake_mu_.Unlock();
     const Clock::time_point now = Clock::now();
     const bool recheck = now >= next_recheck;
     if (recheck) next_recheck = now + limits_.recheck;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       for (Stream* s : streams_) s->Pump(recheck);
     }
-    wake.lock();
+    wake_mu_.Lock();
   }
+  wake_mu_.Unlock();
 }
 
 }  // namespace tandem

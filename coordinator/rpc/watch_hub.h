@@ -14,15 +14,15 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/security/token_table.h"
 #include "coordinator/rpc/rpc_auth.h"
 #include "coordinator/service/job_manager.h"
@@ -60,9 +60,9 @@ class WatchHub {
 
  private:
   class Stream;
-  void Wake();
-  void Run();
-  void Remove(Stream* stream);
+  void Wake() ABSL_LOCKS_EXCLUDED(wake_mu_);
+  void Run() ABSL_LOCKS_EXCLUDED(wake_mu_, mu_);
+  void Remove(Stream* stream) ABSL_LOCKS_EXCLUDED(mu_);
 
   JobManager* jobs_;
   const RpcAuth* auth_;
@@ -70,14 +70,14 @@ class WatchHub {
 
   // The streams, and how many each user holds. Held while the thread works
   // on them, so a stream is deleted (OnDone, which takes it) only between.
-  mutable std::mutex mu_;
-  std::set<Stream*> streams_;
-  std::map<std::string, int> per_user_;
+  mutable absl::Mutex mu_;
+  std::set<Stream*> streams_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> per_user_ ABSL_GUARDED_BY(mu_);
 
-  std::mutex wake_mu_;
-  std::condition_variable wake_cv_;
-  bool woken_ = false;
-  bool stop_ = false;
+  absl::Mutex wake_mu_;
+  absl::CondVar wake_cv_;
+  bool woken_ ABSL_GUARDED_BY(wake_mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(wake_mu_) = false;
   std::thread thread_;
 };
 

@@ -156,7 +156,7 @@ class WorkerServiceImpl::SessionReactor
     writer_->Detach();
     if (pending_) service_->ReleasePending(peer_);
     {
-      std::lock_guard<std::mutex> lock(service_->mu_);
+      absl::MutexLock lock(&service_->mu_);
       --service_->open_;
     }
     delete this;
@@ -217,14 +217,14 @@ class WorkerServiceImpl::SessionReactor
 grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>*
 WorkerServiceImpl::Session(grpc::CallbackServerContext* context) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     ++open_;
   }
   return new SessionReactor(this, context);
 }
 
 grpc::Status WorkerServiceImpl::AdmitPending(const std::string& peer) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = pending_by_peer_.find(peer);
   const int from_peer = it == pending_by_peer_.end() ? 0 : it->second;
   if (from_peer >= limits_.max_pending_per_peer) {
@@ -253,7 +253,7 @@ grpc::Status WorkerServiceImpl::AdmitPending(const std::string& peer) {
 }
 
 void WorkerServiceImpl::ReleasePending(const std::string& peer) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   --pending_;
   auto it = pending_by_peer_.find(peer);
   if (it != pending_by_peer_.end() && --it->second == 0) {
@@ -262,12 +262,12 @@ void WorkerServiceImpl::ReleasePending(const std::string& peer) {
 }
 
 int64_t WorkerServiceImpl::sessions_open() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return open_;
 }
 
 int64_t WorkerServiceImpl::sessions_pending() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return pending_;
 }
 

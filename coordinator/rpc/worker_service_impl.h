@@ -15,6 +15,8 @@
 #include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "coordinator/rpc/rpc_auth.h"
 #include "coordinator/rpc/stream_watchdog.h"
 #include "coordinator/service/kv_store.h"
@@ -110,10 +112,10 @@ class WorkerServiceImpl final
   const RpcAuth* auth_;
   const SessionLimits limits_;
   StreamWatchdog watchdog_;
-  mutable std::mutex mu_;
-  int64_t open_ = 0;
-  int64_t pending_ = 0;
-  std::map<std::string, int, std::less<>> pending_by_peer_;
+  mutable absl::Mutex mu_;
+  int64_t open_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t pending_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, int, std::less<>> pending_by_peer_ ABSL_GUARDED_BY(mu_);
 };
 
 // The host part of a gRPC peer string ("ipv4:10.0.0.1:5000" ->

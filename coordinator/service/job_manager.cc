@@ -82,25 +82,25 @@ JobManager::JobManager(JobStore* store, Limits limits)
     : store_(store), limits_(std::move(limits)) {}
 
 void JobManager::SetStateListener(StateListener listener) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   listener_ = std::move(listener);
 }
 
 void JobManager::SetChangeListener(ChangeListener listener) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   change_listener_ = std::move(listener);
 }
 
 void JobManager::ChangedLocked(Record& record) {
   ++record.generation;
-  changed_.notify_all();
+  changed_.SignalAll();
   if (change_listener_) change_listener_();
 }
 
 absl::Status JobManager::Recover() {
   absl::StatusOr<std::vector<v1::Job>> jobs = store_->LoadJobs();
   if (!jobs.ok()) return jobs.status();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (v1::Job& job : *jobs) {
     absl::StatusOr<std::vector<v1::JobEvent>> events =
         store_->LoadEvents(job.id());
@@ -196,7 +196,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(v1::JobSpec spec,
   }
   // A budget no schedule fits is refused now, not at its first step.
   if (absl::Status s = CheckBudgetFits(spec); !s.ok()) return s;
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::ReleasableMutexLock lock(&mu_);
   int active = 0;
   int owned = 0;
   for (const auto& [id, r] : jobs_) {
@@ -239,14 +239,14 @@ absl::StatusOr<v1::Job> JobManager::Submit(v1::JobSpec spec,
   v1::Job out = record.job;
   jobs_[id] = std::move(record);
   if (StateListener listener = listener_; listener) {
-    lock.unlock();
+    lock.Release();
     listener(id, v1::JOB_STATE_PENDING);
   }
   return out;
 }
 
 absl::StatusOr<v1::Job> JobManager::Get(absl::string_view job_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const Record* r = Find(job_id);
   if (r == nullptr) return NotFound(job_id);
   return r->job;
@@ -256,25 +256,37 @@ std::vector<v1::Job> JobManager::List(
     const std::vector<v1::JobState>& states, int limit,
     const std::optional<std::string>& owner) const {
   limit = limit <= 0 ? 1000 : std::min(limit, 1000);
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<v1::Job> out;
+  absl::MutexLock lock(&mu_);
+  // Only the `limit` newest are copied: a user with many ended jobs asking
+  // for the newest few pays for those few (bench/README.md, "hostile": List
+  // read every cancelled probe job and its p99 grew with them).
+  std::vector<const v1::Job*> matched;
   for (const auto& [id, r] : jobs_) {
     if (!states.empty() && std::find(states.begin(), states.end(),
                                      r.job.state()) == states.end()) {
       continue;
     }
     if (owner.has_value() && r.job.owner() != *owner) continue;
-    out.push_back(r.job);
+    matched.push_back(&r.job);
   }
-  std::sort(out.begin(), out.end(), [](const v1::Job& a, const v1::Job& b) {
-    return a.submitted_unix_s() > b.submitted_unix_s();
-  });
-  if (out.size() > static_cast<size_t>(limit)) out.resize(limit);
+  const size_t n = std::min(matched.size(), static_cast<size_t>(limit));
+  // Newest first; equal submit times by id, so the order is the same on
+  // every call.
+  std::partial_sort(matched.begin(), matched.begin() + n, matched.end(),
+                    [](const v1::Job* a, const v1::Job* b) {
+                      if (a->submitted_unix_s() != b->submitted_unix_s()) {
+                        return a->submitted_unix_s() > b->submitted_unix_s();
+                      }
+                      return a->id() < b->id();
+                    });
+  std::vector<v1::Job> out;
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) out.push_back(*matched[i]);
   return out;
 }
 
 std::vector<v1::Job> JobManager::Unfinished() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<v1::Job> out;
   for (const auto& [id, r] : jobs_) {
     if (!IsTerminal(r.job.state())) out.push_back(r.job);
@@ -283,7 +295,7 @@ std::vector<v1::Job> JobManager::Unfinished() const {
 }
 
 absl::flat_hash_map<v1::JobState, int64_t> JobManager::CountByState() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   absl::flat_hash_map<v1::JobState, int64_t> out;
   for (const auto& [id, r] : jobs_) ++out[r.job.state()];
   return out;
@@ -291,7 +303,7 @@ absl::flat_hash_map<v1::JobState, int64_t> JobManager::CountByState() const {
 
 absl::StatusOr<std::vector<v1::JobEvent>> JobManager::Events(
     absl::string_view job_id, int64_t after_seq) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const Record* r = Find(job_id);
   if (r == nullptr) return NotFound(job_id);
   std::vector<v1::JobEvent> out;
@@ -306,7 +318,7 @@ absl::Status JobManager::Transition(absl::string_view job_id,
                                     absl::string_view message) {
   StateListener listener;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     Record* r = Find(job_id);
     if (r == nullptr) return NotFound(job_id);
     if (IsTerminal(r->job.state())) {
@@ -342,7 +354,7 @@ absl::StatusOr<int> JobManager::RestartOrFail(absl::string_view job_id,
   v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
   int restart = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     Record* r = Find(job_id);
     if (r == nullptr) return NotFound(job_id);
     if (r->job.state() != v1::JOB_STATE_RUNNING) return -1;
@@ -393,7 +405,7 @@ absl::StatusOr<int> JobManager::RestartOrFail(absl::string_view job_id,
 
 absl::Status JobManager::ResumeSmaller(absl::string_view job_id, int32_t world,
                                        absl::string_view missing) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Record* r = Find(job_id);
   if (r == nullptr) return NotFound(job_id);
   v1::JobSpec& spec = *r->job.mutable_spec();
@@ -428,7 +440,7 @@ absl::Status JobManager::ResumeSmaller(absl::string_view job_id, int32_t world,
 int JobManager::FailOverdueStarts() {
   std::vector<std::pair<std::string, std::string>> overdue;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     const double now = NowUnix();
     for (const auto& [id, r] : jobs_) {
       const v1::Job& job = r.job;
@@ -459,7 +471,7 @@ int JobManager::FailOverdueStarts() {
 
 absl::Status JobManager::SetWaiting(absl::string_view job_id,
                                     absl::string_view waiting) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Record* r = Find(job_id);
   if (r == nullptr) return NotFound(job_id);
   if (r->job.state() != v1::JOB_STATE_PENDING || r->job.waiting() == waiting) {
@@ -472,7 +484,7 @@ absl::Status JobManager::SetWaiting(absl::string_view job_id,
 absl::Status JobManager::RecordEvent(absl::string_view job_id,
                                      absl::string_view kind,
                                      absl::string_view message) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Record* r = Find(job_id);
   if (r == nullptr) return NotFound(job_id);
   return AppendLocked(*r, kind, message);
@@ -480,7 +492,7 @@ absl::Status JobManager::RecordEvent(absl::string_view job_id,
 
 absl::StatusOr<bool> JobManager::RecordScheduleActive(
     absl::string_view job_id, int64_t version, absl::string_view message) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Record* r = Find(job_id);
   if (r == nullptr) return NotFound(job_id);
   const int64_t recorded = r->job.active_version();
@@ -495,7 +507,7 @@ absl::StatusOr<bool> JobManager::RecordScheduleActive(
 
 absl::Status JobManager::UpdateProgress(absl::string_view job_id, int64_t step,
                                         double loss, int64_t schedule_version) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Record* r = Find(job_id);
   if (r == nullptr) return NotFound(job_id);
   if (step < r->job.step()) return absl::OkStatus();  // stale report
@@ -524,7 +536,7 @@ absl::Status JobManager::UpdateProgress(absl::string_view job_id, int64_t step,
 
 absl::Status JobManager::UpdateOutcome(absl::string_view job_id,
                                        const Outcome& outcome) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Record* r = Find(job_id);
   if (r == nullptr) return NotFound(job_id);
   r->job.set_measured_speedup(outcome.speedup);
@@ -540,8 +552,8 @@ absl::Status JobManager::UpdateOutcome(absl::string_view job_id,
 absl::StatusOr<JobManager::JobChanges> JobManager::WaitForEvents(
     absl::string_view job_id, int64_t after_seq, const v1::Job& known,
     std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  absl::MutexLock lock(&mu_);
+  const absl::Time deadline = absl::Now() + absl::FromChrono(timeout);
   for (;;) {
     Record* r = Find(job_id);
     if (r == nullptr) return NotFound(job_id);
@@ -549,19 +561,19 @@ absl::StatusOr<JobManager::JobChanges> JobManager::WaitForEvents(
     for (const v1::JobEvent& e : r->events) {
       if (e.seq() > after_seq) out.events.push_back(e);
     }
-    const bool timed_out = std::chrono::steady_clock::now() >= deadline;
+    const bool timed_out = absl::Now() >= deadline;
     if (timed_out || !out.events.empty() || r->job.state() != known.state() ||
         r->job.step() != known.step()) {
       out.job = r->job;
       return out;
     }
-    changed_.wait_until(lock, deadline);
+    changed_.WaitWithDeadline(&mu_, deadline);
   }
 }
 
 absl::StatusOr<std::optional<JobManager::JobChanges>> JobManager::ChangesSince(
     absl::string_view job_id, int64_t after_seq, int64_t* generation) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const Record* r = Find(job_id);
   if (r == nullptr) return NotFound(job_id);
   if (r->generation == *generation) return std::nullopt;

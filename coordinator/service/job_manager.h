@@ -12,20 +12,20 @@
 #define TANDEM_COORDINATOR_SERVICE_JOB_MANAGER_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "common/job/job_spec.h"
 #include "coordinator/store/job_store.h"
 #include "tandem/v1/job.pb.h"
@@ -193,31 +193,33 @@ class JobManager {
     // Bumped by every change a watcher sees (ChangedLocked).
     int64_t generation = 1;
   };
-  Record* Find(absl::string_view job_id);
-  const Record* Find(absl::string_view job_id) const;
+  Record* Find(absl::string_view job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const Record* Find(absl::string_view job_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status NotFound(absl::string_view job_id) const;
   // Retention (Limits::max_events_per_job): drops the oldest events past
   // it, from memory, then from the store (whose error it returns).
-  absl::Status TrimEvents(Record& record);
+  absl::Status TrimEvents(Record& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Retention (Limits::max_ended_jobs): `record` just ended (or ended
   // before a restart); deletes the jobs that ended longest ago past the
   // limit, from memory and the store. Requires mu_.
-  void EndedLocked(const Record& record);
+  void EndedLocked(const Record& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends an event and persists it and the job row. Requires mu_.
   absl::Status AppendLocked(Record& record, absl::string_view kind,
-                            absl::string_view message);
+                            absl::string_view message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Wakes waiters and the change listener. Requires mu_.
-  void ChangedLocked(Record& record);
+  void ChangedLocked(Record& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   JobStore* store_;
   const Limits limits_;
-  mutable std::mutex mu_;
-  std::condition_variable changed_;
-  std::map<std::string, Record, std::less<>> jobs_;
+  mutable absl::Mutex mu_;
+  absl::CondVar changed_;
+  std::map<std::string, Record, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
   // Ended jobs by the time of their last event, oldest first.
-  std::set<std::pair<double, std::string>> ended_;
-  StateListener listener_;
-  ChangeListener change_listener_;
+  std::set<std::pair<double, std::string>> ended_ ABSL_GUARDED_BY(mu_);
+  StateListener listener_ ABSL_GUARDED_BY(mu_);
+  ChangeListener change_listener_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem

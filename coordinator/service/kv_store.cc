@@ -3,6 +3,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "coordinator/store/job_store.h"
 
 namespace tandem {
@@ -18,7 +20,7 @@ absl::Status KvStore::AttachStore(JobStore* store) {
   absl::StatusOr<std::vector<std::pair<std::string, std::string>>> rows =
       store->LoadKv();
   if (!rows.ok()) return rows.status();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (auto& [key, value] : *rows) {
     const size_t bytes = key.size() + value.size();
     Usage& u = usage_[std::string(KvNamespace(key))];
@@ -87,7 +89,7 @@ absl::Status KvStore::PutLocked(Map::iterator it, absl::string_view key,
   } else {
     it->second = std::string(value);
   }
-  changed_.notify_all();
+  changed_.SignalAll();
   for (auto w = waiting_on_.find(key);
        w != waiting_on_.end() && w->first == key; w = waiting_on_.find(key)) {
     fired->emplace_back(RemoveWaiterLocked(w->second), std::string(value));
@@ -122,10 +124,10 @@ void KvStore::Run(Fired fired) {
 
 KvStore::~KvStore() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  expiry_wake_.notify_all();
+  expiry_wake_.SignalAll();
   if (expiry_.joinable()) expiry_.join();
 }
 
@@ -133,7 +135,7 @@ absl::StatusOr<KvStore::Waiting> KvStore::GetOrWait(
     absl::string_view key, std::chrono::steady_clock::time_point deadline,
     WaitDone done) {
   if (absl::Status s = CheckSizes(key, ""); !s.ok()) return s;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = data_.find(key);
   if (it != data_.end()) return Waiting{it->second, 0};
   const absl::string_view ns = KvNamespace(key);
@@ -166,23 +168,23 @@ absl::StatusOr<KvStore::Waiting> KvStore::GetOrWait(
   if (!expiry_.joinable()) {
     expiry_ = std::thread([this] { Expire(); });
   } else if (earliest) {
-    expiry_wake_.notify_all();
+    expiry_wake_.SignalAll();
   }
   return Waiting{std::nullopt, id};
 }
 
 bool KvStore::CancelWait(uint64_t waiter) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return RemoveWaiterLocked(waiter) != nullptr;
 }
 
 size_t KvStore::waiters() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return waiters_.size();
 }
 
 void KvStore::Expire() {
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();
   while (!stop_) {
     Fired fired;
     const auto now = std::chrono::steady_clock::now();
@@ -191,17 +193,20 @@ void KvStore::Expire() {
                          std::nullopt);
     }
     if (!fired.empty()) {
-      lock.unlock();
+      mu_.Unlock();
       Run(std::move(fired));
-      lock.lock();
+      mu_.Lock();
       continue;
     }
     if (deadlines_.empty()) {
-      expiry_wake_.wait(lock);
+      expiry_wake_.Wait(&mu_);
     } else {
-      expiry_wake_.wait_until(lock, deadlines_.begin()->first);
+      expiry_wake_.WaitWithTimeout(
+          &mu_, absl::FromChrono(deadlines_.begin()->first -
+                                 std::chrono::steady_clock::now()));
     }
   }
+  mu_.Unlock();
 }
 
 KvStore::Map::iterator KvStore::EraseLocked(Map::iterator it, bool persist) {
@@ -224,7 +229,7 @@ absl::Status KvStore::Set(absl::string_view key, absl::string_view value) {
   Fired fired;
   absl::Status s;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     s = PutLocked(data_.find(key), key, value, &fired);
   }
   Run(std::move(fired));
@@ -234,12 +239,12 @@ absl::Status KvStore::Set(absl::string_view key, absl::string_view value) {
 absl::StatusOr<std::optional<std::string>> KvStore::Get(
     absl::string_view key, std::chrono::milliseconds timeout) {
   if (absl::Status s = CheckSizes(key, ""); !s.ok()) return s;
-  std::unique_lock<std::mutex> lock(mu_);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  absl::MutexLock lock(&mu_);
+  const absl::Time deadline = absl::Now() + absl::FromChrono(timeout);
   for (;;) {
     auto it = data_.find(key);
     if (it != data_.end()) return std::optional<std::string>(it->second);
-    if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
+    if (changed_.WaitWithDeadline(&mu_, deadline)) {
       it = data_.find(key);
       if (it != data_.end()) return std::optional<std::string>(it->second);
       return std::optional<std::string>();
@@ -256,7 +261,7 @@ absl::StatusOr<int64_t> KvStore::Add(absl::string_view key, int64_t delta) {
 
 absl::StatusOr<int64_t> KvStore::AddAndCollect(absl::string_view key,
                                                int64_t delta, Fired* fired) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = data_.find(key);
   int64_t value = 0;
   if (it != data_.end() && !absl::SimpleAtoi(it->second, &value)) {
@@ -290,7 +295,7 @@ absl::StatusOr<std::string> KvStore::CompareSet(absl::string_view key,
 absl::StatusOr<std::string> KvStore::CompareSetAndCollect(
     absl::string_view key, absl::string_view expected,
     absl::string_view desired, Fired* fired) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = data_.find(key);
   if (absl::Status s = CheckSizes(key, desired); !s.ok()) return s;
   if (it == data_.end()) {
@@ -309,7 +314,7 @@ absl::StatusOr<std::string> KvStore::CompareSetAndCollect(
 }
 
 bool KvStore::Check(const std::vector<std::string>& keys) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (const std::string& k : keys) {
     if (data_.find(k) == data_.end()) return false;
   }
@@ -317,7 +322,7 @@ bool KvStore::Check(const std::vector<std::string>& keys) const {
 }
 
 bool KvStore::Delete(absl::string_view key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = data_.find(key);
   if (it == data_.end()) return false;
   EraseLocked(it, /*persist=*/true);
@@ -325,7 +330,7 @@ bool KvStore::Delete(absl::string_view key) {
 }
 
 int64_t KvStore::NumKeys(absl::string_view prefix) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   int64_t n = 0;
   for (auto it = data_.lower_bound(prefix);
        it != data_.end() &&
@@ -337,7 +342,7 @@ int64_t KvStore::NumKeys(absl::string_view prefix) const {
 }
 
 void KvStore::DeletePrefix(absl::string_view prefix) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   // One statement for the prefix, not one per key.
   if (store_ != nullptr) (void)store_->DeleteKvPrefix(prefix);
   auto it = data_.lower_bound(prefix);

@@ -22,11 +22,9 @@
 #define TANDEM_COORDINATOR_SERVICE_KV_STORE_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -34,9 +32,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 
 namespace tandem {
 
@@ -129,7 +129,8 @@ class KvStore {
   // key's waiters move to `fired`, to be run once mu_ is released. Requires
   // mu_.
   absl::Status PutLocked(Map::iterator it, absl::string_view key,
-                         absl::string_view value, Fired* fired);
+                         absl::string_view value, Fired* fired)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Add and CompareSet; the waiters they wake go to `fired`. Take mu_.
   absl::StatusOr<int64_t> AddAndCollect(absl::string_view key, int64_t delta,
                                         Fired* fired);
@@ -139,33 +140,38 @@ class KvStore {
                                                    Fired* fired);
   // Unregisters a waiter (its callback is returned; null when it is not
   // registered). Requires mu_.
-  WaitDone RemoveWaiterLocked(uint64_t id);
+  WaitDone RemoveWaiterLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Run(Fired fired);
   // The expiry thread: fires waiters at their deadlines.
-  void Expire();
+  void Expire() ABSL_LOCKS_EXCLUDED(mu_);
   // Removes the key, from the database too when `persist`. Requires mu_.
-  Map::iterator EraseLocked(Map::iterator it, bool persist);
+  Map::iterator EraseLocked(Map::iterator it, bool persist)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  mutable std::mutex mu_;
-  std::condition_variable changed_;
-  Map data_;
+  mutable absl::Mutex mu_;
+  absl::CondVar changed_;
+  Map data_ ABSL_GUARDED_BY(mu_);
   JobStore* store_ = nullptr;
   // By namespace ("jobs/<id>/", or "" for keys outside any job); entries
   // are dropped when they empty.
-  std::map<std::string, Usage, std::less<>> usage_;
-  Usage total_;
+  std::map<std::string, Usage, std::less<>> usage_ ABSL_GUARDED_BY(mu_);
+  Usage total_ ABSL_GUARDED_BY(mu_);
 
   // Waiters by id, by key and by deadline; counts per namespace.
-  std::map<uint64_t, Waiter> waiters_;
-  std::multimap<std::string, uint64_t, std::less<>> waiting_on_;
+  std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  std::multimap<std::string, uint64_t, std::less<>> waiting_on_
+      ABSL_GUARDED_BY(mu_);
   std::set<std::pair<std::chrono::steady_clock::time_point, uint64_t>>
-      deadlines_;
-  std::map<std::string, size_t, std::less<>> waiters_per_ns_;
-  uint64_t next_waiter_ = 1;
+      deadlines_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, size_t, std::less<>> waiters_per_ns_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t next_waiter_ ABSL_GUARDED_BY(mu_) = 1;
   // Started with the first waiter; wakes for the earliest deadline.
-  std::condition_variable expiry_wake_;
+  absl::CondVar expiry_wake_;
+  // Started under mu_ by the first waiter; joined by the destructor once
+  // stop_ is set.
   std::thread expiry_;
-  bool stop_ = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // The quota namespace of a key: "jobs/<id>/" for a job's keys, else "".

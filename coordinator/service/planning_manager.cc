@@ -119,24 +119,24 @@ PlanningManager::~PlanningManager() { Stop(); }
 
 void PlanningManager::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
     queue_.clear();
     for (auto& [_, state] : state_) state.queued = false;
   }
-  work_.notify_all();
+  work_.SignalAll();
   // Concurrent callers all return after the join.
   std::call_once(joined_, [this] { planner_.join(); });
 }
 
 void PlanningManager::SetPublisher(Publisher publisher) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   publisher_ = std::move(publisher);
 }
 
 void PlanningManager::SetProfileQuotas(int64_t max_held_bytes,
                                        int64_t max_stored_bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   max_held_profile_bytes_ = max_held_bytes;
   max_stored_profile_bytes_ = max_stored_bytes;
 }
@@ -187,7 +187,7 @@ absl::Status PlanningManager::Recover() {
       ir = FromProto(**graph);
       if (!ir.ok()) return ir.status();
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     JobPlanning& state = State(job.id(), job);
     if (graph->has_value()) {
       absl::StatusOr<ProfileAggregator::GraphAccepted> accepted =
@@ -335,7 +335,7 @@ absl::Status PlanningManager::OnGraph(const std::string& job_id, int32_t rank,
   std::optional<v1::Graph> new_graph;
   std::vector<std::string> dropped;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     JobPlanning& state = State(job_id, *job);
     if (reference) {
       absl::StatusOr<ProfileAggregator::GraphAccepted> accepted =
@@ -393,7 +393,7 @@ absl::Status PlanningManager::OnProfile(const std::string& job_id, int32_t rank,
   if (IsTerminal(job->state())) return Ended(*job);
   absl::StatusOr<Profile> profile = FromProto(proto);
   if (!profile.ok()) return profile.status();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   JobPlanning& state = State(job_id, *job);
   absl::StatusOr<std::optional<Profile>> aggregate =
       state.profiles.AddProfile(rank, *std::move(profile));
@@ -436,7 +436,7 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
     Forget(job_id);
     return;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   JobPlanning& state = State(job_id, *job);
   state.max_step = std::max(state.max_step, progress.step());
   auto& [slowest, peak, ranks, work] = state.steps[progress.step()];
@@ -727,7 +727,7 @@ void PlanningManager::MaybeStartCached(const v1::Job& job) {
   std::string hash;
   std::vector<RankDevice> devices;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     JobPlanning& state = State(job.id(), job);
     const int world = job.spec().parallel().world_size();
     int reported = 0;
@@ -743,7 +743,7 @@ void PlanningManager::MaybeStartCached(const v1::Job& job) {
   std::optional<CachedPlan> cached =
       FindCachedPlan(*jobs_, *store_, job, hash, devices);
   if (!cached.has_value()) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   JobPlanning& state = State(job.id(), job);
   if (!state.schedules.empty() || state.queued) return;
   state.cached_from = cached->job_id;
@@ -829,7 +829,7 @@ void PlanningManager::OnRankRegistered(const std::string& job_id, int32_t rank,
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     JobPlanning& state = State(job_id, *job);
     if (state.devices.size() <= static_cast<size_t>(rank)) {
       state.devices.resize(rank + 1);
@@ -841,12 +841,14 @@ void PlanningManager::OnRankRegistered(const std::string& job_id, int32_t rank,
 }
 
 void PlanningManager::OnMemoryGuard(const std::string& job_id, int32_t rank,
-                                    int64_t step, const std::string& reason) {
+                                    int64_t step,
+                                    std::optional<int64_t> tripped_version,
+                                    const std::string& reason) {
   absl::StatusOr<v1::Job> job = jobs_->Get(job_id);
   if (!job.ok() || IsTerminal(job->state())) return;
   std::string message;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     JobPlanning& state = State(job_id, *job);
     // Every rank reports the same switch.
     if (state.guard_step == step) return;
@@ -854,25 +856,24 @@ void PlanningManager::OnMemoryGuard(const std::string& job_id, int32_t rank,
     state.guard_active = true;
     state.guard_over_version =
         state.schedules.empty() ? 0 : state.schedules.back().schedule.version();
-    // Under the baseline (before any plan, or in a baseline check): it does
-    // not fit the budget, and is not run again to measure a speedup.
+    // The version that tripped it: as the worker says, or else the newest.
+    // While a baseline check alternates, its blocks run v0 or the plan:
+    // without the worker's word, which of them tripped is unknown.
+    const bool known =
+        tripped_version.has_value() ||
+        !(state.comparison.has_value() && state.comparison->baseline_pairs > 0);
+    const int64_t tripped = tripped_version.value_or(state.guard_over_version);
+    // Under the baseline (before any plan, or in its blocks): it does not
+    // fit the budget, and is not run again to measure a speedup. Unknown in
+    // a baseline check: taken as the baseline's, and no plan is forgotten.
     const bool under_baseline =
-        state.schedules.empty() ||
-        (state.comparison.has_value() && state.comparison->baseline_pairs > 0);
+        state.schedules.empty() || tripped == 0 || !known;
     if (under_baseline) state.baseline_unfit = true;
     // The plan it tripped under does not fit: however fast it measured, it
     // is never rolled back to, nor is any version that reruns it (a rollback
-    // to it would trip the guard again). Not for a baseline check, whose
-    // baseline blocks may be what tripped it.
-    bool baseline_check = false;
-    for (const StoredSchedule& s : state.schedules) {
-      if (s.schedule.version() == state.guard_over_version) {
-        baseline_check = s.schedule.provenance().reason() ==
-                         PlanReasonName(PlanReason::kBaselineCheck);
-      }
-    }
-    if (!under_baseline && !baseline_check) {
-      const int64_t tripped = state.guard_over_version;
+    // to it, a kept trial, a baseline check of it: each would trip the guard
+    // again).
+    if (!under_baseline && tripped > 0) {
       auto rerun = state.rollbacks.find(tripped);
       const int64_t plan =
           rerun == state.rollbacks.end() ? tripped : rerun->second;
@@ -903,7 +904,7 @@ void PlanningManager::OnMemoryGuard(const std::string& job_id, int32_t rank,
 
 void PlanningManager::OnScheduleActive(const std::string& job_id,
                                        int64_t version) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = state_.find(job_id);
   if (it == state_.end()) return;
   // A plan published after the guard tripped replaced the least-memory
@@ -931,7 +932,7 @@ absl::StatusOr<int64_t> PlanningManager::RequestReplan(
   absl::StatusOr<v1::Job> job = jobs_->Get(job_id);
   if (!job.ok()) return job.status();
   if (IsTerminal(job->state())) return Ended(*job);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (stop_) {
     return absl::UnavailableError(
         "the coordinator is shutting down; re-optimize once it is back");
@@ -958,27 +959,28 @@ void PlanningManager::QueueLocked(const std::string& job_id, JobPlanning& state,
   if (state.queued || stop_) return;
   state.queued = true;
   queue_.emplace_back(job_id, reason);
-  work_.notify_one();
+  work_.Signal();
 }
 
 void PlanningManager::PlannerLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();
   for (;;) {
-    work_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    while (!stop_ && queue_.empty()) work_.Wait(&mu_);
     if (stop_) break;
     auto [job_id, reason] = queue_.front();
     queue_.pop_front();
     busy_ = true;
-    lock.unlock();
+    mu_.Unlock();
     PlanOne(job_id, reason);
-    lock.lock();
+    mu_.Lock();
     busy_ = false;
     auto it = state_.find(job_id);
     if (it != state_.end()) it->second.queued = false;
-    if (queue_.empty()) idle_.notify_all();
+    if (queue_.empty()) idle_.SignalAll();
   }
+  mu_.Unlock();
   // Stop() emptied the queue: wake Drain().
-  idle_.notify_all();
+  idle_.SignalAll();
 }
 
 void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
@@ -1021,7 +1023,7 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
   // The work measured times are scaled to (WorkScale).
   double reference_work = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = state_.find(job_id);
     // Plans that are not made from a profile: a cached plan, a rollback
     // and a trial (after a restart, before the next window).
@@ -1266,7 +1268,7 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
     // A drift re-plan that changes nothing is no re-plan.
     std::optional<v1::Schedule> active;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       auto it = state_.find(job_id);
       if (it != state_.end() && !it->second.schedules.empty() &&
           !it->second.guard_active) {
@@ -1294,7 +1296,7 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
   v1::ScheduleUpdate update;
   *update.mutable_schedule() = ToProto(*planned);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = state_.find(job_id);
     // Abandoned: Stop() came while planning, or the job ended.
     if (stop_ || it == state_.end()) return;
@@ -1335,7 +1337,7 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
   }
   Publisher publisher;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = state_.find(job_id);
     if (it != state_.end()) {
       it->second.schedules.push_back(
@@ -1390,7 +1392,7 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
 std::string PlanningManager::KeepActive(const std::string& job_id,
                                         PlanReason reason) {
   if (reason != PlanReason::kDrift) return "";
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = state_.find(job_id);
   if (it == state_.end() || it->second.schedules.empty() ||
       it->second.guard_active) {
@@ -1420,7 +1422,7 @@ void PlanningManager::OnWorldChanged(const std::string& job_id) {
   std::vector<StoredSchedule> kept;
   std::set<std::string> stale;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = state_.find(job_id);
     if (it != state_.end()) {
       kept = std::move(it->second.schedules);
@@ -1438,14 +1440,14 @@ void PlanningManager::OnWorldChanged(const std::string& job_id) {
   }
   for (const StoredSchedule& s : kept) stale.insert(s.schedule.graph_hash());
   (void)store_->DeleteGraph(job_id);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   JobPlanning& state = State(job_id, *job);
   state.schedules = std::move(kept);
   state.stale_graphs = std::move(stale);
 }
 
 void PlanningManager::Forget(const std::string& job_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   state_.erase(job_id);
 }
 
@@ -1457,14 +1459,14 @@ absl::Status PlanningManager::Ended(const v1::Job& job) {
 }
 
 void PlanningManager::Drain() {
-  std::unique_lock<std::mutex> lock(mu_);
-  idle_.wait(lock, [&] { return queue_.empty() && !busy_; });
+  absl::MutexLock lock(&mu_);
+  while (!queue_.empty() || busy_) idle_.Wait(&mu_);
 }
 
 absl::StatusOr<std::vector<StoredSchedule>> PlanningManager::SchedulesOf(
     const std::string& job_id) const {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = state_.find(job_id);
     if (it != state_.end() && !it->second.schedules.empty()) {
       return it->second.schedules;
@@ -1482,7 +1484,7 @@ absl::StatusOr<v1::ScheduleUpdate> PlanningManager::LatestUpdate(
   int64_t incumbent = -1;
   int pairs = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = state_.find(job_id);
     if (it != state_.end() && it->second.comparison.has_value() &&
         it->second.comparison->candidate == newest.schedule.version()) {
@@ -1512,7 +1514,7 @@ absl::StatusOr<StoredSchedule> PlanningManager::GetSchedule(
       std::set<std::string> stale;
       std::string now;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         auto it = state_.find(job_id);
         if (it != state_.end()) {
           stale = it->second.stale_graphs;
@@ -1541,7 +1543,7 @@ absl::StatusOr<StoredSchedule> PlanningManager::GetSchedule(
 absl::StatusOr<Graph> PlanningManager::JobGraph(
     const std::string& job_id) const {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = state_.find(job_id);
     if (it != state_.end() && it->second.profiles.graph() != nullptr) {
       return *it->second.profiles.graph();

@@ -49,7 +49,6 @@
 #ifndef TANDEM_COORDINATOR_SERVICE_PLANNING_MANAGER_H_
 #define TANDEM_COORDINATOR_SERVICE_PLANNING_MANAGER_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -63,8 +62,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/ir/graph.h"
 #include "common/ir/profile.h"
 #include "coordinator/planner/job_plan.h"
@@ -142,13 +143,21 @@ class PlanningManager {
   // The memory guard switched every rank to the least-memory schedule from
   // `step` (each rank reports it; the first report of a step counts): an
   // event, and a "memory-guard" re-plan from the next window measured under
-  // it. Unknown or ended jobs are ignored.
+  // it. `tripped_version` is the version the step that came near the budget
+  // ran: 0 (the baseline, or a baseline check's v0 blocks) marks the
+  // baseline unfit to measure a speedup against; a plan's version (its own,
+  // a rerun's, a baseline check's plan blocks) forgets that plan's
+  // measurements, so that it is never rolled back to. Without it (a worker
+  // that does not say) the newest version is taken to have tripped, and a
+  // baseline check, whose blocks are either, forgets nothing. Unknown or
+  // ended jobs are ignored.
   // The job resumes at another world size (restart.min_world): what was
   // measured and planned for the old graph is dropped, the stored graph
   // too (rank 0 sends the new one); the schedules stay, for the record and
   // their version numbers, but no new session is handed one of them.
   void OnWorldChanged(const std::string& job_id);
   void OnMemoryGuard(const std::string& job_id, int32_t rank, int64_t step,
+                     std::optional<int64_t> tripped_version,
                      const std::string& reason);
   // A rank registered: its device counts in the job's hardware model
   // (HardwareForJob). Unknown or ended jobs are ignored.
@@ -299,12 +308,14 @@ class PlanningManager {
   // ("kept" or "rollback") and the comparison ends. Returns whether the step
   // belonged to the comparison (nothing else judges it). Requires mu_.
   bool CompareLocked(const std::string& job_id, JobPlanning& state,
-                     int64_t version, int64_t step, double seconds);
+                     int64_t version, int64_t step, double seconds)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A baseline check's step (CompareLocked): once its block pairs are in
   // and the plan runs on by itself, what it bought becomes the job's
   // speedup (an event, the job's outcome, the gauge). Requires mu_.
   void MeasureBaselineLocked(const std::string& job_id, JobPlanning& state,
-                             int64_t version, int64_t step);
+                             int64_t version, int64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What the drift detector expects of `schedule`, at the reference work:
   // its prediction, except for a rollback, which is expected at what the
   // plan it runs again measured (else at what it measured itself): its
@@ -317,16 +328,18 @@ class PlanningManager {
   // stored step history), so that a job is still never left on, or handed
   // again, a plan measured slower than another. Requires mu_.
   void RecoverEvidenceLocked(JobPlanning& state,
-                             const std::vector<StoredStep>& steps);
+                             const std::vector<StoredStep>& steps)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job's state, created on first use (when ended jobs are dropped).
   // Requires mu_.
-  JobPlanning& State(const std::string& job_id, const v1::Job& job);
+  JobPlanning& State(const std::string& job_id, const v1::Job& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the state of every job that has ended. Requires mu_.
-  void ForgetEndedLocked();
+  void ForgetEndedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A window completed: keeps its aggregate and queues the plan it calls
   // for. Requires mu_.
   void OnWindowLocked(const std::string& job_id, JobPlanning& state,
-                      Profile aggregate);
+                      Profile aggregate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Looks the job up in the plan cache (plan_cache.h) once its graph and
   // every rank's device are known, and queues the cached plan when there is
   // one.
@@ -334,10 +347,10 @@ class PlanningManager {
   // Tells the job what the active schedule bought, once `version` (the one
   // a step just ran under) is the active one and measured. Requires mu_.
   void ReportOutcomeLocked(const std::string& job_id, const JobPlanning& state,
-                           int64_t version);
+                           int64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues a plan for the job. Requires mu_.
   void QueueLocked(const std::string& job_id, JobPlanning& state,
-                   PlanReason reason);
+                   PlanReason reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A drift re-plan that publishes nothing (it failed, gave a plan measured
   // slower before, or gave the active plan again) leaves the active
   // schedule running: from now on the detector expects it at what it
@@ -347,7 +360,7 @@ class PlanningManager {
   // the clause for the event ("" for other reasons, or under the memory
   // guard).
   std::string KeepActive(const std::string& job_id, PlanReason reason);
-  void PlannerLoop();
+  void PlannerLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void PlanOne(const std::string& job_id, PlanReason reason);
   void Fail(const std::string& job_id, const std::string& message);
   // Drops the job's state.
@@ -362,13 +375,14 @@ class PlanningManager {
 
   int64_t max_held_profile_bytes_ = ProfileAggregator::kDefaultMaxHeldBytes;
   int64_t max_stored_profile_bytes_ = JobStore::kDefaultMaxStoredProfileBytes;
-  mutable std::mutex mu_;
-  std::condition_variable work_;
-  std::condition_variable idle_;
-  std::map<std::string, JobPlanning> state_;
-  std::deque<std::pair<std::string, PlanReason>> queue_;  // job, reason
-  bool busy_ = false;
-  bool stop_ = false;
+  mutable absl::Mutex mu_;
+  absl::CondVar work_;
+  absl::CondVar idle_;
+  std::map<std::string, JobPlanning> state_ ABSL_GUARDED_BY(mu_);
+  // job, reason
+  std::deque<std::pair<std::string, PlanReason>> queue_ ABSL_GUARDED_BY(mu_);
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::once_flag joined_;
   // "planner": runs the pass pipelines so RPC threads never wait on them;
   // from the constructor until Stop().

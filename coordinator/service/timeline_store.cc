@@ -42,7 +42,7 @@ absl::Status TimelineStore::Put(const std::string& job_id, int32_t rank,
   // Written outside the lock: readers of other jobs need not wait for it.
   absl::Status stored =
       store_ != nullptr ? store_->PutTimeline(job_id, t) : absl::OkStatus();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   jobs_[job_id][rank] = std::move(t);
   order_.remove(job_id);
   order_.push_back(job_id);
@@ -58,7 +58,7 @@ absl::StatusOr<std::vector<v1::RankTimeline>> TimelineStore::Get(
   std::vector<v1::RankTimeline> all;
   bool in_memory = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = jobs_.find(job_id);
     if (it != jobs_.end()) {
       in_memory = true;

@@ -12,12 +12,13 @@
 #include <functional>
 #include <list>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "coordinator/store/job_store.h"
 #include "tandem/v1/job_service.pb.h"
 #include "tandem/v1/worker_service.pb.h"
@@ -52,10 +53,11 @@ class TimelineStore {
  private:
   const std::function<double()> now_unix_s_;
   JobStore* store_ = nullptr;
-  mutable std::mutex mu_;
-  std::map<std::string, std::map<int32_t, v1::RankTimeline>> jobs_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::map<int32_t, v1::RankTimeline>> jobs_
+      ABSL_GUARDED_BY(mu_);
   // Job ids, least recently written first.
-  std::list<std::string> order_;
+  std::list<std::string> order_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem

@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace tandem {
 namespace {
@@ -38,26 +40,26 @@ WorkerManager::~WorkerManager() { Stop(); }
 
 void WorkerManager::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  stop_cv_.notify_all();
+  stop_cv_.SignalAll();
   // Concurrent callers all return after the join.
   std::call_once(joined_, [this] { watcher_.join(); });
 }
 
 void WorkerManager::SetListener(WorkerEventListener* listener) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   listener_ = listener != nullptr ? listener : &ignore_all_;
 }
 
 void WorkerManager::SetScheduleLookup(ScheduleLookup lookup) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   schedule_lookup_ = std::move(lookup);
 }
 
 WorkerEventListener& WorkerManager::Listener() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return *listener_;
 }
 
@@ -83,12 +85,12 @@ void WorkerManager::StartIfReady(const std::string& job_id) {
   const int32_t world = job->spec().parallel().world_size();
   std::map<int32_t, std::string> connected;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     JobWorkers& w = jobs_workers_[job_id];
     // Connected, not merely registered: a rank that died between its
     // registration and its session never counts.
     for (const auto& [rank, r] : w.ranks) {
-      if (r.session != 0 && rank < world) connected[rank] = r.hostname;
+      if (r.connected() && rank < world) connected[rank] = r.hostname;
     }
     if (static_cast<int32_t>(connected.size()) == world) {
       w.waiting_since.reset();
@@ -115,7 +117,7 @@ std::vector<std::shared_ptr<SessionSink>> WorkerManager::DropRanksLocked(
   std::vector<std::shared_ptr<SessionSink>> sinks;
   for (auto& [_, r] : w.ranks) {
     if (r.sink) sinks.push_back(r.sink);
-    if (r.session != 0) sessions_.erase(r.session);
+    if (r.connected()) sessions_.erase(r.session);
   }
   w.ranks.clear();
   w.peer_lost_reporter = -1;
@@ -128,7 +130,7 @@ void WorkerManager::ResumeSmallerWorld(const std::string& job_id, int32_t world,
   if (!jobs_->ResumeSmaller(job_id, world, missing).ok()) return;
   std::vector<std::shared_ptr<SessionSink>> sinks;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     JobWorkers& w = jobs_workers_[job_id];
     sinks = DropRanksLocked(job_id, w);
     w.world = world;
@@ -154,7 +156,7 @@ bool WorkerManager::LoseRank(const std::string& job_id, absl::string_view cause,
   // Every rank stops and registers again: a relaunched process, or a spare.
   std::vector<std::shared_ptr<SessionSink>> sinks;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     JobWorkers& w = jobs_workers_[job_id];
     sinks = DropRanksLocked(job_id, w);
     w.step_at_restart = before.ok() ? before->step() : 0;
@@ -195,7 +197,7 @@ absl::Status WorkerManager::Recover() {
     absl::StatusOr<std::vector<StoredWorker>> workers =
         store_->LoadWorkers(job.id());
     if (!workers.ok()) return workers.status();
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     JobWorkers& w = Workers(job);
     // The newest version recorded active: a push this coordinator's death
     // interrupted is recorded once every rank re-sends what it applied.
@@ -228,7 +230,7 @@ std::vector<v1::WorkerStatus> WorkerManager::DescribeLocked(
     status.set_hostname(r.hostname);
     status.set_incarnation(r.incarnation);
     status.set_device(r.device);
-    status.set_connected(r.session != 0);
+    status.set_connected(r.connected());
     if (r.last_heard.time_since_epoch().count() != 0) {
       status.set_last_heartbeat_unix_s(
           std::chrono::duration<double>(r.last_heard.time_since_epoch())
@@ -242,7 +244,7 @@ std::vector<v1::WorkerStatus> WorkerManager::DescribeLocked(
 absl::StatusOr<std::vector<v1::WorkerStatus>> WorkerManager::Describe(
     const std::string& job_id) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = jobs_workers_.find(job_id);
     if (it != jobs_workers_.end() && !it->second.ranks.empty()) {
       return DescribeLocked(it->second);
@@ -298,7 +300,7 @@ absl::StatusOr<v1::RegisterResponse> WorkerManager::Register(
   std::string replaced;
   std::string restart_msg;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     JobWorkers& w = Workers(*job);
     for (const auto& [r, info] : w.ranks) {
       if (info.incarnation == request.incarnation()) rank = r;
@@ -311,7 +313,7 @@ absl::StatusOr<v1::RegisterResponse> WorkerManager::Register(
       // otherwise the worker takes a free rank, or is not needed.
       auto it = w.ranks.find(wanted);
       if (it != w.ranks.end() &&
-          (job->state() != v1::JOB_STATE_RUNNING || it->second.session != 0)) {
+          (job->state() != v1::JOB_STATE_RUNNING || it->second.connected())) {
         wanted = -1;
       }
     }
@@ -329,7 +331,7 @@ absl::StatusOr<v1::RegisterResponse> WorkerManager::Register(
                 RankRef(rank, it->second.hostname), " restarted (incarnation ",
                 it->second.incarnation, " -> ", request.incarnation(),
                 "): its shards are lost");
-          } else if (it->second.session != 0) {
+          } else if (it->second.connected()) {
             return absl::AlreadyExistsError(absl::StrCat(
                 "rank ", rank, " of job ", job->id(),
                 " belongs to a connected worker on ", it->second.hostname,
@@ -426,7 +428,7 @@ absl::StatusOr<int64_t> WorkerManager::OpenSession(
   int64_t id = 0;
   ScheduleLookup lookup;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     lookup = schedule_lookup_;
     JobWorkers& w = Workers(*job);
     auto it = w.ranks.find(hello.rank());
@@ -438,7 +440,7 @@ absl::StatusOr<int64_t> WorkerManager::OpenSession(
                        "; call Register first (a restarted worker registers "
                        "anew)"));
     }
-    if (it->second.session != 0) sessions_.erase(it->second.session);
+    if (it->second.connected()) sessions_.erase(it->second.session);
     id = next_session_++;
     sessions_[id] = {job->id(), hello.rank()};
     it->second.session = id;
@@ -446,7 +448,7 @@ absl::StatusOr<int64_t> WorkerManager::OpenSession(
     it->second.last_seen = Clock::now();
     it->second.last_heard = std::chrono::system_clock::now();
     it->second.step = std::max(it->second.step, hello.step());
-    it->second.gone_since.reset();
+    it->second.link = Link::kConnected;
     UpdateConnectedMetric(job->id(), w);
   }
   // The job may start: this was the last rank to connect, or one counted
@@ -475,7 +477,7 @@ void WorkerManager::CloseSession(int64_t session) {
   std::string job_id;
   std::string lost_cause;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = sessions_.find(session);
     if (it == sessions_.end()) return;
     job_id = it->second.job_id;
@@ -486,7 +488,7 @@ void WorkerManager::CloseSession(int64_t session) {
       if (r != w.ranks.end() && r->second.session == session) {
         r->second.session = 0;
         r->second.sink.reset();
-        r->second.gone_since = Clock::now();
+        r->second.link = Link::kGone;
         // A peer's collective already failed on this one (the peer_lost
         // error came before this stream closed): it is the lost rank.
         auto reporter = w.ranks.find(w.peer_lost_reporter);
@@ -515,7 +517,7 @@ absl::Status WorkerManager::OnMessage(int64_t session,
   std::string hostname;
   int32_t world = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = sessions_.find(session);
     if (it == sessions_.end()) {
       return absl::FailedPreconditionError(
@@ -539,7 +541,7 @@ absl::Status WorkerManager::OnMessage(int64_t session,
               .count() -
           message.heartbeat().time_unix_s();
       const auto now = Clock::now();
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (std::isfinite(delay) && message.heartbeat().time_unix_s() > 0 &&
           (delay > heartbeat_delay_s_ ||
            now - heartbeat_delay_at_ > 2 * options_.heartbeat_timeout)) {
@@ -567,7 +569,7 @@ absl::Status WorkerManager::OnMessage(int64_t session,
       bool all_done = false;
       int64_t total = 0;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         JobWorkers& w = jobs_workers_[job_id];
         Rank& r = w.ranks[rank];
         r.step = std::max(r.step, p.step());
@@ -580,7 +582,7 @@ absl::Status WorkerManager::OnMessage(int64_t session,
       if (rank == 0) {
         int64_t step_at_restart = -1;
         {
-          std::lock_guard<std::mutex> lock(mu_);
+          absl::MutexLock lock(&mu_);
           std::swap(step_at_restart, jobs_workers_[job_id].step_at_restart);
         }
         if (step_at_restart >= 0) {
@@ -611,13 +613,17 @@ absl::Status WorkerManager::OnMessage(int64_t session,
       const v1::ScheduleApplied& a = message.applied();
       if (a.version() < 0) {
         // The least-memory fallback: not a published version.
-        Listener().OnMemoryGuard(job_id, rank, a.step(),
-                                 a.reason().substr(0, 4096));
+        Listener().OnMemoryGuard(
+            job_id, rank, a.step(),
+            a.has_tripped_version()
+                ? std::optional<int64_t>(a.tripped_version())
+                : std::nullopt,
+            a.reason().substr(0, 4096));
         return absl::OkStatus();
       }
       bool all = false;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         JobWorkers& w = jobs_workers_[job_id];
         // Re-sent after a reconnect: never a step back.
         int64_t& applied = w.ranks[rank].applied_version;
@@ -654,10 +660,10 @@ absl::Status WorkerManager::OnMessage(int64_t session,
         // died): act now rather than after its heartbeat timeout.
         std::string lost;
         {
-          std::lock_guard<std::mutex> lock(mu_);
+          absl::MutexLock lock(&mu_);
           JobWorkers& w = jobs_workers_[job_id];
           for (const auto& [r, info] : w.ranks) {
-            if (r != rank && info.session == 0 && !info.done) {
+            if (r != rank && !info.connected() && !info.done) {
               lost = RankRef(r, info.hostname);
               break;
             }
@@ -697,7 +703,7 @@ void WorkerManager::Broadcast(const std::string& job_id,
                               const v1::CoordinatorMessage& message) {
   std::vector<std::shared_ptr<SessionSink>> sinks;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = jobs_workers_.find(job_id);
     if (it == jobs_workers_.end()) return;
     for (auto& [_, r] : it->second.ranks) {
@@ -717,7 +723,7 @@ void WorkerManager::OnJobEnded(const std::string& job_id, v1::JobState state) {
                                         : ""));
   Broadcast(job_id, stop);
   kv_->DeletePrefix(StorePrefix(job_id));
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = jobs_workers_.find(job_id);
   if (it != jobs_workers_.end()) it->second.ended = true;
   if (metrics_ != nullptr) {
@@ -744,24 +750,29 @@ void WorkerManager::UpdateConnectedMetric(const std::string& job_id,
                                           const JobWorkers& w) {
   if (metrics_ == nullptr || w.ended) return;
   int connected = 0;
-  for (const auto& [_, r] : w.ranks) connected += r.session != 0;
+  for (const auto& [_, r] : w.ranks) connected += r.connected();
   metrics_->workers_connected->WithLabels({job_id}).Set(connected);
   metrics_->workers_expected->WithLabels({job_id}).Set(w.world);
 }
 
 void WorkerManager::WatchLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stop_cv_.wait_for(lock, options_.watch_interval,
-                            [&] { return stop_; })) {
+  mu_.Lock();
+  for (;;) {
+    // Every watch interval, until Stop().
+    const absl::Time until =
+        absl::Now() + absl::FromChrono(options_.watch_interval);
+    while (!stop_ && !stop_cv_.WaitWithDeadline(&mu_, until)) {
+    }
+    if (stop_) break;
     const auto now = Clock::now();
     std::vector<std::pair<std::string, std::string>> failures;
     // Jobs that waited long enough after a restart: (job, world, missing).
     std::vector<std::tuple<std::string, int32_t, std::string>> smaller;
     for (auto& [job_id, w] : jobs_workers_) {
       for (auto& [_, r] : w.ranks) {
-        if (r.session == 0 && !r.gone_since.has_value() &&
+        if (r.link == Link::kRegistered &&
             now - r.last_seen > options_.session_grace) {
-          r.gone_since = r.last_seen;
+          r.link = Link::kGone;
         }
       }
       if (w.waiting_since.has_value() && w.min_world < w.world &&
@@ -803,7 +814,7 @@ void WorkerManager::WatchLoop() {
         }
       }
     }
-    lock.unlock();
+    mu_.Unlock();
     for (const auto& [job_id, message] : failures) {
       // Restarts the job (restart.max_restarts) or fails it; nothing for a
       // job that is not RUNNING.
@@ -818,14 +829,14 @@ void WorkerManager::WatchLoop() {
       last_start_check_ = now;
       jobs_->FailOverdueStarts();
     }
-    lock.lock();
+    mu_.Lock();
     // Finished jobs need no watching.
     for (auto it = jobs_workers_.begin(); it != jobs_workers_.end();) {
       absl::StatusOr<v1::Job> job = jobs_->Get(it->first);
       if (!job.ok() || IsTerminal(job->state())) {
         bool connected = false;
         for (const auto& [_, r] : it->second.ranks) {
-          connected = connected || r.session != 0;
+          connected = connected || r.connected();
         }
         if (!connected) {
           // What `tandem status` shows of it from now on.
@@ -843,6 +854,7 @@ void WorkerManager::WatchLoop() {
       ++it;
     }
   }
+  mu_.Unlock();
 }
 
 }  // namespace tandem

@@ -22,7 +22,6 @@
 #define TANDEM_COORDINATOR_SERVICE_WORKER_MANAGER_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -33,8 +32,10 @@
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "coordinator/service/coordinator_metrics.h"
 #include "coordinator/service/job_manager.h"
 #include "coordinator/service/kv_store.h"
@@ -84,8 +85,13 @@ class WorkerEventListener {
   virtual void OnScheduleActive(const std::string& job_id, int64_t version) {}
   // The memory guard switched every rank to the least-memory schedule from
   // `step` (each rank reports it; `reason` is the rank's account).
+  // `tripped_version`: the version the step that came near the budget ran
+  // (ScheduleApplied.tripped_version; nullopt from a worker that does not
+  // say).
   virtual void OnMemoryGuard(const std::string& job_id, int32_t rank,
-                             int64_t step, const std::string& reason) {}
+                             int64_t step,
+                             std::optional<int64_t> tripped_version,
+                             const std::string& reason) {}
   // The job resumes at another world size (restart.min_world): its graph,
   // profiles and schedules were for the old one.
   virtual void OnWorldChanged(const std::string& job_id) {}
@@ -173,6 +179,17 @@ class WorkerManager {
   static constexpr char kStartKey[] = "tandem/started";
 
  private:
+  // Where a rank's worker stands with its session.
+  enum class Link {
+    // Registered, no session opened yet (within options.session_grace).
+    kRegistered,
+    // Its session is open (`session` names it).
+    kConnected,
+    // Its session closed, or it opened none within the session grace. Until
+    // the job runs it does not count as registered and a new worker may take
+    // its rank; opening a session connects it again.
+    kGone,
+  };
   struct Rank {
     std::string incarnation;
     std::string hostname;
@@ -181,17 +198,16 @@ class WorkerManager {
     // When a message of this incarnation last came (wall clock, for
     // people); unset after a restart until it speaks again.
     std::chrono::system_clock::time_point last_heard{};
-    int64_t session = 0;  // 0: not connected
+    Link link = Link::kRegistered;
+    int64_t session = 0;  // while kConnected; 0 otherwise
     std::shared_ptr<SessionSink> sink;
     int64_t step = 0;
     int64_t applied_version = 0;
+    // Its last step arrived (or the job ended): no heartbeat is awaited. A
+    // done rank may still be connected until its worker exits.
     bool done = false;
-    // Since when the worker looks gone: its session closed, or it never
-    // opened one (reconnected) within the session grace. Until the job
-    // runs, a gone rank does not count as registered and a new worker may
-    // take it; reset when it opens a session.
-    std::optional<std::chrono::steady_clock::time_point> gone_since;
-    bool live() const { return session != 0 || !gone_since.has_value(); }
+    bool connected() const { return link == Link::kConnected; }
+    bool live() const { return link != Link::kGone; }
   };
   struct JobWorkers {
     int32_t world = 0;
@@ -225,7 +241,7 @@ class WorkerManager {
   // When WatchLoop last failed the jobs past parallel.start_timeout_s.
   std::chrono::steady_clock::time_point last_start_check_{};
 
-  JobWorkers& Workers(const v1::Job& job);
+  JobWorkers& Workers(const v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job's current rendezvous prefix (restarts, resumed world).
   static std::string StorePrefix(const v1::Job& job);
   // A PENDING job whose every rank is registered and has its session open
@@ -246,17 +262,18 @@ class WorkerManager {
                           const std::string& missing);
   // Tells the ranks to stop and forgets them. Requires mu_.
   std::vector<std::shared_ptr<SessionSink>> DropRanksLocked(
-      const std::string& job_id, JobWorkers& w);
+      const std::string& job_id, JobWorkers& w)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<v1::WorkerStatus> DescribeLocked(const JobWorkers& w) const;
-  void WatchLoop();
+  void WatchLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void UpdateConnectedMetric(const std::string& job_id, const JobWorkers& w);
   // Why a silent rank may be alive after all, when this coordinator is the
   // likelier cause: heartbeats reach it late. Empty otherwise. Requires
   // mu_.
-  std::string OverloadHintLocked(
-      std::chrono::steady_clock::time_point now) const;
+  std::string OverloadHintLocked(std::chrono::steady_clock::time_point now)
+      const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  WorkerEventListener& Listener();
+  WorkerEventListener& Listener() ABSL_LOCKS_EXCLUDED(mu_);
 
   JobManager* jobs_;
   JobStore* store_;
@@ -265,24 +282,26 @@ class WorkerManager {
   TimelineStore* timelines_;
   const Options options_;
 
-  std::mutex mu_;
-  std::condition_variable stop_cv_;
-  bool stop_ = false;
+  absl::Mutex mu_;
+  absl::CondVar stop_cv_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   WorkerEventListener ignore_all_;
-  WorkerEventListener* listener_ = &ignore_all_;
-  ScheduleLookup schedule_lookup_;
-  std::map<std::string, JobWorkers> jobs_workers_;
+  WorkerEventListener* listener_ ABSL_GUARDED_BY(mu_) = &ignore_all_;
+  ScheduleLookup schedule_lookup_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, JobWorkers> jobs_workers_ ABSL_GUARDED_BY(mu_);
   // The largest delay of a heartbeat (its send time to its handling) seen
   // within the last two heartbeat timeouts, and when.
-  double heartbeat_delay_s_ = 0;
-  std::chrono::steady_clock::time_point heartbeat_delay_at_{};
+  double heartbeat_delay_s_ ABSL_GUARDED_BY(mu_) = 0;
+  std::chrono::steady_clock::time_point heartbeat_delay_at_
+      ABSL_GUARDED_BY(mu_){};
   // The ranks of jobs that ended and were forgotten by the watch, as they
   // were last (`tandem status`); the oldest of more than kMaxEndedJobs go,
   // and the store still has their registrations.
   static constexpr size_t kMaxEndedJobs = 1000;
-  std::map<std::string, std::vector<v1::WorkerStatus>> ended_workers_;
-  std::deque<std::string> ended_order_;
-  std::map<int64_t, Session> sessions_;
+  std::map<std::string, std::vector<v1::WorkerStatus>> ended_workers_
+      ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> ended_order_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
   int64_t next_session_ = 1;
   std::once_flag joined_;
   // "heartbeat-watch": fails running jobs whose workers went silent (through

@@ -1,29 +1,14 @@
 """Fixtures for the end-to-end tests: a Slurm cluster started by the test
-(tests/e2e/slurm_cluster.py) and real Tandem coordinators (the client
-suite's Coordinator helper)."""
+(tests/e2e/slurm_cluster.py) and real Tandem coordinators (the harness's
+Coordinator, tests/harness/tandem_harness.py, which tests/pytest.ini puts on
+the path)."""
 
-import importlib.util
 import os
-import pathlib
-import sys
 
 import pytest
 
-HERE = pathlib.Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-sys.path.insert(0, str(HERE))
-_spec = importlib.util.spec_from_file_location(
-    "client_conftest", REPO / "client" / "python" / "tests" / "conftest.py")
-client_conftest = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(client_conftest)
-sys.path.insert(0, str(REPO / "client" / "python"))
-
-from slurm_cluster import SlurmCluster, missing_tools  # noqa: E402
-
-Coordinator = client_conftest.Coordinator
-wait_for = client_conftest.wait_for
-unique_name = client_conftest.unique_name
-build_dir = client_conftest.build_dir
+from slurm_cluster import SlurmCluster, missing_tools
+from tandem_harness import Coordinator, build_dir, coordinator_binary
 
 
 def require_binaries():
@@ -58,7 +43,7 @@ def slurm(tmp_path_factory):
 
 @pytest.fixture
 def coordinator(tmp_path):
-    c = Coordinator(client_conftest.coordinator_binary(), tmp_path,
+    c = Coordinator(coordinator_binary(), tmp_path,
                     heartbeat_timeout_s=60)
     c.start()
     yield c

@@ -1,40 +1,23 @@
-"""Real processes for the end-to-end tests: the built binaries, a child
-process whose stderr goes to a log file, and polling helpers."""
+"""Real processes for the end-to-end tests: the built binaries (from the
+shared harness, tests/harness/tandem_harness.py), a child process whose
+stderr goes to a log file, and polling helpers."""
 
-import os
-import pathlib
 import re
-import signal
 import subprocess
 import urllib.request
 
-HERE = pathlib.Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-
-
-def build_dir():
-    env = os.environ.get("TANDEM_BUILD_DIR")
-    p = pathlib.Path(env) if env else REPO / "build"
-    return p if p.is_absolute() else REPO / p
-
+import tandem_harness as harness
+from tandem_harness import REPO, build_dir, free_port  # noqa: F401
 
 COORDINATOR = build_dir() / "coordinator" / "tandem-coordinator"
 WORKER = build_dir() / "worker" / "tandem-worker"
 
 
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_for(predicate, timeout, what):
-    """The client suite's wait_for (client/python/tests/conftest.py),
-    polling every 0.2 s."""
-    from conftest import client_conftest
-    return client_conftest.wait_for(predicate, timeout=timeout, interval=0.2,
-                                    what=what)
+    """The harness's wait_for (tests/harness/tandem_harness.py), polling
+    every 0.2 s."""
+    return harness.wait_for(predicate, timeout=timeout, interval=0.2,
+                            what=what)
 
 
 def http_get(url, timeout=10):
@@ -64,13 +47,7 @@ class Process:
         return wait_for(find, timeout, pattern)
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        harness.terminate(self.proc)
 
 
 def start_coordinator(work):

@@ -12,9 +12,10 @@ order.
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
+
+from tandem_harness import free_port
 
 NODES = ("node1", "node2")
 # Seconds between SIGTERM and SIGKILL when Slurm ends a job (scancel, time
@@ -22,12 +23,6 @@ NODES = ("node1", "node2")
 KILL_WAIT_S = 10
 TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
                    "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def missing_tools():

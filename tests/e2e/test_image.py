@@ -1,9 +1,13 @@
 """The container image, run as a user would run it: scripts/image.sh builds
 tandem:VERSION (mmdebstrap rootfs from Debian packages, imported with
-podman, Tandem's binaries and the Python client on top), then podman runs a
-coordinator container, a client container that submits a job and watches
-it, and two worker containers that train it to completion, all from the
-image, on the host network (loopback only).
+podman, Tandem's own Debian package installed by dpkg and the Python client
+on top), then podman runs a coordinator container, a client container that
+submits a job and watches it, and two worker containers that train it to
+completion, all from the image, on the host network (loopback only); and
+one container walks a newcomer's path on a fresh machine with the package
+installed: the coordinator by its bare name, `tandem launch --nproc 2`
+(which finds the installed tandem-worker on PATH), `tandem status` and
+`tandem report`.
 
 How podman runs here: with runc (Debian's crun 1.8 refuses this machine's
 cgroups, v1 with an empty v2 hierarchy beside it: "cgroups in hybrid mode
@@ -96,10 +100,15 @@ def test_image_has_the_binaries_and_client(image):
                "for b in tandem-coordinator tandem-worker tandem-health "
                "tandem-plan tandem-graph tandem; do command -v $b; done; id -u")
     lines = r.stdout.split()
-    assert lines[:6] == ["/usr/local/bin/" + b for b in (
+    # The binaries from the package (dpkg), the CLI from pip.
+    assert lines[:6] == ["/usr/bin/" + b for b in (
         "tandem-coordinator", "tandem-worker", "tandem-health", "tandem-plan",
-        "tandem-graph", "tandem")], r.stdout
+        "tandem-graph")] + ["/usr/local/bin/tandem"], r.stdout
     assert lines[6] == "10001"  # not root
+    r = podman("run", "--rm", *run_flags(), image["ref"], "dpkg-query", "-W",
+               "-f", "${Package} ${Version} ${Status}", "tandem")
+    assert r.stdout.startswith("tandem ") and \
+        r.stdout.endswith("install ok installed"), r.stdout
     r = podman("run", "--rm", *run_flags(), image["ref"], "tandem-worker",
                "--help")
     assert "--coordinator" in r.stdout
@@ -164,3 +173,46 @@ def test_job_runs_to_completion_from_the_image(image, tmp_path):
     finally:
         for n in names:
             podman("rm", "-f", "-t", "2", n, check=False)
+
+
+# A newcomer's first job on a machine with the package installed, all in one
+# container as on one host: the coordinator by its bare name, `tandem
+# launch` starting the installed workers, then status and the report.
+NEWCOMER = r"""
+set -e
+cd /tmp
+cat > job.yaml <<'EOF'
+%(spec)s
+EOF
+export TANDEM_COORDINATOR=127.0.0.1:%(port)d
+tandem-coordinator --listen $TANDEM_COORDINATOR --db /tmp/tandem.db \
+  > coordinator.log 2>&1 &
+tandem-health --wait 30 $TANDEM_COORDINATOR
+tandem launch --nproc 2 job.yaml > launch.out 2>&1 ||
+  { cat launch.out; tail -20 coordinator.log; exit 1; }
+cat launch.out
+job=$(sed -n 's/^submitted job \([^;:]*\).*/\1/p' launch.out)
+echo "JOB $job"
+tandem status "$job"
+tandem report "$job" -o /tmp/report.html
+echo "REPORT $(wc -c < /tmp/report.html)"
+"""
+
+
+def test_newcomer_path_in_the_image(image):
+    spec = dict(SPEC, name="newcomer")
+    r = podman("run", "--rm", *run_flags(), "-e", "OPENBLAS_NUM_THREADS=1",
+               image["ref"], "sh", "-c",
+               NEWCOMER % {"spec": yaml.safe_dump(spec), "port": free_port()},
+               timeout=600, check=False)
+    out = r.stdout
+    assert r.returncode == 0, (out[-3000:], r.stderr[-2000:])
+    # launch found the installed worker, not a build tree's.
+    assert "started 2 workers (/usr/bin/tandem-worker)" in out, out[-3000:]
+    m = re.search(r"^JOB (newcomer-\S+)$", out, re.M)
+    assert m, out[-3000:]
+    assert "job %s SUCCEEDED after 12 steps" % m.group(1) in out
+    assert re.search(r"^state\s+SUCCEEDED", out, re.M), out[-3000:]
+    assert re.search(r"^schedule\s+v[1-9]", out, re.M), out[-3000:]
+    size = int(re.search(r"^REPORT (\d+)$", out, re.M).group(1))
+    assert size > 10000, out[-2000:]

@@ -107,7 +107,7 @@ def stack(tmp_path_factory):
     for tool in (PROMETHEUS, PROMTOOL):
         if not os.access(tool, os.X_OK):
             pytest.skip("%s is missing (Debian package prometheus)" % tool)
-    import tandem  # client/python, put on sys.path by conftest.py
+    import tandem  # client/python, on the path by tests/pytest.ini
 
     work = tmp_path_factory.mktemp("prometheus-e2e")
     procs = []

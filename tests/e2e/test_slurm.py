@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 import tandem
-from conftest import (REPO, Coordinator, build_dir, client_conftest,
-                      unique_name, wait_for)
+import tandem_harness as harness
+from tandem_harness import REPO, Coordinator, build_dir, unique_name, wait_for
 from tandem.v1 import job_pb2
 
 SBATCH = REPO / "deploy" / "slurm" / "tandem.sbatch"
@@ -107,7 +107,7 @@ def test_killed_worker_is_started_again_in_its_task(slurm, coordinator,
             TANDEM_JOB=job.id))
         wait_for(lambda: client.get(job.id).job.step >= 12, timeout=120,
                  what=lambda: "12 steps; %s" % rank_logs(tmp_path))
-        pids = client_conftest.worker_pids(job.id)
+        pids = harness.worker_pids(job.id)
         assert len(pids) == 2, pids
         os.kill(pids[1], signal.SIGKILL)
         info = slurm.wait_job_end(slurm_job, timeout=180)
@@ -224,7 +224,7 @@ def test_scancel_with_coordinator_in_job_records_failure(slurm, tmp_path):
     assert info["JobState"] == "CANCELLED", info
 
     # The database as the in-job coordinator left it.
-    reopened = Coordinator(client_conftest.coordinator_binary(), logs)
+    reopened = Coordinator(harness.coordinator_binary(), logs)
     reopened.start()
     try:
         with tandem.Client(reopened.address, timeout=10) as client:

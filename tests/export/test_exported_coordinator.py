@@ -14,7 +14,6 @@ to the planned schedule changes nothing but speed.
     TANDEM_BUILD_DIR=build /usr/bin/python3 -m pytest -q tests/export
 """
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -33,10 +32,7 @@ import tandem  # noqa: E402
 import test_exported_numerics as numerics  # noqa: E402
 from tandem.v1 import job_pb2  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location(
-    "client_conftest", ROOT / "client" / "python" / "tests" / "conftest.py")
-client_conftest = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(client_conftest)
+import tandem_harness as harness  # noqa: E402
 
 WORKER = pathlib.Path(numerics.WORKER)
 STEPS = 14
@@ -48,7 +44,7 @@ def job_spec(archive, data, world, ckpt_dir, **extra):
     """`data`: the tokens file of a language model, or a dict of the
     `tensors` file's arrays' path ({"tensors": PATH})."""
     spec = {
-        "name": client_conftest.unique_name("exported"),
+        "name": harness.unique_name("exported"),
         "model": {"kind": "torchscript", "path": archive},
         "batch": {"micro_batch": numerics.GLOBAL_BATCH // world},
         "train": {"steps": STEPS, "lr": numerics.LR,
@@ -74,9 +70,9 @@ def job_spec(archive, data, world, ckpt_dir, **extra):
 
 @pytest.fixture
 def coordinator(tmp_path):
-    if not WORKER.is_file() or not client_conftest.coordinator_binary().is_file():
+    if not WORKER.is_file() or not harness.coordinator_binary().is_file():
         pytest.skip("tandem-worker or tandem-coordinator is not built")
-    c = client_conftest.Coordinator(client_conftest.coordinator_binary(),
+    c = harness.Coordinator(harness.coordinator_binary(),
                                     tmp_path / "coord", heartbeat_timeout_s=60)
     (tmp_path / "coord").mkdir()
     c.start()
@@ -367,7 +363,7 @@ def test_vit_synthetic_data_through_the_coordinator(tmp_path, coordinator):
         old = str(tmp_path / "old.tandem")
         tandem.export(module, batch, path=old)
         strip_synthetic(old)
-        stale = dict(spec, name=client_conftest.unique_name("stale"),
+        stale = dict(spec, name=harness.unique_name("stale"),
                      model={"kind": "torchscript", "path": old})
         with pytest.raises(tandem.TandemError) as e:
             client.submit(stale)

@@ -21,7 +21,8 @@ import tandem
 from tandem.v1 import job_pb2
 from tandem.v1 import worker_service_pb2 as wpb
 from tandem.v1 import worker_service_pb2_grpc as wgrpc
-from conftest import REPO, client_conftest, unique_name, wait_for, \
+import tandem_harness as harness
+from tandem_harness import REPO, unique_name, wait_for, \
     worker_binary
 
 CLIENT = REPO / "client" / "python"
@@ -342,7 +343,7 @@ def _refused(c):
 
 def test_public_address_needs_tls_and_tokens_or_insecure(cluster, pki,
                                                         tmp_path):
-    binary = str(client_conftest.coordinator_binary())
+    binary = str(harness.coordinator_binary())
     db = str(tmp_path / "public.db")
     refused = subprocess.run([binary, "--listen", "0.0.0.0:0", "--db", db],
                              capture_output=True, text=True, timeout=30)
@@ -453,7 +454,7 @@ def test_metrics_show_a_user_only_their_own_jobs_series(cluster, pki,
 
 
 def test_health_check_over_tls(secure, pki):
-    health = client_conftest.build_dir() / "coordinator" / "tandem-health"
+    health = harness.build_dir() / "coordinator" / "tandem-health"
     ok = subprocess.run([str(health), "--tls-ca", str(pki / "ca.pem"),
                          secure.address], capture_output=True, text=True,
                         timeout=30)

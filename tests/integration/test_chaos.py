@@ -14,7 +14,8 @@ import os
 
 import pytest
 
-from conftest import REPO, client_conftest, worker_binary
+import tandem_harness as harness
+from tandem_harness import REPO, worker_binary
 
 # bench/chaos/run.py, the long version, does the work.
 _spec = importlib.util.spec_from_file_location(
@@ -34,13 +35,13 @@ PLAN = [
 
 def run_chaos(tmp_path, plan, **kwargs):
     if not worker_binary().is_file() or \
-            not client_conftest.coordinator_binary().is_file():
+            not harness.coordinator_binary().is_file():
         pytest.skip("tandem-worker or tandem-coordinator is not built")
     seed = int(os.environ.get("TANDEM_CHAOS_SEED", "16"))
     run = chaos.Chaos(
         jobs=max(k[0] for k in plan) + 1, plan=plan, seed=seed, steps=60,
         every=5, parallel=2, slow_node_ms=8, workdir=tmp_path,
-        build=client_conftest.build_dir(), timeout_s=300, **kwargs)
+        build=harness.build_dir(), timeout_s=300, **kwargs)
     res = run.run()
     chaos.print_report(res)
     (tmp_path / "chaos.json").write_text(json.dumps(res, indent=1,

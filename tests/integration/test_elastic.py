@@ -16,8 +16,8 @@ import time
 import yaml
 
 import tandem
-from conftest import (REPO, client_conftest, unique_name, wait_for,
-                      worker_binary)
+import tandem_harness as harness
+from tandem_harness import REPO, unique_name, wait_for, worker_binary
 from tandem.v1 import job_pb2
 
 CLIENT = REPO / "client" / "python"
@@ -106,7 +106,7 @@ def test_three_sigkills_resume_exactly(cluster, tmp_path):
                         job.restarts == n and job.step >= step)
             wait_for(reached, timeout=120, interval=0.02,
                      what="step %d before kill %d" % (step, n + 1))
-            pids = client_conftest.worker_pids(job_id)
+            pids = harness.worker_pids(job_id)
             assert len(pids) == 2, pids
             victim = rng.choice(pids)
             os.kill(victim, signal.SIGKILL)
@@ -144,7 +144,7 @@ def test_rank_that_never_returns_resumes_at_a_smaller_world(cluster, tmp_path):
     relaunched. The job restarts, waits rejoin_timeout_s for it, resumes at
     world 1 with rank 0 (which registers once more, told the new world),
     reshards the newest checkpoint 2 -> 1 and completes."""
-    from conftest import Worker
+    from tandem_harness import Worker
     # A loaded machine may miss the peer's failed collective: then the
     # heartbeat timeout finds rank 1 gone.
     c = cluster.coordinator(heartbeat_timeout_s=10)

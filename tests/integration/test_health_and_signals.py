@@ -8,7 +8,8 @@ import subprocess
 import time
 
 import tandem
-from conftest import client_conftest, unique_name, wait_for
+import tandem_harness as harness
+from tandem_harness import unique_name, wait_for
 from tandem.v1 import job_pb2
 
 FAILED = job_pb2.JOB_STATE_FAILED
@@ -24,7 +25,7 @@ def spec(steps):
 
 
 def health(address, *args):
-    binary = client_conftest.build_dir() / "coordinator" / "tandem-health"
+    binary = harness.build_dir() / "coordinator" / "tandem-health"
     return subprocess.run([str(binary), *args, address], capture_output=True,
                           text=True, timeout=30)
 

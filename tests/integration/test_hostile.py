@@ -22,7 +22,7 @@ from tandem.v1 import job_service_pb2 as jpb
 from tandem.v1 import job_service_pb2_grpc as jgrpc
 from tandem.v1 import worker_service_pb2 as wpb
 from tandem.v1 import worker_service_pb2_grpc as wgrpc
-from conftest import REPO, unique_name, wait_for
+from tandem_harness import REPO, unique_name, wait_for
 
 # Threads a coordinator runs at rest is about 20 (gRPC's pollers, the
 # planner, the watchers, the metrics port); a thread per stream would put

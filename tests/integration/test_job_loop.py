@@ -9,7 +9,7 @@ import time
 import pytest
 
 import tandem
-from conftest import unique_name, wait_for
+from tandem_harness import unique_name, wait_for
 from tandem.progress import describe_outcome
 from tandem.v1 import job_pb2
 

@@ -12,7 +12,8 @@ import time
 import yaml
 
 import tandem
-from conftest import REPO, client_conftest, unique_name, wait_for, \
+import tandem_harness as harness
+from tandem_harness import REPO, unique_name, wait_for, \
     worker_binary
 
 CLIENT = REPO / "client" / "python"
@@ -106,7 +107,7 @@ def test_launch_world_size_mismatch_and_bad_args_are_usage_errors(
 
 
 def worker_pids(job_id):
-    return [pid for pid, _ in client_conftest.worker_processes(job_id)]
+    return [pid for pid, _ in harness.worker_processes(job_id)]
 
 
 def launched_job(client):

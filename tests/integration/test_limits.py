@@ -11,7 +11,7 @@ import grpc
 import tandem
 from tandem.v1 import worker_service_pb2 as wpb
 from tandem.v1 import worker_service_pb2_grpc as wgrpc
-from conftest import unique_name, wait_for
+from tandem_harness import unique_name, wait_for
 
 
 def tiny_spec():

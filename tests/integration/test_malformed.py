@@ -9,14 +9,15 @@ import grpc
 import pytest
 
 import tandem
-from conftest import client_conftest, unique_name, wait_for
+import tandem_harness as harness
+from tandem_harness import unique_name, wait_for
 from tandem.v1 import graph_pb2
 from tandem.v1 import job_pb2
 from tandem.v1 import profile_pb2
 from tandem.v1 import worker_service_pb2 as wpb
 from tandem.v1 import worker_service_pb2_grpc as wgrpc
 
-FakeWorker = client_conftest.FakeWorker
+FakeWorker = harness.FakeWorker
 
 SPEC = {"model": {"preset": "llama", "layers": 1, "d_model": 32, "heads": 2,
                   "ffn": 64, "vocab": 64},

@@ -11,7 +11,7 @@ import re
 import pytest
 
 import tandem
-from conftest import wait_for  # noqa: F401
+from tandem_harness import wait_for  # noqa: F401
 from test_job_loop import spec, messages, step_lines, SUCCEEDED, FAILED
 
 MIB = 1 << 20

@@ -10,7 +10,7 @@ import tandem
 from tandem.v1 import job_pb2
 from tandem.v1 import worker_service_pb2 as wpb
 from tandem.v1 import worker_service_pb2_grpc as wgrpc
-from conftest import unique_name, wait_for
+from tandem_harness import unique_name, wait_for
 
 SUCCEEDED = job_pb2.JOB_STATE_SUCCEEDED
 

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 import tandem
-from conftest import REPO, client_conftest, unique_name, worker_binary
+import tandem_harness as harness
+from tandem_harness import REPO, unique_name, worker_binary
 from tandem.v1 import profile_pb2
 
 SPEC = {
@@ -52,7 +53,7 @@ def test_standalone_trace_matches_the_profile(tmp_path):
     spec = dict(SPEC, name="timeline", train={"steps": 1})
     spec_path = tmp_path / "job.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
-    port = client_conftest.free_port()
+    port = harness.free_port()
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     procs = []
     for rank in range(2):

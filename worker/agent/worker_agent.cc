@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/lowering/least_memory.h"
 
 namespace tandem {
 
@@ -267,6 +268,16 @@ void WorkerAgent::ReportApplied(int64_t version, int64_t step,
     schedule_version_ = version;
     applied_ = m;
   }
+  Send(m, false);
+}
+
+void WorkerAgent::ReportMemoryGuard(int64_t from_step, int64_t tripped_version,
+                                    const std::string& reason) {
+  v1::WorkerMessage m;
+  m.mutable_applied()->set_version(kLeastMemoryVersion);
+  m.mutable_applied()->set_step(from_step);
+  m.mutable_applied()->set_reason(reason);
+  m.mutable_applied()->set_tripped_version(tripped_version);
   Send(m, false);
 }
 

@@ -75,6 +75,11 @@ class WorkerAgent {
   // switch to the least-memory schedule, version -1), empty otherwise.
   void ReportApplied(int64_t version, int64_t step,
                      const std::string& reason = "");
+  // The memory guard switched this rank to the least-memory schedule
+  // (version -1) from `from_step`; `tripped_version` is the version the
+  // step that came near the budget ran.
+  void ReportMemoryGuard(int64_t from_step, int64_t tripped_version,
+                         const std::string& reason);
   // `peer_lost`: a collective failed here, most likely because a peer
   // died (WorkerError.peer_lost).
   void ReportError(const std::string& message, bool fatal,

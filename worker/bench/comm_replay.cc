@@ -43,8 +43,8 @@
 #include "worker/runtime/executor.h"
 #include "worker/runtime/process_group.h"
 #include "worker/runtime/standard_schedules.h"
-#include "worker/runtime/training_job.h"
 #include "worker/spec/job_spec_yaml.h"
+#include "worker/trainer/training_job.h"
 
 ABSL_FLAG(std::string, spec, "", "the YAML job spec (required)");
 ABSL_FLAG(std::string, rendezvous, "",

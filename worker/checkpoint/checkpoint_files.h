@@ -22,8 +22,8 @@
 //   u64 checksum of the payload (FNV-1a over 64-bit words)
 // A truncated file fails the length check and a corrupted one the checksum.
 //
-// The runtime's blobs (worker/runtime/training_job.cc): "tensors" (every
-// param's name, shape and export name: common/archive/weights_file.h),
+// The runtime's blobs (worker/checkpoint/sharded_checkpoint.cc): "tensors"
+// (every param's name, shape and export name: common/archive/weights_file.h),
 // per param "param/<name>/shard" and, if trained, ".../exp_avg" and
 // ".../exp_avg_sq" (float32, ceil(numel / world) elements, the last rank's
 // tail zero padding), and "rng/cpu".

@@ -102,72 +102,9 @@ void InPieces(int64_t n, int64_t piece, int max_in_flight, IssueFn issue,
 
 }  // namespace
 
-CollectiveWork::CollectiveWork() : issued_(std::chrono::steady_clock::now()) {}
-
-absl::Status CollectiveWork::Wait() {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!done_) {
-    const SteadyTime start = std::chrono::steady_clock::now();
-    cv_.wait(lock, [this] { return done_; });
-    // Until completion, not until this thread woke: the wake-up latency is
-    // scheduling, not communication.
-    if (finished_ > start) waited_s_ += Seconds(start, finished_);
-  }
-  return status_;
-}
-
-bool CollectiveWork::done() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return done_;
-}
-
-double CollectiveWork::issue_to_done_s() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return done_ ? Seconds(issued_, finished_) : 0;
-}
-
 absl::Status Communicator::failure() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return failure_;
-}
-
-double CollectiveWork::run_s() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return done_ ? Seconds(started_, finished_) : 0;
-}
-
-SteadyTime CollectiveWork::started_at() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return started_;
-}
-
-SteadyTime CollectiveWork::finished_at() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return finished_;
-}
-
-double CollectiveWork::waited_s() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return waited_s_;
-}
-
-std::shared_ptr<CollectiveWork> CollectiveWork::RunInline(
-    const std::function<void()>& body) {
-  auto handle = std::make_shared<CollectiveWork>();
-  handle->started_ = handle->issued_;
-  body();
-  handle->Finish(absl::OkStatus());
-  return handle;
-}
-
-void CollectiveWork::Finish(absl::Status status) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    status_ = std::move(status);
-    finished_ = std::chrono::steady_clock::now();
-    done_ = true;
-  }
-  cv_.notify_all();
 }
 
 Communicator::Communicator(c10::intrusive_ptr<c10d::ProcessGroup> group,
@@ -187,17 +124,17 @@ Communicator::Communicator(c10::intrusive_ptr<c10d::ProcessGroup> group,
 
 Communicator::~Communicator() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   thread_.join();
 }
 
-CollectiveHandle Communicator::Submit(std::function<void()> body) {
-  auto handle = std::make_shared<CollectiveWork>();
+AsyncHandle Communicator::Submit(std::function<void()> body) {
+  auto handle = std::make_shared<AsyncWork>(AsyncWork::Kind::kCollective);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!failure_.ok()) {
       handle->Finish(failure_);
       return handle;
@@ -205,7 +142,7 @@ CollectiveHandle Communicator::Submit(std::function<void()> body) {
     queue_.push_back({handle, std::move(body)});
     last_ = handle;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   return handle;
 }
 
@@ -214,26 +151,23 @@ void Communicator::Loop() {
   for (;;) {
     Task task;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      absl::MutexLock lock(&mu_);
+      while (!stopping_ && queue_.empty()) cv_.Wait(&mu_);
       if (queue_.empty()) return;  // stopping and drained
       task = std::move(queue_.front());
       queue_.pop_front();
     }
     absl::Status status;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       status = failure_;
     }
-    {
-      std::lock_guard<std::mutex> lock(task.handle->mu_);
-      task.handle->started_ = std::chrono::steady_clock::now();
-    }
+    task.handle->MarkStarted();
     if (status.ok()) {
       status = TorchCall(absl::StrCat("collective on rank ", rank_),
                          [&] { task.body(); });
       if (!status.ok()) {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         failure_ = status;
       }
     }
@@ -279,7 +213,7 @@ absl::StatusOr<ChunkTuning> Communicator::TuneChunkBytes() {
   const int64_t n = std::max<int64_t>(
       1, kProbeBytes / static_cast<int64_t>(sizeof(float)) / (world_size_ - 1));
   double seconds = 1e30;
-  CollectiveHandle probe = Submit([&] {
+  AsyncHandle probe = Submit([&] {
     const at::Tensor in = at::zeros({n}, at::kFloat);
     const at::Tensor out = at::empty({n * world_size_}, at::kFloat);
     // chunk_bytes is still 0 here: default pieces.
@@ -300,8 +234,7 @@ absl::StatusOr<ChunkTuning> Communicator::TuneChunkBytes() {
                              ? kDefaultCommChunkBytes
                              : kWholeMessages;
   tuning.chunk_bytes = chosen;
-  CollectiveHandle set =
-      Submit([this, chosen] { options_.chunk_bytes = chosen; });
+  AsyncHandle set = Submit([this, chosen] { options_.chunk_bytes = chosen; });
   RETURN_IF_ERROR(set->Wait());
   return tuning;
 }
@@ -440,7 +373,7 @@ absl::StatusOr<std::vector<double>> Communicator::AllGatherScalars(
   if (world_size_ == 1) return values;
   const int64_t n = static_cast<int64_t>(values.size());
   std::vector<double> result(static_cast<size_t>(n * world_size_));
-  CollectiveHandle handle = Submit([&] {
+  AsyncHandle handle = Submit([&] {
     at::Tensor in = at::empty({n}, at::kDouble);
     std::copy(values.begin(), values.end(), in.data_ptr<double>());
     at::Tensor out = at::empty({n * world_size_}, at::kDouble);
@@ -459,13 +392,13 @@ absl::StatusOr<std::vector<double>> Communicator::AllGatherScalars(
 }
 
 absl::Status Communicator::Drain() {
-  CollectiveHandle last;
+  AsyncHandle last;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     last = last_;
   }
   if (last != nullptr) last->Wait().IgnoreError();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return failure_;
 }
 

@@ -19,25 +19,24 @@
 #define TANDEM_WORKER_RUNTIME_COMMUNICATOR_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "ATen/core/Tensor.h"
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/ir/profile.h"
 #include "common/job/job_spec.h"
 #include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
+#include "worker/runtime/async_work.h"
 
 namespace tandem {
-
-using SteadyTime = std::chrono::steady_clock::time_point;
 
 // How collectives are cut into transport calls (the job spec's `comm`; every
 // rank of a job must use the same values, since the ranks' calls must match).
@@ -75,52 +74,6 @@ struct ChunkTuning {
 inline constexpr double kPiecesBelowBytesPerS = 64e6;
 inline constexpr int64_t kWholeMessages = int64_t{1} << 50;
 
-// One submission in flight. Completed by the communication thread; any
-// thread may wait for it.
-class CollectiveWork {
- public:
-  CollectiveWork();
-
-  // Runs `body` on the calling thread and returns its handle, done: a world
-  // of one has nothing to move, so its "collectives" are local copies that
-  // need no communication thread. started_at/finished_at bracket `body`;
-  // an exception it throws propagates to the caller.
-  static std::shared_ptr<CollectiveWork> RunInline(
-      const std::function<void()>& body);
-
-  // Blocks until the collective finished and returns its status. The time
-  // spent blocked is added to waited_s().
-  absl::Status Wait();
-  bool done() const;
-
-  // Valid once done: seconds from submission to completion, and the part of
-  // it callers spent blocked in Wait (the exposed communication).
-  double issue_to_done_s() const;
-  double waited_s() const;
-  // Valid once done: seconds it ran on the communication thread (start to
-  // completion), i.e. issue_to_done_s less the queueing.
-  double run_s() const;
-  // Valid once done: when it started running and when it finished (the
-  // iteration timeline places it with these).
-  SteadyTime started_at() const;
-  SteadyTime finished_at() const;
-
- private:
-  friend class Communicator;
-  friend class HostTier;  // copies use the same handles
-  void Finish(absl::Status status);
-
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  absl::Status status_;
-  SteadyTime issued_;
-  SteadyTime started_;
-  SteadyTime finished_;
-  double waited_s_ = 0;
-};
-using CollectiveHandle = std::shared_ptr<CollectiveWork>;
-
 class Communicator {
  public:
   // `group` must be live for the communicator's lifetime.
@@ -139,7 +92,7 @@ class Communicator {
   // an exception it throws becomes the handle's status. After a failure,
   // later submissions fail at once with the same status (the peers are
   // gone or out of step; the job must restart).
-  CollectiveHandle Submit(std::function<void()> body);
+  AsyncHandle Submit(std::function<void()> body);
 
   // Blocking collectives; call them only from a Submit body.
   //   AllGather: `input` [n] from every rank into `output` [world * n],
@@ -191,7 +144,7 @@ class Communicator {
 
  private:
   struct Task {
-    CollectiveHandle handle;
+    AsyncHandle handle;
     std::function<void()> body;
   };
   void Loop();
@@ -216,12 +169,12 @@ class Communicator {
   // SetProbeSecondsForTesting; 0: use the measured time.
   double probe_seconds_for_testing_ = 0;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Task> queue_;
-  CollectiveHandle last_;
-  bool stopping_ = false;
-  absl::Status failure_;
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
+  AsyncHandle last_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
   // The communication thread: pops tasks in submission order and runs each
   // to completion (issue, wait, unpack) before the next, so all ranks see the
   // same collective sequence. Declared last: it starts after the state above.

@@ -12,11 +12,11 @@
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/ir/graph.h"
 #include "common/ir/validate.h"
 #include "common/lowering/least_memory.h"
 #include "common/lowering/persistent_refresh.h"
 #include "common/lowering/schedule_semantics.h"
-#include "common/sim/simulator.h"
 #include "common/status_macros.h"
 #include "torch/csrc/autograd/autograd.h"
 #include "torch/csrc/autograd/custom_function.h"
@@ -263,11 +263,11 @@ struct Executor::Prepared {
 
 struct Executor::IterationState {
   struct Gather {
-    CollectiveHandle handle;
+    AsyncHandle handle;
     int32_t issued_at;
   };
   struct Reduce {
-    CollectiveHandle handle;
+    AsyncHandle handle;
     std::vector<int32_t> params;
     int32_t issued_at;
     int64_t bytes;
@@ -276,7 +276,7 @@ struct Executor::IterationState {
   std::vector<Reduce> reduces;
   // Every all-gather and reduce-scatter issued this iteration, oldest
   // first, until the memory hold saw it done (HoldPlannedPeak).
-  std::deque<CollectiveHandle> in_flight;
+  std::deque<AsyncHandle> in_flight;
   double memory_hold_s = 0;
   double exposed_s = 0;
   double loss_sum = 0;
@@ -286,7 +286,7 @@ struct Executor::IterationState {
   struct Copy {
     std::string label;
     int64_t bytes;
-    CollectiveHandle handle;
+    AsyncHandle handle;
     // An offload: frees its states on the device when done.
     bool frees = false;
   };
@@ -437,9 +437,9 @@ void Executor::HoldPlannedPeak(int pos) {
   if (meter_->current_bytes() + rise <= hold_limit_) return;
   const SteadyTime start = Now();
   bool waited = false;
-  std::deque<CollectiveHandle>& in_flight = it_->in_flight;
+  std::deque<AsyncHandle>& in_flight = it_->in_flight;
   while (!in_flight.empty() && meter_->current_bytes() + rise > hold_limit_) {
-    const CollectiveHandle handle = std::move(in_flight.front());
+    const AsyncHandle handle = std::move(in_flight.front());
     in_flight.pop_front();
     if (handle->done()) continue;
     const absl::Status status = handle->Wait();
@@ -493,7 +493,7 @@ void Executor::RefreshPersistent(const Prepared* previous) {
   if (ids.empty()) return;
   store_->Release(ids);
   for (std::vector<int32_t>& chunk : PersistentRefreshChunks(graph_, ids)) {
-    CollectiveHandle handle = store_->Gather(chunk, *comm_);
+    AsyncHandle handle = store_->Gather(chunk, *comm_);
     refresh_.push_back({std::move(handle), std::move(chunk)});
   }
 }
@@ -512,8 +512,7 @@ void Executor::WaitRefreshThrough(size_t chunk) {
   }
 }
 
-void Executor::WaitCounted(const CollectiveHandle& handle,
-                           CollectiveTiming timing) {
+void Executor::WaitCounted(const AsyncHandle& handle, CollectiveTiming timing) {
   const double waited_before = handle->waited_s();
   const SteadyTime wait_start = Now();
   const absl::Status status = handle->Wait();
@@ -559,7 +558,7 @@ void Executor::RunActions(int pos, AnchorPosition where) {
     switch (a.kind) {
       case ActionKind::kAllGather: {
         const std::vector<int32_t>& ids = active_->group_params.at(a.group_id);
-        CollectiveHandle handle =
+        AsyncHandle handle =
             store_->Gather(ids, *comm_,
                            /*refresh=*/mode_ == ShardingMode::kZero1);
         it_->in_flight.push_back(handle);
@@ -604,8 +603,7 @@ void Executor::RunActions(int pos, AnchorPosition where) {
         for (int32_t id : ids) {
           if (!store_->states_on_host(id)) bytes += store_->state_bytes(id);
         }
-        absl::StatusOr<CollectiveHandle> copy =
-            store_->OffloadStates(ids, *host_);
+        absl::StatusOr<AsyncHandle> copy = store_->OffloadStates(ids, *host_);
         TORCH_CHECK(copy.ok(), std::string(copy.status().message()));
         it_->copies.push_back({absl::StrCat("offload o", a.offload_id), bytes,
                                *copy, /*frees=*/true});

@@ -220,7 +220,7 @@ class Executor {
   void HoldPlannedPeak(int pos);
   void FinishBackwardNode(int pos);
   void RefreshPersistent(const Prepared* previous);
-  void WaitCounted(const CollectiveHandle& handle, CollectiveTiming timing);
+  void WaitCounted(const AsyncHandle& handle, CollectiveTiming timing);
 
   const Program* program_;
   const ProgramFlow flow_;
@@ -239,7 +239,7 @@ class Executor {
   // gathered stay as they are): a node waits for its params' chunk, and the
   // chunks before it (they finish in order).
   struct RefreshChunk {
-    CollectiveHandle handle;
+    AsyncHandle handle;
     std::vector<int32_t> ids;
   };
   std::vector<RefreshChunk> refresh_;

@@ -38,7 +38,7 @@ std::string DefaultDir() {
 }  // namespace
 
 struct HostTier::Task {
-  CollectiveHandle handle;
+  AsyncHandle handle;
   std::function<void()> body;
 #ifdef TANDEM_WITH_CUDA
   // Recorded on the compute stream at submission: the copy stream waits for
@@ -140,9 +140,9 @@ absl::StatusOr<at::Tensor> HostTier::Allocate(int64_t numel) {
       data, {numel}, [bytes](void* p) { munmap(p, bytes); }, f32);
 }
 
-CollectiveHandle HostTier::Submit(std::function<void()> copy) {
+AsyncHandle HostTier::Submit(std::function<void()> copy) {
   auto task = std::make_unique<Task>();
-  task->handle = std::make_shared<CollectiveWork>();
+  task->handle = std::make_shared<AsyncWork>(AsyncWork::Kind::kHostCopy);
   task->body = std::move(copy);
 #ifdef TANDEM_WITH_CUDA
   if (cuda_ != nullptr) {
@@ -150,7 +150,7 @@ CollectiveHandle HostTier::Submit(std::function<void()> copy) {
     task->ready->record(at::cuda::getCurrentCUDAStream(device_.index()));
   }
 #endif
-  CollectiveHandle handle = task->handle;
+  AsyncHandle handle = task->handle;
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(task));
@@ -180,7 +180,7 @@ void HostTier::Copy(const at::Tensor& src, const at::Tensor& dst) {
 }
 
 void HostTier::Drain() {
-  CollectiveHandle last;
+  AsyncHandle last;
   {
     std::lock_guard<std::mutex> lock(mu_);
     last = last_;
@@ -199,10 +199,7 @@ void HostTier::Loop() {
       task = std::move(queue_.front());
       queue_.pop_front();
     }
-    {
-      std::lock_guard<std::mutex> lock(task->handle->mu_);
-      task->handle->started_ = std::chrono::steady_clock::now();
-    }
+    task->handle->MarkStarted();
     absl::Status status = TorchCall("host-tier copy", [&] {
 #ifdef TANDEM_WITH_CUDA
       if (cuda_ != nullptr) {

@@ -29,7 +29,7 @@
 #include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "worker/runtime/communicator.h"
+#include "worker/runtime/async_work.h"
 
 namespace tandem {
 
@@ -53,7 +53,7 @@ class HostTier {
   // Runs `copy` on the copy thread after every earlier submission; `copy`
   // calls Copy() (and may drop tensors it captured). An exception becomes
   // the handle's status.
-  CollectiveHandle Submit(std::function<void()> copy);
+  AsyncHandle Submit(std::function<void()> copy);
   // From a Submit body only: copies `src` into `dst` (same numel, either
   // side on the host tier or the device).
   void Copy(const at::Tensor& src, const at::Tensor& dst);
@@ -80,7 +80,7 @@ class HostTier {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Task>> queue_;
-  CollectiveHandle last_;
+  AsyncHandle last_;
   bool stopping_ = false;
   // The copy thread: runs copies in submission order, each to completion,
   // so that compute never waits for a copy it does not need yet. Declared

@@ -109,7 +109,7 @@ struct KindInterference {
 // 1.14-2.03x from run to run of the same job.
 absl::StatusOr<KindInterference> MeasureKind(
     ComputeLoop& loop, int64_t bytes, const InterferenceProbeOptions& options,
-    const std::function<CollectiveHandle()>& start,
+    const std::function<AsyncHandle()>& start,
     const std::function<absl::Status()>& barrier) {
   double lost_s = 0;
   double solo_s = 0;
@@ -119,10 +119,10 @@ absl::StatusOr<KindInterference> MeasureKind(
   for (int rep = 0; rep < std::max(options.repetitions, 1); ++rep) {
     const double alone = loop.RateAlone(options.alone_window_s);
     RETURN_IF_ERROR(barrier());
-    CollectiveHandle solo = start();
+    AsyncHandle solo = start();
     RETURN_IF_ERROR(solo->Wait());
     alone_runs.push_back(solo->run_s());
-    CollectiveHandle handle = start();
+    AsyncHandle handle = start();
     const auto [with, elapsed] =
         loop.RateUntil([&handle] { return handle->done(); });
     RETURN_IF_ERROR(handle->Wait());

@@ -126,10 +126,11 @@ bool ShardedParamStore::materialized(int32_t id) const {
          (e.pending_gather == nullptr || e.pending_gather->done());
 }
 
-CollectiveHandle ShardedParamStore::Gather(absl::Span<const int32_t> ids,
-                                           Communicator& comm, bool refresh) {
+AsyncHandle ShardedParamStore::Gather(absl::Span<const int32_t> ids,
+                                      Communicator& comm, bool refresh) {
   // Alone: the full tensors alias the shards (Create), always gathered.
-  if (world_size_ == 1) return CollectiveWork::RunInline([] {});
+  if (world_size_ == 1)
+    return AsyncWork::RunInline(AsyncWork::Kind::kCollective, [] {});
   struct Piece {
     at::Tensor shard;  // this rank's shard, read on the comm thread
     void* dest;        // the full storage
@@ -157,7 +158,7 @@ CollectiveHandle ShardedParamStore::Gather(absl::Span<const int32_t> ids,
   const int world = world_size_;
   const at::Device device = device_;
   const at::ScalarType dtype = dtype_;
-  CollectiveHandle handle = comm.Submit(
+  AsyncHandle handle = comm.Submit(
       [pieces = std::move(pieces), packed, world, device, dtype, &comm] {
         const auto options = at::TensorOptions().dtype(dtype).device(device);
         at::Tensor in = at::empty({packed}, options);
@@ -194,8 +195,8 @@ void ShardedParamStore::Release(absl::Span<const int32_t> ids) {
   }
 }
 
-CollectiveHandle ShardedParamStore::ReduceScatterGrads(
-    absl::Span<const int32_t> ids, Communicator& comm) {
+AsyncHandle ShardedParamStore::ReduceScatterGrads(absl::Span<const int32_t> ids,
+                                                  Communicator& comm) {
   struct Piece {
     at::Tensor grad;        // full gradient, or undefined for zero
     at::Tensor shard_grad;  // accumulated on the comm thread
@@ -233,7 +234,7 @@ CollectiveHandle ShardedParamStore::ReduceScatterGrads(
   if (world_size_ == 1) {
     // Alone, the mean over ranks is this rank's gradient: accumulate it
     // here, on the compute thread, with no packing and no collective.
-    return CollectiveWork::RunInline([&pieces] {
+    return AsyncWork::RunInline(AsyncWork::Kind::kCollective, [&pieces] {
       for (Piece& p : pieces) {
         if (p.promoted_from.defined()) p.shard_grad.copy_(p.promoted_from);
         if (!p.grad.defined()) {
@@ -298,7 +299,7 @@ CollectiveHandle ShardedParamStore::ReduceScatterGrads(
   });
 }
 
-absl::StatusOr<CollectiveHandle> ShardedParamStore::OffloadStates(
+absl::StatusOr<AsyncHandle> ShardedParamStore::OffloadStates(
     absl::Span<const int32_t> ids, HostTier& tier) {
   struct Piece {
     // The device copies die with the copy; master undefined for fp32. While
@@ -330,8 +331,8 @@ absl::StatusOr<CollectiveHandle> ShardedParamStore::OffloadStates(
     e.states_on_host = true;
     moved.push_back(id);
   }
-  if (pieces.empty()) return CollectiveHandle();
-  CollectiveHandle handle =
+  if (pieces.empty()) return AsyncHandle();
+  AsyncHandle handle =
       tier.Submit([pieces = std::move(pieces), &tier]() mutable {
         for (Piece& p : pieces) {
           ReloadedStates& s = p.reloaded != nullptr ? *p.reloaded : p.states;
@@ -348,8 +349,8 @@ absl::StatusOr<CollectiveHandle> ShardedParamStore::OffloadStates(
   return handle;
 }
 
-CollectiveHandle ShardedParamStore::ReloadStates(absl::Span<const int32_t> ids,
-                                                 HostTier& tier) {
+AsyncHandle ShardedParamStore::ReloadStates(absl::Span<const int32_t> ids,
+                                            HostTier& tier) {
   struct Piece {
     at::Tensor host;
     std::shared_ptr<ReloadedStates> into;
@@ -381,7 +382,7 @@ CollectiveHandle ShardedParamStore::ReloadStates(absl::Span<const int32_t> ids,
     moved.push_back(id);
   }
   if (pieces.empty()) return nullptr;
-  CollectiveHandle handle =
+  AsyncHandle handle =
       tier.Submit([pieces = std::move(pieces), &tier, at_start, allocate] {
         if (at_start) {
           for (const Piece& p : pieces) allocate(p);
@@ -530,7 +531,7 @@ absl::StatusOr<at::Tensor> ShardedParamStore::GatherValue(int32_t id,
                                                           Communicator& comm) {
   const Entry& e = params_[id];
   at::Tensor out;
-  CollectiveHandle h = comm.Submit([&] {
+  AsyncHandle h = comm.Submit([&] {
     const at::Tensor master = MasterShard(id);
     at::Tensor all = at::empty({e.shard_numel * world_size_}, master.options());
     comm.AllGather(master, all);

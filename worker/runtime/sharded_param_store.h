@@ -115,8 +115,8 @@ class ShardedParamStore {
   // usable once the handle is done. `ids` must be released, unless
   // `refresh`: then gathered params are overwritten in place (ZeRO-1's
   // replicated params after the optimizer updated the shards).
-  CollectiveHandle Gather(absl::Span<const int32_t> ids, Communicator& comm,
-                          bool refresh = false);
+  AsyncHandle Gather(absl::Span<const int32_t> ids, Communicator& comm,
+                     bool refresh = false);
   // Frees the full storage of `ids` (waiting first for a gather still in
   // flight). Releasing a released param does nothing.
   void Release(absl::Span<const int32_t> ids);
@@ -126,8 +126,8 @@ class ShardedParamStore {
   // their previous value plus the mean over ranks. The full gradients are
   // dropped at once. Every id must be trainable (the schedule semantics
   // refuse a frozen param reduced).
-  CollectiveHandle ReduceScatterGrads(absl::Span<const int32_t> ids,
-                                      Communicator& comm);
+  AsyncHandle ReduceScatterGrads(absl::Span<const int32_t> ids,
+                                 Communicator& comm);
 
   // Bytes of optimizer state this rank holds for `id` (AdamW moments and a
   // non-fp32 param's master; none for a frozen param).
@@ -143,12 +143,12 @@ class ShardedParamStore {
   // already on the host, and frozen params (no states), are left alone. The
   // handle is null when nothing moves. Errors: the tier cannot allocate host
   // memory.
-  absl::StatusOr<CollectiveHandle> OffloadStates(absl::Span<const int32_t> ids,
-                                                 HostTier& tier);
+  absl::StatusOr<AsyncHandle> OffloadStates(absl::Span<const int32_t> ids,
+                                            HostTier& tier);
   // Copies the states of `ids` that are on the host now back to device
   // memory on `tier`'s copy thread, which allocates it when the copy starts
   // (on CUDA it is allocated now). Null handle when nothing moves.
-  CollectiveHandle ReloadStates(absl::Span<const int32_t> ids, HostTier& tier);
+  AsyncHandle ReloadStates(absl::Span<const int32_t> ids, HostTier& tier);
   // Blocks until no copy of any state is in flight (checkpoints read them).
   void WaitStates();
   // The AdamW moments of `id`: on the device unless states_on_host(id); a
@@ -200,13 +200,13 @@ class ShardedParamStore {
     int reduces = 0;
     at::Tensor exp_avg;
     at::Tensor exp_avg_sq;
-    CollectiveHandle pending_gather;
+    AsyncHandle pending_gather;
     // Host-tier copy of the states: [exp_avg | exp_avg_sq | master],
     // allocated at the first offload and kept.
     at::Tensor host_states;
     bool states_on_host = false;
     // The latest offload or reload of the states.
-    CollectiveHandle pending_copy;
+    AsyncHandle pending_copy;
     // A reload in flight: the device states its copy allocates and fills,
     // moved into the entry (SettleReload) once pending_copy is done; an
     // offload submitted meanwhile takes them from here.

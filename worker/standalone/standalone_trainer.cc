@@ -23,7 +23,7 @@
 #include "worker/runtime/profiler.h"
 #include "worker/runtime/program.h"
 #include "worker/runtime/standard_schedules.h"
-#include "worker/runtime/training_job.h"
+#include "worker/trainer/training_job.h"
 
 namespace tandem {
 namespace {

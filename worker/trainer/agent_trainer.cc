@@ -27,8 +27,8 @@
 #include "worker/runtime/process_group.h"
 #include "worker/runtime/profiler.h"
 #include "worker/runtime/standard_schedules.h"
-#include "worker/runtime/training_job.h"
 #include "worker/trainer/coordinator_store.h"
+#include "worker/trainer/training_job.h"
 
 namespace tandem {
 namespace {
@@ -275,7 +275,7 @@ absl::Status Train(const AgentTrainerOptions& options, MemoryMeter* meter,
       // Every rank runs the least-memory schedule from the next step: the
       // coordinator re-plans from the profile measured under it.
       std::fprintf(stderr, "tandem-worker: %s\n", s.guard_reason.c_str());
-      agent.ReportApplied(kLeastMemoryVersion, step + 1, s.guard_reason);
+      agent.ReportMemoryGuard(step + 1, s.schedule_version, s.guard_reason);
     }
     v1::IterationProgress progress;
     progress.set_step(step + 1);

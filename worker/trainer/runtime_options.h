@@ -25,7 +25,7 @@
 #include "c10/core/Device.h"
 #include "worker/runtime/memory_meter.h"
 #include "worker/runtime/process_group.h"
-#include "worker/runtime/training_job.h"
+#include "worker/trainer/training_job.h"
 
 namespace tandem {
 

@@ -11,8 +11,8 @@
 // fails verification on any rank is logged and the previous complete one is
 // used), and Step writes one every checkpoint.every steps
 // (worker/checkpoint/checkpoint_files.h).
-#ifndef TANDEM_WORKER_RUNTIME_TRAINING_JOB_H_
-#define TANDEM_WORKER_RUNTIME_TRAINING_JOB_H_
+#ifndef TANDEM_WORKER_TRAINER_TRAINING_JOB_H_
+#define TANDEM_WORKER_TRAINER_TRAINING_JOB_H_
 
 #include <future>
 #include <memory>
@@ -196,4 +196,4 @@ absl::Status CheckFiniteLoss(const v1::JobSpec& spec, const StepStats& stats);
 
 }  // namespace tandem
 
-#endif  // TANDEM_WORKER_RUNTIME_TRAINING_JOB_H_
+#endif  // TANDEM_WORKER_TRAINER_TRAINING_JOB_H_

@@ -6,8 +6,7 @@ import time
 
 import yaml
 
-from conftest import (EXAMPLE_SPEC, free_port, run_cli, small_spec,
-                      unique_name)
+from tandem_harness import (EXAMPLE_SPEC, free_port, run_cli, small_spec, unique_name)
 
 JOB_ID = re.compile(r"submitted job (\S+): PENDING, waiting for (\d+) workers")
 

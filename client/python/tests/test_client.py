@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 import tandem
-from conftest import EXAMPLE_SPEC, free_port, small_spec, unique_name
+from tandem_harness import EXAMPLE_SPEC, free_port, small_spec, unique_name
 from tandem.v1 import graph_pb2, job_pb2
 
 

@@ -6,7 +6,7 @@ import yaml
 from google.protobuf.descriptor import FieldDescriptor as FD
 
 from tandem.spec import parse_yaml
-from conftest import PY_ROOT
+from tandem_harness import PY_ROOT
 from tandem.v1 import job_pb2
 
 README = PY_ROOT.parent / "README.md"

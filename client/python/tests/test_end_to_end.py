@@ -13,7 +13,7 @@ import time
 import pytest
 
 import tandem
-from conftest import (PY_ROOT, run_cli, small_spec, wait_for, wait_for_state)
+from tandem_harness import (PY_ROOT, run_cli, small_spec, wait_for, wait_for_state)
 from tandem.v1 import job_pb2, worker_service_pb2 as wpb
 
 

@@ -5,7 +5,7 @@ explanation with the schedule, and still has it after a restart."""
 import pytest
 
 import tandem
-from conftest import run_cli, small_spec, wait_for
+from tandem_harness import run_cli, small_spec, wait_for
 from tandem.v1 import graph_pb2
 from tandem.v1 import profile_pb2
 from tandem.v1 import worker_service_pb2 as wpb

@@ -23,7 +23,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import PY_ROOT, REPO  # noqa: E402
+from tandem_harness import PY_ROOT, REPO  # noqa: E402
 
 import tandem  # noqa: E402
 from tandem import export as tx  # noqa: E402

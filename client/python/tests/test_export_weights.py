@@ -22,7 +22,7 @@ import struct
 
 import pytest
 
-from conftest import free_port, run_cli, small_spec
+from tandem_harness import free_port, run_cli, small_spec
 from tandem import weights
 
 MASK = (1 << 64) - 1

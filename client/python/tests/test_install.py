@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import PY_ROOT
+from tandem_harness import PY_ROOT
 
 
 @pytest.mark.skipif(importlib.util.find_spec("pip") is None,

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 import tandem
-from conftest import small_spec
+from tandem_harness import small_spec
 
 
 def test_keys_parse_with_their_types():

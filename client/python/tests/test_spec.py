@@ -5,7 +5,7 @@ import io
 import pytest
 from google.protobuf.descriptor import FieldDescriptor as FD
 
-from conftest import EXAMPLE_SPEC
+from tandem_harness import EXAMPLE_SPEC
 from tandem import SpecError
 from tandem import spec as S
 from tandem.progress import ProgressView, StepRate

@@ -39,6 +39,12 @@ TEST(DTypeTest, NamesRoundTrip) {
   EXPECT_FALSE(ParseDType("fp32").has_value());
 }
 
+TEST(GraphTest, OptimizerStateBytesPerElement_ByDtype) {
+  EXPECT_EQ(OptimizerStateBytesPerElement(DType::kF32), 8);
+  EXPECT_EQ(OptimizerStateBytesPerElement(DType::kBF16), 12);
+  EXPECT_EQ(OptimizerStateBytesPerElement(DType::kF16), 12);
+}
+
 TEST(GraphTest, StructuralHash_FixedGraph_IsStableAcrossReleases) {
   // Schedules persisted by the coordinator name graphs by this hash: a change
   // to the hash function orphans them. Update only with a format bump.

@@ -689,11 +689,5 @@ TEST(SimulatorTest, Simulate_TinyFixture_IsSelfConsistent) {
   EXPECT_EQ(r.offloaded_bytes, 256000);
 }
 
-TEST(SimulatorTest, OptimizerStateBytesPerElement_ByDtype) {
-  EXPECT_EQ(OptimizerStateBytesPerElement(DType::kF32), 8);
-  EXPECT_EQ(OptimizerStateBytesPerElement(DType::kBF16), 12);
-  EXPECT_EQ(OptimizerStateBytesPerElement(DType::kF16), 12);
-}
-
 }  // namespace
 }  // namespace tandem

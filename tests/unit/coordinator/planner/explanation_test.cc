@@ -223,7 +223,7 @@ TEST(ExplanationTest, Plan_CustomPasses_ChainThroughEveryPass) {
 TEST(ExplanationTest, PlanFromMeasurements_TextAndProtoForms_RoundTrip) {
   const Graph graph = ModelGraph("preset=tiny-llama world=4");
   HardwareModel hw = HardwareModel::H100(graph.world_size);
-  hw.budget_bytes = 80 << 20;
+  hw.budget_bytes = 100 << 20;
   absl::StatusOr<PlanResult> result =
       PlanFromMeasurements(graph, hw, nullptr, nullptr, PlanOptions());
   ASSERT_TRUE(result.ok()) << result.status();

@@ -19,6 +19,8 @@ JobReport FullReport() {
   r.job.mutable_spec()->set_name("tiny");
   r.job.mutable_spec()->mutable_train()->set_steps(8);
   r.job.mutable_spec()->mutable_parallel()->set_world_size(2);
+  r.job.mutable_spec()->mutable_batch()->set_micro_batch(2);
+  r.job.mutable_spec()->mutable_batch()->set_seq_len(16);
   r.job.set_state(v1::JOB_STATE_SUCCEEDED);
   r.job.set_step(8);
   r.job.set_schedule_version(1);
@@ -94,12 +96,13 @@ TEST(RenderJobReportTest, FullReport_EveryChartDrawsData) {
   const std::string html = RenderJobReport(FullReport());
   const std::map<std::string, int> charts = ChartDataMarks(html);
   for (const char* name :
-       {"loss", "iteration-time", "predicted-vs-measured",
-        "exposed-communication", "overlap", "memory", "timeline"}) {
+       {"loss", "iteration-time", "throughput", "peak-by-step",
+        "predicted-vs-measured", "exposed-communication", "overlap", "memory",
+        "timeline"}) {
     ASSERT_TRUE(charts.count(name)) << name << " missing";
     EXPECT_GT(charts.at(name), 0) << name << " has no data";
   }
-  EXPECT_EQ(charts.size(), 7u);
+  EXPECT_EQ(charts.size(), 9u);
   // Two bars per version; four bars (2 ranks x 2 versions) per rank chart.
   EXPECT_EQ(charts.at("predicted-vs-measured"), 4);
   EXPECT_EQ(charts.at("exposed-communication"), 4);
@@ -108,6 +111,29 @@ TEST(RenderJobReportTest, FullReport_EveryChartDrawsData) {
                           HasSubstr("v1 active on all 2 ranks from step 5"),
                           HasSubstr("2023-11-14 22:13:20 UTC"),
                           HasSubstr("-8.3%"), HasSubstr("-5.0%")));
+}
+
+// What an FSDP user needs to read the rest: the baseline in their terms,
+// throughput in tokens per second (2 ranks x 2 x 16 tokens a step), and the
+// decisions summed up by kind with what they changed (v1, the initial plan,
+// measured 0.04 s against v0's 0.06: 1.5x).
+TEST(RenderJobReportTest, FullReport_BaselineThroughputAndDecisionsByKind) {
+  const std::string html = RenderJobReport(FullReport());
+  EXPECT_THAT(html, AllOf(HasSubstr("FSDP-style on-demand gathers"),
+                          HasSubstr("Throughput by step (tokens per second)"),
+                          HasSubstr("world x micro_batch x grad_accum x "
+                                    "seq_len tokens"),
+                          HasSubstr("Decisions by kind"),
+                          HasSubstr("1.500\u00d7 (faster by 33.3%, over 1 "
+                                    "version)"),
+                          HasSubstr("No budget: memory.budget_bytes is 0.")));
+  // An exported model counts samples; ZeRO-1's baseline is DDP-like.
+  JobReport exported = FullReport();
+  exported.job.mutable_spec()->mutable_model()->set_path("/m/model.tdm");
+  exported.job.mutable_spec()->mutable_parallel()->set_zero_stage(1);
+  const std::string other = RenderJobReport(exported);
+  EXPECT_THAT(other, AllOf(HasSubstr("(samples per second)"),
+                           HasSubstr("ZeRO-1, DDP-style")));
 }
 
 TEST(RenderJobReportTest, FullReport_SelfContainedWithoutScript) {

@@ -254,6 +254,27 @@ TEST_F(JobManagerTest, List_FiltersByStateNewestFirst) {
   EXPECT_EQ(cancelled[0].id(), a->id());
 }
 
+// A limit below the matches returns the newest `limit` of them, newest
+// first, the same on every call; the owner filter applies before it.
+TEST_F(JobManagerTest, List_LimitKeepsTheNewestInOrder) {
+  for (int i = 0; i < 30; ++i) {
+    auto job = manager_->Submit(TinySpec());
+    ASSERT_TRUE(job.ok());
+    if (i % 3 == 0) std::this_thread::sleep_for(2ms);
+  }
+  std::vector<v1::Job> all = manager_->List({}, 1000);
+  ASSERT_EQ(all.size(), 30u);
+  for (size_t i = 1; i < all.size(); ++i) {
+    EXPECT_GE(all[i - 1].submitted_unix_s(), all[i].submitted_unix_s());
+  }
+  std::vector<v1::Job> newest = manager_->List({}, 7);
+  ASSERT_EQ(newest.size(), 7u);
+  for (size_t i = 0; i < newest.size(); ++i) {
+    EXPECT_EQ(newest[i].id(), all[i].id()) << i;
+  }
+  EXPECT_TRUE(manager_->List({}, 7, std::string("someone-else")).empty());
+}
+
 // Training diverged: the job's events say when, once, and the loss stays
 // on the job as it is.
 TEST_F(JobManagerTest, UpdateProgress_NonFiniteLoss_OneDivergedEvent) {

@@ -22,6 +22,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // `trial_margin`: optimize.trial_margin (negative: unset, the default).
 // The interleaved baseline check is off unless a test asks for it
@@ -989,7 +990,7 @@ TEST_F(PlanningManagerTest, BaselineCheck_BaselineOverBudget_NeverRun) {
   job_ = *jobs_->Submit(Spec(/*trial_margin=*/0, /*baseline_pairs=*/2));
   ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
   for (int r = 0; r < 2; ++r) {
-    planning_->OnMemoryGuard(job_.id(), r, 1,
+    planning_->OnMemoryGuard(job_.id(), r, 1, /*tripped_version=*/0,
                              "memory guard: ... under schedule v0");
   }
   SendWindow(0, 1, kLeastMemoryVersion);
@@ -1003,6 +1004,71 @@ TEST_F(PlanningManagerTest, BaselineCheck_BaselineOverBudget_NeverRun) {
   EXPECT_DOUBLE_EQ(job->measured_speedup(), 0);
   EXPECT_THAT(job->speedup_text(),
               HasSubstr("the baseline (v0) does not fit memory.budget_bytes"));
+}
+
+// The guard trips in a baseline check's v0 blocks (the worker says v0 ran
+// the step): the baseline does not fit, so no figure and no check again,
+// but the plan the check alternated with keeps its measurements: the
+// memory-guard re-plan, measured slower, rolls back to it.
+TEST_F(PlanningManagerTest, BaselineCheck_GuardTripsInV0Blocks_BaselineUnfit) {
+  const double p = StartBaselineCheck();
+  ASSERT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  Steps(*planning_, job_.id(), 9, 4, 2, p);
+  Steps(*planning_, job_.id(), 13, 2, 0, 1.25 * p);
+  for (int r = 0; r < 2; ++r) {
+    planning_->OnMemoryGuard(job_.id(), r, 15, /*tripped_version=*/0,
+                             "memory guard: ... under schedule v0");
+  }
+  Steps(*planning_, job_.id(), 15, 3, kLeastMemoryVersion, 2 * p);
+  SendWindow(15, 17, kLeastMemoryVersion);
+  ASSERT_EQ(published_.size(), 3u);
+  EXPECT_EQ(published_[2].schedule().provenance().reason(), "memory-guard");
+  planning_->OnScheduleActive(job_.id(), 3);
+  Steps(*planning_, job_.id(), 18, 6, 3, 1.5 * p);  // slower than v1's plan
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 4u);
+  EXPECT_EQ(published_[3].schedule().provenance().reason(), "rollback");
+  EXPECT_THAT(EventsOf(*jobs_, job_.id(), "rollback").back(),
+              AllOf(HasSubstr("rolling back to"), Not(HasSubstr("v0's"))));
+  absl::StatusOr<v1::Job> job = jobs_->Get(job_.id());
+  EXPECT_DOUBLE_EQ(job->measured_speedup(), 0);
+  EXPECT_THAT(job->speedup_text(),
+              HasSubstr("the baseline (v0) does not fit memory.budget_bytes"));
+}
+
+// The guard trips in a baseline check's plan blocks (the worker says v2, the
+// check rerunning v1's plan, ran the step): that plan does not fit, however
+// fast it measured, and no version that reruns it is rolled back to; the
+// baseline stays fit. The memory-guard re-plan, measured slower than v0,
+// rolls back to v0. A worker that did not say would leave both as they were.
+TEST_F(PlanningManagerTest,
+       BaselineCheck_GuardTripsInPlanBlocks_PlanForgotten) {
+  const double p = StartBaselineCheck();
+  ASSERT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  Steps(*planning_, job_.id(), 9, 4, 2, p);
+  Steps(*planning_, job_.id(), 13, 4, 0, 1.25 * p);
+  Steps(*planning_, job_.id(), 17, 2, 2, p);
+  for (int r = 0; r < 2; ++r) {
+    planning_->OnMemoryGuard(job_.id(), r, 19, /*tripped_version=*/2,
+                             "memory guard: ... under schedule v2");
+  }
+  Steps(*planning_, job_.id(), 19, 3, kLeastMemoryVersion, 2 * p);
+  SendWindow(19, 21, kLeastMemoryVersion);
+  ASSERT_EQ(published_.size(), 3u);
+  EXPECT_EQ(published_[2].schedule().provenance().reason(), "memory-guard");
+  planning_->OnScheduleActive(job_.id(), 3);
+  // Slower than v0 (its steps 0-4 at 0.100 s and its blocks at 1.25 p) and
+  // than v1's plan, which tripped the guard.
+  Steps(*planning_, job_.id(), 22, 6, 3, 0.300);
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 4u);
+  EXPECT_EQ(published_[3].schedule().provenance().reason(), "rollback");
+  EXPECT_THAT(EventsOf(*jobs_, job_.id(), "rollback").back(),
+              HasSubstr("rolling back to v0's schedule"));
+  EXPECT_THAT(jobs_->Get(job_.id())->speedup_text(),
+              Not(HasSubstr("does not fit")));
 }
 
 // The speedup gauge: 1 on the baseline; NaN ("not measured") while the plan
@@ -1162,7 +1228,7 @@ TEST_F(PlanningManagerTest, MemoryGuard_TripBeforeActiveReport_StillReplans) {
   Steps(*planning_, job_.id(), 0, 5, 0, 0.100);
   SendWindow(0, 1, 0);
   ASSERT_EQ(published_.size(), 1u);
-  planning_->OnMemoryGuard(job_.id(), 0, 7,
+  planning_->OnMemoryGuard(job_.id(), 0, 7, /*tripped_version=*/1,
                            "memory guard: ... under schedule v1");
   planning_->OnScheduleActive(job_.id(), 1);
   Steps(*planning_, job_.id(), 7, 3, kLeastMemoryVersion, 0.2);
@@ -1227,7 +1293,8 @@ TEST_F(PlanningManagerTest, MemoryGuardTrip_ReplanKeepsOvershootAndSpread) {
       planning_->OnProgress(id, r, p);
     }
   }
-  planning_->OnMemoryGuard(id, 0, 7, "memory guard: rank(s) 0 came within");
+  planning_->OnMemoryGuard(id, 0, 7, /*tripped_version=*/1,
+                           "memory guard: rank(s) 0 came within");
   Steps(*planning_, id, 7, 2, kLeastMemoryVersion, 0.2);
   window(7, 8, kLeastMemoryVersion);
   ASSERT_EQ(published_.size(), 3u);
@@ -1254,7 +1321,8 @@ TEST_F(PlanningManagerTest, Rollback_NeverReturnsToAPlanThatTrippedTheGuard) {
   ASSERT_EQ(published_.size(), 1u);
   planning_->OnScheduleActive(job_.id(), 1);
   Steps(*planning_, job_.id(), 5, 6, 1, 0.080);  // 20% faster than v0
-  planning_->OnMemoryGuard(job_.id(), 0, 11,
+  // A worker that does not say which version tripped it: the newest (v1).
+  planning_->OnMemoryGuard(job_.id(), 0, 11, std::nullopt,
                            "memory guard: rank(s) 0 came within the band "
                            "under schedule v1");
   Steps(*planning_, job_.id(), 11, 3, kLeastMemoryVersion, 0.2);

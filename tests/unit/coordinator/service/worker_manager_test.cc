@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -70,6 +72,12 @@ class RecordingListener : public WorkerEventListener {
     std::lock_guard<std::mutex> lock(mu);
     active_versions.push_back(version);
   }
+  void OnMemoryGuard(const std::string& job_id, int32_t rank, int64_t step,
+                     std::optional<int64_t> tripped_version,
+                     const std::string& reason) override {
+    std::lock_guard<std::mutex> lock(mu);
+    guards.push_back({rank, step, tripped_version, reason});
+  }
 
   std::mutex mu;
   absl::Status reply;
@@ -78,6 +86,13 @@ class RecordingListener : public WorkerEventListener {
   std::vector<std::pair<int32_t, int64_t>> profiles;
   std::vector<std::pair<int32_t, int64_t>> progress_steps;
   std::vector<int64_t> active_versions;
+  struct Guard {
+    int32_t rank;
+    int64_t step;
+    std::optional<int64_t> tripped_version;
+    std::string reason;
+  };
+  std::vector<Guard> guards;
 };
 
 v1::JobSpec Spec() {
@@ -597,6 +612,31 @@ TEST_F(WorkerManagerTest, Applied_AllRanks_ReportsActiveOnce) {
   EXPECT_THAT(listener_.active_versions, ElementsAre(1));
   EXPECT_THAT(jobs_->Events(job_.id(), 0)->back().message(),
               HasSubstr("v1 active on all 2 ranks from step 5"));
+}
+
+// The memory guard's switch (version -1) is no published version: it goes
+// to the listener with the version that tripped it, as the worker said it
+// (v0 is a version too), or none from a worker that does not say.
+TEST_F(WorkerManagerTest, Applied_MemoryGuard_PassesTheTrippedVersion) {
+  ASSERT_TRUE(Register("a").ok());
+  ASSERT_TRUE(Register("b").ok());
+  const int64_t s0 = Open(0, "a", std::make_shared<RecordingSink>());
+  const int64_t s1 = Open(1, "b", std::make_shared<RecordingSink>());
+  v1::WorkerMessage guard;
+  guard.mutable_applied()->set_version(-1);
+  guard.mutable_applied()->set_step(14);
+  guard.mutable_applied()->set_reason("memory guard: rank(s) 0 came within");
+  guard.mutable_applied()->set_tripped_version(0);
+  ASSERT_TRUE(workers_->OnMessage(s0, guard).ok());
+  guard.mutable_applied()->clear_tripped_version();
+  ASSERT_TRUE(workers_->OnMessage(s1, guard).ok());
+  ASSERT_EQ(listener_.guards.size(), 2u);
+  EXPECT_EQ(listener_.guards[0].rank, 0);
+  EXPECT_EQ(listener_.guards[0].step, 14);
+  EXPECT_EQ(listener_.guards[0].tripped_version, std::optional<int64_t>(0));
+  EXPECT_EQ(listener_.guards[0].reason, "memory guard: rank(s) 0 came within");
+  EXPECT_EQ(listener_.guards[1].tripped_version, std::nullopt);
+  EXPECT_TRUE(listener_.active_versions.empty());
 }
 
 TEST_F(WorkerManagerTest, OpenSession_BehindLatestSchedule_SendsIt) {

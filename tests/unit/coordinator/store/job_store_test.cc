@@ -112,7 +112,7 @@ TEST(JobStoreTest, PutSchedule_PlannedSchedule_ReopenKeepsExplanation) {
   absl::StatusOr<Graph> graph = BuildModelGraph(*config);
   ASSERT_TRUE(graph.ok());
   HardwareModel hw = HardwareModel::H100(graph->world_size);
-  hw.budget_bytes = 80 << 20;
+  hw.budget_bytes = 100 << 20;
   absl::StatusOr<PlanResult> plan = Plan(*graph, hw, PlanOptions());
   ASSERT_TRUE(plan.ok()) << plan.status();
   Schedule planned = plan->schedule;

@@ -25,8 +25,8 @@ TEST(CommunicatorTest, AllGatherAndReduceScatter_World3_ExactValues) {
       }
     }
     at::Tensor rs_out = at::empty({kN}, at::kFloat);
-    CollectiveHandle gather = comm.Submit([&] { comm.AllGather(in, out); });
-    CollectiveHandle reduce =
+    AsyncHandle gather = comm.Submit([&] { comm.AllGather(in, out); });
+    AsyncHandle reduce =
         comm.Submit([&] { comm.ReduceScatterSum(rs_in, rs_out); });
     ASSERT_TRUE(gather->Wait().ok());
     ASSERT_TRUE(reduce->Wait().ok());
@@ -68,7 +68,7 @@ TEST(CommunicatorTest, Collectives_BuffersOnlyOursWhenTheyReturn) {
               at::Tensor in = at::ones({5000}, dtype);
               at::Tensor out = at::empty({5000 * kWorld}, dtype);
               at::Tensor rs_out = at::empty({2500}, dtype);
-              CollectiveHandle h = comm.Submit([&] {
+              AsyncHandle h = comm.Submit([&] {
                 comm.AllGather(in, out);
                 EXPECT_EQ(in.storage().use_count(), 1);
                 EXPECT_EQ(out.storage().use_count(), 1);
@@ -107,8 +107,8 @@ TEST(CommunicatorTest, InPieces_SameBitsAsWhole_World3) {
             at::Tensor out = at::full({n * kWorld}, -1.0f);
             at::Tensor rs_in = Wiggle(n * kWorld, rank + kWorld);
             at::Tensor rs_out = at::full({n}, -1.0f);
-            CollectiveHandle g = comm.Submit([&] { comm.AllGather(in, out); });
-            CollectiveHandle r =
+            AsyncHandle g = comm.Submit([&] { comm.AllGather(in, out); });
+            AsyncHandle r =
                 comm.Submit([&] { comm.ReduceScatterSum(rs_in, rs_out); });
             ASSERT_TRUE(g->Wait().ok());
             ASSERT_TRUE(r->Wait().ok());
@@ -241,11 +241,11 @@ TEST(CommunicatorTest, TuneChunkBytes_PinnedProbeTimes_PiecesBelow64MBps) {
 
 TEST(CommunicatorTest, FailedBody_ReportsStatusAndFailsLaterSubmissions) {
   RunLoopbackWorld(1, [](int, Communicator& comm) {
-    CollectiveHandle bad = comm.Submit([] { TORCH_CHECK(false, "boom"); });
+    AsyncHandle bad = comm.Submit([] { TORCH_CHECK(false, "boom"); });
     absl::Status status = bad->Wait();
     EXPECT_FALSE(status.ok());
     EXPECT_NE(status.message().find("boom"), std::string::npos);
-    CollectiveHandle later = comm.Submit([] {});
+    AsyncHandle later = comm.Submit([] {});
     EXPECT_FALSE(later->Wait().ok());
   });
 }
@@ -260,8 +260,7 @@ TEST(CommunicatorTest, MarkCollectiveFailure_SurvivesCopiesOkStaysOk) {
   EXPECT_TRUE(IsCollectiveFailure(copy));
   absl::StatusOr<int> carried = std::move(copy);
   EXPECT_TRUE(IsCollectiveFailure(carried.status()));
-  EXPECT_EQ(marked.message(),
-            "collective on rank 0: Connection reset by peer");
+  EXPECT_EQ(marked.message(), "collective on rank 0: Connection reset by peer");
   EXPECT_FALSE(IsCollectiveFailure(absl::InternalError("model error")));
   EXPECT_TRUE(MarkCollectiveFailure(absl::OkStatus()).ok());
   EXPECT_FALSE(IsCollectiveFailure(absl::OkStatus()));

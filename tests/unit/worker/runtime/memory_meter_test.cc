@@ -107,7 +107,7 @@ TEST(CommunicatorTest, CapturedTensorsFreedBeforeWaitReturns) {
     for (int i = 0; i < 20; ++i) {
       const int64_t before = meter->current_bytes();
       at::Tensor captured = at::ones({int64_t{1} << 18}, at::kFloat);  // 1 MiB
-      CollectiveHandle handle = comm.Submit([captured] {
+      AsyncHandle handle = comm.Submit([captured] {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       });
       captured = at::Tensor();

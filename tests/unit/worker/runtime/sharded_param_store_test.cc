@@ -72,7 +72,7 @@ TEST(ShardedParamStoreTest, GatherRelease_World3_ValuesAndCountedMemory) {
     ASSERT_TRUE(store.ok());
     ShardedParamStore& s = **store;
     const std::vector<int32_t> both{0, 1};
-    CollectiveHandle h = s.Gather(both, comm);
+    AsyncHandle h = s.Gather(both, comm);
     ASSERT_TRUE(h->Wait().ok());
     ASSERT_TRUE(s.materialized(0) && s.materialized(1));
     EXPECT_TRUE(at::equal(s.full(0), at::arange(21, at::kFloat).view({7, 3})));
@@ -97,14 +97,14 @@ TEST(ShardedParamStoreTest, World1_FullAliasesShard_NothingMovesOrFrees) {
     EXPECT_EQ(s.full(0).data_ptr(), s.shard(0).data_ptr());
     CountingCpuAllocator* meter = CountingCpuAllocator::Get();
     const int64_t before = meter != nullptr ? meter->current_bytes() : 0;
-    CollectiveHandle h = s.Gather({0, 1}, comm);
+    AsyncHandle h = s.Gather({0, 1}, comm);
     EXPECT_TRUE(h->done());
     ASSERT_TRUE(h->Wait().ok());
     EXPECT_TRUE(at::equal(s.full(0), at::arange(21, at::kFloat).view({7, 3})));
     if (meter != nullptr) EXPECT_EQ(meter->current_bytes(), before);
 
     (s.full(0) * 3.0f).sum().backward();
-    CollectiveHandle r = s.ReduceScatterGrads({0, 1}, comm);
+    AsyncHandle r = s.ReduceScatterGrads({0, 1}, comm);
     EXPECT_TRUE(r->done());
     EXPECT_FALSE(s.full(0).grad().defined());
     EXPECT_TRUE(at::equal(s.shard_grad(0), at::full({21}, 3.0f)));
@@ -365,14 +365,14 @@ TEST(ShardedParamStoreTest, Bf16_MasterOffloadedWithStates_ComesBackExact) {
   ShardedParamStore& s = *setup.store;
   HostTier& tier = *setup.tier;
   const at::Tensor before = s.MasterShard(0).clone();
-  absl::StatusOr<CollectiveHandle> off = s.OffloadStates({0, 1}, tier);
+  absl::StatusOr<AsyncHandle> off = s.OffloadStates({0, 1}, tier);
   ASSERT_TRUE(off.ok()) << off.status();
   ASSERT_TRUE((*off)->Wait().ok());
   s.WaitStates();
   EXPECT_TRUE(s.states_on_host(0));
   EXPECT_EQ(tier.held_bytes(), s.state_bytes(0) + s.state_bytes(1));
   EXPECT_TRUE(at::equal(s.MasterShard(0), before));
-  CollectiveHandle back = s.ReloadStates({0, 1}, tier);
+  AsyncHandle back = s.ReloadStates({0, 1}, tier);
   ASSERT_NE(back, nullptr);
   ASSERT_TRUE(back->Wait().ok());
   s.WaitStates();
@@ -400,7 +400,7 @@ TEST(ShardedParamStoreTest, Reload_QueuedBehindACopy_AllocatesWhenItStarts) {
   const at::Tensor master = s.MasterShard(0).clone();
   const at::Tensor avg = s.exp_avg(0).clone().fill_(0.25f);
   at::Tensor(s.exp_avg(0)).copy_(avg);
-  absl::StatusOr<CollectiveHandle> off = s.OffloadStates({0, 1}, tier);
+  absl::StatusOr<AsyncHandle> off = s.OffloadStates({0, 1}, tier);
   ASSERT_TRUE(off.ok()) << off.status();
   s.WaitStates();
   const int64_t states = s.state_bytes(0) + s.state_bytes(1);
@@ -409,19 +409,19 @@ TEST(ShardedParamStoreTest, Reload_QueuedBehindACopy_AllocatesWhenItStarts) {
   // The copy thread is busy with another copy until `release`.
   std::atomic<bool> started{false};
   std::atomic<bool> release{false};
-  CollectiveHandle busy = tier.Submit([&] {
+  AsyncHandle busy = tier.Submit([&] {
     started = true;
     while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   });
   while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   const int64_t before = meter->current_bytes();
-  CollectiveHandle back = s.ReloadStates({0, 1}, tier);
+  AsyncHandle back = s.ReloadStates({0, 1}, tier);
   ASSERT_NE(back, nullptr);
   EXPECT_FALSE(s.states_on_host(0));
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(meter->current_bytes(), before);  // queued: nothing held yet
   // Param 1 goes back out before its reload has run.
-  absl::StatusOr<CollectiveHandle> again = s.OffloadStates({1}, tier);
+  absl::StatusOr<AsyncHandle> again = s.OffloadStates({1}, tier);
   ASSERT_TRUE(again.ok()) << again.status();
   ASSERT_NE(*again, nullptr);
   EXPECT_TRUE(s.states_on_host(1));
@@ -434,7 +434,7 @@ TEST(ShardedParamStoreTest, Reload_QueuedBehindACopy_AllocatesWhenItStarts) {
   s.WaitStates();
   EXPECT_TRUE(at::equal(s.MasterShard(0), master));
   EXPECT_TRUE(at::equal(s.exp_avg(0), avg));
-  CollectiveHandle last = s.ReloadStates({1}, tier);
+  AsyncHandle last = s.ReloadStates({1}, tier);
   ASSERT_NE(last, nullptr);
   s.WaitStates();
   EXPECT_FALSE(s.states_on_host(1));

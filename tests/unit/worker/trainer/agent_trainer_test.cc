@@ -19,8 +19,8 @@
 #include "common/job/job_spec.h"
 #include "tests/unit/worker/agent/fake_coordinator_client.h"
 #include "worker/runtime/standard_schedules.h"
-#include "worker/runtime/training_job.h"
 #include "worker/trainer/coordinator_store.h"
+#include "worker/trainer/training_job.h"
 
 namespace tandem {
 namespace {

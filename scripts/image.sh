@@ -178,8 +178,11 @@ rm -rf "$CACHE/pkg"
   > "$CACHE/cpack.log" 2>&1) ||
   { echo "$0: cpack failed (log: $CACHE/cpack.log):" >&2; tail -5 "$CACHE/cpack.log" >&2; exit 1; }
 deb=$(ls "$CACHE"/pkg/tandem_*.deb)
+# Listed once: grep -q on a pipe would leave dpkg-deb a broken pipe
+# (pipefail).
+contents=$(dpkg-deb -c "$deb")
 for b in "${BINARIES[@]}"; do
-  dpkg-deb -c "$deb" | grep -q "\./usr/bin/$(basename "$b")\$" ||
+  grep -q "\./usr/bin/$(basename "$b")\$" <<<"$contents" ||
     { echo "$0: $deb lacks /usr/bin/$(basename "$b")" >&2; exit 1; }
 done
 cp "$deb" "$STAGE/tandem.deb"

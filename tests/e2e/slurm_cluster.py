@@ -12,6 +12,7 @@ order.
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 

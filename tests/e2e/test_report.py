@@ -30,8 +30,9 @@ SPEC = {
     "memory": {"budget_bytes": 1 << 31},
     "optimize": {"warmup_steps": 3},
 }
-CHARTS = {"loss", "iteration-time", "predicted-vs-measured",
-          "exposed-communication", "overlap", "memory", "timeline"}
+CHARTS = {"loss", "iteration-time", "throughput", "peak-by-step",
+          "predicted-vs-measured", "exposed-communication", "overlap",
+          "memory", "timeline"}
 
 
 def output_dir():

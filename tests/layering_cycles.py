@@ -9,6 +9,10 @@ import re
 import sys
 
 root = sys.argv[1]
+if not os.path.isdir(os.path.join(root, "common")):
+    # An empty answer means "no cycle": never give it for a wrong path.
+    print("layering_cycles.py: %s is not a Tandem checkout (no common/)" % root)
+    sys.exit(2)
 inc = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
 def folder(path):
     parts = path.split('/')

@@ -34,7 +34,6 @@ _gen.ensure()
 
 import grpc  # noqa: E402
 
-import tandem  # noqa: E402,F401
 from tandem.v1 import job_pb2  # noqa: E402
 from tandem.v1 import worker_service_pb2 as wpb  # noqa: E402
 from tandem.v1 import worker_service_pb2_grpc as wgrpc  # noqa: E402

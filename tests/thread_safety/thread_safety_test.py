@@ -20,8 +20,6 @@ import sys
 
 ANNOTATION = "ABSL_GUARDED_BY"
 FOLDERS = ("common", "coordinator", "worker")
-# gcc-only flags clang rejects or warns about.
-DROP = {"-fno-fat-lto-objects", "-fconcepts"}
 
 
 def annotated_sources(root):
@@ -50,7 +48,7 @@ def clang_command(entry, clang):
         if a == "-o":
             skip = True
             continue
-        if a == "-c" or a in DROP or a.startswith("-fsanitize"):
+        if a == "-c" or a.startswith("-fsanitize"):
             continue
         out.append(a)
     return out + ["-fsyntax-only", "-Wthread-safety", "-Werror=thread-safety",
@@ -63,7 +61,12 @@ def main():
     if clang is None:
         print("thread_safety: clang++ not found (scripts/setup.sh installs clang); skipped")
         return 77
-    with open(os.path.join(build, "compile_commands.json")) as f:
+    database = os.path.join(build, "compile_commands.json")
+    if not os.path.isfile(database):
+        print("thread_safety: no %s: configure the build with CMake (the "
+              "project sets CMAKE_EXPORT_COMPILE_COMMANDS)" % database)
+        return 1
+    with open(database) as f:
         commands = {os.path.realpath(os.path.join(e["directory"], e["file"])): e
                     for e in json.load(f)}
     sources = annotated_sources(root)

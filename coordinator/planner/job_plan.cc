@@ -196,34 +196,88 @@ std::string DescribeHardware(const HardwareModel& hw) {
 
 namespace {
 
-// An archive's bound: every param's fp32 shard, plus the largest unit's
-// params gathered whole (each unit's params are gathered for its forward
-// under any schedule). Activations are measured, not modeled, so the first
-// profile checks the rest. Nullopt when the archive does not read
-// (ValidateJobSpec reports that).
-std::optional<int64_t> ArchiveMemoryLowerBound(const v1::JobSpec& spec) {
+// What an archive needs on each rank before any schedule choice, by parts.
+struct ArchiveBound {
+  // Every param's fp32 shard.
+  int64_t shards = 0;
+  // The largest unit's params gathered whole (each unit's params are
+  // gathered for its forward under any schedule).
+  int64_t largest_unit = 0;
+  // What the forward saves for backward at the job's batch (the manifest's
+  // saved_activation_bytes scaled from the example's shape; 0 when the
+  // archive does not say, under activation checkpointing, or when the
+  // job's shapes are not known at submit).
+  int64_t activations = 0;
+  // At the end of a forward every shard and every saved activation is
+  // alive; during a unit's forward, its params gathered whole.
+  int64_t total() const { return shards + std::max(largest_unit, activations); }
+};
+
+// How the saved activations scale from the example batch to the job's: in
+// proportion to the micro-batch, and along a token input's sequence in
+// proportion to a longer one (at least linear) and to the square of a
+// shorter one (attention's part shrinks with the square, the rest
+// linearly), so that the figure stays a lower bound. Nullopt when the
+// job's shapes are not known at submit (a tensors file with dims beyond the
+// micro-batch that may vary).
+std::optional<double> ActivationScale(const v1::JobSpec& spec,
+                                      const v1::ArchiveManifest& manifest) {
+  if (manifest.inputs().empty() || manifest.inputs(0).shape().empty() ||
+      manifest.inputs(0).shape(0) <= 0 || spec.batch().micro_batch() <= 0) {
+    return std::nullopt;
+  }
+  double scale = static_cast<double>(spec.batch().micro_batch()) /
+                 static_cast<double>(manifest.inputs(0).shape(0));
+  const bool tensors = spec.data().kind() == "tensors";
+  for (const v1::ArchiveInput& in : manifest.inputs()) {
+    const bool varies =
+        std::any_of(in.dynamic_dims().begin(), in.dynamic_dims().end(),
+                    [](int32_t d) { return d > 0; });
+    if (!varies) continue;
+    if (tensors || in.role() != "tokens" || in.shape_size() < 2 ||
+        in.shape(1) <= 0) {
+      if (tensors) return std::nullopt;
+      continue;
+    }
+    const double r = static_cast<double>(spec.batch().seq_len()) /
+                     static_cast<double>(in.shape(1));
+    scale *= r >= 1 ? r : r * r;
+    break;  // one sequence length for every token input
+  }
+  if (spec.model().dtype() == v1::DTYPE_BF16) scale *= 0.5;
+  return scale;
+}
+
+// Nullopt when the archive does not read (ValidateJobSpec reports that).
+std::optional<ArchiveBound> ArchiveMemoryLowerBound(const v1::JobSpec& spec) {
   absl::StatusOr<v1::ArchiveManifest> manifest =
       ReadArchiveManifest(spec.model().path());
   if (!manifest.ok()) return std::nullopt;
   const int64_t world = std::max(1, spec.parallel().world_size());
   std::map<std::string, int64_t> numel;
-  int64_t sharded = 0;
+  ArchiveBound bound;
   for (const v1::ArchiveParam& p : manifest->params()) {
     int64_t n = 1;
     for (int64_t d : p.shape()) n *= std::max<int64_t>(d, 0);
     numel[p.name()] = n;
-    sharded += (n + world - 1) / world * int64_t{sizeof(float)};
+    bound.shards += (n + world - 1) / world * int64_t{sizeof(float)};
   }
-  int64_t largest_unit = 0;
   for (const v1::ArchiveUnit& u : manifest->units()) {
     int64_t bytes = 0;
     for (const std::string& name : u.params()) {
       auto it = numel.find(name);
       if (it != numel.end()) bytes += it->second * int64_t{sizeof(float)};
     }
-    largest_unit = std::max(largest_unit, bytes);
+    bound.largest_unit = std::max(bound.largest_unit, bytes);
   }
-  return sharded + largest_unit;
+  if (manifest->saved_activation_bytes() > 0 &&
+      !spec.model().activation_checkpointing()) {
+    if (std::optional<double> scale = ActivationScale(spec, *manifest)) {
+      bound.activations = static_cast<int64_t>(
+          static_cast<double>(manifest->saved_activation_bytes()) * *scale);
+    }
+  }
+  return bound;
 }
 
 }  // namespace
@@ -232,16 +286,35 @@ absl::Status CheckBudgetFits(const v1::JobSpec& spec) {
   const int64_t budget = spec.memory().budget_bytes();
   if (budget <= 0) return absl::OkStatus();
   if (spec.model().kind() == "torchscript") {
-    const std::optional<int64_t> bound = ArchiveMemoryLowerBound(spec);
-    if (!bound.has_value() || *bound <= budget) return absl::OkStatus();
+    const std::optional<ArchiveBound> bound = ArchiveMemoryLowerBound(spec);
+    if (!bound.has_value() || bound->total() <= budget) {
+      return absl::OkStatus();
+    }
+    const std::string what =
+        bound->activations > bound->largest_unit
+            ? absl::StrCat(
+                  "what the archive's params and activations take on each "
+                  "rank at the end of a forward (every param's shard, ",
+                  FormatBytes(bound->shards),
+                  ", plus the activations its forward saves for backward at "
+                  "batch.micro_batch ",
+                  spec.batch().micro_batch(), ", ",
+                  FormatBytes(bound->activations),
+                  ", as measured at export and scaled to the job's batch)")
+            : absl::StrCat(
+                  "what the archive's params alone take on each rank (every "
+                  "param's shard plus the largest unit's params gathered "
+                  "whole, before any activation)");
     return absl::InvalidArgumentError(absl::StrCat(
-        "memory.budget_bytes ", budget, " B is below ", FormatBytes(*bound),
-        ", what the archive's params alone take on each rank (every "
-        "param's shard plus the largest unit's params gathered whole, "
-        "before any activation): set memory.budget_bytes: ",
-        PasteableBudget(*bound),
-        " or more (the first profile measures the activations and names the "
-        "smallest budget that fits), or shard over more ranks"));
+        "memory.budget_bytes ", budget, " B is below ",
+        FormatBytes(bound->total()), ", ", what,
+        ": set memory.budget_bytes: ", PasteableBudget(bound->total()),
+        " or more (the first profile measures the rest and names the "
+        "smallest budget that fits), ",
+        bound->activations > bound->largest_unit
+            ? "turn on model.activation_checkpointing, "
+            : "",
+        "or shard over more ranks"));
   }
   // ValidateJobSpec reports a model that does not build.
   absl::StatusOr<ModelConfig> config = ModelConfigFromJobSpec(spec);

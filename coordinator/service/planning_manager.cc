@@ -28,6 +28,11 @@ double PredictedAtReference(const WorkScale& work, const v1::Prediction& p) {
   return work.ToReference(p.iteration_s(), p.work());
 }
 
+// The provenance pass of every version published after the baseline
+// tripped the memory guard (JobPlanning::baseline_unfit), read back after a
+// restart.
+constexpr char kBaselineUnfitPass[] = "baseline-unfit";
+
 // The job's optimize.min_gain (jobs stored before it existed: the default).
 double MinGain(const v1::JobSpec& spec) {
   return spec.optimize().has_min_gain() ? spec.optimize().min_gain()
@@ -81,6 +86,27 @@ std::optional<int64_t> VersionPass(const v1::Schedule& schedule,
 // Where a trial's plan came from: its "trial:<source>" pass.
 std::string TrialSource(const v1::Schedule& schedule) {
   return PassAfter(schedule, "trial:").value_or("the runner-up");
+}
+
+// What the job a cached plan comes from measured that plan to buy over
+// the baseline: its outcome's figure, which is its active (newest) version's
+// (ReportOutcomeLocked), the version the cache hands out. Nullopt when that
+// job has no figure (not measured yet, too noisy, no check).
+std::optional<Speedup> CarriedSpeedup(JobManager& jobs,
+                                      const CachedPlan& cached) {
+  absl::StatusOr<v1::Job> source = jobs.Get(cached.job_id);
+  if (!source.ok() || source->measured_speedup() <= 0 ||
+      source->speedup_low() <= 0 || source->speedup_text().empty()) {
+    return std::nullopt;
+  }
+  Speedup s;
+  s.factor = source->measured_speedup();
+  s.low = source->speedup_low();
+  s.high = source->speedup_high();
+  s.steps = source->speedup_steps();
+  s.text = absl::StrCat(source->speedup_text(), " on job ", cached.job_id,
+                        ", whose plan this job runs");
+  return s;
 }
 
 // Per-pass wall time into the coordinator's histogram.
@@ -239,6 +265,13 @@ void PlanningManager::RecoverEvidenceLocked(
   // Trials ("trial-of-vK"): judged unless still the newest version.
   for (size_t i = 0; i < state.schedules.size(); ++i) {
     const v1::Schedule& s = state.schedules[i].schedule;
+    // The baseline tripped the memory guard before this version: no check
+    // runs it again.
+    if (std::find(s.provenance().passes().begin(),
+                  s.provenance().passes().end(),
+                  kBaselineUnfitPass) != s.provenance().passes().end()) {
+      state.baseline_unfit = true;
+    }
     // (A rollback to a trial keeps the trial's passes: the reason decides.)
     const std::optional<PlanReason> why =
         PlanReasonFromName(s.provenance().reason());
@@ -536,6 +569,10 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
   if (state.trial.has_value() && state.trial_after == active_version &&
       !state.queued && !state.pending_reason.has_value() &&
       !state.guard_active) {
+    // After inconclusive trials the next one waits (backs off): on this
+    // machine the comparisons did not tell plans apart, and each costs the
+    // steps it alternates.
+    if (progress.step() < state.trial_not_before) return;
     if (std::optional<ScheduleMeasurements::Summary> m =
             state.measured.Summarize(active_version)) {
       const double predicted = PredictedAtReference(
@@ -651,12 +688,23 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
           "to v%d's schedule",
           100 * options.min_gain, incumbent, incumbent);
       break;
-    default:
+    default: {
+      ++state.inconclusive_trials;
+      const int64_t wait = TrialBackoffSteps(
+          state.spec.optimize().drift_window(), state.inconclusive_trials);
+      state.trial_not_before = step + wait;
       verdict = absl::StrFormat(
           "inconclusive after %d block pairs (the interval spans both sides "
-          "of optimize.min_gain %.0f%%); back to v%d's schedule",
-          r.pairs, 100 * options.min_gain, incumbent);
+          "of optimize.min_gain %.0f%%); back to v%d's schedule; the next "
+          "trial waits until step %d (%d steps: %d inconclusive in a row)",
+          r.pairs, 100 * options.min_gain, incumbent, state.trial_not_before,
+          wait, state.inconclusive_trials);
       break;
+    }
+  }
+  if (decision.verdict != Verdict::kInconclusive) {
+    state.inconclusive_trials = 0;
+    state.trial_not_before = -1;
   }
   (void)jobs_->RecordEvent(
       job_id, "trial",
@@ -743,11 +791,13 @@ void PlanningManager::MaybeStartCached(const v1::Job& job) {
   std::optional<CachedPlan> cached =
       FindCachedPlan(*jobs_, *store_, job, hash, devices);
   if (!cached.has_value()) return;
+  std::optional<Speedup> carried = CarriedSpeedup(*jobs_, *cached);
   absl::MutexLock lock(&mu_);
   JobPlanning& state = State(job.id(), job);
   if (!state.schedules.empty() || state.queued) return;
   state.cached_from = cached->job_id;
   state.cached = std::move(cached->schedule);
+  state.cached_speedup = std::move(carried);
   QueueLocked(job.id(), state, PlanReason::kCached);
 }
 
@@ -1015,6 +1065,9 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
   bool profiled_least_memory = false;
   // Headroom beyond MemoryHeadroom, from the memory guard's trips.
   int64_t extra_headroom = 0;
+  // The baseline tripped the memory guard: said in the provenance
+  // (kBaselineUnfitPass) so that a restarted coordinator still knows.
+  bool baseline_unfit = false;
   // Versions measured on this job (0: the baseline) and their medians,
   // scaled to the work of the profile planned from: the evidence the
   // interference model is re-fitted to.
@@ -1109,6 +1162,7 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
       }
     }
     extra_headroom = state.extra_headroom;
+    baseline_unfit = state.baseline_unfit;
   }
   absl::StatusOr<v1::Job> job = jobs_->Get(job_id);
   if (!job.ok() || IsTerminal(job->state())) {
@@ -1289,6 +1343,12 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
   }
   planned->version = version;
   planned->provenance.reason = reason;
+  if (baseline_unfit &&
+      std::find(planned->provenance.passes.begin(),
+                planned->provenance.passes.end(),
+                kBaselineUnfitPass) == planned->provenance.passes.end()) {
+    planned->provenance.passes.push_back(kBaselineUnfitPass);
+  }
   planned->provenance.window_first_iteration = profile.first_iteration;
   planned->provenance.window_last_iteration = profile.last_iteration;
   planned->provenance.plan_wall_s = wall;
@@ -1336,6 +1396,7 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
     return;
   }
   Publisher publisher;
+  std::string carried_text;
   {
     absl::MutexLock lock(&mu_);
     auto it = state_.find(job_id);
@@ -1351,6 +1412,14 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
         it->second.comparison =
             JobPlanning::Comparison{version, 0, baseline_pairs};
       }
+      if (cached.has_value() && it->second.cached_speedup.has_value()) {
+        // The source job measured this plan against the baseline on the
+        // same graph, hardware and budget: its figure holds here, and no
+        // check spends baseline steps to measure it again.
+        it->second.speedup_version = version;
+        it->second.speedup = *it->second.cached_speedup;
+        carried_text = it->second.speedup.text;
+      }
       it->second.trial_after = next_trial.has_value() ? version : -1;
       it->second.trial = next_trial;
     }
@@ -1360,6 +1429,12 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
   }
   if (metrics_ != nullptr) {
     metrics_->replans->WithLabels({job_id, reason}).Increment();
+  }
+  if (!carried_text.empty()) {
+    (void)jobs_->RecordEvent(
+        job_id, "baseline",
+        absl::StrFormat("v%d carries job %s's measurement of this plan: %s",
+                        version, cached_from, carried_text));
   }
   (void)jobs_->RecordEvent(
       job_id, "schedule",

@@ -14,7 +14,9 @@
 //     best one measured on the job (ScheduleMeasurements), whose plan is
 //     published again;
 //   - "cached": no plan: an identical earlier job's newest schedule, as soon
-//     as the graph and every rank's device are known (plan_cache.h);
+//     as the graph and every rank's device are known (plan_cache.h); it
+//     carries what that job measured it to buy over the baseline (the
+//     job's speedup, with its interval), and is not checked again;
 //   - "trial": no plan: the runner-up of the plan that made the active
 //     version, when the cost model predicted it within
 //     optimize.trial_margin of that plan (TrialCandidate), once the active
@@ -25,7 +27,9 @@
 //     ratio of medians, optimize.min_gain): measured faster, the trial's
 //     plan is published again to run on ("kept"); slower, equivalent or
 //     inconclusive, the incumbent's is ("rollback") and the trial is never
-//     published again;
+//     published again. After an inconclusive trial the next one (a later
+//     plan's runner-up) waits TrialBackoffSteps(drift_window, inconclusive
+//     trials in a row) steps; a decided trial ends the backoff;
 //   - "kept": no plan: the trial's plan, which the comparison found faster;
 //   - "baseline-check": no plan: the settled plan again (measured, not
 //     behind, its trial decided), alternated with the baseline (v0) for
@@ -226,6 +230,12 @@ class PlanningManager {
     int64_t trial_after = -1;
     std::map<int64_t, int64_t> trials;
     std::set<int64_t> trials_judged;
+    // Trials in a row that ended inconclusive, and the step before which
+    // the next trial does not start (TrialBackoffSteps of drift_window from
+    // the last inconclusive verdict; -1: no wait). A decided trial resets
+    // both: the comparisons are telling plans apart again.
+    int inconclusive_trials = 0;
+    int64_t trial_not_before = -1;
     // The comparison running: a trial version alternating with the version
     // it is tried against, or a baseline check alternating with v0, and the
     // blocks of steps each ran, in order.
@@ -274,9 +284,13 @@ class PlanningManager {
     // during a baseline check): it does not fit the budget, and no check
     // runs it again.
     bool baseline_unfit = false;
-    // A queued "cached" plan: the earlier job it comes from and its schedule.
+    // A queued "cached" plan: the earlier job it comes from and its schedule,
+    // and what that job measured the plan to buy over the baseline (when
+    // it measured it: carried as this job's figure, with no check of its
+    // own, until a later version of this job needs one).
     std::string cached_from;
     std::optional<v1::Schedule> cached;
+    std::optional<Speedup> cached_speedup;
     // The cache was looked up (once the graph and every device are known).
     bool cache_checked = false;
     // step -> (slowest iteration_s, largest peak, ranks reported, largest

@@ -15,6 +15,7 @@ to the planned schedule changes nothing but speed.
 """
 
 import json
+import math
 import os
 import pathlib
 import re
@@ -314,6 +315,52 @@ def test_archive_budget_below_its_params_refused_at_submit(tmp_path, coordinator
         with pytest.raises(tandem.TandemError) as e:
             client.submit(spec)
         assert "model.path" in str(e.value), str(e.value)
+
+
+def test_archive_budget_below_its_activations_refused_at_submit(
+        tmp_path, coordinator):
+    """The archive records what its forward saves for backward on the
+    example batch; the coordinator scales it to the job's micro-batch and
+    refuses, at submit, a budget that holds the params but not the
+    activations, naming one that does and the knob that saves them."""
+    gpt = numerics.load_model("gpt")
+    module, batch = gpt.build()
+    archive = str(tmp_path / "gpt.tandem")
+    manifest = tandem.export(module, batch, path=archive)
+    saved = manifest.saved_activation_bytes
+    assert saved > 0
+    world = 2
+    shards = sum(-(-math.prod(p.shape) // world) * 4 for p in manifest.params)
+    example_mb, example_seq = manifest.inputs[0].shape[:2]
+    micro_batch = numerics.GLOBAL_BATCH // world
+    r = numerics.SEQ_LEN / example_seq
+    activations = int(saved * micro_batch / example_mb *
+                      (r if r >= 1 else r * r))
+    tokens_path = tmp_path / "tokens.bin"
+    numerics.write_tokens(tokens_path, VOCAB, 4096)
+    # Every shard and half the activations: enough for the params, not for
+    # a forward.
+    budget = shards + activations // 2
+    spec = job_spec(archive, str(tokens_path), world, str(tmp_path / "ckpt"),
+                    memory={"budget_bytes": budget})
+    with tandem.Client(coordinator.address, timeout=10) as client:
+        with pytest.raises(tandem.TandemError) as e:
+            client.submit(spec)
+        message = str(e.value)
+        assert "memory.budget_bytes %d B is below" % budget in message, message
+        assert "activations its forward saves for backward at " \
+            "batch.micro_batch %d" % micro_batch in message, message
+        assert "model.activation_checkpointing" in message, message
+        named = int(re.search(r"set memory.budget_bytes: (\d+)MiB",
+                              message).group(1)) << 20
+        assert named >= shards + activations, (named, shards, activations)
+        # The budget it names is accepted; so is the same budget halved
+        # with activation checkpointing, which saves no block's internals.
+        spec["memory"] = {"budget_bytes": named}
+        client.submit(spec)
+        spec["memory"] = {"budget_bytes": budget}
+        spec["model"]["activation_checkpointing"] = True
+        client.submit(spec)
 
 
 def strip_synthetic(archive):

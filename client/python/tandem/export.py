@@ -1297,6 +1297,7 @@ def export(module, example_batch, loss=None, wrap=None, path=None, name=None,
     archive = Archive(manifest, entries,
                       weights={n: t.detach() for n, t in weights})
     _verify(archive, batch, ref_loss, ref_grads, checks)
+    manifest.saved_activation_bytes = _saved_activation_bytes(archive, batch)
     for dtype, tolerances in _PRECISION_CHECKS.items():
         manifest.precision_checks.add(
             dtype=_dtype_name(dtype),
@@ -1501,6 +1502,37 @@ def _verify(archive, batch, ref_loss, ref_grads, checks):
                         "the exported units' gradient of %r differs from "
                         "the module's on %s (max abs difference %.3g)" %
                         (n, what, (g - w).abs().max().item()))
+
+
+def _saved_activation_bytes(archive, batch):
+    """The bytes the archive's units save for backward on ``batch``: every
+    tensor autograd keeps from the forward to the backward, each storage
+    counted once, the params, buffers and batch excluded. What a rank holds
+    at the end of its forward, beyond its weights, when it runs the units
+    at this batch's shape (no activation checkpointing)."""
+    params = {p.name: archive.weights()[p.name].clone().requires_grad_(
+        p.requires_grad) for p in archive.manifest.params}
+    buffers = {b.name: archive.weights()[b.name]
+               for b in archive.manifest.buffers}
+    owned = {t.storage().data_ptr()
+             for t in list(params.values()) + list(buffers.values()) +
+             list(batch.values()) if t.numel() > 0}
+    saved = {}
+
+    def pack(t):
+        if t.numel() > 0:
+            s = t.storage()
+            ptr = s.data_ptr()
+            if ptr not in owned:
+                saved[ptr] = max(saved.get(ptr, 0),
+                                 s.size() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            _seeded():
+        loss = run_archive(archive, batch, params=params, buffers=buffers)
+    del loss
+    return sum(saved.values())
 
 
 def _cast_floating(t, dtype):
@@ -1784,6 +1816,11 @@ def describe(manifest, path=None, size=None):
         "%s %s %s dynamic dims %s%s" % (
             i.name, i.dtype, list(i.shape), list(i.dynamic_dims), note(i))
         for i in manifest.inputs))
+    if manifest.saved_activation_bytes:
+        lines.append("  activations saved for backward on the example "
+                     "batch: %s bytes (each rank holds them at the end of "
+                     "its forward, scaled to its micro-batch)" %
+                     "{:,}".format(manifest.saved_activation_bytes))
     for c in manifest.precision_checks:
         lines.append("  runs in %s (model.dtype %s): %s" % (
             c.dtype, _SPEC_DTYPE.get(c.dtype, c.dtype),

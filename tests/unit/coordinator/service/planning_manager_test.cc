@@ -768,6 +768,45 @@ TEST_F(PlanningManagerTest, Trial_PairsDisagree_InconclusiveIncumbentKept) {
   EXPECT_EQ(CountEvents(*jobs_, job_.id(), "rollback"), 0);
 }
 
+// After an inconclusive trial the next one backs off: the verdict says
+// until which step (TrialBackoffSteps of drift_window 3 after one
+// inconclusive trial: 6 steps), and a later plan's runner-up is not
+// measured before it, though that plan has run its drift_window steps.
+TEST_F(PlanningManagerTest, Trial_Inconclusive_NextTrialBacksOff) {
+  const double predicted = StartTrial();
+  ASSERT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  const std::vector<double> v2_s = {predicted * 0.9, predicted * 1.1};
+  Alternate(*planning_, job_.id(), 9, 6, v2_s, {predicted});
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 3u);
+  EXPECT_THAT(EventsOf(*jobs_, job_.id(), "trial").back(),
+              HasSubstr("inconclusive after 6 block pairs (the interval spans "
+                        "both sides of optimize.min_gain 3%); back to v1's "
+                        "schedule; the next trial waits until step 62 (6 "
+                        "steps: 1 inconclusive in a row)"));
+  const int trials = CountEvents(*jobs_, job_.id(), "trial");
+  // A re-plan: v1's plan again, its runner-up to be measured after it.
+  planning_->OnScheduleActive(job_.id(), 3);
+  Steps(*planning_, job_.id(), 57, 1, 3, predicted);
+  ASSERT_TRUE(planning_->RequestReplan(job_.id(), "").ok());
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 4u);
+  EXPECT_THAT(jobs_->Events(job_.id(), 0)->back().message(),
+              HasSubstr("; runner-up "));
+  planning_->OnScheduleActive(job_.id(), 4);
+  // Steps 58-61: v4 is measured (drift_window 3 after its first step) but
+  // the backoff holds the trial.
+  Steps(*planning_, job_.id(), 58, 4, 4, predicted);
+  planning_->Drain();
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "trial"), trials);
+  Steps(*planning_, job_.id(), 62, 1, 4, predicted);
+  planning_->Drain();
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "trial"), trials + 1);
+  EXPECT_THAT(EventsOf(*jobs_, job_.id(), "trial").back(),
+              HasSubstr("v4 measured "));
+}
+
 // A trial far slower, beyond the noise a rollback needs, is still judged
 // by its comparison: against the version it was tried against, said in a
 // trial event, not as a rollback to the best version measured.
@@ -1071,6 +1110,40 @@ TEST_F(PlanningManagerTest,
               Not(HasSubstr("does not fit")));
 }
 
+// A coordinator restarted after the baseline tripped the memory guard still
+// knows it does not fit (each version since carries "baseline-unfit" in its
+// provenance): no check runs it, and the speedup says why.
+TEST_F(PlanningManagerTest, Restart_BaselineUnfit_StillNeverRun) {
+  job_ = *jobs_->Submit(Spec(/*trial_margin=*/0, /*baseline_pairs=*/2));
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  for (int r = 0; r < 2; ++r) {
+    planning_->OnMemoryGuard(job_.id(), r, 1, /*tripped_version=*/0,
+                             "memory guard: ... under schedule v0");
+  }
+  SendWindow(0, 1, kLeastMemoryVersion);
+  ASSERT_EQ(published_.size(), 1u);
+  EXPECT_THAT(published_[0].schedule().provenance().passes(),
+              ::testing::Contains("baseline-unfit"));
+  const double p = published_[0].schedule().prediction().iteration_s();
+  std::vector<StoredStep> stored;
+  for (int64_t step = 0; step < 2; ++step) {
+    StoredStep s;
+    s.step = step;
+    s.schedule_version = 0;
+    s.iteration_s = 0.1;
+    stored.push_back(s);
+  }
+  std::unique_ptr<Restarted> r = RestartWith(stored);
+  r->planning->OnScheduleActive(job_.id(), 1);
+  Steps(*r->planning, job_.id(), 2, 20, 1, p);
+  r->planning->Drain();
+  EXPECT_TRUE(r->published.empty());
+  absl::StatusOr<v1::Job> job = r->jobs->Get(job_.id());
+  EXPECT_THAT(job->speedup_text(),
+              HasSubstr("the baseline (v0) does not fit memory.budget_bytes"));
+  r->planning->Stop();
+}
+
 // The speedup gauge: 1 on the baseline; NaN ("not measured") while the plan
 // has too few steps and until its baseline check is done, never the figure
 // of the version it replaced; then the check's figure.
@@ -1189,6 +1262,51 @@ TEST_F(PlanningManagerTest, SameJobAgain_StartsOnItsCachedPlan) {
   ASSERT_TRUE(planning_->OnGraph(different->id(), 0, Report(true)).ok());
   planning_->Drain();
   EXPECT_EQ(published_.size(), 2u);
+}
+
+// A job started on a cached plan carries what the earlier job measured that
+// plan to buy over the baseline, with its interval and where it was
+// measured, and spends no steps on a check of its own.
+TEST_F(PlanningManagerTest, CachedPlan_CarriesItsSourcesSpeedup) {
+  job_ = *jobs_->Submit(Spec(/*trial_margin=*/0, /*baseline_pairs=*/2));
+  RegisterDevices(*planning_, *store_, job_.id());
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  SendWindow(0, 1, 0);
+  const double p =
+      RunUntilBaselineCheck(*planning_, *jobs_, job_.id(), published_);
+  ASSERT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  BaselineBlocks(*planning_, job_.id(), {p, p}, {1.25 * p, 1.25 * p});
+  ASSERT_NEAR(jobs_->Get(job_.id())->measured_speedup(), 1.25, 1e-9);
+  ASSERT_TRUE(
+      jobs_->Transition(job_.id(), v1::JOB_STATE_SUCCEEDED, "done").ok());
+
+  absl::StatusOr<v1::Job> again =
+      jobs_->Submit(Spec(/*trial_margin=*/0, /*baseline_pairs=*/2));
+  ASSERT_TRUE(again.ok());
+  RegisterDevices(*planning_, *store_, again->id());
+  ASSERT_TRUE(planning_->OnGraph(again->id(), 0, Report(true)).ok());
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 3u);
+  EXPECT_EQ(published_[2].schedule().provenance().reason(), "cached");
+  EXPECT_THAT(EventsOf(*jobs_, again->id(), "baseline").back(),
+              AllOf(HasSubstr(absl::StrCat("v1 carries job ", job_.id(),
+                                           "'s measurement of this plan: "
+                                           "1.25\u00d7 (1.25\u20131.25)")),
+                    HasSubstr("measured interleaved over 12 steps on job")));
+  planning_->OnScheduleActive(again->id(), 1);
+  Steps(*planning_, again->id(), 1, 30, 1, p);
+  planning_->Drain();
+  EXPECT_EQ(published_.size(), 3u);  // no baseline check
+  absl::StatusOr<v1::Job> job = jobs_->Get(again->id());
+  EXPECT_NEAR(job->measured_speedup(), 1.25, 1e-9);
+  EXPECT_NEAR(job->speedup_low(), 1.25, 1e-9);
+  EXPECT_EQ(job->speedup_steps(), 12);
+  EXPECT_THAT(job->speedup_text(),
+              AllOf(HasSubstr("faster than the baseline (v0: FSDP-style "
+                              "on-demand gathers), measured interleaved over "
+                              "12 steps on job "),
+                    HasSubstr(", whose plan this job runs")));
 }
 
 // A job that ended during a comparison never hands out its undecided trial:

@@ -733,6 +733,11 @@ absl::StatusOr<PlanResult> PlanFromMeasurements(const Graph& graph,
   result.feasible = result.sim.peak_bytes <= budget;
   result.headroom_bytes = headroom;
   result.memory_calibrated = calibrated.memory_calibrated;
+  if (profiled != nullptr) {
+    absl::StatusOr<SimResult> sim =
+        Simulate(calibrated.graph, *profiled, calibrated.hw);
+    if (sim.ok()) result.profiled_sim = *std::move(sim);
+  }
   std::vector<Schedule*> planned_here = {&result.schedule};
   if (result.runner_up.has_value()) {
     result.runner_up->schedule.budget_bytes = budget;

@@ -146,6 +146,11 @@ struct PlanResult {
   // job measures as a trial when it is predicted within the model's error
   // of the returned one (TrialCandidate).
   std::optional<PlanAlternative> runner_up;
+  // PlanFromMeasurements given the schedule the profile ran under: that
+  // schedule simulated under the same calibration (the re-fitted model's
+  // price for it), so that a re-plan can tell a machine that changed for
+  // every plan from one that changed the choice.
+  std::optional<SimResult> profiled_sim;
 };
 
 // The runner-up worth measuring on the job: predicted at most `margin`

@@ -1065,6 +1065,9 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
   bool profiled_least_memory = false;
   // Headroom beyond MemoryHeadroom, from the memory guard's trips.
   int64_t extra_headroom = 0;
+  // What the re-fitted model prices the schedule the profile ran under at
+  // (PlanResult::profiled_sim; 0: not priced).
+  double profiled_price_s = 0;
   // The baseline tripped the memory guard: said in the provenance
   // (kBaselineUnfitPass) so that a restarted coordinator still knows.
   bool baseline_unfit = false;
@@ -1269,6 +1272,9 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
                    ? 0
                    : result->headroom_bytes;
     planned_on = DescribeHardware(result->hw);
+    if (result->profiled_sim.has_value() && !profiled_least_memory) {
+      profiled_price_s = result->profiled_sim->iteration_s;
+    }
     if (why != PlanReason::kMemoryGuard) {
       next_trial = TrialCandidate(*result, TrialMargin(spec));
     }
@@ -1338,6 +1344,29 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
           absl::StrCat("planning v", version, " (drift) gave the active v",
                        active->version(), "'s schedule again; the job keeps it",
                        KeepActive(job_id, why)));
+      return;
+    }
+    // Another plan, but the re-fitted model does not price it faster than
+    // the active one by optimize.min_gain: what drifted is the machine, for
+    // every plan alike (a CPU hog, a slower link), not the choice. A
+    // switch would buy less than a comparison can tell apart.
+    const double gain = MinGain(spec);
+    if (current.ok() && profiled.has_value() &&
+        profiled->version() == active->version() && profiled_price_s > 0 &&
+        planned->prediction.iteration_s > profiled_price_s * (1 - gain)) {
+      (void)jobs_->RecordEvent(
+          job_id, "replan",
+          absl::StrFormat(
+              "planning v%d (drift): the model re-fitted to steps %d..%d "
+              "prices the active v%d's plan at %.4f s/iter and the best "
+              "other at %.4f (%+.1f%%, not faster by optimize.min_gain "
+              "%.0f%%): the machine changed for every plan, not the "
+              "choice; the job keeps v%d%s",
+              version, profile.first_iteration, profile.last_iteration,
+              active->version(), profiled_price_s,
+              planned->prediction.iteration_s,
+              100 * (planned->prediction.iteration_s / profiled_price_s - 1),
+              100 * gain, active->version(), KeepActive(job_id, why)));
       return;
     }
   }

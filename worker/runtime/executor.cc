@@ -21,6 +21,7 @@
 #include "torch/csrc/autograd/autograd.h"
 #include "torch/csrc/autograd/custom_function.h"
 #include "torch/custom_class.h"
+#include "worker/runtime/glue_op.h"
 #include "worker/runtime/torch_status.h"
 
 namespace tandem {
@@ -298,7 +299,7 @@ struct Executor::IterationState {
   // values they sit on (for errors), and the next boundary to fire (they
   // fire in order, last first).
   std::vector<int> boundary_pending;
-  std::vector<std::vector<int32_t>> boundary_values;
+  std::vector<std::vector<std::string>> boundary_values;
   int next_boundary = -1;
 };
 
@@ -678,10 +679,165 @@ std::string Executor::BoundaryName(int i) const {
                       program_->nodes[i + 1].name, "'");
 }
 
+std::vector<at::Tensor> Executor::RunForwardNode(
+    int k, int i, std::vector<at::Tensor> inputs, bool* trained_so_far,
+    const std::function<void(std::vector<at::Tensor>&)>& place) {
+  const int n = num_nodes_;
+  const int base = k * 2 * n;
+  const int pos = base + i;
+  const bool profiling = profiler_.enabled();
+  const ProgramNode& node = program_->nodes[i];
+  RunActions(pos, AnchorPosition::kBefore);
+  EnsureParams(pos);
+  HoldPlannedPeak(pos);
+  std::vector<at::Tensor> params;
+  params.reserve(node.param_ids.size());
+  for (int32_t id : node.param_ids) params.push_back(store_->full(id));
+  bool grad_in = false;
+  for (const at::Tensor& in : inputs) {
+    grad_in = grad_in || (in.defined() && in.requires_grad());
+  }
+  // A node after the first that reads no gradient-carrying value has a
+  // backward that no boundary orders: its params' gradients could arrive
+  // after their reduce-scatter. Unless it has no trained params, or it
+  // follows a frozen prefix (the boundary before it is dead, below): then
+  // its backward is the last, and the dead boundaries fire after it.
+  bool trains = false;
+  for (int32_t id : node.param_ids) trains = trains || store_->trainable(id);
+  *trained_so_far = *trained_so_far || trains;
+  TORCH_CHECK(i == 0 || grad_in || !trains ||
+                  it_->boundary_pending[i - 1] == kDeadBoundary,
+              "node '", node.name,
+              "' has params but reads no value that carries a gradient "
+              "from the nodes before it, so its backward cannot be placed "
+              "between theirs; make it part of the unit before it");
+  const int64_t memory_before = profiling ? meter_->current_bytes() : 0;
+  if (profiling) meter_->BeginNodeWindow();
+  const SteadyTime start = profiling ? Now() : SteadyTime();
+  std::vector<at::Tensor> out;
+  if (node.recompute) {
+    // Its backward twin recomputes it on the params gathered then.
+    // StartBackwardNode checks them when the boundary before the twin
+    // fires; the recompute checks again in case autograd reaches the node
+    // first (a value skipping the boundary).
+    auto state = c10::make_intrusive<RecomputeState>();
+    state->node = &node;
+    state->num_inputs = inputs.size();
+    state->params = params;
+    const int backward_pos = base + 2 * n - 1 - i;
+    state->check_params = [this, backward_pos] { EnsureParams(backward_pos); };
+    state->generator = at::globalContext().defaultGenerator(store_->device());
+    {
+      std::lock_guard<std::mutex> lock(state->generator.mutex());
+      state->generator_state = state->generator.get_state();
+    }
+    std::vector<at::Tensor> args = std::move(inputs);
+    args.insert(args.end(), params.begin(), params.end());
+    out = RecomputeFunction::apply(at::TensorList(args), state);
+  } else {
+    out = node.forward(inputs, params);
+  }
+  inputs.clear();
+  params.clear();
+  TORCH_CHECK(out.size() == node.outputs.size(), "node '", node.name,
+              "' returned ", out.size(), " tensors for its ",
+              node.outputs.size(), " outputs");
+  // Placed (and what no later node reads dropped) before the node's memory
+  // is measured: what it leaves allocated is what the next nodes see.
+  if (place) place(out);
+  if (profiling) {
+    profiler_.RecordNode(pos, Since(start));
+    const OwnMemory own = meter_->NodeWindow();
+    if (own.measured) last_rise_[pos] = own.rise_bytes;
+    profiler_.RecordMemory(pos, memory_before, meter_->current_bytes(), own);
+  }
+  RunActions(pos, AnchorPosition::kAfter);
+  return out;
+}
+
+void Executor::HookBoundary(
+    int k, int i, bool trained_so_far,
+    const std::function<
+        void(const std::function<void(at::Tensor&, const std::string&)>&)>&
+        crossing) {
+  // Every value crossing the boundary that carries a gradient goes through
+  // an identity with a hook; the boundary fires once all of them have
+  // their gradient, i.e. when every later node's backward is done, even for
+  // values that skip nodes.
+  crossing([this, k, i](at::Tensor& value, const std::string& name) {
+    if (!value.defined() || !value.requires_grad()) return;
+    value = value.view_as(value);
+    value.register_hook([this, k, i](at::Tensor) { OnBoundaryHook(k, i); });
+    ++it_->boundary_pending[i];
+    it_->boundary_values[i].push_back(name);
+  });
+  if (it_->boundary_pending[i] == 0 && !trained_so_far) {
+    // A frozen prefix (e.g. a frozen embedding): backward does no work up
+    // to here, so this boundary fires once loss.backward() returned.
+    it_->boundary_pending[i] = kDeadBoundary;
+  }
+  TORCH_CHECK(it_->boundary_pending[i] != 0,
+              "no value that carries a "
+              "gradient flows ",
+              BoundaryName(i),
+              ", so backward has no point to run the actions anchored "
+              "there; the nodes after it must read an output of a node "
+              "with params");
+}
+
+std::vector<at::Tensor> Executor::RunGlue(int k, int g,
+                                          std::vector<at::Tensor> inputs,
+                                          bool* trained_so_far) {
+  const ProgramGlue& glue = program_->glues[g];
+  const int last = glue.first + glue.count - 1;
+  int next = glue.first;
+  auto name_of = [this](int i) {
+    return i >= 0 && i < num_nodes_
+               ? absl::StrCat(" ('", program_->nodes[i].name, "')")
+               : std::string();
+  };
+  std::vector<at::Tensor> out;
+  {
+    GlueCallScope scope([&](int64_t unit, std::vector<at::Tensor> args) {
+      TORCH_CHECK(unit == next && next <= last, "glue '", glue.name,
+                  "' called node ", unit, name_of(static_cast<int>(unit)),
+                  next <= last ? absl::StrCat(" where node ", next,
+                                              name_of(next), " comes next")
+                               : std::string(" after its last node"),
+                  ": it must call each of its nodes once, in the order the "
+                  "export recorded (control flow that picks other child "
+                  "modules than on the example batch cannot run yet)");
+      const int i = next++;
+      std::vector<at::Tensor> o =
+          RunForwardNode(k, i, std::move(args), trained_so_far, nullptr);
+      // The boundary after a node inside the glue sits on the node's own
+      // outputs, which the glue reads (the one after its last node on
+      // what the glue returns, below).
+      if (i < last) {
+        const ProgramNode& node = program_->nodes[i];
+        HookBoundary(k, i, *trained_so_far, [&](const auto& visit) {
+          for (size_t o_i = 0; o_i < o.size(); ++o_i) {
+            visit(o[o_i], node.outputs[o_i]);
+          }
+        });
+      }
+      return o;
+    });
+    out = glue.forward(inputs);
+  }
+  TORCH_CHECK(next == last + 1, "glue '", glue.name, "' called ",
+              next - glue.first, " of its ", glue.count,
+              " nodes: it must call each once per micro-batch (control flow "
+              "that skips child modules cannot run yet)");
+  TORCH_CHECK(out.size() == flow_.glue_outputs[g].size(), "glue '", glue.name,
+              "' returned ", out.size(), " tensors for its ",
+              flow_.glue_outputs[g].size(), " outputs");
+  return out;
+}
+
 void Executor::RunMicroBatch(int k, const MicroBatch& batch) {
   const int n = num_nodes_;
   const int base = k * 2 * n;
-  const bool profiling = profiler_.enabled();
   // The environment: every value alive in this micro-batch, by value id.
   std::vector<at::Tensor> env(flow_.values.size());
   for (size_t v = 0; v < program_->inputs.size(); ++v) {
@@ -694,116 +850,48 @@ void Executor::RunMicroBatch(int k, const MicroBatch& batch) {
   it_->boundary_pending.assign(std::max(n - 1, 0), 0);
   it_->boundary_values.assign(std::max(n - 1, 0), {});
   it_->next_boundary = n - 2;
-  std::vector<at::Tensor> params;
   std::vector<at::Tensor> inputs;
   // Some node so far uses a trained param.
   bool trained_so_far = false;
   for (int i = 0; i < n; ++i) {
-    const int pos = base + i;
-    const ProgramNode& node = program_->nodes[i];
-    RunActions(pos, AnchorPosition::kBefore);
-    EnsureParams(pos);
-    HoldPlannedPeak(pos);
-    params.clear();
-    for (int32_t id : node.param_ids) params.push_back(store_->full(id));
+    const int g = flow_.glue_of[i];
+    const std::vector<int32_t>& reads =
+        g >= 0 ? flow_.glue_inputs[g] : flow_.node_inputs[i];
+    const std::vector<int32_t>& writes =
+        g >= 0 ? flow_.glue_outputs[g] : flow_.node_outputs[i];
     inputs.clear();
-    bool grad_in = false;
-    for (int32_t v : flow_.node_inputs[i]) {
-      inputs.push_back(env[v]);
-      grad_in = grad_in || env[v].requires_grad();
-    }
-    // A node after the first that reads no gradient-carrying value has a
-    // backward that no boundary orders: its params' gradients could arrive
-    // after their reduce-scatter. Unless it has no trained params, or it
-    // follows a frozen prefix (the boundary before it is dead, below): then
-    // its backward is the last, and the dead boundaries fire after it.
-    bool trains = false;
-    for (int32_t id : node.param_ids) trains = trains || store_->trainable(id);
-    trained_so_far = trained_so_far || trains;
-    TORCH_CHECK(i == 0 || grad_in || !trains ||
-                    it_->boundary_pending[i - 1] == kDeadBoundary,
-                "node '", node.name,
-                "' has params but reads no value that carries a gradient "
-                "from the nodes before it, so its backward cannot be placed "
-                "between theirs; make it part of the unit before it");
-    const int64_t memory_before = profiling ? meter_->current_bytes() : 0;
-    if (profiling) meter_->BeginNodeWindow();
-    const SteadyTime start = profiling ? Now() : SteadyTime();
-    std::vector<at::Tensor> out;
-    if (node.recompute) {
-      // Its backward twin recomputes it on the params gathered then.
-      // StartBackwardNode checks them when the boundary before the twin
-      // fires; the recompute checks again in case autograd reaches the node
-      // first (a value skipping the boundary).
-      auto state = c10::make_intrusive<RecomputeState>();
-      state->node = &node;
-      state->num_inputs = inputs.size();
-      state->params = params;
-      const int backward_pos = base + 2 * n - 1 - i;
-      state->check_params = [this, backward_pos] {
-        EnsureParams(backward_pos);
-      };
-      state->generator = at::globalContext().defaultGenerator(store_->device());
-      {
-        std::lock_guard<std::mutex> lock(state->generator.mutex());
-        state->generator_state = state->generator.get_state();
+    for (int32_t v : reads) inputs.push_back(env[v]);
+    if (g >= 0) i = program_->glues[g].first + program_->glues[g].count - 1;
+    // The outputs into the environment; values no later node reads are
+    // dropped (the loss is kept).
+    auto place = [&](std::vector<at::Tensor>& out) {
+      for (size_t o = 0; o < out.size(); ++o) {
+        env[writes[o]] = std::move(out[o]);
       }
-      std::vector<at::Tensor> args = inputs;
-      args.insert(args.end(), params.begin(), params.end());
-      out = RecomputeFunction::apply(at::TensorList(args), state);
+      for (size_t v = 0; v < env.size(); ++v) {
+        if (env[v].defined() && flow_.last_reader[v] <= i &&
+            static_cast<int32_t>(v) != flow_.loss) {
+          env[v] = at::Tensor();
+        }
+      }
+    };
+    if (g >= 0) {
+      std::vector<at::Tensor> out =
+          RunGlue(k, g, std::move(inputs), &trained_so_far);
+      place(out);
     } else {
-      out = node.forward(inputs, params);
+      RunForwardNode(k, i, std::move(inputs), &trained_so_far, place);
     }
     inputs.clear();
-    TORCH_CHECK(out.size() == flow_.node_outputs[i].size(), "node '", node.name,
-                "' returned ", out.size(), " tensors for its ",
-                flow_.node_outputs[i].size(), " outputs");
-    for (size_t o = 0; o < out.size(); ++o) {
-      env[flow_.node_outputs[i][o]] = std::move(out[o]);
-    }
-    // Values no later node reads are dropped (the loss is kept).
-    for (size_t v = 0; v < env.size(); ++v) {
-      if (env[v].defined() && flow_.last_reader[v] <= i &&
-          static_cast<int32_t>(v) != flow_.loss) {
-        env[v] = at::Tensor();
-      }
-    }
-    if (profiling) {
-      profiler_.RecordNode(pos, Since(start));
-      const OwnMemory own = meter_->NodeWindow();
-      if (own.measured) last_rise_[pos] = own.rise_bytes;
-      profiler_.RecordMemory(pos, memory_before, meter_->current_bytes(), own);
-    }
-    RunActions(pos, AnchorPosition::kAfter);
     if (i + 1 == n) break;
-    // Backward boundary i: every value still read later that carries a
-    // gradient goes through an identity with a hook; the boundary fires
-    // once all of them have their gradient, i.e. when every later node's
-    // backward is done, even for values that skip nodes.
-    for (size_t v = 0; v < env.size(); ++v) {
-      if (!env[v].defined() || !env[v].requires_grad() ||
-          static_cast<int32_t>(v) == flow_.loss) {
-        continue;
+    // Backward boundary i, on every value still read later.
+    HookBoundary(k, i, trained_so_far, [&](const auto& visit) {
+      for (size_t v = 0; v < env.size(); ++v) {
+        if (static_cast<int32_t>(v) == flow_.loss) continue;
+        visit(env[v], flow_.values[v]);
       }
-      env[v] = env[v].view_as(env[v]);
-      env[v].register_hook([this, k, i](at::Tensor) { OnBoundaryHook(k, i); });
-      ++it_->boundary_pending[i];
-      it_->boundary_values[i].push_back(static_cast<int32_t>(v));
-    }
-    if (it_->boundary_pending[i] == 0 && !trained_so_far) {
-      // A frozen prefix (e.g. a frozen embedding): backward does no work up
-      // to here, so this boundary fires once loss.backward() returned.
-      it_->boundary_pending[i] = kDeadBoundary;
-    }
-    TORCH_CHECK(it_->boundary_pending[i] != 0,
-                "no value that carries a "
-                "gradient flows ",
-                BoundaryName(i),
-                ", so backward has no point to run the actions anchored "
-                "there; the nodes after it must read an output of a node "
-                "with params");
+    });
   }
-  params.clear();
   at::Tensor act = env[flow_.loss];
   env.clear();
   TORCH_CHECK(act.numel() == 1, "the loss '", program_->loss,
@@ -832,8 +920,8 @@ void Executor::RunMicroBatch(int k, const MicroBatch& batch) {
   if (it_->next_boundary >= 0) {
     const int b = it_->next_boundary;
     std::vector<std::string> waiting;
-    for (int32_t v : it_->boundary_values[b]) {
-      waiting.push_back(flow_.values[v]);
+    for (const std::string& v : it_->boundary_values[b]) {
+      waiting.push_back(v);
     }
     TORCH_CHECK(false, "the backward boundary ", BoundaryName(b),
                 " never fired: ", it_->boundary_pending[b], " of value(s) [",

@@ -199,6 +199,27 @@ class Executor {
   absl::Status RunStepImpl(absl::Span<const MicroBatch> batches,
                            StepStats* stats);
   void RunMicroBatch(int k, const MicroBatch& batch);
+  // Forward node `i` of micro-batch `k` on `inputs`: the schedule's actions
+  // before and after it, its params, its profile. `place` (may be empty)
+  // receives the outputs before the node's memory is measured (the caller
+  // stores them and drops dead values there); returns what it left.
+  std::vector<at::Tensor> RunForwardNode(
+      int k, int i, std::vector<at::Tensor> inputs, bool* trained_so_far,
+      const std::function<void(std::vector<at::Tensor>&)>& place);
+  // Glue `g` of micro-batch `k` on its inputs (program.h, ProgramGlue): its
+  // forward, serving each tandem::call_unit with RunForwardNode of the next
+  // node it covers and a backward boundary on that node's outputs. Fails
+  // when the glue calls its nodes out of order or not all of them.
+  std::vector<at::Tensor> RunGlue(int k, int g, std::vector<at::Tensor> inputs,
+                                  bool* trained_so_far);
+  // Backward boundary `i` of micro-batch `k` on the values `crossing`
+  // visits (each replaced by a hooked identity when it carries a
+  // gradient); fails when none does, unless a frozen prefix ends there.
+  void HookBoundary(
+      int k, int i, bool trained_so_far,
+      const std::function<
+          void(const std::function<void(at::Tensor&, const std::string&)>&)>&
+          crossing);
   // Actions anchored before/after the node at graph position `pos`.
   void RunActions(int pos, AnchorPosition where);
   // Fails unless every param of the node at `pos` is usable (waits for a

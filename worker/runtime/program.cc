@@ -31,48 +31,105 @@ absl::StatusOr<ProgramFlow> AnalyzeProgramFlow(const Program& program) {
     flow.last_reader.push_back(-1);
     return absl::OkStatus();
   };
+  // Reads `name` at node `at` on behalf of `who`.
+  auto read = [&](const std::string& name, int32_t at,
+                  absl::string_view who) -> absl::StatusOr<int32_t> {
+    auto it = ids.find(name);
+    if (it == ids.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "program '", program.name, "': ", who, " reads '", name,
+          "', which is neither a batch input nor an output of an earlier "
+          "node"));
+    }
+    flow.last_reader[it->second] = at;
+    return it->second;
+  };
   for (const ProgramInput& in : program.inputs) {
     RETURN_IF_ERROR(define(in.name, "a batch input"));
   }
-  for (size_t i = 0; i < program.nodes.size(); ++i) {
+  if (program.nodes.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("program '", program.name, "' has no nodes"));
+  }
+  const int32_t n = static_cast<int32_t>(program.nodes.size());
+  flow.glue_of.assign(n, -1);
+  int32_t covered_to = 0;
+  for (size_t g = 0; g < program.glues.size(); ++g) {
+    const ProgramGlue& glue = program.glues[g];
+    if (glue.count < 1 || glue.first < covered_to ||
+        glue.first + glue.count > n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "program '", program.name, "': glue '", glue.name, "' covers nodes ",
+          glue.first, "..", glue.first + glue.count - 1, " of ", n,
+          "; glues cover disjoint runs of nodes, in order"));
+    }
+    for (int32_t i = glue.first; i < glue.first + glue.count; ++i) {
+      flow.glue_of[i] = static_cast<int32_t>(g);
+    }
+    covered_to = glue.first + glue.count;
+  }
+  flow.glue_inputs.resize(program.glues.size());
+  flow.glue_outputs.resize(program.glues.size());
+  for (int32_t i = 0; i < n; ++i) {
     const ProgramNode& node = program.nodes[i];
     std::vector<int32_t>& reads = flow.node_inputs.emplace_back();
-    for (const std::string& name : node.inputs) {
-      auto it = ids.find(name);
-      if (it == ids.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "program '", program.name, "': node '", node.name, "' reads '",
-            name,
-            "', which is neither a batch input nor an output of an earlier "
-            "node"));
-      }
-      reads.push_back(it->second);
-      flow.last_reader[it->second] = static_cast<int32_t>(i);
-    }
     std::vector<int32_t>& writes = flow.node_outputs.emplace_back();
     if (node.outputs.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("program '", program.name,
                                                      "': node '", node.name,
                                                      "' has no outputs"));
     }
-    for (const std::string& name : node.outputs) {
-      writes.push_back(static_cast<int32_t>(flow.values.size()));
-      RETURN_IF_ERROR(define(name, absl::StrCat("output of ", node.name)));
+    const int32_t g = flow.glue_of[i];
+    if (g < 0) {
+      for (const std::string& name : node.inputs) {
+        ASSIGN_OR_RETURN(int32_t v,
+                         read(name, i, absl::StrCat("node '", node.name, "'")));
+        reads.push_back(v);
+      }
+      for (const std::string& name : node.outputs) {
+        writes.push_back(static_cast<int32_t>(flow.values.size()));
+        RETURN_IF_ERROR(define(name, absl::StrCat("output of ", node.name)));
+      }
+      continue;
+    }
+    const ProgramGlue& glue = program.glues[g];
+    const int32_t last = glue.first + glue.count - 1;
+    if (i == glue.first) {
+      for (const std::string& name : glue.inputs) {
+        ASSIGN_OR_RETURN(
+            int32_t v,
+            read(name, last, absl::StrCat("glue '", glue.name, "'")));
+        flow.glue_inputs[g].push_back(v);
+      }
+    }
+    if (i == last) {
+      if (glue.outputs.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("program '", program.name, "': glue '", glue.name,
+                         "' has no outputs"));
+      }
+      for (const std::string& name : glue.outputs) {
+        flow.glue_outputs[g].push_back(
+            static_cast<int32_t>(flow.values.size()));
+        RETURN_IF_ERROR(define(name, absl::StrCat("output of ", glue.name)));
+      }
     }
   }
-  if (program.nodes.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("program '", program.name, "' has no nodes"));
-  }
-  const ProgramNode& last = program.nodes.back();
-  for (size_t o = 0; o < last.outputs.size(); ++o) {
-    if (last.outputs[o] == program.loss)
-      flow.loss = flow.node_outputs.back()[o];
+  // The loss: an output of the last node, or of the glue covering it.
+  const int32_t last_glue = flow.glue_of.back();
+  const std::vector<std::string>& outputs =
+      last_glue >= 0 ? program.glues[last_glue].outputs
+                     : program.nodes.back().outputs;
+  const std::vector<int32_t>& output_ids =
+      last_glue >= 0 ? flow.glue_outputs[last_glue] : flow.node_outputs.back();
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    if (outputs[o] == program.loss) flow.loss = output_ids[o];
   }
   if (flow.loss < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("program '", program.name, "': the loss '", program.loss,
-                     "' is not an output of the last node '", last.name, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "program '", program.name, "': the loss '", program.loss,
+        "' is not an output of the last node '", program.nodes.back().name, "'",
+        last_glue >= 0 ? " or of the glue covering it" : ""));
   }
   return flow;
 }

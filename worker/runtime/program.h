@@ -100,12 +100,37 @@ struct ProgramNode {
   bool recompute = false;
 };
 
+// Glue (worker/README.md, "Glue"): the code of a container whose forward
+// cannot be captured as a sequence of nodes (it branches on data, reads a
+// length with .item(), assigns through a mask), run as one callable that
+// calls its child nodes itself, in order, through the op
+// tandem::call_unit(int unit, Tensor?[] inputs) -> Tensor[] (glue_op.h).
+// The glue covers the nodes [first, first + count); it reads the values
+// `inputs` and defines `outputs`. The nodes it covers take what it passes
+// them and give back what it receives: their own `inputs` and `outputs`
+// name glue-local values (their outputs' count is what they return), which
+// no other node reads. Every call must be the next node of its span, and
+// the glue must call each exactly once per micro-batch: the schedule's
+// actions run before and after each call, as for any node, and backward
+// boundaries sit on each call's outputs.
+struct ProgramGlue {
+  std::string name;
+  int32_t first = 0;
+  int32_t count = 0;
+  std::vector<std::string> inputs;
+  std::vector<std::string> outputs;
+  std::function<std::vector<at::Tensor>(absl::Span<const at::Tensor> inputs)>
+      forward;
+};
+
 struct Program {
   std::string name;
   std::vector<ProgramParam> params;
   std::vector<ProgramInput> inputs;
   // The forward nodes of one micro-batch, in execution order.
   std::vector<ProgramNode> nodes;
+  // Glues over runs of `nodes`, in node order, disjoint.
+  std::vector<ProgramGlue> glues;
   // The value holding the scalar loss (the mean over this rank's tokens or
   // samples of the micro-batch): an output of the last node.
   std::string loss;
@@ -121,21 +146,30 @@ struct Program {
 // inputs (tensors, or synthetic ones) can feed.
 bool HasNamedInputs(const Program& program);
 
-// The values of a program, numbered: inputs first, then node outputs in
-// order.
+// The values of a program, numbered: inputs first, then node (and glue)
+// outputs in order.
 struct ProgramFlow {
   std::vector<std::string> values;
-  // Per node, the value ids it reads and writes.
+  // Per node, the value ids it reads and writes (none for a node a glue
+  // covers: its values are the glue's own).
   std::vector<std::vector<int32_t>> node_inputs;
   std::vector<std::vector<int32_t>> node_outputs;
-  // Per value, the last node that reads it (-1: none).
+  // Per value, the last node that reads it (-1: none); a glue's inputs are
+  // read until its last node.
   std::vector<int32_t> last_reader;
   int32_t loss = -1;
+  // Per node, the glue covering it (-1: none); per glue, the value ids it
+  // reads and defines (defined at its last node).
+  std::vector<int32_t> glue_of;
+  std::vector<std::vector<int32_t>> glue_inputs;
+  std::vector<std::vector<int32_t>> glue_outputs;
 };
 
-// Numbers the program's values and checks the flow: every node input is a
-// batch input or an output of an earlier node, nothing is defined twice, the
-// loss is an output of the last node. Errors name the node and value.
+// Numbers the program's values and checks the flow: every node (or glue)
+// input is a batch input or an output of an earlier node or glue, nothing is
+// defined twice, glues cover disjoint runs of nodes in order, the loss is an
+// output of the last node (or of the glue covering it). Errors name the
+// node, glue and value.
 absl::StatusOr<ProgramFlow> AnalyzeProgramFlow(const Program& program);
 
 // The iteration graph `program` runs with `micro_batches` gradient-

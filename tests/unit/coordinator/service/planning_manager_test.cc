@@ -142,6 +142,10 @@ class PlanningManagerTest : public ::testing::Test {
   // keeping, and v3 published as a rollback running v1's plan. Returns v1's
   // predicted step time.
   double TrialBackToV1(double factor);
+  // A job with optimize.min_gain `min_gain` planned (v1), drifted (its
+  // steps at 3x the prediction) and sent the window whose re-fitted model
+  // prefers another plan (kOtherPlanScale); v1's predicted step.
+  double DriftToOtherPlan(double min_gain);
 
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<JobManager> jobs_;
@@ -317,6 +321,58 @@ TEST_F(PlanningManagerTest, SustainedDrift_SamePlanAgain_KeptAndWatched) {
               AllOf(HasSubstr("drift at step 37"),
                     HasSubstr(absl::StrFormat("against %.4f expected",
                                               predicted * 3))));
+}
+
+// Node times of a profile window at this multiple of the first window's
+// (compute 100x faster, the link as it was): the re-fitted model's choice
+// moves to another plan (at 0.1 and above it stays on v1's).
+constexpr double kOtherPlanScale = 0.01;
+
+double PlanningManagerTest::DriftToOtherPlan(double min_gain) {
+  v1::JobSpec spec = Spec(/*trial_margin=*/0);
+  spec.mutable_optimize()->set_min_gain(min_gain);
+  job_ = *jobs_->Submit(spec);
+  EXPECT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  SendWindow(0, 1, 0);
+  EXPECT_EQ(published_.size(), 1u);
+  if (published_.empty()) return 0;
+  planning_->OnScheduleActive(job_.id(), 1);
+  const double predicted = published_[0].schedule().prediction().iteration_s();
+  SlowestSteps(*planning_, job_.id(), 3, 3, 1, predicted * 3);
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "drift"), 1);
+  SendWindow(3, 5, 1, kOtherPlanScale);
+  return predicted;
+}
+
+// A drift whose re-fitted model prefers another plan, but by less than
+// optimize.min_gain over the active one (min_gain 0.5, the most it takes:
+// any plan not twice as fast): the machine changed for every plan, not the
+// choice; the job keeps v1, expected from now on at what it measured, and
+// publishes nothing.
+TEST_F(PlanningManagerTest, DriftReplan_OtherPlanWithinMinGain_KeepsActive) {
+  const double predicted = DriftToOtherPlan(/*min_gain=*/0.5);
+  EXPECT_EQ(published_.size(), 1u);
+  EXPECT_THAT(jobs_->Events(job_.id(), 0)->back().message(),
+              AllOf(HasSubstr("planning v2 (drift): the model re-fitted to "
+                              "steps 3..5 prices the active v1's plan at "),
+                    HasSubstr("not faster by optimize.min_gain 50%): the "
+                              "machine changed for every plan, not the "
+                              "choice; the job keeps v1, expected from now "
+                              "on at the")));
+  SlowestSteps(*planning_, job_.id(), 6, 20, 1, predicted * 3);
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "drift"), 1);
+  EXPECT_EQ(published_.size(), 1u);
+}
+
+// With min_gain 0 the same window publishes the other plan.
+TEST_F(PlanningManagerTest, DriftReplan_OtherPlanBeyondMinGain_Published) {
+  DriftToOtherPlan(/*min_gain=*/0);
+  ASSERT_EQ(published_.size(), 2u);
+  EXPECT_EQ(published_[1].schedule().provenance().reason(), "drift");
+  absl::StatusOr<Schedule> v1 = FromProto(published_[0].schedule());
+  absl::StatusOr<Schedule> v2 = FromProto(published_[1].schedule());
+  ASSERT_TRUE(v1.ok() && v2.ok());
+  EXPECT_FALSE(SamePlan(*v1, *v2));
 }
 
 // Every rank reports steps [first, first+n) under `version` at `seconds`.

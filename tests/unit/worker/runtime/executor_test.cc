@@ -32,6 +32,7 @@
 #include "coordinator/passes/unshard_pass.h"
 #include "coordinator/passes/zero3_insert_pass.h"
 #include "coordinator/planner/planner.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/worker/loopback_world.h"
 #include "tests/unit/worker/test_schedules.h"
@@ -41,10 +42,14 @@
 // clang-format off
 #include "torch/nn/utils/clip_grad.h"
 // clang-format on
+#include "torch/csrc/jit/api/compilation_unit.h"
+#include "torch/csrc/jit/frontend/resolver.h"
+#include "torch/csrc/jit/frontend/sugared_value.h"
 #include "torch/optim/adamw.h"
 #include "worker/data/micro_batch.h"
 #include "worker/data/token_source.h"
 #include "worker/models/builtin_models.h"
+#include "worker/runtime/glue_op.h"
 #include "worker/runtime/memory_meter.h"
 #include "worker/runtime/standard_schedules.h"
 
@@ -162,9 +167,13 @@ using ScheduleMaker = std::function<Schedule(const Graph&)>;
 // Called on each rank before each step (e.g. to offer a schedule).
 using StepHook = std::function<void(int rank, int step, Executor&)>;
 
+// Changes the model's program before it runs (e.g. wraps nodes in a glue).
+using ProgramEdit = std::function<void(Program&)>;
+
 ShardedRun TrainSharded(int world, int steps, const ScheduleMaker& initial,
                         const StepHook& hook = nullptr,
-                        const ModelConfig* model = nullptr) {
+                        const ModelConfig* model = nullptr,
+                        const ProgramEdit& edit = nullptr) {
   ShardedRun run;
   run.losses.resize(world);
   run.versions.resize(world);
@@ -175,8 +184,9 @@ ShardedRun TrainSharded(int world, int steps, const ScheduleMaker& initial,
   RunLoopbackWorld(world, [&](int rank, Communicator& comm) {
     absl::StatusOr<Program> program = BuildModelProgram(config, kSeed);
     ASSERT_TRUE(program.ok());
+    if (edit) edit(*program);
     absl::StatusOr<Graph> graph = GraphOf(*program, config);
-    ASSERT_TRUE(graph.ok());
+    ASSERT_TRUE(graph.ok()) << graph.status();
     auto store = ShardedParamStore::Create(*program, rank, world);
     ASSERT_TRUE(store.ok());
     ExecutorOptions options;
@@ -255,9 +265,10 @@ ShardedRun ExpectMatchesReference(int world, const std::string& extra,
                                   const StepHook& hook,
                                   const std::vector<int64_t>& expected_versions,
                                   const std::string& label,
-                                  double tolerance = kTolerance) {
+                                  double tolerance = kTolerance,
+                                  const ProgramEdit& edit = nullptr) {
   const ModelConfig model = TestModel(world, kMicroBatch, extra.c_str());
-  ShardedRun run = TrainSharded(world, kSteps, initial, hook, &model);
+  ShardedRun run = TrainSharded(world, kSteps, initial, hook, &model, edit);
   const Trajectory& ref = Reference(world, extra);
   EXPECT_EQ(run.params.size(), ref.params.size());
   if (run.params.size() != ref.params.size()) return run;
@@ -332,6 +343,155 @@ TEST_P(NumericsTest, FiveSteps_MatchUnshardedSingleProcess) {
   }
   ExpectMatchesReference(world, "", initial, hook, expected_versions,
                          absl::StrCat("world ", world, " ", kind));
+}
+
+// Wraps the program's nodes [first, first + count) in a glue: TorchScript
+// that calls them through tandem::call_unit in `order` (node indices; by
+// default each once, in order), as `tandem export` scripts a container
+// torch.fx cannot trace. Its forward first branches on a value read with
+// .item() (as torchaudio's Conformer reads lengths), which a trace could not
+// follow. The builtin models' nodes form a chain (each reads the one
+// before), so the glue takes the value before `first` and returns the last
+// covered node's output.
+void WrapInGlue(Program& program, int first, int count,
+                std::vector<int> order = {}) {
+  if (order.empty()) {
+    for (int i = first; i < first + count; ++i) order.push_back(i);
+  }
+  std::string body =
+      "def glue(h: Tensor) -> List[Tensor]:\n"
+      "    if int((h != h).sum().item()) > 0:\n"
+      "        h = torch.nan_to_num(h)\n";
+  for (int i : order) {
+    absl::StrAppend(&body, "    args: List[Optional[Tensor]] = [h]\n",
+                    "    h = tandem.call_unit(", i, ", args)[0]\n");
+  }
+  body += "    return [h]\n";
+  RegisterGlueOp();
+  // Serialized TorchScript names the op ops.tandem.call_unit, which
+  // torch::jit::load resolves; source compiled here reaches it as
+  // tandem.call_unit through this resolver.
+  struct GlueResolver : torch::jit::Resolver {
+    std::shared_ptr<torch::jit::SugaredValue> resolveValue(
+        const std::string& name, torch::jit::GraphFunction& m,
+        const torch::jit::SourceRange& loc) override {
+      if (name == "tandem") {
+        return std::make_shared<torch::jit::BuiltinModule>("tandem");
+      }
+      return torch::jit::nativeResolver()->resolveValue(name, m, loc);
+    }
+  };
+  auto cu = std::make_shared<torch::jit::CompilationUnit>();
+  cu->define(c10::nullopt, body, std::make_shared<GlueResolver>(), nullptr);
+  ProgramGlue glue;
+  glue.name = "layers";
+  glue.first = first;
+  glue.count = count;
+  glue.inputs = program.nodes[first].inputs;
+  glue.outputs = {program.nodes[first + count - 1].outputs[0]};
+  // The covered nodes' values are the glue's own: renamed so that nothing
+  // outside reads them.
+  for (int i = first; i < first + count; ++i) {
+    for (std::string& name : program.nodes[i].inputs) name = "glue." + name;
+    for (std::string& name : program.nodes[i].outputs) name = "glue." + name;
+  }
+  glue.forward = [cu](absl::Span<const at::Tensor> in) {
+    std::vector<c10::IValue> args(in.begin(), in.end());
+    return cu->get_function("glue")(args).toTensorVector();
+  };
+  program.glues.push_back(std::move(glue));
+}
+
+// A glue over every layer node calls them itself, data-dependent branch
+// and all: at world 2, on demand and with prefetched gathers (actions
+// anchored at the nodes it calls), and under activation checkpointing,
+// training matches the unsharded reference exactly as without it.
+TEST(GlueTest, GlueOverTheLayers_MatchesUnsharded) {
+  const ModelConfig model = TestModel(2, kMicroBatch);
+  const int layer_nodes = 2 * model.layers;
+  const ProgramEdit glue = [layer_nodes](Program& p) {
+    WrapInGlue(p, 1, layer_nodes);
+  };
+  ExpectMatchesReference(
+      2, "", [](const Graph& g) { return OnDemand(g); }, nullptr,
+      std::vector<int64_t>(kSteps, 1), "glue on demand", kTolerance, glue);
+  ExpectMatchesReference(
+      2, "", [](const Graph& g) { return Prefetch(g); }, nullptr,
+      std::vector<int64_t>(kSteps, 1), "glue prefetch", kTolerance, glue);
+  ExpectMatchesReference(
+      2, "checkpointing=1", [](const Graph& g) { return OnDemand(g); }, nullptr,
+      std::vector<int64_t>(kSteps, 1), "glue checkpointing", kTolerance, glue);
+}
+
+// One rank's first step of the model with `edit` applied: its status.
+absl::Status FirstStepWith(const ProgramEdit& edit) {
+  const ModelConfig config = TestModel(1, kMicroBatch);
+  absl::Status result;
+  RunLoopbackWorld(1, [&](int rank, Communicator& comm) {
+    absl::StatusOr<Program> program = BuildModelProgram(config, kSeed);
+    ASSERT_TRUE(program.ok());
+    edit(*program);
+    absl::StatusOr<Graph> graph = GraphOf(*program, config);
+    if (!graph.ok()) {
+      result = graph.status();
+      return;
+    }
+    auto store = ShardedParamStore::Create(*program, rank, 1);
+    ASSERT_TRUE(store.ok());
+    auto executor =
+        Executor::Create(&*program, *graph, store->get(), &comm,
+                         CountingCpuAllocator::Get(), OnDemand(*graph), {});
+    if (!executor.ok()) {
+      result = executor.status();
+      return;
+    }
+    auto data = MakeSyntheticTokens(kSeed, config.vocab, config.seq_len);
+    auto batches = ReadRankBatches(*data, 0, 1, 0, 1, config.micro_batch);
+    ASSERT_TRUE(batches.ok());
+    result = (*executor)->RunStep(*batches).status();
+  });
+  return result;
+}
+
+// A glue that calls its nodes out of order, or not all of them, fails the
+// step saying which node it called and which comes next.
+TEST(GlueTest, CallsOutOfOrderOrMissing_FailTheStep) {
+  absl::Status swapped = FirstStepWith([](Program& p) {
+    WrapInGlue(p, 1, 2, {2, 1});
+  });
+  EXPECT_FALSE(swapped.ok());
+  EXPECT_THAT(std::string(swapped.message()),
+              testing::HasSubstr("glue 'layers' called node 2 "
+                                 "('layers.0.mlp') where node 1 "
+                                 "('layers.0.attn') comes next"));
+  absl::Status missing =
+      FirstStepWith([](Program& p) { WrapInGlue(p, 1, 2, {1}); });
+  EXPECT_FALSE(missing.ok());
+  EXPECT_THAT(std::string(missing.message()),
+              testing::HasSubstr("glue 'layers' called 1 of its 2 nodes"));
+}
+
+// Glues that overlap, or a node reading a glue's own value from outside,
+// are refused before anything runs.
+TEST(GlueTest, BadGlues_RefusedByTheFlowCheck) {
+  absl::StatusOr<Program> program =
+      BuildModelProgram(TestModel(1, kMicroBatch), kSeed);
+  ASSERT_TRUE(program.ok());
+  Program overlapping = *program;
+  WrapInGlue(overlapping, 1, 2);
+  WrapInGlue(overlapping, 2, 2);
+  absl::StatusOr<ProgramFlow> flow = AnalyzeProgramFlow(overlapping);
+  ASSERT_FALSE(flow.ok());
+  EXPECT_THAT(std::string(flow.status().message()),
+              testing::HasSubstr("glues cover disjoint runs of nodes"));
+  Program leaking = *program;
+  WrapInGlue(leaking, 1, 1);
+  leaking.nodes[2].inputs = {"glue." + program->nodes[1].outputs[0]};
+  flow = AnalyzeProgramFlow(leaking);
+  ASSERT_FALSE(flow.ok());
+  EXPECT_THAT(std::string(flow.status().message()),
+              testing::HasSubstr("neither a batch input nor an output of an "
+                                 "earlier node"));
 }
 
 // Schedules from the coordinator's planner, every policy: the executor runs

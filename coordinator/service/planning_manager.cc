@@ -32,6 +32,14 @@ double PredictedAtReference(const WorkScale& work, const v1::Prediction& p) {
 // tripped the memory guard (JobPlanning::baseline_unfit), read back after a
 // restart.
 constexpr char kBaselineUnfitPass[] = "baseline-unfit";
+// The provenance pass of a rollback that ends an inconclusive trial: the
+// trial backoff is recovered from these after a restart.
+constexpr char kInconclusivePass[] = "trial-inconclusive";
+
+bool HasPass(const v1::Schedule& schedule, absl::string_view pass) {
+  const auto& passes = schedule.provenance().passes();
+  return std::find(passes.begin(), passes.end(), pass) != passes.end();
+}
 
 // The job's optimize.min_gain (jobs stored before it existed: the default).
 double MinGain(const v1::JobSpec& spec) {
@@ -267,14 +275,29 @@ void PlanningManager::RecoverEvidenceLocked(
     const v1::Schedule& s = state.schedules[i].schedule;
     // The baseline tripped the memory guard before this version: no check
     // runs it again.
-    if (std::find(s.provenance().passes().begin(),
-                  s.provenance().passes().end(),
-                  kBaselineUnfitPass) != s.provenance().passes().end()) {
-      state.baseline_unfit = true;
-    }
+    if (HasPass(s, kBaselineUnfitPass)) state.baseline_unfit = true;
     // (A rollback to a trial keeps the trial's passes: the reason decides.)
     const std::optional<PlanReason> why =
         PlanReasonFromName(s.provenance().reason());
+    // The trial backoff: inconclusive trials in a row, from the rollbacks
+    // that ended them; a decided trial (kept, or rolled back without the
+    // pass) ends the run.
+    const bool after_trial =
+        i > 0 && PlanReasonFromName(
+                     state.schedules[i - 1].schedule.provenance().reason()) ==
+                     PlanReason::kTrial;
+    if (why == PlanReason::kRollback && after_trial &&
+        HasPass(s, kInconclusivePass)) {
+      ++state.inconclusive_trials;
+      state.trial_not_before =
+          state.schedules[i].effective_step +
+          TrialBackoffSteps(state.spec.optimize().drift_window(),
+                            state.inconclusive_trials);
+    } else if (why == PlanReason::kKept ||
+               (why == PlanReason::kRollback && after_trial)) {
+      state.inconclusive_trials = 0;
+      state.trial_not_before = -1;
+    }
     std::optional<int64_t> of =
         why == PlanReason::kTrial ? VersionPass(s, "trial-of-v") : std::nullopt;
     if (of.has_value()) {
@@ -731,6 +754,7 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
       state.rejected[candidate] = *candidate_schedule;
     }
     state.rollback_to = incumbent;
+    state.rollback_inconclusive = decision.verdict == Verdict::kInconclusive;
     QueueLocked(job_id, state, PlanReason::kRollback);
   }
   return true;
@@ -1044,6 +1068,8 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
   // A rollback: the version it returns to (its schedule when it is not the
   // baseline) and what that version measured.
   int64_t rollback_to = -1;
+  // The rollback ends an inconclusive trial (kInconclusivePass).
+  bool rollback_inconclusive = false;
   std::optional<v1::Schedule> rollback_schedule;
   // A rollback to the baseline: the plan whose explanation simulated it.
   std::optional<v1::Schedule> baseline_simulated;
@@ -1126,6 +1152,9 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
     if (why == PlanReason::kRollback || why == PlanReason::kKept ||
         why == PlanReason::kBaselineCheck) {
       rollback_to = it->second.rollback_to;
+      rollback_inconclusive =
+          why == PlanReason::kRollback && it->second.rollback_inconclusive;
+      it->second.rollback_inconclusive = false;
       for (const StoredSchedule& s : it->second.schedules) {
         if (s.schedule.version() == rollback_to) rollback_schedule = s.schedule;
         // The baseline's own prediction: the newest plan's simulation of
@@ -1230,6 +1259,9 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
           : why == PlanReason::kBaselineCheck ? "baseline-check-of-v"
                                               : "rollback-to-v",
           rollback_to));
+      if (rollback_inconclusive) {
+        back->provenance.passes.push_back(kInconclusivePass);
+      }
       planned_on = why == PlanReason::kKept            ? "the comparison"
                    : why == PlanReason::kBaselineCheck ? "the plan that settled"
                                                        : "the measurements";

@@ -236,6 +236,10 @@ class PlanningManager {
     // both: the comparisons are telling plans apart again.
     int inconclusive_trials = 0;
     int64_t trial_not_before = -1;
+    // The queued rollback ends an inconclusive trial: its provenance says
+    // so (kInconclusivePass), so that a restarted coordinator keeps the
+    // backoff.
+    bool rollback_inconclusive = false;
     // The comparison running: a trial version alternating with the version
     // it is tried against, or a baseline check alternating with v0, and the
     // blocks of steps each ran, in order.

@@ -863,6 +863,52 @@ TEST_F(PlanningManagerTest, Trial_Inconclusive_NextTrialBacksOff) {
               HasSubstr("v4 measured "));
 }
 
+// The backoff survives a coordinator restart: the rollback that ended the
+// inconclusive trial says so in its provenance, and the restarted
+// coordinator holds the next trial back from its effective step for the
+// same 6 steps.
+TEST_F(PlanningManagerTest, Restart_InconclusiveTrial_BackoffKept) {
+  const double predicted = StartTrial();
+  ASSERT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  Alternate(*planning_, job_.id(), 9, 6, {predicted * 0.9, predicted * 1.1},
+            {predicted});
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 3u);
+  EXPECT_THAT(published_[2].schedule().provenance().passes(),
+              ::testing::Contains("trial-inconclusive"));
+  const int64_t effective = published_[2].effective_step();
+  std::unique_ptr<Restarted> r = RestartWith({});
+  r->planning->OnScheduleActive(job_.id(), 3);
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(r->planning
+                    ->OnProfile(job_.id(), rank,
+                                MakeProfile(rank, effective, effective + 1, 3))
+                    .ok());
+  }
+  ASSERT_TRUE(r->planning->RequestReplan(job_.id(), "").ok());
+  r->planning->Drain();
+  ASSERT_EQ(r->published.size(), 1u);
+  EXPECT_THAT(r->jobs->Events(job_.id(), 0)->back().message(),
+              HasSubstr("; runner-up "));
+  const int64_t v4 = r->published[0].schedule().version();
+  r->planning->OnScheduleActive(job_.id(), v4);
+  const int64_t first = r->published[0].effective_step();
+  const int trials = CountEvents(*r->jobs, job_.id(), "trial");
+  // Measured (drift_window 3 after its first step), held back until
+  // effective + 6.
+  for (int64_t step = first; step < effective + 6; ++step) {
+    Steps(*r->planning, job_.id(), step, 1, v4, predicted);
+  }
+  r->planning->Drain();
+  EXPECT_GE(effective + 6 - first, 4);
+  EXPECT_EQ(CountEvents(*r->jobs, job_.id(), "trial"), trials);
+  Steps(*r->planning, job_.id(), effective + 6, 1, v4, predicted);
+  r->planning->Drain();
+  EXPECT_EQ(CountEvents(*r->jobs, job_.id(), "trial"), trials + 1);
+  r->planning->Stop();
+}
+
 // A trial far slower, beyond the noise a rollback needs, is still judged
 // by its comparison: against the version it was tried against, said in a
 // trial event, not as a rollback to the best version measured.

@@ -146,6 +146,10 @@ class PlanningManagerTest : public ::testing::Test {
   // steps at 3x the prediction) and sent the window whose re-fitted model
   // prefers another plan (kOtherPlanScale); v1's predicted step.
   double DriftToOtherPlan(double min_gain);
+  // A job with the baseline check on whose baseline tripped the memory
+  // guard before the first window: v1 is planned from the window measured
+  // under the least-memory fallback.
+  void StartWithBaselineUnfit();
 
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<JobManager> jobs_;
@@ -1127,7 +1131,7 @@ TEST_F(PlanningManagerTest, BaselineCheck_TooNoisy_NoFigure) {
 // A baseline that tripped the memory guard does not fit the budget: no
 // baseline check runs it again (each would trip the guard and re-plan, a
 // version every few steps), and the speedup says why it has no figure.
-TEST_F(PlanningManagerTest, BaselineCheck_BaselineOverBudget_NeverRun) {
+void PlanningManagerTest::StartWithBaselineUnfit() {
   job_ = *jobs_->Submit(Spec(/*trial_margin=*/0, /*baseline_pairs=*/2));
   ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
   for (int r = 0; r < 2; ++r) {
@@ -1135,6 +1139,10 @@ TEST_F(PlanningManagerTest, BaselineCheck_BaselineOverBudget_NeverRun) {
                              "memory guard: ... under schedule v0");
   }
   SendWindow(0, 1, kLeastMemoryVersion);
+}
+
+TEST_F(PlanningManagerTest, BaselineCheck_BaselineOverBudget_NeverRun) {
+  StartWithBaselineUnfit();
   ASSERT_EQ(published_.size(), 1u);
   const double p = published_[0].schedule().prediction().iteration_s();
   planning_->OnScheduleActive(job_.id(), 1);
@@ -1216,13 +1224,7 @@ TEST_F(PlanningManagerTest,
 // knows it does not fit (each version since carries "baseline-unfit" in its
 // provenance): no check runs it, and the speedup says why.
 TEST_F(PlanningManagerTest, Restart_BaselineUnfit_StillNeverRun) {
-  job_ = *jobs_->Submit(Spec(/*trial_margin=*/0, /*baseline_pairs=*/2));
-  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
-  for (int r = 0; r < 2; ++r) {
-    planning_->OnMemoryGuard(job_.id(), r, 1, /*tripped_version=*/0,
-                             "memory guard: ... under schedule v0");
-  }
-  SendWindow(0, 1, kLeastMemoryVersion);
+  StartWithBaselineUnfit();
   ASSERT_EQ(published_.size(), 1u);
   EXPECT_THAT(published_[0].schedule().provenance().passes(),
               ::testing::Contains("baseline-unfit"));

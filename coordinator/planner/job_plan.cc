@@ -234,9 +234,8 @@ std::optional<double> ActivationScale(const v1::JobSpec& spec,
         std::any_of(in.dynamic_dims().begin(), in.dynamic_dims().end(),
                     [](int32_t d) { return d > 0; });
     if (!varies) continue;
-    if (tensors || in.role() != "tokens" || in.shape_size() < 2 ||
-        in.shape(1) <= 0) {
-      if (tensors) return std::nullopt;
+    if (tensors) return std::nullopt;
+    if (in.role() != "tokens" || in.shape_size() < 2 || in.shape(1) <= 0) {
       continue;
     }
     const double r = static_cast<double>(spec.batch().seq_len()) /

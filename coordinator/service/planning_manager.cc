@@ -6,6 +6,7 @@
 #include <limits>
 #include <optional>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -37,8 +38,7 @@ constexpr char kBaselineUnfitPass[] = "baseline-unfit";
 constexpr char kInconclusivePass[] = "trial-inconclusive";
 
 bool HasPass(const v1::Schedule& schedule, absl::string_view pass) {
-  const auto& passes = schedule.provenance().passes();
-  return std::find(passes.begin(), passes.end(), pass) != passes.end();
+  return absl::c_linear_search(schedule.provenance().passes(), pass);
 }
 
 // The job's optimize.min_gain (jobs stored before it existed: the default).
@@ -1405,9 +1405,8 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
   planned->version = version;
   planned->provenance.reason = reason;
   if (baseline_unfit &&
-      std::find(planned->provenance.passes.begin(),
-                planned->provenance.passes.end(),
-                kBaselineUnfitPass) == planned->provenance.passes.end()) {
+      !absl::c_linear_search(planned->provenance.passes,
+                             absl::string_view(kBaselineUnfitPass))) {
     planned->provenance.passes.push_back(kBaselineUnfitPass);
   }
   planned->provenance.window_first_iteration = profile.first_iteration;

@@ -1530,8 +1530,7 @@ def _saved_activation_bytes(archive, batch):
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
             _seeded():
-        loss = run_archive(archive, batch, params=params, buffers=buffers)
-    del loss
+        run_archive(archive, batch, params=params, buffers=buffers)
     return sum(saved.values())
 
 

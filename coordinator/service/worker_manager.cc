@@ -427,10 +427,14 @@ absl::StatusOr<int64_t> WorkerManager::OpenSession(
   }
   int64_t id = 0;
   ScheduleLookup lookup;
+  bool ended = false;
   {
     absl::MutexLock lock(&mu_);
     lookup = schedule_lookup_;
     JobWorkers& w = Workers(*job);
+    // Read under the lock OnJobEnded marks it under: a job that ended after
+    // the read above either finds this sink registered or is seen here.
+    ended = w.ended;
     auto it = w.ranks.find(hello.rank());
     if (it == w.ranks.end() || it->second.incarnation != hello.incarnation()) {
       return absl::PermissionDeniedError(
@@ -454,7 +458,11 @@ absl::StatusOr<int64_t> WorkerManager::OpenSession(
   // The job may start: this was the last rank to connect, or one counted
   // gone came back.
   StartIfReady(job->id());
-  if (IsTerminal(job->state())) {
+  if (ended && !IsTerminal(job->state())) {
+    absl::StatusOr<v1::Job> now = jobs_->Get(hello.job_id());
+    if (now.ok()) job = *std::move(now);
+  }
+  if (ended || IsTerminal(job->state())) {
     v1::CoordinatorMessage stop;
     stop.mutable_command()->set_kind(v1::Command::KIND_STOP);
     stop.mutable_command()->set_reason(absl::StrCat(
@@ -721,11 +729,22 @@ void WorkerManager::OnJobEnded(const std::string& job_id, v1::JobState state) {
       "job ", job_id, " ended ", JobStateName(state),
       job.ok() && !job->error().empty() ? absl::StrCat(": ", job->error())
                                         : ""));
-  Broadcast(job_id, stop);
+  // Marked ended in the same critical section that collects the sinks: a
+  // session opening concurrently is either collected here or sees `ended`.
+  std::vector<std::shared_ptr<SessionSink>> sinks;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_workers_.find(job_id);
+    if (it != jobs_workers_.end()) {
+      it->second.ended = true;
+      for (auto& [_, r] : it->second.ranks) {
+        if (r.sink) sinks.push_back(r.sink);
+      }
+    }
+  }
+  for (auto& sink : sinks) sink->Send(stop);
   kv_->DeletePrefix(StorePrefix(job_id));
   absl::MutexLock lock(&mu_);
-  auto it = jobs_workers_.find(job_id);
-  if (it != jobs_workers_.end()) it->second.ended = true;
   if (metrics_ != nullptr) {
     // An ended job has no workers to miss (alerts compare the two).
     metrics_->workers_connected->Remove({job_id});

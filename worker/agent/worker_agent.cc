@@ -148,10 +148,13 @@ void WorkerAgent::OnMessage(const v1::CoordinatorMessage& message) {
 void WorkerAgent::OnClosed(const absl::Status& status) {
   std::lock_guard<std::mutex> lock(mu_);
   if (state_ == State::kStopped) return;
-  // A refusal that no reconnect can fix ends the worker.
+  // A refusal that no reconnect can fix ends the worker. The hello is
+  // answered after OpenSession returned, so a job that ended before its
+  // hello was read (FailedPrecondition) is refused here, not in Connect.
   if (status.code() == absl::StatusCode::kPermissionDenied ||
       status.code() == absl::StatusCode::kUnauthenticated ||
-      status.code() == absl::StatusCode::kNotFound) {
+      status.code() == absl::StatusCode::kNotFound ||
+      status.code() == absl::StatusCode::kFailedPrecondition) {
     stop_reason_ = std::string(status.message());
     state_ = State::kStopped;
   } else {

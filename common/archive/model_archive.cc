@@ -137,10 +137,62 @@ absl::Status ValidateArchiveManifest(const v1::ArchiveManifest& m) {
   if (m.units_size() == 0) problems.Add("units is empty");
   std::vector<std::vector<int>> param_users(m.params_size());
   std::vector<std::vector<int>> buffer_users(m.buffers_size());
+  // Per unit, the glue covering it (-1: none). Glues cover disjoint runs of
+  // units in order; a covered unit's values are the glue's own.
+  std::vector<int> glue_of(m.units_size(), -1);
+  for (int g = 0; g < m.glues_size(); ++g) {
+    const v1::ArchiveGlue& glue = m.glues(g);
+    const std::string field = absl::StrCat("glues[", g, "]");
+    if (glue.name().empty()) problems.Add(field + ".name is empty");
+    if (glue.file().empty()) problems.Add(field + ".file is empty");
+    if (glue.outputs_size() == 0) {
+      problems.Add(
+          absl::StrCat(field, " (glue '", glue.name(), "') has no outputs"));
+    }
+    if (glue.unit_count() < 1 || glue.first_unit() < 0 ||
+        glue.first_unit() + static_cast<int64_t>(glue.unit_count()) >
+            m.units_size()) {
+      problems.Add(absl::StrCat(
+          field, " (glue '", glue.name(), "') covers units [",
+          glue.first_unit(), ", ",
+          static_cast<int64_t>(glue.first_unit()) + glue.unit_count(),
+          "), which are not among the ", m.units_size(), " units"));
+      continue;
+    }
+    for (int u = glue.first_unit(); u < glue.first_unit() + glue.unit_count();
+         ++u) {
+      if (glue_of[u] >= 0) {
+        problems.Add(absl::StrCat(field, " (glue '", glue.name(),
+                                  "') covers unit ", u, ", which glues[",
+                                  glue_of[u], "] covers already"));
+      } else {
+        glue_of[u] = g;
+      }
+    }
+    if (g > 0 && m.glues(g - 1).first_unit() >= glue.first_unit()) {
+      problems.Add(absl::StrCat(field, " (glue '", glue.name(),
+                                "') is listed before a glue over earlier "
+                                "units; list glues in unit order"));
+    }
+  }
   absl::flat_hash_set<std::string> unit_names;
+  absl::flat_hash_set<std::string> local_values;
   for (int u = 0; u < m.units_size(); ++u) {
     const v1::ArchiveUnit& unit = m.units(u);
     const std::string field = absl::StrCat("units[", u, "]");
+    const int g = glue_of[u];
+    if (g >= 0 && m.glues(g).first_unit() == u) {
+      const v1::ArchiveGlue& glue = m.glues(g);
+      local_values.clear();
+      for (int i = 0; i < glue.inputs_size(); ++i) {
+        if (!values.contains(glue.inputs(i))) {
+          problems.Add(absl::StrCat(
+              "glues[", g, "].inputs[", i, "] '", glue.inputs(i), "' (glue '",
+              glue.name(),
+              "') is neither a batch input nor an output of an earlier unit"));
+        }
+      }
+    }
     if (unit.name().empty()) problems.Add(field + ".name is empty");
     if (!unit_names.insert(unit.name()).second) {
       problems.Add(
@@ -148,7 +200,7 @@ absl::Status ValidateArchiveManifest(const v1::ArchiveManifest& m) {
     }
     if (unit.file().empty()) problems.Add(field + ".file is empty");
     for (int i = 0; i < unit.inputs_size(); ++i) {
-      if (!values.contains(unit.inputs(i))) {
+      if (g < 0 && !values.contains(unit.inputs(i))) {
         problems.Add(absl::StrCat(
             field, ".inputs[", i, "] '", unit.inputs(i), "' (unit '",
             unit.name(),
@@ -162,7 +214,9 @@ absl::Status ValidateArchiveManifest(const v1::ArchiveManifest& m) {
     for (int i = 0; i < unit.outputs_size(); ++i) {
       if (unit.outputs(i).empty()) {
         problems.Add(absl::StrCat(field, ".outputs[", i, "] is empty"));
-      } else if (!values.insert(unit.outputs(i)).second) {
+      } else if (!(g < 0 ? values : local_values)
+                      .insert(unit.outputs(i))
+                      .second) {
         problems.Add(absl::StrCat(field, ".outputs[", i, "] '", unit.outputs(i),
                                   "' (unit '", unit.name(),
                                   "') redefines a value defined earlier"));
@@ -193,6 +247,19 @@ absl::Status ValidateArchiveManifest(const v1::ArchiveManifest& m) {
         buffer_users[it->second].push_back(u);
       }
     }
+    if (g >= 0 && m.glues(g).first_unit() + m.glues(g).unit_count() - 1 == u) {
+      const v1::ArchiveGlue& glue = m.glues(g);
+      for (int i = 0; i < glue.outputs_size(); ++i) {
+        if (glue.outputs(i).empty()) {
+          problems.Add(
+              absl::StrCat("glues[", g, "].outputs[", i, "] is empty"));
+        } else if (!values.insert(glue.outputs(i)).second) {
+          problems.Add(absl::StrCat("glues[", g, "].outputs[", i, "] '",
+                                    glue.outputs(i), "' (glue '", glue.name(),
+                                    "') redefines a value defined earlier"));
+        }
+      }
+    }
   }
   for (int i = 0; i < m.params_size(); ++i) {
     CheckUsers(m.params(i).units(), param_users[i], m,
@@ -206,11 +273,15 @@ absl::Status ValidateArchiveManifest(const v1::ArchiveManifest& m) {
   }
   if (m.units_size() > 0) {
     const v1::ArchiveUnit& last = m.units(m.units_size() - 1);
-    if (std::find(last.outputs().begin(), last.outputs().end(), m.loss()) ==
-        last.outputs().end()) {
-      problems.Add(absl::StrCat("loss '", m.loss(),
-                                "' is not an output of the last unit '",
-                                last.name(), "'"));
+    const int g = glue_of.back();
+    const auto& outputs = g >= 0 ? m.glues(g).outputs() : last.outputs();
+    if (std::find(outputs.begin(), outputs.end(), m.loss()) == outputs.end()) {
+      problems.Add(absl::StrCat(
+          "loss '", m.loss(), "' is not an output of the last unit '",
+          last.name(), "'",
+          g >= 0 ? absl::StrCat(" or of the glue '", m.glues(g).name(),
+                                "' covering it")
+                 : ""));
     }
   }
   return problems.ToStatus("the archive manifest is invalid");
@@ -242,6 +313,7 @@ absl::StatusOr<ModelArchive> OpenModelArchive(const std::string& path) {
   Problems problems;
   std::vector<std::string> needed = {kArchiveWeights};
   for (const v1::ArchiveUnit& u : m.units()) needed.push_back(u.file());
+  for (const v1::ArchiveGlue& g : m.glues()) needed.push_back(g.file());
   for (const std::string& entry : needed) {
     if (!m.sha256().contains(entry)) {
       problems.Add(absl::StrCat("sha256 has no checksum for '", entry, "'"));

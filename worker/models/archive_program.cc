@@ -17,6 +17,7 @@
 #include "torch/csrc/jit/api/module.h"
 #include "torch/csrc/jit/runtime/graph_executor.h"
 #include "torch/csrc/jit/serialization/import.h"
+#include "worker/runtime/glue_op.h"
 #include "worker/runtime/torch_status.h"
 
 namespace tandem {
@@ -69,6 +70,27 @@ torch::jit::Module Owner(const torch::jit::Module& root,
   return m;
 }
 
+// What a unit's or glue's forward returned, as the manifest's `expected`
+// tensors.
+std::vector<at::Tensor> Tensors(const c10::IValue& result,
+                                const std::string& what, size_t expected) {
+  std::vector<at::Tensor> out;
+  if (result.isTuple()) {
+    for (const c10::IValue& v : result.toTupleRef().elements()) {
+      TORCH_CHECK(v.isTensor(), what, " returned a tuple holding a ",
+                  v.tagKind(), "; it must return tensors only");
+      out.push_back(v.toTensor());
+    }
+  } else {
+    TORCH_CHECK(result.isTensor(), what, " returned a ", result.tagKind(),
+                "; it must return a tuple of tensors");
+    out.push_back(result.toTensor());
+  }
+  TORCH_CHECK(out.size() == expected, what, " returned ", out.size(),
+              " tensors, but the manifest lists ", expected, " outputs");
+  return out;
+}
+
 std::vector<at::Tensor> RunUnit(LoadedUnit& unit,
                                 absl::Span<const at::Tensor> inputs,
                                 absl::Span<const at::Tensor> params) {
@@ -105,24 +127,38 @@ std::vector<at::Tensor> RunUnit(LoadedUnit& unit,
   // graphs as written instead: every step, shape and rank costs what the
   // ops cost, as in eager mode (worker/README.md, "Exported models").
   torch::jit::GraphOptimizerEnabledGuard interpreted(false);
-  const c10::IValue result = unit.module.forward(std::move(args));
-  std::vector<at::Tensor> out;
-  if (result.isTuple()) {
-    for (const c10::IValue& v : result.toTupleRef().elements()) {
-      TORCH_CHECK(v.isTensor(), "unit '", unit.name,
-                  "' returned a tuple holding a ", v.tagKind(),
-                  "; units return tensors only");
-      out.push_back(v.toTensor());
-    }
-  } else {
-    TORCH_CHECK(result.isTensor(), "unit '", unit.name, "' returned a ",
-                result.tagKind(), "; units return a tuple of tensors");
-    out.push_back(result.toTensor());
+  return Tensors(unit.module.forward(std::move(args)),
+                 absl::StrCat("unit '", unit.name, "'"), unit.num_outputs);
+}
+
+// A glue's module (ArchiveGlue): its forward takes the glue's input values
+// and calls the units it covers through tandem::call_unit.
+struct LoadedGlue {
+  std::string name;
+  torch::jit::Module module;
+  std::vector<bool> cast_inputs;
+  at::ScalarType compute_dtype = at::kFloat;
+  size_t num_outputs = 0;
+  std::optional<at::Device> device;
+};
+
+std::vector<at::Tensor> RunGlue(LoadedGlue& glue,
+                                absl::Span<const at::Tensor> inputs) {
+  const at::Device device =
+      !inputs.empty() ? inputs[0].device() : at::Device(at::kCPU);
+  if (!glue.device.has_value() || *glue.device != device) {
+    glue.module.to(device);
+    glue.device = device;
   }
-  TORCH_CHECK(out.size() == unit.num_outputs, "unit '", unit.name,
-              "' returned ", out.size(), " tensors, but the manifest lists ",
-              unit.num_outputs, " outputs");
-  return out;
+  std::vector<c10::IValue> args;
+  args.reserve(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    args.emplace_back(glue.cast_inputs[i] ? inputs[i].to(glue.compute_dtype)
+                                          : inputs[i]);
+  }
+  torch::jit::GraphOptimizerEnabledGuard interpreted(false);
+  return Tensors(glue.module.forward(std::move(args)),
+                 absl::StrCat("glue '", glue.name, "'"), glue.num_outputs);
 }
 
 }  // namespace
@@ -282,6 +318,33 @@ absl::StatusOr<Program> LoadArchiveProgram(
       return RunUnit(*unit, inputs, params);
     };
     program.nodes.push_back(std::move(node));
+  }
+  if (m.glues_size() > 0) RegisterGlueOp();
+  for (const v1::ArchiveGlue& g : m.glues()) {
+    auto glue = std::make_shared<LoadedGlue>();
+    glue->name = g.name();
+    glue->compute_dtype = compute_dtype;
+    glue->num_outputs = static_cast<size_t>(g.outputs_size());
+    for (const std::string& in : g.inputs()) {
+      glue->cast_inputs.push_back(cast_inputs.contains(in));
+    }
+    ASSIGN_OR_RETURN(std::string bytes, archive.zip.Read(root + g.file()));
+    RETURN_IF_ERROR(TorchCall(
+        absl::StrCat("'", path, "': loading glue '", g.name(), "' (model/",
+                     g.file(), ") with TorchScript"),
+        [&] {
+          std::istringstream stream(bytes);
+          glue->module = torch::jit::load(stream, at::Device(at::kCPU));
+        }));
+    ProgramGlue& pg = program.glues.emplace_back();
+    pg.name = g.name();
+    pg.first = g.first_unit();
+    pg.count = g.unit_count();
+    pg.inputs.assign(g.inputs().begin(), g.inputs().end());
+    pg.outputs.assign(g.outputs().begin(), g.outputs().end());
+    pg.forward = [glue](absl::Span<const at::Tensor> inputs) {
+      return RunGlue(*glue, inputs);
+    };
   }
   if (options.activation_checkpointing) {
     for (size_t i = 0; i + 1 < program.nodes.size(); ++i) {

@@ -33,7 +33,9 @@ torch is imported by this module only; the rest of the package works without
 it. This module is callable: ``tandem.export(...)`` is ``export(...)``.
 """
 
+import collections
 import contextlib
+import copy
 import dis
 import functools
 import hashlib
@@ -48,8 +50,10 @@ import re
 import struct
 import sys
 import tempfile
+import threading
 import traceback
 import types
+import typing
 import warnings
 import zipfile
 
@@ -443,7 +447,442 @@ class _Unit:
 
 
 def _value_name(node):
+    if isinstance(node, str):
+        return node     # a value local to a glue
     return node.target if node.op == "placeholder" else node.name
+
+
+# ---------------------------------------------------------------- glue
+#
+# A container whose forward torch.fx cannot capture (a branch on a mask's
+# dtype, a length read with .item(), assignment through a mask) runs as
+# glue: the container scripted whole with TorchScript, each unit under it
+# replaced by a stub that calls tandem::call_unit(k, inputs), so that the
+# units stay units (proto/tandem/v1/archive.proto, ArchiveGlue).
+
+_glue_lib = []
+_glue_serving = threading.local()
+
+
+def _define_call_unit():
+    """Defines tandem::call_unit in this process, once: scripting a glue
+    needs its schema, and run_archive serves it while a glue runs."""
+    if _glue_lib:
+        return
+    lib = torch.library.Library("tandem", "DEF")
+    lib.define("call_unit(int unit, Tensor?[] inputs) -> Tensor[]")
+    lib.impl("call_unit", _serve_call_unit, "CompositeImplicitAutograd")
+    _glue_lib.append(lib)
+
+
+def _serve_call_unit(unit, inputs):
+    call = getattr(_glue_serving, "call", None)
+    if call is None:
+        raise RuntimeError("tandem::call_unit(%d) ran outside a glue" % unit)
+    return call(unit, list(inputs))
+
+
+def _glue_for(failure_path, unit_paths_root, glues):
+    """The innermost module at or above ``failure_path`` that has units
+    below it (the glue to make), or None."""
+    path = failure_path
+    while path:
+        if path not in glues and any(u.startswith(path + ".")
+                                     for u in unit_paths_root):
+            return path
+        if "." not in path:
+            return None
+        path = path.rsplit(".", 1)[0]
+    return None
+
+
+def _glue_plan(root, glue, unit_paths_root):
+    """(calls, through) for the glue at ``glue``: the module paths its
+    code calls as units (the units under it, and every other submodule
+    holding params that has no unit below it), and the containers between
+    it and them, which stay in the glue's code."""
+    calls, through = [], []
+
+    def walk(m, path):
+        own = [n for n, p in m._parameters.items() if p is not None]
+        if own:
+            raise ExportError(
+                "module %r (%s) runs as glue (torch.fx cannot capture its "
+                "forward) and holds param %r itself; glue runs without "
+                "params of its own. Move the param into a submodule (an "
+                "nn.Linear, or a small nn.Module holding it)" %
+                (_strip(path) or "<root>", _class_name(m),
+                 _strip(path + "." + own[0])))
+        for name, child in m._modules.items():
+            if child is None:
+                continue
+            p = path + "." + name
+            if p in unit_paths_root:
+                calls.append(p)
+            elif any(u.startswith(p + ".") for u in unit_paths_root):
+                through.append(p)
+                walk(child, p)
+            elif any(True for _ in child.parameters()):
+                calls.append(p)
+
+    walk(root.get_submodule(glue), glue)
+    return calls, through
+
+
+class _CallRecorder:
+    """While entered, records every call of the modules at ``paths``: its
+    arguments bound to forward's signature (defaults applied) and its
+    result, in call order."""
+
+    def __init__(self, root, paths):
+        self.root = root
+        self.paths = paths
+        self.calls = {p: [] for p in paths}
+        self.order = []
+
+    def _wrap(self, path, forward):
+        sig = inspect.signature(forward)
+
+        def recording(*args, **kwargs):
+            out = forward(*args, **kwargs)
+            bound = sig.bind(*args, **kwargs)
+            bound.apply_defaults()
+            self.calls[path].append((dict(bound.arguments), out))
+            self.order.append(path)
+            return out
+        return recording
+
+    def __enter__(self):
+        for p in self.paths:
+            m = self.root.get_submodule(p)
+            m.forward = self._wrap(p, m.forward)
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.paths:
+            self.root.get_submodule(p).__dict__.pop("forward", None)
+        return False
+
+
+def _tensor_paths(v, expr, out, what):
+    """Appends (expression, tensor) for every tensor in ``v`` (a tensor, or
+    tuples and lists of them, None and numbers); raises for other values."""
+    if isinstance(v, torch.Tensor):
+        out.append((expr, v))
+    elif isinstance(v, (tuple, list)):
+        for i, x in enumerate(v):
+            _tensor_paths(x, "%s[%d]" % (expr, i), out, what)
+    elif not (v is None or isinstance(v, (bool, int, float, str))):
+        raise ExportError(
+            "%s is a %s; what crosses a unit boundary inside glue must be "
+            "tensors, None, numbers or strings (or tuples and lists of "
+            "them)" % (what, type(v).__name__))
+    return out
+
+
+def _render(v, names):
+    """Source for ``v``, its tensors by the next of ``names`` (an iterator),
+    in the order _tensor_paths finds them."""
+    if isinstance(v, torch.Tensor):
+        return next(names)
+    if isinstance(v, tuple):
+        return "(%s)" % "".join(_render(x, names) + ", " for x in v)
+    if isinstance(v, list):
+        return "[%s]" % ", ".join(_render(x, names) for x in v)
+    return repr(v)
+
+
+def _subclass(base, cname, src, extra_globals=None):
+    """Defines ``src`` (a class ``cname`` deriving from Base) where
+    TorchScript can read its source back."""
+    _leaf_counter[0] += 1
+    fname = "<tandem %s %d>" % (cname, _leaf_counter[0])
+    linecache.cache[fname] = (len(src), None, src.splitlines(True), fname)
+    ns = dict(extra_globals or {})
+    ns.update({"Base": base, "torch": torch, "List": typing.List,
+               "Optional": typing.Optional, "Tensor": torch.Tensor})
+    exec(compile(src, fname, "exec"), ns)  # noqa: S102
+    return ns[cname]
+
+
+def _hollow(m):
+    """A copy of module ``m`` and its submodules with every param and buffer
+    replaced by an empty tensor and no hooks: what glue code may read of a
+    unit it calls (attributes, a layer's flags) without holding its
+    weights."""
+    obj = copy.copy(m)
+    obj.__dict__["_parameters"] = collections.OrderedDict(
+        (n, None if p is None else
+         nn.Parameter(p.detach().new_empty(0), requires_grad=False))
+        for n, p in m._parameters.items())
+    obj.__dict__["_buffers"] = collections.OrderedDict(
+        (n, None if b is None else b.new_empty(0))
+        for n, b in m._buffers.items())
+    obj.__dict__["_modules"] = collections.OrderedDict(
+        (n, None if c is None else _hollow(c)) for n, c in m._modules.items())
+    for hooks in ("_forward_pre_hooks", "_forward_hooks",
+                  "_backward_hooks"):
+        if hooks in obj.__dict__:
+            obj.__dict__[hooks] = collections.OrderedDict()
+    return obj
+
+
+def _call_stub(module, path, index, arguments, result, unit_name):
+    """The stand-in glue code calls for the unit at ``path`` (its index in
+    the archive ``index``): an instance of a subclass of the module's class,
+    hollow (_hollow), whose forward has the module's signature and calls
+    tandem::call_unit with the arguments that were tensors at capture. The
+    others were captured as constants and must not change; the result is
+    rebuilt around the tensors the unit returns."""
+    cls = type(module)
+    f = cls.forward
+    sig = inspect.signature(f)
+    params = list(sig.parameters.values())[1:]
+    header, checks, passed = ["self"], [], []
+    # TorchScript reads a method's types from its source: each annotation
+    # goes in as a name bound to the original's annotation object.
+    aliases = {}
+
+    def annotated(text, ann):
+        if ann is inspect.Parameter.empty:
+            return text
+        alias = "_tandem_ann_%d" % len(aliases)
+        aliases[alias] = ann
+        return "%s: %s" % (text, alias)
+    star = False
+    for p in params:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise ExportError(
+                "module %r (%s) is called by glue, and its forward takes "
+                "*args or **kwargs, which TorchScript cannot call; give "
+                "forward named arguments" % (unit_name, _class_name(module)))
+        if p.kind == p.KEYWORD_ONLY and not star:
+            header.append("*")
+            star = True
+        header.append(annotated(p.name, p.annotation) +
+                      ("" if p.default is p.empty else "=None"))
+        v = arguments[p.name]
+        found = _tensor_paths(v, p.name, [], "argument %r of %r" %
+                              (p.name, unit_name))
+        passed.extend(e for e, _ in found)
+        if not found:
+            msg = ("tandem: unit %s was exported with %s=%r; this call "
+                   "passes another value. Export with an example batch that "
+                   "takes this path" % (unit_name, p.name, v))
+            if v is None:
+                checks.append("        if %s is not None:\n"
+                              "            raise RuntimeError(%r)\n" %
+                              (p.name, msg))
+            elif isinstance(v, (bool, int, float, str)):
+                checks.append("        if %s != %r:\n"
+                              "            raise RuntimeError(%r)\n" %
+                              (p.name, v, msg))
+    outs = _tensor_paths(result, "result", [], "what %r returns" % unit_name)
+    if not outs:
+        raise ExportError("module %r (%s) returns no tensor; a unit must "
+                          "return at least one" %
+                          (unit_name, _class_name(module)))
+    cname = "TandemCall_%s_%d" % (_safe_name(cls.__name__), index)
+    returns = ""
+    if sig.return_annotation is not inspect.Signature.empty:
+        returns = " -> " + annotated("", sig.return_annotation)[2:]
+    src = ("class %s(Base):\n"
+           "    def forward(%s)%s:\n"
+           "%s"
+           "        outs = torch.ops.tandem.call_unit(%d, torch.jit.annotate("
+           "List[Optional[Tensor]], [%s]))\n"
+           "        return %s\n" %
+           (cname, ", ".join(header), returns, "".join(checks), index,
+            ", ".join(passed),
+            _render(result, iter("outs[%d]" % i for i in range(len(outs))))))
+    ns = dict(f.__globals__)
+    ns.update(aliases)
+    stub_cls = _subclass(cls, cname, src, ns)
+    fwd = stub_cls.forward
+    fwd.__defaults__ = f.__defaults__
+    fwd.__kwdefaults__ = f.__kwdefaults__
+    stub = stub_cls.__new__(stub_cls)
+    stub.__dict__.update(_hollow(module).__dict__)
+    return stub, [t for _, t in outs]
+
+
+def _unit_adapter(module, unit_name, arguments, result):
+    """The unit a glue calls, as a leaf unit: a subclass of the module's
+    class whose forward takes the tensors of the captured call positionally,
+    calls the original forward with them and the captured constants, and
+    returns a tuple of the tensors of its result (the order _call_stub
+    passes and rebuilds them in). Returns (adapter, example inputs)."""
+    cls = type(module)
+    ins = []
+    for name, v in arguments.items():
+        _tensor_paths(v, name, ins, "argument %r of %r" % (name, unit_name))
+    names = iter("in_%d" % i for i in range(len(ins)))
+    outs = _tensor_paths(result, "result", [], "what %r returns" % unit_name)
+    cname = "TandemUnit_%s_%d" % (_safe_name(cls.__name__),
+                                  _leaf_counter[0] + 1)
+    src = ("class %s(Base):\n"
+           "    def forward(self, %s):\n"
+           "        result = self._tandem_leaf_forward(%s)\n"
+           "        return (%s,)\n" %
+           (cname, ", ".join("in_%d" % i for i in range(len(ins))),
+            ", ".join("%s=%s" % (n, _render(v, names))
+                      for n, v in arguments.items()),
+            ", ".join(e for e, _ in outs)))
+    adapter_cls = _subclass(cls, cname, src)
+    _attach_original_forward(adapter_cls, cls, cname)
+    obj = adapter_cls.__new__(adapter_cls)
+    obj.__dict__.update(module.__dict__)
+    for k in ("_parameters", "_buffers", "_modules"):
+        obj.__dict__[k] = module.__dict__[k].copy()
+    return obj, [t for _, t in ins]
+
+
+def _attach_original_forward(adapter_cls, cls, cname):
+    f = cls.forward
+    inner = types.FunctionType(f.__code__, f.__globals__,
+                               "_tandem_leaf_forward", f.__defaults__,
+                               f.__closure__)
+    inner.__kwdefaults__ = f.__kwdefaults__
+    inner.__annotations__ = dict(getattr(f, "__annotations__", {}))
+    inner.__qualname__ = cname + "._tandem_leaf_forward"
+    adapter_cls._tandem_leaf_forward = inner
+
+
+def _stubbed(m, path, stubs, through):
+    """Replaces, in module ``m`` at ``path`` (modified in place), every
+    child that a glue calls by its stub, and every container on the way by
+    a copy so replaced."""
+    for name, child in list(m._modules.items()):
+        p = path + "." + name
+        if p in stubs:
+            m._modules[name] = stubs[p]
+        elif p in through:
+            c = copy.copy(child)
+            c.__dict__["_modules"] = collections.OrderedDict(child._modules)
+            _stubbed(c, p, stubs, through)
+            m._modules[name] = c
+
+
+class _Glue:
+    def __init__(self, outer, calls, through):
+        self.outer = outer      # the _Unit of its call in the traced graph
+        self.calls = calls      # module paths it calls as units
+        self.through = through
+        self.first = 0
+        self.count = 0
+        self.file = ""
+        self.module = None      # the scripted glue
+
+
+def _expand_glues(units, glues, recorder, root, root_params, root_buffers):
+    """Replaces each glue's unit by the units it calls, in the order it
+    called them on the example batch; returns (units, [_Glue])."""
+    by_id = {id(p): n for n, p in root_params}
+    by_id_b = {id(b): n for n, b in root_buffers}
+    out, made = [], []
+    for u in units:
+        if u.key not in glues:
+            out.append(u)
+            continue
+        calls, through = glues[u.key]
+        g = _Glue(u, calls, through)
+        g.first = len(out)
+        glue_name = u.name
+        for p in calls:
+            n = len(recorder.calls[p])
+            if n != 1:
+                raise ExportError(
+                    "module %r (%s) is called %s by the glue %r on the "
+                    "example batch; a unit inside glue runs exactly once "
+                    "per step. %s" %
+                    (_strip(p), _class_name(root.get_submodule(p)),
+                     "never" if n == 0 else "%d times" % n, glue_name,
+                     "Delete it from the module, or export with an example "
+                     "batch on which forward calls it" if n == 0 else
+                     "Give each call a module of its own"))
+        for p in sorted(calls, key=recorder.order.index):
+            module = root.get_submodule(p)
+            arguments, result = recorder.calls[p][0]
+            cu = _Unit(p, True)
+            cu.name = _strip(p)
+            cu.glue = g
+            cu.arguments = arguments
+            cu.result = result
+            cu.params = _names_of(module.parameters(), by_id, [])
+            cu.buffers = _names_of(module.buffers(), by_id_b, [])
+            out.append(cu)
+        g.count = len(out) - g.first
+        made.append(g)
+    return out, made
+
+
+def _script_glue(g, root, units, values):
+    """Scripts glue ``g`` (its container with stubs for the units it calls)
+    and the units it calls; checks the glue, run with them, against the
+    module on the example batch. Returns {entry: bytes}."""
+    _define_call_unit()
+    u = g.outer
+    entries = {}
+    stubs, examples = {}, {}
+    for k in range(g.first, g.first + g.count):
+        cu = units[k]
+        module = root.get_submodule(cu.key)
+        stubs[cu.key], _ = _call_stub(module, cu.key, k, cu.arguments,
+                                      cu.result, cu.name)
+        adapter, ins = _unit_adapter(module, cu.name, cu.arguments,
+                                     cu.result)
+        scripted = _script(adapter, "unit %r (%s), called by glue %r" %
+                           (cu.name, _class_name(module), u.name),
+                           prefix=cu.name)
+        with torch.no_grad(), _seeded():
+            got = scripted(*ins)
+        want = _tensor_paths(cu.result, "result", [], "")
+        if len(got) != len(want) or not all(
+                _allclose(a, b, 1e-5, 1e-6) for a, (_, b) in zip(got, want)):
+            raise ExportError("unit %r: its TorchScript module computes "
+                              "other values than the module on the example "
+                              "batch" % cu.name)
+        cu.inputs = ["%s/in%d" % (cu.name, i) for i in range(len(ins))]
+        cu.outputs = ["%s/out%d" % (cu.name, i) for i in range(len(got))]
+        cu.scripted = scripted
+        examples[k] = ins
+        entries[cu.file] = _jit_bytes(scripted)
+    # Glue code may test isinstance(layer, TheLayerClass) (PyTorch's own
+    # TransformerEncoder does); TorchScript resolves a module class in such
+    # a test only once it has scripted one: script a hollow instance of each
+    # called class first. One that does not script is not tested so.
+    for k in range(g.first, g.first + g.count):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                torch.jit.script(_hollow(root.get_submodule(units[k].key)))
+            except Exception:  # noqa: BLE001,S110 -- only a type to resolve
+                pass
+    adapter = _leaf_adapter(u, root)
+    _stubbed(adapter, u.key, stubs, set(g.through))
+    scripted = _script(adapter, "glue %r (%s)" % (
+        u.name, _class_name(root.get_submodule(u.key))), prefix=u.name)
+
+    def call(k, inputs):
+        return list(units[k].scripted(*inputs))
+    _glue_serving.call = call
+    try:
+        with torch.no_grad(), _seeded():
+            got = scripted(*[values[a] for a in u.inputs])
+    except Exception as e:  # noqa: BLE001 -- reported with the glue
+        raise ExportError("glue %r fails when it calls its units: %s: %s" %
+                          (u.name, type(e).__name__, _first_line(e)))
+    finally:
+        _glue_serving.call = None
+    want = [values[o] for o in u.outputs]
+    if len(got) != len(want) or not all(
+            _allclose(a, b, 1e-5, 1e-6) for a, b in zip(got, want)):
+        raise ExportError("glue %r: its TorchScript module computes other "
+                          "values than the module on the example batch" %
+                          u.name)
+    g.module = scripted
+    entries[g.file] = _jit_bytes(scripted)
+    return entries
 
 
 # ---------------------------------------------------------------- errors
@@ -694,22 +1133,34 @@ def _shrunk_batch(batch, inputs, micro_batch):
 
 
 def _trace(root, unit_paths, user_files):
-    """Traces root, making a unit a leaf when FX cannot trace inside it.
-    Returns (graph, tracer, leaves)."""
-    leaves = set()
+    """Traces root, making a unit a leaf when FX cannot trace inside it, and
+    a container above units glue (an FX leaf whose units are called from
+    its scripted code) when FX cannot trace it. Returns (graph, tracer,
+    leaves, glues)."""
+    leaves, glues = set(), set()
     # The root itself is never made a leaf: its failure is reported.
     in_root_units = {_in_root(p) for p in unit_paths if p}
-    for _ in range(len(unit_paths) + 2):
+    for _ in range(len(unit_paths) + 32):
         tracer = _Tracer(leaves)
         try:
             with _Patched():
                 graph = tracer.trace(root)
-            return graph, tracer, leaves
+            return graph, tracer, leaves, glues
         except _CaptureFailure as f:
             unit = next((u for u in sorted(in_root_units, key=len)
                          if f.path == u or f.path.startswith(u + ".")), None)
             if unit is not None and unit not in leaves:
                 leaves.add(unit)
+                continue
+            glue = None if unit is not None else _glue_for(
+                f.path, in_root_units, glues)
+            if glue is not None:
+                # A glue above another takes it in.
+                for g in [g for g in glues if g.startswith(glue + ".")]:
+                    glues.discard(g)
+                    leaves.discard(g)
+                glues.add(glue)
+                leaves.add(glue)
                 continue
             raise _capture_error(root, f, unit_paths, user_files)
         except ExportError:
@@ -1198,13 +1649,16 @@ def export(module, example_batch, loss=None, wrap=None, path=None, name=None,
         raise ExportError("wrap=%r matches no module of %s; name classes it "
                           "contains or a smaller param count" %
                           (wrap, type(module).__name__), usage=True)
-    graph, _, leaves = _trace(root, unit_paths, user_files)
+    graph, _, leaves, glue_paths = _trace(root, unit_paths, user_files)
     gm = fx.GraphModule(root, graph)
     graph = gm.graph
     graph.eliminate_dead_code()
     gm.recompile()
 
-    with torch.no_grad(), _seeded():
+    unit_paths_root = {_in_root(p) for p in unit_paths}
+    glues = {g: _glue_plan(root, g, unit_paths_root) for g in glue_paths}
+    calls = _CallRecorder(root, [p for c, _ in glues.values() for p in c])
+    with torch.no_grad(), _seeded(), calls:
         rec = _Recorder(gm)
         traced_loss = rec.run(*[batch[n] for n in names])
     if not (isinstance(traced_loss, torch.Tensor) and
@@ -1216,9 +1670,8 @@ def export(module, example_batch, loss=None, wrap=None, path=None, name=None,
                           "function of its inputs and params" %
                           (traced_loss, ref_loss))
 
-    unit_paths_root = {_in_root(p) for p in unit_paths}
-    units, node_unit, order = _partition(graph, unit_paths_root, leaves,
-                                         rec.values)
+    units, node_unit, order = _partition(graph, unit_paths_root | set(glues),
+                                         leaves, rec.values)
     out_node = next(n for n in graph.nodes if n.op == "output")
     loss_node = out_node.args[0]
     if not isinstance(loss_node, fx.Node) or loss_node not in node_unit:
@@ -1235,6 +1688,8 @@ def export(module, example_batch, loss=None, wrap=None, path=None, name=None,
                           "return the loss last")
     if loss_node not in last.outputs:
         last.outputs.append(loss_node)
+    units, glue_list = _expand_glues(units, glues, calls, root, root_params,
+                                     root_buffers)
 
     # Every param must be used, or the worker would hold one no unit reads.
     used = {}
@@ -1257,7 +1712,7 @@ def export(module, example_batch, loss=None, wrap=None, path=None, name=None,
     tensors = dict(root_params)
     tensors.update(root_buffers)
     entries = _script_units(units, root, rec.values, order, root_params,
-                            root_buffers)
+                            root_buffers, glue_list)
 
     manifest = archive_pb2.ArchiveManifest(
         format_version=FORMAT_VERSION,
@@ -1290,6 +1745,12 @@ def export(module, example_batch, loss=None, wrap=None, path=None, name=None,
             outputs=[_value_name(a) for a in u.outputs],
             params=[_strip(n) for n in u.params],
             buffers=[_strip(n) for n in u.buffers], leaf=u.leaf)
+    for g in glue_list:
+        manifest.glues.add(
+            name=g.outer.name, file=g.file, first_unit=g.first,
+            unit_count=g.count,
+            inputs=[_value_name(a) for a in g.outer.inputs],
+            outputs=[_value_name(a) for a in g.outer.outputs])
     for f, data in entries.items():
         manifest.sha256[f] = hashlib.sha256(data).hexdigest()
 
@@ -1309,9 +1770,12 @@ def export(module, example_batch, loss=None, wrap=None, path=None, name=None,
     return manifest
 
 
-def _script_units(units, root, values, order, root_params, root_buffers):
+def _script_units(units, root, values, order, root_params, root_buffers,
+                  glues=()):
     """Scripts every unit and checks it against its torch.fx form on the
-    example values; returns {"units/NNN.pt": bytes}."""
+    example values (a unit a glue calls, and the glue, against the module
+    itself: _script_glue); returns {"units/NNN.pt": bytes, "glue/NNN.pt":
+    bytes}."""
     param_index = {}
     for n, p in root_params:
         param_index[n] = n
@@ -1330,6 +1794,9 @@ def _script_units(units, root, values, order, root_params, root_buffers):
     entries = {}
     for i, u in enumerate(units):
         u.file = "units/%03d.pt" % i
+        if getattr(u, "glue", None) is not None:
+            _check_leaf_binding(u, root)
+            continue
         if u.leaf:
             if u.name != _strip(u.key):
                 raise ExportError(
@@ -1337,14 +1804,7 @@ def _script_units(units, root, values, order, root_params, root_buffers):
                     "leaf unit runs once. Call it once, or choose units with "
                     "wrap= so that it is not a leaf" %
                     (_strip(u.key), _class_name(root.get_submodule(u.key))))
-            for n in u.params + u.buffers:
-                if not n.startswith(u.key + "."):
-                    raise ExportError(
-                        "leaf unit %r reads %r, a param or buffer tied to "
-                        "one outside it; tandem binds a leaf's params by "
-                        "their names inside it. Untie it, or choose units "
-                        "with wrap= so that this module is not a leaf" %
-                        (u.name, _strip(n)))
+            _check_leaf_binding(u, root)
             adapter = _leaf_adapter(u, root)
             scripted = _script(adapter, "leaf unit %r (%s)" % (
                 u.name, _class_name(root.get_submodule(u.key))),
@@ -1376,8 +1836,20 @@ def _script_units(units, root, values, order, root_params, root_buffers):
                               "other values than its torch.fx graph on the "
                               "example batch" % u.name)
         entries[u.file] = _jit_bytes(scripted)
-
+    for i, g in enumerate(glues):
+        g.file = "glue/%03d.pt" % i
+        entries.update(_script_glue(g, root, units, values))
     return entries
+
+
+def _check_leaf_binding(u, root):
+    for n in u.params + u.buffers:
+        if not n.startswith(u.key + "."):
+            raise ExportError(
+                "leaf unit %r reads %r, a param or buffer tied to one "
+                "outside it; tandem binds a leaf's params by their names "
+                "inside it. Untie it, or choose units with wrap= so that "
+                "this module is not a leaf" % (u.name, _strip(n)))
 
 
 def _all_tensor_names(root):
@@ -1673,6 +2145,13 @@ class Archive:
             unit = self.manifest.units[unit]
         return torch.jit.load(io.BytesIO(self.entries[unit.file]))
 
+    def glue_module(self, glue):
+        """The TorchScript module of a glue (an ArchiveGlue or its index)."""
+        _define_call_unit()
+        if isinstance(glue, int):
+            glue = self.manifest.glues[glue]
+        return torch.jit.load(io.BytesIO(self.entries[glue.file]))
+
 
 def load_archive(path):
     """Reads a model archive, checks its format_version and the SHA-256 of
@@ -1720,7 +2199,8 @@ def load_archive(path):
             "%s has format_version %d; this tandem reads version %d. Export "
             "it again with this version of tandem" %
             (path, manifest.format_version, FORMAT_VERSION))
-    needed = {u.file for u in manifest.units} | {WEIGHTS_ENTRY}
+    needed = ({u.file for u in manifest.units} |
+              {g.file for g in manifest.glues} | {WEIGHTS_ENTRY})
     for name in sorted(needed | set(raw)):
         if name not in manifest.sha256:
             raise ArchiveError("%s: entry %s%s has no checksum in the "
@@ -1761,9 +2241,8 @@ def run_archive(archive, batch, params=None, buffers=None):
                                "%s)" % (inp.name,
                                         ", ".join(i.name for i in m.inputs)))
         values[inp.name] = batch[inp.name]
-    for unit in m.units:
+    def run_unit(unit, args):
         mod = archive.unit_module(unit)
-        args = [values[v] for v in unit.inputs]
         if unit.leaf:
             for n in list(unit.params) + list(unit.buffers):
                 t = params[n] if n in params else buffers[n]
@@ -1780,8 +2259,48 @@ def run_archive(archive, batch, params=None, buffers=None):
             raise ArchiveError("unit %s returned %d values, the manifest "
                                "lists %d" % (unit.name, len(out),
                                              len(unit.outputs)))
-        for name, v in zip(unit.outputs, out):
+        return list(out)
+
+    glue_at = {g.first_unit: g for g in m.glues}
+    i = 0
+    while i < len(m.units):
+        g = glue_at.get(i)
+        if g is None:
+            unit = m.units[i]
+            out = run_unit(unit, [values[v] for v in unit.inputs])
+            for name, v in zip(unit.outputs, out):
+                values[name] = v
+            i += 1
+            continue
+        # The glue calls its units, each once, in order (as the worker's
+        # executor requires).
+        expected = [g.first_unit]
+
+        def call(k, inputs, g=g, expected=expected):
+            if k != expected[0] or k >= g.first_unit + g.unit_count:
+                raise ArchiveError(
+                    "glue %s called unit %d where unit %d was next" %
+                    (g.name, k, expected[0]))
+            expected[0] += 1
+            return run_unit(m.units[k], inputs)
+
+        outer = getattr(_glue_serving, "call", None)
+        _glue_serving.call = call
+        try:
+            out = archive.glue_module(g)(*[values[v] for v in g.inputs])
+        finally:
+            _glue_serving.call = outer
+        if expected[0] != g.first_unit + g.unit_count:
+            raise ArchiveError("glue %s called %d of its %d units" %
+                               (g.name, expected[0] - g.first_unit,
+                                g.unit_count))
+        if len(out) != len(g.outputs):
+            raise ArchiveError("glue %s returned %d values, the manifest "
+                               "lists %d" % (g.name, len(out),
+                                             len(g.outputs)))
+        for name, v in zip(g.outputs, out):
             values[name] = v
+        i = g.first_unit + g.unit_count
     return values[m.loss]
 
 

@@ -690,27 +690,43 @@ std::vector<at::Tensor> Executor::RunForwardNode(
   RunActions(pos, AnchorPosition::kBefore);
   EnsureParams(pos);
   HoldPlannedPeak(pos);
-  std::vector<at::Tensor> params;
-  params.reserve(node.param_ids.size());
-  for (int32_t id : node.param_ids) params.push_back(store_->full(id));
   bool grad_in = false;
   for (const at::Tensor& in : inputs) {
     grad_in = grad_in || (in.defined() && in.requires_grad());
   }
-  // A node after the first that reads no gradient-carrying value has a
-  // backward that no boundary orders: its params' gradients could arrive
-  // after their reduce-scatter. Unless it has no trained params, or it
-  // follows a frozen prefix (the boundary before it is dead, below): then
-  // its backward is the last, and the dead boundaries fire after it.
   bool trains = false;
   for (int32_t id : node.param_ids) trains = trains || store_->trainable(id);
   *trained_so_far = *trained_so_far || trains;
-  TORCH_CHECK(i == 0 || grad_in || !trains ||
-                  it_->boundary_pending[i - 1] == kDeadBoundary,
-              "node '", node.name,
-              "' has params but reads no value that carries a gradient "
-              "from the nodes before it, so its backward cannot be placed "
-              "between theirs; make it part of the unit before it");
+  // A node after the first that reads no gradient-carrying value (a
+  // position embedding reading only the batch) has a backward that no
+  // boundary orders: nothing the nodes before it compute waits for it. Its
+  // params' gradients are then counted into the boundary before it, so
+  // that this boundary (which runs the node's reduce-scatter) fires only
+  // once they are accumulated. Not needed after a frozen prefix (the
+  // boundary before it is dead): its backward is then the last, and the
+  // dead boundaries fire after it.
+  const bool unordered = i > 0 && !grad_in && trains &&
+                         it_->boundary_pending[i - 1] != kDeadBoundary;
+  std::vector<at::Tensor> params;
+  params.reserve(node.param_ids.size());
+  for (int32_t id : node.param_ids) {
+    if (!unordered || !store_->trainable(id)) {
+      params.push_back(store_->full(id));
+      continue;
+    }
+    // A leaf sharing the param's storage: its gradient goes into the
+    // param's own (as autograd would accumulate it) from a hook, which
+    // then counts for the boundary.
+    at::Tensor alias = store_->full(id).detach().requires_grad_(true);
+    alias.register_hook([this, k, i, id](const at::Tensor& grad) {
+      at::Tensor full = store_->full(id);
+      at::Tensor& g = full.mutable_grad();
+      g = g.defined() ? g + grad : grad.detach().clone();
+      OnBoundaryHook(k, i - 1);
+    });
+    ++it_->boundary_pending[i - 1];
+    params.push_back(std::move(alias));
+  }
   const int64_t memory_before = profiling ? meter_->current_bytes() : 0;
   if (profiling) meter_->BeginNodeWindow();
   const SteadyTime start = profiling ? Now() : SteadyTime();

@@ -61,6 +61,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 from torch.fx.node import map_aggregate
+from torch.nn.utils.weight_norm import WeightNorm as _WeightNorm
 
 from tandem.errors import TandemError
 
@@ -444,6 +445,7 @@ class _Unit:
         self.buffers = []
         self.remat = []         # non-tensor nodes recomputed here
         self.constants = {}     # get_attr target -> value (not param/buffer)
+        self.baked = {}         # node -> its constant value, passed to a leaf
 
 
 def _value_name(node):
@@ -624,6 +626,10 @@ def _hollow(m):
                   "_backward_hooks"):
         if hooks in obj.__dict__:
             obj.__dict__[hooks] = collections.OrderedDict()
+    for k, v in list(obj.__dict__.items()):
+        if isinstance(v, torch.Tensor):
+            # A plain tensor attribute (weight norm's computed weight).
+            obj.__dict__[k] = v.detach().new_empty(0)
     return obj
 
 
@@ -712,40 +718,15 @@ def _unit_adapter(module, unit_name, arguments, result):
     calls the original forward with them and the captured constants, and
     returns a tuple of the tensors of its result (the order _call_stub
     passes and rebuilds them in). Returns (adapter, example inputs)."""
-    cls = type(module)
     ins = []
     for name, v in arguments.items():
         _tensor_paths(v, name, ins, "argument %r of %r" % (name, unit_name))
     names = iter("in_%d" % i for i in range(len(ins)))
     outs = _tensor_paths(result, "result", [], "what %r returns" % unit_name)
-    cname = "TandemUnit_%s_%d" % (_safe_name(cls.__name__),
-                                  _leaf_counter[0] + 1)
-    src = ("class %s(Base):\n"
-           "    def forward(self, %s):\n"
-           "        result = self._tandem_leaf_forward(%s)\n"
-           "        return (%s,)\n" %
-           (cname, ", ".join("in_%d" % i for i in range(len(ins))),
-            ", ".join("%s=%s" % (n, _render(v, names))
-                      for n, v in arguments.items()),
-            ", ".join(e for e, _ in outs)))
-    adapter_cls = _subclass(cls, cname, src)
-    _attach_original_forward(adapter_cls, cls, cname)
-    obj = adapter_cls.__new__(adapter_cls)
-    obj.__dict__.update(module.__dict__)
-    for k in ("_parameters", "_buffers", "_modules"):
-        obj.__dict__[k] = module.__dict__[k].copy()
+    args = ["%s=%s" % (n, _render(v, names)) for n, v in arguments.items()]
+    obj = _adapter(module, "Unit", ["in_%d" % i for i in range(len(ins))],
+                   args, [e for e, _ in outs])
     return obj, [t for _, t in ins]
-
-
-def _attach_original_forward(adapter_cls, cls, cname):
-    f = cls.forward
-    inner = types.FunctionType(f.__code__, f.__globals__,
-                               "_tandem_leaf_forward", f.__defaults__,
-                               f.__closure__)
-    inner.__kwdefaults__ = f.__kwdefaults__
-    inner.__annotations__ = dict(getattr(f, "__annotations__", {}))
-    inner.__qualname__ = cname + "._tandem_leaf_forward"
-    adapter_cls._tandem_leaf_forward = inner
 
 
 def _stubbed(m, path, stubs, through):
@@ -858,7 +839,7 @@ def _script_glue(g, root, units, values):
                 torch.jit.script(_hollow(root.get_submodule(units[k].key)))
             except Exception:  # noqa: BLE001,S110 -- only a type to resolve
                 pass
-    adapter = _leaf_adapter(u, root)
+    adapter = _leaf_adapter(u, root, weight_norm=False)
     _stubbed(adapter, u.key, stubs, set(g.through))
     scripted = _script(adapter, "glue %r (%s)" % (
         u.name, _class_name(root.get_submodule(u.key))), prefix=u.name)
@@ -1308,6 +1289,12 @@ def _collect(units, node_unit, order, values, root, param_names,
             if isinstance(v, torch.Tensor):
                 inputs[a] = True
                 return
+            if consumer_is_leaf and (v is None or
+                                     isinstance(v, (bool, int, float, str))):
+                # Passed to the leaf (or glue) as the constant it was at
+                # capture (a None, a flag); _verify runs other shapes.
+                u.baked[a] = v
+                return
             if consumer_is_leaf or a.op == "call_module" or _has_tensor(v):
                 raise ExportError(
                     "value %r (a %s) made in unit %r is read by unit %r; "
@@ -1406,7 +1393,7 @@ def _safe_name(s):
 _leaf_counter = [0]
 
 
-def _leaf_adapter(u, root):
+def _leaf_adapter(u, root, weight_norm=True):
     """A subclass of the leaf module's class whose forward takes the unit's
     inputs positionally, calls the original forward as the model did
     (keywords and constants included) and returns a tuple of the outputs.
@@ -1426,6 +1413,8 @@ def _leaf_adapter(u, root):
     names = {a: "in_%d" % i for i, a in enumerate(u.inputs)}
 
     def render(v):
+        if isinstance(v, fx.Node) and v in u.baked:
+            return repr(u.baked[v])
         if isinstance(v, fx.Node):
             if v not in names:
                 raise ExportError("leaf module %r takes a value tandem cannot "
@@ -1446,20 +1435,36 @@ def _leaf_adapter(u, root):
     outs = []
     for o in u.outputs:
         outs.append("result" if o is call else "result[%d]" % o.args[1])
+    return _adapter(leaf, "Leaf", [names[a] for a in u.inputs], args, outs,
+                    weight_norm)
+
+
+def _adapter(module, kind, inputs, args, outs, weight_norm=True):
+    """An instance of a subclass of ``module``'s class whose forward takes
+    ``inputs`` (names) positionally, calls the original forward with
+    ``args`` (source) as ``result`` and returns a tuple of ``outs`` (source).
+    It shares the module's params, buffers and submodules, which keep their
+    names relative to it; a submodule under weight norm is a copy without
+    the hook, whose weight forward computes first from its _g and _v params
+    (as the hook does). A glue's (weight_norm False) leaves weight norm to
+    the units it calls."""
+    cls = type(module)
+    norms = _weight_norms(module) if weight_norm else []
     _leaf_counter[0] += 1
-    cls = type(leaf)
-    cname = "TandemLeaf_%s_%d" % (_safe_name(cls.__name__), _leaf_counter[0])
+    cname = "Tandem%s_%s_%d" % (kind, _safe_name(cls.__name__),
+                                _leaf_counter[0])
     src = ("class %s(Base):\n"
            "    def forward(self, %s):\n"
+           "%s"
            "        result = self._tandem_leaf_forward(%s)\n"
            "        return (%s,)\n" %
-           (cname, ", ".join(names[a] for a in u.inputs), ", ".join(args),
-            ", ".join(outs)))
-    fname = "<tandem leaf %d>" % _leaf_counter[0]
-    linecache.cache[fname] = (len(src), None, src.splitlines(True), fname)
-    ns = {"Base": cls}
-    exec(compile(src, fname, "exec"), ns)  # noqa: S102
-    adapter_cls = ns[cname]
+           (cname, ", ".join(inputs),
+            "".join("        self%s.%s = torch._weight_norm(self%s.%s_v, "
+                    "self%s.%s_g, %d)\n" %
+                    ((_attr_path(path), name) * 3 + (dim,))
+                    for path, name, dim in norms),
+            ", ".join(args), ", ".join(outs)))
+    adapter_cls = _subclass(cls, cname, src)
     f = cls.forward
     inner = types.FunctionType(f.__code__, f.__globals__,
                                "_tandem_leaf_forward", f.__defaults__,
@@ -1468,11 +1473,42 @@ def _leaf_adapter(u, root):
     inner.__annotations__ = dict(getattr(f, "__annotations__", {}))
     inner.__qualname__ = cname + "._tandem_leaf_forward"
     adapter_cls._tandem_leaf_forward = inner
+    # A module's own __prepare_scriptable__ may change it for TorchScript
+    # (torchaudio's removes weight norm, in place, from the user's module);
+    # the adapter handles weight norm itself.
+    adapter_cls.__prepare_scriptable__ = lambda self: self
     obj = adapter_cls.__new__(adapter_cls)
-    obj.__dict__.update(leaf.__dict__)
+    obj.__dict__.update(module.__dict__)
     for k in ("_parameters", "_buffers", "_modules"):
-        obj.__dict__[k] = leaf.__dict__[k].copy()
+        obj.__dict__[k] = module.__dict__[k].copy()
+    for path, name, _ in norms:
+        holder = obj
+        for part in path:
+            child = holder._modules[part]
+            c = copy.copy(child)
+            c.__dict__["_modules"] = collections.OrderedDict(child._modules)
+            holder._modules[part] = c
+            holder = c
+        holder.__dict__["_forward_pre_hooks"] = collections.OrderedDict(
+            (k, h) for k, h in holder._forward_pre_hooks.items()
+            if not isinstance(h, _WeightNorm))
+        holder.__dict__[name] = getattr(holder, name).detach()
     return obj
+
+
+def _weight_norms(module):
+    """(path parts, param name, dim) of every weight norm under module."""
+    found = []
+    for path, m in module.named_modules():
+        for h in m._forward_pre_hooks.values():
+            if isinstance(h, _WeightNorm):
+                found.append((path.split(".") if path else [], h.name, h.dim))
+    return found
+
+
+def _attr_path(parts):
+    return "".join("." + p if p.isidentifier() else
+                   "._modules[%r]" % p for p in parts)
 
 
 def _script(module, what, prefix=""):
@@ -2286,10 +2322,16 @@ def run_archive(archive, batch, params=None, buffers=None):
 
         outer = getattr(_glue_serving, "call", None)
         _glue_serving.call = call
+        # As the worker runs glue: interpreted, unoptimized. The optimizing
+        # executor would see no input needing a gradient when none does
+        # (the batch), and cut the units' params off the backward.
+        optimize = torch._C._get_graph_executor_optimize()
+        torch._C._set_graph_executor_optimize(False)
         try:
             out = archive.glue_module(g)(*[values[v] for v in g.inputs])
         finally:
             _glue_serving.call = outer
+            torch._C._set_graph_executor_optimize(optimize)
         if expected[0] != g.first_unit + g.unit_count:
             raise ArchiveError("glue %s called %d of its %d units" %
                                (g.name, expected[0] - g.first_unit,

@@ -34,8 +34,10 @@ PACKAGES=(
   # python client and the PyTorch peer in benchmarks
   python3 python3-grpcio python3-protobuf python3-yaml python3-pytest python3-torch
   python3-pip
-  # the exported-model tests' VisionTransformer (0.14, the build for torch 1.13)
-  python3-torchvision
+  # the exported-model tests' third-party models (the builds for torch 1.13):
+  # torchvision's ViT, Swin and ConvNeXt, torchaudio's Conformer and wav2vec2,
+  # torchtext's RoBERTa
+  python3-torchvision python3-torchaudio python3-torchtext
 )
 
 as_root() {

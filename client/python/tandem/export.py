@@ -2357,6 +2357,12 @@ def describe(manifest, path=None, size=None):
         ", ".join(u.name + (" [leaf]" if u.leaf else "")
                   for u in manifest.units[:8]),
         ", ..." if len(manifest.units) > 8 else "")]
+    for g in manifest.glues:
+        lines.append("  glue: %s (torch.fx cannot capture its forward; "
+                     "scripted whole) calls units %s" % (
+                         g.name, ", ".join(
+                             u.name for u in manifest.units[
+                                 g.first_unit:g.first_unit + g.unit_count])))
     lines.append("  params: %d tensors, %s values; %d used by more than one "
                  "unit (tied), %d frozen; %d buffers; %d leaf units" %
                  (len(manifest.params), "{:,}".format(n_params), tied, frozen,

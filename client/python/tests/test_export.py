@@ -17,11 +17,13 @@ import re
 import struct
 import subprocess
 import sys
+import typing
 import zipfile
 
 import pytest
 
 torch = pytest.importorskip("torch")
+nn = torch.nn
 
 from tandem_harness import PY_ROOT, REPO  # noqa: E402
 
@@ -887,3 +889,181 @@ def test_cli_usageErrors_exit2(tmp_path):
         assert want in r.stderr, (args, r.stderr)
         assert "Traceback" not in r.stderr
     assert not os.path.exists(out)
+
+
+# ------------------------------------------------------------------- glue
+
+class Layer(nn.Module):
+    def __init__(self, d=8):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+        self.norm = nn.LayerNorm(d)
+
+    def forward(self, x: torch.Tensor,
+                mask: typing.Optional[torch.Tensor] = None) -> torch.Tensor:
+        h = self.lin(x)
+        if mask is not None:
+            h = h.masked_fill(mask[..., None], 0.0)
+        return self.norm(x + h)
+
+
+class Stack(nn.Module):
+    """Its forward reads a length with .item(): torch.fx cannot capture
+    it, so it runs as glue over its layers. `scale_param`: it also holds a
+    param of its own (which glue cannot). `twice`: it calls its first layer
+    twice."""
+
+    def __init__(self, scale_param=False, twice=False):
+        super().__init__()
+        self.layers = nn.ModuleList([Layer(), Layer()])
+        self.twice = twice
+        if scale_param:
+            self.scale = nn.Parameter(torch.ones(8))
+        else:
+            self.scale = None
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        t = int(torch.max(lengths).item())
+        mask = torch.arange(t)[None, :] >= lengths[:, None]
+        x = x[:, :t]
+        for layer in self.layers:
+            x = layer(x, mask)
+        if self.twice:
+            x = self.layers[0](x, mask)
+        if self.scale is not None:
+            x = x * self.scale
+        return x
+
+
+class StackModel(nn.Module):
+    def __init__(self, **kw):
+        super().__init__()
+        self.inp = nn.Linear(4, 8)
+        self.stack = Stack(**kw)
+        self.out = nn.Linear(8, 3)
+
+    def forward(self, x, lengths, labels):
+        h = self.stack(self.inp(x), lengths)
+        return torch.nn.functional.cross_entropy(self.out(h.mean(1)), labels)
+
+
+def stack_batch():
+    g = torch.Generator().manual_seed(3)
+    return {"x": torch.randn(3, 6, 4, generator=g),
+            "lengths": torch.tensor([6, 4, 5]),
+            "labels": torch.tensor([0, 2, 1])}
+
+
+def test_export_glue_keepsLayersUnitsAndRunsAsTheModule(tmp_path):
+    """The container is glue; its layers stay units, called in order."""
+    torch.manual_seed(0)
+    module = StackModel()
+    batch = stack_batch()
+    m = tandem.export(module, batch, path=tmp_path / "m.tandem",
+                      dynamic_dims={"x": [0], "lengths": [0]})
+    assert [u.name for u in m.units] == [
+        "embed", "stack.layers.0", "stack.layers.1", "head"]
+    [g] = m.glues
+    assert (g.name, g.first_unit, g.unit_count) == ("stack", 1, 2)
+    assert "glue: stack (torch.fx cannot capture its forward" in \
+        tx.describe(m)
+    archive = tandem.load_archive(tmp_path / "m.tandem")
+    with torch.no_grad():
+        want = module(**batch)
+        got = tandem.run_archive(archive, batch)
+    assert torch.allclose(got, want, rtol=1e-6)
+
+
+def test_export_glueHoldingAParam_saysWhichAndTheFixWorks():
+    torch.manual_seed(0)
+    with pytest.raises(tx.ExportError) as e:
+        tandem.export(StackModel(scale_param=True), stack_batch(),
+                      dynamic_dims={"x": [0], "lengths": [0]})
+    msg = str(e.value)
+    assert "module 'stack' (" in msg and "holds param 'stack.scale'" in msg
+    assert "Move the param into a submodule" in msg
+
+    # The fix: the param in a submodule of its own, which becomes a unit.
+    class Scale(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(8))
+
+        def forward(self, x):
+            return x * self.weight
+
+    class ScaledStack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([Layer(), Layer()])
+            self.scale = Scale()
+
+        def forward(self, x: torch.Tensor, lengths: torch.Tensor):
+            t = int(torch.max(lengths).item())
+            mask = torch.arange(t)[None, :] >= lengths[:, None]
+            x = x[:, :t]
+            for layer in self.layers:
+                x = layer(x, mask)
+            return self.scale(x)
+
+    module = StackModel()
+    module.stack = ScaledStack()
+    m = tandem.export(module, stack_batch(),
+                      dynamic_dims={"x": [0], "lengths": [0]})
+    assert [u.name for u in m.units] == [
+        "embed", "stack.layers.0", "stack.layers.1", "stack.scale", "head"]
+
+
+def test_export_glueCallingALayerTwice_saysSoAndTheFixWorks():
+    torch.manual_seed(0)
+    with pytest.raises(tx.ExportError) as e:
+        tandem.export(StackModel(twice=True), stack_batch(),
+                      dynamic_dims={"x": [0], "lengths": [0]})
+    msg = str(e.value)
+    assert "module 'stack.layers.0' (" in msg
+    assert "is called 2 times by the glue 'stack'" in msg
+    assert "Give each call a module of its own" in msg
+    # The fix: a third layer instead of the second call.
+    module = StackModel()
+    module.stack.layers.append(Layer())
+    tandem.export(module, stack_batch(),
+                  dynamic_dims={"x": [0], "lengths": [0]})
+
+
+def test_export_glueStub_refusesAnotherConstantThanCaptured(tmp_path):
+    """What was not a tensor at capture is a constant of the unit: a glue
+    that passes another value fails the run naming it, rather than
+    computing with the captured one."""
+    class Flagged(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor, flip: bool = False):
+            return self.lin(-x if flip else x)
+
+    class FlagStack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = Flagged()
+
+        def forward(self, x: torch.Tensor, lengths: torch.Tensor):
+            return self.layer(x, int(torch.max(lengths).item()) > 5)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp = nn.Linear(4, 8)
+            self.stack = FlagStack()
+
+        def forward(self, x, lengths, labels):
+            return self.stack(self.inp(x), lengths).mean()
+
+    torch.manual_seed(0)
+    tandem.export(Model(), stack_batch(), path=tmp_path / "m.tandem",
+                  dynamic_dims={"x": [0], "lengths": [0]}, wrap=[Flagged])
+    archive = tandem.load_archive(tmp_path / "m.tandem")
+    batch = stack_batch()
+    batch["lengths"] = torch.tensor([3, 4, 5])  # the flag turns False
+    with pytest.raises(Exception, match="exported with flip=True"):
+        tandem.run_archive(archive, batch)

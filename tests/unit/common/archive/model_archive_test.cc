@@ -385,6 +385,83 @@ TEST(ValidateArchiveManifestTest, EachMalformedCase_NamesTheField) {
   }
 }
 
+// GoodManifest with its embed unit run by a glue: the glue reads the tokens
+// and defines h; the unit it covers takes and returns values of its own.
+v1::ArchiveManifest GluedManifest() {
+  v1::ArchiveManifest m = GoodManifest();
+  v1::ArchiveGlue* g = m.add_glues();
+  g->set_name("encoder");
+  g->set_file("glue/000.pt");
+  g->set_first_unit(0);
+  g->set_unit_count(1);
+  g->add_inputs("tokens");
+  g->add_outputs("h");
+  m.mutable_units(0)->set_inputs(0, "embed/in0");
+  m.mutable_units(0)->set_outputs(0, "embed/out0");
+  return m;
+}
+
+TEST(ValidateArchiveManifestTest, Glue_Passes) {
+  EXPECT_TRUE(ValidateArchiveManifest(GluedManifest()).ok())
+      << ValidateArchiveManifest(GluedManifest());
+  // The loss may come from a glue covering the last unit.
+  v1::ArchiveManifest last = GluedManifest();
+  v1::ArchiveGlue* g = last.add_glues();
+  g->set_name("top");
+  g->set_file("glue/001.pt");
+  g->set_first_unit(1);
+  g->set_unit_count(1);
+  g->add_inputs("h");
+  g->add_inputs("targets");
+  g->add_outputs("loss");
+  last.mutable_units(1)->set_outputs(0, "head/out0");
+  EXPECT_TRUE(ValidateArchiveManifest(last).ok())
+      << ValidateArchiveManifest(last);
+}
+
+TEST(ValidateArchiveManifestTest, MalformedGlue_NamesTheField) {
+  const std::vector<Malformed> cases = {
+      {"range beyond the units",
+       [](v1::ArchiveManifest& m) { m.mutable_glues(0)->set_unit_count(3); },
+       "glues[0] (glue 'encoder') covers units [0, 3), which are not among "
+       "the 2 units"},
+      {"empty range",
+       [](v1::ArchiveManifest& m) { m.mutable_glues(0)->set_unit_count(0); },
+       "glues[0] (glue 'encoder') covers units [0, 0)"},
+      {"overlapping glues",
+       [](v1::ArchiveManifest& m) { *m.add_glues() = m.glues(0); },
+       "glues[1] (glue 'encoder') covers unit 0, which glues[0] covers "
+       "already"},
+      {"input not defined",
+       [](v1::ArchiveManifest& m) { m.mutable_glues(0)->set_inputs(0, "x"); },
+       "glues[0].inputs[0] 'x' (glue 'encoder') is neither a batch input"},
+      {"output redefines a value",
+       [](v1::ArchiveManifest& m) {
+         m.mutable_glues(0)->set_outputs(0, "tokens");
+       },
+       "glues[0].outputs[0] 'tokens' (glue 'encoder') redefines a value"},
+      {"no file",
+       [](v1::ArchiveManifest& m) { m.mutable_glues(0)->clear_file(); },
+       "glues[0].file is empty"},
+      {"no outputs",
+       [](v1::ArchiveManifest& m) { m.mutable_glues(0)->clear_outputs(); },
+       "glues[0] (glue 'encoder') has no outputs"},
+      {"a unit outside reads a value local to the glue",
+       [](v1::ArchiveManifest& m) {
+         m.mutable_units(1)->set_inputs(0, "embed/out0");
+       },
+       "units[1].inputs[0] 'embed/out0' (unit 'head') is neither a batch "
+       "input nor an output of an earlier unit"},
+  };
+  for (const Malformed& c : cases) {
+    v1::ArchiveManifest m = GluedManifest();
+    c.edit(m);
+    const absl::Status s = ValidateArchiveManifest(m);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_THAT(s.message(), HasSubstr(c.message)) << c.name << ": " << s;
+  }
+}
+
 TEST(SafetensorsTest, Parse_GoodHeader_AbsoluteOffsets) {
   const std::string bytes = GoodWeights();
   absl::StatusOr<SafetensorsHeader> h =

@@ -12,19 +12,25 @@
 # prints where to look.
 #
 #   scripts/demo.sh [SPEC]                  a job spec (default: demo.yaml)
-#   scripts/demo.sh --model FILE.py:BUILD   your own nn.Module: exported with
-#                                           `tandem export`, then trained by
+#   scripts/demo.sh --model FILE.py:BUILD [EXPORT OPTIONS]
+#                                           your own nn.Module: exported with
+#                                           `tandem export` (the options after
+#                                           it go there: --wrap, --input-range,
+#                                           --dynamic, ...), then trained by
 #                                           deploy/local/exported.yaml
 #
 # e.g. scripts/demo.sh --model tests/models/gpt.py:build_demo
+#      scripts/demo.sh --model tests/models/vit.py:build --input-range labels=0:9
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${TANDEM_BUILD_DIR:-$ROOT/build}"
 MODEL=""
+EXPORT_ARGS=()
 if [ "${1:-}" = "--model" ]; then
   [ -n "${2:-}" ] || { echo "$0: --model needs FILE.py:BUILD" >&2; exit 2; }
   MODEL="$2"
+  EXPORT_ARGS=("${@:3}")
   SPEC="$ROOT/deploy/local/exported.yaml"
 else
   SPEC="${1:-$ROOT/deploy/local/demo.yaml}"
@@ -36,9 +42,9 @@ WORK="$(mktemp -d -t tandem-demo.XXXXXX)"
 if [ -n "$MODEL" ]; then
   # The archive goes next to a copy of the spec, whose model.path names it
   # relative to the spec file.
-  echo "== tandem export $MODEL"
+  echo "== tandem export $MODEL ${EXPORT_ARGS[*]}"
   (cd "$ROOT" && PYTHONPATH="$ROOT/client/python" /usr/bin/python3 -m tandem \
-    export "$MODEL" -o "$WORK/model.tandem")
+    export "$MODEL" ${EXPORT_ARGS[@]+"${EXPORT_ARGS[@]}"} -o "$WORK/model.tandem")
   cp "$SPEC" "$WORK/exported.yaml"
   SPEC="$WORK/exported.yaml"
 fi

@@ -833,4 +833,88 @@ absl::StatusOr<ModelConfig> ModelConfigFromJobSpec(const v1::JobSpec& spec) {
   return c;
 }
 
+namespace {
+
+// 8693 -> "8,693".
+std::string GroupedDigits(int64_t n) {
+  std::string digits = absl::StrCat(n < 0 ? -n : n);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return n < 0 ? "-" + out : out;
+}
+
+}  // namespace
+
+JobModelDescription DescribeJobModel(const v1::JobSpec& spec) {
+  JobModelDescription d;
+  const v1::ModelSpec& m = spec.model();
+  const int64_t samples = std::max(1, spec.parallel().world_size()) *
+                          int64_t{spec.batch().micro_batch()} *
+                          std::max(1, spec.batch().grad_accum());
+  d.unit = "tokens";
+  d.items_per_step = samples * spec.batch().seq_len();
+  if (m.kind() != "torchscript") {
+    d.text = absl::StrCat(m.preset().empty() ? "builtin" : m.preset(), ": ",
+                          m.layers(), " layers, d_model ", m.d_model(), ", ",
+                          m.heads(), " heads (", m.kv_heads(), " kv), ffn ",
+                          m.ffn(), ", vocab ", m.vocab());
+    if (m.experts() > 0) {
+      absl::StrAppend(&d.text, ", ", m.experts(), " experts (top ", m.top_k(),
+                      ")");
+    }
+    return d;
+  }
+  absl::StatusOr<v1::ArchiveManifest> manifest = ReadArchiveManifest(m.path());
+  if (!manifest.ok()) {
+    d.text = absl::StrCat("exported model ", m.path());
+    return d;
+  }
+  const v1::ArchiveManifest& a = *manifest;
+  bool tokens = false;
+  for (const v1::ArchiveInput& in : a.inputs()) {
+    tokens = tokens || in.role() == "tokens";
+  }
+  if (!tokens || spec.data().kind() == "tensors") {
+    d.unit = "samples";
+    d.items_per_step = samples;
+  }
+  int64_t values = 0;
+  for (const v1::ArchiveParam& p : a.params()) {
+    int64_t n = 1;
+    for (int64_t dim : p.shape()) n *= dim;
+    values += n;
+  }
+  std::vector<std::string> units;
+  for (int i = 0; i < a.units_size() && i < 4; ++i) {
+    units.push_back(a.units(i).name());
+  }
+  if (a.units_size() > 4) units.push_back("...");
+  std::vector<std::string> inputs;
+  for (const v1::ArchiveInput& in : a.inputs()) {
+    std::vector<std::string> dims;
+    for (int i = 0; i < in.shape_size(); ++i) {
+      const bool dynamic =
+          std::find(in.dynamic_dims().begin(), in.dynamic_dims().end(), i) !=
+          in.dynamic_dims().end();
+      dims.push_back(i == 0    ? std::string("n")
+                     : dynamic ? std::string("*")
+                               : absl::StrCat(in.shape(i)));
+    }
+    inputs.push_back(absl::StrCat(in.name(), " ", in.dtype(), " [",
+                                  absl::StrJoin(dims, ", "), "]"));
+  }
+  d.text = absl::StrCat(a.name(), " (exported): ", a.units_size(), " units (",
+                        absl::StrJoin(units, ", "), "), ", a.params_size(),
+                        " params of ", GroupedDigits(values),
+                        " values; inputs ", absl::StrJoin(inputs, ", "));
+  for (const v1::ArchiveGlue& g : a.glues()) {
+    absl::StrAppend(&d.text, "; glue ", g.name(), " over ", g.unit_count(),
+                    " units");
+  }
+  return d;
+}
+
 }  // namespace tandem

@@ -57,6 +57,19 @@ using PlanSpecCheck = std::function<std::vector<std::string>(
 absl::Status ValidateJobSpec(const v1::JobSpec& spec,
                              const PlanSpecCheck& plan_check = nullptr);
 
+// What a job's model is, for `tandem status`, the report and the progress
+// line: `text` describes it (a builtin model by its preset and shapes, an
+// exported one by its units, params, inputs and glues, read from its
+// archive's manifest); a step trains on `items_per_step` `unit`s ("tokens"
+// when the model reads a token sequence from a token source, "samples"
+// otherwise). Call after ValidateJobSpec.
+struct JobModelDescription {
+  std::string text;
+  std::string unit;
+  int64_t items_per_step = 0;
+};
+JobModelDescription DescribeJobModel(const v1::JobSpec& spec);
+
 // Directories an operator lets jobs use (the coordinator's --data-roots and
 // --checkpoint-roots). `read` bounds what a job reads (data.path,
 // model.path, model.init_from), `write` where it writes (checkpoint.dir); a

@@ -156,7 +156,9 @@ std::string Header(const JobReport& r) {
   }
   const v1::ModelSpec& m = spec.model();
   std::string model = m.preset().empty() ? "model" : m.preset();
-  if (m.layers() > 0) {
+  if (!job.model_text().empty()) {
+    model = job.model_text();
+  } else if (m.layers() > 0) {
     absl::StrAppend(&model, ": ", m.layers(), " layers, d_model ", m.d_model(),
                     ", vocab ", m.vocab());
   }
@@ -197,7 +199,13 @@ struct StepUnits {
   double per_step = 0;
   std::string name;
 };
-StepUnits UnitsPerStep(const v1::JobSpec& spec) {
+StepUnits UnitsPerStep(const v1::Job& job) {
+  // What the coordinator said at submit (DescribeJobModel), for jobs
+  // submitted since it does.
+  if (!job.throughput_unit().empty() && job.items_per_step() > 0) {
+    return {static_cast<double>(job.items_per_step()), job.throughput_unit()};
+  }
+  const v1::JobSpec& spec = job.spec();
   const double samples = static_cast<double>(spec.parallel().world_size()) *
                          spec.batch().micro_batch() *
                          std::max(1, spec.batch().grad_accum());
@@ -289,7 +297,7 @@ std::string ProgressSection(const JobReport& r) {
     time.series.push_back(std::move(predicted));
   }
   // Throughput: what a step trains over all ranks per second of it.
-  const StepUnits units = UnitsPerStep(r.job.spec());
+  const StepUnits units = UnitsPerStep(r.job);
   LineChart rate = StepChart(
       "throughput",
       absl::StrCat("Throughput by step (", units.name, " per second)"),

@@ -225,6 +225,10 @@ absl::StatusOr<v1::Job> JobManager::Submit(v1::JobSpec spec,
   record.job.set_state(v1::JOB_STATE_PENDING);
   record.job.set_submitted_unix_s(NowUnix());
   record.job.set_owner(std::move(owner));
+  const JobModelDescription model = DescribeJobModel(spec);
+  record.job.set_model_text(model.text);
+  record.job.set_throughput_unit(model.unit);
+  record.job.set_items_per_step(model.items_per_step);
   *record.job.mutable_spec() = std::move(spec);
   record.job.set_waiting(WaitingFor(record.job, {}));
   record.job.set_waiting_since_unix_s(record.job.submitted_unix_s());

@@ -83,20 +83,32 @@ def cmd_join_secret(client, args):
     return EXIT_OK
 
 
-def _describe_spec(spec):
+def _describe_spec(spec, job=None):
+    """(model, batch) in words. The coordinator's description of the model
+    (job.model_text: an exported model's units, params and inputs) when it
+    gave one; otherwise the builtin model's shapes from the spec."""
     m, b, p = spec.model, spec.batch, spec.parallel
     dtype = spec_mod.enum_short_name(
         job_pb2.ModelSpec.DESCRIPTOR.fields_by_name["dtype"].enum_type, m.dtype)
-    model = "%s: %d layers, d_model %d, %d heads (%d kv), ffn %d, vocab %d" % (
-        m.preset, m.layers, m.d_model, m.heads, m.kv_heads, m.ffn, m.vocab)
-    if m.experts:
-        model += ", %d experts (top %d)" % (m.experts, m.top_k)
+    if job is not None and job.model_text:
+        model = job.model_text
+    else:
+        model = "%s: %d layers, d_model %d, %d heads (%d kv), ffn %d, " \
+            "vocab %d" % (m.preset, m.layers, m.d_model, m.heads, m.kv_heads,
+                          m.ffn, m.vocab)
+        if m.experts:
+            model += ", %d experts (top %d)" % (m.experts, m.top_k)
     model += ", %s" % dtype
     if m.activation_checkpointing:
         model += ", activation checkpointing"
-    batch = ("%d ranks x micro_batch %d x seq_len %d x grad_accum %d = "
-             "{:,} tokens/step".format(spec_mod.global_tokens_per_step(spec))
-             % (p.world_size, b.micro_batch, b.seq_len, b.grad_accum))
+    unit, per_step = spec_mod.items_per_step(spec, job)
+    if unit == "tokens":
+        batch = "%d ranks x micro_batch %d x seq_len %d x grad_accum %d" % (
+            p.world_size, b.micro_batch, b.seq_len, b.grad_accum)
+    else:
+        batch = "%d ranks x micro_batch %d x grad_accum %d" % (
+            p.world_size, b.micro_batch, b.grad_accum)
+    batch += " = {:,} {}/step".format(per_step, unit)
     return model, batch
 
 
@@ -143,7 +155,7 @@ def cmd_status(client, args):
     status = client.get(args.job)
     job, events = status
     total = job.spec.train.steps
-    model, batch = _describe_spec(job.spec)
+    model, batch = _describe_spec(job.spec, job)
     rows = [
         ("job", job.id),
         ("state", state_name(job.state)),

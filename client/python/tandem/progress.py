@@ -170,10 +170,11 @@ class ProgressView:
     # -- formatting
 
     def tokens_per_s(self, job):
+        """Tokens (or samples, for a model fed named inputs) per second."""
         r = self.rate.rate()
         if r is None:
             return None
-        return r * spec_mod.global_tokens_per_step(job.spec)
+        return r * spec_mod.items_per_step(job.spec, job)[1]
 
     def status_text(self, job, bar=True):
         total = job.spec.train.steps
@@ -190,7 +191,9 @@ class ProgressView:
         parts.append("step %d/%d (%d%%)" % (job.step, total, pct))
         parts.append("loss %.4f" % job.loss if job.step > 0 else "loss -")
         tps = self.tokens_per_s(job)
-        parts.append("%s tok/s" % (fmt_count(tps) if tps is not None else "-"))
+        unit = spec_mod.items_per_step(job.spec, job)[0]
+        parts.append("%s %s/s" % (fmt_count(tps) if tps is not None else "-",
+                                  "tok" if unit == "tokens" else unit))
         parts.append("schedule v%d" % job.schedule_version
                      if job.schedule_version > 0 else "schedule baseline")
         if job.schedule_version > 0 and job.measured_speedup > 0:

@@ -385,6 +385,16 @@ def spec_to_yaml(msg):
                           default_flow_style=False)
 
 
+def items_per_step(spec, job=None):
+    """("tokens" or "samples", how many one step trains on over all ranks):
+    the coordinator's figure (job.throughput_unit, job.items_per_step: an
+    exported model fed named inputs trains on samples) when the job has it,
+    else tokens, global_tokens_per_step."""
+    if job is not None and job.throughput_unit and job.items_per_step > 0:
+        return job.throughput_unit, job.items_per_step
+    return "tokens", global_tokens_per_step(spec)
+
+
 def global_tokens_per_step(spec):
     """Tokens one optimizer step consumes over all ranks:
     world_size × micro_batch × seq_len × grad_accum."""

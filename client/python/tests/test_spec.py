@@ -265,6 +265,26 @@ def test_progress_view_tty_redraws_in_place():
     assert text.endswith("\n")
 
 
+def test_progress_view_exportedModel_countsSamples():
+    """A model fed named inputs (the coordinator says samples, 8 a step)
+    shows samples/s, and `tandem status` its own description."""
+    out, clock = io.StringIO(), FakeClock()
+    view = ProgressView(out=out, tty=True, clock=clock)
+    for step in (0, 1, 2, 3):
+        job = _job(step)
+        job.throughput_unit, job.items_per_step = "samples", 8
+        view.update(job)
+        clock.t += 0.5
+    view.finish()
+    assert "16 samples/s" in out.getvalue(), out.getvalue()
+
+    from tandem import cli
+    job.model_text = "Conformer (exported): 3 units"
+    model, batch = cli._describe_spec(job.spec, job)
+    assert model.startswith("Conformer (exported): 3 units")
+    assert batch == "2 ranks x micro_batch 4 x grad_accum 1 = 8 samples/step"
+
+
 def test_progress_view_plain_lines_are_throttled():
     out, clock = io.StringIO(), FakeClock()
     view = ProgressView(out=out, tty=False, min_interval=1.0, clock=clock)

@@ -544,6 +544,32 @@ TEST_F(JobSpecArchiveTest, Validate_ActivationCheckpointing_Accepted) {
   EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
 }
 
+// `tandem status` and the report describe an exported model by its units,
+// params and inputs, and count samples where it reads no token sequence.
+TEST_F(JobSpecArchiveTest, Describe_ExportedModel_UnitsParamsInputs) {
+  Write();
+  v1::JobSpec spec = Spec();
+  JobModelDescription d = DescribeJobModel(spec);
+  EXPECT_EQ(d.text,
+            "Tiny (exported): 2 units (embed, head), 2 params of 40 values; "
+            "inputs tokens int64 [n, *], targets int64 [n, *]");
+  // A token source feeds its tokens: 1 rank x 2 x 16.
+  EXPECT_EQ(d.unit, "tokens");
+  EXPECT_EQ(d.items_per_step, 32);
+  // Fed by name from a tensors file: samples.
+  spec.mutable_data()->set_kind("tensors");
+  d = DescribeJobModel(spec);
+  EXPECT_EQ(d.unit, "samples");
+  EXPECT_EQ(d.items_per_step, 2);
+
+  v1::JobSpec builtin;
+  ApplyJobSpecDefaults(builtin);
+  d = DescribeJobModel(builtin);
+  EXPECT_THAT(d.text, HasSubstr("llama: "));
+  EXPECT_THAT(d.text, HasSubstr(" layers, d_model "));
+  EXPECT_EQ(d.unit, "tokens");
+}
+
 TEST_F(JobSpecArchiveTest, Validate_DefaultKind_IsBuiltin) {
   v1::JobSpec spec;
   ApplyJobSpecDefaults(spec);

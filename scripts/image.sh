@@ -87,7 +87,7 @@ version() {
     echo "${described#v}"
     return
   fi
-  base=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$ROOT/client/python/pyproject.toml")
+  base=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$ROOT/client/python/tandem/__init__.py")
   if sha=$(git -C "$ROOT" rev-parse --short=7 HEAD 2>/dev/null); then
     base="$base-g$sha"
     git -C "$ROOT" diff --quiet HEAD -- 2>/dev/null || base="$base-dirty"

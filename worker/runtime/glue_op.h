@@ -10,7 +10,7 @@
 // It works only while a GlueCallScope is open on the calling thread (the
 // executor opens one around each glue's forward); elsewhere it fails saying
 // so. `tandem export` defines the same schema in Python (client/python/
-// tandem/export.py) to script and check the glue.
+// tandem/export/glue.py) to script and check the glue.
 #ifndef TANDEM_WORKER_RUNTIME_GLUE_OP_H_
 #define TANDEM_WORKER_RUNTIME_GLUE_OP_H_
 

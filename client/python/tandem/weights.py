@@ -21,7 +21,6 @@ about 100 MB/s per process in pure Python, the rank files in parallel.
 
 import collections
 import concurrent.futures
-import json
 import mmap
 import multiprocessing
 import os
@@ -29,6 +28,7 @@ import re
 import struct
 import sys
 
+from tandem import safetensors
 from tandem.errors import TandemError
 
 CHECKPOINT_FORMAT_VERSION = 1
@@ -54,11 +54,7 @@ ParamEntry = collections.namedtuple("ParamEntry", [
     "name", "dtype", "shape", "export_name"])
 
 # safetensors dtype -> bytes per element.
-SAFETENSORS_DTYPES = {
-    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
-    "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2,
-    "U8": 1, "BOOL": 1,
-}
+SAFETENSORS_DTYPES = safetensors.DTYPE_SIZES
 
 
 class CheckpointError(TandemError):
@@ -618,20 +614,6 @@ def read_weights(source, step=None, verify=True, coordinator=None):
 
 # --------------------------------------------------------------- writing
 
-def _safetensors_header(entries, metadata):
-    """The JSON header, padded with spaces to a multiple of 8 bytes, and the
-    total data length. entries: [(name, dtype, shape, nbytes)]."""
-    header = {"__metadata__": dict(metadata)}
-    offset = 0
-    for name, dtype, shape, nbytes in entries:
-        header[name] = {"dtype": dtype, "shape": list(shape),
-                        "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    text += b" " * (-len(text) % 8)
-    return text, offset
-
-
 def export_weights(source, path, step=None, verify=True, coordinator=None,
                    jobs=None, timeout=30.0):
     """Writes the full params of a checkpoint to `path` as safetensors (F32,
@@ -652,7 +634,7 @@ def export_weights(source, path, step=None, verify=True, coordinator=None,
     with open_checkpoint(source, step, verify, coordinator, jobs,
                          timeout) as ckpt:
         tensors = ckpt.tensors()
-        header, data_bytes = _safetensors_header(
+        header, data_bytes = safetensors.header_bytes(
             [(name, "F32", shape, numel * 4)
              for name, shape, _, _, numel in tensors],
             {"format": "pt", "tandem.step": str(ckpt.step),
@@ -660,7 +642,6 @@ def export_weights(source, path, step=None, verify=True, coordinator=None,
         tmp = path + ".tmp"
         try:
             with open(tmp, "wb") as f:
-                f.write(struct.pack("<Q", len(header)))
                 f.write(header)
                 for _, _, entry, first, numel in tensors:
                     for piece in ckpt._pieces(entry, first, numel):
@@ -676,7 +657,7 @@ def export_weights(source, path, step=None, verify=True, coordinator=None,
             _remove_quietly(tmp)
             raise
         return WeightsSummary(path=path, tensors=len(tensors),
-                              bytes=8 + len(header) + data_bytes,
+                              bytes=len(header) + data_bytes,
                               step=ckpt.step, graph_hash=ckpt.graph_hash,
                               world=ckpt.world, step_dir=ckpt.step_dir)
 
@@ -699,65 +680,21 @@ def describe(summary):
 
 def read_safetensors_header(path):
     """(tensor entries {name: {dtype, shape, data_offsets}}, metadata dict,
-    data start) of a safetensors file, checked: the header length fits the
-    file, the JSON is an object, every dtype is known, every shape's byte
-    size matches its offsets, and the offsets tile the data exactly."""
+    data start) of a safetensors file, checked (tandem.safetensors,
+    parse_header): the header length fits the file, the JSON is an object,
+    every dtype is known, every shape's byte size matches its offsets, and
+    the offsets tile the data exactly."""
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
             head = f.read(8)
-            if len(head) < 8:
-                raise CheckpointError("%s is not a safetensors file (%d "
-                                      "bytes)" % (path, size))
-            (n,) = struct.unpack("<Q", head)
-            if n > size - 8:
-                raise CheckpointError(
-                    "%s is truncated or not safetensors (header of %d bytes "
-                    "in a %d-byte file)" % (path, n, size))
-            raw = f.read(n)
+            if len(head) == 8:
+                (n,) = struct.unpack("<Q", head)
+                head += f.read(min(n, max(size - 8, 0)))
     except OSError as e:
         raise CheckpointError("cannot read %s: %s" %
                               (path, e.strerror or e)) from None
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError("%s: the safetensors header is not JSON (%s)" %
-                              (path, e)) from None
-    if not isinstance(header, dict):
-        raise CheckpointError("%s: the safetensors header is not a JSON "
-                              "object" % path)
-    metadata = header.pop("__metadata__", {}) or {}
-    data_len = size - 8 - n
-    spans = []
-    for name, e in header.items():
-        ok = (isinstance(e, dict) and e.get("dtype") in SAFETENSORS_DTYPES and
-              isinstance(e.get("shape"), list) and
-              all(isinstance(d, int) and d >= 0 for d in e["shape"]) and
-              isinstance(e.get("data_offsets"), list) and
-              len(e["data_offsets"]) == 2 and
-              all(isinstance(o, int) for o in e["data_offsets"]))
-        if not ok:
-            raise CheckpointError("%s: bad safetensors entry %r: %r" %
-                                  (path, name, e))
-        begin, end = e["data_offsets"]
-        want = _numel(e["shape"]) * SAFETENSORS_DTYPES[e["dtype"]]
-        if not 0 <= begin <= end <= data_len or end - begin != want:
-            raise CheckpointError(
-                "%s: tensor %r has data_offsets %r for %d bytes of %s %r "
-                "(data is %d bytes)" % (path, name, e["data_offsets"], want,
-                                        e["dtype"], e["shape"], data_len))
-        spans.append((begin, end, name))
-    pos = 0
-    for begin, end, name in sorted(spans):
-        if begin != pos:
-            raise CheckpointError("%s: tensor %r starts at %d, expected %d "
-                                  "(offsets overlap or leave a gap)" %
-                                  (path, name, begin, pos))
-        pos = end
-    if pos != data_len:
-        raise CheckpointError("%s: %d data bytes but the tensors cover %d" %
-                              (path, data_len, pos))
-    return header, metadata, 8 + n
+    return safetensors.parse_header(head, size, path, CheckpointError)
 
 
 def read_safetensors(path):

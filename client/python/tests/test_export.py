@@ -1,4 +1,4 @@
-"""`tandem export` (tandem/export.py, client/README.md "Exporting your own
+"""`tandem export` (tandem/export/, client/README.md "Exporting your own
 model"): the user models in tests/models/ exported through the API and the
 CLI, read back, and run unit by unit against the modules themselves.
 
@@ -562,26 +562,19 @@ def test_export_failure_keepsExistingFile(bad_model, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["bad_model.py", "model.tandem"]
 
 
-def test_export_encoderLmAttentionOnly_namesTheLayerAndItsFailingLine():
+def test_export_encoderLmAttentionOnly_layersRunAsGlue():
     """wrap=[nn.MultiheadAttention] asks FX to trace nn.TransformerEncoder-
-    Layer, which branches on its input's shape: the error names the layer,
-    the user's line that calls it and the branch inside torch.nn."""
+    Layer, which branches on its input's shape: each layer runs as glue,
+    calling its attention and every other submodule holding params as units
+    of their own (before glue existed, this was an error naming the layer)."""
     module, batch = encoder_lm.build()
-    with pytest.raises(tx.ExportError) as e:
-        tandem.export(module, batch, wrap=[torch.nn.MultiheadAttention])
-    msg = str(e.value)
-    assert msg.startswith("cannot capture module 'encoder.layers.0' "
-                          "(torch.nn.TransformerEncoderLayer): forward "
-                          "branches on a traced value"), msg
-    assert "encoder_lm.py:%d: x = self.encoder(x, mask=" % (
-        line_of(MODELS / "encoder_lm.py", "x = self.encoder(")) in msg, msg
-    assert re.search(r"failing line: \S*torch/nn/modules/transformer\.py:\d+: "
-                     r"(el)?if ", msg), msg
-    assert "wrap=[MultiheadAttention, TransformerEncoderLayer]" in msg, msg
-
-
-def line_of(path, text):
-    return next(i for i, ln in enumerate(open(path), 1) if text in ln)
+    m = tandem.export(module, batch, wrap=[torch.nn.MultiheadAttention])
+    layer = ["self_attn", "norm1", "linear1", "linear2", "norm2"]
+    assert [u.name for u in m.units] == (
+        ["embed"] + ["encoder.layers.0." + n for n in layer] +
+        ["encoder.layers.1." + n for n in layer] + ["head"])
+    assert [(g.name, g.first_unit, g.unit_count) for g in m.glues] == [
+        ("encoder.layers.0", 1, 5), ("encoder.layers.1", 6, 5)]
 
 
 class BiasFreeAttentionLM(torch.nn.Module):

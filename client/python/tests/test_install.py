@@ -24,6 +24,13 @@ def test_pip_install_offline_gives_a_working_tandem_command(tmp_path):
         capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert (target / "tandem" / "v1" / "job_service_pb2_grpc.py").is_file()
+    # The exporter is a package of its own; the version comes from
+    # tandem/__init__.py, its one place.
+    assert (target / "tandem" / "export" / "glue.py").is_file()
+    import tandem
+    dist = list(target.glob("tandem-*.dist-info"))
+    assert [d.name for d in dist] == [
+        "tandem-%s.dist-info" % tandem.__version__]
     script = target / "bin" / "tandem"
     assert script.is_file()
     env = dict(os.environ, PYTHONPATH=str(target))

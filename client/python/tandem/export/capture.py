@@ -1,5 +1,6 @@
-"""Tracing with torch.fx: through standard modules, making a unit that FX cannot
-trace inside a leaf and a container above units that it cannot trace glue."""
+"""Tracing with torch.fx, through standard modules: a unit that FX cannot
+trace inside becomes a leaf, a container above units that it cannot trace
+becomes glue."""
 
 import dis
 import functools

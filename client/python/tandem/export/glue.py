@@ -1,5 +1,5 @@
-"""Glue (proto/tandem/v1/archive.proto, ArchiveGlue): a container torch.fx cannot
-capture, scripted whole with its units replaced by stubs that call
+"""Glue (proto/tandem/v1/archive.proto, ArchiveGlue): a container torch.fx
+cannot capture, scripted whole with its units replaced by stubs that call
 tandem::call_unit, so that the units stay units."""
 
 import collections

@@ -44,7 +44,7 @@ depends=$(dpkg-deb -f "$deb" Depends)
 for lib in libgrpc++ libprotobuf libsqlite3; do
   grep -q "$lib" <<<"$depends" || { echo "FAIL: $deb depends on no $lib: $depends"; exit 1; }
 done
-version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$SRC/client/python/pyproject.toml")
+version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$SRC/client/python/tandem/__init__.py")
 [ "$(dpkg-deb -f "$deb" Version)" = "$version" ] ||
   { echo "FAIL: package version $(dpkg-deb -f "$deb" Version), client $version"; exit 1; }
 echo "ok: ${#BINARIES[@]} binaries installed and packaged ($(basename "$deb"))"

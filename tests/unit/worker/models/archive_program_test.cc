@@ -550,7 +550,10 @@ TEST(ArchiveProgramTest, ValueWithoutGradientToLoss_BoundaryNeverFires) {
   EXPECT_THAT(s.message(), HasSubstr("unused"));
 }
 
-TEST(ArchiveProgramTest, NodeReadingNoGradient_RefusedWithItsName) {
+// A node with params that reads only the batch (b), after another (a): its
+// backward is ordered by its params' gradients (worker/README.md, "Glue";
+// executor_test's GradientlessNodeTest checks the numbers).
+TEST(ArchiveProgramTest, NodeReadingNoGradient_Runs) {
   Program p = TwoNodeProgram();
   p.params.push_back(p.params[1]);
   p.params[2].name = "u";
@@ -569,9 +572,7 @@ TEST(ArchiveProgramTest, NodeReadingNoGradient_RefusedWithItsName) {
        [](absl::Span<const at::Tensor> in, absl::Span<const at::Tensor> w) {
          return std::vector<at::Tensor>{at::matmul(in[0] + in[1], w[0]).sum()};
        }});
-  EXPECT_THAT(RunOneStep(p).message(),
-              HasSubstr("node 'b' has params but reads no value that carries "
-                        "a gradient"));
+  EXPECT_TRUE(RunOneStep(p).ok()) << RunOneStep(p);
 }
 
 TEST(ArchiveProgramTest, BrokenFlow_DeriveGraphNamesNodeAndValue) {

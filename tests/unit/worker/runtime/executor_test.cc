@@ -494,6 +494,96 @@ TEST(GlueTest, BadGlues_RefusedByTheFlowCheck) {
                                  "earlier node"));
 }
 
+// A lookup table indexed by the tokens, of vocab x d_model, initialized
+// deterministically: what the tests below add as a position embedding.
+int32_t AddLookupParam(Program& p, const std::string& unit) {
+  const ProgramParam& embed = p.params[p.nodes[0].param_ids[0]];
+  ProgramParam param;
+  param.name = "pos.weight";
+  param.export_name = param.name;
+  param.shape = embed.shape;
+  param.unit = unit;
+  param.init = [](float* data, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) data[i] = 0.02f * std::sin(0.37 * i);
+  };
+  p.params.push_back(std::move(param));
+  return static_cast<int32_t>(p.params.size() - 1);
+}
+
+// A node after the first that reads no gradient-carrying value (a position
+// embedding reading only the tokens, as RoBERTa's does when a glue calls it
+// after the token embedding) has a backward nothing orders against the
+// nodes before it; the executor counts its params' gradients into the
+// boundary before it (worker/README.md, "Glue"). As a node of its own, it
+// trains exactly as the same lookup folded into the embedding node, at
+// world 2, on demand and with prefetched gathers.
+TEST(GradientlessNodeTest, OwnNode_TrainsAsTheLookupFoldedIntoTheEmbedding) {
+  const ProgramEdit own = [](Program& p) {
+    const int32_t id = AddLookupParam(p, "pos");
+    ProgramNode pos;
+    pos.name = "pos";
+    pos.param_ids = {id};
+    pos.inputs = {"tokens"};
+    pos.outputs = {"pos.out"};
+    pos.forward = [](absl::Span<const at::Tensor> in,
+                     absl::Span<const at::Tensor> params) {
+      return std::vector<at::Tensor>{at::embedding(params[0], in[0])};
+    };
+    ProgramNode& layer = p.nodes[1];
+    layer.inputs.push_back("pos.out");
+    layer.forward = [inner = layer.forward](
+                        absl::Span<const at::Tensor> in,
+                        absl::Span<const at::Tensor> params) {
+      std::vector<at::Tensor> args(in.begin(), in.end() - 1);
+      args[0] = args[0] + in.back();
+      return inner(args, params);
+    };
+    p.nodes.insert(p.nodes.begin() + 1, std::move(pos));
+  };
+  const ProgramEdit folded = [](Program& p) {
+    const int32_t id = AddLookupParam(p, p.nodes[0].name);
+    ProgramNode& embed = p.nodes[0];
+    embed.param_ids.push_back(id);
+    embed.forward = [inner = embed.forward](
+                        absl::Span<const at::Tensor> in,
+                        absl::Span<const at::Tensor> params) {
+      std::vector<at::Tensor> out =
+          inner(in, params.subspan(0, params.size() - 1));
+      out[0] = out[0] + at::embedding(params.back(), in[0]);
+      return out;
+    };
+  };
+  const ModelConfig model = TestModel(2, kMicroBatch);
+  for (const auto& [label, schedule] :
+       std::vector<std::pair<std::string, ScheduleMaker>>{
+           {"on demand", [](const Graph& g) { return OnDemand(g); }},
+           {"prefetch", [](const Graph& g) { return Prefetch(g); }}}) {
+    const ShardedRun a =
+        TrainSharded(2, kSteps, schedule, nullptr, &model, own);
+    const ShardedRun b =
+        TrainSharded(2, kSteps, schedule, nullptr, &model, folded);
+    ASSERT_EQ(a.params.size(), b.params.size()) << label;
+    for (int step = 0; step < kSteps; ++step) {
+      EXPECT_NEAR(a.losses[0][step], b.losses[0][step],
+                  kTolerance * std::abs(b.losses[0][step]))
+          << label << " step " << step;
+    }
+    for (size_t i = 0; i < a.params.size(); ++i) {
+      EXPECT_LT(RelativeError(a.params[i], b.params[i]), kTolerance)
+          << label << " param " << i;
+    }
+    // The lookup trained: its gradient reached the optimizer.
+    absl::StatusOr<Program> init = BuildModelProgram(model, kSeed);
+    ASSERT_TRUE(init.ok());
+    const int32_t pos = static_cast<int32_t>(a.params.size() - 1);
+    at::Tensor start = at::empty(a.params[pos].sizes());
+    Program with = *init;
+    AddLookupParam(with, "pos");
+    with.params[pos].init(start.data_ptr<float>(), start.numel());
+    EXPECT_GT(RelativeError(a.params[pos], start), 1e-3) << label;
+  }
+}
+
 // Schedules from the coordinator's planner, every policy: the executor runs
 // whatever valid plan it is given (unit groups, kept-gathered groups,
 // persistent sets, fused gathers) with the same numerics.

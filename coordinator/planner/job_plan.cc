@@ -197,22 +197,6 @@ std::string DescribeHardware(const HardwareModel& hw) {
 namespace {
 
 // What an archive needs on each rank before any schedule choice, by parts.
-struct ArchiveBound {
-  // Every param's fp32 shard.
-  int64_t shards = 0;
-  // The largest unit's params gathered whole (each unit's params are
-  // gathered for its forward under any schedule).
-  int64_t largest_unit = 0;
-  // What the forward saves for backward at the job's batch (the manifest's
-  // saved_activation_bytes scaled from the example's shape; 0 when the
-  // archive does not say, under activation checkpointing, or when the
-  // job's shapes are not known at submit).
-  int64_t activations = 0;
-  // At the end of a forward every shard and every saved activation is
-  // alive; during a unit's forward, its params gathered whole.
-  int64_t total() const { return shards + std::max(largest_unit, activations); }
-};
-
 // How the saved activations scale from the example batch to the job's: in
 // proportion to the micro-batch, and along a token input's sequence in
 // proportion to a longer one (at least linear) and to the square of a
@@ -247,36 +231,98 @@ std::optional<double> ActivationScale(const v1::JobSpec& spec,
   return scale;
 }
 
-// Nullopt when the archive does not read (ValidateJobSpec reports that).
-std::optional<ArchiveBound> ArchiveMemoryLowerBound(const v1::JobSpec& spec) {
-  absl::StatusOr<v1::ArchiveManifest> manifest =
-      ReadArchiveManifest(spec.model().path());
-  if (!manifest.ok()) return std::nullopt;
-  const int64_t world = std::max(1, spec.parallel().world_size());
-  std::map<std::string, int64_t> numel;
-  ArchiveBound bound;
-  for (const v1::ArchiveParam& p : manifest->params()) {
-    int64_t n = 1;
-    for (int64_t d : p.shape()) n *= std::max<int64_t>(d, 0);
-    numel[p.name()] = n;
-    bound.shards += (n + world - 1) / world * int64_t{sizeof(float)};
+// The iteration graph an archive's workers derive (worker/runtime/
+// program.h, DeriveGraph: params in manifest order, per micro-batch each
+// unit a forward node and, in reverse, its backward twin, then the
+// optimizer), for the memory model at submit. Each forward node keeps what
+// its unit saves for backward (ArchiveUnit.saved_activation_bytes, or the
+// manifest's total spread evenly over the units in archives written before
+// the exporter measured it per unit) scaled to the job's batch; none under
+// activation checkpointing (every unit but the last recomputes) or when the
+// job's shapes are not known at submit. Workspace is not known: 0, so the
+// peak stays a lower bound. `activations` is what the forward nodes keep,
+// summed over one micro-batch.
+struct ArchiveGraph {
+  Graph graph;
+  int64_t activations = 0;
+};
+
+ArchiveGraph BuildArchiveGraph(const v1::JobSpec& spec,
+                               const v1::ArchiveManifest& m) {
+  ArchiveGraph out;
+  Graph& g = out.graph;
+  g.name = m.name();
+  g.world_size = std::max(1, spec.parallel().world_size());
+  g.micro_batches = std::max(1, spec.batch().grad_accum());
+  g.tokens_per_micro_batch =
+      int64_t{spec.batch().micro_batch()} * std::max(1, spec.batch().seq_len());
+  const DType dtype =
+      spec.model().dtype() == v1::DTYPE_BF16 ? DType::kBF16 : DType::kF32;
+  if (dtype == DType::kBF16 && spec.train().reduce_dtype() == v1::DTYPE_F32) {
+    g.reduce_dtype = DType::kF32;
   }
-  for (const v1::ArchiveUnit& u : manifest->units()) {
-    int64_t bytes = 0;
-    for (const std::string& name : u.params()) {
-      auto it = numel.find(name);
-      if (it != numel.end()) bytes += it->second * int64_t{sizeof(float)};
+  std::map<std::string, int32_t> ids;
+  for (const v1::ArchiveParam& p : m.params()) {
+    Param param;
+    param.id = static_cast<int32_t>(g.params.size());
+    param.name = p.name();
+    for (int64_t d : p.shape()) param.shape.push_back(std::max<int64_t>(d, 0));
+    param.dtype = dtype;
+    param.unit = p.units().empty() ? std::string() : p.units(0);
+    param.trainable = p.requires_grad();
+    ids[p.name()] = param.id;
+    g.params.push_back(std::move(param));
+  }
+  const bool checkpointing = spec.model().activation_checkpointing();
+  const std::optional<double> scale = ActivationScale(spec, m);
+  bool per_unit = false;
+  for (const v1::ArchiveUnit& u : m.units()) {
+    per_unit = per_unit || u.saved_activation_bytes() > 0;
+  }
+  const int n = m.units_size();
+  std::vector<int64_t> saved(n, 0);
+  for (int i = 0; i < n && scale.has_value(); ++i) {
+    if (checkpointing && i + 1 < n) continue;
+    const double bytes =
+        per_unit ? static_cast<double>(m.units(i).saved_activation_bytes())
+                 : static_cast<double>(m.saved_activation_bytes()) / n;
+    saved[i] = static_cast<int64_t>(bytes * *scale);
+    out.activations += saved[i];
+  }
+  auto add_node = [&](std::string name, Phase phase, int32_t mb) -> Node& {
+    Node node;
+    node.id = static_cast<int32_t>(g.nodes.size());
+    node.name = std::move(name);
+    node.phase = phase;
+    node.micro_batch = mb;
+    g.nodes.push_back(std::move(node));
+    return g.nodes.back();
+  };
+  for (int32_t k = 0; k < g.micro_batches; ++k) {
+    const std::string prefix =
+        g.micro_batches > 1 ? absl::StrCat("mb", k, ".") : std::string();
+    std::vector<int32_t> forward_ids;
+    std::vector<std::vector<int32_t>> params(n);
+    for (int i = 0; i < n; ++i) {
+      for (const std::string& name : m.units(i).params()) {
+        auto it = ids.find(name);
+        if (it != ids.end()) params[i].push_back(it->second);
+      }
+      Node& f = add_node(prefix + m.units(i).name(), Phase::kForward, k);
+      f.param_ids = params[i];
+      f.activation_bytes = saved[i];
+      forward_ids.push_back(f.id);
     }
-    bound.largest_unit = std::max(bound.largest_unit, bytes);
-  }
-  if (manifest->saved_activation_bytes() > 0 &&
-      !spec.model().activation_checkpointing()) {
-    if (std::optional<double> scale = ActivationScale(spec, *manifest)) {
-      bound.activations = static_cast<int64_t>(
-          static_cast<double>(manifest->saved_activation_bytes()) * *scale);
+    for (int i = n; i-- > 0;) {
+      Node& b = add_node(absl::StrCat(prefix, m.units(i).name(), ".bwd"),
+                         Phase::kBackward, k);
+      b.forward_id = forward_ids[i];
+      b.recompute = checkpointing && i + 1 < n;
+      b.param_ids = params[i];
     }
   }
-  return bound;
+  add_node("optimizer", Phase::kOptimizer, 0);
+  return out;
 }
 
 }  // namespace
@@ -285,32 +331,36 @@ absl::Status CheckBudgetFits(const v1::JobSpec& spec) {
   const int64_t budget = spec.memory().budget_bytes();
   if (budget <= 0) return absl::OkStatus();
   if (spec.model().kind() == "torchscript") {
-    const std::optional<ArchiveBound> bound = ArchiveMemoryLowerBound(spec);
-    if (!bound.has_value() || bound->total() <= budget) {
-      return absl::OkStatus();
-    }
-    const std::string what =
-        bound->activations > bound->largest_unit
+    // ValidateJobSpec reports an archive that does not read.
+    absl::StatusOr<v1::ArchiveManifest> manifest =
+        ReadArchiveManifest(spec.model().path());
+    if (!manifest.ok()) return absl::OkStatus();
+    const ArchiveGraph archive = BuildArchiveGraph(spec, *manifest);
+    JobHardware hardware = HardwareForJob(spec, {});
+    hardware.hw.host_bytes_per_s = 1e18;
+    absl::StatusOr<int64_t> smallest = SmallestFeasibleBudget(
+        archive.graph, hardware.hw, PlanOptionsFromSpec(spec).mode);
+    if (!smallest.ok() || *smallest <= budget) return absl::OkStatus();
+    const std::string activations =
+        archive.activations > 0
             ? absl::StrCat(
-                  "what the archive's params and activations take on each "
-                  "rank at the end of a forward (every param's shard, ",
-                  FormatBytes(bound->shards),
                   ", plus the activations its forward saves for backward at "
                   "batch.micro_batch ",
                   spec.batch().micro_batch(), ", ",
-                  FormatBytes(bound->activations),
-                  ", as measured at export and scaled to the job's batch)")
-            : absl::StrCat(
-                  "what the archive's params alone take on each rank (every "
-                  "param's shard plus the largest unit's params gathered "
-                  "whole, before any activation)");
+                  FormatBytes(archive.activations),
+                  ", as measured at export and scaled to the job's batch")
+            : std::string();
     return absl::InvalidArgumentError(absl::StrCat(
-        "memory.budget_bytes ", budget, " B is below ",
-        FormatBytes(bound->total()), ", ", what,
-        ": set memory.budget_bytes: ", PasteableBudget(bound->total()),
+        "memory.budget_bytes ", budget, " B is below ", FormatBytes(*smallest),
+        ", the peak of the least-memory schedule (every optimizer state "
+        "offloaded) by the memory model on the archive's params (each "
+        "rank's shards and gradient shards, a unit's params gathered whole "
+        "and its gradients)",
+        activations, "; no schedule needs less: set memory.budget_bytes: ",
+        PasteableBudget(*smallest),
         " or more (the first profile measures the rest and names the "
         "smallest budget that fits), ",
-        bound->activations > bound->largest_unit
+        archive.activations > 0 && !spec.model().activation_checkpointing()
             ? "turn on model.activation_checkpointing, "
             : "",
         "or shard over more ranks"));

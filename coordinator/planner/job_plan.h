@@ -32,9 +32,11 @@ PlanOptions PlanOptionsFromSpec(const v1::JobSpec& spec);
 // schedule by the analytic memory model (SmallestFeasibleBudget on the
 // model's graph; the runtime holds more, so no budget that fits is
 // refused), naming the smallest budget that fits as a value to paste. An
-// archive (model.kind torchscript) has no analytic model: the bound is its
-// params' shards plus its largest unit's params gathered whole, from the
-// manifest; the first profile checks the rest (PlanningManager).
+// archive (model.kind torchscript) gets the graph its workers derive, built
+// from its manifest: its params, a node per unit, and what each unit's
+// forward saves for backward (measured at export, scaled to the job's
+// batch); its workspace is not known, so the peak stays a lower bound, and
+// the first profile checks the rest (PlanningManager).
 absl::Status CheckBudgetFits(const v1::JobSpec& spec);
 
 // What one rank said about its device when it registered.

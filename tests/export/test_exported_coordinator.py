@@ -319,10 +319,12 @@ def test_archive_budget_below_its_params_refused_at_submit(tmp_path, coordinator
 
 def test_archive_budget_below_its_activations_refused_at_submit(
         tmp_path, coordinator):
-    """The archive records what its forward saves for backward on the
-    example batch; the coordinator scales it to the job's micro-batch and
-    refuses, at submit, a budget that holds the params but not the
-    activations, naming one that does and the knob that saves them."""
+    """The archive records what each unit's forward saves for backward on
+    the example batch; the coordinator scales it to the job's micro-batch,
+    builds the graph the workers derive and refuses, at submit, a budget
+    below the peak of its least-memory schedule by the memory model (which
+    the workers' memory guard uses too), naming one that fits and the knob
+    that saves the activations."""
     gpt = numerics.load_model("gpt")
     module, batch = gpt.build()
     archive = str(tmp_path / "gpt.tandem")
@@ -353,13 +355,29 @@ def test_archive_budget_below_its_activations_refused_at_submit(
         assert "model.activation_checkpointing" in message, message
         named = int(re.search(r"set memory.budget_bytes: (\d+)MiB",
                               message).group(1)) << 20
-        assert named >= shards + activations, (named, shards, activations)
-        # The budget it names is accepted; so is the same budget halved
-        # with activation checkpointing, which saves no block's internals.
+        smallest = int(re.search(r"is below [^(]*\((\d+) B\)",
+                                 message).group(1))
+        # The memory model's least-memory peak holds the shards, a unit
+        # gathered and the activations at least.
+        assert smallest >= shards + activations, (smallest, shards,
+                                                  activations)
+        assert named >= smallest
+        # The budget it names is accepted, and so is exactly the peak.
         spec["memory"] = {"budget_bytes": named}
         client.submit(spec)
-        spec["memory"] = {"budget_bytes": budget}
+        spec["memory"] = {"budget_bytes": smallest}
+        client.submit(spec)
+        # Activation checkpointing saves no block's internals: the smallest
+        # budget is lower, and accepted.
         spec["model"]["activation_checkpointing"] = True
+        spec["memory"] = {"budget_bytes": budget}
+        with pytest.raises(tandem.TandemError) as e:
+            client.submit(spec)
+        checkpointed = int(re.search(r"is below [^(]*\((\d+) B\)",
+                                     str(e.value)).group(1))
+        assert checkpointed < smallest, (checkpointed, smallest)
+        assert "model.activation_checkpointing" not in str(e.value)
+        spec["memory"] = {"budget_bytes": checkpointed}
         client.submit(spec)
 
 

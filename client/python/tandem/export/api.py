@@ -204,7 +204,10 @@ def export(module, example_batch, loss=None, wrap=None, path=None, name=None,
     archive = Archive(manifest, entries,
                       weights={n: t.detach() for n, t in weights})
     _verify(archive, batch, ref_loss, ref_grads, checks)
-    manifest.saved_activation_bytes = _saved_activation_bytes(archive, batch)
+    total, per_unit = _saved_activation_bytes(archive, batch)
+    manifest.saved_activation_bytes = total
+    for u, saved in zip(manifest.units, per_unit):
+        u.saved_activation_bytes = saved
     for dtype, tolerances in _PRECISION_CHECKS.items():
         manifest.precision_checks.add(
             dtype=_dtype_name(dtype),

@@ -153,13 +153,15 @@ def load_archive(path):
     return Archive(manifest, raw, path=path)
 
 
-def run_archive(archive, batch, params=None, buffers=None):
+def run_archive(archive, batch, params=None, buffers=None, on_unit=None):
     """Runs an archive's units in order on ``batch`` ({input name: tensor})
     and returns the loss. ``params`` / ``buffers`` ({name: tensor}) replace
     the initial weights (pass params with requires_grad=True to take
     gradients through the units); by default the archive's own, with
     requires_grad as in the manifest. Leaf units get their params bound by
-    setattr, the others take them as arguments."""
+    setattr, the others take them as arguments. Glues run their units
+    through tandem::call_unit, each once, in order. ``on_unit(k)``, when
+    given, is called as unit k starts."""
     m = archive.manifest
     weights = None
     if params is None or buffers is None:
@@ -176,7 +178,10 @@ def run_archive(archive, batch, params=None, buffers=None):
                                "%s)" % (inp.name,
                                         ", ".join(i.name for i in m.inputs)))
         values[inp.name] = batch[inp.name]
-    def run_unit(unit, args):
+    def run_unit(k, args):
+        unit = m.units[k]
+        if on_unit is not None:
+            on_unit(k)
         mod = archive.unit_module(unit)
         if unit.leaf:
             for n in list(unit.params) + list(unit.buffers):
@@ -202,7 +207,7 @@ def run_archive(archive, batch, params=None, buffers=None):
         g = glue_at.get(i)
         if g is None:
             unit = m.units[i]
-            out = run_unit(unit, [values[v] for v in unit.inputs])
+            out = run_unit(i, [values[v] for v in unit.inputs])
             for name, v in zip(unit.outputs, out):
                 values[name] = v
             i += 1
@@ -217,7 +222,7 @@ def run_archive(archive, batch, params=None, buffers=None):
                     "glue %s called unit %d where unit %d was next" %
                     (g.name, k, expected[0]))
             expected[0] += 1
-            return run_unit(m.units[k], inputs)
+            return run_unit(k, inputs)
 
         outer = getattr(_glue_serving, "call", None)
         _glue_serving.call = call

@@ -122,11 +122,12 @@ def _verify(archive, batch, ref_loss, ref_grads, checks):
 
 
 def _saved_activation_bytes(archive, batch):
-    """The bytes the archive's units save for backward on ``batch``: every
-    tensor autograd keeps from the forward to the backward, each storage
-    counted once, the params, buffers and batch excluded. What a rank holds
-    at the end of its forward, beyond its weights, when it runs the units
-    at this batch's shape (no activation checkpointing)."""
+    """(total, [per unit]): the bytes the archive's units save for backward
+    on ``batch``: every tensor autograd keeps from the forward to the
+    backward, each storage counted once (for the unit that saved it first),
+    the params, buffers and batch excluded. What a rank holds at the end of
+    its forward, beyond its weights, when it runs the units at this batch's
+    shape (no activation checkpointing)."""
     params = {p.name: archive.weights()[p.name].clone().requires_grad_(
         p.requires_grad) for p in archive.manifest.params}
     buffers = {b.name: archive.weights()[b.name]
@@ -134,21 +135,29 @@ def _saved_activation_bytes(archive, batch):
     owned = {t.storage().data_ptr()
              for t in list(params.values()) + list(buffers.values()) +
              list(batch.values()) if t.numel() > 0}
-    saved = {}
+    saved = {}      # storage -> (bytes, the unit that saved it first)
+    unit = [0]      # the unit running (run_archive's on_unit)
 
     def pack(t):
         if t.numel() > 0:
             s = t.storage()
             ptr = s.data_ptr()
             if ptr not in owned:
-                saved[ptr] = max(saved.get(ptr, 0),
-                                 s.size() * t.element_size())
+                size, by = saved.get(ptr, (0, unit[0]))
+                saved[ptr] = (max(size, s.size() * t.element_size()), by)
         return t
+
+    def on_unit(k):
+        unit[0] = k
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
             _seeded():
-        run_archive(archive, batch, params=params, buffers=buffers)
-    return sum(saved.values())
+        run_archive(archive, batch, params=params, buffers=buffers,
+                    on_unit=on_unit)
+    per_unit = [0] * len(archive.manifest.units)
+    for size, by in saved.values():
+        per_unit[by] += size
+    return sum(per_unit), per_unit
 
 
 def _cast_floating(t, dtype):

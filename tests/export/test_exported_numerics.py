@@ -91,21 +91,33 @@ def tensors_global_batch(arrays, step, global_size=GLOBAL_BATCH):
     return {name: a[rows] for name, a in arrays.items()}
 
 
-def reference(module, tokens, steps=STEPS, batch_of=global_batch):
+def reference(module, tokens, steps=STEPS, batch_of=global_batch, ranks=1):
     """PyTorch eager: one process, the whole global batch, AdamW.
     batch_of(tokens, step) is the step's global batch (default: sequences
-    of the token file; tensors_global_batch for a `tensors` file)."""
+    of the token file; tensors_global_batch for a `tensors` file).
+    ranks > 1: as data parallelism computes it, each step's global batch
+    cut into `ranks` contiguous slices, the module run on each slice alone
+    and the mean of their losses back-propagated. For a module whose forward
+    depends on the whole batch (BatchNorm's batch statistics) that is what
+    DDP and FSDP train; for any other it is the same up to fp32 rounding."""
     params = [p for p in module.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS,
                             weight_decay=WD)
     losses = []
     for step in range(steps):
         opt.zero_grad()
-        loss = module(**batch_of(tokens, step))
-        loss.backward()
+        batch = batch_of(tokens, step)
+        per = GLOBAL_BATCH // ranks
+        total = 0.0
+        for r in range(ranks):
+            part = batch if ranks == 1 else {
+                n: t[r * per:(r + 1) * per] for n, t in batch.items()}
+            loss = module(**part) / ranks
+            loss.backward()
+            total += loss.item()
         torch.nn.utils.clip_grad_norm_(params, CLIP)
         opt.step()
-        losses.append(loss.item())
+        losses.append(total)
     return losses, {n: p.detach().clone() for n, p in module.named_parameters()}
 
 

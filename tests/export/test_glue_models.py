@@ -15,8 +15,7 @@ import os
 import pytest
 import torch
 
-from test_exported_numerics import (BETAS, CLIP, EPS, GLOBAL_BATCH, LR,
-                                    STEPS, WD, WORKER, assert_no_dropout,
+from test_exported_numerics import (WORKER, assert_no_dropout,
                                     check_matches, check_token_model,
                                     export_model, final_params, key_biases,
                                     load_model, reference, tandem,
@@ -89,34 +88,6 @@ THIRD_PARTY = {
 }
 
 
-def per_rank_reference(module, arrays, world, steps=STEPS):
-    """PyTorch eager as data parallelism computes it: each step's global
-    batch cut into `world` contiguous slices, the module run on each slice
-    alone, the mean of their losses back-propagated, AdamW and clipping as
-    in `reference`. For a module whose forward depends on the whole batch
-    (BatchNorm's batch statistics: the Conformer's convolution module), this
-    is what DDP and FSDP train; for any other it is `reference` up to fp32
-    rounding."""
-    params = [p for p in module.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS,
-                            weight_decay=WD)
-    losses = []
-    for step in range(steps):
-        opt.zero_grad()
-        batch = tensors_global_batch(arrays, step)
-        per = GLOBAL_BATCH // world
-        total = 0.0
-        for r in range(world):
-            part = {n: t[r * per:(r + 1) * per] for n, t in batch.items()}
-            loss = module(**part) / world
-            loss.backward()
-            total += loss.item()
-        torch.nn.utils.clip_grad_norm_(params, CLIP)
-        opt.step()
-        losses.append(total)
-    return losses, {n: p.detach().clone() for n, p in module.named_parameters()}
-
-
 def normalized_away(module):
     """{param: all of it} for every bias right before a BatchNorm (the
     Conformer's depthwise convolution): the normalization removes it, so its
@@ -186,12 +157,13 @@ def test_third_party_model_matches_pytorch_eager(tmp_path, third_party):
         tandem.export.write_safetensors(list(arrays.items()), f)
     module, _ = mod.build()
     assert_no_dropout(module)
-    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
-           for m in module.modules()):
-        ref_losses, ref_params = per_rank_reference(module, arrays, 2)
-    else:
-        ref_losses, ref_params = reference(module, arrays,
-                                           batch_of=tensors_global_batch)
+    # BatchNorm (the Conformer's) normalizes over each rank's slice, as DDP
+    # and FSDP do: the reference runs the slices apart.
+    batch_norm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+                     for m in module.modules())
+    ref_losses, ref_params = reference(module, arrays,
+                                       batch_of=tensors_global_batch,
+                                       ranks=2 if batch_norm else 1)
     losses, ckpt = train(
         tmp_path, archive, None, None, 2,
         spec_text=lambda ckpt: tensors_spec_yaml(archive, data, 2, ckpt))

@@ -120,7 +120,7 @@ mv "$PROM_DIR/targets/workers.json.tmp" "$PROM_DIR/targets/workers.json"
 status=0
 tandem_cli watch "$JOB" || status=$?
 echo
-tandem_cli status "$JOB" | sed -n '1,200p' | grep -E "schedule|state|drift|replan|rollback|bought" || true
+tandem_cli status "$JOB" | sed -n '1,200p' | grep -E "^(model|batch) |schedule|state|drift|replan|rollback|bought" || true
 echo
 tandem_cli schedule "$JOB" > "$WORK/schedule.txt" || true
 # The first plan, for its own prediction error (a later version may be a

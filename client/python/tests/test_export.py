@@ -1023,6 +1023,21 @@ def test_export_glueCallingALayerTwice_saysSoAndTheFixWorks():
                   dynamic_dims={"x": [0], "lengths": [0]})
 
 
+def test_export_glueStub_refusesNoneWhereItCapturedATensor(tmp_path):
+    """Stack passes its layers a mask; a glue that passed None instead
+    fails the run naming the unit and the argument, rather than handing
+    the unit an undefined tensor."""
+    torch.manual_seed(0)
+    tandem.export(StackModel(), stack_batch(), path=tmp_path / "m.tandem",
+                  dynamic_dims={"x": [0], "lengths": [0]})
+    archive = tandem.load_archive(tmp_path / "m.tandem")
+    glue = archive.glue_module(0)
+    stub = getattr(glue.layers, "0")
+    with pytest.raises(Exception, match="exported with a tensor for mask; "
+                       "this call passes None"):
+        stub(torch.zeros(3, 6, 8), None)
+
+
 def test_export_glueStub_refusesAnotherConstantThanCaptured(tmp_path):
     """What was not a tensor at capture is a constant of the unit: a glue
     that passes another value fails the run naming it, rather than

@@ -6,6 +6,7 @@ import collections
 import copy
 import inspect
 import threading
+import typing
 import warnings
 
 import torch
@@ -202,6 +203,15 @@ def _call_stub(module, path, index, arguments, result, unit_name):
         found = _tensor_paths(v, p.name, [], "argument %r of %r" %
                               (p.name, unit_name))
         passed.extend(e for e, _ in found)
+        if isinstance(v, torch.Tensor) and _optional(p.annotation):
+            # A tensor at capture: the unit takes it; None would reach the
+            # unit as an undefined tensor.
+            checks.append(
+                "        if %s is None:\n"
+                "            raise RuntimeError(%r)\n" %
+                (p.name, "tandem: unit %s was exported with a tensor for "
+                 "%s; this call passes None. Export with an example batch "
+                 "that takes this path" % (unit_name, p.name)))
         if not found:
             msg = ("tandem: unit %s was exported with %s=%r; this call "
                    "passes another value. Export with an example batch that "
@@ -241,6 +251,13 @@ def _call_stub(module, path, index, arguments, result, unit_name):
     stub = stub_cls.__new__(stub_cls)
     stub.__dict__.update(_hollow(module).__dict__)
     return stub, [t for _, t in outs]
+
+
+def _optional(annotation):
+    """Whether an annotation admits None (Optional[...], a Union with
+    None)."""
+    return (typing.get_origin(annotation) is typing.Union and
+            type(None) in typing.get_args(annotation))
 
 
 def _unit_adapter(module, unit_name, arguments, result):

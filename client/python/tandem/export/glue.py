@@ -165,9 +165,9 @@ def _hollow(m):
     return obj
 
 
-def _call_stub(module, path, index, arguments, result, unit_name):
-    """The stand-in glue code calls for the unit at ``path`` (its index in
-    the archive ``index``): an instance of a subclass of the module's class,
+def _call_stub(module, index, arguments, result, unit_name):
+    """The stand-in glue code calls for ``module`` (unit ``index`` of
+    the archive): an instance of a subclass of the module's class,
     hollow (_hollow), whose forward has the module's signature and calls
     tandem::call_unit with the arguments that were tensors at capture. The
     others were captured as constants and must not change; the result is
@@ -250,7 +250,7 @@ def _call_stub(module, path, index, arguments, result, unit_name):
     fwd.__kwdefaults__ = f.__kwdefaults__
     stub = stub_cls.__new__(stub_cls)
     stub.__dict__.update(_hollow(module).__dict__)
-    return stub, [t for _, t in outs]
+    return stub
 
 
 def _optional(annotation):
@@ -300,7 +300,6 @@ class _Glue:
         self.first = 0
         self.count = 0
         self.file = ""
-        self.module = None      # the scripted glue
 
 
 def _expand_glues(units, glues, recorder, root, root_params, root_buffers):
@@ -356,8 +355,8 @@ def _script_glue(g, root, units, values):
     for k in range(g.first, g.first + g.count):
         cu = units[k]
         module = root.get_submodule(cu.key)
-        stubs[cu.key], _ = _call_stub(module, cu.key, k, cu.arguments,
-                                      cu.result, cu.name)
+        stubs[cu.key] = _call_stub(module, k, cu.arguments, cu.result,
+                                   cu.name)
         adapter, ins = _unit_adapter(module, cu.name, cu.arguments,
                                      cu.result)
         scripted = _script(adapter, "unit %r (%s), called by glue %r" %
@@ -409,6 +408,5 @@ def _script_glue(g, root, units, values):
         raise ExportError("glue %r: its TorchScript module computes other "
                           "values than the module on the example batch" %
                           u.name)
-    g.module = scripted
     entries[g.file] = _jit_bytes(scripted)
     return entries

@@ -3,6 +3,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 
 namespace tandem {
 
@@ -208,6 +213,39 @@ bool Graph::operator==(const Graph& other) const {
          tokens_per_micro_batch == other.tokens_per_micro_batch &&
          reduce_dtype == other.reduce_dtype && params == other.params &&
          nodes == other.nodes;
+}
+
+void AppendIterationNodes(const std::vector<IterationUnit>& units,
+                          Graph& graph) {
+  auto add_node = [&graph](std::string name, Phase phase, int32_t mb) -> Node& {
+    Node n;
+    n.id = static_cast<int32_t>(graph.nodes.size());
+    n.name = std::move(name);
+    n.phase = phase;
+    n.micro_batch = mb;
+    graph.nodes.push_back(std::move(n));
+    return graph.nodes.back();
+  };
+  const int32_t micro_batches = std::max(graph.micro_batches, 1);
+  std::vector<int32_t> forward_ids(units.size());
+  for (int32_t k = 0; k < micro_batches; ++k) {
+    const std::string prefix =
+        micro_batches > 1 ? absl::StrCat("mb", k, ".") : std::string();
+    for (size_t i = 0; i < units.size(); ++i) {
+      Node& n = add_node(prefix + units[i].name, Phase::kForward, k);
+      n.param_ids = units[i].param_ids;
+      n.activation_bytes = units[i].activation_bytes;
+      forward_ids[i] = n.id;
+    }
+    for (size_t i = units.size(); i-- > 0;) {
+      Node& n = add_node(absl::StrCat(prefix, units[i].name, ".bwd"),
+                         Phase::kBackward, k);
+      n.forward_id = forward_ids[i];
+      n.recompute = units[i].recompute;
+      n.param_ids = units[i].param_ids;
+    }
+  }
+  add_node("optimizer", Phase::kOptimizer, 0);
 }
 
 GraphIndex::GraphIndex(const Graph& graph) {

@@ -131,6 +131,25 @@ struct Graph {
   bool operator!=(const Graph& other) const { return !(*this == other); }
 };
 
+// One unit of a model (a program node, an archive unit) as the iteration
+// graph sees it: the params it uses, whether its backward recomputes it,
+// and what its forward keeps for backward.
+struct IterationUnit {
+  std::string name;
+  std::vector<int32_t> param_ids;
+  bool recompute = false;
+  int64_t activation_bytes = 0;
+};
+
+// Appends one iteration's nodes to `graph` (its params already in place):
+// per micro-batch (graph.micro_batches, at least one), each unit's forward
+// node in order ("mbK." before the name when there are several), then each
+// backward twin ("<name>.bwd") in reverse, then the optimizer. The one
+// skeleton both the worker (DeriveGraph) and the coordinator's submit check
+// of an archive build, so that the two graphs hash alike.
+void AppendIterationNodes(const std::vector<IterationUnit>& units,
+                          Graph& graph);
+
 // Id -> position maps. Positions are indices into Graph::params /
 // Graph::nodes; with duplicate ids the first wins.
 class GraphIndex {

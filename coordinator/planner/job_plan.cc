@@ -232,16 +232,15 @@ std::optional<double> ActivationScale(const v1::JobSpec& spec,
 }
 
 // The iteration graph an archive's workers derive (worker/runtime/
-// program.h, DeriveGraph: params in manifest order, per micro-batch each
-// unit a forward node and, in reverse, its backward twin, then the
-// optimizer), for the memory model at submit. Each forward node keeps what
-// its unit saves for backward (ArchiveUnit.saved_activation_bytes, or the
-// manifest's total spread evenly over the units in archives written before
-// the exporter measured it per unit) scaled to the job's batch; none under
-// activation checkpointing (every unit but the last recomputes) or when the
-// job's shapes are not known at submit. Workspace is not known: 0, so the
-// peak stays a lower bound. `activations` is what the forward nodes keep,
-// summed over one micro-batch.
+// program.h, DeriveGraph: params in manifest order, then the nodes
+// AppendIterationNodes lays out for both), for the memory model at submit. Each
+// forward node keeps what its unit saves for backward
+// (ArchiveUnit.saved_activation_bytes, or the manifest's total spread evenly
+// over the units in archives written before the exporter measured it per unit)
+// scaled to the job's batch; none under activation checkpointing (every unit
+// but the last recomputes) or when the job's shapes are not known at submit.
+// Workspace is not known: 0, so the peak stays a lower bound. `activations` is
+// what the forward nodes keep, summed over one micro-batch.
 struct ArchiveGraph {
   Graph graph;
   int64_t activations = 0;
@@ -289,39 +288,17 @@ ArchiveGraph BuildArchiveGraph(const v1::JobSpec& spec,
     saved[i] = static_cast<int64_t>(bytes * *scale);
     out.activations += saved[i];
   }
-  auto add_node = [&](std::string name, Phase phase, int32_t mb) -> Node& {
-    Node node;
-    node.id = static_cast<int32_t>(g.nodes.size());
-    node.name = std::move(name);
-    node.phase = phase;
-    node.micro_batch = mb;
-    g.nodes.push_back(std::move(node));
-    return g.nodes.back();
-  };
-  for (int32_t k = 0; k < g.micro_batches; ++k) {
-    const std::string prefix =
-        g.micro_batches > 1 ? absl::StrCat("mb", k, ".") : std::string();
-    std::vector<int32_t> forward_ids;
-    std::vector<std::vector<int32_t>> params(n);
-    for (int i = 0; i < n; ++i) {
-      for (const std::string& name : m.units(i).params()) {
-        auto it = ids.find(name);
-        if (it != ids.end()) params[i].push_back(it->second);
-      }
-      Node& f = add_node(prefix + m.units(i).name(), Phase::kForward, k);
-      f.param_ids = params[i];
-      f.activation_bytes = saved[i];
-      forward_ids.push_back(f.id);
+  std::vector<IterationUnit> units(n);
+  for (int i = 0; i < n; ++i) {
+    units[i].name = m.units(i).name();
+    for (const std::string& name : m.units(i).params()) {
+      auto it = ids.find(name);
+      if (it != ids.end()) units[i].param_ids.push_back(it->second);
     }
-    for (int i = n; i-- > 0;) {
-      Node& b = add_node(absl::StrCat(prefix, m.units(i).name(), ".bwd"),
-                         Phase::kBackward, k);
-      b.forward_id = forward_ids[i];
-      b.recompute = checkpointing && i + 1 < n;
-      b.param_ids = params[i];
-    }
+    units[i].recompute = checkpointing && i + 1 < n;
+    units[i].activation_bytes = saved[i];
   }
-  add_node("optimizer", Phase::kOptimizer, 0);
+  AppendIterationNodes(units, g);
   return out;
 }
 

@@ -173,33 +173,13 @@ absl::StatusOr<Graph> DeriveGraph(const Program& program, int32_t world_size,
       }
     }
   }
-  auto add_node = [&](std::string name, Phase phase, int32_t mb) -> Node& {
-    Node n;
-    n.id = static_cast<int32_t>(graph.nodes.size());
-    n.name = std::move(name);
-    n.phase = phase;
-    n.micro_batch = mb;
-    graph.nodes.push_back(std::move(n));
-    return graph.nodes.back();
-  };
-  for (int32_t k = 0; k < micro_batches; ++k) {
-    const std::string prefix =
-        micro_batches > 1 ? absl::StrCat("mb", k, ".") : std::string();
-    std::vector<int32_t> forward_ids;
-    for (const ProgramNode& node : program.nodes) {
-      Node& n = add_node(prefix + node.name, Phase::kForward, k);
-      n.param_ids = node.param_ids;
-      forward_ids.push_back(n.id);
-    }
-    for (size_t i = program.nodes.size(); i-- > 0;) {
-      Node& n = add_node(absl::StrCat(prefix, program.nodes[i].name, ".bwd"),
-                         Phase::kBackward, k);
-      n.forward_id = forward_ids[i];
-      n.recompute = program.nodes[i].recompute;
-      n.param_ids = program.nodes[i].param_ids;
-    }
+  std::vector<IterationUnit> units(program.nodes.size());
+  for (size_t i = 0; i < program.nodes.size(); ++i) {
+    units[i].name = program.nodes[i].name;
+    units[i].param_ids = program.nodes[i].param_ids;
+    units[i].recompute = program.nodes[i].recompute;
   }
-  add_node("optimizer", Phase::kOptimizer, 0);
+  AppendIterationNodes(units, graph);
   return graph;
 }
 

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "tests/unit/common/test_graphs.h"
 
@@ -159,6 +161,47 @@ TEST(GraphIndexTest, Positions_MatchVectorOrder) {
   EXPECT_EQ(index.NodePos(0), -1);
   EXPECT_EQ(index.ParamPos(2), 2);
   EXPECT_EQ(index.ParamPos(-1), -1);
+}
+
+// The skeleton the worker and the coordinator both lay out: the same
+// nodes as TwoLayerGraph's (names, phases, params, twins), so the same hash.
+TEST(GraphTest, AppendIterationNodes_IsTheIterationSkeleton) {
+  const Graph want = TwoLayerGraph();
+  Graph g = want;
+  g.nodes.clear();
+  AppendIterationNodes({{"embed", {0}, false, 4096},
+                        {"layers.0", {1, 2}, false, 8192},
+                        {"layers.1", {3}, false, 0},
+                        {"loss", {}, false, 0}},
+                       g);
+  ASSERT_EQ(g.nodes.size(), want.nodes.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    SCOPED_TRACE(want.nodes[i].name);
+    EXPECT_EQ(g.nodes[i].id, want.nodes[i].id);
+    EXPECT_EQ(g.nodes[i].name, want.nodes[i].name);
+    EXPECT_EQ(g.nodes[i].phase, want.nodes[i].phase);
+    EXPECT_EQ(g.nodes[i].forward_id, want.nodes[i].forward_id);
+    EXPECT_EQ(g.nodes[i].param_ids, want.nodes[i].param_ids);
+  }
+  EXPECT_EQ(g.StructuralHash(), want.StructuralHash());
+  EXPECT_EQ(g.nodes[1].activation_bytes, 8192);
+  EXPECT_EQ(g.nodes[6].activation_bytes, 0);  // layers.0.bwd
+
+  // Two micro-batches, the first unit recomputed: mbK. prefixes, each
+  // micro-batch's twins pointing at its own forward nodes, one optimizer.
+  Graph two;
+  two.micro_batches = 2;
+  AppendIterationNodes({{"a", {0}, true, 10}, {"b", {}, false, 20}}, two);
+  std::vector<std::string> names;
+  for (const Node& n : two.nodes) names.push_back(n.name);
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "mb0.a", "mb0.b", "mb0.b.bwd", "mb0.a.bwd", "mb1.a",
+                       "mb1.b", "mb1.b.bwd", "mb1.a.bwd", "optimizer"}));
+  EXPECT_EQ(two.nodes[7].forward_id, 4);
+  EXPECT_EQ(two.nodes[7].micro_batch, 1);
+  EXPECT_TRUE(two.nodes[7].recompute);
+  EXPECT_FALSE(two.nodes[6].recompute);
+  EXPECT_EQ(two.nodes[8].phase, Phase::kOptimizer);
 }
 
 }  // namespace

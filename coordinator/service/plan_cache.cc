@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
+#include "absl/algorithm/container.h"
+#include "absl/strings/match.h"
 #include "coordinator/service/plan_decision.h"
 #include "google/protobuf/util/message_differencer.h"
 
@@ -60,13 +63,20 @@ std::optional<CachedPlan> FindCachedPlan(
     absl::StatusOr<std::vector<StoredSchedule>> schedules =
         store.LoadSchedules(id);
     if (!schedules.ok()) continue;
-    // The newest schedule that is no trial: a trial still last was never
-    // decided (a decided one is followed by its "kept" or "rollback"
-    // version), and an undecided plan is not handed out.
+    // The newest schedule that is no comparison's candidate (a trial, or a
+    // rollback being checked): one still last was never decided (a decided
+    // one is followed by its "kept" or "rollback" version), and an
+    // undecided plan is not handed out.
     const StoredSchedule* newest = nullptr;
     for (auto s = schedules->rbegin(); s != schedules->rend(); ++s) {
-      if (s->schedule.provenance().reason() !=
-          PlanReasonName(PlanReason::kTrial)) {
+      const v1::Provenance& p = s->schedule.provenance();
+      const bool checked_rollback =
+          p.reason() == PlanReasonName(PlanReason::kRollback) &&
+          absl::c_any_of(p.passes(), [](const std::string& pass) {
+            return absl::StartsWith(pass, kRollbackCheckPass);
+          });
+      if (p.reason() != PlanReasonName(PlanReason::kTrial) &&
+          !checked_rollback) {
         newest = &*s;
         break;
       }

@@ -194,7 +194,10 @@ ComparisonDecision DecideInterleaved(const std::vector<StepBlock>& blocks,
     d.verdict = Verdict::kCandidateSlower;
   } else if (r.low >= 1 - gain && r.high <= 1 + gain) {
     d.verdict = Verdict::kEquivalent;
-  } else if (r.pairs >= options.max_pairs) {
+  } else if (r.pairs >=
+             std::max(options.max_pairs, r.ratio <= 1 - gain
+                                             ? options.promising_max_pairs
+                                             : options.max_pairs)) {
     d.verdict = Verdict::kInconclusive;
   }
   return d;

@@ -38,6 +38,12 @@ enum class PlanReason {
   kBaselineCheck,  // the settled plan again, alternated with the baseline
 };
 
+// The provenance pass of a "rollback" version that alternates with the
+// active version before it runs on ("rollback-check-of-vK": K, the active
+// version it is checked against); a check still the newest version is
+// undecided.
+inline constexpr char kRollbackCheckPass[] = "rollback-check-of-v";
+
 // The stored name ("initial", "drift", "memory", "reoptimize", "rollback",
 // "cached", "trial", "kept", "memory-guard", "baseline-check").
 absl::string_view PlanReasonName(PlanReason reason);
@@ -62,6 +68,15 @@ struct CompareOptions {
   // comparison is inconclusive.
   int min_pairs = 2;
   int max_pairs = 6;
+  // An undecided comparison whose ratio already clears min_gain in the
+  // candidate's favour (its interval still reaching 1 - min_gain or above)
+  // measures on to this many pairs before it is inconclusive: giving up at
+  // max_pairs there keeps the incumbent when the candidate is likely the
+  // faster (bench/README.md, "noise": two trials 3.9% and 5.7% faster by a
+  // quiet re-measure were given up undecided after 6 pairs). A ratio
+  // short of min_gain, or against the candidate, stops at max_pairs: the
+  // incumbent it keeps is no worse than min_gain.
+  int promising_max_pairs = 12;
   // Steps a block needs (after its first) to count.
   int min_block_steps = 2;
 };
@@ -91,7 +106,9 @@ enum class Verdict {
   kCandidateFaster,  // interval below 1, ratio at least min_gain below 1
   kCandidateSlower,  // interval above 1
   kEquivalent,       // interval inside 1 ± min_gain: not worth a switch
-  kInconclusive,     // max_pairs pairs and still none of the above
+  kInconclusive,     // max_pairs pairs (promising_max_pairs for a candidate
+                     // whose ratio clears min_gain) and still none of the
+                     // above
 };
 absl::string_view VerdictName(Verdict verdict);
 

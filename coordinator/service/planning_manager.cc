@@ -298,19 +298,35 @@ void PlanningManager::RecoverEvidenceLocked(
       state.inconclusive_trials = 0;
       state.trial_not_before = -1;
     }
+    // A trial, or a rollback checked against the version it alternated
+    // with: compared, and judged unless still the newest version.
+    const std::optional<int64_t> check_of =
+        why == PlanReason::kRollback ? VersionPass(s, kRollbackCheckPass)
+                                     : std::nullopt;
     std::optional<int64_t> of =
-        why == PlanReason::kTrial ? VersionPass(s, "trial-of-v") : std::nullopt;
+        why == PlanReason::kTrial ? VersionPass(s, "trial-of-v") : check_of;
     if (of.has_value()) {
       state.trials[s.version()] = *of;
+      if (check_of.has_value()) state.rollback_checks.insert(s.version());
       if (i + 1 < state.schedules.size()) {
         state.trials_judged.insert(s.version());
       }
     }
-    // A kept trial and a baseline check rerun a plan, rejecting nothing.
+    // A kept trial and a baseline check rerun a plan; a kept trial (or
+    // check) rejects the version it was compared against.
     if (why == PlanReason::kKept || why == PlanReason::kBaselineCheck) {
       if (std::optional<int64_t> to = VersionPass(
               s, why == PlanReason::kKept ? "kept-v" : "baseline-check-of-v")) {
         state.rollbacks[s.version()] = *to;
+        auto against = state.trials.find(*to);
+        if (why == PlanReason::kKept && against != state.trials.end()) {
+          for (size_t j = 0; j < i; ++j) {
+            const v1::Schedule& earlier = state.schedules[j].schedule;
+            if (earlier.version() == against->second) {
+              state.rejected[earlier.version()] = earlier;
+            }
+          }
+        }
       }
       continue;
     }
@@ -318,7 +334,8 @@ void PlanningManager::RecoverEvidenceLocked(
     if (std::optional<int64_t> to = VersionPass(s, "rollback-to-v")) {
       state.rollbacks[s.version()] = *to;
     }
-    if (i > 0) {
+    // A checked rollback rejects nothing until its comparison is decided.
+    if (i > 0 && !check_of.has_value()) {
       state.rejected[state.schedules[i - 1].schedule.version()] =
           state.schedules[i - 1].schedule;
     }
@@ -354,6 +371,25 @@ void PlanningManager::RecoverEvidenceLocked(
         step.step >= state.schedules.back().effective_step) {
       state.comparison->Add(step.schedule_version, step.step, at_reference);
     }
+  }
+  // A rollback check that did not measure faster forgot what was measured
+  // before its verdict, but its incumbent's steps (CompareLocked): forget
+  // them again, for the newest such check.
+  for (size_t i = state.schedules.size(); i-- > 1;) {
+    const v1::Schedule& back = state.schedules[i].schedule;
+    const int64_t check = state.schedules[i - 1].schedule.version();
+    auto against = state.trials.find(check);
+    if (PlanReasonFromName(back.provenance().reason()) !=
+            PlanReason::kRollback ||
+        !state.rollback_checks.count(check) || against == state.trials.end()) {
+      continue;
+    }
+    state.measured.Forget(0);
+    for (size_t j = 0; j < i; ++j) {
+      const int64_t v = state.schedules[j].schedule.version();
+      if (v != against->second) state.measured.Forget(v);
+    }
+    break;
   }
   // A rollback that measured as slow as what it replaced had its evidence
   // forgotten (the machine changed): forget it again.
@@ -568,20 +604,27 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
       behind.reset();
     }
     if (behind.has_value()) {
-      state.rejected[active_version] = state.schedules.back().schedule;
+      // Measured one after the other, so a change in the machine between
+      // the two looks the same: v<best>'s plan is published again and
+      // checked against the active one, interleaved (CompareLocked), before
+      // it runs on.
       state.rollback_to = behind->best_version;
+      state.rollback_check_of = active_version;
       state.pending_reason.reset();
       (void)jobs_->RecordEvent(
           job_id, "rollback",
           absl::StrFormat(
               "v%d measured %.4f s/iter (median of %d steps) against "
               "v%d's %.4f s/iter (%d steps): %.1f%% slower, beyond the "
-              "measured noise of %.1f%%; rolling back to v%d's schedule at "
-              "step %d",
+              "measured noise of %.1f%%, in steps measured one after the "
+              "other; at step %d v%d's schedule is published again and "
+              "alternated with v%d's: it runs on only if the interleaved "
+              "blocks measure it faster",
               active_version, behind->active.median_s, behind->active.samples,
               behind->best_version, behind->best.median_s, behind->best.samples,
               100 * (behind->active.median_s / behind->best.median_s - 1),
-              100 * behind->noise, behind->best_version, progress.step()));
+              100 * behind->noise, progress.step(), behind->best_version,
+              active_version));
       QueueLocked(job_id, state, PlanReason::kRollback);
       return;
     }
@@ -691,15 +734,25 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
     if (s.schedule.version() == candidate) candidate_schedule = s.schedule;
     if (s.schedule.version() == incumbent) incumbent_schedule = s.schedule;
   }
+  // A rollback check: the candidate reruns the best version measured one
+  // after the other, the incumbent is the active version found behind it.
+  const bool check = state.rollback_checks.count(candidate) > 0;
+  auto rerun = state.rollbacks.find(candidate);
+  const int64_t reran = rerun != state.rollbacks.end() ? rerun->second : -1;
   const std::string source =
-      candidate_schedule.has_value() ? TrialSource(*candidate_schedule) : "";
+      check ? absl::StrCat("v", reran, "'s plan again")
+            : absl::StrCat(candidate_schedule.has_value()
+                               ? TrialSource(*candidate_schedule)
+                               : std::string("the runner-up"),
+                           "'s plan");
   std::string verdict;
   switch (decision.verdict) {
     case Verdict::kCandidateFaster:
       verdict = absl::StrFormat(
-          "%.1f%% faster, beyond optimize.min_gain %.0f%%; kept: its plan "
-          "runs on",
-          100 * (1 - r.ratio), 100 * options.min_gain);
+          "%.1f%% faster, beyond optimize.min_gain %.0f%%; %s",
+          100 * (1 - r.ratio), 100 * options.min_gain,
+          check ? absl::StrCat("rolled back: v", reran, "'s plan runs on")
+                : std::string("kept: its plan runs on"));
       break;
     case Verdict::kCandidateSlower:
       verdict = absl::StrFormat("%.1f%% slower; back to v%d's schedule",
@@ -712,34 +765,48 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
           100 * options.min_gain, incumbent, incumbent);
       break;
     default: {
-      ++state.inconclusive_trials;
-      const int64_t wait = TrialBackoffSteps(
-          state.spec.optimize().drift_window(), state.inconclusive_trials);
-      state.trial_not_before = step + wait;
       verdict = absl::StrFormat(
           "inconclusive after %d block pairs (the interval spans both sides "
-          "of optimize.min_gain %.0f%%); back to v%d's schedule; the next "
-          "trial waits until step %d (%d steps: %d inconclusive in a row)",
-          r.pairs, 100 * options.min_gain, incumbent, state.trial_not_before,
-          wait, state.inconclusive_trials);
+          "of optimize.min_gain %.0f%%); back to v%d's schedule",
+          r.pairs, 100 * options.min_gain, incumbent);
+      // Trials back off; a check is not a trial (the next one comes only
+      // from another plan found behind).
+      if (!check) {
+        ++state.inconclusive_trials;
+        const int64_t wait = TrialBackoffSteps(
+            state.spec.optimize().drift_window(), state.inconclusive_trials);
+        state.trial_not_before = step + wait;
+        absl::StrAppendFormat(
+            &verdict,
+            "; the next trial waits until step %d (%d steps: %d inconclusive "
+            "in a row)",
+            state.trial_not_before, wait, state.inconclusive_trials);
+      }
       break;
     }
   }
-  if (decision.verdict != Verdict::kInconclusive) {
+  if (check && !decision.keep_candidate()) {
+    // Interleaved, the active plan is not behind: the gap measured one
+    // after the other was the machine changing between the two, and those
+    // measurements describe neither plan now.
+    absl::StrAppend(&verdict,
+                    "; what was measured one after the other is forgotten");
+  }
+  if (decision.verdict != Verdict::kInconclusive && !check) {
     state.inconclusive_trials = 0;
     state.trial_not_before = -1;
   }
   (void)jobs_->RecordEvent(
-      job_id, "trial",
+      job_id, check ? "rollback" : "trial",
       absl::StrFormat(
-          "trial v%d (%s's plan) against v%d, interleaved in blocks of %d "
-          "steps (%d block pairs; %d steps of v%d, %d of v%d counted, each "
-          "block's first left out): v%d/v%d = %.3f (%.3f-%.3f, %.0f%% "
-          "interval) at step %d: %s",
-          candidate, source, incumbent, kComparisonBlockSteps, r.pairs,
-          r.candidate_steps, candidate, r.incumbent_steps, incumbent, candidate,
-          incumbent, r.ratio, r.low, r.high, 100 * options.confidence, step,
-          verdict));
+          "%s v%d (%s) against v%d, interleaved in blocks of %d steps (%d "
+          "block pairs; %d steps of v%d, %d of v%d counted, each block's "
+          "first left out): v%d/v%d = %.3f (%.3f-%.3f, %.0f%% interval) at "
+          "step %d: %s",
+          check ? "rollback check" : "trial", candidate, source, incumbent,
+          kComparisonBlockSteps, r.pairs, r.candidate_steps, candidate,
+          r.incumbent_steps, incumbent, candidate, incumbent, r.ratio, r.low,
+          r.high, 100 * options.confidence, step, verdict));
   state.trials_judged.insert(candidate);
   state.comparison.reset();
   state.pending_reason.reset();
@@ -753,8 +820,10 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
     if (candidate_schedule.has_value()) {
       state.rejected[candidate] = *candidate_schedule;
     }
+    if (check) state.measured.KeepOnly(incumbent);
     state.rollback_to = incumbent;
-    state.rollback_inconclusive = decision.verdict == Verdict::kInconclusive;
+    state.rollback_inconclusive =
+        !check && decision.verdict == Verdict::kInconclusive;
     QueueLocked(job_id, state, PlanReason::kRollback);
   }
   return true;
@@ -1078,6 +1147,10 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
   // A "cached" plan: the earlier job's schedule.
   std::string cached_from;
   std::optional<v1::Schedule> cached;
+  // A rollback that is checked first: the active version it alternates
+  // with (PlanReason::kRollback only).
+  int64_t check_of = -1;
+  std::optional<v1::Schedule> check_incumbent;
   // A "trial": the runner-up and the version it is tried against.
   std::optional<PlanAlternative> trial;
   int64_t trial_of = -1;
@@ -1155,8 +1228,15 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
       rollback_inconclusive =
           why == PlanReason::kRollback && it->second.rollback_inconclusive;
       it->second.rollback_inconclusive = false;
+      if (why == PlanReason::kRollback) {
+        check_of = it->second.rollback_check_of;
+        it->second.rollback_check_of = -1;
+      }
       for (const StoredSchedule& s : it->second.schedules) {
         if (s.schedule.version() == rollback_to) rollback_schedule = s.schedule;
+        if (check_of >= 0 && s.schedule.version() == check_of) {
+          check_incumbent = s.schedule;
+        }
         // The baseline's own prediction: the newest plan's simulation of
         // it (its explanation's baseline).
         if (s.schedule.explanation().baseline_iteration_s() > 0) {
@@ -1261,6 +1341,10 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
           rollback_to));
       if (rollback_inconclusive) {
         back->provenance.passes.push_back(kInconclusivePass);
+      }
+      if (check_incumbent.has_value()) {
+        back->provenance.passes.push_back(
+            absl::StrCat(kRollbackCheckPass, check_of));
       }
       planned_on = why == PlanReason::kKept            ? "the comparison"
                    : why == PlanReason::kBaselineCheck ? "the plan that settled"
@@ -1429,6 +1513,10 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
     *update.mutable_incumbent() = *trial_incumbent;
     update.set_block_steps(kComparisonBlockSteps);
   }
+  if (check_incumbent.has_value()) {
+    *update.mutable_incumbent() = *check_incumbent;
+    update.set_block_steps(kComparisonBlockSteps);
+  }
   const int baseline_pairs = BaselinePairs(spec);
   if (why == PlanReason::kBaselineCheck) {
     absl::StatusOr<Schedule> baseline = StartingSchedule(
@@ -1467,6 +1555,11 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
       if (trial.has_value()) {
         it->second.trials[version] = trial_of;
         it->second.comparison = JobPlanning::Comparison{version, trial_of};
+      }
+      if (check_incumbent.has_value()) {
+        it->second.trials[version] = check_of;
+        it->second.rollback_checks.insert(version);
+        it->second.comparison = JobPlanning::Comparison{version, check_of};
       }
       if (why == PlanReason::kBaselineCheck) {
         it->second.comparison =

@@ -11,8 +11,14 @@
 //     fired (measured under the schedule that drifted);
 //   - "reoptimize": right away, from the latest aggregated window;
 //   - "rollback": no plan: the active schedule measured slower than the
-//     best one measured on the job (ScheduleMeasurements), whose plan is
-//     published again;
+//     best one measured on the job (ScheduleMeasurements, steps measured
+//     one after the other), whose plan is published again to be checked:
+//     it alternates with the active version in blocks like a trial, and
+//     runs on ("kept") only if DecideInterleaved measures it faster;
+//     otherwise the active version's plan is published again ("rollback")
+//     and what was measured one after the other is forgotten (it was the
+//     machine, not the plan). A rollback that ends a trial or a check runs
+//     on without a check;
 //   - "cached": no plan: an identical earlier job's newest schedule, as soon
 //     as the graph and every rank's device are known (plan_cache.h); it
 //     carries what that job measured it to buy over the baseline (the
@@ -30,7 +36,8 @@
 //     published again. After an inconclusive trial the next one (a later
 //     plan's runner-up) waits TrialBackoffSteps(drift_window, inconclusive
 //     trials in a row) steps; a decided trial ends the backoff;
-//   - "kept": no plan: the trial's plan, which the comparison found faster;
+//   - "kept": no plan: the trial's plan (or a checked rollback's), which
+//     the comparison found faster;
 //   - "baseline-check": no plan: the settled plan again (measured, not
 //     behind, its trial decided), alternated with the baseline (v0) for
 //     optimize.baseline_pairs block pairs, after which it runs on: what it
@@ -221,6 +228,13 @@ class PlanningManager {
     // version a queued rollback returns to.
     std::map<int64_t, v1::Schedule> rejected;
     int64_t rollback_to = -1;
+    // A queued rollback checks first: it alternates with this version (the
+    // active one, found behind in steps measured one after the other) and
+    // runs on only if the interleaved blocks measure it faster (-1: none).
+    int64_t rollback_check_of = -1;
+    // Rollback versions that are such checks (each also in `trials`, with
+    // the version it is compared against): decided like a trial.
+    std::set<int64_t> rollback_checks;
     // Rollback versions and the version whose plan each runs again.
     std::map<int64_t, int64_t> rollbacks;
     // The runner-up to measure once version `trial_after` is judged, and

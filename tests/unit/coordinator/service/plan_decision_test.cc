@@ -143,6 +143,56 @@ TEST(PlanDecisionTest, Pairing_SkipsOtherVersionsAndShortBlocks) {
   EXPECT_EQ(r2->candidate_steps, 5);
 }
 
+// Pairs whose ratios alternate between `a` and `b` (candidate over
+// incumbent), `pairs` of them: a machine that moves within a pair.
+std::vector<StepBlock> Disagreeing(double a, double b, int pairs) {
+  std::vector<StepBlock> blocks;
+  for (int i = 0; i < pairs; ++i) {
+    blocks.push_back(Block(1, 1.0));
+    blocks.push_back(Block(2, i % 2 == 0 ? a : b));
+  }
+  return blocks;
+}
+
+// A candidate that looks faster by more than min_gain but is not decided
+// after max_pairs measures on (giving up would likely keep the slower plan);
+// it is inconclusive at promising_max_pairs. One that does not look faster
+// by min_gain stops at max_pairs.
+TEST(PlanDecisionTest, PromisingCandidate_MeasuresOnToPromisingMaxPairs) {
+  CompareOptions options;  // 2..6 pairs, 12 for a promising candidate
+  ASSERT_EQ(options.max_pairs, 6);
+  ASSERT_EQ(options.promising_max_pairs, 12);
+  // Ratios 0.80 and 1.12 in turn: 0.947 by geometric mean, the interval
+  // reaching from ~0.87 to above 1.
+  const ComparisonDecision at6 =
+      DecideInterleaved(Disagreeing(0.80, 1.12, 6), 1, 2, options);
+  ASSERT_TRUE(at6.interval.has_value());
+  EXPECT_NEAR(at6.interval->ratio, 0.947, 0.005);
+  EXPECT_GT(at6.interval->high, 1.0);
+  EXPECT_EQ(VerdictName(at6.verdict), VerdictName(Verdict::kMeasureMore));
+  const ComparisonDecision at12 =
+      DecideInterleaved(Disagreeing(0.80, 1.12, 12), 1, 2, options);
+  ASSERT_TRUE(at12.interval.has_value());
+  EXPECT_EQ(at12.interval->pairs, 12);
+  EXPECT_GT(at12.interval->high, 1.0);
+  EXPECT_EQ(VerdictName(at12.verdict), VerdictName(Verdict::kInconclusive));
+  EXPECT_FALSE(at12.keep_candidate());
+  // The same spread around a ratio short of min_gain (0.99): inconclusive
+  // at 6, the incumbent kept.
+  const ComparisonDecision short_of_gain =
+      DecideInterleaved(Disagreeing(0.84, 1.17, 6), 1, 2, options);
+  ASSERT_TRUE(short_of_gain.interval.has_value());
+  EXPECT_GT(short_of_gain.interval->ratio, 1 - options.min_gain);
+  EXPECT_EQ(VerdictName(short_of_gain.verdict),
+            VerdictName(Verdict::kInconclusive));
+  // promising_max_pairs under max_pairs changes nothing.
+  options.promising_max_pairs = 3;
+  EXPECT_EQ(
+      VerdictName(
+          DecideInterleaved(Disagreeing(0.80, 1.12, 6), 1, 2, options).verdict),
+      VerdictName(Verdict::kInconclusive));
+}
+
 TEST(PlanDecisionTest, MinGain_IsTheSmallestSpeedupKept) {
   const std::vector<StepBlock> blocks = Interleaved(1.0, 0.95, 4, 0.003);
   CompareOptions options;

@@ -292,6 +292,17 @@ int CountEvents(JobManager& jobs, const std::string& job,
   return n;
 }
 
+// The events of `kind`, oldest first.
+std::vector<std::string> EventsOf(JobManager& jobs, const std::string& job,
+                                  const std::string& kind) {
+  std::vector<std::string> out;
+  absl::StatusOr<std::vector<v1::JobEvent>> events = jobs.Events(job, 0);
+  for (const v1::JobEvent& e : *events) {
+    if (e.kind() == kind) out.push_back(e.message());
+  }
+  return out;
+}
+
 // The job runs 3x slower than v1 predicted: drift fires within the window
 // (3). Re-planned from a window measured under v1, the planner gives v1's
 // plan again: nothing is published, and v1 is from then on expected at what
@@ -393,6 +404,23 @@ void Steps(PlanningManager& planning, const std::string& job, int64_t first,
   }
 }
 
+// Blocks of kComparisonBlockSteps steps from `first`, `pairs` times: the
+// candidate (`candidate` at `candidate_s`) first, then the incumbent, as the
+// ranks alternate a comparison. Returns the step after the last.
+int64_t AlternateVersions(PlanningManager& planning, const std::string& job,
+                          int64_t first, int pairs, int64_t candidate,
+                          double candidate_s, int64_t incumbent,
+                          double incumbent_s) {
+  constexpr int kBlock = PlanningManager::kComparisonBlockSteps;
+  int64_t step = first;
+  for (int k = 0; k < pairs; ++k) {
+    Steps(planning, job, step, kBlock, candidate, candidate_s);
+    Steps(planning, job, step + kBlock, kBlock, incumbent, incumbent_s);
+    step += 2 * kBlock;
+  }
+  return step;
+}
+
 // Variable-length batches: each step's work (its batch elements) cycles
 // through 1/4, 1, 1/2 and 2 times the window's, and its time follows it
 // (t = the time at the window's work + slope x (work - window's); compute
@@ -464,10 +492,12 @@ TEST_F(PlanningManagerTest, VariableWork_StepsScaledToTheWindowsWork_NoDrift) {
   }
 }
 
-// v1 measures 30% slower than the baseline did: within drift_window (3)
-// measured steps the job is back on the baseline's schedule, as v2, and the
-// event says so with both figures. A later re-plan that gives v1's plan
-// again is not published.
+// v1 measures 30% slower than the baseline did, in steps one after the
+// other: within drift_window (3) measured steps the baseline's plan is
+// published again as v2 and checked against v1, interleaved; measured
+// faster there, it runs on as v3 ("kept"), and the events say so with the
+// figures. The kept plan then measuring as slow as v1 did is the machine
+// changing; a later re-plan that gives v1's plan again is not published.
 TEST_F(PlanningManagerTest, PlanSlowerThanBaseline_RolledBackToIt) {
   ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
   Steps(*planning_, job_.id(), 0, 5, 0, 0.100);
@@ -481,6 +511,14 @@ TEST_F(PlanningManagerTest, PlanSlowerThanBaseline_RolledBackToIt) {
   const v1::Schedule& back = published_[1].schedule();
   EXPECT_EQ(back.version(), 2);
   EXPECT_EQ(back.provenance().reason(), "rollback");
+  EXPECT_THAT(
+      back.provenance().passes(),
+      ::testing::IsSupersetOf({"rollback-to-v0", "rollback-check-of-v1"}));
+  // Alternated with v1, in blocks.
+  ASSERT_TRUE(published_[1].has_incumbent());
+  EXPECT_EQ(published_[1].incumbent().version(), 1);
+  EXPECT_EQ(published_[1].block_steps(),
+            PlanningManager::kComparisonBlockSteps);
   // The baseline's own prediction (v1's simulation of it), never what it
   // measured copied over: a prediction's error is against its own steps.
   EXPECT_DOUBLE_EQ(
@@ -494,44 +532,102 @@ TEST_F(PlanningManagerTest, PlanSlowerThanBaseline_RolledBackToIt) {
   ASSERT_TRUE(got.ok() && start.ok());
   EXPECT_EQ(got->actions, start->actions);
   EXPECT_EQ(got->groups, start->groups);
-  std::vector<std::string> rollback_events;
-  absl::StatusOr<std::vector<v1::JobEvent>> events =
-      jobs_->Events(job_.id(), 0);
-  ASSERT_TRUE(events.ok());
-  for (const v1::JobEvent& e : *events) {
-    if (e.kind() == "rollback") rollback_events.push_back(e.message());
-  }
+  std::vector<std::string> rollback_events =
+      EventsOf(*jobs_, job_.id(), "rollback");
   ASSERT_EQ(rollback_events.size(), 1u);
   EXPECT_THAT(rollback_events[0],
               AllOf(HasSubstr("v1 measured 0.1300 s/iter (median of 3 steps)"),
                     HasSubstr("v0's 0.1000 s/iter"), HasSubstr("30.0% slower"),
-                    HasSubstr("rolling back to v0's schedule")));
+                    HasSubstr("in steps measured one after the other"),
+                    HasSubstr("v0's schedule is published again and "
+                              "alternated with v1's")));
 
-  // The rolled-back plan itself now measures as slow as v1 did: the machine
-  // changed. No second rollback; the old measurements are forgotten.
+  // Interleaved, v2 (the baseline's plan) is the faster: it runs on as v3.
   planning_->OnScheduleActive(job_.id(), 2);
-  Steps(*planning_, job_.id(), 9, 4, 2, 0.130);
+  AlternateVersions(*planning_, job_.id(), 9, 2, 2, 0.100, 1, 0.130);
   planning_->Drain();
-  EXPECT_EQ(published_.size(), 2u);
+  ASSERT_EQ(published_.size(), 3u);
+  EXPECT_EQ(published_[2].schedule().provenance().reason(), "kept");
+  EXPECT_THAT(published_[2].schedule().provenance().passes(),
+              ::testing::Contains("kept-v2"));
+  EXPECT_FALSE(published_[2].has_incumbent());
+  rollback_events = EventsOf(*jobs_, job_.id(), "rollback");
+  ASSERT_EQ(rollback_events.size(), 2u);
+  EXPECT_THAT(rollback_events[1],
+              AllOf(HasSubstr("rollback check v2 (v0's plan again) against "
+                              "v1, interleaved in blocks of 4 steps"),
+                    HasSubstr("v2/v1 = 0.769"),
+                    HasSubstr("23.1% faster, beyond optimize.min_gain 3%; "
+                              "rolled back: v0's plan runs on")));
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "trial"), 0);
+
+  // The kept plan itself now measures as slow as v1 did: the machine
+  // changed. No second rollback; the old measurements are forgotten.
+  planning_->OnScheduleActive(job_.id(), 3);
+  Steps(*planning_, job_.id(), 25, 4, 3, 0.130);
+  planning_->Drain();
+  EXPECT_EQ(published_.size(), 3u);
   EXPECT_THAT(jobs_->Events(job_.id(), 0)->back().message(),
-              HasSubstr("v2 runs v0's plan again but measured 0.1300 s/iter "
-                        "against v0's 0.1000: the machine changed"));
+              AllOf(HasSubstr("v3 runs v2's plan again but measured 0.1300 "
+                              "s/iter"),
+                    HasSubstr("the machine changed")));
 
   // Re-optimizing from the same measurements plans v1's schedule again:
-  // refused, the job stays on v2.
+  // refused, the job stays on v3.
   ASSERT_TRUE(planning_->RequestReplan(job_.id(), "").ok());
   planning_->Drain();
-  EXPECT_EQ(published_.size(), 2u);
+  EXPECT_EQ(published_.size(), 3u);
   EXPECT_THAT(jobs_->Events(job_.id(), 0)->back().message(),
               HasSubstr("gave v1's schedule again"));
 }
 
+// The same slowdown seen one after the other, but interleaved both plans
+// measure alike: the machine slowed between the two, not the plan. The
+// check keeps v1 (its plan published again as v3, "rollback-to-v1"), the
+// baseline's plan is not published again, and what was measured before
+// is forgotten: v1's plan running on at the new speed is not behind
+// anything.
+TEST_F(PlanningManagerTest, RollbackCheck_MachineNotPlan_ActiveKept) {
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  Steps(*planning_, job_.id(), 0, 5, 0, 0.100);
+  SendWindow(0, 1, 0);
+  planning_->OnScheduleActive(job_.id(), 1);
+  Steps(*planning_, job_.id(), 5, 4, 1, 0.130);
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 2u);
+  ASSERT_TRUE(published_[1].has_incumbent());
+  planning_->OnScheduleActive(job_.id(), 2);
+  AlternateVersions(*planning_, job_.id(), 9, 2, 2, 0.130, 1, 0.130);
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 3u);
+  const v1::Schedule& kept = published_[2].schedule();
+  EXPECT_EQ(kept.provenance().reason(), "rollback");
+  EXPECT_THAT(kept.provenance().passes(),
+              ::testing::Contains("rollback-to-v1"));
+  EXPECT_THAT(kept.provenance().passes(),
+              ::testing::Not(::testing::Contains("trial-inconclusive")));
+  EXPECT_FALSE(published_[2].has_incumbent());
+  EXPECT_THAT(EventsOf(*jobs_, job_.id(), "rollback").back(),
+              AllOf(HasSubstr("rollback check v2 (v0's plan again) against "
+                              "v1"),
+                    HasSubstr("v2/v1 = 1.000"),
+                    HasSubstr("within optimize.min_gain 3% of v1: not worth "
+                              "a switch; back to v1's schedule; what was "
+                              "measured one after the other is forgotten")));
+  // v1's plan at the new speed: no rollback to the baseline's old 0.100.
+  planning_->OnScheduleActive(job_.id(), 3);
+  Steps(*planning_, job_.id(), 25, 12, 3, 0.130);
+  planning_->Drain();
+  EXPECT_EQ(published_.size(), 3u);
+  EXPECT_EQ(EventsOf(*jobs_, job_.id(), "rollback").size(), 2u);
+}
+
 // A coordinator restart keeps the rollback evidence: the restarted planning
 // manager rebuilds each version's measured steps from the stored step
-// history and the rollbacks and rejected versions from the stored
-// schedules. The rolled-back plan measuring slow again is still "the
-// machine changed" (it knows v2 reruns v0 and what v0 measured), and a
-// re-plan that gives the rejected v1 again is still refused.
+// history and the rollbacks, checks and rejected versions from the stored
+// schedules. A restart during the check goes on with it; a restart after
+// its verdict still knows v1 was rejected, and that the kept plan reruns
+// v2's (so its measuring slow is the machine changing).
 TEST_F(PlanningManagerTest, Restart_KeepsTheRollbackEvidence) {
   ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
   Steps(*planning_, job_.id(), 0, 5, 0, 0.100);
@@ -542,20 +638,52 @@ TEST_F(PlanningManagerTest, Restart_KeepsTheRollbackEvidence) {
   ASSERT_EQ(published_.size(), 2u);
   ASSERT_EQ(published_[1].schedule().provenance().reason(), "rollback");
   std::unique_ptr<Restarted> r = RestartAfter(9, 5, 0.100, 0.130);
-  PlanningManager& restarted = *r->planning;
-  JobManager& jobs = *r->jobs;
-  std::vector<v1::ScheduleUpdate>& published = r->published;
-  restarted.OnScheduleActive(job_.id(), 2);
-  Steps(restarted, job_.id(), 9, 4, 2, 0.130);
+  {
+    PlanningManager& restarted = *r->planning;
+    // The worker that reconnects is sent the check with its incumbent.
+    absl::StatusOr<v1::ScheduleUpdate> latest =
+        restarted.LatestUpdate(job_.id());
+    ASSERT_TRUE(latest.ok());
+    EXPECT_EQ(latest->schedule().version(), 2);
+    EXPECT_EQ(latest->incumbent().version(), 1);
+    restarted.OnScheduleActive(job_.id(), 2);
+    AlternateVersions(restarted, job_.id(), 9, 2, 2, 0.100, 1, 0.130);
+    restarted.Drain();
+    ASSERT_EQ(r->published.size(), 1u);
+    EXPECT_EQ(r->published[0].schedule().provenance().reason(), "kept");
+    EXPECT_THAT(EventsOf(*r->jobs, job_.id(), "rollback").back(),
+                HasSubstr("rolled back: v0's plan runs on"));
+  }
+  // Restarted again after the verdict, with the check's steps stored.
+  std::vector<StoredStep> stored;
+  for (int64_t step = 0; step < 25; ++step) {
+    StoredStep s;
+    s.step = step;
+    s.schedule_version = step < 5                    ? 0
+                         : step < 9                  ? 1
+                         : ((step - 9) / 4) % 2 == 0 ? 2
+                                                     : 1;
+    s.iteration_s = s.schedule_version == 1 ? 0.130 : 0.100;
+    stored.push_back(s);
+  }
+  planning_ = std::move(r->planning);
+  std::unique_ptr<Restarted> again = RestartWith(stored);
+  PlanningManager& restarted = *again->planning;
+  JobManager& jobs = *again->jobs;
+  std::vector<v1::ScheduleUpdate>& published = again->published;
+  restarted.OnScheduleActive(job_.id(), 3);
+  Steps(restarted, job_.id(), 25, 4, 3, 0.130);
   restarted.Drain();
   EXPECT_TRUE(published.empty());
   EXPECT_THAT(jobs.Events(job_.id(), 0)->back().message(),
-              HasSubstr("v2 runs v0's plan again but measured 0.1300 s/iter "
-                        "against v0's 0.1000: the machine changed"));
-  // A window measured under v2 to plan from (the restart forgot the last).
-  for (int r = 0; r < 2; ++r) {
+              AllOf(HasSubstr("v3 runs v2's plan again but measured 0.1300 "
+                              "s/iter"),
+                    HasSubstr("the machine changed")));
+  // A window measured under v3 to plan from (the restart forgot the last).
+  for (int rank = 0; rank < 2; ++rank) {
     ASSERT_TRUE(
-        restarted.OnProfile(job_.id(), r, MakeProfile(r, 10, 11, 2)).ok());
+        restarted.OnProfile(job_.id(), rank, MakeProfile(rank, 26, 27, 3))
+            .ok());
   }
   restarted.Drain();
   ASSERT_TRUE(restarted.RequestReplan(job_.id(), "").ok());
@@ -564,17 +692,6 @@ TEST_F(PlanningManagerTest, Restart_KeepsTheRollbackEvidence) {
   EXPECT_THAT(jobs.Events(job_.id(), 0)->back().message(),
               HasSubstr("gave v1's schedule again"));
   restarted.Stop();
-}
-
-// The events of `kind`, oldest first.
-std::vector<std::string> EventsOf(JobManager& jobs, const std::string& job,
-                                  const std::string& kind) {
-  std::vector<std::string> out;
-  absl::StatusOr<std::vector<v1::JobEvent>> events = jobs.Events(job, 0);
-  for (const v1::JobEvent& e : *events) {
-    if (e.kind() == kind) out.push_back(e.message());
-  }
-  return out;
 }
 
 // Publishes v1 of a job whose every runner-up is worth a trial
@@ -1179,7 +1296,10 @@ TEST_F(PlanningManagerTest, BaselineCheck_GuardTripsInV0Blocks_BaselineUnfit) {
   ASSERT_EQ(published_.size(), 4u);
   EXPECT_EQ(published_[3].schedule().provenance().reason(), "rollback");
   EXPECT_THAT(EventsOf(*jobs_, job_.id(), "rollback").back(),
-              AllOf(HasSubstr("rolling back to"), Not(HasSubstr("v0's"))));
+              AllOf(HasSubstr("'s schedule is published again and "
+                              "alternated with v3's"),
+                    Not(HasSubstr("v0's schedule"))));
+  EXPECT_TRUE(published_[3].has_incumbent());
   absl::StatusOr<v1::Job> job = jobs_->Get(job_.id());
   EXPECT_DOUBLE_EQ(job->measured_speedup(), 0);
   EXPECT_THAT(job->speedup_text(),
@@ -1215,7 +1335,7 @@ TEST_F(PlanningManagerTest,
   ASSERT_EQ(published_.size(), 4u);
   EXPECT_EQ(published_[3].schedule().provenance().reason(), "rollback");
   EXPECT_THAT(EventsOf(*jobs_, job_.id(), "rollback").back(),
-              HasSubstr("rolling back to v0's schedule"));
+              HasSubstr("v0's schedule is published again"));
   EXPECT_THAT(jobs_->Get(job_.id())->speedup_text(),
               Not(HasSubstr("does not fit")));
 }
@@ -1441,6 +1561,36 @@ TEST_F(PlanningManagerTest, CachedPlan_NeverAnUndecidedTrial) {
   EXPECT_TRUE(SamePlan(*v1, *cached));
 }
 
+// Nor its rollback still being checked: the same job again starts on the
+// plan the check alternated with (v1), not on the baseline's plan the
+// rollback reruns.
+TEST_F(PlanningManagerTest, CachedPlan_NeverAnUndecidedRollbackCheck) {
+  job_ = *jobs_->Submit(Spec(/*trial_margin=*/0));
+  RegisterDevices(*planning_, *store_, job_.id());
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  Steps(*planning_, job_.id(), 0, 5, 0, 0.100);
+  SendWindow(0, 1, 0);
+  ASSERT_EQ(published_.size(), 1u);
+  planning_->OnScheduleActive(job_.id(), 1);
+  Steps(*planning_, job_.id(), 5, 4, 1, 0.130);
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 2u);
+  ASSERT_THAT(published_[1].schedule().provenance().passes(),
+              ::testing::Contains("rollback-check-of-v1"));
+  ASSERT_TRUE(
+      jobs_->Transition(job_.id(), v1::JOB_STATE_SUCCEEDED, "done").ok());
+
+  absl::StatusOr<v1::Job> again = jobs_->Submit(Spec(/*trial_margin=*/0));
+  ASSERT_TRUE(again.ok());
+  RegisterDevices(*planning_, *store_, again->id());
+  ASSERT_TRUE(planning_->OnGraph(again->id(), 0, Report(true)).ok());
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 3u);
+  EXPECT_THAT(
+      published_[2].schedule().provenance().passes(),
+      ::testing::Contains(absl::StrCat("cached-from:", job_.id(), "/v1")));
+}
+
 // The guard trips under v1 before v1 is reported active on every rank (a
 // plan over budget trips it within its first steps, and the last rank's
 // "active" report can come after): the ranks run the fallback, so the
@@ -1564,7 +1714,7 @@ TEST_F(PlanningManagerTest, Rollback_NeverReturnsToAPlanThatTrippedTheGuard) {
     if (e.kind() == "rollback") rollback = e.message();
   }
   EXPECT_THAT(rollback, AllOf(HasSubstr("v2 measured 0.1300 s/iter"),
-                              HasSubstr("rolling back to v0's schedule")));
+                              HasSubstr("v0's schedule is published again")));
 }
 
 TEST_F(PlanningManagerTest, PlanWithinNoiseOfBaseline_Kept) {

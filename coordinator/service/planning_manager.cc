@@ -372,22 +372,20 @@ void PlanningManager::RecoverEvidenceLocked(
       state.comparison->Add(step.schedule_version, step.step, at_reference);
     }
   }
-  // A rollback check that did not measure faster forgot what was measured
-  // before its verdict, but its incumbent's steps (CompareLocked): forget
-  // them again, for the newest such check.
+  // A rollback check that did not measure faster forgot everything
+  // measured before its verdict (CompareLocked): forget it again, for the
+  // newest such check (what the versions since measured stays).
   for (size_t i = state.schedules.size(); i-- > 1;) {
     const v1::Schedule& back = state.schedules[i].schedule;
     const int64_t check = state.schedules[i - 1].schedule.version();
-    auto against = state.trials.find(check);
     if (PlanReasonFromName(back.provenance().reason()) !=
             PlanReason::kRollback ||
-        !state.rollback_checks.count(check) || against == state.trials.end()) {
+        !state.rollback_checks.count(check)) {
       continue;
     }
     state.measured.Forget(0);
     for (size_t j = 0; j < i; ++j) {
-      const int64_t v = state.schedules[j].schedule.version();
-      if (v != against->second) state.measured.Forget(v);
+      state.measured.Forget(state.schedules[j].schedule.version());
     }
     break;
   }
@@ -589,7 +587,19 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
     std::optional<ScheduleMeasurements::Behind> behind =
         state.measured.BehindBest(active_version);
     auto rerun = state.rollbacks.find(active_version);
-    if (behind.has_value() && rerun != state.rollbacks.end()) {
+    // The fastest version ran the very plan the active one runs (a
+    // re-plan that gave the same plan): nothing to roll back to or check.
+    bool same_plan = false;
+    if (behind.has_value() && rerun == state.rollbacks.end()) {
+      for (const StoredSchedule& s : state.schedules) {
+        if (s.schedule.version() != behind->best_version) continue;
+        absl::StatusOr<Schedule> best = FromProto(s.schedule);
+        absl::StatusOr<Schedule> active =
+            FromProto(state.schedules.back().schedule);
+        same_plan = best.ok() && active.ok() && SamePlan(*best, *active);
+      }
+    }
+    if (behind.has_value() && (rerun != state.rollbacks.end() || same_plan)) {
       // The plan that measured fastest measures slower now: the machine
       // changed, and what earlier versions measured no longer holds.
       state.measured.KeepOnly(active_version);
@@ -599,8 +609,9 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
               "v%d runs v%d's plan again but measured %.4f s/iter against "
               "v%d's %.4f: the machine changed; earlier measurements are "
               "forgotten and drift detection decides from here",
-              active_version, rerun->second, behind->active.median_s,
-              behind->best_version, behind->best.median_s));
+              active_version, same_plan ? behind->best_version : rerun->second,
+              behind->active.median_s, behind->best_version,
+              behind->best.median_s));
       behind.reset();
     }
     if (behind.has_value()) {
@@ -787,10 +798,15 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
   }
   if (check && !decision.keep_candidate()) {
     // Interleaved, the active plan is not behind: the gap measured one
-    // after the other was the machine changing between the two, and those
-    // measurements describe neither plan now.
+    // after the other was the machine changing between the two, and what
+    // was measured describes neither plan now. Drift detection takes over,
+    // against the plan's own prediction (ExpectedAtReference with nothing
+    // measured): a machine that stays slower re-plans from a window
+    // measured under it, where the re-fitted model decides whether another
+    // plan is now the faster.
     absl::StrAppend(&verdict,
-                    "; what was measured one after the other is forgotten");
+                    "; the machine changed, not the plan: what was measured "
+                    "is forgotten and drift detection decides from here");
   }
   if (decision.verdict != Verdict::kInconclusive && !check) {
     state.inconclusive_trials = 0;
@@ -820,7 +836,7 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
     if (candidate_schedule.has_value()) {
       state.rejected[candidate] = *candidate_schedule;
     }
-    if (check) state.measured.KeepOnly(incumbent);
+    if (check) state.measured.Clear();
     state.rollback_to = incumbent;
     state.rollback_inconclusive =
         !check && decision.verdict == Verdict::kInconclusive;

@@ -57,6 +57,10 @@ class ScheduleMeasurements {
   // describes the machine (a schedule rolled back to measured slower than it
   // did before).
   void KeepOnly(int64_t version);
+  // Forgets every version: a rollback checked interleaved measured no
+  // faster than the active plan, so the gap measured one after the other
+  // was the machine changing, and nothing measured so far describes it.
+  void Clear() { versions_.clear(); }
   // Forgets one version: it cannot run again (the memory guard tripped
   // under it), so it is never the best to roll back to.
   void Forget(int64_t version);

@@ -444,7 +444,10 @@ def test_reoptimize_and_injected_drift_take_effect(cluster):
         # (failed 1 run in 5 once steps got faster; the reoptimize lands at a
         # step that depends on the steps' speed). Trials have their own
         # tests (the trial test above, the coordinator's unit tests).
-        job = client.submit(spec(steps=60, optimize={"trial_margin": 0,
+        # 90 steps: a plan found behind the baseline's measurements from
+        # before the slowdown is checked against it interleaved first (up to
+        # 6 block pairs of 4 steps), and drift is judged after the verdict.
+        job = client.submit(spec(steps=90, optimize={"trial_margin": 0,
                                                      "baseline_pairs": 0}))
         extra = ("--slow-node-ms", "15", "--slow-from-step", "14")
         workers = [cluster.worker(coord, job.id, r, extra) for r in range(2)]
@@ -457,9 +460,14 @@ def test_reoptimize_and_injected_drift_take_effect(cluster):
         assert any("(reoptimize)" in m for m in msgs), msgs
         assert any(m.startswith("drift at step") for m in msgs), msgs
         assert any("(drift)" in m for m in msgs), msgs
-        # The drift plan is published, or it was the active plan again and
-        # the job kept it (expected from then on at what it measured).
-        kept = any("(drift) gave the active" in m for m in msgs)
+        # The drift plan is published, or the job kept its plan: the re-plan
+        # gave the active plan again, or another the re-fitted model does not
+        # price faster by optimize.min_gain (the injected slowdown slows
+        # every plan alike); either way it is expected from then on at what
+        # it measured.
+        kept = any("(drift) gave the active" in m or
+                   ("(drift): the model re-fitted" in m and
+                    "the job keeps" in m) for m in msgs)
         assert kept or client.get(job.id)[0].schedule_version >= 3, msgs
 
 

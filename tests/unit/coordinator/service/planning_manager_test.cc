@@ -586,7 +586,7 @@ TEST_F(PlanningManagerTest, PlanSlowerThanBaseline_RolledBackToIt) {
 // check keeps v1 (its plan published again as v3, "rollback-to-v1"), the
 // baseline's plan is not published again, and what was measured before
 // is forgotten: v1's plan running on at the new speed is not behind
-// anything.
+// anything, and drift detection decides against its prediction.
 TEST_F(PlanningManagerTest, RollbackCheck_MachineNotPlan_ActiveKept) {
   ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
   Steps(*planning_, job_.id(), 0, 5, 0, 0.100);
@@ -612,14 +612,54 @@ TEST_F(PlanningManagerTest, RollbackCheck_MachineNotPlan_ActiveKept) {
                               "v1"),
                     HasSubstr("v2/v1 = 1.000"),
                     HasSubstr("within optimize.min_gain 3% of v1: not worth "
-                              "a switch; back to v1's schedule; what was "
-                              "measured one after the other is forgotten")));
-  // v1's plan at the new speed: no rollback to the baseline's old 0.100.
+                              "a switch; back to v1's schedule; the machine "
+                              "changed, not the plan: what was measured is "
+                              "forgotten and drift detection decides from "
+                              "here")));
+  // v1's plan on the slower machine: no rollback to the baseline's old
+  // 0.100; drift detection judges it against v1's own prediction, and the
+  // steps, twice that, fire a re-plan (from the next window).
+  const double predicted = kept.prediction().iteration_s();
+  ASSERT_GT(predicted, 0);
+  const int drifts = CountEvents(*jobs_, job_.id(), "drift");
   planning_->OnScheduleActive(job_.id(), 3);
-  Steps(*planning_, job_.id(), 25, 12, 3, 0.130);
+  Steps(*planning_, job_.id(), 25, 12, 3, 2 * predicted);
   planning_->Drain();
   EXPECT_EQ(published_.size(), 3u);
   EXPECT_EQ(EventsOf(*jobs_, job_.id(), "rollback").size(), 2u);
+  ASSERT_EQ(CountEvents(*jobs_, job_.id(), "drift"), drifts + 1);
+  EXPECT_THAT(
+      EventsOf(*jobs_, job_.id(), "drift").back(),
+      AllOf(HasSubstr(absl::StrFormat("against %.4f expected", predicted)),
+            HasSubstr("re-planning from the next profile window")));
+}
+
+// A re-plan gave the plan that measured fastest again (v2 runs v1's plan)
+// and v2 then measures slower than v1 did: the same plan cannot be behind
+// itself, so the machine changed. No check is published; earlier
+// measurements are forgotten and drift detection decides.
+TEST_F(PlanningManagerTest, BehindTheSamePlan_MachineChanged_NoCheck) {
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  Steps(*planning_, job_.id(), 0, 5, 0, 0.100);
+  SendWindow(0, 1, 0);
+  ASSERT_EQ(published_.size(), 1u);
+  planning_->OnScheduleActive(job_.id(), 1);
+  Steps(*planning_, job_.id(), 5, 4, 1, 0.050);
+  ASSERT_TRUE(planning_->RequestReplan(job_.id(), "").ok());
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 2u);
+  absl::StatusOr<Schedule> v1 = FromProto(published_[0].schedule());
+  absl::StatusOr<Schedule> v2 = FromProto(published_[1].schedule());
+  ASSERT_TRUE(v1.ok() && v2.ok());
+  ASSERT_TRUE(SamePlan(*v1, *v2));
+  planning_->OnScheduleActive(job_.id(), 2);
+  Steps(*planning_, job_.id(), 9, 4, 2, 0.130);
+  planning_->Drain();
+  EXPECT_EQ(published_.size(), 2u);
+  EXPECT_THAT(EventsOf(*jobs_, job_.id(), "rollback"),
+              ::testing::ElementsAre(HasSubstr(
+                  "v2 runs v1's plan again but measured 0.1300 s/iter "
+                  "against v1's 0.0500: the machine changed")));
 }
 
 // A coordinator restart keeps the rollback evidence: the restarted planning
@@ -1275,7 +1315,8 @@ TEST_F(PlanningManagerTest, BaselineCheck_BaselineOverBudget_NeverRun) {
 // The guard trips in a baseline check's v0 blocks (the worker says v0 ran
 // the step): the baseline does not fit, so no figure and no check again,
 // but the plan the check alternated with keeps its measurements: the
-// memory-guard re-plan, measured slower, rolls back to it.
+// memory-guard re-plan (v1's plan again), measured slower, is judged
+// against what that plan measured.
 TEST_F(PlanningManagerTest, BaselineCheck_GuardTripsInV0Blocks_BaselineUnfit) {
   const double p = StartBaselineCheck();
   ASSERT_EQ(published_.size(), 2u);
@@ -1290,16 +1331,20 @@ TEST_F(PlanningManagerTest, BaselineCheck_GuardTripsInV0Blocks_BaselineUnfit) {
   SendWindow(15, 17, kLeastMemoryVersion);
   ASSERT_EQ(published_.size(), 3u);
   EXPECT_EQ(published_[2].schedule().provenance().reason(), "memory-guard");
+  // The re-plan from the fallback's window gives v1's plan again here.
+  absl::StatusOr<Schedule> v1 = FromProto(published_[0].schedule());
+  absl::StatusOr<Schedule> v3 = FromProto(published_[2].schedule());
+  ASSERT_TRUE(v1.ok() && v3.ok());
+  ASSERT_TRUE(SamePlan(*v1, *v3));
   planning_->OnScheduleActive(job_.id(), 3);
   Steps(*planning_, job_.id(), 18, 6, 3, 1.5 * p);  // slower than v1's plan
   planning_->Drain();
-  ASSERT_EQ(published_.size(), 4u);
-  EXPECT_EQ(published_[3].schedule().provenance().reason(), "rollback");
+  // Measured against what v1's plan measured (kept, not forgotten), as the
+  // same plan: the machine changed. The baseline is never the reference.
+  EXPECT_EQ(published_.size(), 3u);
   EXPECT_THAT(EventsOf(*jobs_, job_.id(), "rollback").back(),
-              AllOf(HasSubstr("'s schedule is published again and "
-                              "alternated with v3's"),
-                    Not(HasSubstr("v0's schedule"))));
-  EXPECT_TRUE(published_[3].has_incumbent());
+              AllOf(HasSubstr("v3 runs v"), HasSubstr("the machine changed"),
+                    Not(HasSubstr("v0's"))));
   absl::StatusOr<v1::Job> job = jobs_->Get(job_.id());
   EXPECT_DOUBLE_EQ(job->measured_speedup(), 0);
   EXPECT_THAT(job->speedup_text(),

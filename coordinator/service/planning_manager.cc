@@ -1644,14 +1644,15 @@ std::string PlanningManager::KeepActive(const std::string& job_id,
   }
   JobPlanning& state = it->second;
   const v1::Schedule& active = state.schedules.back().schedule;
-  // Its median, else the window that drifted, else (unmeasured) the
-  // prediction.
+  // The window that drifted, else its median, else (unmeasured) the
+  // prediction. Not the median first: the version's steps straddle the jump
+  // that fired, and expecting their median would fire the same jump again.
   double expected = PredictedAtReference(state.work, active.prediction());
-  if (std::optional<ScheduleMeasurements::Summary> m =
-          state.measured.Summarize(active.version())) {
-    expected = m->median_s;
-  } else if (state.drift->window_median_s() > 0) {
+  if (state.drift->window_median_s() > 0) {
     expected = state.drift->window_median_s();
+  } else if (std::optional<ScheduleMeasurements::Summary> m =
+                 state.measured.Summarize(active.version())) {
+    expected = m->median_s;
   }
   state.drift->SetPrediction(expected, active.prediction().peak_bytes());
   return absl::StrFormat(

@@ -379,6 +379,34 @@ TEST_F(PlanningManagerTest, DriftReplan_OtherPlanWithinMinGain_KeepsActive) {
   EXPECT_EQ(published_.size(), 1u);
 }
 
+// A drift kept after a long run on the prediction: from then on the job is
+// expected at the window that drifted, not at the version's median over
+// steps that straddle the jump (30 on the prediction, 3 after it: the
+// median is still the prediction), so the jump that fired once fires no
+// second drift.
+TEST_F(PlanningManagerTest, DriftKept_ExpectsTheWindowThatDrifted) {
+  v1::JobSpec spec = Spec(/*trial_margin=*/0);
+  spec.mutable_optimize()->set_min_gain(0.5);
+  job_ = *jobs_->Submit(spec);
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  SendWindow(0, 1, 0);
+  ASSERT_EQ(published_.size(), 1u);
+  planning_->OnScheduleActive(job_.id(), 1);
+  const double predicted = published_[0].schedule().prediction().iteration_s();
+  SlowestSteps(*planning_, job_.id(), 3, 30, 1, predicted);
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "drift"), 0);
+  SlowestSteps(*planning_, job_.id(), 33, 3, 1, predicted * 1.6);
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "drift"), 1);
+  SendWindow(33, 35, 1, kOtherPlanScale);
+  EXPECT_THAT(jobs_->Events(job_.id(), 0)->back().message(),
+              HasSubstr(absl::StrFormat("the job keeps v1, expected from now "
+                                        "on at the %.4f s/iter",
+                                        predicted * 1.6)));
+  SlowestSteps(*planning_, job_.id(), 36, 30, 1, predicted * 1.6);
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "drift"), 1);
+  EXPECT_EQ(published_.size(), 1u);
+}
+
 // With min_gain 0 the same window publishes the other plan.
 TEST_F(PlanningManagerTest, DriftReplan_OtherPlanBeyondMinGain_Published) {
   DriftToOtherPlan(/*min_gain=*/0);

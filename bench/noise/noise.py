@@ -17,25 +17,38 @@ agent-mode workers), --steps steps each:
            random times (every 3-12 s), restored when the job ends.
 After each job, with nothing else running, every distinct plan the job ran
 (the baseline v0 included) is re-measured standalone on the same link,
-interleaved (A B C ... A B C ..., --remeasure-rounds rounds of
---remeasure-steps steps, the first --discard of each run left out): the
-quiet truth the job's decisions are held against. Per job it reports
+interleaved (--remeasure-rounds rounds of --remeasure-steps steps, the first
+--discard of each run left out; each round starts one plan later, A B C,
+B C A, C A B, ...): the quiet truth the job's decisions are held against.
+Plans are compared as the coordinator compares them: each round's ratio of
+medians (the two plans' steps in that round), their geometric mean over
+rounds, and a 95% bootstrap interval (rounds, then steps within them,
+seeded), so that a host whose speed moves between rounds moves both sides
+of a ratio. Per job it reports
   - versions published per 100 steps once settled: versions first run after
     the settle step (the end of the first --settle-steps steps in a row that
     ran one plan version alone: no new version, no comparison's blocks), per
     100 steps after it;
   - whether the kept (final) plan is wrong: a plan the job also ran
-    re-measures faster than it by more than optimize.min_gain (3%);
-  - the final plan's re-measured time against the best re-measured plan's;
+    re-measures faster than it by more than optimize.min_gain (3%), its
+    interval clear of 1 (the re-measure tells them apart); a gap beyond
+    min_gain whose interval holds 1 is "the re-measure could not tell", a
+    count of its own, neither wrong nor right;
+  - the final plan's re-measured time against the best plan's (the paired
+    ratio against the plan it trails most, 1 when it trails none);
   - the speedup the coordinator reported (its interval) and the quiet
-    re-measured speedup (v0's median / the final plan's), and whether the
-    interval contains it.
+    re-measured speedup (v0 over the final plan, paired, with its interval),
+    and whether the reported interval contains the re-measured figure.
+`--reanalyse FILE` recomputes these verdicts from the rounds a results file
+stored (runs before 2026-12 kept one median per round: their intervals are
+over rounds alone).
 One JSON line per job and a summary line per model and condition go to
 --out; the summary is printed at the end (bench/README.md, "noise").
 """
 
 import argparse
 import json
+import math
 import os
 import random
 import statistics
@@ -50,6 +63,35 @@ sys.path.insert(0, os.path.join(ROOT, "bench", "drift"))
 import steady  # noqa: E402  (bench/drift/steady.py: coordinator, step lines)
 
 MIN_GAIN = 0.03  # optimize.min_gain's default (coordinator/README.md)
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def paired_ratio(num, den, seed=0):
+    """num over den, measured in the same interleaved rounds: num[r] and
+    den[r] are the step times of round r. Returns (ratio, low, high): the
+    geometric mean over rounds of each round's ratio of medians, and its 95%
+    bootstrap interval (rounds resampled, then the steps within each)."""
+    rounds = [(n, d) for n, d in zip(num, den) if n and d]
+    if not rounds:
+        return None
+
+    def ratio(pairs):
+        logs = [math.log(statistics.median(n) / statistics.median(d)) for n, d in pairs]
+        return math.exp(sum(logs) / len(logs))
+
+    rng = random.Random(seed)
+    draws = []
+    for _ in range(BOOTSTRAP_RESAMPLES):
+        pairs = []
+        for _ in rounds:
+            n, d = rounds[rng.randrange(len(rounds))]
+            pairs.append(([n[rng.randrange(len(n))] for _ in n],
+                          [d[rng.randrange(len(d))] for _ in d]))
+        draws.append(ratio(pairs))
+    draws.sort()
+    low = draws[int(0.025 * (len(draws) - 1))]
+    high = draws[int(math.ceil(0.975 * (len(draws) - 1)))]
+    return ratio(rounds), low, high
 
 
 def log(msg):
@@ -219,8 +261,8 @@ def plan_key(text):
 
 def remeasure(a, spec, texts, workdir):
     """Each distinct plan (v0 included) standalone on the quiet link,
-    interleaved; returns {version: median step s} for one version per plan,
-    and {version: that representative}."""
+    interleaved; returns {version: [each round's step times]} for one
+    version per plan, and {version: that representative}."""
     reps, seen = {}, {}
     for v in sorted(texts):
         key = plan_key(texts[v])
@@ -233,7 +275,8 @@ def remeasure(a, spec, texts, workdir):
     times = {v: [] for v in plans}
     port = 29900
     for rnd in range(a.remeasure_rounds):
-        for v in plans:
+        k = rnd % len(plans)
+        for v in plans[k:] + plans[:k]:
             sched = os.path.join(workdir, f"v{v}.sched")
             with open(sched, "w") as f:
                 f.write(texts[v])
@@ -260,9 +303,8 @@ def remeasure(a, spec, texts, workdir):
                     if line.startswith('{"step"'):
                         s = json.loads(line)
                         steps[s["step"]] = max(steps.get(s["step"], 0.0), s["iteration_s"])
-            kept = [t for s, t in sorted(steps.items()) if s >= a.discard]
-            times[v].append(statistics.median(kept))
-    return {v: statistics.median(ts) for v, ts in times.items()}, reps, times
+            times[v].append([t for s, t in sorted(steps.items()) if s >= a.discard])
+    return times, reps
 
 
 def settle_step(per_step, settle_steps):
@@ -289,7 +331,44 @@ def settle_step(per_step, settle_steps):
     return None, first_seen
 
 
-def analyse(a, run, quiet, reps):
+def verdicts(rounds, end_plan, reported=None):
+    """The quiet re-measure's verdicts on a job that ended on `end_plan`:
+    rounds is {plan version: [each round's step times]} (v0, the baseline,
+    among them), reported the coordinator's speedup interval (low, high) or
+    None."""
+    versus = {}  # plan -> the ended-on plan over it, paired
+    for v in sorted(rounds):
+        if v != end_plan:
+            got = paired_ratio(rounds[end_plan], rounds[v], seed=v)
+            if got is not None:
+                versus[v] = got
+    wrong = [v for v, (r, low, _) in versus.items() if r > 1 + MIN_GAIN and low > 1]
+    untold = [v for v, (r, low, _) in versus.items() if r > 1 + MIN_GAIN and low <= 1]
+    best_v, final_over_best = end_plan, 1.0
+    for v, (r, _, _) in versus.items():
+        if r > final_over_best:
+            best_v, final_over_best = v, r
+    speedup = (1.0, 1.0, 1.0) if end_plan == 0 else None
+    if speedup is None and 0 in rounds:
+        speedup = paired_ratio(rounds[0], rounds[end_plan], seed=end_plan)
+    contains = None
+    if reported is not None and speedup is not None:
+        contains = reported[0] <= speedup[0] <= reported[1]
+    return {
+        "quiet_s": {f"v{v}": round(statistics.median(statistics.median(r) for r in rs if r), 5)
+                    for v, rs in sorted(rounds.items()) if any(rs)},
+        "end_over_plan": {f"v{v}": [round(x, 4) for x in got] for v, got in versus.items()},
+        "wrong_plan_kept": bool(wrong),
+        "wrong_plans": [f"v{v}" for v in wrong],
+        "remeasure_could_not_tell": [f"v{v}" for v in untold],
+        "final_over_best": round(final_over_best, 4), "best_plan": f"v{best_v}",
+        "quiet_speedup": round(speedup[0], 4) if speedup else None,
+        "quiet_speedup_interval": [round(x, 4) for x in speedup[1:]] if speedup else None,
+        "interval_contains_quiet": contains,
+    }
+
+
+def analyse(a, run, rounds, reps):
     per_step, final = run["per_step"], run["final"]
     settled, first_seen = settle_step(per_step, a.settle_steps)
     last = max(per_step)
@@ -299,32 +378,52 @@ def analyse(a, run, quiet, reps):
     # The version the job ended on (its last step's, not a baseline block).
     ran = [per_step[s][1] for s in sorted(per_step) if per_step[s][1] > 0]
     end_v = ran[-1] if ran else 0
-    final_t = quiet[reps[end_v]]
-    best_v = min(quiet, key=quiet.get)
-    best_t = quiet[best_v]
-    wrong = final_t > best_t * (1 + MIN_GAIN)
-    quiet_speedup = quiet[reps[0]] / final_t if 0 in reps else None
     reported = final.measured_speedup if final.measured_speedup > 0 else None
-    contains = None
-    if reported is not None and quiet_speedup is not None:
-        contains = final.speedup_low <= quiet_speedup <= final.speedup_high
-    return {
+    interval = [final.speedup_low, final.speedup_high] if reported is not None else None
+    row = {
         "job": run["job"], "steps": last + 1, "versions": final_v,
         "settled_at_step": settled,
         "versions_per_100_settled": (round(100.0 * len(after) / span, 2) if span > 0 else None),
         "end_version": end_v, "end_plan_of": reps[end_v],
-        "quiet_s": {f"v{v}": round(t, 5) for v, t in sorted(quiet.items())},
-        "final_over_best": round(final_t / best_t, 4), "best_plan": f"v{best_v}",
-        "wrong_plan_kept": wrong,
         "reported_speedup": reported,
-        "reported_interval": ([final.speedup_low, final.speedup_high]
-                              if reported is not None else None),
+        "reported_interval": interval,
         "speedup_text": final.speedup_text,
-        "quiet_speedup": round(quiet_speedup, 4) if quiet_speedup else None,
-        "interval_contains_quiet": contains,
         "link_flips": run["flips"],
         "state": final.state,
+        "quiet_round_steps_s": {f"v{v}": [[round(t, 5) for t in r] for r in rs]
+                                for v, rs in sorted(rounds.items())},
     }
+    row.update(verdicts(rounds, reps[end_v], interval))
+    return row
+
+
+def stored_rounds(row):
+    """A results row's re-measured rounds: each round's steps, or (runs
+    before 2026-12) each round's median as a round of one step."""
+    if "quiet_round_steps_s" in row:
+        got = row["quiet_round_steps_s"]
+    else:
+        got = {v: [[m] for m in ms] for v, ms in row["quiet_rounds_s"].items()}
+    return {int(v[1:]): rs for v, rs in got.items()}
+
+
+def reanalyse(path):
+    """Each job of a results file under today's verdicts; prints the rows
+    and the summaries (nothing is written)."""
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    groups = {}
+    for row in rows:
+        if row.get("summary") or "end_plan_of" not in row:
+            continue  # a summary, or run.sh's machine lines
+        row.update(verdicts(stored_rounds(row), row["end_plan_of"], row.get("reported_interval")))
+        print(json.dumps({k: row[k] for k in ("model", "condition", "job", "end_plan_of",
+                                              "end_over_plan", "wrong_plans",
+                                              "remeasure_could_not_tell", "final_over_best",
+                                              "quiet_speedup", "quiet_speedup_interval",
+                                              "interval_contains_quiet")}, sort_keys=True))
+        groups.setdefault((row["model"], row["condition"]), []).append(row)
+    for (model, condition), got in groups.items():
+        print(json.dumps(summarize(model, condition, got), sort_keys=True))
 
 
 def summarize(model, condition, rows):
@@ -334,6 +433,8 @@ def summarize(model, condition, rows):
     return {
         "summary": True, "model": model, "condition": condition, "jobs": len(rows),
         "wrong_plans_kept": sum(r["wrong_plan_kept"] for r in rows),
+        "remeasure_could_not_tell": sum(bool(r.get("remeasure_could_not_tell"))
+                                        and not r["wrong_plan_kept"] for r in rows),
         "versions_per_100_settled_max": max(per100) if per100 else None,
         "never_settled": sum(r["settled_at_step"] is None for r in rows),
         "final_over_best_median": (round(statistics.median(r["final_over_best"] for r in rows), 4)
@@ -344,6 +445,12 @@ def summarize(model, condition, rows):
 
 
 def main():
+    if sys.argv[1:2] == ["--reanalyse"]:
+        ap = argparse.ArgumentParser(description="recompute the verdicts of a results "
+                                     "file's jobs and print them")
+        ap.add_argument("--reanalyse", metavar="FILE", required=True)
+        reanalyse(ap.parse_args().reanalyse)
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     steady.add_link_args(ap)
     ap.add_argument("--models", default="demo,exported-gpt")
@@ -351,7 +458,7 @@ def main():
     ap.add_argument("--jobs", type=int, default=5, help="jobs per model and condition")
     ap.add_argument("--steps", type=int, default=160)
     ap.add_argument("--settle-steps", type=int, default=15)
-    ap.add_argument("--remeasure-rounds", type=int, default=3)
+    ap.add_argument("--remeasure-rounds", type=int, default=4)
     ap.add_argument("--remeasure-steps", type=int, default=10)
     ap.add_argument("--discard", type=int, default=3)
     ap.add_argument("--job-timeout-s", type=float, default=900)
@@ -376,10 +483,8 @@ def main():
                 workdir = os.path.join(a.workdir, f"{model}-{condition}-{j}")
                 log(f"{model}, {condition}, job {j + 1} of {a.jobs}")
                 run = run_job(a, spec, condition, workdir, a.seed * 1000 + n, tandem)
-                quiet, reps, rounds = remeasure(a, spec, run["texts"], workdir)
-                row = analyse(a, run, quiet, reps)
-                row["quiet_rounds_s"] = {f"v{v}": [round(t, 5) for t in ts]
-                                         for v, ts in sorted(rounds.items())}
+                rounds, reps = remeasure(a, spec, run["texts"], workdir)
+                row = analyse(a, run, rounds, reps)
                 row.update(model=model, condition=condition, rate_mbit=a.rate_mbit)
                 rows.append(row)
                 with open(a.out, "a") as f:

@@ -4,6 +4,7 @@ and when a kept plan is wrong or a reported interval misses the quiet
 re-measure (issue 34)."""
 
 import argparse
+import json
 import importlib.util
 import os
 from types import SimpleNamespace
@@ -80,6 +81,11 @@ def test_settle_step_is_the_end_of_the_first_stretch_one_plan_ran_alone():
     assert noise.settle_step(steps([0] * 30), 15)[0] is None
 
 
+def flat(medians, rounds=4, steps=5):
+    """Re-measured rounds whose steps all take each plan's time."""
+    return {v: [[t] * steps for _ in range(rounds)] for v, t in medians.items()}
+
+
 def test_analyse_counts_versions_after_settling_and_flags_a_wrong_plan():
     per_step = steps([0] * 6 + [1] * 20 + [2] * 30 + [3] * 44)  # 100 steps
     texts = {0: schedule(0, 0), 1: schedule(1, 0.5), 2: schedule(2, 0.4, extra="after n2 release g0\n"),
@@ -88,29 +94,84 @@ def test_analyse_counts_versions_after_settling_and_flags_a_wrong_plan():
     run = dict(job="j", per_step=per_step, texts=texts, flips=None,
                final=final(1.30, 1.20, 1.40, "1.30x (1.20-1.40)"))
     # v3 reruns v1's plan, which the quiet re-measure finds 10% slower than
-    # v2's: a wrong plan kept.
-    quiet = {0: 0.65, 1: 0.55, 2: 0.50}
-    row = noise.analyse(args(), run, quiet, reps)
+    # v2's in every round: a wrong plan kept.
+    row = noise.analyse(args(), run, flat({0: 0.65, 1: 0.55, 2: 0.50}), reps)
     assert row["settled_at_step"] == 21
     # v2 (step 26) and v3 (step 56) after step 21, over 79 steps.
     assert row["versions_per_100_settled"] == round(100 * 2 / 79, 2)
     assert row["end_version"] == 3 and row["end_plan_of"] == 1
-    assert row["wrong_plan_kept"] is True
-    assert row["final_over_best"] == round(0.55 / 0.50, 4)
+    assert row["wrong_plan_kept"] is True and row["wrong_plans"] == ["v2"]
+    assert row["final_over_best"] == round(0.55 / 0.50, 4) and row["best_plan"] == "v2"
     assert row["quiet_speedup"] == round(0.65 / 0.55, 4)
     assert row["interval_contains_quiet"] is False  # 1.18 outside 1.20-1.40
+    assert row["quiet_round_steps_s"]["v1"] == [[0.55] * 5] * 4
     # Within min_gain of the best: not wrong; the interval holds it.
-    quiet = {0: 0.65, 1: 0.50, 2: 0.49}
-    row = noise.analyse(args(), run, quiet, reps)
-    assert row["wrong_plan_kept"] is False
+    row = noise.analyse(args(), run, flat({0: 0.65, 1: 0.50, 2: 0.49}), reps)
+    assert row["wrong_plan_kept"] is False and row["remeasure_could_not_tell"] == []
     assert row["interval_contains_quiet"] is True
+    # The ended-on plan the best: final over best is 1.
+    row = noise.analyse(args(), run, flat({0: 0.65, 1: 0.45, 2: 0.50}), reps)
+    assert row["final_over_best"] == 1.0 and row["best_plan"] == "v1"
+
+
+def test_paired_ratio_holds_when_the_host_changes_speed_between_rounds():
+    # v1 is 10% slower than v2 in every round, while the host runs rounds 1
+    # and 3 at half speed: each round's ratio is 1.10, so is their mean,
+    # and the interval is tight. Medians over rounds taken apart would
+    # compare 1.1-1.2 against 1.0-2.0: no verdict.
+    scale = [1.0, 2.0, 1.0, 2.0]
+    v1 = [[1.10 * k + 0.001 * i for i in range(5)] for k in scale]
+    v2 = [[1.00 * k + 0.001 * i for i in range(5)] for k in scale]
+    ratio, low, high = noise.paired_ratio(v1, v2)
+    assert abs(ratio - 1.10) < 0.002
+    assert 1.09 < low <= ratio <= high < 1.11
+    # Seeded: the same rounds give the same interval.
+    assert noise.paired_ratio(v1, v2) == (ratio, low, high)
+    assert noise.paired_ratio([], []) is None
+
+
+def test_a_gap_the_remeasure_cannot_tell_is_not_a_wrong_plan():
+    # The ended-on v1 trails v2 by 8% on the geometric mean of four rounds,
+    # but one round has v2 15% slower: the interval holds 1, so the
+    # re-measure could not tell them apart (the rule before counted this as
+    # a wrong plan kept, by the medians alone).
+    rounds = {0: [[1.3] * 5] * 4,
+              1: [[1.00] * 5, [1.00] * 5, [1.00] * 5, [1.00] * 5],
+              2: [[0.80] * 5, [0.80] * 5, [0.85] * 5, [1.15] * 5]}
+    got = noise.verdicts(rounds, end_plan=1)
+    ratio, low, high = got["end_over_plan"]["v2"]
+    assert ratio > 1 + noise.MIN_GAIN and low <= 1 < high
+    assert got["wrong_plan_kept"] is False
+    assert got["remeasure_could_not_tell"] == ["v2"]
+    s = noise.summarize("demo", "quiet", [dict(got, versions_per_100_settled=0,
+                                              settled_at_step=20)])
+    assert s["wrong_plans_kept"] == 0 and s["remeasure_could_not_tell"] == 1
+    # A job that ended on the baseline's plan: its quiet speedup is 1.
+    got = noise.verdicts(rounds, end_plan=0, reported=(0.9, 1.1))
+    assert got["quiet_speedup"] == 1.0 and got["interval_contains_quiet"] is True
+
+
+def test_reanalyse_reads_rounds_of_medians_from_older_runs(tmp_path, capsys):
+    path = tmp_path / "old.jsonl"
+    rows = [{"contender": "machine", "cpu": "x"},
+            {"model": "demo", "condition": "quiet", "job": "j", "end_plan_of": 1,
+             "reported_interval": None, "wrong_plan_kept": True,
+             "quiet_rounds_s": {"v0": [1.3, 1.3, 1.3], "v1": [1.0, 1.1, 1.0],
+                                "v2": [0.9, 1.0, 0.9]},
+             "versions_per_100_settled": 0.0, "settled_at_step": 30}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    noise.reanalyse(str(path))
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert out[0]["end_over_plan"]["v2"][0] == round((1.0 / 0.9 * 1.1 / 1.0 * 1.0 / 0.9) ** (1 / 3), 4)
+    assert out[0]["wrong_plans"] == ["v2"]  # 1.11, 1.10 and 1.11: every round
+    assert out[1]["summary"] and out[1]["wrong_plans_kept"] == 1
 
 
 def test_analyse_without_a_reported_speedup_judges_no_interval():
     per_step = steps([0] * 6 + [1] * 40)
     run = dict(job="j", per_step=per_step, texts={0: schedule(0, 0), 1: schedule(1, 0.5)},
                flips=3, final=final())
-    row = noise.analyse(args(), run, {0: 0.6, 1: 0.5}, {0: 0, 1: 1})
+    row = noise.analyse(args(), run, flat({0: 0.6, 1: 0.5}), {0: 0, 1: 1})
     assert row["reported_speedup"] is None and row["interval_contains_quiet"] is None
     s = noise.summarize("demo", "flaps", [row])
     assert s["speedup_not_reported"] == 1 and s["interval_contains_quiet"] == "0 of 0"

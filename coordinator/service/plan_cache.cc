@@ -63,20 +63,26 @@ std::optional<CachedPlan> FindCachedPlan(
     absl::StatusOr<std::vector<StoredSchedule>> schedules =
         store.LoadSchedules(id);
     if (!schedules.ok()) continue;
-    // The newest schedule that is no comparison's candidate (a trial, or a
-    // rollback being checked): one still last was never decided (a decided
-    // one is followed by its "kept" or "rollback" version), and an
+    // The newest schedule that is no comparison's candidate (a trial, a
+    // rollback or a drift plan being checked): one still last was never decided
+    // (a decided one is followed by its "kept" or "rollback" version), and an
     // undecided plan is not handed out.
     const StoredSchedule* newest = nullptr;
     for (auto s = schedules->rbegin(); s != schedules->rend(); ++s) {
       const v1::Provenance& p = s->schedule.provenance();
+      auto has_pass = [&p](absl::string_view prefix) {
+        return absl::c_any_of(p.passes(), [prefix](const std::string& pass) {
+          return absl::StartsWith(pass, prefix);
+        });
+      };
       const bool checked_rollback =
           p.reason() == PlanReasonName(PlanReason::kRollback) &&
-          absl::c_any_of(p.passes(), [](const std::string& pass) {
-            return absl::StartsWith(pass, kRollbackCheckPass);
-          });
+          has_pass(kRollbackCheckPass);
+      const bool checked_drift =
+          p.reason() == PlanReasonName(PlanReason::kDrift) &&
+          has_pass(kDriftCheckPass);
       if (p.reason() != PlanReasonName(PlanReason::kTrial) &&
-          !checked_rollback) {
+          !checked_rollback && !checked_drift) {
         newest = &*s;
         break;
       }

@@ -44,6 +44,13 @@ enum class PlanReason {
 // undecided.
 inline constexpr char kRollbackCheckPass[] = "rollback-check-of-v";
 
+// The provenance pass of a "drift" version whose plan differs from the
+// active version's: it alternates with that version ("drift-check-of-vK":
+// K) and runs on only if measured faster, since a re-fitted model can read
+// a machine that slowed for every plan as a reason to switch; a check still
+// the newest version is undecided.
+inline constexpr char kDriftCheckPass[] = "drift-check-of-v";
+
 // The stored name ("initial", "drift", "memory", "reoptimize", "rollback",
 // "cached", "trial", "kept", "memory-guard", "baseline-check").
 absl::string_view PlanReasonName(PlanReason reason);

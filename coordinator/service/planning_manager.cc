@@ -303,11 +303,17 @@ void PlanningManager::RecoverEvidenceLocked(
     const std::optional<int64_t> check_of =
         why == PlanReason::kRollback ? VersionPass(s, kRollbackCheckPass)
                                      : std::nullopt;
-    std::optional<int64_t> of =
-        why == PlanReason::kTrial ? VersionPass(s, "trial-of-v") : check_of;
+    const std::optional<int64_t> drift_of =
+        why == PlanReason::kDrift ? VersionPass(s, kDriftCheckPass)
+                                  : std::nullopt;
+    std::optional<int64_t> of = why == PlanReason::kTrial
+                                    ? VersionPass(s, "trial-of-v")
+                                : drift_of.has_value() ? drift_of
+                                                       : check_of;
     if (of.has_value()) {
       state.trials[s.version()] = *of;
       if (check_of.has_value()) state.rollback_checks.insert(s.version());
+      if (drift_of.has_value()) state.drift_checks.insert(s.version());
       if (i + 1 < state.schedules.size()) {
         state.trials_judged.insert(s.version());
       }
@@ -357,6 +363,14 @@ void PlanningManager::RecoverEvidenceLocked(
                                                  BaselinePairs(state.spec)};
     }
   }
+  // A drift check forgot what was measured before it (Plan): steps before
+  // the newest check's first are not measured again.
+  int64_t measured_from = -1;
+  for (const StoredSchedule& s : state.schedules) {
+    if (state.drift_checks.count(s.schedule.version())) {
+      measured_from = std::max(measured_from, s.effective_step);
+    }
+  }
   // Step times per version, as OnProgress recorded them (at the reference
   // work), from the steps the job history stored.
   for (const StoredStep& step : steps) {
@@ -366,7 +380,9 @@ void PlanningManager::RecoverEvidenceLocked(
     if (step.schedule_version == kLeastMemoryVersion) continue;
     const double at_reference = state.work.ToReference(
         step.iteration_s, static_cast<double>(step.work));
-    state.measured.Record(step.schedule_version, step.step, at_reference);
+    if (step.step >= measured_from) {
+      state.measured.Record(step.schedule_version, step.step, at_reference);
+    }
     if (state.comparison.has_value() &&
         step.step >= state.schedules.back().effective_step) {
       state.comparison->Add(step.schedule_version, step.step, at_reference);
@@ -748,14 +764,18 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
   // A rollback check: the candidate reruns the best version measured one
   // after the other, the incumbent is the active version found behind it.
   const bool check = state.rollback_checks.count(candidate) > 0;
+  // A drift check: the candidate is the re-plan of a drift, the incumbent
+  // the version that drifted.
+  const bool drift_check = state.drift_checks.count(candidate) > 0;
   auto rerun = state.rollbacks.find(candidate);
   const int64_t reran = rerun != state.rollbacks.end() ? rerun->second : -1;
   const std::string source =
-      check ? absl::StrCat("v", reran, "'s plan again")
-            : absl::StrCat(candidate_schedule.has_value()
-                               ? TrialSource(*candidate_schedule)
-                               : std::string("the runner-up"),
-                           "'s plan");
+      check         ? absl::StrCat("v", reran, "'s plan again")
+      : drift_check ? std::string("the plan re-fitted to the drift")
+                    : absl::StrCat(candidate_schedule.has_value()
+                                       ? TrialSource(*candidate_schedule)
+                                       : std::string("the runner-up"),
+                                   "'s plan");
   std::string verdict;
   switch (decision.verdict) {
     case Verdict::kCandidateFaster:
@@ -781,8 +801,8 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
           "of optimize.min_gain %.0f%%); back to v%d's schedule",
           r.pairs, 100 * options.min_gain, incumbent);
       // Trials back off; a check is not a trial (the next one comes only
-      // from another plan found behind).
-      if (!check) {
+      // from another plan found behind, or another drift).
+      if (!check && !drift_check) {
         ++state.inconclusive_trials;
         const int64_t wait = TrialBackoffSteps(
             state.spec.optimize().drift_window(), state.inconclusive_trials);
@@ -808,21 +828,38 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
                     "; the machine changed, not the plan: what was measured "
                     "is forgotten and drift detection decides from here");
   }
-  if (decision.verdict != Verdict::kInconclusive && !check) {
+  if (drift_check && !decision.keep_candidate()) {
+    // Measured side by side, the active plan is not behind the re-plan:
+    // every plan slowed alike. It runs on, expected at what it measured in
+    // the blocks (ExpectedAtReference), so the same slowdown does not
+    // re-plan again.
+    absl::StrAppendFormat(&verdict,
+                          "; the machine changed for every plan, not v%d's "
+                          "plan alone: v%d runs on, expected at what it "
+                          "measured in the blocks",
+                          incumbent, incumbent);
+  }
+  if (decision.verdict != Verdict::kInconclusive && !check && !drift_check) {
     state.inconclusive_trials = 0;
     state.trial_not_before = -1;
   }
   (void)jobs_->RecordEvent(
-      job_id, check ? "rollback" : "trial",
+      job_id,
+      check         ? "rollback"
+      : drift_check ? "drift"
+                    : "trial",
       absl::StrFormat(
           "%s v%d (%s) against v%d, interleaved in blocks of %d steps (%d "
           "block pairs; %d steps of v%d, %d of v%d counted, each block's "
           "first left out): v%d/v%d = %.3f (%.3f-%.3f, %.0f%% interval) at "
           "step %d: %s",
-          check ? "rollback check" : "trial", candidate, source, incumbent,
-          kComparisonBlockSteps, r.pairs, r.candidate_steps, candidate,
-          r.incumbent_steps, incumbent, candidate, incumbent, r.ratio, r.low,
-          r.high, 100 * options.confidence, step, verdict));
+          check         ? "rollback check"
+          : drift_check ? "drift check"
+                        : "trial",
+          candidate, source, incumbent, kComparisonBlockSteps, r.pairs,
+          r.candidate_steps, candidate, r.incumbent_steps, incumbent, candidate,
+          incumbent, r.ratio, r.low, r.high, 100 * options.confidence, step,
+          verdict));
   state.trials_judged.insert(candidate);
   state.comparison.reset();
   state.pending_reason.reset();
@@ -839,7 +876,7 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
     if (check) state.measured.Clear();
     state.rollback_to = incumbent;
     state.rollback_inconclusive =
-        !check && decision.verdict == Verdict::kInconclusive;
+        !check && !drift_check && decision.verdict == Verdict::kInconclusive;
     QueueLocked(job_id, state, PlanReason::kRollback);
   }
   return true;
@@ -1167,6 +1204,10 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
   // with (PlanReason::kRollback only).
   int64_t check_of = -1;
   std::optional<v1::Schedule> check_incumbent;
+  // A drift plan that differs from the active one: that active version,
+  // which it alternates with before it runs on.
+  int64_t drift_of = -1;
+  std::optional<v1::Schedule> drift_incumbent;
   // A "trial": the runner-up and the version it is tried against.
   std::optional<PlanAlternative> trial;
   int64_t trial_of = -1;
@@ -1501,9 +1542,23 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
               100 * gain, active->version(), KeepActive(job_id, why)));
       return;
     }
+    // Priced faster by more than min_gain: the re-fitted model says the
+    // choice moved. The model can misread a machine that slowed for every
+    // plan, so the measurements decide: the drift plan alternates with the
+    // active one, interleaved, and runs on only if measured faster
+    // (CompareLocked).
+    if (current.ok()) {
+      drift_of = active->version();
+      drift_incumbent = *active;
+      next_trial.reset();
+    }
   }
   planned->version = version;
   planned->provenance.reason = reason;
+  if (drift_incumbent.has_value()) {
+    planned->provenance.passes.push_back(
+        absl::StrCat(kDriftCheckPass, drift_of));
+  }
   if (baseline_unfit &&
       !absl::c_linear_search(planned->provenance.passes,
                              absl::string_view(kBaselineUnfitPass))) {
@@ -1531,6 +1586,10 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
   }
   if (check_incumbent.has_value()) {
     *update.mutable_incumbent() = *check_incumbent;
+    update.set_block_steps(kComparisonBlockSteps);
+  }
+  if (drift_incumbent.has_value()) {
+    *update.mutable_incumbent() = *drift_incumbent;
     update.set_block_steps(kComparisonBlockSteps);
   }
   const int baseline_pairs = BaselinePairs(spec);
@@ -1577,6 +1636,16 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
         it->second.rollback_checks.insert(version);
         it->second.comparison = JobPlanning::Comparison{version, check_of};
       }
+      if (drift_incumbent.has_value()) {
+        it->second.trials[version] = drift_of;
+        it->second.drift_checks.insert(version);
+        it->second.comparison = JobPlanning::Comparison{version, drift_of};
+        // The drift says the machine or the plan changed: what was measured
+        // before describes neither. The check's blocks measure both plans
+        // anew, and whichever runs on is expected at what it measured there
+        // (ExpectedAtReference).
+        it->second.measured.Clear();
+      }
       if (why == PlanReason::kBaselineCheck) {
         it->second.comparison =
             JobPlanning::Comparison{version, 0, baseline_pairs};
@@ -1609,7 +1678,7 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
       job_id, "schedule",
       absl::StrFormat(
           "v%d (%s) from step %d: predicted %.4f s/iter%s, exposed comm "
-          "%.4f s, peak %s%s; passes %s; planned in %.1f ms on %s%s%s",
+          "%.4f s, peak %s%s; passes %s; planned in %.1f ms on %s%s%s%s",
           version, reason, update.effective_step(),
           planned->prediction.iteration_s,
           profile.iteration_s > 0
@@ -1629,6 +1698,13 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
                     "as a trial once this one has run %d steps",
                     next_trial->source, next_trial->sim.iteration_s,
                     spec.optimize().drift_window())
+              : std::string(),
+          drift_incumbent.has_value()
+              ? absl::StrFormat(
+                    "; alternated with v%d in blocks of %d steps, it runs on "
+                    "only if measured faster (a machine that slowed for "
+                    "every plan can read as a reason to switch)",
+                    drift_of, kComparisonBlockSteps)
               : std::string()));
   if (publisher) publisher(job_id, update);
 }

@@ -235,6 +235,9 @@ class PlanningManager {
     // Rollback versions that are such checks (each also in `trials`, with
     // the version it is compared against): decided like a trial.
     std::set<int64_t> rollback_checks;
+    // Drift versions checked the same way against the version active when
+    // the drift fired (each also in `trials`).
+    std::set<int64_t> drift_checks;
     // Rollback versions and the version whose plan each runs again.
     std::map<int64_t, int64_t> rollbacks;
     // The runner-up to measure once version `trial_after` is judged, and

@@ -144,8 +144,13 @@ class PlanningManagerTest : public ::testing::Test {
   double TrialBackToV1(double factor);
   // A job with optimize.min_gain `min_gain` planned (v1), drifted (its
   // steps at 3x the prediction) and sent the window whose re-fitted model
-  // prefers another plan (kOtherPlanScale); v1's predicted step.
-  double DriftToOtherPlan(double min_gain);
+  // prefers another plan (kOtherPlanScale); v1's predicted step. With
+  // `devices`, its ranks are registered (RegisterDevices) first.
+  double DriftToOtherPlan(double min_gain, bool devices = false);
+  // Ends job_ (succeeded) and submits `spec` again on the same hardware:
+  // the new job must start on job_'s v1, cached (never on a plan still
+  // being compared when job_ ended).
+  void ExpectAgainOnCachedV1(const v1::JobSpec& spec);
   // A job with the baseline check on whose baseline tripped the memory
   // guard before the first window: v1 is planned from the window measured
   // under the least-memory fallback.
@@ -270,6 +275,20 @@ TEST_F(PlanningManagerTest, HalfAWindow_DoesNotPlan) {
   EXPECT_TRUE(published_.empty());
 }
 
+// Both ranks registered on one 8 GiB host, as the worker manager would
+// report and store them.
+void RegisterDevices(PlanningManager& planning, JobStore& store,
+                     const std::string& job) {
+  for (int32_t r = 0; r < 2; ++r) {
+    const RankDevice device{"host", "cpu", int64_t{8} << 30};
+    planning.OnRankRegistered(job, r, device);
+    ASSERT_TRUE(store
+                    .PutWorker(job, {r, absl::StrCat("i", r), device.hostname,
+                                     device.device, device.memory_bytes})
+                    .ok());
+  }
+}
+
 // Both ranks report steps [first, first+n) under `version` at `seconds`.
 void SlowestSteps(PlanningManager& planning, const std::string& job,
                   int64_t first, int n, int64_t version, double seconds) {
@@ -343,10 +362,11 @@ TEST_F(PlanningManagerTest, SustainedDrift_SamePlanAgain_KeptAndWatched) {
 // moves to another plan (at 0.1 and above it stays on v1's).
 constexpr double kOtherPlanScale = 0.01;
 
-double PlanningManagerTest::DriftToOtherPlan(double min_gain) {
+double PlanningManagerTest::DriftToOtherPlan(double min_gain, bool devices) {
   v1::JobSpec spec = Spec(/*trial_margin=*/0);
   spec.mutable_optimize()->set_min_gain(min_gain);
   job_ = *jobs_->Submit(spec);
+  if (devices) RegisterDevices(*planning_, *store_, job_.id());
   EXPECT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
   SendWindow(0, 1, 0);
   EXPECT_EQ(published_.size(), 1u);
@@ -407,11 +427,23 @@ TEST_F(PlanningManagerTest, DriftKept_ExpectsTheWindowThatDrifted) {
   EXPECT_EQ(published_.size(), 1u);
 }
 
-// With min_gain 0 the same window publishes the other plan.
-TEST_F(PlanningManagerTest, DriftReplan_OtherPlanBeyondMinGain_Published) {
+// With min_gain 0 the same window publishes the other plan, as a check:
+// it alternates with v1 in blocks ("drift-check-of-v1"), since the model
+// re-fitted to a slower machine can price another plan faster when every
+// plan slowed alike.
+TEST_F(PlanningManagerTest, DriftReplan_OtherPlanBeyondMinGain_Checked) {
   DriftToOtherPlan(/*min_gain=*/0);
   ASSERT_EQ(published_.size(), 2u);
   EXPECT_EQ(published_[1].schedule().provenance().reason(), "drift");
+  EXPECT_THAT(published_[1].schedule().provenance().passes(),
+              ::testing::Contains("drift-check-of-v1"));
+  ASSERT_TRUE(published_[1].has_incumbent());
+  EXPECT_EQ(published_[1].incumbent().version(), 1);
+  EXPECT_EQ(published_[1].block_steps(),
+            PlanningManager::kComparisonBlockSteps);
+  EXPECT_THAT(EventsOf(*jobs_, job_.id(), "schedule").back(),
+              HasSubstr("alternated with v1 in blocks of 4 steps, it runs on "
+                        "only if measured faster"));
   absl::StatusOr<Schedule> v1 = FromProto(published_[0].schedule());
   absl::StatusOr<Schedule> v2 = FromProto(published_[1].schedule());
   ASSERT_TRUE(v1.ok() && v2.ok());
@@ -447,6 +479,92 @@ int64_t AlternateVersions(PlanningManager& planning, const std::string& job,
     step += 2 * kBlock;
   }
   return step;
+}
+
+// The drift's plan measures no faster than v1 side by side: every plan
+// slowed alike. v1's plan is published again (v3, "rollback-to-v1"), the
+// drift's plan is rejected, and v1 runs on expected at what it measured in
+// the blocks: the slower steps that fired the drift fire nothing more.
+TEST_F(PlanningManagerTest, DriftCheck_EveryPlanSlowed_ActiveRunsOn) {
+  const double predicted = DriftToOtherPlan(/*min_gain=*/0);
+  ASSERT_EQ(published_.size(), 2u);
+  const int64_t from = published_[1].effective_step();
+  planning_->OnScheduleActive(job_.id(), 2);
+  const int64_t next = AlternateVersions(*planning_, job_.id(), from, 2, 2,
+                                         predicted * 3, 1, predicted * 3);
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 3u);
+  const v1::Schedule& back = published_[2].schedule();
+  EXPECT_EQ(back.provenance().reason(), "rollback");
+  EXPECT_THAT(back.provenance().passes(),
+              ::testing::Contains("rollback-to-v1"));
+  EXPECT_THAT(back.provenance().passes(),
+              ::testing::Not(::testing::Contains("trial-inconclusive")));
+  EXPECT_FALSE(published_[2].has_incumbent());
+  EXPECT_THAT(EventsOf(*jobs_, job_.id(), "drift").back(),
+              AllOf(HasSubstr("drift check v2 (the plan re-fitted to the "
+                              "drift) against v1, interleaved"),
+                    HasSubstr("v2/v1 = 1.000"),
+                    HasSubstr("back to v1's schedule; the machine changed "
+                              "for every plan, not v1's plan alone")));
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "trial"), 0);
+  planning_->OnScheduleActive(job_.id(), 3);
+  SlowestSteps(*planning_, job_.id(), next, 30, 3, predicted * 3);
+  planning_->Drain();
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "drift"), 2);  // fired, checked
+  EXPECT_EQ(published_.size(), 3u);
+}
+
+// Measured faster side by side, the drift's plan runs on ("kept-v2"), and
+// v1 is rejected.
+TEST_F(PlanningManagerTest, DriftCheck_PlanFaster_Kept) {
+  const double predicted = DriftToOtherPlan(/*min_gain=*/0);
+  ASSERT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  AlternateVersions(*planning_, job_.id(), published_[1].effective_step(), 2, 2,
+                    predicted * 2, 1, predicted * 3);
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 3u);
+  EXPECT_EQ(published_[2].schedule().provenance().reason(), "kept");
+  EXPECT_THAT(published_[2].schedule().provenance().passes(),
+              ::testing::Contains("kept-v2"));
+  EXPECT_THAT(EventsOf(*jobs_, job_.id(), "drift").back(),
+              AllOf(HasSubstr("v2/v1 = 0.667"),
+                    HasSubstr("33.3% faster, beyond optimize.min_gain 0%; "
+                              "kept: its plan runs on")));
+}
+
+// A restart during a drift check goes on with it: the reconnecting worker
+// gets the drift plan with v1 as its incumbent, and the blocks decide.
+TEST_F(PlanningManagerTest, Restart_DuringDriftCheck_StillDecided) {
+  const double predicted = DriftToOtherPlan(/*min_gain=*/0);
+  ASSERT_EQ(published_.size(), 2u);
+  const int64_t from = published_[1].effective_step();
+  std::vector<StoredStep> stored;
+  for (int64_t step = 0; step < from + 8; ++step) {
+    StoredStep s;
+    s.step = step;
+    s.schedule_version = step < 3                                      ? 0
+                         : step < from || ((step - from) / 4) % 2 == 1 ? 1
+                                                                       : 2;
+    s.iteration_s = step < 3 ? predicted : predicted * 3;
+    stored.push_back(s);
+  }
+  std::unique_ptr<Restarted> r = RestartWith(stored);
+  PlanningManager& restarted = *r->planning;
+  absl::StatusOr<v1::ScheduleUpdate> latest = restarted.LatestUpdate(job_.id());
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->schedule().version(), 2);
+  EXPECT_EQ(latest->incumbent().version(), 1);
+  AlternateVersions(restarted, job_.id(), from + 8, 1, 2, predicted * 3, 1,
+                    predicted * 3);
+  restarted.Drain();
+  ASSERT_EQ(r->published.size(), 1u);
+  EXPECT_THAT(r->published[0].schedule().provenance().passes(),
+              ::testing::Contains("rollback-to-v1"));
+  EXPECT_THAT(EventsOf(*r->jobs, job_.id(), "drift").back(),
+              HasSubstr("the machine changed for every plan"));
+  restarted.Stop();
 }
 
 // Variable-length batches: each step's work (its batch elements) cycles
@@ -1497,20 +1615,6 @@ TEST_F(PlanningManagerTest, Restart_AfterBaselineCheck_FigureMeasuredAgain) {
 // A second job of the same model, batch, world, budget and hardware starts
 // on the first job's plan from step 1, marked cached; one with another
 // budget does not.
-// Both ranks registered on one 8 GiB host, as the worker manager would
-// report and store them.
-void RegisterDevices(PlanningManager& planning, JobStore& store,
-                     const std::string& job) {
-  for (int32_t r = 0; r < 2; ++r) {
-    const RankDevice device{"host", "cpu", int64_t{8} << 30};
-    planning.OnRankRegistered(job, r, device);
-    ASSERT_TRUE(store
-                    .PutWorker(job, {r, absl::StrCat("i", r), device.hostname,
-                                     device.device, device.memory_bytes})
-                    .ok());
-  }
-}
-
 TEST_F(PlanningManagerTest, SameJobAgain_StartsOnItsCachedPlan) {
   RegisterDevices(*planning_, *store_, job_.id());
   ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
@@ -1608,6 +1712,25 @@ TEST_F(PlanningManagerTest, CachedPlan_CarriesItsSourcesSpeedup) {
 
 // A job that ended during a comparison never hands out its undecided trial:
 // the same job again starts on the plan the trial was tried against.
+void PlanningManagerTest::ExpectAgainOnCachedV1(const v1::JobSpec& spec) {
+  ASSERT_TRUE(
+      jobs_->Transition(job_.id(), v1::JOB_STATE_SUCCEEDED, "done").ok());
+  const size_t before = published_.size();
+  absl::StatusOr<v1::Job> again = jobs_->Submit(spec);
+  ASSERT_TRUE(again.ok());
+  RegisterDevices(*planning_, *store_, again->id());
+  ASSERT_TRUE(planning_->OnGraph(again->id(), 0, Report(true)).ok());
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), before + 1);
+  EXPECT_THAT(
+      published_.back().schedule().provenance().passes(),
+      ::testing::Contains(absl::StrCat("cached-from:", job_.id(), "/v1")));
+  absl::StatusOr<Schedule> v1 = FromProto(published_[0].schedule());
+  absl::StatusOr<Schedule> cached = FromProto(published_.back().schedule());
+  ASSERT_TRUE(v1.ok() && cached.ok());
+  EXPECT_TRUE(SamePlan(*v1, *cached));
+}
+
 TEST_F(PlanningManagerTest, CachedPlan_NeverAnUndecidedTrial) {
   job_ = *jobs_->Submit(Spec(/*trial_margin=*/1.0));
   RegisterDevices(*planning_, *store_, job_.id());
@@ -1616,22 +1739,7 @@ TEST_F(PlanningManagerTest, CachedPlan_NeverAnUndecidedTrial) {
   RunUntilTrial(*planning_, *jobs_, job_.id(), published_);
   ASSERT_EQ(published_.size(), 2u);
   ASSERT_EQ(published_[1].schedule().provenance().reason(), "trial");
-  ASSERT_TRUE(
-      jobs_->Transition(job_.id(), v1::JOB_STATE_SUCCEEDED, "done").ok());
-
-  absl::StatusOr<v1::Job> again = jobs_->Submit(Spec(/*trial_margin=*/1.0));
-  ASSERT_TRUE(again.ok());
-  RegisterDevices(*planning_, *store_, again->id());
-  ASSERT_TRUE(planning_->OnGraph(again->id(), 0, Report(true)).ok());
-  planning_->Drain();
-  ASSERT_EQ(published_.size(), 3u);
-  EXPECT_THAT(
-      published_[2].schedule().provenance().passes(),
-      ::testing::Contains(absl::StrCat("cached-from:", job_.id(), "/v1")));
-  absl::StatusOr<Schedule> v1 = FromProto(published_[0].schedule());
-  absl::StatusOr<Schedule> cached = FromProto(published_[2].schedule());
-  ASSERT_TRUE(v1.ok() && cached.ok());
-  EXPECT_TRUE(SamePlan(*v1, *cached));
+  ExpectAgainOnCachedV1(Spec(/*trial_margin=*/1.0));
 }
 
 // Nor its rollback still being checked: the same job again starts on the
@@ -1650,18 +1758,18 @@ TEST_F(PlanningManagerTest, CachedPlan_NeverAnUndecidedRollbackCheck) {
   ASSERT_EQ(published_.size(), 2u);
   ASSERT_THAT(published_[1].schedule().provenance().passes(),
               ::testing::Contains("rollback-check-of-v1"));
-  ASSERT_TRUE(
-      jobs_->Transition(job_.id(), v1::JOB_STATE_SUCCEEDED, "done").ok());
+  ExpectAgainOnCachedV1(Spec(/*trial_margin=*/0));
+}
 
-  absl::StatusOr<v1::Job> again = jobs_->Submit(Spec(/*trial_margin=*/0));
-  ASSERT_TRUE(again.ok());
-  RegisterDevices(*planning_, *store_, again->id());
-  ASSERT_TRUE(planning_->OnGraph(again->id(), 0, Report(true)).ok());
-  planning_->Drain();
-  ASSERT_EQ(published_.size(), 3u);
-  EXPECT_THAT(
-      published_[2].schedule().provenance().passes(),
-      ::testing::Contains(absl::StrCat("cached-from:", job_.id(), "/v1")));
+// Nor a drift's plan still being checked against the plan that drifted.
+TEST_F(PlanningManagerTest, CachedPlan_NeverAnUndecidedDriftCheck) {
+  DriftToOtherPlan(/*min_gain=*/0, /*devices=*/true);
+  ASSERT_EQ(published_.size(), 2u);
+  ASSERT_THAT(published_[1].schedule().provenance().passes(),
+              ::testing::Contains("drift-check-of-v1"));
+  v1::JobSpec spec = Spec(/*trial_margin=*/0);
+  spec.mutable_optimize()->set_min_gain(0);
+  ExpectAgainOnCachedV1(spec);
 }
 
 // The guard trips under v1 before v1 is reported active on every rank (a

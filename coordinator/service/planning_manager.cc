@@ -293,8 +293,10 @@ void PlanningManager::RecoverEvidenceLocked(
           state.schedules[i].effective_step +
           TrialBackoffSteps(state.spec.optimize().drift_window(),
                             state.inconclusive_trials);
-    } else if (why == PlanReason::kKept ||
-               (why == PlanReason::kRollback && after_trial)) {
+    } else if ((why == PlanReason::kKept || why == PlanReason::kRollback) &&
+               after_trial) {
+      // (A verdict on a check, of a rollback or a drift, leaves the run as
+      // it was, as CompareLocked does.)
       state.inconclusive_trials = 0;
       state.trial_not_before = -1;
     }

@@ -312,6 +312,19 @@ int CountEvents(JobManager& jobs, const std::string& job,
 }
 
 // The events of `kind`, oldest first.
+// A check's verdict that the candidate is not faster: v1's plan published
+// again ("rollback-to-v1"), no comparison any more, and no trial backoff
+// (a check is no trial).
+void ExpectCheckedBackToV1(const v1::ScheduleUpdate& update) {
+  const v1::Schedule& back = update.schedule();
+  EXPECT_EQ(back.provenance().reason(), "rollback");
+  EXPECT_THAT(back.provenance().passes(),
+              ::testing::Contains("rollback-to-v1"));
+  EXPECT_THAT(back.provenance().passes(),
+              ::testing::Not(::testing::Contains("trial-inconclusive")));
+  EXPECT_FALSE(update.has_incumbent());
+}
+
 std::vector<std::string> EventsOf(JobManager& jobs, const std::string& job,
                                   const std::string& kind) {
   std::vector<std::string> out;
@@ -494,13 +507,7 @@ TEST_F(PlanningManagerTest, DriftCheck_EveryPlanSlowed_ActiveRunsOn) {
                                          predicted * 3, 1, predicted * 3);
   planning_->Drain();
   ASSERT_EQ(published_.size(), 3u);
-  const v1::Schedule& back = published_[2].schedule();
-  EXPECT_EQ(back.provenance().reason(), "rollback");
-  EXPECT_THAT(back.provenance().passes(),
-              ::testing::Contains("rollback-to-v1"));
-  EXPECT_THAT(back.provenance().passes(),
-              ::testing::Not(::testing::Contains("trial-inconclusive")));
-  EXPECT_FALSE(published_[2].has_incumbent());
+  ExpectCheckedBackToV1(published_[2]);
   EXPECT_THAT(EventsOf(*jobs_, job_.id(), "drift").back(),
               AllOf(HasSubstr("drift check v2 (the plan re-fitted to the "
                               "drift) against v1, interleaved"),
@@ -747,12 +754,7 @@ TEST_F(PlanningManagerTest, RollbackCheck_MachineNotPlan_ActiveKept) {
   planning_->Drain();
   ASSERT_EQ(published_.size(), 3u);
   const v1::Schedule& kept = published_[2].schedule();
-  EXPECT_EQ(kept.provenance().reason(), "rollback");
-  EXPECT_THAT(kept.provenance().passes(),
-              ::testing::Contains("rollback-to-v1"));
-  EXPECT_THAT(kept.provenance().passes(),
-              ::testing::Not(::testing::Contains("trial-inconclusive")));
-  EXPECT_FALSE(published_[2].has_incumbent());
+  ExpectCheckedBackToV1(published_[2]);
   EXPECT_THAT(EventsOf(*jobs_, job_.id(), "rollback").back(),
               AllOf(HasSubstr("rollback check v2 (v0's plan again) against "
                               "v1"),

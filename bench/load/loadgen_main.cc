@@ -1,15 +1,13 @@
 // tandem-loadgen: many fake workers against one real coordinator
-// (bench/README.md, "load"). Each fake worker speaks WorkerService as
-// tandem-worker's agent does (worker/agent/): it registers with its job's
-// join secret, holds one session stream, heartbeats every second, reports
-// its graph (rank 0 the whole graph, the others its hash), its progress every
-// step and a profile every profile window, switches to each schedule the
-// coordinator publishes at its effective step (ScheduleApplied), and
-// reconnects with the same incarnation when the stream breaks. The graph is
-// the job's real one (common/models' graph builder, as the worker's model
-// estimates), the profiles the simulator's replay of the schedule the ranks
-// run (common/sim), so the coordinator validates, aggregates and plans them
-// as it would a real job's.
+// (bench/README.md, "load"). Each fake worker (bench/load/fake_worker.h)
+// speaks WorkerService as tandem-worker's agent does (worker/agent/): it
+// registers with its job's join secret, holds one session stream,
+// heartbeats every second, reports its graph, its progress every step and a
+// profile every profile window, switches to each schedule the coordinator
+// publishes at its effective step, and reconnects with the same incarnation
+// when the stream breaks. The graph is the job's real one and the profiles
+// the simulator's replay of the schedule the ranks run, so the coordinator
+// validates, aggregates and plans them as it would a real job's.
 //
 // What it measures, per load (workers across jobs):
 //   - heartbeat round trip: a heartbeat, then an empty WorkerMessage, which
@@ -64,6 +62,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/load/fake_worker.h"
 #include "common/flags/command_line.h"
 #include "common/flags/flag_checks.h"
 #include "common/ir/proto_convert.h"
@@ -254,29 +253,11 @@ std::string LoadAverage() {
 // ---------------------------------------------------------------------------
 // Jobs and their models.
 
-// What the ranks of a job report while they run one schedule version.
-struct VersionModel {
-  v1::Profile profile;  // rank and window set per report
-  double iteration_s = 0;
-  double exposed_comm_s = 0;
-  int64_t peak_bytes = 0;
-};
-
-struct Job {
+// A job its fake workers run (bench/load/fake_worker.h), and when its
+// schedules reached them.
+struct Job : FakeJob {
   int index = 0;
-  std::string id;
-  std::string secret;
-  v1::JobSpec spec;  // with the coordinator's defaults
-  int world = 0;
-  int window = 3;
-  int64_t tokens = 0;
-  Graph graph;
-  std::string hash;
-  v1::GraphReport full_report;
-  v1::GraphReport hash_report;
-  HardwareModel hw;
-  std::map<int64_t, VersionModel> versions;  // driver thread only
-  double t0 = 0;                             // step 0 starts
+  double t0 = 0;  // step 0 starts
 
   std::mutex mu;
   // Profile window (last iteration) -> when its latest rank report was
@@ -312,116 +293,37 @@ v1::JobSpec LoadSpec(const std::string& name, int world, int64_t budget) {
   return spec;
 }
 
-// The profile a rank of `job` measures under `schedule`: the simulator's
-// replay of it on the job's hardware (node times, every collective, memory
-// after every node).
-absl::StatusOr<VersionModel> ModelVersion(const Job& job,
-                                          const Schedule& schedule,
-                                          const v1::Prediction* prediction) {
-  absl::StatusOr<SimResult> sim = Simulate(job.graph, schedule, job.hw);
-  if (!sim.ok()) return sim.status();
-  Profile p;
-  p.graph_hash = job.hash;
-  p.schedule_version = schedule.version;
-  p.iteration_s = sim->iteration_s;
-  p.peak_bytes = sim->peak_bytes;
-  p.peak_min_bytes = sim->peak_bytes;
-  p.work = static_cast<double>(job.tokens);
-  std::map<int32_t, int> group_index;
-  for (size_t i = 0; i < schedule.groups.size(); ++i) {
-    group_index[schedule.groups[i].id] = static_cast<int>(i);
-  }
-  int64_t before = 0;
-  for (const NodeTimelineEntry& n : sim->nodes) {
-    NodeTiming t;
-    t.node_id = n.node_id;
-    t.time_s = std::max(0.0, n.end_s - n.start_s);
-    t.samples = job.window;
-    p.nodes.push_back(t);
-    p.memory.push_back({n.node_id, before, n.memory_after_bytes});
-    before = n.memory_after_bytes;
-  }
-  for (const CollectiveTimelineEntry& c : sim->collectives) {
-    if (c.action_index < 0 ||
-        c.action_index >= static_cast<int>(schedule.actions.size())) {
-      continue;  // the fused re-gather after the optimizer
-    }
-    const Action& a = schedule.actions[c.action_index];
-    CollectiveTiming t;
-    t.node_id = a.node_id;
-    t.bytes = c.bytes;
-    t.issue_to_done_s = std::max(0.0, c.end_s - c.issue_s);
-    t.run_s = std::max(0.0, c.end_s - c.start_s);
-    if (a.kind == ActionKind::kAllGather) {
-      t.kind = CollectiveKind::kAllGather;
-      t.group_id = a.group_id;
-      auto g = group_index.find(a.group_id);
-      if (g != group_index.end() &&
-          g->second < static_cast<int>(sim->group_exposed_s.size())) {
-        t.exposed_s =
-            std::min(t.issue_to_done_s, sim->group_exposed_s[g->second]);
-      }
-    } else {
-      t.kind = CollectiveKind::kReduceScatter;
-      t.param_ids = a.param_ids;
-    }
-    p.collectives.push_back(std::move(t));
-  }
-  VersionModel m;
-  m.profile = ToProto(p);
-  // A published plan runs as predicted: nothing drifts.
-  m.iteration_s = prediction != nullptr && prediction->iteration_s() > 0
-                      ? prediction->iteration_s()
-                      : sim->iteration_s;
-  m.exposed_comm_s = prediction != nullptr ? prediction->exposed_comm_s()
-                                           : sim->exposed_comm_s;
-  m.peak_bytes = prediction != nullptr && prediction->peak_bytes() > 0
-                     ? prediction->peak_bytes()
-                     : sim->peak_bytes;
-  return m;
-}
-
-// A rank's own small spread (+0..2%), fixed per rank and step.
-double Jitter(int rank, int64_t step) {
-  uint64_t x = static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ull ^
-               static_cast<uint64_t>(step) * 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 31;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 29;
-  return 1.0 + 0.02 * static_cast<double>(x % 1000) / 1000.0;
-}
-
 // ---------------------------------------------------------------------------
 // Fake workers.
 
-class Loadgen;
-class Session;
-
+// A fake worker process: its rank (FakeRank), its connection and its
+// session, with what the load measures of them.
 struct Worker {
+  Worker(Job* j, int rank, std::string incarnation)
+      : job(j), fake(j, rank, std::move(incarnation)) {}
   int index = 0;
-  Job* job = nullptr;
-  int rank = 0;
-  std::string incarnation;
+  Job* job;
+  FakeRank fake;
   std::string hostname;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::WorkerService::Stub> stub;
 
   // The driver thread's.
-  std::shared_ptr<Session> session;
+  std::shared_ptr<SessionStream> session;
   bool stopped = false;
-  int64_t next_step = 0;
-  int64_t applied_version = 0;
-  bool unprofiled = true;
-  int in_window = 0;
-  int64_t window_first = 0;
   int64_t heartbeats = 0;
   double retry_s = 0.25;
-  std::optional<v1::WorkerMessage> last_progress;
-  double next_heartbeat = 0;
 
   // Shared with the stream's callbacks.
   std::mutex mu;
-  std::optional<v1::ScheduleUpdate> pending;
+  // The newest session's probes in flight: when each was queued, and
+  // whether it followed a heartbeat (each is an empty message, refused).
+  struct Probe {
+    double t;
+    bool heartbeat;
+  };
+  std::deque<Probe> probes;
+  bool confirmed = false;
   std::atomic<bool> stop_command{false};
   // When the newest session was confirmed (its first refusal came back);
   // -1 before any.
@@ -497,254 +399,88 @@ const char* CodeName(grpc::StatusCode code) {
   }
 }
 
-// One session stream (the callback API: no thread per stream here). Writes
-// are queued and sent one at a time; a hold keeps the stream alive while
-// the driver may still write, released once the stream is closing.
-class Session final : public grpc::ClientBidiReactor<v1::WorkerMessage,
-                                                     v1::CoordinatorMessage> {
- public:
-  Session(Worker* worker, Recorder* recorder, std::atomic<int>* open,
-          std::function<void(Worker*)> on_done)
-      : worker_(worker),
-        recorder_(recorder),
-        open_(open),
-        on_done_(std::move(on_done)) {}
-
-  static std::shared_ptr<Session> Open(Worker* w, Recorder* recorder,
-                                       std::atomic<int>* open,
-                                       std::function<void(Worker*)> on_done,
-                                       std::vector<v1::WorkerMessage> first) {
-    auto s = std::make_shared<Session>(w, recorder, open, std::move(on_done));
-    s->self_ = s;
-    open->fetch_add(1);
-    if (!w->job->secret.empty()) {
-      s->ctx_.AddMetadata("tandem-join-secret", w->job->secret);
-    }
-    w->stub->async()->Session(&s->ctx_, s.get());
-    {
-      std::lock_guard<std::mutex> lock(s->mu_);
-      for (v1::WorkerMessage& m : first) s->out_.push_back(std::move(m));
-      // The last of them is a probe: its refusal confirms the session.
-      s->probes_.push_back({Now(), false});
-      s->writing_ = true;
-    }
-    s->StartWrite(&s->out_.front());
-    s->StartRead(&s->in_);
-    s->AddHold();
-    s->StartCall();
-    return s;
-  }
-
-  // Queues a message; false once the stream is closing. With `probe`, an
-  // empty message follows whose refusal times the round trip.
-  bool Send(v1::WorkerMessage message, bool probe) {
-    const v1::WorkerMessage* start = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (closing_) return false;
-      out_.push_back(std::move(message));
-      if (probe) {
-        out_.emplace_back();
-        probes_.push_back({Now(), true});
-      }
-      if (!writing_) {
-        writing_ = true;
-        start = &out_.front();
-      }
-    }
-    if (start != nullptr) StartWrite(start);
-    return true;
-  }
-
-  void Cancel() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      cancelled_ = true;
-    }
-    ctx_.TryCancel();
-  }
-
-  bool done() const { return done_.load(); }
-  // Whether its first probe came back (the coordinator accepted the hello).
-  bool confirmed() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return confirmed_;
-  }
-
- private:
-  struct Probe {
-    double t;
-    bool heartbeat;
-  };
-
-  void OnWriteDone(bool ok) override {
-    const v1::WorkerMessage* next = nullptr;
-    bool release = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      out_.pop_front();
-      writing_ = false;
-      if (!ok) closing_ = true;
-      if (!closing_ && !out_.empty()) {
-        writing_ = true;
-        next = &out_.front();
-      } else if (closing_ && !released_) {
-        released_ = true;
-        release = true;
-      }
-    }
-    if (next != nullptr) StartWrite(next);
-    if (release) RemoveHold();
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) {
-      bool release = false;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        closing_ = true;
-        if (!writing_ && !released_) {
-          released_ = true;
-          release = true;
+// What the load records of a message on `w`'s session: a probe's refusal
+// (the round trip, after a heartbeat; the first confirms the session), any
+// other refusal, a schedule's arrival (when the first rank of its job got
+// it, and the last), a command. A stop or restart command ends the
+// session, as a real worker finishes its step and exits.
+void Record(Worker& w, Recorder& recorder, SessionStream& stream,
+            const v1::CoordinatorMessage& m) {
+  const double now = Now();
+  switch (m.payload_case()) {
+    case v1::CoordinatorMessage::kRejected: {
+      if (m.rejected().payload() == "empty") {
+        std::optional<Worker::Probe> probe;
+        {
+          std::lock_guard<std::mutex> lock(w.mu);
+          if (!w.probes.empty()) {
+            probe = w.probes.front();
+            w.probes.pop_front();
+          }
+          if (!w.confirmed) {
+            w.confirmed = true;
+            w.confirmed_at.store(now);
+            w.live.store(true);
+          }
         }
+        if (probe.has_value() && probe->heartbeat) {
+          std::lock_guard<std::mutex> lock(recorder.mu);
+          recorder.rtt[recorder.phase.load()].push_back(now - probe->t);
+        }
+        return;
       }
-      if (release) RemoveHold();
+      std::lock_guard<std::mutex> lock(recorder.mu);
+      const std::string& key = m.rejected().payload();
+      if (recorder.rejected[key]++ == 0) {
+        recorder.rejected_sample[key] = m.rejected().message();
+      }
       return;
     }
-    Handle(in_);
-    StartRead(&in_);
-  }
-
-  void Handle(const v1::CoordinatorMessage& m) {
-    const double now = Now();
-    switch (m.payload_case()) {
-      case v1::CoordinatorMessage::kRejected: {
-        if (m.rejected().payload() == "empty") {
-          std::optional<Probe> probe;
-          {
-            std::lock_guard<std::mutex> lock(mu_);
-            if (!probes_.empty()) {
-              probe = probes_.front();
-              probes_.pop_front();
-            }
-            if (!confirmed_) {
-              confirmed_ = true;
-              worker_->confirmed_at.store(now);
-              worker_->live.store(true);
+    case v1::CoordinatorMessage::kSchedule: {
+      const v1::ScheduleUpdate& u = m.schedule();
+      w.fake.OfferSchedule(u);
+      Job& job = *w.job;
+      bool first_time = false;
+      {
+        std::lock_guard<std::mutex> lock(job.mu);
+        Job::Arrival& a = job.arrivals[u.schedule().version()];
+        if (a.ranks.insert(w.fake.rank()).second) {
+          if (a.first < 0) {
+            first_time = true;
+            a.first = now;
+            a.reason = u.schedule().provenance().reason();
+            a.window_last = u.schedule().provenance().window_last_iteration();
+            auto sent = job.window_sent.find(a.window_last);
+            if (sent != job.window_sent.end()) {
+              a.window_sent = sent->second.first;
+              a.window_ranks = sent->second.second;
             }
           }
-          if (probe.has_value() && probe->heartbeat) {
-            std::lock_guard<std::mutex> lock(recorder_->mu);
-            recorder_->rtt[recorder_->phase.load()].push_back(now - probe->t);
-          }
-          return;
+          a.last = now;
         }
-        std::lock_guard<std::mutex> lock(recorder_->mu);
-        const std::string& key = m.rejected().payload();
-        if (recorder_->rejected[key]++ == 0) {
-          recorder_->rejected_sample[key] = m.rejected().message();
-        }
-        return;
       }
-      case v1::CoordinatorMessage::kSchedule:
-        OnSchedule(m.schedule(), now);
-        return;
-      case v1::CoordinatorMessage::kCommand: {
-        {
-          std::lock_guard<std::mutex> lock(recorder_->mu);
-          ++recorder_->commands[v1::Command::Kind_Name(m.command().kind())];
-        }
-        if (m.command().kind() == v1::Command::KIND_STOP ||
-            m.command().kind() == v1::Command::KIND_RESTART) {
-          // A real worker finishes its step and exits: its stream ends.
-          worker_->stop_command.store(true);
-          Cancel();
-        }
-        return;
+      if (first_time) {
+        std::lock_guard<std::mutex> lock(recorder.mu);
+        ++recorder.schedules;
       }
-      default:
-        return;
+      return;
     }
+    case v1::CoordinatorMessage::kCommand: {
+      {
+        std::lock_guard<std::mutex> lock(recorder.mu);
+        ++recorder.commands[v1::Command::Kind_Name(m.command().kind())];
+      }
+      if (m.command().kind() == v1::Command::KIND_STOP ||
+          m.command().kind() == v1::Command::KIND_RESTART) {
+        w.stop_command.store(true);
+        stream.Cancel();
+      }
+      return;
+    }
+    default:
+      return;
   }
-
-  void OnSchedule(const v1::ScheduleUpdate& u, double now) {
-    const int64_t version = u.schedule().version();
-    {
-      std::lock_guard<std::mutex> lock(worker_->mu);
-      if (!worker_->pending.has_value() ||
-          worker_->pending->schedule().version() < version) {
-        worker_->pending = u;
-      }
-    }
-    Job& job = *worker_->job;
-    bool first_time = false;
-    {
-      std::lock_guard<std::mutex> lock(job.mu);
-      Job::Arrival& a = job.arrivals[version];
-      if (a.ranks.insert(worker_->rank).second) {
-        if (a.first < 0) {
-          first_time = true;
-          a.first = now;
-          a.reason = u.schedule().provenance().reason();
-          a.window_last = u.schedule().provenance().window_last_iteration();
-          auto w = job.window_sent.find(a.window_last);
-          if (w != job.window_sent.end()) {
-            a.window_sent = w->second.first;
-            a.window_ranks = w->second.second;
-          }
-        }
-        a.last = now;
-      }
-    }
-    if (first_time) {
-      std::lock_guard<std::mutex> lock(recorder_->mu);
-      ++recorder_->schedules;
-    }
-  }
-
-  void OnDone(const grpc::Status& status) override {
-    bool ours;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ours = cancelled_;
-    }
-    if (!ours) {
-      std::lock_guard<std::mutex> lock(recorder_->mu);
-      const std::string code = CodeName(status.error_code());
-      if (recorder_->closed[code]++ == 0) {
-        recorder_->closed_sample[code] = status.error_message();
-      }
-    }
-    status_ = status;
-    worker_->live.store(false);
-    done_.store(true);
-    on_done_(worker_);
-    open_->fetch_sub(1);
-    // Last: may destroy this.
-    std::shared_ptr<Session> keep = std::move(self_);
-  }
-
- public:
-  grpc::Status status_;
-
- private:
-  Worker* worker_;
-  Recorder* recorder_;
-  std::atomic<int>* open_;
-  std::function<void(Worker*)> on_done_;
-  std::shared_ptr<Session> self_;
-  grpc::ClientContext ctx_;
-  std::mutex mu_;
-  std::deque<v1::WorkerMessage> out_;
-  std::deque<Probe> probes_;
-  bool writing_ = false;
-  bool closing_ = false;
-  bool released_ = false;
-  bool cancelled_ = false;
-  bool confirmed_ = false;
-  v1::CoordinatorMessage in_;
-  std::atomic<bool> done_{false};
-};
+}
 
 // ---------------------------------------------------------------------------
 // The coordinator's process, sampled once a second.
@@ -920,7 +656,6 @@ class Loadgen {
                        bool* fatal);
   std::string RestartPhase(std::vector<std::unique_ptr<Worker>>& workers,
                            std::vector<std::unique_ptr<Job>>& jobs);
-  absl::Status PrepareJob(Job& job);
 
   // The driver: heartbeats, steps, reconnects.
   void StartDriver(std::vector<std::unique_ptr<Worker>>* workers);
@@ -938,7 +673,7 @@ class Loadgen {
   }
   bool Deliver(Worker& w, v1::WorkerMessage m) {
     if (w.session == nullptr || w.session->done()) return false;
-    return w.session->Send(std::move(m), false);
+    return w.session->Send(std::move(m));
   }
 
   const std::string address_;
@@ -969,36 +704,6 @@ class Loadgen {
   std::vector<double> lag_;  // how late the driver ran events, steady phase
 };
 
-absl::Status Loadgen::PrepareJob(Job& job) {
-  job.world = job.spec.parallel().world_size();
-  job.window =
-      std::max(1, static_cast<int>(job.spec.optimize().warmup_steps()));
-  job.tokens = static_cast<int64_t>(job.spec.batch().micro_batch()) *
-               job.spec.batch().seq_len() *
-               std::max(1, job.spec.batch().grad_accum());
-  absl::StatusOr<ModelConfig> config = ModelConfigFromJobSpec(job.spec);
-  if (!config.ok()) return config.status();
-  absl::StatusOr<Graph> graph = BuildModelGraph(*config);
-  if (!graph.ok()) return graph.status();
-  job.graph = *std::move(graph);
-  job.hash = job.graph.StructuralHash();
-  job.full_report.set_graph_hash(job.hash);
-  *job.full_report.mutable_graph() = ToProto(job.graph);
-  job.hash_report.set_graph_hash(job.hash);
-  // What the fake ranks run on: 8 GPUs of 80 GiB per host (their
-  // registrations say so too), the analytic links.
-  job.hw.world_size = job.world;
-  job.hw.ranks_per_node = std::min(8, job.world);
-  absl::StatusOr<Schedule> baseline = StartingSchedule(
-      job.graph, job.spec.parallel().zero_stage() == 1 ? ShardingMode::kZero1
-                                                       : ShardingMode::kZero3);
-  if (!baseline.ok()) return baseline.status();
-  absl::StatusOr<VersionModel> v0 = ModelVersion(job, *baseline, nullptr);
-  if (!v0.ok()) return v0.status();
-  job.versions[0] = *std::move(v0);
-  return absl::OkStatus();
-}
-
 void Loadgen::StartDriver(std::vector<std::unique_ptr<Worker>>* workers) {
   workers_ = workers;
   driver_stop_ = false;
@@ -1015,24 +720,34 @@ void Loadgen::StopDriver() {
 }
 
 void Loadgen::Connect(Worker& w) {
-  std::vector<v1::WorkerMessage> first;
-  v1::WorkerMessage hello;
-  hello.mutable_hello()->set_job_id(w.job->id);
-  hello.mutable_hello()->set_rank(w.rank);
-  hello.mutable_hello()->set_incarnation(w.incarnation);
-  hello.mutable_hello()->set_schedule_version(w.applied_version);
-  hello.mutable_hello()->set_step(w.next_step);
-  first.push_back(std::move(hello));
-  // The agent re-sends the graph and the newest progress on every connect.
-  v1::WorkerMessage graph;
-  *graph.mutable_graph() =
-      w.rank == 0 ? w.job->full_report : w.job->hash_report;
-  first.push_back(std::move(graph));
-  if (w.last_progress.has_value()) first.push_back(*w.last_progress);
+  std::vector<v1::WorkerMessage> first = w.fake.ConnectMessages();
   first.emplace_back();  // the confirming probe
-  w.session = Session::Open(
-      &w, &recorder_, &open_sessions_, [this](Worker* x) { SessionDone(x); },
-      std::move(first));
+  {
+    std::lock_guard<std::mutex> lock(w.mu);
+    w.probes.clear();
+    w.probes.push_back({Now(), false});
+    w.confirmed = false;
+  }
+  open_sessions_.fetch_add(1);
+  SessionStream::Handler handler;
+  handler.on_message = [this, &w](SessionStream& stream,
+                                  const v1::CoordinatorMessage& m) {
+    Record(w, recorder_, stream, m);
+  };
+  handler.on_done = [this, &w](const grpc::Status& status, bool cancelled) {
+    if (!cancelled) {
+      std::lock_guard<std::mutex> lock(recorder_.mu);
+      const std::string code = CodeName(status.error_code());
+      if (recorder_.closed[code]++ == 0) {
+        recorder_.closed_sample[code] = status.error_message();
+      }
+    }
+    w.live.store(false);
+    SessionDone(&w);
+    open_sessions_.fetch_sub(1);
+  };
+  w.session = SessionStream::Open(w.stub.get(), w.job->secret, std::move(first),
+                                  std::move(handler));
 }
 
 void Loadgen::Heartbeat(Worker& w) {
@@ -1041,88 +756,34 @@ void Loadgen::Heartbeat(Worker& w) {
   hb.mutable_heartbeat()->set_time_unix_s(
       absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
   const int every = std::max(1, absl::GetFlag(FLAGS_probe_every));
-  w.session->Send(std::move(hb), w.heartbeats++ % every == 0);
+  const bool probe = w.heartbeats++ % every == 0;
+  if (probe) {
+    std::lock_guard<std::mutex> lock(w.mu);
+    w.probes.push_back({Now(), true});
+  }
+  // The probe, an empty message, right after the heartbeat: its refusal
+  // comes back once the coordinator has handled the heartbeat.
+  if (w.session->Send(std::move(hb)) && probe) {
+    w.session->Send(v1::WorkerMessage());
+  }
 }
 
 void Loadgen::Step(Worker& w) {
   Job& job = *w.job;
-  const int64_t step = w.next_step++;
-  // Schedules switch at the start of their effective step.
-  std::optional<v1::ScheduleUpdate> update;
-  {
-    std::lock_guard<std::mutex> lock(w.mu);
-    if (w.pending.has_value() && step >= w.pending->effective_step()) {
-      update = std::move(w.pending);
-      w.pending.reset();
-    }
+  FakeRank::StepReport report = w.fake.Step();
+  if (!report.model_error.empty()) {
+    std::fprintf(stderr, "tandem-loadgen: job %s v%lld: %s\n", job.id.c_str(),
+                 static_cast<long long>(w.fake.applied_version()),
+                 report.model_error.c_str());
   }
-  bool switched = false;
-  if (update.has_value() && update->schedule().version() != w.applied_version) {
-    const int64_t version = update->schedule().version();
-    if (job.versions.count(version) == 0) {
-      absl::StatusOr<Schedule> s = FromProto(update->schedule());
-      absl::StatusOr<VersionModel> m =
-          s.ok() ? ModelVersion(job, *s, &update->schedule().prediction())
-                 : absl::StatusOr<VersionModel>(s.status());
-      if (m.ok()) {
-        job.versions[version] = *std::move(m);
-      } else {
-        // Runs it at the baseline's times; says so as a worker would.
-        VersionModel fallback = job.versions[0];
-        fallback.profile.set_schedule_version(version);
-        job.versions[version] = fallback;
-        std::fprintf(stderr, "tandem-loadgen: job %s v%lld: %s\n",
-                     job.id.c_str(), static_cast<long long>(version),
-                     std::string(m.status().message()).c_str());
-      }
-    }
-    w.applied_version = version;
-    switched = true;
-  }
-  const VersionModel& model = job.versions[w.applied_version];
-  if (switched) {
-    v1::WorkerMessage applied;
-    applied.mutable_applied()->set_version(w.applied_version);
-    applied.mutable_applied()->set_step(step);
-    Deliver(w, std::move(applied));
-    w.unprofiled = true;
-  }
-  const double jitter = Jitter(w.rank, step);
-  v1::WorkerMessage progress;
-  v1::IterationProgress* p = progress.mutable_progress();
-  p->set_step(step + 1);
-  p->set_loss(5.5 * std::exp(-static_cast<double>(step) / 2000.0) +
-              0.01 * jitter);
-  p->set_iteration_s(model.iteration_s * jitter);
-  p->set_exposed_comm_s(model.exposed_comm_s);
-  p->set_peak_bytes(model.peak_bytes);
-  p->set_schedule_version(w.applied_version);
-  p->set_work(job.tokens);
-  w.last_progress = progress;
-  Deliver(w, std::move(progress));
-  if (w.unprofiled) {
-    w.unprofiled = false;
-    w.in_window = 0;
-    w.window_first = step + 1;
-  } else if (++w.in_window >= job.window) {
-    v1::WorkerMessage m;
-    v1::Profile* prof = m.mutable_profile();
-    *prof = model.profile;
-    prof->set_rank(w.rank);
-    prof->set_first_iteration(w.window_first);
-    prof->set_last_iteration(step);
-    prof->set_iteration_s(model.iteration_s * jitter);
-    for (v1::NodeTiming& n : *prof->mutable_nodes()) {
-      n.set_time_s(n.time_s() * jitter);
-    }
-    if (Deliver(w, std::move(m))) {
+  for (v1::WorkerMessage& m : report.messages) {
+    const bool profile = m.has_profile();
+    if (Deliver(w, std::move(m)) && profile) {
       std::lock_guard<std::mutex> lock(job.mu);
-      auto& [t, ranks] = job.window_sent[step];
+      auto& [t, ranks] = job.window_sent[*report.window_last];
       t = std::max(t, Now());
       ++ranks;
     }
-    w.in_window = 0;
-    w.window_first = step + 1;
   }
 }
 
@@ -1150,7 +811,7 @@ void Loadgen::DriverLoop() {
         continue;
       }
       const grpc::StatusCode code = w->session != nullptr
-                                        ? w->session->status_.error_code()
+                                        ? w->session->status().error_code()
                                         : grpc::StatusCode::OK;
       // What no reconnect can fix ends the worker (the agent's rule).
       if (code == grpc::StatusCode::PERMISSION_DENIED ||
@@ -1160,7 +821,12 @@ void Loadgen::DriverLoop() {
         continue;
       }
       // The agent's: 250 ms after a session that worked, then 500 ms.
-      if (w->session != nullptr && w->session->confirmed()) w->retry_s = 0.25;
+      bool confirmed;
+      {
+        std::lock_guard<std::mutex> lock(w->mu);
+        confirmed = w->confirmed;
+      }
+      if (w->session != nullptr && confirmed) w->retry_s = 0.25;
       events_.push({now + w->retry_s, w->index, 2});
       w->retry_s = 0.5;
     }
@@ -1183,8 +849,9 @@ void Loadgen::DriverLoop() {
         if (w.stopped || draining_) continue;
         Step(w);
         // The job's clock, not the driver's: the ranks stay in step.
-        events_.push({w.job->t0 + w.next_step * absl::GetFlag(FLAGS_step_s),
-                      e.worker, 1});
+        events_.push(
+            {w.job->t0 + w.fake.next_step() * absl::GetFlag(FLAGS_step_s),
+             e.worker, 1});
       } else {
         if (w.stopped || draining_) continue;
         if (w.session != nullptr && !w.session->done()) continue;
@@ -1409,7 +1076,7 @@ std::string Loadgen::LoadStep(int nworkers, int njobs, bool restart, bool* pass,
     job->id = r->job().id();
     job->secret = r->join_secret();
     job->spec = r->job().spec();
-    if (absl::Status s = PrepareJob(*job); !s.ok()) {
+    if (absl::Status s = job->Prepare(); !s.ok()) {
       error = absl::StrCat("job ", j, ": ", s.message());
       break;
     }
@@ -1426,11 +1093,9 @@ std::string Loadgen::LoadStep(int nworkers, int njobs, bool restart, bool* pass,
   std::mt19937_64 rng(1234 + load_index_);
   for (auto& job : jobs) {
     for (int r = 0; r < job->world; ++r) {
-      auto w = std::make_unique<Worker>();
+      auto w = std::make_unique<Worker>(job.get(), r,
+                                        absl::StrFormat("%016x", rng()));
       w->index = static_cast<int>(workers.size());
-      w->job = job.get();
-      w->rank = r;
-      w->incarnation = absl::StrFormat("%016x", rng());
       w->hostname =
           absl::StrCat("lg", load_index_, "-j", job->index, "-n", r / 8);
       w->channel = WorkerChannel(address_);
@@ -1453,10 +1118,10 @@ std::string Loadgen::LoadStep(int nworkers, int njobs, bool restart, bool* pass,
         Worker& w = *workers[i];
         v1::RegisterRequest req;
         req.set_job_id(w.job->id);
-        req.set_incarnation(w.incarnation);
+        req.set_incarnation(w.fake.incarnation());
         req.set_hostname(w.hostname);
-        req.set_requested_rank(w.rank);
-        req.set_device(absl::StrCat("cuda:", w.rank % 8));
+        req.set_requested_rank(w.fake.rank());
+        req.set_device(absl::StrCat("cuda:", w.fake.rank() % 8));
         req.set_device_memory_bytes(int64_t{80} << 30);
         grpc::Status s;
         double latency = 0;

@@ -6,13 +6,19 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <future>
 #include <limits>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "bench/load/fake_worker.h"
 #include "common/ir/proto_convert.h"
 #include "common/job/job_spec.h"
 #include "common/models/graph_builder.h"
@@ -42,7 +48,8 @@ std::string TempDb(const char* name) {
 }
 
 // One worker process as the coordinator sees it: registration and a session
-// stream, driven by the test.
+// stream (bench/load's SessionStream, the load bench's), driven by the test:
+// each message it sends by hand, or a FakeRank's.
 class FakeWorker {
  public:
   FakeWorker(std::shared_ptr<grpc::Channel> channel, std::string job_id,
@@ -62,26 +69,20 @@ class FakeWorker {
     return s;
   }
 
+  // Opens the session with a hello at schedule `version`.
   void Connect(int64_t version = 0) {
-    ctx_ = std::make_unique<grpc::ClientContext>();
-    stream_ = stub_->Session(ctx_.get());
     v1::WorkerMessage hello;
     hello.mutable_hello()->set_job_id(job_id_);
     hello.mutable_hello()->set_rank(registered_.rank());
     hello.mutable_hello()->set_incarnation(incarnation_);
     hello.mutable_hello()->set_schedule_version(version);
-    ASSERT_TRUE(stream_->Write(hello));
-    reader_ = std::thread([this] {
-      v1::CoordinatorMessage m;
-      while (stream_->Read(&m)) {
-        std::lock_guard<std::mutex> lock(mu_);
-        received_.push_back(m);
-        cv_.notify_all();
-      }
-    });
+    Open({std::move(hello)}, nullptr);
   }
+  // Opens the session as `rank` (registered with this worker's incarnation)
+  // does, and hands it every schedule that arrives.
+  void ConnectAs(FakeRank* rank) { Open(rank->ConnectMessages(), rank); }
 
-  void Send(const v1::WorkerMessage& m) { ASSERT_TRUE(stream_->Write(m)); }
+  void Send(const v1::WorkerMessage& m) { ASSERT_TRUE(session_->Send(m)); }
 
   // Waits for a downstream message matching `pred`.
   std::optional<v1::CoordinatorMessage> WaitFor(
@@ -101,45 +102,63 @@ class FakeWorker {
     return found;
   }
 
+  // Sends nothing more, and waits for the server to end the stream.
   grpc::Status Disconnect() {
-    stream_->WritesDone();
-    grpc::Status s = stream_->Finish();
-    if (reader_.joinable()) reader_.join();
-    return s;
+    HalfClose();
+    return Finish();
   }
 
   // Sends nothing more; the server ends the stream once it has handled
   // everything sent before.
-  void HalfClose() { ASSERT_TRUE(stream_->WritesDone()); }
+  void HalfClose() { session_->HalfClose(); }
   // After HalfClose: waits for the server to end the stream.
   grpc::Status Finish() {
-    if (reader_.joinable()) reader_.join();
-    return stream_->Finish();
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return finished_; });
+    return status_;
   }
 
+  // The stream's callbacks reach into this worker: it ends before it goes.
   ~FakeWorker() {
-    if (reader_.joinable()) {
-      ctx_->TryCancel();
-      reader_.join();
-    }
+    if (session_ == nullptr) return;
+    session_->Cancel();
+    Finish();
   }
 
   int rank() const { return registered_.rank(); }
   v1::WorkerService::Stub& stub() { return *stub_; }
 
  private:
+  void Open(std::vector<v1::WorkerMessage> first, FakeRank* rank) {
+    SessionStream::Handler handler;
+    handler.on_message = [this, rank](SessionStream&,
+                                      const v1::CoordinatorMessage& m) {
+      if (rank != nullptr && m.has_schedule())
+        rank->OfferSchedule(m.schedule());
+      std::lock_guard<std::mutex> lock(mu_);
+      received_.push_back(m);
+      cv_.notify_all();
+    };
+    handler.on_done = [this](const grpc::Status& status, bool) {
+      std::lock_guard<std::mutex> lock(mu_);
+      status_ = status;
+      finished_ = true;
+      cv_.notify_all();
+    };
+    session_ = SessionStream::Open(stub_.get(), "", std::move(first),
+                                   std::move(handler));
+  }
+
   std::unique_ptr<v1::WorkerService::Stub> stub_;
   std::string job_id_;
   std::string incarnation_;
   v1::RegisterResponse registered_;
-  std::unique_ptr<grpc::ClientContext> ctx_;
-  std::unique_ptr<
-      grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>>
-      stream_;
-  std::thread reader_;
+  std::shared_ptr<SessionStream> session_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<v1::CoordinatorMessage> received_;
+  bool finished_ = false;
+  grpc::Status status_;
 };
 
 class CoordinatorServerTest : public ::testing::Test {
@@ -325,6 +344,71 @@ TEST_F(CoordinatorServerTest,
                   std::string::npos;
   }
   EXPECT_TRUE(saw_active);
+}
+
+// The load bench's fake ranks (bench/load/fake_worker.h) through a real
+// coordinator: their windows, the simulator's replay of the baseline, are
+// validated, aggregated and planned; v1 reaches both ranks, which switch to
+// it together at its effective step; the coordinator sees v1 active on
+// both, and the job succeeds at its last step.
+TEST_F(CoordinatorServerTest, FakeRanks_WindowsPlannedAndScheduleApplied) {
+  StartServer(TempDb("fake_ranks.db"));
+  v1::JobSpec spec = Spec();
+  spec.mutable_train()->set_steps(20);
+  const v1::Job submitted = Submit(spec);
+  FakeJob job;
+  job.id = submitted.id();
+  job.spec = submitted.spec();
+  ASSERT_TRUE(job.Prepare().ok());
+  FakeRank r0(&job, 0, "inc-0"), r1(&job, 1, "inc-1");
+  FakeWorker w0(channel_, job.id, "inc-0"), w1(channel_, job.id, "inc-1");
+  ASSERT_TRUE(w0.Register(0).ok());
+  ASSERT_TRUE(w1.Register(1).ok());
+  w0.ConnectAs(&r0);
+  w1.ConnectAs(&r1);
+  ASSERT_EQ(WaitWhilePending(job.id), v1::JOB_STATE_RUNNING);
+  auto is_schedule = [](const v1::CoordinatorMessage& m) {
+    return m.has_schedule();
+  };
+  std::optional<v1::CoordinatorMessage> s0, s1;
+  std::map<int, int64_t> switched_at;  // rank -> step
+  int windows = 0;
+  for (int step = 0; step < 20; ++step) {
+    for (auto [rank, worker] : {std::pair{&r0, &w0}, std::pair{&r1, &w1}}) {
+      FakeRank::StepReport report = rank->Step();
+      EXPECT_EQ(report.model_error, "");
+      windows += report.window_last.has_value();
+      for (const v1::WorkerMessage& m : report.messages) {
+        if (m.has_applied()) switched_at[rank->rank()] = m.applied().step();
+        worker->Send(m);
+      }
+    }
+    // Once windows are in, the plan reaches both ranks before they step on
+    // (the schedule takes effect kSwitchLeadSteps after the newest step).
+    if (windows > 0 && !s1.has_value()) {
+      s0 = w0.WaitFor(is_schedule, 200ms);
+      s1 = w1.WaitFor(is_schedule, 200ms);
+      ASSERT_LT(step, 12) << "no schedule after " << windows / 2 << " windows";
+    }
+  }
+  ASSERT_TRUE(s0.has_value() && s1.has_value());
+  const v1::ScheduleUpdate& update = s0->schedule();
+  EXPECT_EQ(update.schedule().version(), 1);
+  EXPECT_EQ(update.schedule().provenance().reason(), "initial");
+  EXPECT_EQ(update.SerializeAsString(), s1->schedule().SerializeAsString());
+  EXPECT_EQ(r0.applied_version(), 1);
+  EXPECT_EQ(r1.applied_version(), 1);
+  ASSERT_EQ(switched_at.size(), 2u);
+  EXPECT_EQ(switched_at[0], update.effective_step());
+  EXPECT_EQ(switched_at[1], update.effective_step());
+  auto stop = w0.WaitFor([](const v1::CoordinatorMessage& m) {
+    return m.has_command() && m.command().kind() == v1::Command::KIND_STOP;
+  });
+  ASSERT_TRUE(stop.has_value());
+  const v1::Job done = Get(job.id);
+  EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.step(), 20);
+  EXPECT_EQ(done.schedule_version(), 1);
 }
 
 TEST_F(CoordinatorServerTest, Restart_SameDb_KeepsJobsSchedulesAndWorkers) {

@@ -410,7 +410,21 @@ def stored_rounds(row):
 def reanalyse(path):
     """Each job of a results file under today's verdicts; prints the rows
     and the summaries (nothing is written)."""
-    rows = [json.loads(line) for line in open(path) if line.strip()]
+    try:
+        with open(path) as f:
+            lines = f.readlines()
+    except OSError as e:
+        raise SystemExit(f"noise.py --reanalyse: cannot read {path}: {e.strerror}; "
+                         "give a results file this bench wrote (bench/noise/results-*.jsonl)")
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"noise.py --reanalyse: {path} line {n} is not JSON ({e.msg}); "
+                             "a results file holds one JSON object per line")
     groups = {}
     for row in rows:
         if row.get("summary") or "end_plan_of" not in row:

@@ -9,6 +9,8 @@ import importlib.util
 import os
 from types import SimpleNamespace
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
 spec = importlib.util.spec_from_file_location(
@@ -176,3 +178,16 @@ def test_analyse_without_a_reported_speedup_judges_no_interval():
     s = noise.summarize("demo", "flaps", [row])
     assert s["speedup_not_reported"] == 1 and s["interval_contains_quiet"] == "0 of 0"
     assert s["wrong_plans_kept"] == 0
+
+
+def test_reanalyse_unreadable_or_not_json_says_what_to_give(tmp_path):
+    missing = tmp_path / "nope.jsonl"
+    with pytest.raises(SystemExit) as e:
+        noise.reanalyse(str(missing))
+    assert "cannot read %s" % missing in str(e.value)
+    assert "results-*.jsonl" in str(e.value)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"summary": true}\nnot json\n')
+    with pytest.raises(SystemExit) as e:
+        noise.reanalyse(str(bad))
+    assert "line 2 is not JSON" in str(e.value)

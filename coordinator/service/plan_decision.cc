@@ -178,6 +178,42 @@ std::optional<RatioInterval> InterleavedRatio(
   return out;
 }
 
+PlanReason ComparisonReason(ComparisonKind kind) {
+  switch (kind) {
+    case ComparisonKind::kTrial:
+      return PlanReason::kTrial;
+    case ComparisonKind::kRollbackCheck:
+      return PlanReason::kRollback;
+    case ComparisonKind::kDriftCheck:
+      return PlanReason::kDrift;
+  }
+  return PlanReason::kTrial;
+}
+
+absl::string_view ComparisonPass(ComparisonKind kind) {
+  switch (kind) {
+    case ComparisonKind::kTrial:
+      return kTrialPass;
+    case ComparisonKind::kRollbackCheck:
+      return kRollbackCheckPass;
+    case ComparisonKind::kDriftCheck:
+      return kDriftCheckPass;
+  }
+  return kTrialPass;
+}
+
+absl::string_view ComparisonName(ComparisonKind kind) {
+  switch (kind) {
+    case ComparisonKind::kTrial:
+      return "trial";
+    case ComparisonKind::kRollbackCheck:
+      return "rollback check";
+    case ComparisonKind::kDriftCheck:
+      return "drift check";
+  }
+  return "trial";
+}
+
 ComparisonDecision DecideInterleaved(const std::vector<StepBlock>& blocks,
                                      int64_t incumbent, int64_t candidate,
                                      const CompareOptions& options) {
@@ -243,6 +279,35 @@ Speedup DescribeSpeedup(const std::optional<RatioInterval>& interval,
       s.factor, s.low, s.high, s.factor >= 1 ? "faster" : "slower", basis,
       s.steps);
   return s;
+}
+
+int NoisePairs(const std::vector<std::vector<double>>& series, int block_steps,
+               int min_pairs, int max_pairs, double max_width) {
+  const size_t counted = static_cast<size_t>(std::max(1, block_steps - 1));
+  std::vector<double> spreads;  // |log ratio| of neighbouring blocks
+  for (const std::vector<double>& steps : series) {
+    double last = 0;
+    bool has_last = false;
+    for (size_t i = 0; i + counted <= steps.size(); i += counted) {
+      std::vector<double> block(steps.begin() + i, steps.begin() + i + counted);
+      const double m = Median(block);
+      if (!(m > 0) || !std::isfinite(m)) {
+        has_last = false;
+        continue;
+      }
+      if (has_last) spreads.push_back(std::abs(std::log(m) - last));
+      last = std::log(m);
+      has_last = true;
+    }
+  }
+  if (spreads.size() < 2 || !(max_width > 0)) return min_pairs;
+  const double spread = 1.4826 * Median(spreads);
+  // A 95% interval spans about 2 x 1.96 standard errors of the mean log
+  // ratio over the pairs; relative to the figure, that is its width.
+  const double needed =
+      std::ceil(std::pow(2 * 1.96 * spread * kPairsNoiseMargin / max_width, 2));
+  return static_cast<int>(std::clamp<double>(needed, std::max(min_pairs, 0),
+                                             std::max(min_pairs, max_pairs)));
 }
 
 }  // namespace tandem

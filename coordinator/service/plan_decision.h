@@ -51,6 +51,36 @@ inline constexpr char kRollbackCheckPass[] = "rollback-check-of-v";
 // the newest version is undecided.
 inline constexpr char kDriftCheckPass[] = "drift-check-of-v";
 
+// The provenance pass of a "trial" version ("trial-of-vK": K, the version
+// whose runner-up it is, and which it alternates with).
+inline constexpr char kTrialPass[] = "trial-of-v";
+
+// What a version published to alternate with an earlier one is, and so what
+// its verdict decides (DecideInterleaved). Each is a version of one reason
+// marked by one pass (ComparisonReason, ComparisonPass).
+enum class ComparisonKind {
+  kTrial,          // the runner-up of the active version's plan
+  kRollbackCheck,  // the best plan measured one after the other, against
+                   // the active version found behind it
+  kDriftCheck,     // a drift re-plan, against the version that drifted
+};
+inline constexpr ComparisonKind kComparisonKinds[] = {
+    ComparisonKind::kTrial, ComparisonKind::kRollbackCheck,
+    ComparisonKind::kDriftCheck};
+// kTrial, kRollback, kDrift: a version's reason, and the kind of the event
+// its verdict is recorded as (PlanReasonName).
+PlanReason ComparisonReason(ComparisonKind kind);
+// kTrialPass, kRollbackCheckPass, kDriftCheckPass.
+absl::string_view ComparisonPass(ComparisonKind kind);
+// How a verdict names it: "trial", "rollback check", "drift check".
+absl::string_view ComparisonName(ComparisonKind kind);
+// A version that is compared: what it is, and the version it alternates
+// with.
+struct ComparedVersion {
+  ComparisonKind kind = ComparisonKind::kTrial;
+  int64_t against = -1;
+};
+
 // The stored name ("initial", "drift", "memory", "reoptimize", "rollback",
 // "cached", "trial", "kept", "memory-guard", "baseline-check").
 absl::string_view PlanReasonName(PlanReason reason);
@@ -156,6 +186,24 @@ inline constexpr double kMaxSpeedupWidth = 0.20;
 Speedup DescribeSpeedup(const std::optional<RatioInterval>& interval,
                         absl::string_view basis,
                         double max_width = kMaxSpeedupWidth);
+
+// How many block pairs a baseline check needs for an interval no wider than
+// `max_width` (DescribeSpeedup) under the noise measured on this machine:
+// `series` are the step times of the versions it alternates (each oldest
+// first, its switch step left out), each cut into blocks as a check counts
+// them (`block_steps`, each block's first left out). The log ratio of
+// neighbouring blocks' medians within a series spreads as a pair's ratio
+// does here (two blocks, each as noisy); its spread is taken robustly
+// (1.4826 x the median absolute log ratio: a lone spike does not count),
+// and the interval of the geometric mean over n pairs narrows as
+// 1/sqrt(n). kPairsNoiseMargin allows for the bootstrap resampling the
+// steps within blocks too. At least `min_pairs` (the job's
+// optimize.baseline_pairs; also when the series give fewer than two
+// ratios), at most `max_pairs`.
+inline constexpr double kPairsNoiseMargin = 1.25;
+int NoisePairs(const std::vector<std::vector<double>>& series, int block_steps,
+               int min_pairs, int max_pairs,
+               double max_width = kMaxSpeedupWidth);
 
 }  // namespace tandem
 

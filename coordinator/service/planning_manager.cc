@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "absl/algorithm/container.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -54,6 +55,35 @@ int BaselinePairs(const v1::JobSpec& spec) {
                                               : kDefaultBaselinePairs;
 }
 
+// The provenance pass of a "baseline-check" version: the block pairs it
+// alternates for ("baseline-pairs:N", BaselineCheckPairs), read back after
+// a restart.
+constexpr char kBaselinePairsPass[] = "baseline-pairs:";
+
+// The block pairs a baseline check alternates for: the job's
+// optimize.baseline_pairs, or more when the steps the baseline and the
+// settled plan measured (`measured`) are noisy enough that those would
+// leave an interval wider than kMaxSpeedupWidth (NoisePairs), at most
+// kMaxBaselinePairs, and no more than half the job's steps left from `from`
+// hold: half of a check's steps run the slower baseline, and a short job
+// keeps most of its steps for its plan (optimize.baseline_pairs always run,
+// as they always did).
+int BaselineCheckPairs(const v1::JobSpec& spec,
+                       const std::vector<std::vector<double>>& measured,
+                       int64_t from) {
+  const int least = BaselinePairs(spec);
+  const int64_t block = PlanningManager::kComparisonBlockSteps;
+  int pairs =
+      NoisePairs(measured, static_cast<int>(block), least, kMaxBaselinePairs);
+  // The plan's first step on its own after the pairs completes the figure
+  // (MeasureBaselineLocked): it must fit too, with a step to spare.
+  const int64_t fit = (spec.train().steps() - from - 2) / 2 / (2 * block);
+  if (pairs > least && fit < pairs) {
+    pairs = static_cast<int>(std::max<int64_t>(least, fit));
+  }
+  return pairs;
+}
+
 // What the baseline (v0) does, the basis a speedup is stated against.
 std::string BaselineBasis(const v1::JobSpec& spec) {
   return spec.parallel().zero_stage() == 1
@@ -89,6 +119,30 @@ std::optional<int64_t> VersionPass(const v1::Schedule& schedule,
     return std::nullopt;
   }
   return version;
+}
+
+// What a version is compared as, from its provenance: its reason and the
+// pass that marks that kind (ComparisonPass). A rollback reruns an earlier
+// version's schedule with its passes (a check's, say, when it reruns a kept
+// check), so only the passes after its own "rollback-to-vK" count: a
+// check's pass comes after it.
+std::optional<ComparedVersion> ComparedOf(const v1::Schedule& schedule) {
+  const std::optional<PlanReason> why =
+      PlanReasonFromName(schedule.provenance().reason());
+  const auto& passes = schedule.provenance().passes();
+  for (const ComparisonKind kind : kComparisonKinds) {
+    if (why != ComparisonReason(kind)) continue;
+    for (auto it = passes.rbegin(); it != passes.rend(); ++it) {
+      absl::string_view rest = *it;
+      if (absl::StartsWith(rest, "rollback-to-v")) break;
+      int64_t against = 0;
+      if (absl::ConsumePrefix(&rest, ComparisonPass(kind)) &&
+          absl::SimpleAtoi(rest, &against)) {
+        return ComparedVersion{kind, against};
+      }
+    }
+  }
+  return std::nullopt;
 }
 
 // Where a trial's plan came from: its "trial:<source>" pass.
@@ -300,25 +354,11 @@ void PlanningManager::RecoverEvidenceLocked(
       state.inconclusive_trials = 0;
       state.trial_not_before = -1;
     }
-    // A trial, or a rollback checked against the version it alternated
-    // with: compared, and judged unless still the newest version.
-    const std::optional<int64_t> check_of =
-        why == PlanReason::kRollback ? VersionPass(s, kRollbackCheckPass)
-                                     : std::nullopt;
-    const std::optional<int64_t> drift_of =
-        why == PlanReason::kDrift ? VersionPass(s, kDriftCheckPass)
-                                  : std::nullopt;
-    std::optional<int64_t> of = why == PlanReason::kTrial
-                                    ? VersionPass(s, "trial-of-v")
-                                : drift_of.has_value() ? drift_of
-                                                       : check_of;
-    if (of.has_value()) {
-      state.trials[s.version()] = *of;
-      if (check_of.has_value()) state.rollback_checks.insert(s.version());
-      if (drift_of.has_value()) state.drift_checks.insert(s.version());
-      if (i + 1 < state.schedules.size()) {
-        state.trials_judged.insert(s.version());
-      }
+    // A trial or a check, compared against the version it alternated
+    // with: judged unless still the newest version.
+    if (std::optional<ComparedVersion> compared = ComparedOf(s)) {
+      state.compared[s.version()] = *compared;
+      if (i + 1 < state.schedules.size()) state.judged.insert(s.version());
     }
     // A kept trial and a baseline check rerun a plan; a kept trial (or
     // check) rejects the version it was compared against.
@@ -326,11 +366,11 @@ void PlanningManager::RecoverEvidenceLocked(
       if (std::optional<int64_t> to = VersionPass(
               s, why == PlanReason::kKept ? "kept-v" : "baseline-check-of-v")) {
         state.rollbacks[s.version()] = *to;
-        auto against = state.trials.find(*to);
-        if (why == PlanReason::kKept && against != state.trials.end()) {
+        auto against = state.compared.find(*to);
+        if (why == PlanReason::kKept && against != state.compared.end()) {
           for (size_t j = 0; j < i; ++j) {
             const v1::Schedule& earlier = state.schedules[j].schedule;
-            if (earlier.version() == against->second) {
+            if (earlier.version() == against->second.against) {
               state.rejected[earlier.version()] = earlier;
             }
           }
@@ -343,7 +383,8 @@ void PlanningManager::RecoverEvidenceLocked(
       state.rollbacks[s.version()] = *to;
     }
     // A checked rollback rejects nothing until its comparison is decided.
-    if (i > 0 && !check_of.has_value()) {
+    if (i > 0 &&
+        !state.IsCompared(s.version(), ComparisonKind::kRollbackCheck)) {
       state.rejected[state.schedules[i - 1].schedule.version()] =
           state.schedules[i - 1].schedule;
     }
@@ -352,24 +393,28 @@ void PlanningManager::RecoverEvidenceLocked(
   // on their own), from the blocks its steps so far ran in.
   if (!state.schedules.empty()) {
     const v1::Schedule& newest = state.schedules.back().schedule;
-    auto of = state.trials.find(newest.version());
-    if (of != state.trials.end() && !state.trials_judged.count(of->first)) {
-      state.comparison = JobPlanning::Comparison{of->first, of->second};
+    auto of = state.compared.find(newest.version());
+    if (of != state.compared.end() && !state.judged.count(of->first)) {
+      state.comparison = JobPlanning::Comparison{of->first, of->second.against};
     }
     // A baseline check: measured again from its stored steps (its first step
     // after them completes it when every pair is in).
     if (PlanReasonFromName(newest.provenance().reason()) ==
             PlanReason::kBaselineCheck &&
         BaselinePairs(state.spec) > 0) {
-      state.comparison = JobPlanning::Comparison{newest.version(), 0,
-                                                 BaselinePairs(state.spec)};
+      int pairs = BaselinePairs(state.spec);
+      std::optional<std::string> stored = PassAfter(newest, kBaselinePairsPass);
+      if (stored.has_value() && !absl::SimpleAtoi(*stored, &pairs)) {
+        pairs = BaselinePairs(state.spec);
+      }
+      state.comparison = JobPlanning::Comparison{newest.version(), 0, pairs};
     }
   }
   // A drift check forgot what was measured before it (Plan): steps before
   // the newest check's first are not measured again.
   int64_t measured_from = -1;
   for (const StoredSchedule& s : state.schedules) {
-    if (state.drift_checks.count(s.schedule.version())) {
+    if (state.IsCompared(s.schedule.version(), ComparisonKind::kDriftCheck)) {
       measured_from = std::max(measured_from, s.effective_step);
     }
   }
@@ -398,7 +443,7 @@ void PlanningManager::RecoverEvidenceLocked(
     const int64_t check = state.schedules[i - 1].schedule.version();
     if (PlanReasonFromName(back.provenance().reason()) !=
             PlanReason::kRollback ||
-        !state.rollback_checks.count(check)) {
+        !state.IsCompared(check, ComparisonKind::kRollbackCheck)) {
       continue;
     }
     state.measured.Forget(0);
@@ -598,8 +643,8 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
   // Behind the best schedule measured on this job (the baseline counts):
   // back to that one, whatever the prediction said. A trial not yet judged
   // is judged below instead, against the version it was tried against.
-  const bool unjudged_trial = state.trials.count(active_version) &&
-                              !state.trials_judged.count(active_version);
+  const bool unjudged_trial = state.compared.count(active_version) &&
+                              !state.judged.count(active_version);
   if (!state.queued && !state.rejected.count(active_version) &&
       !unjudged_trial) {
     std::optional<ScheduleMeasurements::Behind> behind =
@@ -751,6 +796,17 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
   if (state.queued || !c.closed_block) return true;
   CompareOptions options;
   options.min_gain = MinGain(state.spec);
+  // A promising comparison measures on past max_pairs in at most half the
+  // steps the job had left when it began, as a baseline check does: a
+  // short job keeps most of its steps for the plan it settles on.
+  for (const StoredSchedule& s : state.schedules) {
+    if (s.schedule.version() != c.candidate) continue;
+    const int64_t fit = (state.spec.train().steps() - s.effective_step - 2) /
+                        2 / (2 * kComparisonBlockSteps);
+    options.promising_max_pairs = static_cast<int>(
+        std::max<int64_t>(options.max_pairs,
+                          std::min<int64_t>(options.promising_max_pairs, fit)));
+  }
   const ComparisonDecision decision =
       DecideInterleaved(c.blocks, c.incumbent, c.candidate, options);
   if (!decision.done() || !decision.interval.has_value()) return true;
@@ -763,29 +819,41 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
     if (s.schedule.version() == candidate) candidate_schedule = s.schedule;
     if (s.schedule.version() == incumbent) incumbent_schedule = s.schedule;
   }
-  // A rollback check: the candidate reruns the best version measured one
-  // after the other, the incumbent is the active version found behind it.
-  const bool check = state.rollback_checks.count(candidate) > 0;
-  // A drift check: the candidate is the re-plan of a drift, the incumbent
-  // the version that drifted.
-  const bool drift_check = state.drift_checks.count(candidate) > 0;
+  // A trial; a rollback check (the candidate reruns the best version
+  // measured one after the other, the incumbent is the active version found
+  // behind it); or a drift check (the candidate is the re-plan of a drift,
+  // the incumbent the version that drifted).
+  auto compared = state.compared.find(candidate);
+  const ComparisonKind kind = compared != state.compared.end()
+                                  ? compared->second.kind
+                                  : ComparisonKind::kTrial;
+  const bool trial = kind == ComparisonKind::kTrial;
   auto rerun = state.rollbacks.find(candidate);
   const int64_t reran = rerun != state.rollbacks.end() ? rerun->second : -1;
-  const std::string source =
-      check         ? absl::StrCat("v", reran, "'s plan again")
-      : drift_check ? std::string("the plan re-fitted to the drift")
-                    : absl::StrCat(candidate_schedule.has_value()
-                                       ? TrialSource(*candidate_schedule)
-                                       : std::string("the runner-up"),
-                                   "'s plan");
+  std::string source;
+  switch (kind) {
+    case ComparisonKind::kTrial:
+      source = absl::StrCat(candidate_schedule.has_value()
+                                ? TrialSource(*candidate_schedule)
+                                : std::string("the runner-up"),
+                            "'s plan");
+      break;
+    case ComparisonKind::kRollbackCheck:
+      source = absl::StrCat("v", reran, "'s plan again");
+      break;
+    case ComparisonKind::kDriftCheck:
+      source = "the plan re-fitted to the drift";
+      break;
+  }
   std::string verdict;
   switch (decision.verdict) {
     case Verdict::kCandidateFaster:
       verdict = absl::StrFormat(
           "%.1f%% faster, beyond optimize.min_gain %.0f%%; %s",
           100 * (1 - r.ratio), 100 * options.min_gain,
-          check ? absl::StrCat("rolled back: v", reran, "'s plan runs on")
-                : std::string("kept: its plan runs on"));
+          kind == ComparisonKind::kRollbackCheck
+              ? absl::StrCat("rolled back: v", reran, "'s plan runs on")
+              : std::string("kept: its plan runs on"));
       break;
     case Verdict::kCandidateSlower:
       verdict = absl::StrFormat("%.1f%% slower; back to v%d's schedule",
@@ -804,7 +872,7 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
           r.pairs, 100 * options.min_gain, incumbent);
       // Trials back off; a check is not a trial (the next one comes only
       // from another plan found behind, or another drift).
-      if (!check && !drift_check) {
+      if (trial) {
         ++state.inconclusive_trials;
         const int64_t wait = TrialBackoffSteps(
             state.spec.optimize().drift_window(), state.inconclusive_trials);
@@ -818,7 +886,7 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
       break;
     }
   }
-  if (check && !decision.keep_candidate()) {
+  if (kind == ComparisonKind::kRollbackCheck && !decision.keep_candidate()) {
     // Interleaved, the active plan is not behind: the gap measured one
     // after the other was the machine changing between the two, and what
     // was measured describes neither plan now. Drift detection takes over,
@@ -830,7 +898,7 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
                     "; the machine changed, not the plan: what was measured "
                     "is forgotten and drift detection decides from here");
   }
-  if (drift_check && !decision.keep_candidate()) {
+  if (kind == ComparisonKind::kDriftCheck && !decision.keep_candidate()) {
     // Measured side by side, the active plan is not behind the re-plan:
     // every plan slowed alike. It runs on, expected at what it measured in
     // the blocks (ExpectedAtReference), so the same slowdown does not
@@ -841,28 +909,22 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
                           "measured in the blocks",
                           incumbent, incumbent);
   }
-  if (decision.verdict != Verdict::kInconclusive && !check && !drift_check) {
+  if (decision.verdict != Verdict::kInconclusive && trial) {
     state.inconclusive_trials = 0;
     state.trial_not_before = -1;
   }
   (void)jobs_->RecordEvent(
-      job_id,
-      check         ? "rollback"
-      : drift_check ? "drift"
-                    : "trial",
+      job_id, PlanReasonName(ComparisonReason(kind)),
       absl::StrFormat(
           "%s v%d (%s) against v%d, interleaved in blocks of %d steps (%d "
           "block pairs; %d steps of v%d, %d of v%d counted, each block's "
           "first left out): v%d/v%d = %.3f (%.3f-%.3f, %.0f%% interval) at "
           "step %d: %s",
-          check         ? "rollback check"
-          : drift_check ? "drift check"
-                        : "trial",
-          candidate, source, incumbent, kComparisonBlockSteps, r.pairs,
-          r.candidate_steps, candidate, r.incumbent_steps, incumbent, candidate,
-          incumbent, r.ratio, r.low, r.high, 100 * options.confidence, step,
-          verdict));
-  state.trials_judged.insert(candidate);
+          ComparisonName(kind), candidate, source, incumbent,
+          kComparisonBlockSteps, r.pairs, r.candidate_steps, candidate,
+          r.incumbent_steps, incumbent, candidate, incumbent, r.ratio, r.low,
+          r.high, 100 * options.confidence, step, verdict));
+  state.judged.insert(candidate);
   state.comparison.reset();
   state.pending_reason.reset();
   if (decision.keep_candidate()) {
@@ -875,10 +937,10 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
     if (candidate_schedule.has_value()) {
       state.rejected[candidate] = *candidate_schedule;
     }
-    if (check) state.measured.Clear();
+    if (kind == ComparisonKind::kRollbackCheck) state.measured.Clear();
     state.rollback_to = incumbent;
     state.rollback_inconclusive =
-        !check && !drift_check && decision.verdict == Verdict::kInconclusive;
+        trial && decision.verdict == Verdict::kInconclusive;
     QueueLocked(job_id, state, PlanReason::kRollback);
   }
   return true;
@@ -1084,7 +1146,7 @@ void PlanningManager::OnMemoryGuard(const std::string& job_id, int32_t rank,
     // The ranks stopped alternating: a comparison running ends undecided,
     // and its trial is not tried again.
     if (state.comparison.has_value()) {
-      state.trials_judged.insert(state.comparison->candidate);
+      state.judged.insert(state.comparison->candidate);
       state.comparison.reset();
     }
     // Before the first plan, the initial plan is measured under it anyway.
@@ -1202,19 +1264,15 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
   // A "cached" plan: the earlier job's schedule.
   std::string cached_from;
   std::optional<v1::Schedule> cached;
-  // A rollback that is checked first: the active version it alternates
-  // with (PlanReason::kRollback only).
-  int64_t check_of = -1;
-  std::optional<v1::Schedule> check_incumbent;
-  // A drift plan that differs from the active one: that active version,
-  // which it alternates with before it runs on.
-  int64_t drift_of = -1;
-  std::optional<v1::Schedule> drift_incumbent;
-  // A "trial": the runner-up and the version it is tried against.
+  // A version compared before it runs on: a trial, a rollback that is
+  // checked first, or a drift plan that differs from the active one; and
+  // the version it alternates with (the incumbent).
+  std::optional<ComparisonKind> compare;
+  std::optional<v1::Schedule> incumbent;
+  // A "trial": the runner-up.
   std::optional<PlanAlternative> trial;
-  int64_t trial_of = -1;
-  double trial_of_predicted_s = 0;
-  std::optional<v1::Schedule> trial_incumbent;
+  // A "baseline-check": the block pairs it alternates for.
+  int check_pairs = 0;
   // The plan's own runner-up, when worth a trial (TrialCandidate).
   std::optional<PlanAlternative> next_trial;
   // The schedule the profile was measured under (none for version 0: the
@@ -1264,29 +1322,35 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
     if (why == PlanReason::kTrial) {
       if (!it->second.trial.has_value()) return;
       trial = std::move(it->second.trial);
-      trial_of = it->second.trial_after;
+      const int64_t trial_of = it->second.trial_after;
       it->second.trial.reset();
       it->second.trial_after = -1;
       for (const StoredSchedule& s : it->second.schedules) {
-        if (s.schedule.version() == trial_of) {
-          trial_of_predicted_s = s.schedule.prediction().iteration_s();
-          trial_incumbent = s.schedule;
-        }
+        if (s.schedule.version() == trial_of) incumbent = s.schedule;
       }
       // Alternated with the incumbent: without it there is nothing to
       // compare against.
-      if (!trial_incumbent.has_value()) return;
+      if (!incumbent.has_value()) return;
+      compare = ComparisonKind::kTrial;
     }
     spec = it->second.spec;
     devices = it->second.devices;
     version = static_cast<int64_t>(it->second.schedules.size()) + 1;
     rejected = it->second.rejected;
+    if (why == PlanReason::kBaselineCheck) {
+      check_pairs = BaselineCheckPairs(
+          spec,
+          {it->second.measured.Steps(0),
+           it->second.measured.Steps(it->second.rollback_to)},
+          it->second.max_step + kSwitchLeadSteps);
+    }
     if (why == PlanReason::kRollback || why == PlanReason::kKept ||
         why == PlanReason::kBaselineCheck) {
       rollback_to = it->second.rollback_to;
       rollback_inconclusive =
           why == PlanReason::kRollback && it->second.rollback_inconclusive;
       it->second.rollback_inconclusive = false;
+      int64_t check_of = -1;
       if (why == PlanReason::kRollback) {
         check_of = it->second.rollback_check_of;
         it->second.rollback_check_of = -1;
@@ -1294,7 +1358,8 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
       for (const StoredSchedule& s : it->second.schedules) {
         if (s.schedule.version() == rollback_to) rollback_schedule = s.schedule;
         if (check_of >= 0 && s.schedule.version() == check_of) {
-          check_incumbent = s.schedule;
+          compare = ComparisonKind::kRollbackCheck;
+          incumbent = s.schedule;
         }
         // The baseline's own prediction: the newest plan's simulation of
         // it (its explanation's baseline).
@@ -1361,7 +1426,8 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
     if (trial.has_value()) {
       Schedule s = trial->schedule;
       s.provenance.passes.push_back(absl::StrCat("trial:", trial->source));
-      s.provenance.passes.push_back(absl::StrCat("trial-of-v", trial_of));
+      s.provenance.passes.push_back(
+          absl::StrCat(kTrialPass, incumbent->version()));
       Decision chosen;
       chosen.kind = DecisionKind::kPolicy;
       chosen.pass = "planner";
@@ -1370,10 +1436,10 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
           "(%.6f s): within optimize.trial_margin of it, where the cost model "
           "cannot tell the two apart; the two alternate in blocks of %d "
           "steps, and the faster by measurement is kept",
-          trial->source, s.prediction.iteration_s, trial_of,
-          trial_of_predicted_s, kComparisonBlockSteps);
+          trial->source, s.prediction.iteration_s, incumbent->version(),
+          incumbent->prediction().iteration_s(), kComparisonBlockSteps);
       s.explanation.decisions.push_back(std::move(chosen));
-      planned_on = absl::StrCat("v", trial_of, "'s runner-up");
+      planned_on = absl::StrCat("v", incumbent->version(), "'s runner-up");
       return s;
     }
     if (rollback_to >= 0) {
@@ -1401,9 +1467,13 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
       if (rollback_inconclusive) {
         back->provenance.passes.push_back(kInconclusivePass);
       }
-      if (check_incumbent.has_value()) {
+      if (compare == ComparisonKind::kRollbackCheck) {
         back->provenance.passes.push_back(
-            absl::StrCat(kRollbackCheckPass, check_of));
+            absl::StrCat(kRollbackCheckPass, incumbent->version()));
+      }
+      if (why == PlanReason::kBaselineCheck) {
+        back->provenance.passes.push_back(
+            absl::StrCat(kBaselinePairsPass, check_pairs));
       }
       planned_on = why == PlanReason::kKept            ? "the comparison"
                    : why == PlanReason::kBaselineCheck ? "the plan that settled"
@@ -1550,16 +1620,16 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
     // active one, interleaved, and runs on only if measured faster
     // (CompareLocked).
     if (current.ok()) {
-      drift_of = active->version();
-      drift_incumbent = *active;
+      compare = ComparisonKind::kDriftCheck;
+      incumbent = *active;
       next_trial.reset();
     }
   }
   planned->version = version;
   planned->provenance.reason = reason;
-  if (drift_incumbent.has_value()) {
+  if (compare == ComparisonKind::kDriftCheck) {
     planned->provenance.passes.push_back(
-        absl::StrCat(kDriftCheckPass, drift_of));
+        absl::StrCat(kDriftCheckPass, incumbent->version()));
   }
   if (baseline_unfit &&
       !absl::c_linear_search(planned->provenance.passes,
@@ -1582,19 +1652,10 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
                                   ? it->second.max_step + 1
                                   : it->second.max_step + kSwitchLeadSteps);
   }
-  if (trial.has_value()) {
-    *update.mutable_incumbent() = *trial_incumbent;
+  if (compare.has_value()) {
+    *update.mutable_incumbent() = *incumbent;
     update.set_block_steps(kComparisonBlockSteps);
   }
-  if (check_incumbent.has_value()) {
-    *update.mutable_incumbent() = *check_incumbent;
-    update.set_block_steps(kComparisonBlockSteps);
-  }
-  if (drift_incumbent.has_value()) {
-    *update.mutable_incumbent() = *drift_incumbent;
-    update.set_block_steps(kComparisonBlockSteps);
-  }
-  const int baseline_pairs = BaselinePairs(spec);
   if (why == PlanReason::kBaselineCheck) {
     absl::StatusOr<Schedule> baseline = StartingSchedule(
         graph, spec.parallel().zero_stage() == 1 ? ShardingMode::kZero1
@@ -1609,7 +1670,7 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
     }
     *update.mutable_incumbent() = ToProto(*baseline);
     update.set_block_steps(kComparisonBlockSteps);
-    update.set_block_pairs(baseline_pairs);
+    update.set_block_pairs(check_pairs);
   }
   // Stored before any rank sees it, so that a restarted coordinator knows
   // every version a worker may be running.
@@ -1629,19 +1690,12 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
       it->second.schedules.push_back(
           {update.schedule(), update.effective_step()});
       if (rollback_to >= 0) it->second.rollbacks[version] = rollback_to;
-      if (trial.has_value()) {
-        it->second.trials[version] = trial_of;
-        it->second.comparison = JobPlanning::Comparison{version, trial_of};
+      if (compare.has_value()) {
+        it->second.compared[version] = {*compare, incumbent->version()};
+        it->second.comparison =
+            JobPlanning::Comparison{version, incumbent->version()};
       }
-      if (check_incumbent.has_value()) {
-        it->second.trials[version] = check_of;
-        it->second.rollback_checks.insert(version);
-        it->second.comparison = JobPlanning::Comparison{version, check_of};
-      }
-      if (drift_incumbent.has_value()) {
-        it->second.trials[version] = drift_of;
-        it->second.drift_checks.insert(version);
-        it->second.comparison = JobPlanning::Comparison{version, drift_of};
+      if (compare == ComparisonKind::kDriftCheck) {
         // The drift says the machine or the plan changed: what was measured
         // before describes neither. The check's blocks measure both plans
         // anew, and whichever runs on is expected at what it measured there
@@ -1650,7 +1704,7 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
       }
       if (why == PlanReason::kBaselineCheck) {
         it->second.comparison =
-            JobPlanning::Comparison{version, 0, baseline_pairs};
+            JobPlanning::Comparison{version, 0, check_pairs};
       }
       if (cached.has_value() && it->second.cached_speedup.has_value()) {
         // The source job measured this plan against the baseline on the
@@ -1675,6 +1729,28 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
         job_id, "baseline",
         absl::StrFormat("v%d carries job %s's measurement of this plan: %s",
                         version, cached_from, carried_text));
+  }
+  std::string alternated;
+  if (compare == ComparisonKind::kDriftCheck) {
+    alternated = absl::StrFormat(
+        "; alternated with v%d in blocks of %d steps, it runs on only if "
+        "measured faster (a machine that slowed for every plan can read as "
+        "a reason to switch)",
+        incumbent->version(), kComparisonBlockSteps);
+  }
+  if (why == PlanReason::kBaselineCheck) {
+    const int least = BaselinePairs(spec);
+    alternated = absl::StrFormat(
+        "; alternated with the baseline (v0) for %d block pairs of %d steps, "
+        "then it runs on%s",
+        check_pairs, kComparisonBlockSteps,
+        check_pairs > least
+            ? absl::StrFormat(
+                  " (optimize.baseline_pairs is %d: steps spread too much "
+                  "on this machine for %d pairs to measure the speedup "
+                  "within %.0f%%)",
+                  least, least, 100 * kMaxSpeedupWidth)
+            : std::string());
   }
   (void)jobs_->RecordEvent(
       job_id, "schedule",
@@ -1701,13 +1777,7 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
                     next_trial->source, next_trial->sim.iteration_s,
                     spec.optimize().drift_window())
               : std::string(),
-          drift_incumbent.has_value()
-              ? absl::StrFormat(
-                    "; alternated with v%d in blocks of %d steps, it runs on "
-                    "only if measured faster (a machine that slowed for "
-                    "every plan can read as a reason to switch)",
-                    drift_of, kComparisonBlockSteps)
-              : std::string()));
+          alternated));
   if (publisher) publisher(job_id, update);
 }
 

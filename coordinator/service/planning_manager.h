@@ -232,21 +232,21 @@ class PlanningManager {
     // active one, found behind in steps measured one after the other) and
     // runs on only if the interleaved blocks measure it faster (-1: none).
     int64_t rollback_check_of = -1;
-    // Rollback versions that are such checks (each also in `trials`, with
-    // the version it is compared against): decided like a trial.
-    std::set<int64_t> rollback_checks;
-    // Drift versions checked the same way against the version active when
-    // the drift fired (each also in `trials`).
-    std::set<int64_t> drift_checks;
     // Rollback versions and the version whose plan each runs again.
     std::map<int64_t, int64_t> rollbacks;
-    // The runner-up to measure once version `trial_after` is judged, and
-    // trial versions with the version each was tried against (judged: an
-    // outcome was decided).
+    // The runner-up to measure once version `trial_after` is judged.
     std::optional<PlanAlternative> trial;
     int64_t trial_after = -1;
-    std::map<int64_t, int64_t> trials;
-    std::set<int64_t> trials_judged;
+    // Versions published to be compared before they run on (trials, and
+    // rollback and drift checks: each marked so in its provenance), with
+    // what each is and the version it alternates with; and those judged (a
+    // verdict was reached).
+    std::map<int64_t, ComparedVersion> compared;
+    std::set<int64_t> judged;
+    bool IsCompared(int64_t version, ComparisonKind kind) const {
+      auto it = compared.find(version);
+      return it != compared.end() && it->second.kind == kind;
+    }
     // Trials in a row that ended inconclusive, and the step before which
     // the next trial does not start (TrialBackoffSteps of drift_window from
     // the last inconclusive verdict; -1: no wait). A decided trial resets

@@ -33,6 +33,13 @@ void ScheduleMeasurements::Record(int64_t version, int64_t step,
   }
 }
 
+std::vector<double> ScheduleMeasurements::Steps(int64_t version) const {
+  auto it = versions_.find(version);
+  if (it == versions_.end()) return {};
+  return std::vector<double>(it->second.seconds.begin(),
+                             it->second.seconds.end());
+}
+
 std::optional<ScheduleMeasurements::Summary> ScheduleMeasurements::Summarize(
     int64_t version) const {
   auto it = versions_.find(version);

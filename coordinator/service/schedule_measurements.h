@@ -17,6 +17,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <vector>
 
 namespace tandem {
 
@@ -40,6 +41,8 @@ class ScheduleMeasurements {
   };
   // Nullopt until the version has `window` steps.
   std::optional<Summary> Summarize(int64_t version) const;
+  // The version's kept steps, oldest first (its switch step left out).
+  std::vector<double> Steps(int64_t version) const;
 
   struct Behind {
     int64_t best_version = 0;

@@ -272,5 +272,41 @@ TEST(PlanDecisionTest, Speedup_SlowerThanTheBaselineSaysSo) {
   EXPECT_THAT(s.text, HasSubstr("slower than the baseline"));
 }
 
+// `n` steps whose blocks of 3 (a check's counted steps) alternate between
+// `base` and `base * (1 + swing)`, as under a CPU hog that comes and goes.
+std::vector<double> Swinging(int n, double base, double swing) {
+  std::vector<double> steps;
+  for (int i = 0; i < n; ++i) {
+    steps.push_back((i / 3) % 2 == 0 ? base : base * (1 + swing));
+  }
+  return steps;
+}
+
+// A baseline check's block pairs follow the noise measured: steady steps
+// keep the job's optimize.baseline_pairs; blocks 10% apart need 12 pairs
+// for a 20% interval (1.4826 x ln 1.1 = 0.141 per pair ratio: (2 x 1.96 x
+// 0.141 x 1.25 / 0.2)^2 = 11.98); 30% apart would need 90, capped.
+TEST(PlanDecisionTest, NoisePairs_FollowTheMeasuredSpread) {
+  constexpr int kBlock = 4;
+  EXPECT_EQ(NoisePairs({std::vector<double>(30, 0.5)}, kBlock, 4, 16), 4);
+  EXPECT_EQ(NoisePairs({Swinging(24, 0.5, 0.10)}, kBlock, 4, 16), 12);
+  EXPECT_EQ(NoisePairs({Swinging(24, 0.5, 0.30)}, kBlock, 4, 16), 16);
+  // A wider interval allowed, fewer pairs: (0.2 / 0.4)^2 of 11.98.
+  EXPECT_EQ(NoisePairs({Swinging(24, 0.5, 0.10)}, kBlock, 2, 16, 0.40), 3);
+  // Pooled over the two versions' series: the steady one's ratios (0) make
+  // half of them, so the median is half the swing's, a quarter of the pairs
+  // (3), and the job's 4 stand.
+  EXPECT_EQ(NoisePairs({Swinging(24, 0.5, 0.10), std::vector<double>(24, 1)},
+                       kBlock, 4, 16),
+            4);
+  // One spike in a steady series moves a block's median by nothing.
+  std::vector<double> spiked(30, 0.5);
+  spiked[7] = 2.5;
+  EXPECT_EQ(NoisePairs({spiked}, kBlock, 4, 16), 4);
+  // Too few blocks to tell (two blocks, one ratio): the job's pairs.
+  EXPECT_EQ(NoisePairs({Swinging(6, 0.5, 0.30)}, kBlock, 4, 16), 4);
+  EXPECT_EQ(NoisePairs({}, kBlock, 4, 16), 4);
+}
+
 }  // namespace
 }  // namespace tandem

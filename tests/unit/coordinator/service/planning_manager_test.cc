@@ -130,13 +130,19 @@ class PlanningManagerTest : public ::testing::Test {
     return r;
   }
 
-  // A job whose every runner-up is worth a trial, planned and run until its
-  // v1's runner-up is published as v2 (RunUntilTrial); v1's predicted step.
-  double StartTrial();
+  // A job of `train_steps` steps whose every runner-up is worth a trial,
+  // planned and run until its v1's runner-up is published as v2
+  // (RunUntilTrial); v1's predicted step.
+  double StartTrial(int64_t train_steps = 50);
   // A job with the baseline check on (2 block pairs, no trials), planned
   // and run until v1's check is published as v2 (RunUntilBaselineCheck);
   // v1's predicted step.
   double StartBaselineCheck();
+  // The same on a noisy machine, for a job of `train_steps` steps: the
+  // baseline's blocks of 3 steps alternately 30% apart (a CPU hog coming and
+  // going) for steps 0-24, then v1 at its prediction from step 25 until the
+  // check is published (v2, from step 30).
+  void StartNoisyBaselineCheck(int64_t train_steps);
   // StartTrial, then the comparison: the trial (v2) at `factor` of v1's
   // time, two block pairs from step 9; the trial must be judged not worth
   // keeping, and v3 published as a rollback running v1's plan. Returns v1's
@@ -882,6 +888,76 @@ TEST_F(PlanningManagerTest, Restart_KeepsTheRollbackEvidence) {
   restarted.Stop();
 }
 
+// A rollback reruns an earlier version's schedule with its provenance
+// passes. Rerunning a kept rollback check, it carries that check's pass but
+// is no check itself: a restarted coordinator neither hands it to a
+// reconnecting worker with an incumbent to alternate with, nor holds its
+// steps back from drift detection as an undecided comparison's.
+TEST_F(PlanningManagerTest, Restart_RollbackRerunningAKeptCheck_IsNoCheck) {
+  // v1 found behind v0, v0's plan checked against it (v2) and kept (v3).
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  Steps(*planning_, job_.id(), 0, 5, 0, 0.100);
+  SendWindow(0, 1, 0);
+  planning_->OnScheduleActive(job_.id(), 1);
+  Steps(*planning_, job_.id(), 5, 4, 1, 0.130);
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  const int64_t kept_from =
+      AlternateVersions(*planning_, job_.id(), 9, 2, 2, 0.100, 1, 0.130);
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 3u);
+  const v1::Schedule kept = published_[2].schedule();
+  ASSERT_EQ(kept.provenance().reason(), "kept");
+  ASSERT_THAT(kept.provenance().passes(),
+              ::testing::Contains(absl::StrCat(kRollbackCheckPass, 1)));
+  planning_->OnScheduleActive(job_.id(), 3);
+  Steps(*planning_, job_.id(), kept_from, 4, 3, 0.100);
+  // Then, as the manager stores them: a drift check of v3 (v4, another
+  // plan) that measured no faster, and the rollback to v3's schedule that
+  // ended it (v5), which carries v3's passes.
+  const int64_t check_from = kept_from + 4;
+  v1::Schedule drift = published_[0].schedule();
+  drift.set_version(4);
+  drift.mutable_provenance()->set_reason("drift");
+  drift.mutable_provenance()->add_passes(absl::StrCat(kDriftCheckPass, 3));
+  ASSERT_TRUE(store_->PutSchedule(job_.id(), drift, check_from).ok());
+  const int64_t back_from = check_from + 16;
+  v1::Schedule back = kept;
+  back.set_version(5);
+  back.mutable_provenance()->set_reason("rollback");
+  back.mutable_provenance()->add_passes("rollback-to-v3");
+  ASSERT_TRUE(store_->PutSchedule(job_.id(), back, back_from).ok());
+  std::vector<StoredStep> stored;
+  for (int64_t step = 0; step < back_from + 4; ++step) {
+    StoredStep s;
+    s.step = step;
+    s.schedule_version =
+        step < 5           ? 0
+        : step < 9         ? 1
+        : step < kept_from ? (((step - 9) / 4) % 2 == 0 ? 2 : 1)
+        : step < check_from
+            ? 3
+            : (step < back_from ? (((step - check_from) / 4) % 2 == 0 ? 4 : 3)
+                                : 5);
+    s.iteration_s = s.schedule_version == 1 ? 0.130 : 0.100;
+    stored.push_back(s);
+  }
+  std::unique_ptr<Restarted> r = RestartWith(stored);
+  PlanningManager& restarted = *r->planning;
+  absl::StatusOr<v1::ScheduleUpdate> latest = restarted.LatestUpdate(job_.id());
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->schedule().version(), 5);
+  EXPECT_FALSE(latest->has_incumbent());
+  // Its steps are judged as any version's: three times slower drifts.
+  restarted.OnScheduleActive(job_.id(), 5);
+  const int drifts = CountEvents(*r->jobs, job_.id(), "drift");
+  SlowestSteps(restarted, job_.id(), back_from + 4, 8, 5, 0.300);
+  restarted.Drain();
+  EXPECT_EQ(CountEvents(*r->jobs, job_.id(), "drift"), drifts + 1);
+  restarted.Stop();
+}
+
 // Publishes v1 of a job whose every runner-up is worth a trial
 // (trial_margin 1: 100%) and runs it at its prediction (no drift) for
 // drift_window (3) steps after the switch step: the runner-up is published
@@ -913,8 +989,10 @@ double RunUntilTrial(PlanningManager& planning, JobManager& jobs,
   return predicted;
 }
 
-double PlanningManagerTest::StartTrial() {
-  job_ = *jobs_->Submit(Spec(/*trial_margin=*/1.0));
+double PlanningManagerTest::StartTrial(int64_t train_steps) {
+  v1::JobSpec spec = Spec(/*trial_margin=*/1.0);
+  spec.mutable_train()->set_steps(train_steps);
+  job_ = *jobs_->Submit(spec);
   EXPECT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
   SendWindow(0, 1, 0);
   return RunUntilTrial(*planning_, *jobs_, job_.id(), published_);
@@ -1218,6 +1296,114 @@ TEST_F(PlanningManagerTest, Restart_InconclusiveTrial_BackoffKept) {
   r->planning->Stop();
 }
 
+// Only a trial's verdict ends a run of inconclusive trials, after a restart
+// as live: a rollback check kept after the inconclusive trial leaves the
+// run and its backoff as they were, so the next trial still waits for it.
+TEST_F(PlanningManagerTest,
+       Restart_CheckKeptAfterInconclusiveTrial_BackoffHolds) {
+  const double p = StartTrial();
+  ASSERT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  Alternate(*planning_, job_.id(), 9, 6, {p * 0.9, p * 1.1}, {p});
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 3u);
+  ASSERT_THAT(published_[2].schedule().provenance().passes(),
+              ::testing::Contains("trial-inconclusive"));
+  // Then, as the manager stores them: a memory re-plan to v0's plan (v4),
+  // found behind v3's; v3's plan checked against it (v5) and kept (v6).
+  absl::StatusOr<StoredSchedule> v0 =
+      planning_->GetScheduleVersion(job_.id(), 0);
+  ASSERT_TRUE(v0.ok()) << v0.status();
+  int64_t from = published_[2].effective_step() + 8;
+  v1::Schedule memory = v0->schedule;
+  memory.set_version(4);
+  memory.mutable_provenance()->set_reason("memory");
+  ASSERT_TRUE(store_->PutSchedule(job_.id(), memory, from).ok());
+  from += 8;
+  v1::Schedule check = published_[2].schedule();
+  check.set_version(5);
+  check.mutable_provenance()->add_passes("rollback-to-v3");
+  check.mutable_provenance()->add_passes(absl::StrCat(kRollbackCheckPass, 4));
+  ASSERT_TRUE(store_->PutSchedule(job_.id(), check, from).ok());
+  from += 16;
+  v1::Schedule kept = check;
+  kept.set_version(6);
+  kept.mutable_provenance()->set_reason("kept");
+  kept.mutable_provenance()->add_passes("kept-v5");
+  ASSERT_TRUE(store_->PutSchedule(job_.id(), kept, from).ok());
+  std::unique_ptr<Restarted> r = RestartWith({});
+  PlanningManager& restarted = *r->planning;
+  restarted.OnScheduleActive(job_.id(), 6);
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(
+        restarted
+            .OnProfile(job_.id(), rank, MakeProfile(rank, from, from + 1, 6))
+            .ok());
+  }
+  ASSERT_TRUE(restarted.RequestReplan(job_.id(), "").ok());
+  restarted.Drain();
+  ASSERT_EQ(r->published.size(), 1u)
+      << r->jobs->Events(job_.id(), 0)->back().message();
+  ASSERT_THAT(r->jobs->Events(job_.id(), 0)->back().message(),
+              HasSubstr("; runner-up "));
+  const int64_t v7 = r->published[0].schedule().version();
+  const double q = r->published[0].schedule().prediction().iteration_s();
+  restarted.OnScheduleActive(job_.id(), v7);
+  const int64_t v7_from = r->published[0].effective_step();
+  // Measured at its prediction (3 steps after its first), but the first
+  // inconclusive trial's backoff holds the next trial until 6 steps after
+  // v3's first: the kept check did not end it.
+  const int64_t backoff_over = published_[2].effective_step() + 6;
+  ASSERT_GE(backoff_over - v7_from, 4);
+  const int trials = CountEvents(*r->jobs, job_.id(), "trial");
+  Steps(restarted, job_.id(), v7_from, static_cast<int>(backoff_over - v7_from),
+        v7, q);
+  restarted.Drain();
+  EXPECT_EQ(CountEvents(*r->jobs, job_.id(), "trial"), trials);
+  Steps(restarted, job_.id(), backoff_over, 1, v7, q);
+  restarted.Drain();
+  EXPECT_EQ(CountEvents(*r->jobs, job_.id(), "trial"), trials + 1);
+  restarted.Stop();
+}
+
+// Six block pairs whose ratios swing between 0.75 and 1.15 (v2 against
+// v1, from step 9): 0.929 by their geometric mean, past optimize.min_gain,
+// with an interval that still reaches 1: a promising trial, undecided.
+void SwingingTrialPairs(PlanningManager& planning, const std::string& job,
+                        double predicted) {
+  constexpr int kBlock = PlanningManager::kComparisonBlockSteps;
+  int64_t step = 9;
+  for (int k = 0; k < 6; ++k) {
+    Steps(planning, job, step, kBlock, 2, predicted * (k % 2 ? 1.15 : 0.75));
+    Steps(planning, job, step + kBlock, kBlock, 1, predicted);
+    step += 2 * kBlock;
+  }
+  planning.Drain();
+}
+
+// A promising trial measures on past 6 pairs only in half the steps the
+// job had left when it began: a 400-step job still measures at 6 pairs; a
+// 50-step one (40 steps left from step 10: 2 pairs fit) gives it up there,
+// inconclusive, and keeps most of its steps for the plan it settles on.
+TEST_F(PlanningManagerTest, Trial_Promising_MeasuresOnOnlyInHalfTheStepsLeft) {
+  const double p = StartTrial(/*train_steps=*/400);
+  ASSERT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  SwingingTrialPairs(*planning_, job_.id(), p);
+  EXPECT_EQ(published_.size(), 2u);
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "trial"), 1);  // announced
+
+  published_.clear();
+  const double q = StartTrial(/*train_steps=*/50);
+  ASSERT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  SwingingTrialPairs(*planning_, job_.id(), q);
+  ASSERT_EQ(published_.size(), 3u);
+  EXPECT_THAT(EventsOf(*jobs_, job_.id(), "trial").back(),
+              AllOf(HasSubstr("v2/v1 = 0.929"),
+                    HasSubstr("inconclusive after 6 block pairs")));
+}
+
 // A trial far slower, beyond the noise a rollback needs, is still judged
 // by its comparison: against the version it was tried against, said in a
 // trial event, not as a rollback to the best version measured.
@@ -1431,6 +1617,69 @@ TEST_F(PlanningManagerTest, BaselineCheck_TooNoisy_NoFigure) {
   EXPECT_THAT(job->speedup_text(), AllOf(HasSubstr("not measured yet"),
                                          HasSubstr("in 2 block pairs"),
                                          HasSubstr("wider than 20%")));
+}
+
+void PlanningManagerTest::StartNoisyBaselineCheck(int64_t train_steps) {
+  v1::JobSpec spec = Spec(/*trial_margin=*/0, /*baseline_pairs=*/2);
+  spec.mutable_train()->set_steps(train_steps);
+  job_ = *jobs_->Submit(spec);
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  SendWindow(0, 1, 0);
+  ASSERT_EQ(published_.size(), 1u);
+  for (int64_t step = 0; step < 25; ++step) {
+    Steps(*planning_, job_.id(), step, 1, 0,
+          (step - 1) / 3 % 2 == 0 ? 0.100 : 0.130);
+  }
+  planning_->OnScheduleActive(job_.id(), 1);
+  Steps(*planning_, job_.id(), 25, 4, 1,
+        published_[0].schedule().prediction().iteration_s());
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 2u);
+  ASSERT_EQ(published_[1].schedule().provenance().reason(), "baseline-check");
+  ASSERT_EQ(published_[1].effective_step(), 30);
+}
+
+// On a noisy machine the check alternates for as many block pairs as an
+// interval within 20% needs there (NoisePairs over the baseline's and the
+// plan's steps: the baseline's blocks 30% apart need 90, at most 16), not
+// optimize.baseline_pairs' 2. The update, the job's outcome and the
+// schedule event say so, and the provenance keeps it: a restarted
+// coordinator hands reconnecting ranks the same 16.
+TEST_F(PlanningManagerTest, BaselineCheck_NoisyMachine_MorePairs) {
+  StartNoisyBaselineCheck(400);
+  const v1::ScheduleUpdate& check = published_[1];
+  EXPECT_EQ(check.incumbent().version(), 0);
+  EXPECT_EQ(check.block_pairs(), 16);
+  EXPECT_THAT(check.schedule().provenance().passes(),
+              ::testing::Contains("baseline-pairs:16"));
+  EXPECT_THAT(EventsOf(*jobs_, job_.id(), "schedule").back(),
+              HasSubstr("alternated with the baseline (v0) for 16 block pairs "
+                        "of 4 steps, then it runs on (optimize.baseline_pairs "
+                        "is 2: steps spread too much on this machine for 2 "
+                        "pairs to measure the speedup within 20%)"));
+  planning_->OnScheduleActive(job_.id(), 2);
+  Steps(*planning_, job_.id(), 30, 4, 2, 0.05);
+  EXPECT_THAT(jobs_->Get(job_.id())->speedup_text(),
+              HasSubstr("v2 alternates with the baseline: 0 of 16 block "
+                        "pairs"));
+  std::unique_ptr<Restarted> r = RestartWith({});
+  absl::StatusOr<v1::ScheduleUpdate> latest =
+      r->planning->LatestUpdate(job_.id());
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->schedule().version(), 2);
+  EXPECT_EQ(latest->incumbent().version(), 0);
+  EXPECT_EQ(latest->block_pairs(), 16);
+  r->planning->Stop();
+}
+
+// A check takes at most half the steps the job has left (from step 30 of
+// 80, less 2: 24 steps, 3 pairs of 8), never fewer pairs than
+// optimize.baseline_pairs.
+TEST_F(PlanningManagerTest, BaselineCheck_NoisyShortJob_HalfTheStepsLeft) {
+  StartNoisyBaselineCheck(80);
+  EXPECT_EQ(published_[1].block_pairs(), 3);
+  EXPECT_THAT(published_[1].schedule().provenance().passes(),
+              ::testing::Contains("baseline-pairs:3"));
 }
 
 // A baseline that tripped the memory guard does not fit the budget: no

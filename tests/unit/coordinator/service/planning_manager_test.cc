@@ -130,6 +130,10 @@ class PlanningManagerTest : public ::testing::Test {
     return r;
   }
 
+  // job_'s v1, planned from the first window, found behind the baseline
+  // (its 3 measured steps at 0.130 s against v0's 0.100, one after the
+  // other): v0's plan published again as v2, to be checked against v1.
+  void StartRollbackCheck();
   // A job of `train_steps` steps whose every runner-up is worth a trial,
   // planned and run until its v1's runner-up is published as v2
   // (RunUntilTrial); v1's predicted step.
@@ -651,13 +655,7 @@ TEST_F(PlanningManagerTest, VariableWork_StepsScaledToTheWindowsWork_NoDrift) {
   }
 }
 
-// v1 measures 30% slower than the baseline did, in steps one after the
-// other: within drift_window (3) measured steps the baseline's plan is
-// published again as v2 and checked against v1, interleaved; measured
-// faster there, it runs on as v3 ("kept"), and the events say so with the
-// figures. The kept plan then measuring as slow as v1 did is the machine
-// changing; a later re-plan that gives v1's plan again is not published.
-TEST_F(PlanningManagerTest, PlanSlowerThanBaseline_RolledBackToIt) {
+void PlanningManagerTest::StartRollbackCheck() {
   ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
   Steps(*planning_, job_.id(), 0, 5, 0, 0.100);
   SendWindow(0, 1, 0);
@@ -667,6 +665,16 @@ TEST_F(PlanningManagerTest, PlanSlowerThanBaseline_RolledBackToIt) {
   Steps(*planning_, job_.id(), 5, 4, 1, 0.130);
   planning_->Drain();
   ASSERT_EQ(published_.size(), 2u);
+}
+
+// v1 measures 30% slower than the baseline did, in steps one after the
+// other: within drift_window (3) measured steps the baseline's plan is
+// published again as v2 and checked against v1, interleaved; measured
+// faster there, it runs on as v3 ("kept"), and the events say so with the
+// figures. The kept plan then measuring as slow as v1 did is the machine
+// changing; a later re-plan that gives v1's plan again is not published.
+TEST_F(PlanningManagerTest, PlanSlowerThanBaseline_RolledBackToIt) {
+  ASSERT_NO_FATAL_FAILURE(StartRollbackCheck());
   const v1::Schedule& back = published_[1].schedule();
   EXPECT_EQ(back.version(), 2);
   EXPECT_EQ(back.provenance().reason(), "rollback");
@@ -747,13 +755,7 @@ TEST_F(PlanningManagerTest, PlanSlowerThanBaseline_RolledBackToIt) {
 // is forgotten: v1's plan running on at the new speed is not behind
 // anything, and drift detection decides against its prediction.
 TEST_F(PlanningManagerTest, RollbackCheck_MachineNotPlan_ActiveKept) {
-  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
-  Steps(*planning_, job_.id(), 0, 5, 0, 0.100);
-  SendWindow(0, 1, 0);
-  planning_->OnScheduleActive(job_.id(), 1);
-  Steps(*planning_, job_.id(), 5, 4, 1, 0.130);
-  planning_->Drain();
-  ASSERT_EQ(published_.size(), 2u);
+  ASSERT_NO_FATAL_FAILURE(StartRollbackCheck());
   ASSERT_TRUE(published_[1].has_incumbent());
   planning_->OnScheduleActive(job_.id(), 2);
   AlternateVersions(*planning_, job_.id(), 9, 2, 2, 0.130, 1, 0.130);
@@ -823,13 +825,7 @@ TEST_F(PlanningManagerTest, BehindTheSamePlan_MachineChanged_NoCheck) {
 // its verdict still knows v1 was rejected, and that the kept plan reruns
 // v2's (so its measuring slow is the machine changing).
 TEST_F(PlanningManagerTest, Restart_KeepsTheRollbackEvidence) {
-  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
-  Steps(*planning_, job_.id(), 0, 5, 0, 0.100);
-  SendWindow(0, 1, 0);
-  planning_->OnScheduleActive(job_.id(), 1);
-  Steps(*planning_, job_.id(), 5, 4, 1, 0.130);
-  planning_->Drain();
-  ASSERT_EQ(published_.size(), 2u);
+  ASSERT_NO_FATAL_FAILURE(StartRollbackCheck());
   ASSERT_EQ(published_[1].schedule().provenance().reason(), "rollback");
   std::unique_ptr<Restarted> r = RestartAfter(9, 5, 0.100, 0.130);
   {
@@ -895,13 +891,7 @@ TEST_F(PlanningManagerTest, Restart_KeepsTheRollbackEvidence) {
 // steps back from drift detection as an undecided comparison's.
 TEST_F(PlanningManagerTest, Restart_RollbackRerunningAKeptCheck_IsNoCheck) {
   // v1 found behind v0, v0's plan checked against it (v2) and kept (v3).
-  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
-  Steps(*planning_, job_.id(), 0, 5, 0, 0.100);
-  SendWindow(0, 1, 0);
-  planning_->OnScheduleActive(job_.id(), 1);
-  Steps(*planning_, job_.id(), 5, 4, 1, 0.130);
-  planning_->Drain();
-  ASSERT_EQ(published_.size(), 2u);
+  ASSERT_NO_FATAL_FAILURE(StartRollbackCheck());
   planning_->OnScheduleActive(job_.id(), 2);
   const int64_t kept_from =
       AlternateVersions(*planning_, job_.id(), 9, 2, 2, 0.100, 1, 0.130);
@@ -1999,14 +1989,7 @@ TEST_F(PlanningManagerTest, CachedPlan_NeverAnUndecidedTrial) {
 TEST_F(PlanningManagerTest, CachedPlan_NeverAnUndecidedRollbackCheck) {
   job_ = *jobs_->Submit(Spec(/*trial_margin=*/0));
   RegisterDevices(*planning_, *store_, job_.id());
-  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
-  Steps(*planning_, job_.id(), 0, 5, 0, 0.100);
-  SendWindow(0, 1, 0);
-  ASSERT_EQ(published_.size(), 1u);
-  planning_->OnScheduleActive(job_.id(), 1);
-  Steps(*planning_, job_.id(), 5, 4, 1, 0.130);
-  planning_->Drain();
-  ASSERT_EQ(published_.size(), 2u);
+  ASSERT_NO_FATAL_FAILURE(StartRollbackCheck());
   ASSERT_THAT(published_[1].schedule().provenance().passes(),
               ::testing::Contains("rollback-check-of-v1"));
   ExpectAgainOnCachedV1(Spec(/*trial_margin=*/0));

@@ -40,10 +40,17 @@ def log(msg):
 
 
 def start_coordinator(build, workdir, listen="127.0.0.1:0", prefix=(), insecure=False):
-    """Starts tandem-coordinator; returns (process, "host:port"). `insecure`:
-    serve a non-loopback `listen` without TLS and tokens (the coordinator
-    refuses it otherwise), for a private network such as bench/e2e's
-    namespaces."""
+    """Starts tandem-coordinator on a new database in `workdir` (one an
+    earlier run left there is removed first: its jobs would hand this run's
+    job their plan from the plan cache); returns (process, "host:port").
+    `insecure`: serve a non-loopback `listen` without TLS and tokens (the
+    coordinator refuses it otherwise), for a private network such as
+    bench/e2e's namespaces."""
+    for suffix in ("", "-wal", "-shm"):
+        try:
+            os.remove(os.path.join(workdir, "tandem.db" + suffix))
+        except FileNotFoundError:
+            pass
     out = open(os.path.join(workdir, "coordinator.out"), "w")
     err = open(os.path.join(workdir, "coordinator.log"), "w")
     proc = subprocess.Popen(list(prefix) + [

@@ -51,6 +51,7 @@ import json
 import math
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -202,9 +203,19 @@ def worker_env(a, r):
                 GLOO_SOCKET_IFNAME=a.if0 if r == 0 else a.if1)
 
 
+def fresh_workdir(workdir):
+    """An empty `workdir` for one job. Each job gets a coordinator of its own
+    on a new database: one left there by an earlier run holds that run's
+    jobs, and the plan cache would start this job on their plan (the
+    2026-11-30c run did, and measured no decision at all)."""
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(workdir)
+    return workdir
+
+
 def run_job(a, spec, condition, workdir, seed, tandem):
     """One job under `condition`; returns what the analysis needs."""
-    os.makedirs(workdir, exist_ok=True)
+    fresh_workdir(workdir)
     coord, address = steady.start_coordinator(a.build, workdir, listen=f"{a.ip0}:0",
                                               insecure=True)
     workers, noise = [], None
@@ -233,6 +244,11 @@ def run_job(a, spec, condition, workdir, seed, tandem):
                 noise.stop()
                 noise = None
             final, events = client.get(job.id)
+            cached = [e.message for e in events
+                      if e.kind == "schedule" and "(cached)" in e.message]
+            if cached:
+                raise RuntimeError(f"the job started on a cached plan ({cached[0][:120]}): "
+                                   f"{workdir} was not fresh")
             per_step = steady.slowest_per_step(
                 [os.path.join(workdir, f"worker{r}.jsonl") for r in range(2)])
             versions = sorted({v for _, v in per_step.values() if v >= 0})

@@ -191,3 +191,17 @@ def test_reanalyse_unreadable_or_not_json_says_what_to_give(tmp_path):
     with pytest.raises(SystemExit) as e:
         noise.reanalyse(str(bad))
     assert "line 2 is not JSON" in str(e.value)
+
+
+def test_each_job_gets_a_fresh_workdir(tmp_path):
+    """An earlier run's database in a job's directory would hand the job
+    that run's plan from the plan cache: nothing of it is left."""
+    work = tmp_path / "demo-quiet-0"
+    work.mkdir()
+    for name in ("tandem.db", "tandem.db-wal", "worker0.jsonl"):
+        (work / name).write_text("old")
+    assert noise.fresh_workdir(str(work)) == str(work)
+    assert work.is_dir() and list(work.iterdir()) == []
+    fresh = tmp_path / "new" / "demo-flaps-1"
+    noise.fresh_workdir(str(fresh))
+    assert fresh.is_dir()

@@ -61,9 +61,11 @@ int BaselinePairs(const v1::JobSpec& spec) {
 constexpr char kBaselinePairsPass[] = "baseline-pairs:";
 
 // The block pairs a baseline check alternates for: the job's
-// optimize.baseline_pairs, or more when the steps the baseline and the
-// settled plan measured (`measured`) are noisy enough that those would
-// leave an interval wider than kMaxSpeedupWidth (NoisePairs), at most
+// optimize.baseline_pairs, or more when the steps the job's versions
+// measured (`measured`: each version's, the baseline's and the settled
+// plan's among them; the machine's noise reaches every plan) are noisy
+// enough that those would leave an interval wider than kMaxSpeedupWidth
+// (NoisePairs), at most
 // kMaxBaselinePairs, and no more than half the job's steps left from `from`
 // hold: half of a check's steps run the slower baseline, and a short job
 // keeps most of its steps for its plan (optimize.baseline_pairs always run,
@@ -1338,11 +1340,8 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
     version = static_cast<int64_t>(it->second.schedules.size()) + 1;
     rejected = it->second.rejected;
     if (why == PlanReason::kBaselineCheck) {
-      check_pairs = BaselineCheckPairs(
-          spec,
-          {it->second.measured.Steps(0),
-           it->second.measured.Steps(it->second.rollback_to)},
-          it->second.max_step + kSwitchLeadSteps);
+      check_pairs = BaselineCheckPairs(spec, it->second.measured.AllSteps(),
+                                       it->second.max_step + kSwitchLeadSteps);
     }
     if (why == PlanReason::kRollback || why == PlanReason::kKept ||
         why == PlanReason::kBaselineCheck) {

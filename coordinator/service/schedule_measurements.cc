@@ -33,11 +33,12 @@ void ScheduleMeasurements::Record(int64_t version, int64_t step,
   }
 }
 
-std::vector<double> ScheduleMeasurements::Steps(int64_t version) const {
-  auto it = versions_.find(version);
-  if (it == versions_.end()) return {};
-  return std::vector<double>(it->second.seconds.begin(),
-                             it->second.seconds.end());
+std::vector<std::vector<double>> ScheduleMeasurements::AllSteps() const {
+  std::vector<std::vector<double>> out;
+  for (const auto& [version, samples] : versions_) {
+    out.emplace_back(samples.seconds.begin(), samples.seconds.end());
+  }
+  return out;
 }
 
 std::optional<ScheduleMeasurements::Summary> ScheduleMeasurements::Summarize(

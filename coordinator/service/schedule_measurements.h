@@ -41,8 +41,9 @@ class ScheduleMeasurements {
   };
   // Nullopt until the version has `window` steps.
   std::optional<Summary> Summarize(int64_t version) const;
-  // The version's kept steps, oldest first (its switch step left out).
-  std::vector<double> Steps(int64_t version) const;
+  // Each version's kept steps, oldest first (its switch step left out), by
+  // version.
+  std::vector<std::vector<double>> AllSteps() const;
 
   struct Behind {
     int64_t best_version = 0;

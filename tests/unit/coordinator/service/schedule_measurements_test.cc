@@ -30,6 +30,22 @@ TEST(ScheduleMeasurementsTest, Summarize_SkipsTheSwitchStepAndNeedsWindow) {
   EXPECT_DOUBLE_EQ(s->relative_mad, 0.5);
 }
 
+// Each version's kept steps in order, its switch step left out, the
+// oldest dropped past kMaxSamples: what a baseline check's NoisePairs reads.
+TEST(ScheduleMeasurementsTest, AllSteps_EachVersionsKeptStepsInOrder) {
+  ScheduleMeasurements m(3);
+  Steps(m, 2, 40, 4, {9.0, 2.0, 3.0, 4.0});
+  Steps(m, 0, 0, ScheduleMeasurements::kMaxSamples + 3, {9.0, 5.0, 6.0});
+  const std::vector<std::vector<double>> all = m.AllSteps();
+  ASSERT_EQ(all.size(), 2u);
+  ASSERT_EQ(all[0].size(),
+            static_cast<size_t>(ScheduleMeasurements::kMaxSamples));
+  // Steps 3.. kept: 9, 5, 6, 9, ...
+  EXPECT_DOUBLE_EQ(all[0].front(), 9.0);
+  EXPECT_DOUBLE_EQ(all[0][1], 5.0);
+  EXPECT_EQ(all[1], (std::vector<double>{2.0, 3.0, 4.0}));
+}
+
 TEST(ScheduleMeasurementsTest, BehindBest_SlowerBeyondNoise_NamesTheBest) {
   ScheduleMeasurements m(4);
   Steps(m, 0, 0, 6, {0.100, 0.101, 0.099});

@@ -106,11 +106,13 @@ def test_analyse_counts_versions_after_settling_and_flags_a_wrong_plan():
     assert row["final_over_best"] == round(0.55 / 0.50, 4) and row["best_plan"] == "v2"
     assert row["quiet_speedup"] == round(0.65 / 0.55, 4)
     assert row["interval_contains_quiet"] is False  # 1.18 outside 1.20-1.40
+    assert row["interval_overlaps_quiet"] is False  # the re-measure's: 1.18-1.18
     assert row["quiet_round_steps_s"]["v1"] == [[0.55] * 5] * 4
     # Within min_gain of the best: not wrong; the interval holds it.
     row = noise.analyse(args(), run, flat({0: 0.65, 1: 0.50, 2: 0.49}), reps)
     assert row["wrong_plan_kept"] is False and row["remeasure_could_not_tell"] == []
     assert row["interval_contains_quiet"] is True
+    assert row["interval_overlaps_quiet"] is True
     # The ended-on plan the best: final over best is 1.
     row = noise.analyse(args(), run, flat({0: 0.65, 1: 0.45, 2: 0.50}), reps)
     assert row["final_over_best"] == 1.0 and row["best_plan"] == "v1"

@@ -65,12 +65,8 @@
 #include "bench/load/fake_worker.h"
 #include "common/flags/command_line.h"
 #include "common/flags/flag_checks.h"
-#include "common/ir/proto_convert.h"
 #include "common/job/job_spec.h"
 #include "common/json_string.h"
-#include "common/lowering/lowering.h"
-#include "common/models/graph_builder.h"
-#include "common/sim/simulator.h"
 #include "tandem/v1/job_service.grpc.pb.h"
 #include "tandem/v1/worker_service.grpc.pb.h"
 

@@ -65,11 +65,10 @@ constexpr char kBaselinePairsPass[] = "baseline-pairs:";
 // measured (`measured`: each version's, the baseline's and the settled
 // plan's among them; the machine's noise reaches every plan) are noisy
 // enough that those would leave an interval wider than kMaxSpeedupWidth
-// (NoisePairs), at most
-// kMaxBaselinePairs, and no more than half the job's steps left from `from`
-// hold: half of a check's steps run the slower baseline, and a short job
-// keeps most of its steps for its plan (optimize.baseline_pairs always run,
-// as they always did).
+// (NoisePairs), at most kMaxBaselinePairs, and no more than half the job's
+// steps left from `from` hold: half of a check's steps run the slower
+// baseline, and a short job keeps most of its steps for its plan
+// (optimize.baseline_pairs always run, as they always did).
 int BaselineCheckPairs(const v1::JobSpec& spec,
                        const std::vector<std::vector<double>>& measured,
                        int64_t from) {

@@ -167,7 +167,6 @@ void FakeRank::OfferSchedule(const v1::ScheduleUpdate& update) {
 FakeRank::StepReport FakeRank::Step() {
   StepReport out;
   const int64_t step = next_step_++;
-  out.step = step;
   // Schedules switch at the start of their effective step.
   std::optional<v1::ScheduleUpdate> update;
   {

@@ -102,7 +102,6 @@ class FakeRank {
   void OfferSchedule(const v1::ScheduleUpdate& update);
 
   struct StepReport {
-    int64_t step = 0;
     // In order: ScheduleApplied when the step switched, the progress, and a
     // profile when the step ended a window.
     std::vector<v1::WorkerMessage> messages;
@@ -115,7 +114,6 @@ class FakeRank {
   // Runs the next step.
   StepReport Step();
 
-  FakeJob& job() const { return *job_; }
   int rank() const { return rank_; }
   const std::string& incarnation() const { return incarnation_; }
   int64_t next_step() const { return next_step_; }

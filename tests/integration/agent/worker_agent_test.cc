@@ -90,6 +90,14 @@ class WorkerAgentTest : public ::testing::Test {
     return resp;
   }
   v1::Job GetJob() { return GetJobAndEvents().job(); }
+  // The job's state once it is `want`, or its last state after a timeout:
+  // the coordinator moves a job to running when it has read a session's
+  // hello, which can come after the agent's Start() (or reconnect) returns.
+  v1::JobState JobStateSoon(v1::JobState want) {
+    v1::JobState state = GetJob().state();
+    WaitUntil([&] { return (state = GetJob().state()) == want; });
+    return state;
+  }
   v1::Profile ProfileOf(int64_t first, int64_t last) const {
     Profile p;
     p.graph_hash = graph_.StructuralHash();
@@ -128,7 +136,7 @@ TEST_F(WorkerAgentTest, FullLoop_ScheduleArrivesAndJobSucceeds) {
   EXPECT_EQ(reg->spec().name(), "agent");
   ASSERT_TRUE(agent.Start().ok());
   EXPECT_EQ(agent.state(), WorkerAgent::State::kConnected);
-  EXPECT_EQ(GetJob().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(JobStateSoon(v1::JOB_STATE_RUNNING), v1::JOB_STATE_RUNNING);
 
   std::optional<v1::ScheduleUpdate> update = FirstPlan(agent);
   ASSERT_TRUE(update.has_value());
@@ -164,7 +172,7 @@ TEST_F(WorkerAgentTest, CoordinatorRestart_AgentReconnects) {
   StartCoordinator(port);
   ASSERT_TRUE(WaitUntil(
       [&] { return agent.state() == WorkerAgent::State::kConnected; }, 15s));
-  EXPECT_EQ(GetJob().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(JobStateSoon(v1::JOB_STATE_RUNNING), v1::JOB_STATE_RUNNING);
 }
 
 // Reports made while the coordinator was away (a schedule applied, the

@@ -58,8 +58,10 @@ class RMSNorm(nn.Module):
 def rope(x):
     s, hd = x.size(2), x.size(3)
     half = hd // 2
-    inv_freq = torch.pow(ROPE_BASE, torch.arange(0, half, dtype=torch.float32) * (-2.0 / (2 * half)))
-    angles = torch.outer(torch.arange(0, s, dtype=torch.float32), inv_freq)
+    # On x's device: eager.py --device cuda runs this model on a GPU.
+    f32 = dict(dtype=torch.float32, device=x.device)
+    inv_freq = torch.pow(ROPE_BASE, torch.arange(0, half, **f32) * (-2.0 / (2 * half)))
+    angles = torch.outer(torch.arange(0, s, **f32), inv_freq)
     cos, sin = angles.cos(), angles.sin()
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
@@ -85,7 +87,7 @@ class Attention(nn.Module):
             k = k.repeat_interleave(rep, 1)
             v = v.repeat_interleave(rep, 1)
         scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.hd)
-        future = torch.ones(s, s, dtype=torch.bool).triu(1)
+        future = torch.ones(s, s, dtype=torch.bool, device=h.device).triu(1)
         scores = scores.masked_fill(future, float("-inf"))
         out = torch.matmul(torch.softmax(scores, -1), v).transpose(1, 2).reshape(b, s, -1)
         return self.wo(out)

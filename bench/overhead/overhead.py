@@ -32,6 +32,7 @@ to stdout.
 """
 
 import argparse
+import glob
 import json
 import os
 import socket
@@ -82,6 +83,12 @@ class Bench:
         self.plan = os.path.join(a.build, "coordinator", "tandem-plan")
         self.env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
                         PYTHONPATH=os.path.join(ROOT, "client", "python"))
+        # A build-gpu/ that scripts/gpu-check.sh built against .gpu-deps'
+        # libraries (a machine without them installed) runs against them.
+        deps = glob.glob(os.path.join(a.build, "deps", "usr", "lib", "*-linux-gnu"))
+        if deps:
+            self.env["LD_LIBRARY_PATH"] = os.pathsep.join(
+                deps + [p for p in [os.environ.get("LD_LIBRARY_PATH")] if p])
 
     def run(self, cmd, timeout=900):
         p = subprocess.run(cmd, cwd=ROOT, env=self.env, capture_output=True, text=True,

@@ -310,4 +310,16 @@ int NoisePairs(const std::vector<std::vector<double>>& series, int block_steps,
                                              std::max(min_pairs, max_pairs)));
 }
 
+int MorePairsForWidth(int pairs, double width, int max_pairs,
+                      double max_width) {
+  if (pairs <= 0 || !(width > max_width) || !(max_width > 0) ||
+      pairs >= max_pairs) {
+    return 0;
+  }
+  const double scale = width * kPairsNoiseMargin / max_width;
+  const double all =
+      std::min<double>(std::ceil(pairs * scale * scale), max_pairs);
+  return std::max(0, static_cast<int>(all) - pairs);
+}
+
 }  // namespace tandem

@@ -205,6 +205,15 @@ int NoisePairs(const std::vector<std::vector<double>>& series, int block_steps,
                int min_pairs, int max_pairs,
                double max_width = kMaxSpeedupWidth);
 
+// The block pairs a baseline check measures on for when its `pairs` gave an
+// interval `width` wide (RatioInterval::width, wider than `max_width`), for
+// the pooled interval to come within `max_width`: a width narrows as
+// 1/sqrt(pairs), so pairs x (width x kPairsNoiseMargin / max_width)^2 pairs
+// in all, at most `max_pairs` in all. 0 when `width` is within `max_width`
+// already, or `pairs` are `max_pairs` or more.
+int MorePairsForWidth(int pairs, double width, int max_pairs,
+                      double max_width = kMaxSpeedupWidth);
+
 }  // namespace tandem
 
 #endif  // TANDEM_COORDINATOR_SERVICE_PLAN_DECISION_H_

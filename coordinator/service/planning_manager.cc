@@ -59,6 +59,10 @@ int BaselinePairs(const v1::JobSpec& spec) {
 // alternates for ("baseline-pairs:N", BaselineCheckPairs), read back after
 // a restart.
 constexpr char kBaselinePairsPass[] = "baseline-pairs:";
+// The provenance pass of a baseline check that measures on for an earlier
+// one whose interval was too wide ("baseline-continues-vK"): its pairs
+// count with that check's.
+constexpr char kBaselineContinuesPass[] = "baseline-continues-v";
 
 // The block pairs a baseline check alternates for: the job's
 // optimize.baseline_pairs, or more when the steps the job's versions
@@ -390,6 +394,11 @@ void PlanningManager::RecoverEvidenceLocked(
           state.schedules[i - 1].schedule;
     }
   }
+  // The blocks of the check the newest baseline check continues, measured
+  // again from the steps it ran between `carried_from` and `carried_to`.
+  std::optional<JobPlanning::Comparison> carried;
+  int64_t carried_from = 0;
+  int64_t carried_to = 0;
   // A trial still undecided: its comparison goes on (the ranks alternate
   // on their own), from the blocks its steps so far ran in.
   if (!state.schedules.empty()) {
@@ -409,6 +418,17 @@ void PlanningManager::RecoverEvidenceLocked(
         pairs = BaselinePairs(state.spec);
       }
       state.comparison = JobPlanning::Comparison{newest.version(), 0, pairs};
+      // A check that continues an earlier one: that check's steps, between
+      // its start and this one's, are measured again as its blocks.
+      if (std::optional<int64_t> of =
+              VersionPass(newest, kBaselineContinuesPass)) {
+        for (const StoredSchedule& s : state.schedules) {
+          if (s.schedule.version() != *of) continue;
+          carried.emplace(JobPlanning::Comparison{*of, 0});
+          carried_from = s.effective_step;
+          carried_to = state.schedules.back().effective_step;
+        }
+      }
     }
   }
   // A drift check forgot what was measured before it (Plan): steps before
@@ -435,6 +455,16 @@ void PlanningManager::RecoverEvidenceLocked(
         step.step >= state.schedules.back().effective_step) {
       state.comparison->Add(step.schedule_version, step.step, at_reference);
     }
+    if (carried.has_value() && step.step >= carried_from &&
+        step.step < carried_to) {
+      carried->Add(step.schedule_version, step.step, at_reference);
+    }
+  }
+  if (carried.has_value()) {
+    std::optional<RatioInterval> r = InterleavedRatio(
+        carried->blocks, 0, carried->candidate, CompareOptions{});
+    state.comparison->Continue(carried->candidate, std::move(carried->blocks),
+                               r.has_value() ? r->pairs : 0);
   }
   // A rollback check that did not measure faster forgot everything
   // measured before its verdict (CompareLocked): forget it again, for the
@@ -962,17 +992,39 @@ void PlanningManager::MeasureBaselineLocked(const std::string& job_id,
     r = InterleavedRatio(c.blocks, c.incumbent, c.candidate, CompareOptions{});
   }
   // Every pair in and the plan running on by itself.
-  const bool all_in =
-      r.has_value() && r->pairs >= c.baseline_pairs && version == c.candidate;
+  const bool all_in = r.has_value() &&
+                      r->pairs >= c.baseline_pairs + c.carried_pairs &&
+                      version == c.candidate;
   if (!all_in && !alone_long) {
     // How far the check is, in the job's outcome.
     ReportOutcomeLocked(job_id, state, c.candidate);
     return;
   }
   const int64_t checked = c.candidate;
+  JobPlanning::Comparison ended = std::move(*state.comparison);
   state.comparison.reset();
   state.speedup_version = checked;
   state.speedup = DescribeSpeedup(r, BaselineBasis(state.spec));
+  // Too wide for a figure: measured on once, for as many more pairs as the
+  // width asks (MorePairsForWidth), when they fit in half the steps the job
+  // has left (a check's blocks alternate with the slower baseline) and are
+  // at least two; pooled with these pairs. Never a continuation's
+  // continuation: at most one version more per check.
+  int more = 0;
+  const auto rerun = state.rollbacks.find(checked);
+  if (!state.speedup.measured() && r.has_value() && r->pairs >= 2 &&
+      ended.continues < 0 && rerun != state.rollbacks.end() && !state.queued &&
+      !state.pending_reason.has_value()) {
+    const int64_t fit =
+        (state.spec.train().steps() - step - kSwitchLeadSteps - 2) / 2 /
+        (2 * kComparisonBlockSteps);
+    more = static_cast<int>(std::min<int64_t>(
+        MorePairsForWidth(r->pairs, r->width(), kMaxBaselinePairs), fit));
+  }
+  if (more >= 2) {
+    state.speedup.text += absl::StrFormat(
+        "; measuring on for %d more block pairs, pooled with these", more);
+  }
   (void)jobs_->RecordEvent(
       job_id, "baseline",
       absl::StrFormat("v%d against the baseline (v0), alternated in %d block "
@@ -980,6 +1032,12 @@ void PlanningManager::MeasureBaselineLocked(const std::string& job_id,
                       checked, r.has_value() ? r->pairs : 0,
                       kComparisonBlockSteps, step, state.speedup.text));
   ReportOutcomeLocked(job_id, state, checked);
+  if (more >= 2) {
+    state.baseline_continuation = JobPlanning::BaselineContinuation{
+        checked, r->pairs, more, std::move(ended.blocks)};
+    state.rollback_to = rerun->second;
+    QueueLocked(job_id, state, PlanReason::kBaselineCheck);
+  }
 }
 
 void PlanningManager::MaybeStartCached(const v1::Job& job) {
@@ -1069,7 +1127,7 @@ void PlanningManager::ReportOutcomeLocked(const std::string& job_id,
     o.speedup_text = absl::StrFormat(
         "not measured yet (v%d alternates with the baseline: %d of %d block "
         "pairs)",
-        active, baseline_blocks, c.baseline_pairs);
+        active, baseline_blocks, c.baseline_pairs + c.carried_pairs);
   } else {
     o.speedup_text = absl::StrFormat(
         "not measured yet (v%d is measured against the baseline, "
@@ -1272,8 +1330,10 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
   std::optional<v1::Schedule> incumbent;
   // A "trial": the runner-up.
   std::optional<PlanAlternative> trial;
-  // A "baseline-check": the block pairs it alternates for.
+  // A "baseline-check": the block pairs it alternates for, and the check it
+  // continues, if any.
   int check_pairs = 0;
+  std::optional<JobPlanning::BaselineContinuation> continuation;
   // The plan's own runner-up, when worth a trial (TrialCandidate).
   std::optional<PlanAlternative> next_trial;
   // The schedule the profile was measured under (none for version 0: the
@@ -1339,9 +1399,14 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
     version = static_cast<int64_t>(it->second.schedules.size()) + 1;
     rejected = it->second.rejected;
     if (why == PlanReason::kBaselineCheck) {
-      check_pairs = BaselineCheckPairs(spec, it->second.measured.AllSteps(),
-                                       it->second.max_step + kSwitchLeadSteps);
+      continuation = std::move(it->second.baseline_continuation);
+      check_pairs =
+          continuation.has_value()
+              ? continuation->more_pairs
+              : BaselineCheckPairs(spec, it->second.measured.AllSteps(),
+                                   it->second.max_step + kSwitchLeadSteps);
     }
+    it->second.baseline_continuation.reset();
     if (why == PlanReason::kRollback || why == PlanReason::kKept ||
         why == PlanReason::kBaselineCheck) {
       rollback_to = it->second.rollback_to;
@@ -1472,6 +1537,10 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
       if (why == PlanReason::kBaselineCheck) {
         back->provenance.passes.push_back(
             absl::StrCat(kBaselinePairsPass, check_pairs));
+        if (continuation.has_value()) {
+          back->provenance.passes.push_back(
+              absl::StrCat(kBaselineContinuesPass, continuation->of));
+        }
       }
       planned_on = why == PlanReason::kKept            ? "the comparison"
                    : why == PlanReason::kBaselineCheck ? "the plan that settled"
@@ -1703,6 +1772,11 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
       if (why == PlanReason::kBaselineCheck) {
         it->second.comparison =
             JobPlanning::Comparison{version, 0, check_pairs};
+        if (continuation.has_value()) {
+          it->second.comparison->Continue(continuation->of,
+                                          std::move(continuation->blocks),
+                                          continuation->pairs);
+        }
       }
       if (cached.has_value() && it->second.cached_speedup.has_value()) {
         // The source job measured this plan against the baseline on the
@@ -1736,7 +1810,14 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
         "a reason to switch)",
         incumbent->version(), kComparisonBlockSteps);
   }
-  if (why == PlanReason::kBaselineCheck) {
+  if (why == PlanReason::kBaselineCheck && continuation.has_value()) {
+    alternated = absl::StrFormat(
+        "; alternated with the baseline (v0) for %d more block pairs of %d "
+        "steps, pooled with v%d's %d (their interval was wider than %.0f%%), "
+        "then it runs on",
+        check_pairs, kComparisonBlockSteps, continuation->of,
+        continuation->pairs, 100 * kMaxSpeedupWidth);
+  } else if (why == PlanReason::kBaselineCheck) {
     const int least = BaselinePairs(spec);
     alternated = absl::StrFormat(
         "; alternated with the baseline (v0) for %d block pairs of %d steps, "

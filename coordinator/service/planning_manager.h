@@ -63,6 +63,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -266,6 +267,12 @@ class PlanningManager {
       // A baseline check of this many block pairs (a measurement, not a
       // decision); 0: a trial.
       int baseline_pairs = 0;
+      // A baseline check that measures on for an earlier one whose interval
+      // was too wide: that check's version (-1: none) and the pairs it
+      // measured. Its blocks lead `blocks`, under this check's version; the
+      // check is complete at baseline_pairs + carried_pairs.
+      int64_t continues = -1;
+      int carried_pairs = 0;
       std::vector<StepBlock> blocks;
       int64_t last_step = -1;
       // The step Add took last closed a block: it was a block's last
@@ -281,8 +288,9 @@ class PlanningManager {
         closed_block = false;
         if (version != candidate && version != incumbent) return false;
         // The incumbent's steps before the switch: no block of the
-        // comparison yet (the candidate runs first).
-        if (blocks.empty() && version != candidate) return true;
+        // comparison yet (the candidate runs first; blocks carried from the
+        // check this one continues are not this comparison's steps).
+        if (last_step < 0 && version != candidate) return true;
         if (blocks.empty() || blocks.back().version != version ||
             step != last_step + 1) {
           closed_block = !blocks.empty();
@@ -295,8 +303,33 @@ class PlanningManager {
         last_step = step;
         return true;
       }
+      // Counts the blocks of `from`, an ended baseline check, as this
+      // check's, which continues it (the same plan against the same
+      // baseline): they lead `blocks`, under this version. Their last
+      // block, the first step `from` ran on by itself, is too short to
+      // count (InterleavedRatio). `pairs`: the pairs they hold.
+      void Continue(int64_t from, std::vector<StepBlock> carried, int pairs) {
+        for (StepBlock& b : carried) {
+          if (b.version == from) b.version = candidate;
+        }
+        blocks.insert(blocks.begin(), std::make_move_iterator(carried.begin()),
+                      std::make_move_iterator(carried.end()));
+        continues = from;
+        carried_pairs = pairs;
+      }
     };
     std::optional<Comparison> comparison;
+    // A baseline check ended with an interval too wide for a figure and the
+    // job has the steps to measure on (MeasureBaselineLocked): the next
+    // baseline check alternates for `more_pairs` more, pooled with the
+    // ended check's blocks (`of`'s version, `pairs` pairs).
+    struct BaselineContinuation {
+      int64_t of = -1;
+      int pairs = 0;
+      int more_pairs = 0;
+      std::vector<StepBlock> blocks;
+    };
+    std::optional<BaselineContinuation> baseline_continuation;
     // The speedup over the baseline measured by the newest baseline check,
     // and the version it measured (-1: none yet).
     int64_t speedup_version = -1;

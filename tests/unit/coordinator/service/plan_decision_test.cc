@@ -308,5 +308,21 @@ TEST(PlanDecisionTest, NoisePairs_FollowTheMeasuredSpread) {
   EXPECT_EQ(NoisePairs({}, kBlock, 4, 16), 4);
 }
 
+// A check whose interval came out too wide measures on for the pairs its
+// width asks, pooled: 2 pairs 25% wide need 2 x (0.25 x 1.25 / 0.2)^2 = 4.9,
+// so 5 in all, 3 more; 4 pairs 40% wide would need 25, capped at 16 in all.
+// Narrow enough already, or at the cap: none.
+TEST(PlanDecisionTest, MorePairsForWidth_WhatTheWidthAsks) {
+  EXPECT_EQ(MorePairsForWidth(2, 0.25, 16), 3);
+  EXPECT_EQ(MorePairsForWidth(4, 0.40, 16), 12);
+  EXPECT_EQ(MorePairsForWidth(4, 0.21, 16), 3);
+  EXPECT_EQ(MorePairsForWidth(4, 0.20, 16), 0);
+  EXPECT_EQ(MorePairsForWidth(4, 0.15, 16), 0);
+  EXPECT_EQ(MorePairsForWidth(16, 0.30, 16), 0);
+  EXPECT_EQ(MorePairsForWidth(0, 0.30, 16), 0);
+  // Against a wider bound: (0.5 x 1.25 / 0.4)^2 x 2 = 4.9, 3 more.
+  EXPECT_EQ(MorePairsForWidth(2, 0.50, 16, 0.40), 3);
+}
+
 }  // namespace
 }  // namespace tandem

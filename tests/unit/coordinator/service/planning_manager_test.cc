@@ -140,8 +140,8 @@ class PlanningManagerTest : public ::testing::Test {
   double StartTrial(int64_t train_steps = 50);
   // A job with the baseline check on (2 block pairs, no trials), planned
   // and run until v1's check is published as v2 (RunUntilBaselineCheck);
-  // v1's predicted step.
-  double StartBaselineCheck();
+  // v1's predicted step. A job of `train_steps` steps.
+  double StartBaselineCheck(int64_t train_steps = 50);
   // The same on a noisy machine, for a job of `train_steps` steps: the
   // baseline's blocks of 3 steps alternately 30% apart (a CPU hog coming and
   // going) for steps 0-24, then v1 at its prediction from step 25 until the
@@ -1511,8 +1511,10 @@ double RunUntilBaselineCheck(PlanningManager& planning, JobManager& jobs,
   return predicted;
 }
 
-double PlanningManagerTest::StartBaselineCheck() {
-  job_ = *jobs_->Submit(Spec(/*trial_margin=*/0, /*baseline_pairs=*/2));
+double PlanningManagerTest::StartBaselineCheck(int64_t train_steps) {
+  v1::JobSpec spec = Spec(/*trial_margin=*/0, /*baseline_pairs=*/2);
+  spec.mutable_train()->set_steps(train_steps);
+  job_ = *jobs_->Submit(spec);
   EXPECT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
   SendWindow(0, 1, 0);
   return RunUntilBaselineCheck(*planning_, *jobs_, job_.id(), published_);
@@ -1595,7 +1597,8 @@ TEST_F(PlanningManagerTest, BaselineCheck_SpeedupMeasuredInterleaved) {
 }
 
 // Pairs that disagree (the plan 30% faster in one, 10% in the other) give an
-// interval wider than 20% of the figure: "not measured yet", no number.
+// interval wider than 20% of the figure: "not measured yet", no number. The
+// job (50 steps) has no room to measure on: the check ends there.
 TEST_F(PlanningManagerTest, BaselineCheck_TooNoisy_NoFigure) {
   const double p = StartBaselineCheck();
   ASSERT_EQ(published_.size(), 2u);
@@ -1604,9 +1607,123 @@ TEST_F(PlanningManagerTest, BaselineCheck_TooNoisy_NoFigure) {
                  {1.25 * p, 1.25 * p});
   absl::StatusOr<v1::Job> job = jobs_->Get(job_.id());
   EXPECT_DOUBLE_EQ(job->measured_speedup(), 0);
-  EXPECT_THAT(job->speedup_text(), AllOf(HasSubstr("not measured yet"),
-                                         HasSubstr("in 2 block pairs"),
-                                         HasSubstr("wider than 20%")));
+  EXPECT_THAT(
+      job->speedup_text(),
+      AllOf(HasSubstr("not measured yet"), HasSubstr("in 2 block pairs"),
+            HasSubstr("wider than 20%"), Not(HasSubstr("measuring on"))));
+  planning_->Drain();
+  EXPECT_EQ(published_.size(), 2u);
+}
+
+// Pairs that disagree (0.7 and 0.9), in a job with the steps to spare:
+// the check measures on for the 3 more pairs that width asks for
+// (MorePairsForWidth), once, as v3, which reruns v1's plan against the
+// baseline again; its pairs are pooled with v2's, and the five give the
+// figure. v3 then runs on.
+TEST_F(PlanningManagerTest, BaselineCheck_TooWide_MeasuresOnPooled) {
+  const double p = StartBaselineCheck(/*train_steps=*/200);
+  ASSERT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  const int64_t next = BaselineBlocks(
+      *planning_, job_.id(), {0.875 * p, 1.125 * p}, {1.25 * p, 1.25 * p});
+  planning_->Drain();
+  absl::StatusOr<v1::Job> job = jobs_->Get(job_.id());
+  EXPECT_DOUBLE_EQ(job->measured_speedup(), 0);
+  EXPECT_THAT(job->speedup_text(),
+              AllOf(HasSubstr("not measured yet"), HasSubstr("wider than 20%"),
+                    HasSubstr("measuring on for 3 more block pairs")));
+  ASSERT_EQ(published_.size(), 3u);
+  const v1::ScheduleUpdate& more = published_[2];
+  EXPECT_EQ(more.schedule().provenance().reason(), "baseline-check");
+  EXPECT_THAT(
+      more.schedule().provenance().passes(),
+      ::testing::IsSupersetOf({"baseline-check-of-v1", "baseline-pairs:3",
+                               "baseline-continues-v2"}));
+  EXPECT_EQ(more.incumbent().version(), 0);
+  EXPECT_EQ(more.block_pairs(), 3);
+  absl::StatusOr<Schedule> v1 = FromProto(published_[0].schedule());
+  absl::StatusOr<Schedule> v3 = FromProto(more.schedule());
+  ASSERT_TRUE(v1.ok() && v3.ok());
+  EXPECT_TRUE(SamePlan(*v1, *v3));
+  EXPECT_THAT(EventsOf(*jobs_, job_.id(), "schedule").back(),
+              HasSubstr("alternated with the baseline (v0) for 3 more block "
+                        "pairs of 4 steps, pooled with v2's 2 (their interval "
+                        "was wider than 20%), then it runs on"));
+
+  // v2 runs on until v3 takes effect; then three pairs at 0.8.
+  const int64_t e = more.effective_step();
+  Steps(*planning_, job_.id(), next, static_cast<int>(e - next), 2, p);
+  planning_->OnScheduleActive(job_.id(), 3);
+  for (int64_t k = 0; k < 3; ++k) {
+    Steps(*planning_, job_.id(), e + 8 * k, 4, 3, p);
+    Steps(*planning_, job_.id(), e + 8 * k + 4, 4, 0, 1.25 * p);
+  }
+  EXPECT_THAT(jobs_->Get(job_.id())->speedup_text(),
+              HasSubstr("v3 alternates with the baseline: 5 of 5 block pairs"));
+  Steps(*planning_, job_.id(), e + 24, 1, 3, p);
+  job = jobs_->Get(job_.id());
+  // The geometric mean of 0.7, 0.9, 0.8, 0.8 and 0.8, inverted.
+  EXPECT_NEAR(job->measured_speedup(), 1.2539, 1e-4);
+  EXPECT_EQ(job->speedup_steps(), 30);
+  EXPECT_THAT(EventsOf(*jobs_, job_.id(), "baseline").back(),
+              HasSubstr("v3 against the baseline (v0), alternated in 5 block "
+                        "pairs of 4 steps"));
+  // Once: v3 runs on with its figure.
+  Steps(*planning_, job_.id(), e + 25, 20, 3, p);
+  planning_->Drain();
+  EXPECT_EQ(published_.size(), 3u);
+  EXPECT_NEAR(jobs_->Get(job_.id())->measured_speedup(), 1.2539, 1e-4);
+}
+
+// A coordinator restarted during the continuation measures v2's pairs again
+// from the stored steps, and pools them with v3's.
+TEST_F(PlanningManagerTest, Restart_DuringBaselineContinuation_PoolsBoth) {
+  const double p = StartBaselineCheck(/*train_steps=*/200);
+  planning_->OnScheduleActive(job_.id(), 2);
+  const int64_t next = BaselineBlocks(
+      *planning_, job_.id(), {0.875 * p, 1.125 * p}, {1.25 * p, 1.25 * p});
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 3u);
+  const int64_t e = published_[2].effective_step();
+  // What the job history stored: v0, v1, v2's two pairs from its effective
+  // step, v2 on until v3, and v3's first pair.
+  std::vector<StoredStep> stored;
+  auto ran = [&stored](int64_t first, int64_t n, int64_t version, double s) {
+    for (int64_t step = first; step < first + n; ++step) {
+      StoredStep st;
+      st.step = step;
+      st.schedule_version = version;
+      st.iteration_s = s;
+      stored.push_back(st);
+    }
+  };
+  const int64_t e2 = published_[1].effective_step();
+  ASSERT_LE(e2 + 16, next);
+  ran(0, 5, 0, 0.100);
+  ran(5, e2 - 5, 1, p);
+  ran(e2, 4, 2, 0.875 * p);
+  ran(e2 + 4, 4, 0, 1.25 * p);
+  ran(e2 + 8, 4, 2, 1.125 * p);
+  ran(e2 + 12, 4, 0, 1.25 * p);
+  ran(e2 + 16, e - e2 - 16, 2, p);
+  ran(e, 4, 3, p);
+  ran(e + 4, 4, 0, 1.25 * p);
+  std::unique_ptr<Restarted> r = RestartWith(stored);
+  absl::StatusOr<v1::ScheduleUpdate> latest =
+      r->planning->LatestUpdate(job_.id());
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->schedule().version(), 3);
+  EXPECT_EQ(latest->block_pairs(), 3);
+  for (int64_t k = 1; k < 3; ++k) {
+    Steps(*r->planning, job_.id(), e + 8 * k, 4, 3, p);
+    Steps(*r->planning, job_.id(), e + 8 * k + 4, 4, 0, 1.25 * p);
+  }
+  Steps(*r->planning, job_.id(), e + 24, 1, 3, p);
+  absl::StatusOr<v1::Job> job = r->jobs->Get(job_.id());
+  EXPECT_NEAR(job->measured_speedup(), 1.2539, 1e-4);
+  EXPECT_EQ(job->speedup_steps(), 30);
+  EXPECT_TRUE(r->published.empty());
+  r->planning->Stop();
 }
 
 void PlanningManagerTest::StartNoisyBaselineCheck(int64_t train_steps) {

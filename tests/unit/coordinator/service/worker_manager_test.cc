@@ -723,8 +723,16 @@ TEST_F(WorkerManagerTest, Restart_RankMissingPastRejoinTimeout_ResumesSmaller) {
   EXPECT_THAT(events.back().message(),
               HasSubstr("restart 1 resumes at world 2 of 3: rank 1 did not "
                         "register within restart.rejoin_timeout_s"));
-  // The registered rank was told to stop and register again.
-  std::vector<v1::CoordinatorMessage> told = sink->Take();
+  // The registered rank was told to stop and register again (the command
+  // can reach its session after the job's new world is stored).
+  std::vector<v1::CoordinatorMessage> told;
+  for (int i = 0; i < 250 && (told.empty() || !told.back().has_command());
+       ++i) {
+    for (v1::CoordinatorMessage& m : sink->Take()) told.push_back(std::move(m));
+    if (told.empty() || !told.back().has_command()) {
+      std::this_thread::sleep_for(20ms);
+    }
+  }
   ASSERT_FALSE(told.empty());
   EXPECT_EQ(told.back().command().kind(), v1::Command::KIND_RESTART);
   EXPECT_THAT(told.back().command().reason(), HasSubstr("resumes at world 2"));

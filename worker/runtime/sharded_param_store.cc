@@ -449,52 +449,99 @@ void ShardedParamStore::SetMasterShard(int32_t id, const at::Tensor& values) {
 double ShardedParamStore::ShardGradSquaredNorm() const {
   // As clip_grad_norm_: each gradient's 2-norm in its own precision, then
   // their squares summed (in double here, over the shards of every rank).
-  double sum = 0;
+  // The norms come to the host in one copy: on a GPU, one wait for the
+  // device rather than one per param.
+  std::vector<at::Tensor> norms;
   for (const Entry& e : params_) {
     if (!e.trainable || e.reduces == 0) continue;  // no gradient: zero
-    const double norm = at::linalg_vector_norm(e.shard_grad, 2).item<double>();
-    sum += norm * norm;
+    norms.push_back(at::linalg_vector_norm(e.shard_grad, 2).to(at::kDouble));
   }
+  if (norms.empty()) return 0;
+  const at::Tensor host = at::stack(norms).to(at::kCPU).contiguous();
+  const double* norm = host.data_ptr<double>();
+  double sum = 0;
+  for (int64_t i = 0; i < host.numel(); ++i) sum += norm[i] * norm[i];
   return sum;
 }
 
 double ShardedParamStore::AdamWStep(const AdamWOptions& o, float factor,
                                     int64_t step) {
-  // torch.optim.AdamW (1.13), operation for operation, on each shard.
+  // torch.optim.AdamW (1.13), operation for operation, on each shard; each
+  // operation one _foreach call over a group of shards (on a GPU one launch
+  // per group, not per param: a small model's step is launch-bound there).
+  // A group holds at most the largest shard's elements, so its temporaries
+  // never outgrow the one-param-at-a-time peak.
+  int64_t largest = 0;
+  for (const Entry& e : params_) {
+    if (e.trainable) largest = std::max(largest, e.shard_numel);
+  }
+  double waited_s = 0;
+  std::vector<Entry*> group;
+  int64_t group_numel = 0;
+  for (Entry& e : params_) {
+    if (!e.trainable) continue;
+    if (!group.empty() && group_numel + e.shard_numel > largest) {
+      waited_s += AdamWGroup(o, factor, step, group);
+      group.clear();
+      group_numel = 0;
+    }
+    group.push_back(&e);
+    group_numel += e.shard_numel;
+  }
+  if (!group.empty()) waited_s += AdamWGroup(o, factor, step, group);
+  return waited_s;
+}
+
+double ShardedParamStore::AdamWGroup(const AdamWOptions& o, float factor,
+                                     int64_t step,
+                                     const std::vector<Entry*>& group) {
   const double bias_correction1 = 1 - std::pow(o.beta1, step);
   const double bias_correction2 = 1 - std::pow(o.beta2, step);
   const double step_size = o.lr / bias_correction1;
   const double bias_correction2_sqrt = std::sqrt(bias_correction2);
   double waited_s = 0;
-  for (Entry& e : params_) {
-    if (!e.trainable) continue;
-    TORCH_CHECK(!e.states_on_host, "the optimizer states of '", e.name,
+  std::vector<at::Tensor> grads;
+  std::vector<at::Tensor> masters;
+  std::vector<at::Tensor> exp_avgs;
+  std::vector<at::Tensor> exp_avg_sqs;
+  for (Entry* e : group) {
+    TORCH_CHECK(!e->states_on_host, "the optimizer states of '", e->name,
                 "' are on the host tier; reload them before the step");
-    if (e.pending_copy != nullptr) {
-      const double before = e.pending_copy->waited_s();
-      const absl::Status s = e.pending_copy->Wait();
-      TORCH_CHECK(s.ok(), "reloading the optimizer states of '", e.name,
+    if (e->pending_copy != nullptr) {
+      const double before = e->pending_copy->waited_s();
+      const absl::Status s = e->pending_copy->Wait();
+      TORCH_CHECK(s.ok(), "reloading the optimizer states of '", e->name,
                   "' failed: ", std::string(s.message()));
-      waited_s += e.pending_copy->waited_s() - before;
-      SettleReload(e);
-      e.pending_copy = nullptr;
+      waited_s += e->pending_copy->waited_s() - before;
+      SettleReload(*e);
+      e->pending_copy = nullptr;
     }
     // No reduce this step (a param no node used): its gradient is zero,
     // and the shard gradient still holds the last step's.
-    if (e.reduces == 0) e.shard_grad.zero_();
+    if (e->reduces == 0) e->shard_grad.zero_();
     // fp32 gradient and master (an fp32 shard is its own).
-    at::Tensor g = e.shard_grad.to(at::kFloat);
-    at::Tensor& master = e.has_master ? e.master : e.shard;
-    if (factor != 1.0f) g.mul_(factor);
-    master.mul_(1 - o.lr * o.weight_decay);
-    e.exp_avg.mul_(o.beta1).add_(g, 1 - o.beta1);
-    e.exp_avg_sq.mul_(o.beta2).addcmul_(g, g, 1 - o.beta2);
-    // One temporary (torch's (sqrt / c).add_(eps) holds two at once); the
-    // same values.
-    at::Tensor denom = e.exp_avg_sq.sqrt();
-    denom.div_(bias_correction2_sqrt).add_(o.eps);
-    master.addcdiv_(e.exp_avg, denom, -step_size);
-    if (e.has_master) e.shard.copy_(master);
+    grads.push_back(e->shard_grad.to(at::kFloat));
+    masters.push_back(e->has_master ? e->master : e->shard);
+    exp_avgs.push_back(e->exp_avg);
+    exp_avg_sqs.push_back(e->exp_avg_sq);
+  }
+  if (factor != 1.0f) at::_foreach_mul_(grads, factor);
+  at::_foreach_mul_(masters, 1 - o.lr * o.weight_decay);
+  at::_foreach_mul_(exp_avgs, o.beta1);
+  at::_foreach_add_(exp_avgs, grads, 1 - o.beta1);
+  at::_foreach_mul_(exp_avg_sqs, o.beta2);
+  at::_foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - o.beta2);
+  // One temporary per shard (torch's (sqrt / c).add_(eps) holds two at
+  // once); the same values.
+  std::vector<at::Tensor> denoms = at::_foreach_sqrt(exp_avg_sqs);
+  at::_foreach_div_(denoms, bias_correction2_sqrt);
+  at::_foreach_add_(denoms, o.eps);
+  at::_foreach_addcdiv_(masters, exp_avgs, denoms, -step_size);
+  denoms.clear();
+  grads.clear();
+  for (size_t i = 0; i < group.size(); ++i) {
+    Entry& e = *group[i];
+    if (e.has_master) e.shard.copy_(masters[i]);
     // Reduced once this step: the gradient goes back to the reduce dtype
     // (a schedule that now reduces once needs no fp32 accumulator). It is
     // not zeroed: the next step's first reduce overwrites it.

@@ -166,8 +166,8 @@ class ShardedParamStore {
   // steps AdamW on the trained params' masters, torch.optim.AdamW's update
   // with `step` 1-based, rounding non-fp32 shards from them; then zeroes the
   // shard gradients. Frozen shards stay as they
-  // are. Before each param it waits for a reload of
-  // that param's states still in flight (none may be left on the host).
+  // are. Before each group of params it waits for a reload of
+  // their states still in flight (none may be left on the host).
   // Returns the seconds spent waiting for reloads.
   double AdamWStep(const AdamWOptions& options, float factor, int64_t step);
   // Per param, this rank's share of its digest (Executor::ParamDigests):
@@ -224,6 +224,11 @@ class ShardedParamStore {
   // Waits for the reload in flight into `e`, if any, and moves its states
   // into the entry.
   static void SettleReload(Entry& e);
+  // AdamWStep on `group` (trained entries, at most the largest shard's
+  // elements in all): each operation one _foreach call. Returns the seconds
+  // spent waiting for reloads.
+  double AdamWGroup(const AdamWOptions& options, float factor, int64_t step,
+                    const std::vector<Entry*>& group);
 
   const int rank_;
   const int world_size_;

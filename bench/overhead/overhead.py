@@ -86,9 +86,10 @@ class Bench:
         # A build-gpu/ that scripts/gpu-check.sh built against .gpu-deps'
         # libraries (a machine without them installed) runs against them.
         deps = glob.glob(os.path.join(a.build, "deps", "usr", "lib", "*-linux-gnu"))
+        if os.environ.get("LD_LIBRARY_PATH"):
+            deps.append(os.environ["LD_LIBRARY_PATH"])
         if deps:
-            self.env["LD_LIBRARY_PATH"] = os.pathsep.join(
-                deps + [p for p in [os.environ.get("LD_LIBRARY_PATH")] if p])
+            self.env["LD_LIBRARY_PATH"] = os.pathsep.join(deps)
 
     def run(self, cmd, timeout=900):
         p = subprocess.run(cmd, cwd=ROOT, env=self.env, capture_output=True, text=True,

@@ -73,6 +73,15 @@ constexpr char kBaselineContinuesPass[] = "baseline-continues-v";
 // steps left from `from` hold: half of a check's steps run the slower
 // baseline, and a short job keeps most of its steps for its plan
 // (optimize.baseline_pairs always run, as they always did).
+// The block pairs half the job's steps left from `from` hold, less a step
+// to spare: what a baseline check or a promising comparison may take (half
+// of its steps run the slower plan; a short job keeps most of its steps for
+// the plan it settles on).
+int64_t PairsInHalfTheStepsLeft(const v1::JobSpec& spec, int64_t from) {
+  return (spec.train().steps() - from - 2) / 2 /
+         (2 * PlanningManager::kComparisonBlockSteps);
+}
+
 int BaselineCheckPairs(const v1::JobSpec& spec,
                        const std::vector<std::vector<double>>& measured,
                        int64_t from) {
@@ -82,7 +91,7 @@ int BaselineCheckPairs(const v1::JobSpec& spec,
       NoisePairs(measured, static_cast<int>(block), least, kMaxBaselinePairs);
   // The plan's first step on its own after the pairs completes the figure
   // (MeasureBaselineLocked): it must fit too, with a step to spare.
-  const int64_t fit = (spec.train().steps() - from - 2) / 2 / (2 * block);
+  const int64_t fit = PairsInHalfTheStepsLeft(spec, from);
   if (pairs > least && fit < pairs) {
     pairs = static_cast<int>(std::max<int64_t>(least, fit));
   }
@@ -832,8 +841,7 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
   // short job keeps most of its steps for the plan it settles on.
   for (const StoredSchedule& s : state.schedules) {
     if (s.schedule.version() != c.candidate) continue;
-    const int64_t fit = (state.spec.train().steps() - s.effective_step - 2) /
-                        2 / (2 * kComparisonBlockSteps);
+    const int64_t fit = PairsInHalfTheStepsLeft(state.spec, s.effective_step);
     options.promising_max_pairs = static_cast<int>(
         std::max<int64_t>(options.max_pairs,
                           std::min<int64_t>(options.promising_max_pairs, fit)));
@@ -1016,8 +1024,7 @@ void PlanningManager::MeasureBaselineLocked(const std::string& job_id,
       ended.continues < 0 && rerun != state.rollbacks.end() && !state.queued &&
       !state.pending_reason.has_value()) {
     const int64_t fit =
-        (state.spec.train().steps() - step - kSwitchLeadSteps - 2) / 2 /
-        (2 * kComparisonBlockSteps);
+        PairsInHalfTheStepsLeft(state.spec, step + kSwitchLeadSteps);
     more = static_cast<int>(std::min<int64_t>(
         MorePairsForWidth(r->pairs, r->width(), kMaxBaselinePairs), fit));
   }

@@ -17,6 +17,13 @@
 #    1e-3, relative): cuBLAS and the CPU kernels sum in different orders, and
 #    AdamW carries that rounding a few steps.
 #
+# 4. Runs bench/gpu (bench/gpu/README.md): adaptive offload against
+#    offload-all and no offload at three budgets, bf16 and f16 numerics
+#    against PyTorch eager with autocast (and GradScaler), and tokens/s of a
+#    built-in preset against eager. Its JSON lines go to GPU_BENCH_OUT; a run
+#    that fails fails the check, a missed target is reported. GPU_BENCH=0
+#    skips it.
+#
 # Without a GPU (no nvidia-smi, or it lists none) it prints "no GPU: skipped"
 # and exits 0. Exits non-zero, saying what failed, otherwise.
 #
@@ -37,6 +44,8 @@
 #   NCCL_INCLUDE_DIR directory of nccl.h (default: the nvidia-nccl wheel's)
 #   TANDEM_GPU_DEPS  folder of .deb files to build against (default:
 #                    <checkout>/.gpu-deps; ignored when it holds none)
+#   GPU_BENCH        1 (default) runs bench/gpu after the checks, 0 skips it
+#   GPU_BENCH_OUT    its JSON lines (default: <build>/gpu-bench.jsonl)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -152,8 +161,8 @@ grep -q "defines: .*TANDEM_WITH_NCCL" "$BUILD/configure.log" ||
 say "building"
 # -k 0: on a failure, every file that does not compile is named, not the
 # first one only.
-cmake --build "$BUILD" -j"$JOBS" --target tandem-worker worker_core_test \
-  worker_trainer_test worker_runtime_test -- -k 0
+cmake --build "$BUILD" -j"$JOBS" --target tandem-worker tandem-plan \
+  worker_core_test worker_trainer_test worker_runtime_test -- -k 0
 
 # --- Unit tests -------------------------------------------------------------
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
@@ -270,3 +279,12 @@ else
 fi
 
 say "OK: CUDA numerics match the CPU's"
+
+# --- bench/gpu ---------------------------------------------------------------
+if [ "${GPU_BENCH:-1}" != 0 ]; then
+  bench_out="${GPU_BENCH_OUT:-$BUILD/gpu-bench.jsonl}"
+  say "bench/gpu (offload, precision, throughput) -> $bench_out"
+  "$PYTHON" "$ROOT/bench/gpu/gpu_bench.py" --build "$BUILD" --device cuda \
+    --out "$bench_out" || die "bench/gpu failed (its output is above)"
+  say "OK: bench/gpu ran; record its figures in bench/README.md"
+fi

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -270,6 +271,52 @@ void ValidateArchiveModel(const v1::JobSpec& spec, FieldErrors& errors) {
   }
 }
 
+// train.loss_scale: GradScaler's arguments, as its constructor checks them.
+// Unset fields take their defaults (ApplyJobSpecDefaults).
+void ValidateLossScale(const v1::JobSpec& spec, FieldErrors& errors) {
+  const v1::LossScaleSpec& ls = spec.train().loss_scale();
+  const std::string mode = !ls.mode().empty()                      ? ls.mode()
+                           : spec.model().dtype() == v1::DTYPE_F16 ? "dynamic"
+                                                                   : "none";
+  if (mode != "dynamic" && mode != "none") {
+    errors.Add("train.loss_scale.mode must be dynamic or none, got '", mode,
+               "'",
+               DidYouMean(mode, std::vector<std::string>{"dynamic", "none"}));
+    return;
+  }
+  if (mode == "none") {
+    if (ls.init_scale() != 0 || ls.growth_factor() != 0 ||
+        ls.backoff_factor() != 0 || ls.growth_interval() != 0) {
+      errors.Add(
+          "train.loss_scale sets init_scale, growth_factor, backoff_factor "
+          "or growth_interval, but its mode is none: remove them, or set "
+          "mode: dynamic");
+    }
+    return;
+  }
+  if (ls.init_scale() != 0 &&
+      !(std::isfinite(ls.init_scale()) && ls.init_scale() > 0 &&
+        ls.init_scale() <= 3.0e38)) {
+    errors.Add(
+        "train.loss_scale.init_scale must be a positive fp32 value (0: "
+        "GradScaler's 65536), got ",
+        ls.init_scale());
+  }
+  if (ls.growth_factor() != 0 &&
+      !(std::isfinite(ls.growth_factor()) && ls.growth_factor() > 1)) {
+    errors.Add("train.loss_scale.growth_factor must be > 1 (0: 2), got ",
+               ls.growth_factor());
+  }
+  if (ls.backoff_factor() != 0 &&
+      !(ls.backoff_factor() > 0 && ls.backoff_factor() < 1)) {
+    errors.Add(
+        "train.loss_scale.backoff_factor must be in (0, 1) (0: 0.5), "
+        "got ",
+        ls.backoff_factor());
+  }
+  AtLeast(errors, "train.loss_scale.growth_interval", ls.growth_interval(), 0);
+}
+
 // A proto dtype the graph knows (f32, bf16, f16); nullopt for unspecified
 // or an unknown number.
 std::optional<DType> KnownDType(v1::DType d) {
@@ -289,10 +336,22 @@ void ValidatePrecision(const v1::JobSpec& spec, FieldErrors& errors) {
     errors.Add("model.dtype must be f32, bf16 or f16, got ",
                static_cast<int>(m.dtype()));
   } else if (*model == DType::kF16) {
-    errors.Add(
-        "model.dtype f16 needs loss scaling, which the worker does not do "
-        "yet: use bf16 (the same memory, f32's exponent range)");
+    // f16 has CUDA kernels only (CPU libtorch has almost none); where the
+    // hardware is not declared the ranks' devices are checked when they
+    // register (CheckRankDevice).
+    if (spec.hardware().device() == "cpu") {
+      errors.Add(
+          "model.dtype f16 needs CUDA devices, but hardware.device is cpu, "
+          "where libtorch has no f16 kernels: use bf16 (the same memory, "
+          "f32's exponent range), or run the ranks on GPUs");
+    }
+    if (m.kind() == "torchscript") {
+      errors.Add(
+          "model.dtype f16 is for built-in models; an exported model runs in "
+          "f32 or bf16");
+    }
   }
+  ValidateLossScale(spec, errors);
 
   if (t.master_dtype() != v1::DTYPE_F32 &&
       t.master_dtype() != v1::DTYPE_UNSPECIFIED) {
@@ -369,6 +428,17 @@ void ApplyJobSpecDefaults(v1::JobSpec& spec) {
   }
   // After model.dtype's own default.
   if (t.reduce_dtype() == v1::DTYPE_UNSPECIFIED) t.set_reduce_dtype(m.dtype());
+  // Dynamic loss scaling under f16, with GradScaler's defaults.
+  v1::LossScaleSpec& ls = *t.mutable_loss_scale();
+  if (ls.mode().empty()) {
+    ls.set_mode(m.dtype() == v1::DTYPE_F16 ? "dynamic" : "none");
+  }
+  if (ls.mode() == "dynamic") {
+    if (ls.init_scale() == 0) ls.set_init_scale(65536.0);
+    if (ls.growth_factor() == 0) ls.set_growth_factor(2.0);
+    if (ls.backoff_factor() == 0) ls.set_backoff_factor(0.5);
+    if (ls.growth_interval() == 0) ls.set_growth_interval(2000);
+  }
 
   v1::ParallelSpec& par = *spec.mutable_parallel();
   if (par.world_size() == 0) par.set_world_size(1);
@@ -731,6 +801,15 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec,
   }
   AtLeast<int64_t>(errors, "hardware.device_memory_bytes",
                    hw.device_memory_bytes(), 0);
+  if (!hw.device().empty() && hw.device() != "cpu" && hw.device() != "cuda") {
+    // "gpu" is one letter from "cpu", but means cuda.
+    errors.Add(
+        "hardware.device must be cpu or cuda (or left out), got '", hw.device(),
+        "'",
+        absl::AsciiStrToLower(hw.device()) == "gpu"
+            ? std::string(" (did you mean 'cuda'?)")
+            : DidYouMean(hw.device(), std::vector<std::string>{"cpu", "cuda"}));
+  }
   if (hw.device_memory_bytes() > 0 &&
       spec.memory().budget_bytes() > hw.device_memory_bytes()) {
     errors.Add("memory.budget_bytes (", spec.memory().budget_bytes(),
@@ -803,6 +882,29 @@ void SetPrecisionFromJobSpec(const v1::JobSpec& spec, ModelConfig& c) {
         FromProtoDType(spec.train().reduce_dtype(), "train.reduce_dtype")
             .value_or(c.dtype);
   }
+}
+
+absl::Status CheckRankDevice(const v1::JobSpec& spec, absl::string_view device,
+                             absl::string_view who) {
+  const bool cuda = absl::StartsWith(device, "cuda");
+  const std::string shown = device.empty() ? std::string("no device")
+                                           : absl::StrCat("device ", device);
+  const std::string& declared = spec.hardware().device();
+  if (!declared.empty() && cuda != (declared == "cuda")) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, " trains on ", shown, ", but the job's hardware.device is ",
+        declared, ": start the rank on ", declared == "cuda" ? "a GPU" : "CPU",
+        " (tandem-worker --device ", declared, "), or change hardware.device"));
+  }
+  if (spec.model().dtype() == v1::DTYPE_F16 && !cuda) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, " reports ", shown,
+        ", but model.dtype f16 needs a CUDA device on every rank (libtorch "
+        "has no f16 kernels on the CPU): use bf16 (the same memory, f32's "
+        "exponent range), or run the ranks on GPUs (tandem-worker --device "
+        "cuda)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ModelConfig> ModelConfigFromJobSpec(const v1::JobSpec& spec) {

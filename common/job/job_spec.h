@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/models/model_config.h"
 #include "tandem/v1/job.pb.h"
 
@@ -108,6 +109,14 @@ absl::StatusOr<ModelConfig> ModelConfigFromJobSpec(const v1::JobSpec& spec);
 // the reduce dtype model.dtype's (ModelConfig's nullopt). For builtin models
 // (ModelConfigFromJobSpec) and exported ones alike.
 void SetPrecisionFromJobSpec(const v1::JobSpec& spec, ModelConfig& c);
+
+// Whether a rank on `device` ("cpu", "cuda:<n>"; empty: not reported) can
+// run `spec`: FailedPrecondition, saying why and what to change, when
+// model.dtype is f16 and the device is not CUDA (f16 has CUDA kernels only),
+// or when the device is not what hardware.device declares. The coordinator
+// asks it when a rank registers, the worker before it trains.
+absl::Status CheckRankDevice(const v1::JobSpec& spec, absl::string_view device,
+                             absl::string_view who);
 
 }  // namespace tandem
 

@@ -126,6 +126,17 @@ PassRegistry::PassRegistry() {
        "unshard between forward and backward",
        {},
        Plain<OffloadPass>(OffloadPass::Role::kLend)},
+      {"offload-all",
+       "move every param's optimizer states to the host tier whatever the "
+       "budget (ZeRO-Offload's policy), copied out after the first node and "
+       "back during backward as offload-lend does",
+       {},
+       [](const PassArgs&) -> std::unique_ptr<PlanningPass> {
+         return std::make_unique<OffloadPass>(
+             OffloadPass::Role::kLend,
+             OffloadPass::LendOptions{/*fraction=*/1,
+                                      /*only_when_it_pays=*/false});
+       }},
       {"offload-return",
        "after unshard, take back the lent states it did not need",
        {},

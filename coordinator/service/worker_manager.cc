@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/job/job_spec.h"
 
 namespace tandem {
 namespace {
@@ -282,6 +283,16 @@ absl::StatusOr<v1::RegisterResponse> WorkerManager::Register(
     return absl::InvalidArgumentError(
         "incarnation must be 1..128 characters: a random id per worker "
         "process");
+  }
+  // A rank that cannot run the job (f16 on a CPU, a device other than the
+  // declared hardware.device) fails it now, saying why, rather than at its
+  // first step.
+  if (absl::Status device = CheckRankDevice(
+          job->spec(), request.device(),
+          absl::StrCat("the worker on ", request.hostname().substr(0, 255)));
+      !device.ok()) {
+    (void)jobs_->Transition(job->id(), v1::JOB_STATE_FAILED, device.message());
+    return device;
   }
   const int32_t world = job->spec().parallel().world_size();
   // Resumed at a smaller world (restart.min_world): the ranks launched for

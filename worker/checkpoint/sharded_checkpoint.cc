@@ -19,6 +19,8 @@
 namespace tandem {
 namespace {
 
+constexpr char kLossScalerBlob[] = "loss_scaler";
+
 std::string ParamBlob(const ShardedParamStore& store, int32_t id,
                       absl::string_view what) {
   return absl::StrCat("param/", store.name(id), "/", what);
@@ -49,7 +51,7 @@ at::Tensor ReadPieces(const RestoreSource& source,
 }  // namespace
 
 void FillCheckpoint(const Program& program, const ShardedParamStore& store,
-                    RankCheckpoint& state) {
+                    RankCheckpoint& state, const LossScaleState* loss_scale) {
   size_t next = 0;
   auto blob = [&](std::string name) -> std::string& {
     if (next == state.blobs.size()) state.blobs.emplace_back();
@@ -73,6 +75,9 @@ void FillCheckpoint(const Program& program, const ShardedParamStore& store,
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   AssignTensorBytes(gen.get_state(), blob("rng/cpu"));
+  if (loss_scale != nullptr) {
+    blob(kLossScalerBlob) = LossScaler::Serialize(*loss_scale);
+  }
   state.blobs.resize(next);
 }
 
@@ -114,6 +119,15 @@ absl::StatusOr<RestoreSource> ReadRestoreSource(const CheckpointDirectory& dir,
   if (own->Find("rng/cpu") == nullptr) {
     return absl::DataLossError(
         absl::StrCat("rank ", source.rng_rank, "'s blob 'rng/cpu' is missing"));
+  }
+  if (const std::string* scaler = own->Find(kLossScalerBlob)) {
+    absl::StatusOr<LossScaleState> parsed = LossScaler::Parse(*scaler);
+    if (!parsed.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("rank ", source.rng_rank, "'s blob '", kLossScalerBlob,
+                       "': ", parsed.status().message()));
+    }
+    source.loss_scale = *parsed;
   }
   // The params' names, shapes and export names, which the shards' layout
   // follows, must be this model's (checkpoints written before the list

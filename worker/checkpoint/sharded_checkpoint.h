@@ -8,11 +8,13 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "worker/checkpoint/checkpoint_files.h"
+#include "worker/runtime/loss_scaler.h"
 #include "worker/runtime/program.h"
 #include "worker/runtime/sharded_param_store.h"
 
@@ -20,15 +22,16 @@ namespace tandem {
 
 // Fills `state` with the params' list (names, shapes and export names, for
 // tandem export-weights), the shards, the AdamW moments (on the device: the
-// optimizer just used them; frozen params have none) and the CPU RNG's
-// state. `state`'s blobs, from the previous checkpoint, are overwritten in
-// place: the same names in the same order, so their buffers are reused and
-// a snapshot neither allocates nor frees (the memory the kernel hands out
-// zeroed, and takes back with a TLB flush on every core, cost the training
-// thread more than the copy). Throws (libtorch) when a param's states are on
-// the host tier.
+// optimizer just used them; frozen params have none), the CPU RNG's state
+// and, with `loss_scale` (a job that scales its loss), the loss scaler's.
+// `state`'s blobs, from the previous checkpoint, are overwritten in place: the
+// same names in the same order, so their buffers are reused and a snapshot
+// neither allocates nor frees (the memory the kernel hands out zeroed, and
+// takes back with a TLB flush on every core, cost the training thread more than
+// the copy). Throws (libtorch) when a param's states are on the host tier.
 void FillCheckpoint(const Program& program, const ShardedParamStore& store,
-                    RankCheckpoint& state);
+                    RankCheckpoint& state,
+                    const LossScaleState* loss_scale = nullptr);
 
 // A stretch of this rank's shard that a checkpoint rank holds: `count`
 // values from offset `from` of old rank `rank`'s shard, to offset `to`.
@@ -51,8 +54,11 @@ std::vector<ShardPiece> ShardPieces(int64_t numel, int32_t old_world,
 struct RestoreSource {
   CheckpointMeta meta;
   std::map<int32_t, RankCheckpoint> files;
-  // The rank whose CPU RNG state this rank takes.
+  // The rank whose CPU RNG state (and loss scaler state) this rank takes.
   int32_t rng_rank = 0;
+  // The loss scaler's state (the same on every rank), when the checkpoint
+  // holds one.
+  std::optional<LossScaleState> loss_scale;
 };
 
 // Reads and checks what rank `rank` of `world` needs of checkpoint `meta`.

@@ -99,6 +99,19 @@ absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(
   ASSIGN_OR_RETURN(m->world_size_,
                    registry.AddGauge("tandem_worker_world_size",
                                      "Ranks in this worker's job.", labels));
+  ASSIGN_OR_RETURN(
+      m->loss_scale_,
+      registry.AddGauge("tandem_worker_loss_scale",
+                        "Loss scale of the last iteration (dynamic loss "
+                        "scaling; absent when the job does not scale).",
+                        labels));
+  ASSIGN_OR_RETURN(
+      m->skipped_steps_,
+      registry.AddCounter("tandem_worker_skipped_steps_total",
+                          "Steps skipped because the gradients held an "
+                          "infinity or a NaN on some rank (dynamic loss "
+                          "scaling).",
+                          labels));
   return m;
 }
 
@@ -137,6 +150,12 @@ void WorkerMetrics::OnIteration(const IterationReport& r) {
   loss_->WithLabels(l).Set(r.loss);
   step_->WithLabels(l).Set(static_cast<double>(r.step));
   schedule_version_->WithLabels(l).Set(static_cast<double>(r.schedule_version));
+  if (r.loss_scale > 0) {
+    loss_scale_->WithLabels(l).Set(r.loss_scale);
+    // The series exists from the first scaled step, at 0.
+    metrics::Counter& skipped = skipped_steps_->WithLabels(l);
+    if (r.skipped) skipped.Increment();
+  }
   for (const auto& [kind, bytes] :
        {std::pair<const char*, int64_t>{"allocated", r.allocated_bytes},
         {"peak", r.peak_bytes},

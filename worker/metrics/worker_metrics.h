@@ -50,6 +50,8 @@ class WorkerMetrics final : public IterationObserver {
   Gauge* schedule_version_ = nullptr;
   Counter* collective_bytes_ = nullptr;  // {job, rank, op}
   Gauge* world_size_ = nullptr;
+  Gauge* loss_scale_ = nullptr;       // only for jobs that scale the loss
+  Counter* skipped_steps_ = nullptr;  // likewise
 
   std::mutex mu_;
   std::string job_;

@@ -170,11 +170,6 @@ at::Tensor Moe(const at::Tensor& x, absl::Span<const at::Tensor> p,
 
 absl::StatusOr<Program> BuildModelProgram(const ModelConfig& c, uint64_t seed) {
   RETURN_IF_ERROR(ValidateModelConfig(c));
-  if (c.dtype == DType::kF16) {
-    return absl::InvalidArgumentError(
-        "model.dtype f16 needs loss scaling, which the worker does not do "
-        "yet: use bf16");
-  }
   if (c.head_dim() % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "d_model / heads (", c.head_dim(),

@@ -319,6 +319,7 @@ Executor::Executor(const Program* program, ProgramFlow flow, Graph graph,
       slot_(std::move(initial), std::move(fallback)),
       profiler_(options.profile, static_cast<int>(graph_.nodes.size())),
       step_(options.first_step),
+      scaler_(options.loss_scale),
       last_rise_(graph_.nodes.size(), 0) {}
 
 Executor::~Executor() { comm_->Drain().IgnoreError(); }
@@ -344,6 +345,19 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(
   if (meter == nullptr) {
     return absl::InvalidArgumentError("a memory meter is required");
   }
+  if (const LossScaleOptions& ls = options.loss_scale; ls.enabled) {
+    if (!std::isfinite(ls.init_scale) || ls.init_scale <= 0 ||
+        !(ls.growth_factor > 1) || !std::isfinite(ls.growth_factor) ||
+        !(ls.backoff_factor > 0 && ls.backoff_factor < 1) ||
+        ls.growth_interval < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "loss scaling needs a positive finite initial scale, a growth "
+          "factor above 1, a backoff factor between 0 and 1 and a growth "
+          "interval of at least 1 step; got ",
+          ls.init_scale, ", ", ls.growth_factor, ", ", ls.backoff_factor, ", ",
+          ls.growth_interval));
+    }
+  }
   ASSIGN_OR_RETURN(ProgramFlow flow, AnalyzeProgramFlow(*program));
   RETURN_IF_ERROR(CheckRunnableSchedule(graph, initial));
   std::optional<Schedule> fallback;
@@ -358,6 +372,9 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(
   std::unique_ptr<Executor> executor(
       new Executor(program, std::move(flow), std::move(graph), store, comm,
                    meter, std::move(initial), std::move(fallback), options));
+  if (options.loss_scale.enabled && options.loss_scale_state.has_value()) {
+    RETURN_IF_ERROR(executor->scaler_.Restore(*options.loss_scale_state));
+  }
   RETURN_IF_ERROR(executor->Activate(executor->slot_.active()));
   RETURN_IF_ERROR(TorchCall("gathering persistent params",
                             [&] { executor->RefreshPersistent(nullptr); }));
@@ -919,11 +936,15 @@ void Executor::RunMicroBatch(int k, const MicroBatch& batch) {
   const double weight = batch.loss_weight * comm_->world_size();
   it_->loss_sum +=
       batch.loss_weight > 0 ? act.item<double>() * weight : act.item<double>();
-  const at::Tensor loss = batch.loss_weight > 0 ? act * weight
-                          : graph_.micro_batches > 1
-                              ? act / graph_.micro_batches
-                              : act;
+  at::Tensor loss = batch.loss_weight > 0      ? act * weight
+                    : graph_.micro_batches > 1 ? act / graph_.micro_batches
+                                               : act;
   act = at::Tensor();
+  // GradScaler's scale(loss): in fp32, so that a 16-bit loss times the
+  // scale does not overflow before backward starts.
+  if (scaler_.enabled()) {
+    loss = loss.to(at::kFloat) * static_cast<double>(scaler_.scale());
+  }
   const int loss_backward = base + n;
   RunActions(loss_backward, AnchorPosition::kBefore);
   StartBackwardNode(loss_backward);
@@ -1048,14 +1069,24 @@ absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
     reports[r].near_budget = all[r * kFields + 4] != 0;
   }
   loss /= world;
-  const double norm = std::sqrt(squares);
+  // Loss scaling: the gradients (and so the norm) carry the scale. A norm
+  // that is not finite means some rank's gradients held an infinity or a
+  // NaN; every rank sees the same sum, so every rank skips the step. The
+  // scale is a power of two under the default factors, so unscaling the
+  // norm, and the gradients below in the clip's one multiply, is exact.
+  const float loss_scale = scaler_.scale();
+  const bool skip = scaler_.enabled() && !std::isfinite(squares);
+  const double norm = scaler_.enabled()
+                          ? std::sqrt(squares) * scaler_.inv_scale()
+                          : std::sqrt(squares);
   float factor = 1.0f;
-  if (options_.adamw.grad_clip > 0) {
+  if (options_.adamw.grad_clip > 0 && !skip) {
     // As torch.nn.utils.clip_grad_norm_: an fp32 coefficient clamped at 1.
     factor = std::min(static_cast<float>(options_.adamw.grad_clip /
                                          (static_cast<float>(norm) + 1e-6)),
                       1.0f);
   }
+  if (scaler_.enabled()) factor *= scaler_.inv_scale();
   // States a schedule left on the host (or a previous schedule did) come
   // back now; the step then waits, param by param, for what it updates.
   std::vector<int32_t> on_host;
@@ -1070,7 +1101,11 @@ absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
   }
   AdamWOptions adamw = options_.adamw;
   if (options_.lr_schedule) adamw.lr = options_.lr_schedule(step_);
-  const double copy_wait_s = store_->AdamWStep(adamw, factor, step_ + 1);
+  // AdamW counts the updates it made: a skipped step is none.
+  const int64_t update = step_ + 1 - scaler_.state().skipped_steps;
+  const double copy_wait_s =
+      skip ? store_->SkipStep() : store_->AdamWStep(adamw, factor, update);
+  scaler_.Update(skip);
   RunActions(optimizer, AnchorPosition::kAfter);
   if (profiler_.enabled()) {
     profiler_.RecordNode(optimizer, Since(optimizer_start));
@@ -1100,6 +1135,9 @@ absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
   stats->step = step_ - 1;
   stats->loss = loss;
   stats->grad_norm = norm;
+  stats->loss_scale = loss_scale;
+  stats->skipped = skip;
+  stats->loss_scaling = scaler_.enabled();
   stats->iteration_s = Since(start);
   stats->exposed_comm_s = it_->exposed_s;
   stats->peak_bytes = meter_->peak_bytes();

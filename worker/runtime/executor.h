@@ -10,7 +10,9 @@
 // (worker/README.md, "Activation checkpointing"). The optimizer node drains
 // the reduce-scatters, exchanges the loss, the gradient norm and the schedule
 // agreement in one small all-gather, clips and steps AdamW on this rank's
-// shards.
+// shards. With loss scaling (loss_scaler.h) the loss is scaled before
+// backward, the gradients unscaled in the optimizer's one multiply, and a
+// step whose global gradient norm is not finite is skipped on every rank.
 //
 // It performs exactly the schedule's ALLGATHER, WAIT, RELEASE,
 // REDUCE_SCATTER, OFFLOAD and RELOAD actions. In ZeRO-3 mode persistent
@@ -52,6 +54,7 @@
 #include "common/lowering/least_memory.h"
 #include "worker/runtime/communicator.h"
 #include "worker/runtime/host_tier.h"
+#include "worker/runtime/loss_scaler.h"
 #include "worker/runtime/memory_meter.h"
 #include "worker/runtime/profiler.h"
 #include "worker/runtime/program.h"
@@ -82,8 +85,13 @@ struct ExecutorOptions {
   // default). Used only by schedules that offload.
   std::string offload_dir;
   // Iteration number of the first RunStep: the step a checkpoint was taken
-  // after (AdamW's bias correction counts from it).
+  // after (AdamW's bias correction counts from it, less the steps the loss
+  // scaler skipped).
   int64_t first_step = 0;
+  // Dynamic loss scaling (loss_scaler.h); off by default.
+  LossScaleOptions loss_scale;
+  // The scaler's state from a checkpoint (a resume); unset: a fresh one.
+  std::optional<LossScaleState> loss_scale_state;
 };
 
 struct StepStats {
@@ -91,8 +99,17 @@ struct StepStats {
   // Mean over the global batch (all ranks, all micro-batches); identical on
   // every rank.
   double loss = 0;
-  // Global gradient norm before clipping; identical on every rank.
+  // Global gradient norm before clipping (unscaled); identical on every
+  // rank. Not finite in a step the loss scaler skipped.
   double grad_norm = 0;
+  // The factor the loss was multiplied by before backward (1 without loss
+  // scaling), and whether the step was skipped: its gradients held an
+  // infinity or a NaN on some rank, so no param or moment changed and the
+  // scale backed off.
+  float loss_scale = 1.0f;
+  bool skipped = false;
+  // Loss scaling is on (ExecutorOptions::loss_scale).
+  bool loss_scaling = false;
   double iteration_s = 0;
   // Time compute spent waiting for communication: WAITs, draining the
   // reduce-scatters, the persistent refresh, and the end-of-step exchange
@@ -174,6 +191,8 @@ class Executor {
   absl::StatusOr<std::vector<double>> ParamDigests();
 
   int64_t step() const { return step_; }
+  // The loss scaler's state after the last step (what a checkpoint keeps).
+  const LossScaleState& loss_scale_state() const { return scaler_.state(); }
   const Graph& graph() const { return graph_; }
   const Schedule& active_schedule() const { return slot_.active(); }
   Profiler& profiler() { return profiler_; }
@@ -273,6 +292,7 @@ class Executor {
   // copies in flight.
   std::unique_ptr<HostTier> host_;
   int64_t step_ = 0;
+  LossScaler scaler_;
   // Each node's own memory rise (by graph position) in the last iteration
   // that measured it: HoldPlannedPeak's estimate of what it will need.
   std::vector<int64_t> last_rise_;

@@ -43,6 +43,11 @@ struct IterationReport {
   int64_t persistent_param_bytes = 0;
   int64_t sharded_param_bytes = 0;
   int64_t schedule_version = 0;
+  // Loss scaling (loss_scaler.h): the scale the iteration's loss was
+  // multiplied by (0: the job does not scale its loss), and whether the
+  // step was skipped (its gradients overflowed on some rank).
+  double loss_scale = 0;
+  bool skipped = false;
   // Full bytes moved in the iteration, by CollectiveKind.
   std::array<int64_t, 3> collective_bytes{};
 

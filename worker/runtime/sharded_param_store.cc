@@ -454,7 +454,13 @@ double ShardedParamStore::ShardGradSquaredNorm() const {
   std::vector<at::Tensor> norms;
   for (const Entry& e : params_) {
     if (!e.trainable || e.reduces == 0) continue;  // no gradient: zero
-    norms.push_back(at::linalg_vector_norm(e.shard_grad, 2).to(at::kDouble));
+    // A 16-bit gradient's norm in fp32: a loss-scaled f16 gradient's norm
+    // passes f16's largest value long before any element does.
+    norms.push_back((e.shard_grad.scalar_type() == at::kHalf
+                         ? at::linalg_vector_norm(e.shard_grad, 2, c10::nullopt,
+                                                  false, at::kFloat)
+                         : at::linalg_vector_norm(e.shard_grad, 2))
+                        .to(at::kDouble));
   }
   if (norms.empty()) return 0;
   const at::Tensor host = at::stack(norms).to(at::kCPU).contiguous();
@@ -507,15 +513,7 @@ double ShardedParamStore::AdamWGroup(const AdamWOptions& o, float factor,
   for (Entry* e : group) {
     TORCH_CHECK(!e->states_on_host, "the optimizer states of '", e->name,
                 "' are on the host tier; reload them before the step");
-    if (e->pending_copy != nullptr) {
-      const double before = e->pending_copy->waited_s();
-      const absl::Status s = e->pending_copy->Wait();
-      TORCH_CHECK(s.ok(), "reloading the optimizer states of '", e->name,
-                  "' failed: ", std::string(s.message()));
-      waited_s += e->pending_copy->waited_s() - before;
-      SettleReload(*e);
-      e->pending_copy = nullptr;
-    }
+    waited_s += WaitStateCopy(*e);
     // No reduce this step (a param no node used): its gradient is zero,
     // and the shard gradient still holds the last step's.
     if (e->reduces == 0) e->shard_grad.zero_();
@@ -542,13 +540,41 @@ double ShardedParamStore::AdamWGroup(const AdamWOptions& o, float factor,
   for (size_t i = 0; i < group.size(); ++i) {
     Entry& e = *group[i];
     if (e.has_master) e.shard.copy_(masters[i]);
-    // Reduced once this step: the gradient goes back to the reduce dtype
-    // (a schedule that now reduces once needs no fp32 accumulator). It is
-    // not zeroed: the next step's first reduce overwrites it.
-    if (e.reduces <= 1 && e.shard_grad.scalar_type() != reduce_dtype_) {
-      e.shard_grad = at::zeros_like(e.shard_grad, reduce_dtype_);
-    }
-    e.reduces = 0;
+    EndStep(e);
+  }
+  return waited_s;
+}
+
+double ShardedParamStore::WaitStateCopy(Entry& e) {
+  if (e.pending_copy == nullptr) return 0;
+  const double before = e.pending_copy->waited_s();
+  const absl::Status s = e.pending_copy->Wait();
+  TORCH_CHECK(s.ok(), "reloading the optimizer states of '", e.name,
+              "' failed: ", std::string(s.message()));
+  const double waited_s = e.pending_copy->waited_s() - before;
+  SettleReload(e);
+  e.pending_copy = nullptr;
+  return waited_s;
+}
+
+void ShardedParamStore::EndStep(Entry& e) const {
+  // Reduced once this step: the gradient goes back to the reduce dtype (a
+  // schedule that now reduces once needs no fp32 accumulator). It is not
+  // zeroed: the next step's first reduce overwrites it.
+  if (e.reduces <= 1 && e.shard_grad.scalar_type() != reduce_dtype_) {
+    e.shard_grad = at::zeros_like(e.shard_grad, reduce_dtype_);
+  }
+  e.reduces = 0;
+}
+
+double ShardedParamStore::SkipStep() {
+  double waited_s = 0;
+  for (Entry& e : params_) {
+    if (!e.trainable) continue;
+    TORCH_CHECK(!e.states_on_host, "the optimizer states of '", e.name,
+                "' are on the host tier; reload them before the step");
+    waited_s += WaitStateCopy(e);
+    EndStep(e);
   }
   return waited_s;
 }

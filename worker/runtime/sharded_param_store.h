@@ -170,6 +170,11 @@ class ShardedParamStore {
   // their states still in flight (none may be left on the host).
   // Returns the seconds spent waiting for reloads.
   double AdamWStep(const AdamWOptions& options, float factor, int64_t step);
+  // Ends a step the loss scaler skipped: no param, master or moment
+  // changes; the reloads in flight are waited for as AdamWStep would, and
+  // the gradients are left for the next step's first reduce to overwrite.
+  // Returns the seconds spent waiting for reloads.
+  double SkipStep();
   // Per param, this rank's share of its digest (Executor::ParamDigests):
   // the float64 sum over the master shard's values x of x * w(position in
   // the full param), w(i) = 2 * frac(i * 0.618...) - 1 (padding is zero).
@@ -224,6 +229,12 @@ class ShardedParamStore {
   // Waits for the reload in flight into `e`, if any, and moves its states
   // into the entry.
   static void SettleReload(Entry& e);
+  // Waits for the offload or reload of `e`'s states in flight, if any (it
+  // must succeed), and settles a reload. Returns the seconds waited.
+  static double WaitStateCopy(Entry& e);
+  // After the optimizer (or a skipped step): the gradient's reduce count is
+  // reset, and a gradient reduced once goes back to the reduce dtype.
+  void EndStep(Entry& e) const;
   // AdamWStep on `group` (trained entries, at most the largest shard's
   // elements in all): each operation one _foreach call. Returns the seconds
   // spent waiting for reloads.

@@ -158,8 +158,13 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
         spec.parallel().zero_stage(), "; plan the schedule for ",
         ShardingModeName(mode)));
   }
+  // f16 runs on CUDA only, and a declared hardware.device must be this
+  // rank's: the coordinator checked it at registration, standalone mode not.
+  RETURN_IF_ERROR(
+      CheckRankDevice(spec, options.device.str(), absl::StrCat("rank ", rank)));
   std::unique_ptr<TrainingJob> job(new TrainingJob());
   job->model_ = model;
+  job->loss_scaling_ = spec.train().loss_scale().mode() == "dynamic";
   job->rank_ = rank;
   job->world_ = world;
   job->steps_ = spec.train().steps();
@@ -249,6 +254,15 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
     exec.adamw.eps = spec.train().eps();
     exec.adamw.weight_decay = spec.train().weight_decay();
     exec.adamw.grad_clip = spec.train().grad_clip();
+    if (const v1::LossScaleSpec& ls = spec.train().loss_scale();
+        ls.mode() == "dynamic") {
+      exec.loss_scale.enabled = true;
+      exec.loss_scale.init_scale = static_cast<float>(ls.init_scale());
+      exec.loss_scale.growth_factor = ls.growth_factor();
+      exec.loss_scale.backoff_factor = ls.backoff_factor();
+      exec.loss_scale.growth_interval = ls.growth_interval();
+      exec.loss_scale_state = job->restored_loss_scale_;
+    }
     // Each step's rate from train.lr_schedule, by the executor's own step
     // count, which starts at the checkpoint's step on a resume.
     exec.lr_schedule = [train = spec.train()](int64_t step) {
@@ -372,6 +386,10 @@ absl::StatusOr<StepStats> TrainingJob::RunAndReport(int64_t step) {
   r.persistent_param_bytes = footprint_.persistent_bytes;
   r.sharded_param_bytes = sharded_param_bytes_;
   r.schedule_version = stats.schedule_version;
+  if (stats.loss_scaling) {
+    r.loss_scale = stats.loss_scale;
+    r.skipped = stats.skipped;
+  }
   r.collective_bytes = timeline.collective_bytes;
   observer_->OnIteration(r);
   return stats;
@@ -437,6 +455,7 @@ absl::StatusOr<int64_t> TrainingJob::Resume() {
     }
     RETURN_IF_ERROR(
         TorchCall("restoring a checkpoint", [&] { Restore(source, *store_); }));
+    restored_loss_scale_ = source.loss_scale;
     // The data goes on where the checkpoint's stopped, in steps of this
     // job's global batch.
     data_origin_step_ = meta->data_step;
@@ -483,7 +502,8 @@ absl::Status TrainingJob::WriteCheckpoint(int64_t steps_done, double step_s) {
   // while the files are written.
   const absl::Status snapshot = TorchCall("checkpointing", [&] {
     store_->WaitStates();
-    FillCheckpoint(model_->program, *store_, *state);
+    FillCheckpoint(model_->program, *store_, *state,
+                   loss_scaling_ ? &executor_->loss_scale_state() : nullptr);
   });
   PendingCheckpoint pending;
   pending.meta = state->meta;
@@ -600,8 +620,12 @@ std::string StepJson(const StepStats& s, int rank) {
       ",\"memory_hold_s\":", json(s.memory_hold_s),
       ",\"peak_bytes\":", s.peak_bytes,
       ",\"schedule_version\":", s.schedule_version,
-      ",\"grad_norm\":", json(s.grad_norm), ",\"work\":", s.work,
-      ",\"rank\":", rank, "}");
+      ",\"grad_norm\":", json(s.grad_norm),
+      s.loss_scaling
+          ? absl::StrCat(",\"loss_scale\":", json(s.loss_scale),
+                         ",\"skipped\":", s.skipped ? "true" : "false")
+          : std::string(),
+      ",\"work\":", s.work, ",\"rank\":", rank, "}");
 }
 
 }  // namespace tandem

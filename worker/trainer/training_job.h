@@ -166,6 +166,10 @@ class TrainingJob {
   int64_t checkpoint_every_ = 0;
   bool checkpoint_sync_ = false;  // CheckpointSpec.sync
   int64_t first_step_ = 0;
+  // train.loss_scale.mode dynamic; the scaler's state the resumed
+  // checkpoint held (none: a fresh scaler).
+  bool loss_scaling_ = false;
+  std::optional<LossScaleState> restored_loss_scale_;
   // The data's position: step s reads the global batch that starts at
   // sequence data_origin_sequence_ + (s - data_origin_step_) *
   // GlobalBatch() (a resume at another global batch size goes on where
@@ -183,9 +187,9 @@ class TrainingJob {
 
 // One step's JSON line (without the newline):
 // {"step":..,"loss":..,"iteration_s":..,"exposed_comm_s":..,"peak_bytes":..,
-//  "schedule_version":..,"grad_norm":..,"rank":..}. Always valid JSON: a
-// non-finite value is null, and a non-finite loss adds "loss_nonfinite":
-// "NaN", "inf" or "-inf".
+//  "schedule_version":..,"grad_norm":..,"rank":..}, with "loss_scale" and
+// "skipped" under loss scaling. Always valid JSON: a non-finite value is
+// null, and a non-finite loss adds "loss_nonfinite": "NaN", "inf" or "-inf".
 std::string StepJson(const StepStats& stats, int rank);
 
 // Aborted, "loss became NaN at step S (train.on_nonfinite: stop): ..."

@@ -126,15 +126,35 @@ def test_precision_combinations_accepted(client, dtype, reduce):
     ({"dtype": "bf16"}, {"reduce_dtype": "f16"},
      "train.reduce_dtype f16 must be f32 or model.dtype (bf16), the dtype "
      "the gradients are computed in: use f32 or bf16"),
-    ({"dtype": "f16"}, {},
-     "model.dtype f16 needs loss scaling, which the worker does not do yet: "
-     "use bf16 (the same memory, f32's exponent range)"),
+    ({"dtype": "f16"}, {"loss_scale": {"backoff_factor": 1.5}},
+     "train.loss_scale.backoff_factor must be in (0, 1) (0: 0.5), got 1.5"),
+    ({}, {"loss_scale": {"mode": "dynamc"}},
+     "train.loss_scale.mode must be dynamic or none, got 'dynamc' (did you "
+     "mean 'dynamic'?)"),
 ])
 def test_precision_refusals_say_what_to_write(client, model, train, message):
     with pytest.raises(tandem.TandemError) as e:
         client.submit(small_spec(model=model, train=train))
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert str(e.value) == "invalid job spec: " + message
+
+
+def test_f16_refused_on_declared_cpu_accepted_otherwise(client):
+    with pytest.raises(tandem.TandemError) as e:
+        client.submit(small_spec(model={"dtype": "f16"},
+                                 hardware={"device": "cpu"}))
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert str(e.value) == (
+        "invalid job spec: model.dtype f16 needs CUDA devices, but "
+        "hardware.device is cpu, where libtorch has no f16 kernels: use bf16 "
+        "(the same memory, f32's exponent range), or run the ranks on GPUs")
+    # Undeclared: the ranks' devices are checked when they register.
+    job = client.submit(small_spec(model={"dtype": "f16"}))
+    scale = job.spec.train.loss_scale
+    assert (scale.mode, scale.init_scale, scale.growth_factor,
+            scale.backoff_factor, scale.growth_interval) == (
+                "dynamic", 65536, 2, 0.5, 2000)
+    client.cancel(job.id)
 
 
 def test_reference_policy_and_own_passes_are_accepted(client):

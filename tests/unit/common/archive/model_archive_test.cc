@@ -645,7 +645,8 @@ TEST_F(JobSpecArchiveTest, Validate_Bf16_NeedsThePassedExportCheck) {
   spec.mutable_model()->set_dtype(v1::DTYPE_F16);
   ApplyJobSpecDefaults(spec);
   EXPECT_THAT(ValidateJobSpec(spec).message(),
-              HasSubstr("model.dtype f16 needs loss scaling"));
+              HasSubstr("model.dtype f16 is for built-in models; an "
+                        "exported model runs in f32 or bf16"));
 
   spec = Spec();
   spec.mutable_train()->set_reduce_dtype(v1::DTYPE_BF16);

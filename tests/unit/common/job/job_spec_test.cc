@@ -156,6 +156,70 @@ TEST(JobSpecTest, Precision_AcceptedCombinations_ReachTheModelConfig) {
   EXPECT_EQ(ModelConfigFromJobSpec(spec)->reduce_dtype, std::nullopt);
 }
 
+// f16: accepted where the hardware is not declared cpu, with dynamic loss
+// scaling and GradScaler's arguments by default; the ranks' devices are
+// checked when they register (CheckRankDevice).
+TEST(JobSpecTest, F16_AcceptedWithDynamicLossScaling) {
+  for (const char* device : {"", "cuda"}) {
+    SCOPED_TRACE(device);
+    v1::JobSpec spec = TinySpec();
+    spec.mutable_model()->set_dtype(v1::DTYPE_F16);
+    spec.mutable_train()->clear_reduce_dtype();
+    spec.mutable_train()->clear_loss_scale();  // TinySpec's f32 default
+    spec.mutable_hardware()->set_device(device);
+    ApplyJobSpecDefaults(spec);
+    EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+    const v1::LossScaleSpec& ls = spec.train().loss_scale();
+    EXPECT_EQ(ls.mode(), "dynamic");
+    EXPECT_EQ(ls.init_scale(), 65536.0);
+    EXPECT_EQ(ls.growth_factor(), 2.0);
+    EXPECT_EQ(ls.backoff_factor(), 0.5);
+    EXPECT_EQ(ls.growth_interval(), 2000);
+    EXPECT_EQ(spec.train().reduce_dtype(), v1::DTYPE_F16);
+    EXPECT_EQ(ModelConfigFromJobSpec(spec)->dtype, DType::kF16);
+  }
+  // Other dtypes: none unless asked for; given arguments stay.
+  v1::JobSpec f32 = TinySpec();
+  EXPECT_EQ(f32.train().loss_scale().mode(), "none");
+  EXPECT_EQ(f32.train().loss_scale().init_scale(), 0);
+  v1::LossScaleSpec& ls = *f32.mutable_train()->mutable_loss_scale();
+  ls.set_mode("dynamic");
+  ls.set_init_scale(1024);
+  ls.set_growth_interval(50);
+  ApplyJobSpecDefaults(f32);
+  EXPECT_TRUE(ValidateJobSpec(f32).ok()) << ValidateJobSpec(f32);
+  EXPECT_EQ(f32.train().loss_scale().init_scale(), 1024);
+  EXPECT_EQ(f32.train().loss_scale().growth_interval(), 50);
+  EXPECT_EQ(f32.train().loss_scale().backoff_factor(), 0.5);
+}
+
+TEST(JobSpecTest, CheckRankDevice_F16NeedsCudaAndDeclaredDevicesMatch) {
+  v1::JobSpec spec = TinySpec();
+  EXPECT_TRUE(CheckRankDevice(spec, "cpu", "rank 0").ok());
+  EXPECT_TRUE(CheckRankDevice(spec, "cuda:1", "rank 0").ok());
+  spec.mutable_model()->set_dtype(v1::DTYPE_F16);
+  EXPECT_TRUE(CheckRankDevice(spec, "cuda:0", "rank 0").ok());
+  const absl::Status cpu = CheckRankDevice(spec, "cpu", "rank 1 on host-a");
+  EXPECT_EQ(cpu.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(cpu.message(),
+            "rank 1 on host-a reports device cpu, but model.dtype f16 needs "
+            "a CUDA device on every rank (libtorch has no f16 kernels on the "
+            "CPU): use bf16 (the same memory, f32's exponent range), or run "
+            "the ranks on GPUs (tandem-worker --device cuda)");
+  EXPECT_THAT(std::string(CheckRankDevice(spec, "", "rank 0").message()),
+              HasSubstr("rank 0 reports no device"));
+  spec.mutable_model()->set_dtype(v1::DTYPE_F32);
+  spec.mutable_hardware()->set_device("cuda");
+  EXPECT_EQ(CheckRankDevice(spec, "cpu", "rank 0").message(),
+            "rank 0 trains on device cpu, but the job's hardware.device is "
+            "cuda: start the rank on a GPU (tandem-worker --device cuda), or "
+            "change hardware.device");
+  spec.mutable_hardware()->set_device("cpu");
+  EXPECT_EQ(CheckRankDevice(spec, "cuda:0", "rank 0").code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(CheckRankDevice(spec, "cpu", "rank 0").ok());
+}
+
 struct PrecisionCase {
   const char* what;
   std::function<void(v1::JobSpec&)> apply;
@@ -223,20 +287,52 @@ INSTANTIATE_TEST_SUITE_P(
                       "invalid job spec: train.reduce_dtype must be f32, bf16 "
                       "or f16, got 9"},
         PrecisionCase{
-            "model_f16_reduce_f32",
-            [](v1::JobSpec& s) { s.mutable_model()->set_dtype(v1::DTYPE_F16); },
-            "invalid job spec: model.dtype f16 needs loss scaling, "
-            "which the worker does not do yet: use bf16 (the same "
-            "memory, f32's exponent range)"},
-        PrecisionCase{"model_f16_reduce_default",
+            "model_f16_on_declared_cpu",
+            [](v1::JobSpec& s) {
+              s.mutable_model()->set_dtype(v1::DTYPE_F16);
+              s.mutable_hardware()->set_device("cpu");
+            },
+            "invalid job spec: model.dtype f16 needs CUDA devices, but "
+            "hardware.device is cpu, where libtorch has no f16 kernels: use "
+            "bf16 (the same memory, f32's exponent range), or run the ranks "
+            "on GPUs"},
+        PrecisionCase{"loss_scale_mode_typo",
                       [](v1::JobSpec& s) {
-                        s.mutable_model()->set_dtype(v1::DTYPE_F16);
-                        s.mutable_train()->clear_reduce_dtype();
-                        ApplyJobSpecDefaults(s);  // reduce_dtype f16
+                        s.mutable_train()->mutable_loss_scale()->set_mode(
+                            "dynamc");
                       },
-                      "invalid job spec: model.dtype f16 needs loss scaling, "
-                      "which the worker does not do yet: use bf16 (the same "
-                      "memory, f32's exponent range)"},
+                      "invalid job spec: train.loss_scale.mode must be "
+                      "dynamic or none, got 'dynamc' (did you mean "
+                      "'dynamic'?)"},
+        PrecisionCase{
+            "loss_scale_fields_without_scaling",
+            [](v1::JobSpec& s) {
+              s.mutable_train()->mutable_loss_scale()->set_growth_interval(100);
+            },
+            "invalid job spec: train.loss_scale sets init_scale, "
+            "growth_factor, backoff_factor or growth_interval, but "
+            "its mode is none: remove them, or set mode: dynamic"},
+        PrecisionCase{"loss_scale_bad_arguments",
+                      [](v1::JobSpec& s) {
+                        v1::LossScaleSpec& ls =
+                            *s.mutable_train()->mutable_loss_scale();
+                        ls.set_mode("dynamic");
+                        ls.set_init_scale(-1);
+                        ls.set_growth_factor(1);
+                        ls.set_backoff_factor(1.5);
+                        ls.set_growth_interval(-3);
+                      },
+                      "invalid job spec: train.loss_scale.init_scale must be "
+                      "a positive fp32 value (0: GradScaler's 65536), got -1; "
+                      "train.loss_scale.growth_factor must be > 1 (0: 2), got "
+                      "1; train.loss_scale.backoff_factor must be in (0, 1) "
+                      "(0: 0.5), got 1.5; train.loss_scale.growth_interval "
+                      "must be >= 0, got -3"},
+        PrecisionCase{
+            "hardware_device_typo",
+            [](v1::JobSpec& s) { s.mutable_hardware()->set_device("gpu"); },
+            "invalid job spec: hardware.device must be cpu or cuda "
+            "(or left out), got 'gpu' (did you mean 'cuda'?)"},
         PrecisionCase{"model_unknown",
                       [](v1::JobSpec& s) {
                         s.mutable_model()->set_dtype(static_cast<v1::DType>(9));

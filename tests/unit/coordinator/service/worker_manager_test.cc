@@ -273,6 +273,33 @@ TEST_F(WorkerManagerTest, Register_BadRequests_AreRefused) {
               HasSubstr("connected worker on host-a"));
 }
 
+// model.dtype f16 is accepted at submit where the hardware is not declared;
+// a rank that registers without a GPU fails the job, saying why.
+TEST_F(WorkerManagerTest, Register_F16OnCpu_FailsTheJobSayingWhy) {
+  v1::JobSpec spec = Spec();
+  spec.mutable_model()->set_dtype(v1::DTYPE_F16);
+  job_ = *jobs_->Submit(spec);
+  v1::RegisterRequest gpu = Request("g");
+  gpu.set_device("cuda:0");
+  ASSERT_TRUE(workers_->Register(gpu).ok());
+  const absl::Status cpu = workers_->Register(Request("a")).status();
+  EXPECT_EQ(cpu.code(), absl::StatusCode::kFailedPrecondition);
+  const std::string why =
+      "the worker on host-a reports device cpu, but model.dtype f16 needs a "
+      "CUDA device on every rank";
+  EXPECT_THAT(std::string(cpu.message()), HasSubstr(why));
+  EXPECT_EQ(State(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(jobs_->Get(job_.id())->error(), HasSubstr(why));
+
+  // Declared hardware: a rank on another device is refused alike.
+  spec = Spec();
+  spec.mutable_hardware()->set_device("cuda");
+  job_ = *jobs_->Submit(spec);
+  EXPECT_THAT(std::string(workers_->Register(Request("b")).status().message()),
+              HasSubstr("but the job's hardware.device is cuda"));
+  EXPECT_EQ(State(), v1::JOB_STATE_FAILED);
+}
+
 TEST_F(WorkerManagerTest, OpenSession_WrongIncarnation_IsDenied) {
   ASSERT_TRUE(Register("a").ok());
   v1::SessionHello hello;

@@ -70,6 +70,19 @@ TEST(WorkerMetricsTest, OnIteration_ExportsSeriesLabelledByJobAndRank) {
        }) {
     EXPECT_TRUE(Has(text, line)) << line << "\n" << text;
   }
+  // No loss scaling: no scale series.
+  EXPECT_EQ(text.find("tandem_worker_loss_scale{"), std::string::npos);
+  EXPECT_EQ(text.find("tandem_worker_skipped_steps_total{"), std::string::npos);
+  r.loss_scale = 65536;
+  (*m)->OnIteration(r);
+  r.loss_scale = 32768;
+  r.skipped = true;
+  (*m)->OnIteration(r);
+  const std::string scaled = registry.Expose();
+  EXPECT_TRUE(Has(scaled, "tandem_worker_loss_scale{" + l + "} 32768"))
+      << scaled;
+  EXPECT_TRUE(Has(scaled, "tandem_worker_skipped_steps_total{" + l + "} 1"))
+      << scaled;
 }
 
 TEST(WorkerMetricsTest, Create_Twice_OnOneRegistry_Fails) {

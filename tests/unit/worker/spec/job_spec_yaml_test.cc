@@ -128,13 +128,24 @@ TEST(JobSpecYamlTest, PrecisionDTypes_ParsedDefaultedAndValidated) {
       {", dtype: bf16", ", reduce_dtype: f32", v1::DTYPE_F32},
       {", dtype: bf16", ", reduce_dtype: bf16", v1::DTYPE_BF16},
       {", dtype: f32", ", reduce_dtype: f32, master_dtype: f32", v1::DTYPE_F32},
+      {", dtype: f16", "", v1::DTYPE_F16},
+      {", dtype: f16", ", loss_scale: {init_scale: 1024, growth_interval: 100}",
+       v1::DTYPE_F16},
   };
   for (const Accepted& a : accepted) {
     absl::StatusOr<v1::JobSpec> loaded = load(a.model, a.train);
     ASSERT_TRUE(loaded.ok()) << a.model << a.train << ": " << loaded.status();
     EXPECT_EQ(loaded->train().master_dtype(), v1::DTYPE_F32);
     EXPECT_EQ(loaded->train().reduce_dtype(), a.reduce) << a.model << a.train;
+    EXPECT_EQ(loaded->train().loss_scale().mode(),
+              a.reduce == v1::DTYPE_F16 ? "dynamic" : "none");
   }
+  absl::StatusOr<v1::JobSpec> scaled = load(
+      ", dtype: f16", ", loss_scale: {init_scale: 1024, growth_interval: 100}");
+  ASSERT_TRUE(scaled.ok());
+  EXPECT_EQ(scaled->train().loss_scale().init_scale(), 1024);
+  EXPECT_EQ(scaled->train().loss_scale().growth_interval(), 100);
+  EXPECT_EQ(scaled->train().loss_scale().growth_factor(), 2);
   struct Refused {
     const char* model;
     const char* train;
@@ -148,9 +159,9 @@ TEST(JobSpecYamlTest, PrecisionDTypes_ParsedDefaultedAndValidated) {
       {"", ", reduce_dtype: bf16",
        "train.reduce_dtype bf16 would round the f32 gradients of model.dtype "
        "f32: use f32, or set model.dtype bf16"},
-      {", dtype: f16", "",
-       "model.dtype f16 needs loss scaling, which the worker does not do yet: "
-       "use bf16 (the same memory, f32's exponent range)"},
+      {", dtype: f16", ", loss_scale: {mode: dynamc}",
+       "train.loss_scale.mode must be dynamic or none, got 'dynamc' (did you "
+       "mean 'dynamic'?)"},
   };
   for (const Refused& r : refused) {
     const absl::Status bad = load(r.model, r.train).status();

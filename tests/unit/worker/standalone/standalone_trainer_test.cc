@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -146,6 +147,77 @@ TEST(StandaloneTrainerTest, RunStandalone_Diverges_StopsWithValidJson) {
   absl::StatusOr<std::string> went_on = Train(RuntimeOptions(), spec);
   ASSERT_TRUE(went_on.ok()) << went_on.status();
   EXPECT_THAT(*went_on, ::testing::HasSubstr("\"steps\":6,\"rank\":0"));
+}
+
+// f16 has CUDA kernels only: a CPU rank refuses it before it trains,
+// saying why (the coordinator refuses such a rank when it registers).
+TEST(StandaloneTrainerTest, RunStandalone_F16OnCpu_RefusedSayingWhy) {
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_model()->set_dtype(v1::DTYPE_F16);
+  spec.mutable_train()->clear_loss_scale();
+  spec.mutable_train()->clear_reduce_dtype();
+  ApplyJobSpecDefaults(spec);
+  absl::StatusOr<std::string> out = Train(RuntimeOptions(), spec);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(out.status().message()),
+              ::testing::HasSubstr(
+                  "rank 0 reports device cpu, but model.dtype f16 needs a "
+                  "CUDA device on every rank"));
+}
+
+// The "loss_scale" of every step line.
+std::vector<double> Scales(const std::string& out) {
+  std::vector<double> scales;
+  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
+    const size_t at = line.find("\"loss_scale\":");
+    if (at == absl::string_view::npos) continue;
+    absl::string_view rest = line.substr(at + 13);
+    rest = rest.substr(0, rest.find(','));
+    double scale = 0;
+    EXPECT_TRUE(absl::SimpleAtod(rest, &scale)) << line;
+    scales.push_back(scale);
+  }
+  return scales;
+}
+
+// Loss scaling on an f32 job: the step lines carry the scale, and a job
+// resumed from a checkpoint goes on with the scaler's state (the scale and
+// its growth count), so it repeats the uninterrupted run's lines exactly.
+TEST(StandaloneTrainerTest, RunStandalone_LossScaling_ResumesTheScale) {
+  char whole_dir[] = "/tmp/tandem_scale_whole_XXXXXX";
+  char split_dir[] = "/tmp/tandem_scale_split_XXXXXX";
+  ASSERT_NE(mkdtemp(whole_dir), nullptr);
+  ASSERT_NE(mkdtemp(split_dir), nullptr);
+  v1::JobSpec spec = TinySpec();
+  v1::LossScaleSpec& ls = *spec.mutable_train()->mutable_loss_scale();
+  ls.set_mode("dynamic");
+  ls.set_init_scale(1024);
+  ls.set_growth_interval(2);
+  ApplyJobSpecDefaults(spec);
+  spec.mutable_checkpoint()->set_every(3);
+
+  spec.mutable_checkpoint()->set_dir(whole_dir);
+  absl::StatusOr<std::string> whole = Train(RuntimeOptions(), spec);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  // GradScaler with growth every 2 clean steps.
+  EXPECT_EQ(Scales(*whole),
+            (std::vector<double>{1024, 1024, 2048, 2048, 4096, 4096}));
+  EXPECT_THAT(*whole, ::testing::HasSubstr("\"skipped\":false"));
+
+  spec.mutable_checkpoint()->set_dir(split_dir);
+  spec.mutable_train()->set_steps(3);
+  absl::StatusOr<std::string> first = Train(RuntimeOptions(), spec);
+  ASSERT_TRUE(first.ok()) << first.status();
+  spec.mutable_train()->set_steps(kSteps);
+  absl::StatusOr<std::string> rest = Train(RuntimeOptions(), spec);
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  EXPECT_EQ(Scales(*rest), (std::vector<double>{2048, 4096, 4096}));
+  const std::vector<double> all = Losses(*whole);
+  ASSERT_EQ(all.size(), static_cast<size_t>(kSteps));
+  EXPECT_EQ(Losses(*rest), std::vector<double>(all.begin() + 3, all.end()));
+  std::filesystem::remove_all(whole_dir);
+  std::filesystem::remove_all(split_dir);
 }
 
 TEST(StandaloneTrainerTest, RunStandalone_Cuda_MatchesCpuLosses) {

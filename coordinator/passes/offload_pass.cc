@@ -384,8 +384,11 @@ absl::StatusOr<bool> OffloadPass::RunImpl(PlanningContext& context) {
   }
 
   // Leave room for prefetch when offloading can: the margin and one group.
+  // At world 1 a gather holds no memory (the full param is its shard), so
+  // there is nothing to leave room for.
   int64_t largest_group = 0;
   for (const GatherGroup& g : context.schedule().groups) {
+    if (graph.world_size <= 1) break;
     int64_t bytes = 0;
     for (int32_t p : g.param_ids) {
       const int pos = context.index().ParamPos(p);

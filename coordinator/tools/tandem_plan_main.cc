@@ -614,6 +614,13 @@ int Main(int argc, char** argv) {
               : absl::StrCat("passes ", absl::StrJoin(args.passes, " ")),
           ", graph ", graph->name, ", ", graph->world_size, " ranks)"),
       *graph, result->sim, hw->budget(), result->plan_wall_s, result->feasible);
+  // The pipeline's plan did not fit: say so, rather than let the
+  // least-memory plan pass for the pipeline's.
+  for (const Decision& d : result->schedule.explanation.decisions) {
+    if (d.kind == DecisionKind::kLeastMemory) {
+      absl::PrintF("fallback        least-memory: %s\n", d.what);
+    }
+  }
   if (result->runner_up.has_value()) {
     const PlanAlternative& second = *result->runner_up;
     absl::PrintF("trial           %s %.6f (%+.1f%%), peak %d B%s\n",

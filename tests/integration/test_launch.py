@@ -68,6 +68,31 @@ def test_launch_nproc_2_runs_a_job_to_completion(cluster, tmp_path):
         assert job.spec.parallel.world_size == 2  # from --nproc
 
 
+def test_launch_f16_on_cpu_workers_fails_the_job_saying_why(cluster,
+                                                             tmp_path):
+    """model.dtype f16 is accepted at submit (the hardware is not declared);
+    the first CPU worker that registers fails the job with the reason, and
+    launch ends instead of waiting."""
+    c = cluster.coordinator()
+    path = spec_file(tmp_path, steps=4)
+    spec = yaml.safe_load(path.read_text())
+    spec["model"]["dtype"] = "f16"
+    path.write_text(yaml.safe_dump(spec))
+    p = launch(c, "--nproc", 2, "--threads", 1, "--log-dir", tmp_path / "logs",
+               path)
+    out, err = p.communicate(timeout=240)
+    assert p.returncode != 0, (out, err)
+    job_id = out.split("submitted job ", 1)[1].split(";", 1)[0]
+    why = ("reports device cpu, but model.dtype f16 needs a CUDA device on "
+           "every rank")
+    with tandem.Client(c.address) as client:
+        job, _ = client.get(job_id)
+        assert tandem.state_name(job.state) == "FAILED"
+        assert why in job.error, job.error
+        assert job.spec.train.loss_scale.mode == "dynamic"
+    assert why in out + err
+
+
 def test_launch_joins_an_existing_job(cluster, tmp_path):
     c = cluster.coordinator()
     with tandem.Client(c.address) as client:

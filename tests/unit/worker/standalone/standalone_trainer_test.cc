@@ -85,19 +85,24 @@ absl::StatusOr<std::string> Train(const RuntimeOptions& runtime,
   return out.str();
 }
 
-// The "loss" of every step line.
-std::vector<double> Losses(const std::string& out) {
-  std::vector<double> losses;
+// The number `field` ("loss", "loss_scale") of every step line that has it.
+std::vector<double> Field(const std::string& out, const std::string& field) {
+  const std::string key = "\"" + field + "\":";
+  std::vector<double> values;
   for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
-    const size_t at = line.find("\"loss\":");
+    const size_t at = line.find(key);
     if (at == absl::string_view::npos) continue;
-    absl::string_view rest = line.substr(at + 7);
+    absl::string_view rest = line.substr(at + key.size());
     rest = rest.substr(0, rest.find(','));
-    double loss = 0;
-    EXPECT_TRUE(absl::SimpleAtod(rest, &loss)) << line;
-    losses.push_back(loss);
+    double value = 0;
+    EXPECT_TRUE(absl::SimpleAtod(rest, &value)) << line;
+    values.push_back(value);
   }
-  return losses;
+  return values;
+}
+
+std::vector<double> Losses(const std::string& out) {
+  return Field(out, "loss");
 }
 
 TEST(StandaloneTrainerTest, RunStandalone_CpuTwice_SameLinesEveryStep) {
@@ -166,21 +171,6 @@ TEST(StandaloneTrainerTest, RunStandalone_F16OnCpu_RefusedSayingWhy) {
                   "CUDA device on every rank"));
 }
 
-// The "loss_scale" of every step line.
-std::vector<double> Scales(const std::string& out) {
-  std::vector<double> scales;
-  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
-    const size_t at = line.find("\"loss_scale\":");
-    if (at == absl::string_view::npos) continue;
-    absl::string_view rest = line.substr(at + 13);
-    rest = rest.substr(0, rest.find(','));
-    double scale = 0;
-    EXPECT_TRUE(absl::SimpleAtod(rest, &scale)) << line;
-    scales.push_back(scale);
-  }
-  return scales;
-}
-
 // Loss scaling on an f32 job: the step lines carry the scale, and a job
 // resumed from a checkpoint goes on with the scaler's state (the scale and
 // its growth count), so it repeats the uninterrupted run's lines exactly.
@@ -201,7 +191,7 @@ TEST(StandaloneTrainerTest, RunStandalone_LossScaling_ResumesTheScale) {
   absl::StatusOr<std::string> whole = Train(RuntimeOptions(), spec);
   ASSERT_TRUE(whole.ok()) << whole.status();
   // GradScaler with growth every 2 clean steps.
-  EXPECT_EQ(Scales(*whole),
+  EXPECT_EQ(Field(*whole, "loss_scale"),
             (std::vector<double>{1024, 1024, 2048, 2048, 4096, 4096}));
   EXPECT_THAT(*whole, ::testing::HasSubstr("\"skipped\":false"));
 
@@ -212,7 +202,8 @@ TEST(StandaloneTrainerTest, RunStandalone_LossScaling_ResumesTheScale) {
   spec.mutable_train()->set_steps(kSteps);
   absl::StatusOr<std::string> rest = Train(RuntimeOptions(), spec);
   ASSERT_TRUE(rest.ok()) << rest.status();
-  EXPECT_EQ(Scales(*rest), (std::vector<double>{2048, 4096, 4096}));
+  EXPECT_EQ(Field(*rest, "loss_scale"),
+            (std::vector<double>{2048, 4096, 4096}));
   const std::vector<double> all = Losses(*whole);
   ASSERT_EQ(all.size(), static_cast<size_t>(kSteps));
   EXPECT_EQ(Losses(*rest), std::vector<double>(all.begin() + 3, all.end()));

@@ -9,6 +9,7 @@
 //                 --rendezvous HOST:PORT [--schedule FILE]
 //                 [--profile-out FILE] [--trace-out FILE] [--threads N]
 //                 [--timeout-s S] [--graph-out FILE]
+//                 [--alternate FILE [--block-steps N]]
 //   both modes: [--device auto|cpu|cuda] [--metrics-listen HOST:PORT]
 //               [--offload-dir DIR]
 //
@@ -126,6 +127,11 @@ ABSL_FLAG(std::string, rendezvous, "",
 ABSL_FLAG(std::string, schedule, "",
           "standalone: train under this schedule (text form) instead of "
           "on demand");
+ABSL_FLAG(std::string, alternate, "",
+          "standalone: alternate this schedule (text form) with --schedule's "
+          "in blocks of --block-steps steps, as the coordinator's "
+          "comparisons do");
+ABSL_FLAG(int, block_steps, 4, "standalone: steps per block with --alternate");
 ABSL_FLAG(std::string, profile_out, "",
           "standalone: write the profile (text form) here");
 ABSL_FLAG(std::string, trace_out, "",
@@ -146,7 +152,8 @@ constexpr char kUsage[] =
     "[--health-listen HOST:PORT] [--world W] [--tls-ca FILE [--tls-cert "
     "FILE --tls-key FILE]] [--join-secret-file FILE]\n"
     "       tandem-worker --standalone --spec job.yaml --rank R --world W "
-    "--rendezvous HOST:PORT [--schedule FILE] [--profile-out FILE] "
+    "--rendezvous HOST:PORT [--schedule FILE] [--alternate FILE "
+    "[--block-steps N]] [--profile-out FILE] "
     "[--trace-out FILE] [--threads N] [--timeout-s S] [--graph-out FILE]\n"
     "       both modes: [--device auto|cpu|cuda] [--metrics-listen HOST:PORT] "
     "[--offload-dir DIR]\n"
@@ -216,6 +223,8 @@ int main(int argc, char** argv) {
   const bool standalone = absl::GetFlag(FLAGS_standalone);
   const std::string spec_path = absl::GetFlag(FLAGS_spec);
   const std::string schedule_path = absl::GetFlag(FLAGS_schedule);
+  const std::string alternate_path = absl::GetFlag(FLAGS_alternate);
+  const int block_steps = absl::GetFlag(FLAGS_block_steps);
   const std::string profile_out = absl::GetFlag(FLAGS_profile_out);
   const std::string graph_out = absl::GetFlag(FLAGS_graph_out);
   const std::string offload_dir = absl::GetFlag(FLAGS_offload_dir);
@@ -245,6 +254,7 @@ int main(int argc, char** argv) {
            ? absl::OkStatus()
            : tandem::CheckAtLeast("--world", absl::GetFlag(FLAGS_world), 1),
        tandem::CheckAtLeast("--threads", threads, 0),
+       tandem::CheckAtLeast("--block-steps", block_steps, 1),
        tandem::CheckPositive("--timeout-s", timeout_s),
        tandem::CheckAtLeast("--profile-window", agent.profile_window, 0),
        tandem::CheckAtLeast("--slow-from-step", slow_from_step, 0),
@@ -363,6 +373,8 @@ int main(int argc, char** argv) {
   options.rendezvous.world_size = world;
   options.rendezvous.timeout = std::chrono::seconds(timeout_s);
   options.schedule_path = schedule_path;
+  options.alternate_path = alternate_path;
+  options.block_steps = block_steps;
   options.profile_out = profile_out;
   options.graph_out = graph_out;
   options.trace_out = trace_out;

@@ -15,16 +15,22 @@ agent-mode workers), --steps steps each:
            never longer than --job-timeout-s: it stops by itself;
   flaps    the link's rate flips between --rate-mbit and a quarter of it at
            random times (every 3-12 s), restored when the job ends.
-After each job, with nothing else running, every distinct plan the job ran
-(the baseline v0 included) is re-measured standalone on the same link,
-interleaved (--remeasure-rounds rounds of --remeasure-steps steps, the first
---discard of each run left out; each round starts one plan later, A B C,
-B C A, C A B, ...): the quiet truth the job's decisions are held against.
-Plans are compared as the coordinator compares them: each round's ratio of
-medians (the two plans' steps in that round), their geometric mean over
-rounds, and a 95% bootstrap interval (rounds, then steps within them,
-seeded), so that a host whose speed moves between rounds moves both sides
-of a ratio. Per job it reports
+After each job, with nothing else running, the plan it ended on is
+re-measured standalone on the same link against every other distinct plan
+it ran (the baseline v0 included): the quiet truth the job's decisions are
+held against. --remeasure-mode blocks (the default) does it as the
+coordinator's comparisons do, in one two-rank run per other plan: the
+other plan and the ended-on plan take turns in blocks of
+--remeasure-block-steps steps (`tandem-worker --standalone --alternate`)
+for --remeasure-pairs block pairs, each block's first step left out, so
+that a change in the host's speed lands on both sides of a pair within
+seconds. --remeasure-mode rounds (runs before 2026-12) runs each plan
+alone, interleaved (--remeasure-rounds rounds of --remeasure-steps steps,
+the first --discard of each run left out; each round starts one plan
+later, A B C, B C A, C A B, ...). Either way plans are compared as the
+coordinator compares them: each pair's (or round's) ratio of medians,
+their geometric mean, and a 95% bootstrap interval (pairs, then steps
+within them, seeded). Per job it reports
   - versions published per 100 steps once settled: versions first run after
     the settle step (the end of the first --settle-steps steps in a row that
     ran one plan version alone: no new version, no comparison's blocks), per
@@ -326,6 +332,97 @@ def remeasure(a, spec, texts, workdir):
     return times, reps
 
 
+def block_pairs(steps, block_steps):
+    """The block pairs of an alternating run (`--alternate`): `steps` is
+    {step: (iteration_s, schedule_version)}; step 0 runs the first schedule
+    (the ended-on plan), then the alternate and the first take turns in
+    blocks of `block_steps`, the alternate first. Returns (first's rounds,
+    alternate's rounds): each pair's steps, each block's first step left out
+    (a switch), pairs whose two blocks are both complete only."""
+    if not steps:
+        return [], []
+    first_v = steps[min(steps)][1]
+    blocks = []  # [version, [times]] in step order, from step 1
+    for s in sorted(steps):
+        if s == min(steps):
+            continue
+        t, v = steps[s]
+        if blocks and blocks[-1][0] == v and len(blocks[-1][1]) < block_steps:
+            blocks[-1][1].append(t)
+        else:
+            blocks.append([v, [t]])
+    first, other = [], []
+    for i in range(0, len(blocks) - 1, 2):
+        (va, ta), (vb, tb) = blocks[i], blocks[i + 1]
+        if va == first_v or vb != first_v:
+            break  # not alternate-then-first: the run did not alternate
+        if len(ta) < block_steps or len(tb) < block_steps:
+            break
+        other.append(ta[1:])
+        first.append(tb[1:])
+    return first, other
+
+
+def run_pair(a, spec_path, first_sched, other_sched, workdir, port):
+    """One two-rank standalone run alternating `other_sched` with
+    `first_sched`; returns {step: (slowest rank's iteration_s, version)}."""
+    rv = f"{a.ip0}:{port}"
+    procs = []
+    for r in range(2):
+        procs.append(subprocess.Popen(
+            worker_cmd(a, r, ["--standalone", "--spec", spec_path, "--rank", str(r),
+                              "--world", "2", "--rendezvous", rv, "--schedule", first_sched,
+                              "--alternate", other_sched,
+                              "--block-steps", str(a.remeasure_block_steps)]),
+            env=worker_env(a, r), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True))
+        if r == 0:
+            time.sleep(0.2)
+    steps = {}
+    for r, p in enumerate(procs):
+        out, err = p.communicate(timeout=900)
+        if p.returncode != 0:
+            raise RuntimeError(f"re-measure of {os.path.basename(other_sched)} against "
+                               f"{os.path.basename(first_sched)}, rank {r}: "
+                               f"{err.strip()[-400:]}")
+        for line in out.splitlines():
+            if line.startswith('{"step"'):
+                x = json.loads(line)
+                t, v = steps.get(x["step"], (0.0, x["schedule_version"]))
+                steps[x["step"]] = (max(t, x["iteration_s"]), v)
+    return steps
+
+
+def remeasure_blocks(a, spec, texts, workdir, end_v):
+    """The plan version `end_v` ran against each other distinct plan, in
+    alternating blocks; returns ({plan: (end plan's pairs, plan's pairs)},
+    {version: its plan's representative})."""
+    reps, seen = {}, {}
+    for v in sorted(texts):
+        key = plan_key(texts[v])
+        if key not in seen:
+            seen[key] = v
+        reps[v] = seen[key]
+    end = reps[end_v]
+    steps = 1 + 2 * a.remeasure_block_steps * a.remeasure_pairs
+    spec1 = dict(spec, train=dict(spec["train"], steps=steps))
+    spec_path = write_spec(os.path.join(workdir, "remeasure.yaml"), spec1)
+    for v in sorted(set(reps.values())):
+        with open(os.path.join(workdir, f"v{v}.sched"), "w") as f:
+            f.write(texts[v])
+    pairs = {}
+    port = 29900
+    for v in sorted(set(reps.values()) - {end}):
+        port += 1
+        got = run_pair(a, spec_path, os.path.join(workdir, f"v{end}.sched"),
+                       os.path.join(workdir, f"v{v}.sched"), workdir, port)
+        pairs[v] = block_pairs(got, a.remeasure_block_steps)
+        if not pairs[v][0]:
+            raise RuntimeError(f"re-measure of v{v} against v{end}: the run did not "
+                               "alternate (no complete block pair)")
+    return pairs, reps
+
+
 def settle_step(per_step, settle_steps):
     """The step after the first stretch of settle_steps steps, after the first
     plan, that ran one plan version alone: no new version and no comparison
@@ -350,17 +447,32 @@ def settle_step(per_step, settle_steps):
     return None, first_seen
 
 
+def pairs_of_rounds(rounds, end_plan):
+    """Plans run alone in interleaved rounds ({plan: [each round's steps]},
+    --remeasure-mode rounds), as the pairs judge() takes: {plan: (the
+    ended-on plan's rounds, the plan's)}."""
+    return {v: (rounds[end_plan], rs) for v, rs in rounds.items() if v != end_plan}
+
+
 def verdicts(rounds, end_plan, reported=None):
+    """judge() on rounds of plans run alone (--remeasure-mode rounds)."""
+    out = judge(pairs_of_rounds(rounds, end_plan), end_plan, reported)
+    out["quiet_s"] = {f"v{v}": round(statistics.median(statistics.median(r) for r in rs if r), 5)
+                      for v, rs in sorted(rounds.items()) if any(rs)}
+    return out
+
+
+def judge(pairs, end_plan, reported=None):
     """The quiet re-measure's verdicts on a job that ended on `end_plan`:
-    rounds is {plan version: [each round's step times]} (v0, the baseline,
-    among them), reported the coordinator's speedup interval (low, high) or
-    None."""
+    pairs is {plan version: (the ended-on plan's step times, the plan's)},
+    each a list of rounds or block pairs measured together (v0, the
+    baseline, among the plans), reported the coordinator's speedup interval
+    (low, high) or None."""
     versus = {}  # plan -> the ended-on plan over it, paired
-    for v in sorted(rounds):
-        if v != end_plan:
-            got = paired_ratio(rounds[end_plan], rounds[v], seed=v)
-            if got is not None:
-                versus[v] = got
+    for v in sorted(pairs):
+        got = paired_ratio(pairs[v][0], pairs[v][1], seed=v)
+        if got is not None:
+            versus[v] = got
     wrong = [v for v, (r, low, _) in versus.items() if r > 1 + MIN_GAIN and low > 1]
     untold = [v for v, (r, low, _) in versus.items() if r > 1 + MIN_GAIN and low <= 1]
     best_v, final_over_best = end_plan, 1.0
@@ -368,15 +480,19 @@ def verdicts(rounds, end_plan, reported=None):
         if r > final_over_best:
             best_v, final_over_best = v, r
     speedup = (1.0, 1.0, 1.0) if end_plan == 0 else None
-    if speedup is None and 0 in rounds:
-        speedup = paired_ratio(rounds[0], rounds[end_plan], seed=end_plan)
+    if speedup is None and 0 in pairs:
+        speedup = paired_ratio(pairs[0][1], pairs[0][0], seed=end_plan)
     contains = overlaps = None
     if reported is not None and speedup is not None:
         contains = reported[0] <= speedup[0] <= reported[1]
         overlaps = reported[0] <= speedup[2] and speedup[1] <= reported[1]
+    by_plan = {}
+    for v, (end_rs, rs) in pairs.items():
+        by_plan.setdefault(end_plan, []).extend(end_rs)
+        by_plan.setdefault(v, []).extend(rs)
     return {
         "quiet_s": {f"v{v}": round(statistics.median(statistics.median(r) for r in rs if r), 5)
-                    for v, rs in sorted(rounds.items()) if any(rs)},
+                    for v, rs in sorted(by_plan.items()) if any(rs)},
         "end_over_plan": {f"v{v}": [round(x, 4) for x in got] for v, got in versus.items()},
         "wrong_plan_kept": bool(wrong),
         "wrong_plans": [f"v{v}" for v in wrong],
@@ -389,16 +505,23 @@ def verdicts(rounds, end_plan, reported=None):
     }
 
 
-def analyse(a, run, rounds, reps):
+def end_version(per_step):
+    """The version the job ended on: its last step's, not a baseline
+    block's (0 when it never left the baseline)."""
+    ran = [per_step[s][1] for s in sorted(per_step) if per_step[s][1] > 0]
+    return ran[-1] if ran else 0
+
+
+def analyse(a, run, remeasured, reps):
+    """One job's row. `remeasured` is ("rounds", {plan: rounds}) or
+    ("blocks", {plan: (end plan's pairs, plan's pairs)})."""
     per_step, final = run["per_step"], run["final"]
     settled, first_seen = settle_step(per_step, a.settle_steps)
     last = max(per_step)
     after = [v for v, s in first_seen.items() if settled is not None and s >= settled and v > 0]
     span = (last + 1 - settled) if settled is not None else 0
     final_v = max(v for v in run["texts"])
-    # The version the job ended on (its last step's, not a baseline block).
-    ran = [per_step[s][1] for s in sorted(per_step) if per_step[s][1] > 0]
-    end_v = ran[-1] if ran else 0
+    end_v = end_version(per_step)
     reported = final.measured_speedup if final.measured_speedup > 0 else None
     interval = [final.speedup_low, final.speedup_high] if reported is not None else None
     row = {
@@ -411,11 +534,29 @@ def analyse(a, run, rounds, reps):
         "speedup_text": final.speedup_text,
         "link_flips": run["flips"],
         "state": final.state,
-        "quiet_round_steps_s": {f"v{v}": [[round(t, 5) for t in r] for r in rs]
-                                for v, rs in sorted(rounds.items())},
     }
-    row.update(verdicts(rounds, reps[end_v], interval))
+    mode, got = remeasured
+    if mode == "rounds":
+        row["quiet_round_steps_s"] = {f"v{v}": [[round(t, 5) for t in r] for r in rs]
+                                      for v, rs in sorted(got.items())}
+        row.update(verdicts(got, reps[end_v], interval))
+    else:
+        row["quiet_pair_steps_s"] = {
+            f"v{v}": {"end": [[round(t, 5) for t in r] for r in e],
+                      "plan": [[round(t, 5) for t in r] for r in o]}
+            for v, (e, o) in sorted(got.items())}
+        row.update(judge(got, reps[end_v], interval))
     return row
+
+
+def stored_verdicts(row):
+    """judge() on what a results row stored: block pairs (--remeasure-mode
+    blocks) or rounds."""
+    if "quiet_pair_steps_s" in row:
+        pairs = {int(v[1:]): (p["end"], p["plan"])
+                 for v, p in row["quiet_pair_steps_s"].items()}
+        return judge(pairs, row["end_plan_of"], row.get("reported_interval"))
+    return verdicts(stored_rounds(row), row["end_plan_of"], row.get("reported_interval"))
 
 
 def stored_rounds(row):
@@ -450,7 +591,7 @@ def reanalyse(path):
     for row in rows:
         if row.get("summary") or "end_plan_of" not in row:
             continue  # a summary, or run.sh's machine lines
-        row.update(verdicts(stored_rounds(row), row["end_plan_of"], row.get("reported_interval")))
+        row.update(stored_verdicts(row))
         print(json.dumps({k: row[k] for k in ("model", "condition", "job", "end_plan_of",
                                               "end_over_plan", "wrong_plans",
                                               "remeasure_could_not_tell", "final_over_best",
@@ -495,6 +636,9 @@ def main():
     ap.add_argument("--jobs", type=int, default=5, help="jobs per model and condition")
     ap.add_argument("--steps", type=int, default=160)
     ap.add_argument("--settle-steps", type=int, default=15)
+    ap.add_argument("--remeasure-mode", choices=("blocks", "rounds"), default="blocks")
+    ap.add_argument("--remeasure-block-steps", type=int, default=4)
+    ap.add_argument("--remeasure-pairs", type=int, default=8)
     ap.add_argument("--remeasure-rounds", type=int, default=4)
     ap.add_argument("--remeasure-steps", type=int, default=10)
     ap.add_argument("--discard", type=int, default=3)
@@ -520,8 +664,14 @@ def main():
                 workdir = os.path.join(a.workdir, f"{model}-{condition}-{j}")
                 log(f"{model}, {condition}, job {j + 1} of {a.jobs}")
                 run = run_job(a, spec, condition, workdir, a.seed * 1000 + n, tandem)
-                rounds, reps = remeasure(a, spec, run["texts"], workdir)
-                row = analyse(a, run, rounds, reps)
+                if a.remeasure_mode == "blocks":
+                    pairs, reps = remeasure_blocks(a, spec, run["texts"], workdir,
+                                                   end_version(run["per_step"]))
+                    remeasured = ("blocks", pairs)
+                else:
+                    rounds, reps = remeasure(a, spec, run["texts"], workdir)
+                    remeasured = ("rounds", rounds)
+                row = analyse(a, run, remeasured, reps)
                 row.update(model=model, condition=condition, rate_mbit=a.rate_mbit)
                 rows.append(row)
                 with open(a.out, "a") as f:

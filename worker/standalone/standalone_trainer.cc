@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -13,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/string_view.h"
 #include "common/ir/proto_convert.h"
 #include "common/ir/text_format.h"
 #include "common/job/job_spec.h"
@@ -29,19 +31,20 @@ namespace tandem {
 namespace {
 
 absl::StatusOr<Schedule> LoadSchedule(const std::string& path,
-                                      const Graph& graph, int zero_stage) {
+                                      const Graph& graph, int zero_stage,
+                                      absl::string_view flag = "--schedule") {
   if (path.empty()) return BaselineSchedule(graph, zero_stage);
   std::ifstream in(path);
   if (!in) {
     return absl::NotFoundError(
-        absl::StrCat("--schedule: cannot read '", path, "'"));
+        absl::StrCat(flag, ": cannot read '", path, "'"));
   }
   std::stringstream text;
   text << in.rdbuf();
   absl::StatusOr<Schedule> schedule = ParseSchedule(text.str());
   if (!schedule.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--schedule ", path, ": ", schedule.status().message()));
+        absl::StrCat(flag, " ", path, ": ", schedule.status().message()));
   }
   return schedule;
 }
@@ -96,6 +99,21 @@ absl::Status RunStandalone(const StandaloneOptions& options,
                    LoadSchedule(options.schedule_path, model.graph,
                                 spec.parallel().zero_stage()));
   RETURN_IF_ERROR(CheckRunnableSchedule(model.graph, schedule));
+  std::optional<Schedule> alternate;
+  if (!options.alternate_path.empty()) {
+    if (options.block_steps < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--block-steps must be >= 1, got ", options.block_steps));
+    }
+    ASSIGN_OR_RETURN(alternate,
+                     LoadSchedule(options.alternate_path, model.graph,
+                                  spec.parallel().zero_stage(), "--alternate"));
+    if (alternate->version <= schedule.version) {
+      alternate->version = schedule.version + 1;
+    }
+    RETURN_IF_ERROR(CheckRunnableSchedule(model.graph, *alternate));
+  }
+  const Schedule first = schedule;
 
   RendezvousOptions rendezvous = options.rendezvous;
   rendezvous.backend = options.runtime.backend;
@@ -108,6 +126,13 @@ absl::Status RunStandalone(const StandaloneOptions& options,
     options.observer->OnStart(spec.name().empty() ? "standalone" : spec.name(),
                               rank, world);
     job->set_observer(options.observer);
+  }
+  if (alternate.has_value()) {
+    // A comparison with no end: the alternate from the first agreed
+    // boundary, then the first schedule, block by block.
+    RETURN_IF_ERROR(job->executor().OfferSchedule(
+        *std::move(alternate), /*not_before_iteration=*/0, first,
+        options.block_steps, /*block_pairs=*/0));
   }
   for (int64_t step = job->first_step(); step < spec.train().steps(); ++step) {
     ASSIGN_OR_RETURN(StepStats s, job->Step(step));

@@ -10,6 +10,11 @@
 // on every rank. With checkpoint.dir set it
 // resumes from the newest complete checkpoint and prints only the steps it
 // runs. Without --schedule it runs the baseline of the spec's zero_stage.
+// With --alternate it measures two schedules interleaved, as the
+// coordinator's comparisons do (coordinator/README.md, "Decisions under
+// noise"): after the first step, the alternate and the first schedule take
+// turns in blocks of --block-steps steps, the alternate first, to the end;
+// each step line's schedule_version says which ran.
 #ifndef TANDEM_WORKER_STANDALONE_STANDALONE_TRAINER_H_
 #define TANDEM_WORKER_STANDALONE_STANDALONE_TRAINER_H_
 
@@ -34,6 +39,11 @@ struct StandaloneOptions {
   RuntimeOptions runtime;
   // Text-form schedule to run; empty: the on-demand baseline.
   std::string schedule_path;
+  // A second schedule (text form) to alternate with the first in blocks of
+  // `block_steps` steps; empty: none. Its version is raised above the
+  // first's when it is not newer (the step lines tell them apart by it).
+  std::string alternate_path;
+  int block_steps = 4;
   // Where to write this rank's profile: text form, or tandem.v1.Profile
   // binary when the name ends in ".pb". Empty: none. Like an agent's
   // windows, it leaves out the process's first step (one-time costs) unless

@@ -97,7 +97,7 @@ def test_analyse_counts_versions_after_settling_and_flags_a_wrong_plan():
                final=final(1.30, 1.20, 1.40, "1.30x (1.20-1.40)"))
     # v3 reruns v1's plan, which the quiet re-measure finds 10% slower than
     # v2's in every round: a wrong plan kept.
-    row = noise.analyse(args(), run, flat({0: 0.65, 1: 0.55, 2: 0.50}), reps)
+    row = noise.analyse(args(), run, ("rounds", flat({0: 0.65, 1: 0.55, 2: 0.50})), reps)
     assert row["settled_at_step"] == 21
     # v2 (step 26) and v3 (step 56) after step 21, over 79 steps.
     assert row["versions_per_100_settled"] == round(100 * 2 / 79, 2)
@@ -109,12 +109,12 @@ def test_analyse_counts_versions_after_settling_and_flags_a_wrong_plan():
     assert row["interval_overlaps_quiet"] is False  # the re-measure's: 1.18-1.18
     assert row["quiet_round_steps_s"]["v1"] == [[0.55] * 5] * 4
     # Within min_gain of the best: not wrong; the interval holds it.
-    row = noise.analyse(args(), run, flat({0: 0.65, 1: 0.50, 2: 0.49}), reps)
+    row = noise.analyse(args(), run, ("rounds", flat({0: 0.65, 1: 0.50, 2: 0.49})), reps)
     assert row["wrong_plan_kept"] is False and row["remeasure_could_not_tell"] == []
     assert row["interval_contains_quiet"] is True
     assert row["interval_overlaps_quiet"] is True
     # The ended-on plan the best: final over best is 1.
-    row = noise.analyse(args(), run, flat({0: 0.65, 1: 0.45, 2: 0.50}), reps)
+    row = noise.analyse(args(), run, ("rounds", flat({0: 0.65, 1: 0.45, 2: 0.50})), reps)
     assert row["final_over_best"] == 1.0 and row["best_plan"] == "v1"
 
 
@@ -175,7 +175,7 @@ def test_analyse_without_a_reported_speedup_judges_no_interval():
     per_step = steps([0] * 6 + [1] * 40)
     run = dict(job="j", per_step=per_step, texts={0: schedule(0, 0), 1: schedule(1, 0.5)},
                flips=3, final=final())
-    row = noise.analyse(args(), run, flat({0: 0.6, 1: 0.5}), {0: 0, 1: 1})
+    row = noise.analyse(args(), run, ("rounds", flat({0: 0.6, 1: 0.5})), {0: 0, 1: 1})
     assert row["reported_speedup"] is None and row["interval_contains_quiet"] is None
     s = noise.summarize("demo", "flaps", [row])
     assert s["speedup_not_reported"] == 1 and s["interval_contains_quiet"] == "0 of 0"
@@ -207,3 +207,74 @@ def test_each_job_gets_a_fresh_workdir(tmp_path):
     fresh = tmp_path / "new" / "demo-flaps-1"
     noise.fresh_workdir(str(fresh))
     assert fresh.is_dir()
+
+
+def alternating(first_s, other_s, block=4, pairs=3, slow_pairs=()):
+    """An --alternate run's steps: step 0 the first plan (v3), then blocks
+    of the other (v5) and the first, the other first; each block's first
+    step a slow switch, and the host at half speed in `slow_pairs`."""
+    steps = {0: (first_s * 3, 3)}
+    s = 1
+    for p in range(pairs):
+        k = 2.0 if p in slow_pairs else 1.0
+        for t, v in ((other_s, 5), (first_s, 3)):
+            for i in range(block):
+                steps[s] = ((t * 5 if i == 0 else t + 0.001 * i) * k, v)
+                s += 1
+    return steps
+
+
+def test_block_pairs_pair_each_alternate_block_with_the_next_first_block():
+    first, other = noise.block_pairs(alternating(0.5, 0.6, slow_pairs=(1,)), 4)
+    assert len(first) == len(other) == 3
+    # Each block's switch step left out.
+    assert other[0] == [0.601, 0.602, 0.603] and first[0] == [0.501, 0.502, 0.503]
+    assert other[1] == [1.202, 1.204, 1.206]  # the slow pair, both sides
+    # A pair cut short at the end of the run is left out.
+    steps = alternating(0.5, 0.6)
+    del steps[max(steps)]
+    assert len(noise.block_pairs(steps, 4)[0]) == 2
+    # A run that never alternated gives no pair.
+    assert noise.block_pairs({s: (0.5, 3) for s in range(9)}, 4) == ([], [])
+    assert noise.block_pairs({}, 4) == ([], [])
+
+
+def test_judge_on_block_pairs_holds_when_the_host_slows_inside_the_run():
+    # v3 ended the job, v5 is 20% slower, and the host halves its speed in
+    # one block pair: each pair's ratio is still 1/1.2, the interval tight.
+    first, other = noise.block_pairs(alternating(0.5, 0.6, pairs=6, slow_pairs=(2,)), 4)
+    got = noise.judge({5: (first, other)}, 3, reported=None)
+    low, high = got["end_over_plan"]["v5"][1:]
+    assert abs(got["end_over_plan"]["v5"][0] - 0.5 / 0.6) < 0.005
+    assert high < 0.85 and got["wrong_plan_kept"] is False
+    assert got["best_plan"] == "v3" and got["final_over_best"] == 1.0
+    # The other way round (the job ended on the slower plan): wrong, told.
+    got = noise.judge({5: (other, first)}, 3)
+    assert got["wrong_plan_kept"] is True and got["wrong_plans"] == ["v5"]
+
+
+def test_judge_on_pairs_agrees_with_verdicts_on_rounds():
+    rounds = flat({0: 0.65, 1: 0.55, 2: 0.50})
+    a = noise.verdicts(rounds, 1, reported=(1.2, 1.4))
+    b = noise.judge(noise.pairs_of_rounds(rounds, 1), 1, reported=(1.2, 1.4))
+    assert a == b
+
+
+def test_analyse_and_reanalyse_keep_block_pairs(tmp_path, capsys):
+    per_step = steps([0] * 6 + [1] * 40)
+    texts = {0: schedule(0, 0), 1: schedule(1, 0.5)}
+    run = dict(job="j", per_step=per_step, texts=texts, flips=None,
+               final=final(1.20, 1.10, 1.30, "1.20x (1.10-1.30)"))
+    # The job ended on v1; v0 re-measures 1.25x slower, in block pairs.
+    first, other = noise.block_pairs(alternating(0.4, 0.5, pairs=5), 4)
+    row = noise.analyse(args(), run, ("blocks", {0: (first, other)}), {0: 0, 1: 1})
+    assert row["quiet_pair_steps_s"]["v0"]["end"][0] == [0.401, 0.402, 0.403]
+    assert abs(row["quiet_speedup"] - 1.25) < 0.01
+    assert row["interval_contains_quiet"] is True
+    row.update(model="demo", condition="quiet")
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    noise.reanalyse(str(path))
+    out = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
+    assert out[0]["quiet_speedup"] == row["quiet_speedup"]
+    assert out[1]["interval_contains_quiet"] == "1 of 1"

@@ -14,15 +14,18 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/ir/text_format.h"
 #include "common/job/job_spec.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
+#include "worker/runtime/standard_schedules.h"
 #include "worker/trainer/runtime_options.h"
 
 namespace tandem {
@@ -209,6 +212,63 @@ TEST(StandaloneTrainerTest, RunStandalone_LossScaling_ResumesTheScale) {
   EXPECT_EQ(Losses(*rest), std::vector<double>(all.begin() + 3, all.end()));
   std::filesystem::remove_all(whole_dir);
   std::filesystem::remove_all(split_dir);
+}
+
+// --alternate: the two schedules take turns in blocks after the first step,
+// the alternate first, and each step line says which ran. A bad
+// alternate is refused before training.
+TEST(StandaloneTrainerTest, RunStandalone_Alternate_BlocksOfEachSchedule) {
+  char dir[] = "/tmp/tandem_alternate_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string graph_path = std::string(dir) + "/graph.txt";
+  v1::JobSpec spec = TinySpec();
+  spec.mutable_train()->set_steps(1);
+  StandaloneOptions options;
+  options.spec = spec;
+  options.rendezvous.port = FreePort();
+  options.rendezvous.world_size = 1;
+  options.rendezvous.timeout = std::chrono::seconds(60);
+  options.threads = 1;
+  options.graph_out = graph_path;
+  std::ostringstream ignored;
+  ASSERT_TRUE(RunStandalone(options, ignored).ok());
+  std::ifstream graph_in(graph_path);
+  std::stringstream graph_text;
+  graph_text << graph_in.rdbuf();
+  absl::StatusOr<Graph> graph = ParseGraph(graph_text.str());
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  absl::StatusOr<Schedule> prefetch = HoistGathers(
+      *graph, *BaselineSchedule(*graph, /*zero_stage=*/3), /*lead=*/1);
+  ASSERT_TRUE(prefetch.ok()) << prefetch.status();
+  const std::string alternate = std::string(dir) + "/prefetch.sched";
+  std::ofstream(alternate) << PrintSchedule(*prefetch);
+
+  options.spec = TinySpec();
+  options.spec.mutable_train()->set_steps(10);
+  options.graph_out.clear();
+  options.alternate_path = alternate;
+  options.block_steps = 2;
+  options.rendezvous.port = FreePort();
+  std::ostringstream out;
+  ASSERT_TRUE(RunStandalone(options, out).ok());
+  // The baseline is v0; the alternate, not newer, runs as v1.
+  EXPECT_EQ(Field(out.str(), "schedule_version"),
+            (std::vector<double>{0, 1, 1, 0, 0, 1, 1, 0, 0, 1}));
+  // The same numbers as without alternating: both schedules compute the
+  // same values.
+  absl::StatusOr<std::string> plain = Train(RuntimeOptions(), options.spec);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(Losses(out.str()), Losses(*plain));
+
+  options.alternate_path = std::string(dir) + "/missing.sched";
+  options.rendezvous.port = FreePort();
+  EXPECT_THAT(std::string(RunStandalone(options, out).message()),
+              ::testing::HasSubstr("--alternate: cannot read"));
+  options.alternate_path = alternate;
+  options.block_steps = 0;
+  EXPECT_THAT(std::string(RunStandalone(options, out).message()),
+              ::testing::HasSubstr("--block-steps must be >= 1"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(StandaloneTrainerTest, RunStandalone_Cuda_MatchesCpuLosses) {

@@ -284,16 +284,22 @@ def plan_key(text):
     return "\n".join(keep)
 
 
-def remeasure(a, spec, texts, workdir):
-    """Each distinct plan (v0 included) standalone on the quiet link,
-    interleaved; returns {version: [each round's step times]} for one
-    version per plan, and {version: that representative}."""
+def representatives(texts):
+    """{version: the first version that ran the same plan} (plan_key)."""
     reps, seen = {}, {}
     for v in sorted(texts):
         key = plan_key(texts[v])
         if key not in seen:
             seen[key] = v
         reps[v] = seen[key]
+    return reps
+
+
+def remeasure(a, spec, texts, workdir):
+    """Each distinct plan (v0 included) standalone on the quiet link,
+    interleaved; returns {version: [each round's step times]} for one
+    version per plan, and {version: that representative}."""
+    reps = representatives(texts)
     plans = sorted(set(reps.values()))
     spec1 = dict(spec, train=dict(spec["train"], steps=a.remeasure_steps))
     spec_path = write_spec(os.path.join(workdir, "remeasure.yaml"), spec1)
@@ -363,7 +369,7 @@ def block_pairs(steps, block_steps):
     return first, other
 
 
-def run_pair(a, spec_path, first_sched, other_sched, workdir, port):
+def run_pair(a, spec_path, first_sched, other_sched, port):
     """One two-rank standalone run alternating `other_sched` with
     `first_sched`; returns {step: (slowest rank's iteration_s, version)}."""
     rv = f"{a.ip0}:{port}"
@@ -397,12 +403,7 @@ def remeasure_blocks(a, spec, texts, workdir, end_v):
     """The plan version `end_v` ran against each other distinct plan, in
     alternating blocks; returns ({plan: (end plan's pairs, plan's pairs)},
     {version: its plan's representative})."""
-    reps, seen = {}, {}
-    for v in sorted(texts):
-        key = plan_key(texts[v])
-        if key not in seen:
-            seen[key] = v
-        reps[v] = seen[key]
+    reps = representatives(texts)
     end = reps[end_v]
     steps = 1 + 2 * a.remeasure_block_steps * a.remeasure_pairs
     spec1 = dict(spec, train=dict(spec["train"], steps=steps))
@@ -415,7 +416,7 @@ def remeasure_blocks(a, spec, texts, workdir, end_v):
     for v in sorted(set(reps.values()) - {end}):
         port += 1
         got = run_pair(a, spec_path, os.path.join(workdir, f"v{end}.sched"),
-                       os.path.join(workdir, f"v{v}.sched"), workdir, port)
+                       os.path.join(workdir, f"v{v}.sched"), port)
         pairs[v] = block_pairs(got, a.remeasure_block_steps)
         if not pairs[v][0]:
             raise RuntimeError(f"re-measure of v{v} against v{end}: the run did not "

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <utility>
 
@@ -24,6 +25,8 @@ constexpr std::array<std::pair<PlanReason, absl::string_view>, 10> kReasons = {{
     {PlanReason::kBaselineCheck, "baseline-check"},
 }};
 
+constexpr double kPi = 3.14159265358979323846;
+
 // The median of `v` (reordered).
 double Median(std::vector<double>& v) {
   const size_t mid = v.size() / 2;
@@ -42,6 +45,25 @@ std::vector<double> Counted(const StepBlock& block) {
     if (s > 0 && std::isfinite(s)) out.push_back(s);
   }
   return out;
+}
+
+// The density of Student's t with `df` degrees of freedom, integrated from 0
+// to `t` (Simpson's rule; the density is smooth and `t` bounded).
+double StudentTMassFromZero(double t, int df) {
+  const double nu = df;
+  const double norm =
+      std::exp(std::lgamma((nu + 1) / 2) - std::lgamma(nu / 2)) /
+      std::sqrt(nu * kPi);
+  auto density = [&](double x) {
+    return norm * std::pow(1 + x * x / nu, -(nu + 1) / 2);
+  };
+  constexpr int kIntervals = 1000;  // even
+  const double h = t / kIntervals;
+  double sum = density(0) + density(t);
+  for (int i = 1; i < kIntervals; ++i) {
+    sum += (i % 2 == 1 ? 4 : 2) * density(i * h);
+  }
+  return sum * h / 3;
 }
 
 struct Pair {
@@ -111,6 +133,23 @@ absl::string_view VerdictName(Verdict verdict) {
   return "unknown";
 }
 
+double StudentTQuantile(double p, int df) {
+  p = std::clamp(p, 0.5, 0.9995);
+  if (df <= 0) return std::numeric_limits<double>::infinity();
+  // Closed forms where the tails are heaviest.
+  if (df == 1) return std::tan(kPi * (p - 0.5));
+  if (df == 2) return (2 * p - 1) / std::sqrt(2 * p * (1 - p));
+  // Bisection on the distribution function; at df >= 3 and p <= 0.9995 the
+  // quantile is below 13.
+  double lo = 0;
+  double hi = 16;
+  for (int i = 0; i < 50; ++i) {
+    const double mid = (lo + hi) / 2;
+    (0.5 + StudentTMassFromZero(mid, df) < p ? lo : hi) = mid;
+  }
+  return (lo + hi) / 2;
+}
+
 std::optional<RatioInterval> InterleavedRatio(
     const std::vector<StepBlock>& blocks, int64_t incumbent, int64_t candidate,
     const CompareOptions& options) {
@@ -138,6 +177,7 @@ std::optional<RatioInterval> InterleavedRatio(
     logs.push_back(std::log(Median(candidate_s) / Median(incumbent_s)));
   }
   out.ratio = geometric_mean(logs);
+  const std::vector<double> pair_logs = logs;
 
   // Two levels: pairs with replacement, then each chosen pair's steps with
   // replacement (a block of k steps gives k draws).
@@ -175,6 +215,27 @@ std::optional<RatioInterval> InterleavedRatio(
   };
   out.low = std::min(at(tail), out.ratio);
   out.high = std::max(at(1 - tail), out.ratio);
+  out.bootstrap_width = out.width();
+
+  // With few pairs the bootstrap knows only the pairs it has, and draws
+  // them again: four pairs give it few distinct resamples, and it reads
+  // the spread between pairs too small. Student's t over the pairs' log
+  // ratios widens by as much as that spread is uncertain; the interval is
+  // the wider of the two (bench/README.md, "noise": 3 of 16 four-pair
+  // intervals missed the quiet re-measure with the bootstrap alone).
+  if (pair_logs.size() >= 2) {
+    const double n = static_cast<double>(pair_logs.size());
+    double mean = 0;
+    for (const double l : pair_logs) mean += l;
+    mean /= n;
+    double squares = 0;
+    for (const double l : pair_logs) squares += (l - mean) * (l - mean);
+    out.log_sd = std::sqrt(squares / (n - 1));
+    const double half = StudentTQuantile(1 - tail, static_cast<int>(n) - 1) *
+                        out.log_sd / std::sqrt(n);
+    out.low = std::min(out.low, std::exp(mean - half));
+    out.high = std::max(out.high, std::exp(mean + half));
+  }
   return out;
 }
 
@@ -302,24 +363,36 @@ int NoisePairs(const std::vector<std::vector<double>>& series, int block_steps,
   }
   if (spreads.size() < 2 || !(max_width > 0)) return min_pairs;
   const double spread = 1.4826 * Median(spreads);
-  // A 95% interval spans about 2 x 1.96 standard errors of the mean log
-  // ratio over the pairs; relative to the figure, that is its width.
-  const double needed =
-      std::ceil(std::pow(2 * 1.96 * spread * kPairsNoiseMargin / max_width, 2));
-  return static_cast<int>(std::clamp<double>(needed, std::max(min_pairs, 0),
-                                             std::max(min_pairs, max_pairs)));
+  // A 95% interval over n pairs spans about 2 t(n-1) standard errors of
+  // the mean log ratio (InterleavedRatio); relative to the figure, that is
+  // its width. The fewest pairs whose width fits.
+  const int least = std::max(min_pairs, 2);  // t needs two
+  const int most = std::max(least, max_pairs);
+  for (int n = least; n < most; ++n) {
+    const double width = 2 * StudentTQuantile(0.975, n - 1) * spread *
+                         kPairsNoiseMargin / std::sqrt(static_cast<double>(n));
+    if (width <= max_width) return n;
+  }
+  return most;
 }
 
-int MorePairsForWidth(int pairs, double width, int max_pairs,
+int MorePairsForWidth(const RatioInterval& measured, int max_pairs,
                       double max_width) {
-  if (pairs <= 0 || !(width > max_width) || !(max_width > 0) ||
-      pairs >= max_pairs) {
+  const int n = measured.pairs;
+  if (n <= 0 || !(measured.width() > max_width) || !(max_width > 0) ||
+      n >= max_pairs) {
     return 0;
   }
-  const double scale = width * kPairsNoiseMargin / max_width;
-  const double all =
-      std::min<double>(std::ceil(pairs * scale * scale), max_pairs);
-  return std::max(0, static_cast<int>(all) - pairs);
+  for (int m = n + 1; m <= max_pairs; ++m) {
+    const double bootstrap =
+        measured.bootstrap_width * std::sqrt(static_cast<double>(n) / m);
+    const double t = 2 * std::sinh(StudentTQuantile(0.975, m - 1) *
+                                   measured.log_sd / std::sqrt(m * 1.0));
+    if (std::max(bootstrap, t) * kPairsNoiseMargin <= max_width) {
+      return m - n;
+    }
+  }
+  return max_pairs - n;
 }
 
 }  // namespace tandem

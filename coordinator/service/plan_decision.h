@@ -128,15 +128,27 @@ struct RatioInterval {
   int candidate_steps = 0;
   // Block pairs the interval resampled.
   int pairs = 0;
+  // The bootstrap's interval alone, relative to the ratio as width() is,
+  // and the sample standard deviation of the pairs' log ratios (0 with one
+  // pair), from which Student's t widened it.
+  double bootstrap_width = 0;
+  double log_sd = 0;
   double width() const { return ratio > 0 ? (high - low) / ratio : 0; }
 };
 
 // Pairs each block of one version with the next block of the other (blocks
 // of other versions, and blocks too short to count, are skipped) and
-// bootstraps the ratio. Nullopt without a pair.
+// bootstraps the ratio: pairs with replacement, then each chosen pair's
+// steps. From two pairs on, the interval is the wider of that and
+// Student's t over the pairs' log ratios, which a handful of pairs needs.
+// Nullopt without a pair.
 std::optional<RatioInterval> InterleavedRatio(
     const std::vector<StepBlock>& blocks, int64_t incumbent, int64_t candidate,
     const CompareOptions& options);
+
+// The `p` quantile of Student's t with `df` degrees of freedom (p in
+// [0.5, 0.9995]; infinity for df < 1).
+double StudentTQuantile(double p, int df);
 
 enum class Verdict {
   kMeasureMore,      // fewer than min_pairs pairs, or undecided so far
@@ -195,23 +207,27 @@ Speedup DescribeSpeedup(const std::optional<RatioInterval>& interval,
 // neighbouring blocks' medians within a series spreads as a pair's ratio
 // does here (two blocks, each as noisy); its spread is taken robustly
 // (1.4826 x the median absolute log ratio: a lone spike does not count),
-// and the interval of the geometric mean over n pairs narrows as
-// 1/sqrt(n). kPairsNoiseMargin allows for the bootstrap resampling the
-// steps within blocks too. At least `min_pairs` (the job's
-// optimize.baseline_pairs; also when the series give fewer than two
-// ratios), at most `max_pairs`.
+// and the interval of the geometric mean over n pairs spans 2 t(n-1) /
+// sqrt(n) of it (InterleavedRatio's Student's t). kPairsNoiseMargin allows for
+// the bootstrap resampling the steps within blocks too. At least `min_pairs`
+// (the job's optimize.baseline_pairs; also when the series give fewer than two
+// ratios) and two, at most `max_pairs`.
 inline constexpr double kPairsNoiseMargin = 1.25;
 int NoisePairs(const std::vector<std::vector<double>>& series, int block_steps,
                int min_pairs, int max_pairs,
                double max_width = kMaxSpeedupWidth);
 
-// The block pairs a baseline check measures on for when its `pairs` gave an
-// interval `width` wide (RatioInterval::width, wider than `max_width`), for
-// the pooled interval to come within `max_width`: a width narrows as
-// 1/sqrt(pairs), so pairs x (width x kPairsNoiseMargin / max_width)^2 pairs
-// in all, at most `max_pairs` in all. 0 when `width` is within `max_width`
-// already, or `pairs` are `max_pairs` or more.
-int MorePairsForWidth(int pairs, double width, int max_pairs,
+// The block pairs a baseline check measures on for when its `measured`
+// interval came out wider than `max_width` (RatioInterval::width), for the
+// pooled interval to come within `max_width`: the fewest pairs in all at
+// which both its parts fit, with kPairsNoiseMargin to spare. The
+// bootstrap's part narrows as 1/sqrt(pairs); Student's t's spans
+// 2 sinh(t(m-1) x log_sd / sqrt(m)) at m pairs, its quantile falling as
+// the pairs grow (two pairs that agree within a few percent need only two
+// more, though t(1) made their interval several times too wide). At most
+// `max_pairs` in all. 0 when the width is within `max_width` already, or
+// the pairs are `max_pairs` or more.
+int MorePairsForWidth(const RatioInterval& measured, int max_pairs,
                       double max_width = kMaxSpeedupWidth);
 
 }  // namespace tandem

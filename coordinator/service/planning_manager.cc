@@ -1025,8 +1025,8 @@ void PlanningManager::MeasureBaselineLocked(const std::string& job_id,
       !state.pending_reason.has_value()) {
     const int64_t fit =
         PairsInHalfTheStepsLeft(state.spec, step + kSwitchLeadSteps);
-    more = static_cast<int>(std::min<int64_t>(
-        MorePairsForWidth(r->pairs, r->width(), kMaxBaselinePairs), fit));
+    more = static_cast<int>(
+        std::min<int64_t>(MorePairsForWidth(*r, kMaxBaselinePairs), fit));
   }
   if (more >= 2) {
     state.speedup.text += absl::StrFormat(

@@ -94,6 +94,47 @@ TEST(PlanDecisionTest, Interval_BracketsTheRatioOfMedians) {
   EXPECT_LT(r->high, 0.80);
 }
 
+TEST(PlanDecisionTest, StudentTQuantile_MatchesTheTables) {
+  EXPECT_NEAR(StudentTQuantile(0.975, 1), 12.706, 1e-3);
+  EXPECT_NEAR(StudentTQuantile(0.975, 2), 4.303, 1e-3);
+  EXPECT_NEAR(StudentTQuantile(0.975, 3), 3.182, 1e-3);
+  EXPECT_NEAR(StudentTQuantile(0.975, 5), 2.571, 1e-3);
+  EXPECT_NEAR(StudentTQuantile(0.975, 10), 2.228, 1e-3);
+  EXPECT_NEAR(StudentTQuantile(0.975, 30), 2.042, 1e-3);
+  EXPECT_NEAR(StudentTQuantile(0.975, 1000), 1.962, 1e-3);
+  EXPECT_NEAR(StudentTQuantile(0.95, 4), 2.132, 1e-3);
+  EXPECT_NEAR(StudentTQuantile(0.995, 3), 5.841, 1e-3);
+  EXPECT_NEAR(StudentTQuantile(0.5, 7), 0, 1e-9);
+  EXPECT_TRUE(std::isinf(StudentTQuantile(0.975, 0)));
+}
+
+// Three quiet pairs that disagree (0.90, 1.00, 0.95): the bootstrap, which
+// can only redraw those three, reads them as more certain than they are;
+// the interval is at least Student's t over their log ratios (t(2) = 4.303).
+TEST(PlanDecisionTest, FewPairs_IntervalAtLeastStudentsT) {
+  std::vector<StepBlock> blocks;
+  const std::vector<double> ratios = {0.90, 1.00, 0.95};
+  for (const double r : ratios) {
+    blocks.push_back(Block(1, 1.0, 0.002));
+    blocks.push_back(Block(2, r, 0.002));
+  }
+  const std::optional<RatioInterval> got = InterleavedRatio(blocks, 1, 2, {});
+  ASSERT_TRUE(got.has_value());
+  double mean = 0;
+  for (const double r : ratios) mean += std::log(r) / 3;
+  double squares = 0;
+  for (const double r : ratios) {
+    squares += (std::log(r) - mean) * (std::log(r) - mean);
+  }
+  const double half = 4.303 * std::sqrt(squares / 2 / 3);
+  EXPECT_NEAR(got->ratio, std::exp(mean), 1e-3);
+  EXPECT_LE(got->low, std::exp(mean - half) + 1e-3);
+  EXPECT_GE(got->high, std::exp(mean + half) - 1e-3);
+  // So the candidate, 5% faster by its ratio, is not yet called faster.
+  EXPECT_EQ(VerdictName(DecideInterleaved(blocks, 1, 2, {}).verdict),
+            VerdictName(Verdict::kMeasureMore));
+}
+
 TEST(PlanDecisionTest, SameMeasurements_SameInterval) {
   const std::vector<StepBlock> blocks = Interleaved(1.0, 0.9, 3, 0.1);
   const std::optional<RatioInterval> a = InterleavedRatio(blocks, 1, 2, {});
@@ -283,22 +324,26 @@ std::vector<double> Swinging(int n, double base, double swing) {
 }
 
 // A baseline check's block pairs follow the noise measured: steady steps
-// keep the job's optimize.baseline_pairs; blocks 10% apart need 12 pairs
-// for a 20% interval (1.4826 x ln 1.1 = 0.141 per pair ratio: (2 x 1.96 x
-// 0.141 x 1.25 / 0.2)^2 = 11.98); 30% apart would need 90, capped.
+// keep the job's optimize.baseline_pairs; blocks 10% apart need 15 pairs
+// for a 20% interval (1.4826 x ln 1.1 = 0.141 per pair ratio: the fewest n
+// with 2 t(n-1) x 0.141 x 1.25 / sqrt(n) <= 0.2, t(14) / sqrt(15) = 0.554
+// where 14 pairs give 0.577); 30% apart would need over 100, capped.
 TEST(PlanDecisionTest, NoisePairs_FollowTheMeasuredSpread) {
   constexpr int kBlock = 4;
   EXPECT_EQ(NoisePairs({std::vector<double>(30, 0.5)}, kBlock, 4, 16), 4);
-  EXPECT_EQ(NoisePairs({Swinging(24, 0.5, 0.10)}, kBlock, 4, 16), 12);
+  EXPECT_EQ(NoisePairs({Swinging(24, 0.5, 0.10)}, kBlock, 4, 16), 15);
   EXPECT_EQ(NoisePairs({Swinging(24, 0.5, 0.30)}, kBlock, 4, 16), 16);
-  // A wider interval allowed, fewer pairs: (0.2 / 0.4)^2 of 11.98.
-  EXPECT_EQ(NoisePairs({Swinging(24, 0.5, 0.10)}, kBlock, 2, 16, 0.40), 3);
+  // A wider interval allowed, fewer pairs: t(n-1) / sqrt(n) <= 1.13 from
+  // n = 6 (t(5) / sqrt(6) = 1.05; five give 1.24).
+  EXPECT_EQ(NoisePairs({Swinging(24, 0.5, 0.10)}, kBlock, 2, 16, 0.40), 6);
   // Pooled over the two versions' series: the steady one's ratios (0) make
-  // half of them, so the median is half the swing's, a quarter of the pairs
-  // (3), and the job's 4 stand.
+  // half of them, so the median is half the swing's, and the 20% interval
+  // needs 6 pairs, not the job's 4.
   EXPECT_EQ(NoisePairs({Swinging(24, 0.5, 0.10), std::vector<double>(24, 1)},
                        kBlock, 4, 16),
-            4);
+            6);
+  // Never fewer than two: t needs them.
+  EXPECT_EQ(NoisePairs({std::vector<double>(30, 0.5)}, kBlock, 1, 16), 2);
   // One spike in a steady series moves a block's median by nothing.
   std::vector<double> spiked(30, 0.5);
   spiked[7] = 2.5;
@@ -308,20 +353,57 @@ TEST(PlanDecisionTest, NoisePairs_FollowTheMeasuredSpread) {
   EXPECT_EQ(NoisePairs({}, kBlock, 4, 16), 4);
 }
 
+// A measured interval `pairs` wide: its bootstrap part `bootstrap_width`
+// and Student's t's from the pairs' log ratios spread by `log_sd`, around a
+// ratio of 1.
+RatioInterval Measured(int pairs, double bootstrap_width, double log_sd = 0) {
+  RatioInterval r;
+  r.pairs = pairs;
+  r.ratio = 1;
+  r.bootstrap_width = bootstrap_width;
+  r.log_sd = log_sd;
+  double width = bootstrap_width;
+  if (pairs >= 2) {
+    width = std::max(width, 2 * std::sinh(StudentTQuantile(0.975, pairs - 1) *
+                                          log_sd / std::sqrt(pairs * 1.0)));
+  }
+  r.low = 1 - width / 2;
+  r.high = 1 + width / 2;
+  return r;
+}
+
 // A check whose interval came out too wide measures on for the pairs its
-// width asks, pooled: 2 pairs 25% wide need 2 x (0.25 x 1.25 / 0.2)^2 = 4.9,
-// so 5 in all, 3 more; 4 pairs 40% wide would need 25, capped at 16 in all.
-// Narrow enough already, or at the cap: none.
+// width asks, pooled. Where the bootstrap set the width, it narrows as
+// 1/sqrt(pairs): 2 pairs 25% wide need 2 x (0.25 x 1.25 / 0.2)^2 = 4.9,
+// so 5 in all, 3 more; 4 pairs 40% wide would need 25, capped at 16 in
+// all. Narrow enough already, or at the cap: none.
 TEST(PlanDecisionTest, MorePairsForWidth_WhatTheWidthAsks) {
-  EXPECT_EQ(MorePairsForWidth(2, 0.25, 16), 3);
-  EXPECT_EQ(MorePairsForWidth(4, 0.40, 16), 12);
-  EXPECT_EQ(MorePairsForWidth(4, 0.21, 16), 3);
-  EXPECT_EQ(MorePairsForWidth(4, 0.20, 16), 0);
-  EXPECT_EQ(MorePairsForWidth(4, 0.15, 16), 0);
-  EXPECT_EQ(MorePairsForWidth(16, 0.30, 16), 0);
-  EXPECT_EQ(MorePairsForWidth(0, 0.30, 16), 0);
+  EXPECT_EQ(MorePairsForWidth(Measured(2, 0.25), 16), 3);
+  EXPECT_EQ(MorePairsForWidth(Measured(4, 0.40), 16), 12);
+  EXPECT_EQ(MorePairsForWidth(Measured(4, 0.21), 16), 3);
+  EXPECT_EQ(MorePairsForWidth(Measured(4, 0.199), 16), 0);
+  EXPECT_EQ(MorePairsForWidth(Measured(4, 0.15), 16), 0);
+  EXPECT_EQ(MorePairsForWidth(Measured(16, 0.30), 16), 0);
+  EXPECT_EQ(MorePairsForWidth(Measured(0, 0.30), 16), 0);
   // Against a wider bound: (0.5 x 1.25 / 0.4)^2 x 2 = 4.9, 3 more.
-  EXPECT_EQ(MorePairsForWidth(2, 0.50, 16, 0.40), 3);
+  EXPECT_EQ(MorePairsForWidth(Measured(2, 0.50, 0), 16, 0.40), 3);
+}
+
+// Where Student's t set the width, its quantile falls with the pairs as
+// well: two pairs 0.78 and 0.82 (log sd 0.035) read 64% wide under t(1) =
+// 12.7, yet four pairs of that spread fit 20% (2 sinh(3.182 x 0.035 / 2)
+// x 1.25 = 0.14; three give 0.22): 2 more, not the 19 that 1/sqrt(pairs)
+// alone would ask. Pairs 0.7 and 0.9 (log sd 0.18) would need 22: capped.
+// Four pairs spread by 0.1 need 9 (0.192; eight give 0.209).
+TEST(PlanDecisionTest, MorePairsForWidth_StudentsTNarrowsFasterThanRootPairs) {
+  const double close = std::abs(std::log(0.82) - std::log(0.78)) / std::sqrt(2);
+  EXPECT_GT(Measured(2, 0, close).width(), 0.6);
+  EXPECT_EQ(MorePairsForWidth(Measured(2, 0, close), 16), 2);
+  const double apart = std::abs(std::log(0.9) - std::log(0.7)) / std::sqrt(2);
+  EXPECT_EQ(MorePairsForWidth(Measured(2, 0, apart), 16), 14);
+  EXPECT_EQ(MorePairsForWidth(Measured(4, 0.05, 0.1), 16), 5);
+  // The wider part rules: a bootstrap 40% wide over a quiet t.
+  EXPECT_EQ(MorePairsForWidth(Measured(4, 0.40, 0.01), 16), 12);
 }
 
 }  // namespace

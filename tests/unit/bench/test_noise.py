@@ -102,6 +102,8 @@ def test_analyse_counts_versions_after_settling_and_flags_a_wrong_plan():
     # v2 (step 26) and v3 (step 56) after step 21, over 79 steps.
     assert row["versions_per_100_settled"] == round(100 * 2 / 79, 2)
     assert row["end_version"] == 3 and row["end_plan_of"] == 1
+    # v3 reruns v1's plan, first run at step 6.
+    assert row["first_step_on_end_plan"] == 6
     assert row["wrong_plan_kept"] is True and row["wrong_plans"] == ["v2"]
     assert row["final_over_best"] == round(0.55 / 0.50, 4) and row["best_plan"] == "v2"
     assert row["quiet_speedup"] == round(0.65 / 0.55, 4)
@@ -116,6 +118,19 @@ def test_analyse_counts_versions_after_settling_and_flags_a_wrong_plan():
     # The ended-on plan the best: final over best is 1.
     row = noise.analyse(args(), run, ("rounds", flat({0: 0.65, 1: 0.45, 2: 0.50})), reps)
     assert row["final_over_best"] == 1.0 and row["best_plan"] == "v1"
+    assert noise.summarize("demo", "quiet", [row])["first_step_on_end_plan_max"] == 6
+
+
+def test_first_step_on_plan_follows_the_plan_not_the_version():
+    # v2 a trial of another plan, v3 a rollback to v1's, v4 a baseline
+    # check of it alternating with v0: the job reached its plan at step 5.
+    per_step = steps([0] * 5 + [1] * 4 + [2, 2, 1, 1] + [3] * 4 + [4, 4, 0, 0, 4])
+    reps = {0: 0, 1: 1, 2: 2, 3: 1, 4: 1}
+    assert noise.first_step_on_plan(per_step, reps, 4) == 5
+    # A job that never left the baseline was on its plan from step 0.
+    assert noise.first_step_on_plan(steps([0] * 10), {0: 0}, 0) == 0
+    # The trial's plan kept: reached when the trial began.
+    assert noise.first_step_on_plan(per_step, {0: 0, 1: 1, 2: 2, 3: 2, 4: 2}, 4) == 9
 
 
 def test_paired_ratio_holds_when_the_host_changes_speed_between_rounds():

@@ -1,6 +1,7 @@
 #include "coordinator/planner/job_plan.h"
 
 #include <algorithm>
+#include <array>
 #include <limits>
 #include <map>
 #include <optional>
@@ -10,9 +11,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/archive/model_archive.h"
+#include "common/archive/safetensors.h"
 #include "common/bytes.h"
 #include "common/did_you_mean.h"
 #include "common/job/job_spec.h"
+#include "common/lowering/lowering.h"
 #include "common/models/graph_builder.h"
 #include "coordinator/planner/pass_registry.h"
 
@@ -239,12 +242,92 @@ std::optional<double> ActivationScale(const v1::JobSpec& spec,
 // over the units in archives written before the exporter measured it per unit)
 // scaled to the job's batch; none under activation checkpointing (every unit
 // but the last recomputes) or when the job's shapes are not known at submit.
-// Workspace is not known: 0, so the peak stays a lower bound. `activations` is
-// what the forward nodes keep, summed over one micro-batch.
+// `activations` is what the forward nodes keep, summed over one micro-batch.
+// `samples`: each node's own memory as the exporter measured it
+// (ArchiveUnit.memory) at the job's batch, for CalibrateNodeMemory; empty
+// when the archive has none or the job's shapes are not known. `runtime`:
+// what a rank holds beyond the memory model whatever the schedule (the
+// buffers, the loaded TorchScript modules, a micro-batch of the inputs).
 struct ArchiveGraph {
   Graph graph;
   int64_t activations = 0;
+  std::vector<MemorySample> samples;
+  int64_t runtime = 0;
 };
+
+// A unit's own memory at the job's batch: the exporter's two micro-batches
+// (the example's and twice it) interpolated linearly to `micro_batch` (the
+// job's, in the example's other dims, scaled as ActivationScale scales the
+// saved activations), times `dtype_scale`; in proportion from one.
+// Nullopt when the unit has no measurement for `recompute`.
+std::optional<std::array<int64_t, 4>> UnitMemoryAt(const v1::ArchiveUnit& unit,
+                                                   bool recompute,
+                                                   double micro_batch,
+                                                   double dtype_scale) {
+  std::vector<const v1::ArchiveUnitMemory*> at;
+  for (const v1::ArchiveUnitMemory& m : unit.memory()) {
+    if (m.recompute() != recompute || m.micro_batch() <= 0) continue;
+    if (std::none_of(at.begin(), at.end(), [&](const auto* a) {
+          return a->micro_batch() == m.micro_batch();
+        })) {
+      at.push_back(&m);
+    }
+  }
+  if (at.empty()) return std::nullopt;
+  auto fields = [](const v1::ArchiveUnitMemory& m) {
+    return std::array<double, 4>{static_cast<double>(m.forward_rise_bytes()),
+                                 static_cast<double>(m.forward_net_bytes()),
+                                 static_cast<double>(m.backward_rise_bytes()),
+                                 static_cast<double>(m.backward_net_bytes())};
+  };
+  const std::array<double, 4> a = fields(*at[0]);
+  const double ma = static_cast<double>(at[0]->micro_batch());
+  std::array<int64_t, 4> out{};
+  for (int i = 0; i < 4; ++i) {
+    double v = a[i] * micro_batch / ma;
+    if (at.size() >= 2) {
+      const double mb = static_cast<double>(at[1]->micro_batch());
+      v = a[i] + (fields(*at[1])[i] - a[i]) / (mb - ma) * (micro_batch - ma);
+    }
+    out[i] = static_cast<int64_t>(v * dtype_scale);
+  }
+  out[0] = std::max<int64_t>(out[0], 0);  // rises
+  out[2] = std::max<int64_t>(out[2], 0);
+  return out;
+}
+
+// What a rank of an archive's job holds beyond the memory model whatever
+// the schedule: the buffers (floating ones in the compute dtype), what
+// loading the units' and glues' TorchScript modules keeps, and one
+// micro-batch of the inputs at the job's shape (a token input's second dim
+// is the job's seq_len).
+int64_t ArchiveRuntimeBytes(const v1::JobSpec& spec,
+                            const v1::ArchiveManifest& m) {
+  const bool bf16 = spec.model().dtype() == v1::DTYPE_BF16;
+  int64_t bytes = 0;
+  for (const v1::ArchiveBuffer& b : m.buffers()) {
+    int64_t n = 1;
+    for (int64_t d : b.shape()) n *= std::max<int64_t>(d, 0);
+    const bool floating =
+        absl::StartsWith(b.dtype(), "float") || b.dtype() == "bfloat16";
+    bytes += n * (floating && bf16 ? 2 : DTypeElementBytes(b.dtype()));
+  }
+  for (const v1::ArchiveUnit& u : m.units()) bytes += u.loaded_bytes();
+  for (const v1::ArchiveGlue& g : m.glues()) bytes += g.loaded_bytes();
+  for (const v1::ArchiveInput& in : m.inputs()) {
+    int64_t n = 1;
+    for (int i = 0; i < in.shape_size(); ++i) {
+      int64_t d = std::max<int64_t>(in.shape(i), 0);
+      if (i == 0) d = std::max(1, spec.batch().micro_batch());
+      if (i == 1 && in.role() == "tokens" && spec.batch().seq_len() > 0) {
+        d = spec.batch().seq_len();
+      }
+      n *= d;
+    }
+    bytes += n * DTypeElementBytes(in.dtype());
+  }
+  return bytes;
+}
 
 ArchiveGraph BuildArchiveGraph(const v1::JobSpec& spec,
                                const v1::ArchiveManifest& m) {
@@ -299,7 +382,61 @@ ArchiveGraph BuildArchiveGraph(const v1::JobSpec& spec,
     units[i].activation_bytes = saved[i];
   }
   AppendIterationNodes(units, g);
+  out.runtime = ArchiveRuntimeBytes(spec, m);
+
+  // Nodes k·2n + i (unit i's forward of micro-batch k) and k·2n + 2n-1-i
+  // (its backward), as AppendIterationNodes lays them out.
+  if (!scale.has_value() || n == 0) return out;
+  const double dtype_scale = spec.model().dtype() == v1::DTYPE_BF16 ? 0.5 : 1;
+  const double micro_batch =
+      static_cast<double>(m.inputs(0).shape(0)) * *scale / dtype_scale;
+  std::vector<std::array<int64_t, 4>> own(n);
+  for (int i = 0; i < n; ++i) {
+    std::optional<std::array<int64_t, 4>> at =
+        UnitMemoryAt(m.units(i), units[i].recompute, micro_batch, dtype_scale);
+    if (!at.has_value()) return out;  // all units or none
+    own[i] = *at;
+  }
+  for (int32_t k = 0; k < g.micro_batches; ++k) {
+    for (int i = 0; i < n; ++i) {
+      MemorySample forward;
+      forward.node_id = k * 2 * n + i;
+      forward.rise_bytes = own[i][0];
+      forward.net_bytes = own[i][1];
+      MemorySample backward;
+      backward.node_id = k * 2 * n + 2 * n - 1 - i;
+      backward.rise_bytes = own[i][2];
+      backward.net_bytes = own[i][3];
+      out.samples.push_back(forward);
+      out.samples.push_back(backward);
+    }
+  }
   return out;
+}
+
+// The least-memory peak of an archive's job by the memory model, calibrated
+// with the exporter's measurements of the units' own memory where the
+// archive has them, as a first profile calibrates it (what the memory guard
+// then holds the job to); the runtime's fixed holdings on top.
+absl::StatusOr<int64_t> ArchiveSmallestBudget(const v1::JobSpec& spec,
+                                              ArchiveGraph archive) {
+  JobHardware hardware = HardwareForJob(spec, {});
+  // A lower bound: with instant host copies no state waits on the device
+  // for the link, so no plan the link allows peaks lower.
+  hardware.hw.host_bytes_per_s = 1e18;
+  const ShardingMode mode = PlanOptionsFromSpec(spec).mode;
+  if (!archive.samples.empty()) {
+    absl::StatusOr<Schedule> ran = StartingSchedule(archive.graph, mode);
+    HardwareModel calibrated = hardware.hw;
+    calibrated.collective_buffers = true;  // the worker's, as measured
+    if (ran.ok() &&
+        CalibrateNodeMemory(archive.graph, *ran, archive.samples, calibrated)
+            .ok()) {
+      hardware.hw = calibrated;
+    }
+  }
+  hardware.hw.unmodeled_bytes = archive.runtime;
+  return SmallestFeasibleBudget(archive.graph, hardware.hw, mode);
 }
 
 }  // namespace
@@ -312,19 +449,21 @@ absl::Status CheckBudgetFits(const v1::JobSpec& spec) {
     absl::StatusOr<v1::ArchiveManifest> manifest =
         ReadArchiveManifest(spec.model().path());
     if (!manifest.ok()) return absl::OkStatus();
-    const ArchiveGraph archive = BuildArchiveGraph(spec, *manifest);
-    JobHardware hardware = HardwareForJob(spec, {});
-    hardware.hw.host_bytes_per_s = 1e18;
-    absl::StatusOr<int64_t> smallest = SmallestFeasibleBudget(
-        archive.graph, hardware.hw, PlanOptionsFromSpec(spec).mode);
+    ArchiveGraph archive = BuildArchiveGraph(spec, *manifest);
+    const int64_t activations = archive.activations;
+    const bool measured = !archive.samples.empty();
+    absl::StatusOr<int64_t> smallest =
+        ArchiveSmallestBudget(spec, std::move(archive));
     if (!smallest.ok() || *smallest <= budget) return absl::OkStatus();
-    const std::string activations =
-        archive.activations > 0
+    const std::string saved =
+        activations > 0
             ? absl::StrCat(
                   ", plus the activations its forward saves for backward at "
                   "batch.micro_batch ",
-                  spec.batch().micro_batch(), ", ",
-                  FormatBytes(archive.activations),
+                  spec.batch().micro_batch(), ", ", FormatBytes(activations),
+                  measured ? ", what its units' forwards and backwards hold "
+                             "beyond them"
+                           : "",
                   ", as measured at export and scaled to the job's batch")
             : std::string();
     return absl::InvalidArgumentError(absl::StrCat(
@@ -333,11 +472,15 @@ absl::Status CheckBudgetFits(const v1::JobSpec& spec) {
         "offloaded) by the memory model on the archive's params (each "
         "rank's shards and gradient shards, a unit's params gathered whole "
         "and its gradients)",
-        activations, "; no schedule needs less: set memory.budget_bytes: ",
+        saved,
+        ", and what a rank holds whatever the schedule (the archive's "
+        "buffers, its loaded units and a micro-batch of inputs)",
+        "; no schedule needs less: set memory.budget_bytes: ",
         PasteableBudget(*smallest),
-        " or more (the first profile measures the rest and names the "
-        "smallest budget that fits), ",
-        archive.activations > 0 && !spec.model().activation_checkpointing()
+        measured ? " or more, "
+                 : " or more (the first profile measures the rest and names "
+                   "the smallest budget that fits), ",
+        activations > 0 && !spec.model().activation_checkpointing()
             ? "turn on model.activation_checkpointing, "
             : "",
         "or shard over more ranks"));

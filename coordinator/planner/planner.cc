@@ -304,33 +304,9 @@ absl::Status CalibrateMemory(Graph& timed, const Schedule& profiled,
   if (profile.peak_bytes <= 0) return absl::OkStatus();
   // The profile comes from the Tandem worker, which packs collectives.
   hw.collective_buffers = true;
+  RETURN_IF_ERROR(CalibrateNodeMemory(timed, profiled, profile.memory, hw));
   absl::StatusOr<SimResult> sim = Simulate(timed, profiled, hw);
-  if (!sim.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the schedule the profile was measured under (v", profiled.version,
-        ") does not replay on the graph: ", sim.status().message()));
-  }
-  // Each node's own memory as measured, against what the model put on top
-  // of the memory at its start and left at its end under the same
-  // schedule. Measured against the profiled schedule, so a plan that
-  // changes what the model counts (gradients freed earlier, say) changes
-  // the prediction by the model's difference.
-  const GraphIndex index(timed);
-  bool measured = false;
-  for (const MemorySample& sample : profile.memory) {
-    const int pos = index.NodePos(sample.node_id);
-    if (pos < 0 || (sample.rise_bytes == 0 && sample.net_bytes == 0)) continue;
-    const NodeTimelineEntry& modeled = sim->nodes[pos];
-    timed.nodes[pos].measured_extra_bytes =
-        std::max<int64_t>(0, sample.rise_bytes - modeled.modeled_rise_bytes);
-    timed.nodes[pos].measured_carry_bytes =
-        sample.net_bytes - modeled.modeled_net_bytes;
-    measured = true;
-  }
-  if (measured) {
-    sim = Simulate(timed, profiled, hw);
-    if (!sim.ok()) return sim.status();
-  }
+  if (!sim.ok()) return sim.status();
   hw.unmodeled_bytes =
       std::max<int64_t>(0, profile.peak_bytes - sim->peak_bytes);
   return absl::OkStatus();
@@ -684,6 +660,37 @@ absl::StatusOr<Calibrated> CalibrateWithEvidence(
     ASSIGN_OR_RETURN(refit->probe_error, error_at(1));
   }
   return calibrate(best_k);
+}
+
+absl::Status CalibrateNodeMemory(Graph& timed, const Schedule& profiled,
+                                 absl::Span<const MemorySample> samples,
+                                 const HardwareModel& hw) {
+  for (Node& node : timed.nodes) {
+    node.measured_extra_bytes = 0;
+    node.measured_carry_bytes = 0;
+  }
+  absl::StatusOr<SimResult> sim = Simulate(timed, profiled, hw);
+  if (!sim.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the schedule the profile was measured under (v", profiled.version,
+        ") does not replay on the graph: ", sim.status().message()));
+  }
+  // Each node's own memory as measured, against what the model put on top
+  // of the memory at its start and left at its end under the same
+  // schedule. Measured against the profiled schedule, so a plan that
+  // changes what the model counts (gradients freed earlier, say) changes
+  // the prediction by the model's difference.
+  const GraphIndex index(timed);
+  for (const MemorySample& sample : samples) {
+    const int pos = index.NodePos(sample.node_id);
+    if (pos < 0 || (sample.rise_bytes == 0 && sample.net_bytes == 0)) continue;
+    const NodeTimelineEntry& modeled = sim->nodes[pos];
+    timed.nodes[pos].measured_extra_bytes =
+        std::max<int64_t>(0, sample.rise_bytes - modeled.modeled_rise_bytes);
+    timed.nodes[pos].measured_carry_bytes =
+        sample.net_bytes - modeled.modeled_net_bytes;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<PlanResult> PlanFromMeasurements(const Graph& graph,

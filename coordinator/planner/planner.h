@@ -27,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "common/ir/graph.h"
 #include "common/ir/profile.h"
 #include "common/ir/schedule.h"
@@ -253,6 +254,17 @@ absl::StatusOr<PlanResult> PlanFromMeasurements(const Graph& graph,
                                                 const Profile* profile,
                                                 const Schedule* profiled,
                                                 const PlanOptions& options);
+
+// Calibrates the memory model on nodes' own memory (MemorySample rise and
+// net, as the worker measures them) under the schedule they ran: each
+// node's measured_extra_bytes is what it rose beyond what the model puts on
+// top at its start, its measured_carry_bytes what it left beyond the
+// model's (the first profile's calibration, which also fits what the
+// runtime holds beyond both from the measured peak; the coordinator's check
+// of an archive at submit uses the exporter's measurements).
+absl::Status CalibrateNodeMemory(Graph& timed, const Schedule& profiled,
+                                 absl::Span<const MemorySample> samples,
+                                 const HardwareModel& hw);
 
 // The smallest budget any plan fits: the peak of the least-memory schedule
 // (common/lowering/least_memory.h) under `hw`'s memory model.

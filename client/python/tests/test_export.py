@@ -12,6 +12,7 @@ import functools
 import importlib.util
 import io
 import json
+import math
 import os
 import re
 import struct
@@ -575,6 +576,51 @@ def test_export_encoderLmAttentionOnly_layersRunAsGlue():
         ["encoder.layers.1." + n for n in layer] + ["head"])
     assert [(g.name, g.first_unit, g.unit_count) for g in m.glues] == [
         ("encoder.layers.0", 1, 5), ("encoder.layers.1", 6, 5)]
+    # A glue's boundaries are its own: no unit memory is measured, and the
+    # coordinator's check at submit stays on its params and activations.
+    assert all(len(u.memory) == 0 for u in m.units)
+    assert all(g.loaded_bytes > 0 for g in m.glues)
+
+
+def test_export_gpt_recordsEachUnitsOwnMemoryAtTwoMicroBatches(archives):
+    """Each unit's own memory forward and backward (what the worker's
+    profile measures per node, tests/export checks the two agree) at the
+    example's micro-batch and twice it, with and without activation
+    checkpointing, and what loading each unit keeps."""
+    _, m = archives["gpt"]
+    n = len(m.units)
+    for k, u in enumerate(m.units):
+        got = {(x.micro_batch, x.recompute): x for x in u.memory}
+        recompute = k + 1 < n  # the last unit never recomputes
+        assert set(got) == ({(4, False), (8, False), (4, True), (8, True)}
+                            if recompute else {(4, False), (8, False)}), u.name
+        assert u.loaded_bytes > 0, u.name
+    blocks = [u for u in m.units if u.name.startswith("blocks.")]
+    for u in blocks:
+        got = {(x.micro_batch, x.recompute): x for x in u.memory}
+        plain, twice = got[4, False], got[8, False]
+        # A block's forward keeps what it saves for backward and its output:
+        # at least what it saves, and in proportion to the micro-batch but
+        # for the causal mask's slice (32 x 32 bools).
+        assert plain.forward_net_bytes >= u.saved_activation_bytes > 0
+        assert twice.forward_net_bytes == 2 * plain.forward_net_bytes - 1024
+        assert plain.forward_rise_bytes >= plain.forward_net_bytes
+        # Its backward frees what the forward kept and keeps its params'
+        # gradients, whatever the micro-batch: what the two points' line
+        # crosses 0 at (the coordinator interpolates along it).
+        grads = 4 * sum(math.prod(p.shape) for p in m.params
+                        if p.units == [u.name])
+        at_zero = 2 * plain.backward_net_bytes - twice.backward_net_bytes
+        assert abs(at_zero - grads) <= 2048, (at_zero, grads)
+        assert plain.backward_net_bytes < 0
+        # Checkpointed, the forward keeps its output only, and the backward
+        # computes the rest again first.
+        ckpt = got[4, True]
+        assert ckpt.forward_net_bytes < plain.forward_net_bytes
+        assert ckpt.backward_rise_bytes > plain.backward_rise_bytes
+    # The head's backward holds the logits' gradients: more than a block's.
+    head = {(x.micro_batch, x.recompute): x for x in m.units[-1].memory}
+    assert head[4, False].backward_rise_bytes > 2 * 4 * 32 * 512 * 4 * 0.9
 
 
 class BiasFreeAttentionLM(torch.nn.Module):

@@ -16,6 +16,7 @@ from tandem.export.archive import Archive, _write_archive
 from tandem.export.batch import (_check_batch, _inputs_spec, _make_root,
                                  _synthetic_spec)
 from tandem.export.capture import _Recorder, _trace
+from tandem.export.memory import measure_loaded_bytes, measure_unit_memory
 from tandem.export.glue import (_CallRecorder, _expand_glues, _glue_plan,
                                 _script_glue)
 from tandem.export.scripting import _jit_bytes, _leaf_adapter, _script
@@ -208,6 +209,8 @@ def export(module, example_batch, loss=None, wrap=None, path=None, name=None,
     manifest.saved_activation_bytes = total
     for u, saved in zip(manifest.units, per_unit):
         u.saved_activation_bytes = saved
+    measure_unit_memory(archive, batch)
+    measure_loaded_bytes(archive)
     for dtype, tolerances in _PRECISION_CHECKS.items():
         manifest.precision_checks.add(
             dtype=_dtype_name(dtype),

@@ -153,6 +153,30 @@ def load_archive(path):
     return Archive(manifest, raw, path=path)
 
 
+def call_unit(unit, mod, args, params, buffers):
+    """Runs one unit's TorchScript module ``mod`` on the input values
+    ``args``, with ``params`` and ``buffers`` ({name: tensor}) as the worker
+    binds them: set as a leaf unit's attributes, passed before the inputs
+    to the others. Returns its outputs, a list."""
+    if unit.leaf:
+        for n in list(unit.params) + list(unit.buffers):
+            t = params[n] if n in params else buffers[n]
+            owner, _, attr = n[len(unit.name) + 1:].rpartition(".")
+            target = mod
+            for part in owner.split(".") if owner else ():
+                target = getattr(target, part)
+            setattr(target, attr, t)
+        out = mod(*args)
+    else:
+        out = mod(*([params[n] for n in unit.params] +
+                    [buffers[n] for n in unit.buffers] + list(args)))
+    if len(out) != len(unit.outputs):
+        raise ArchiveError("unit %s returned %d values, the manifest "
+                           "lists %d" % (unit.name, len(out),
+                                         len(unit.outputs)))
+    return list(out)
+
+
 def run_archive(archive, batch, params=None, buffers=None, on_unit=None):
     """Runs an archive's units in order on ``batch`` ({input name: tensor})
     and returns the loss. ``params`` / ``buffers`` ({name: tensor}) replace
@@ -179,27 +203,10 @@ def run_archive(archive, batch, params=None, buffers=None, on_unit=None):
                                         ", ".join(i.name for i in m.inputs)))
         values[inp.name] = batch[inp.name]
     def run_unit(k, args):
-        unit = m.units[k]
         if on_unit is not None:
             on_unit(k)
-        mod = archive.unit_module(unit)
-        if unit.leaf:
-            for n in list(unit.params) + list(unit.buffers):
-                t = params[n] if n in params else buffers[n]
-                owner, _, attr = n[len(unit.name) + 1:].rpartition(".")
-                target = mod
-                for part in owner.split(".") if owner else ():
-                    target = getattr(target, part)
-                setattr(target, attr, t)
-            out = mod(*args)
-        else:
-            out = mod(*([params[n] for n in unit.params] +
-                        [buffers[n] for n in unit.buffers] + args))
-        if len(out) != len(unit.outputs):
-            raise ArchiveError("unit %s returned %d values, the manifest "
-                               "lists %d" % (unit.name, len(out),
-                                             len(unit.outputs)))
-        return list(out)
+        return call_unit(m.units[k], archive.unit_module(m.units[k]), args,
+                         params, buffers)
 
     glue_at = {g.first_unit: g for g in m.glues}
     i = 0

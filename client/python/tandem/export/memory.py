@@ -1,0 +1,245 @@
+"""What an archive's units hold in memory as the worker runs them, measured
+at export for the coordinator's check at submit (coordinator/README.md,
+"Budgets at submit"): each unit's own memory forward and backward
+(ArchiveUnitMemory), and what loading each TorchScript module keeps
+(ArchiveUnit.loaded_bytes).
+
+The figures come from torch.profiler's record of every CPU allocation and
+free (profile_memory=True): the same allocator the worker's memory meter
+counts. The points between nodes are marked in that record by allocations
+of sizes no model tensor has (_MARK_BYTES + k bytes of uint8), so no clock
+has to agree with another."""
+
+import contextlib
+import io
+import itertools
+import warnings
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from tandem.export._common import _seeded
+from tandem.export.archive import call_unit
+
+# Odd byte counts: a model's float and integer tensors are multiples of 2.
+_MARK_BYTES = 1_000_003
+_DEAD = -1
+
+
+class _Marks:
+    """Marks points in the allocation record, each with a label."""
+
+    def __init__(self):
+        self.labels = []
+
+    def __call__(self, label):
+        t = torch.empty(_MARK_BYTES + 2 * len(self.labels), dtype=torch.uint8)
+        self.labels.append(label)
+        del t
+
+
+def _allocations(prof):
+    """The bytes of every CPU allocation (+) and free (-) in the profile,
+    in the order they happened."""
+    events = [e for e in prof.profiler.kineto_results.events()
+              if e.name() == "[memory]"]
+    if events and hasattr(events[0], "start_ns"):
+        events.sort(key=lambda e: e.start_ns())
+    else:
+        events.sort(key=lambda e: e.start_us())
+    return [e.nbytes() for e in events]
+
+
+def _levels_at_marks(allocations, count):
+    """For each of `count` marks: (the allocated level there, the highest
+    level from there to the next mark), relative to the record's start,
+    the marks' own allocations left out. None when a mark is missing."""
+    level, out, peak = 0, [], None
+    pending = None  # the mark whose free comes next
+    for b in allocations:
+        size = abs(b)
+        k = (size - _MARK_BYTES) // 2
+        if size >= _MARK_BYTES and (size - _MARK_BYTES) % 2 == 0 and k < count:
+            if b > 0 and k == len(out):
+                if out:
+                    out[-1] = (out[-1][0], peak)
+                out.append((level, level))
+                peak = level
+                pending = k
+                continue
+            if b < 0 and k == pending:
+                pending = None
+                continue
+        level += b
+        if peak is not None:
+            peak = max(peak, level)
+    if len(out) != count:
+        return None
+    out[-1] = (out[-1][0], peak)
+    return out
+
+
+def _run_marked(archive, mods, batch, recompute, profiled=True):
+    """Runs the units forward and backward once as the worker's executor
+    does (no glue): values no later unit reads dropped after each unit, the
+    values crossing each boundary hooked, one loss.backward(), a backward
+    node from one boundary's gradients to the next; units but the last
+    under `recompute` run through a reentrant checkpoint. Returns the mark
+    labels, in order, with the profile (None unless `profiled`)."""
+    m = archive.manifest
+    n = len(m.units)
+    weights = archive.weights()
+    params = {p.name: weights[p.name].clone().requires_grad_(p.requires_grad)
+              for p in m.params}
+    buffers = {b.name: weights[b.name] for b in m.buffers}
+    last_reader = {}
+    for k, u in enumerate(m.units):
+        for v in u.inputs:
+            last_reader[v] = k
+    mark = _Marks()
+    # Hooks not yet fired per boundary; _DEAD for one no gradient crosses
+    # (a frozen prefix), which fires once loss.backward() returned.
+    pending = [0] * max(n - 1, 0)
+    boundary = [n - 2]  # the next boundary to fire (last first)
+
+    def fired(b):
+        pending[b] -= 1
+        while boundary[0] >= 0 and pending[boundary[0]] == 0:
+            mark(("backward", boundary[0]))
+            boundary[0] -= 1
+
+    from torch.profiler import ProfilerActivity, profile
+    recording = (profile(activities=[ProfilerActivity.CPU],
+                         profile_memory=True) if profiled
+                 else contextlib.nullcontext())
+    # As the worker runs units: interpreted, unoptimized (its optimizing
+    # executor would differentiate subgraphs of its own, which save other
+    # tensors).
+    optimize = torch._C._get_graph_executor_optimize()
+    torch._C._set_graph_executor_optimize(False)
+    with recording as p, _seeded(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        values = dict(batch)
+        for k, u in enumerate(m.units):
+            args = [values[v] for v in u.inputs]
+            mark(("forward", k))
+            if recompute and k + 1 < n:
+                # The params go in as inputs, as the worker's
+                # RecomputeFunction takes them: the gradients reach them
+                # through the recompute.
+                def run(*a, u=u, mod=mods[k], inputs=len(args)):
+                    bound = dict(params)
+                    bound.update(zip(u.params, a[inputs:]))
+                    return tuple(call_unit(u, mod, list(a[:inputs]), bound,
+                                           buffers))
+                out = checkpoint(run, *args, *[params[name] for name in u.params],
+                                 use_reentrant=True)
+            else:
+                out = call_unit(u, mods[k], args, params, buffers)
+            del args
+            for name, v in zip(u.outputs, out):
+                values[name] = v
+            del out
+            for v in [v for v in values
+                      if last_reader.get(v, -1) <= k and v != m.loss]:
+                del values[v]
+            mark(("forward-end", k))
+            if k + 1 == n:
+                break
+            for v, t in list(values.items()):
+                if v == m.loss or not torch.is_tensor(t) or not t.requires_grad:
+                    continue
+                t = t.view_as(t)
+                t.register_hook(lambda g, k=k: fired(k))
+                values[v] = t
+                pending[k] += 1
+            if pending[k] == 0:
+                pending[k] = _DEAD
+        loss = values.pop(m.loss)
+        values.clear()
+        mark(("backward", n - 1))
+        loss.backward()
+        del loss
+        while boundary[0] >= 0:
+            mark(("backward", boundary[0]))
+            boundary[0] -= 1
+        mark(("end", -1))
+    torch._C._set_graph_executor_optimize(optimize)
+    return mark.labels, p
+
+
+def _unit_memory(archive, mods, batch, recompute):
+    """[(forward rise, forward net, backward rise, backward net)] per unit,
+    in bytes, or None when the record lacks a mark."""
+    labels, prof = _run_marked(archive, mods, batch, recompute)
+    levels = _levels_at_marks(_allocations(prof), len(labels))
+    if levels is None:
+        return None
+    n = len(archive.manifest.units)
+    got = [[0, 0, 0, 0] for _ in range(n)]
+    for i, (kind, k) in enumerate(labels[:-1]):
+        start, peak = levels[i]
+        end = levels[i + 1][0]
+        if kind == "forward":
+            got[k][0], got[k][1] = peak - start, end - start
+        elif kind == "backward":
+            got[k][2], got[k][3] = peak - start, end - start
+    return [tuple(g) for g in got]
+
+
+def _doubled(batch):
+    """The batch twice over along dim 0, or None when its inputs do not all
+    share a leading batch dim."""
+    sizes = {t.shape[0] if torch.is_tensor(t) and t.dim() > 0 else None
+             for t in batch.values()}
+    if len(sizes) != 1 or None in sizes:
+        return None
+    return {k: torch.cat([t, t]) for k, t in batch.items()}
+
+
+def measure_unit_memory(archive, batch):
+    """Fills each ArchiveUnit.memory of `archive`'s manifest: the units'
+    own memory on `batch` and on it doubled, with and without activation
+    checkpointing. Leaves them empty for an archive with glue (the glue's
+    boundaries are its own) or when the profiler's record misses a mark."""
+    m = archive.manifest
+    for u in m.units:
+        del u.memory[:]
+    if m.glues or not m.units:
+        return
+    mods = [archive.unit_module(u) for u in m.units]
+    batches = [batch]
+    doubled = _doubled(batch)
+    if doubled is not None:
+        batches.append(doubled)
+    measured = []
+    for b in batches:
+        size = next(iter(b.values())).shape[0]
+        for recompute in (False, True):
+            # The first run of a TorchScript module profiles it; the
+            # worker's profile comes from later steps.
+            _run_marked(archive, mods, b, recompute, profiled=False)
+            got = _unit_memory(archive, mods, b, recompute)
+            if got is None:
+                return
+            measured.append((size, recompute, got))
+    for size, recompute, got in measured:
+        for k, (u, g) in enumerate(zip(m.units, got)):
+            u.memory.add(micro_batch=size,
+                         recompute=recompute and k + 1 < len(m.units),
+                         forward_rise_bytes=g[0], forward_net_bytes=g[1],
+                         backward_rise_bytes=g[2], backward_net_bytes=g[3])
+
+
+def measure_loaded_bytes(archive):
+    """Fills ArchiveUnit.loaded_bytes and ArchiveGlue.loaded_bytes: what
+    loading each TorchScript module keeps allocated."""
+    from torch.profiler import ProfilerActivity, profile
+    m = archive.manifest
+    for entry in itertools.chain(m.units, m.glues):
+        data = archive.entries[entry.file]
+        with profile(activities=[ProfilerActivity.CPU],
+                     profile_memory=True) as p:
+            mod = torch.jit.load(io.BytesIO(data))
+        entry.loaded_bytes = max(0, sum(_allocations(p)))
+        del mod

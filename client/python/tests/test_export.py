@@ -623,6 +623,23 @@ def test_export_gpt_recordsEachUnitsOwnMemoryAtTwoMicroBatches(archives):
     assert head[4, False].backward_rise_bytes > 2 * 4 * 32 * 512 * 4 * 0.9
 
 
+def test_export_withoutAProfilerThatRecordsMemory_stillExportsAndWarns(
+        monkeypatch):
+    """A torch whose profiler cannot record CPU allocations still exports:
+    the archive carries no unit memory (the check at submit stays a lower
+    bound) and the user is told."""
+    from tandem.export import api
+
+    def unavailable(*_):
+        raise RuntimeError("profiler without kineto")
+    monkeypatch.setattr(api, "measure_unit_memory", unavailable)
+    module, batch = gpt.build(n_layer=1)
+    with pytest.warns(UserWarning, match="units' memory was not measured"):
+        m = tandem.export(module, batch)
+    assert all(len(u.memory) == 0 and u.loaded_bytes == 0 for u in m.units)
+    assert all(u.saved_activation_bytes > 0 for u in m.units[1:-1])
+
+
 class BiasFreeAttentionLM(torch.nn.Module):
     def __init__(self, zero_buffer=False):
         super().__init__()

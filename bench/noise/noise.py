@@ -44,6 +44,10 @@ within them, seeded). Per job it reports
     count of its own, neither wrong nor right;
   - the final plan's re-measured time against the best plan's (the paired
     ratio against the plan it trails most, 1 when it trails none);
+  - whether the interval the user was shown contains the quiet re-measured
+    speedup: the figure's, or the too-wide one a "not measured yet" status
+    quotes (every interval the coordinator showed, not only those narrow
+    enough for a figure);
   - the speedup the coordinator reported (its interval) and the quiet
     re-measured speedup (v0 over the final plan, paired, with its interval),
     whether the reported interval contains the re-measured figure, and
@@ -62,6 +66,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -508,6 +513,29 @@ def judge(pairs, end_plan, reported=None):
     }
 
 
+def shown_interval(reported, text):
+    """The interval the user was shown: the figure's (`reported`), or the
+    one a "not measured yet" status quotes as too wide ("... in 7 block
+    pairs: 0.86\u20131.42\u00d7, wider than 20%"); None when it quotes
+    none (no pair measured yet)."""
+    if reported is not None:
+        return list(reported)
+    m = re.search(r"(\d+(?:\.\d+)?)\u2013(\d+(?:\.\d+)?)\u00d7, wider than",
+                  text or "")
+    return [float(m.group(1)), float(m.group(2))] if m else None
+
+
+def shown_verdicts(row):
+    """Whether the interval the user was shown (shown_interval) contains
+    the quiet re-measured speedup: a row's fields for it."""
+    shown = shown_interval(row.get("reported_interval"), row.get("speedup_text"))
+    quiet = row.get("quiet_speedup")
+    return {"shown_interval": shown,
+            "shown_contains_quiet": (shown[0] <= quiet <= shown[1]
+                                     if shown is not None and quiet is not None
+                                     else None)}
+
+
 def end_version(per_step):
     """The version the job ended on: its last step's, not a baseline
     block's (0 when it never left the baseline)."""
@@ -559,6 +587,7 @@ def analyse(a, run, remeasured, reps):
                       "plan": [[round(t, 5) for t in r] for r in o]}
             for v, (e, o) in sorted(got.items())}
         row.update(judge(got, reps[end_v], interval))
+    row.update(shown_verdicts(row))
     return row
 
 
@@ -605,12 +634,14 @@ def reanalyse(path):
         if row.get("summary") or "end_plan_of" not in row:
             continue  # a summary, or run.sh's machine lines
         row.update(stored_verdicts(row))
+        row.update(shown_verdicts(row))
         print(json.dumps({k: row[k] for k in ("model", "condition", "job", "end_plan_of",
                                               "end_over_plan", "wrong_plans",
                                               "remeasure_could_not_tell", "final_over_best",
                                               "quiet_speedup", "quiet_speedup_interval",
                                               "interval_contains_quiet",
-                                              "interval_overlaps_quiet")}, sort_keys=True))
+                                              "interval_overlaps_quiet", "shown_interval",
+                                              "shown_contains_quiet")}, sort_keys=True))
         groups.setdefault((row["model"], row["condition"]), []).append(row)
     for (model, condition), got in groups.items():
         print(json.dumps(summarize(model, condition, got), sort_keys=True))
@@ -635,6 +666,9 @@ def summarize(model, condition, rows):
         "interval_contains_quiet": f"{sum(r['interval_contains_quiet'] for r in judged)} of {len(judged)}",
         "interval_overlaps_quiet": f"{sum(bool(r.get('interval_overlaps_quiet')) for r in judged)} of {len(judged)}",
         "speedup_not_reported": len(rows) - len(judged),
+        "shown_interval_contains_quiet": "%d of %d" % (
+            sum(bool(r.get("shown_contains_quiet")) for r in rows),
+            sum(r.get("shown_contains_quiet") is not None for r in rows)),
     }
 
 

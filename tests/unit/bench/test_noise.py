@@ -293,3 +293,23 @@ def test_analyse_and_reanalyse_keep_block_pairs(tmp_path, capsys):
     out = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
     assert out[0]["quiet_speedup"] == row["quiet_speedup"]
     assert out[1]["interval_contains_quiet"] == "1 of 1"
+
+
+def test_shown_interval_is_the_figures_or_the_too_wide_one_quoted():
+    assert noise.shown_interval((1.1, 1.3), "1.20x (1.10-1.30) faster") == [1.1, 1.3]
+    text = ("not measured yet (42 steps interleaved with the baseline (v0: FSDP-style "
+            "on-demand gathers) in 7 block pairs: 0.86\u20131.42\u00d7, wider than 20%)")
+    assert noise.shown_interval(None, text) == [0.86, 1.42]
+    assert noise.shown_interval(None, "not measured yet (no interleaved blocks of the "
+                                      "baseline (v0: x) and this plan)") is None
+    row = {"reported_interval": None, "speedup_text": text, "quiet_speedup": 1.5}
+    assert noise.shown_verdicts(row) == {"shown_interval": [0.86, 1.42],
+                                         "shown_contains_quiet": False}
+    row["quiet_speedup"] = 1.2
+    assert noise.shown_verdicts(row)["shown_contains_quiet"] is True
+    s = noise.summarize("demo", "quiet", [dict(row, versions_per_100_settled=0,
+                                               settled_at_step=20, wrong_plan_kept=False,
+                                               final_over_best=1.0,
+                                               interval_contains_quiet=None,
+                                               **noise.shown_verdicts(row))])
+    assert s["shown_interval_contains_quiet"] == "1 of 1"

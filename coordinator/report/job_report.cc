@@ -138,6 +138,14 @@ std::string Header(const JobReport& r) {
                     : absl::StrCat(NonFiniteName(job.loss()),
                                    " (training diverged: see the events)"));
   }
+  if (job.loss_scale() > 0 || job.skipped_steps() > 0) {
+    facts.emplace_back(
+        "loss scale",
+        absl::StrFormat("%g, %d step%s skipped (a gradient held an infinity "
+                        "or a NaN: no param changed, the scale backed off)",
+                        job.loss_scale(), job.skipped_steps(),
+                        job.skipped_steps() == 1 ? "" : "s"));
+  }
   facts.emplace_back("schedule", job.schedule_version() == 0
                                      ? std::string("baseline (v0)")
                                      : VersionName(job.schedule_version()));

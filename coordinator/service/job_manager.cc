@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "common/job/job_spec.h"
 #include "common/json_string.h"
+#include "common/status_macros.h"
 #include "coordinator/planner/job_plan.h"
 
 namespace tandem {
@@ -509,18 +510,32 @@ absl::StatusOr<bool> JobManager::RecordScheduleActive(
   return true;
 }
 
-absl::Status JobManager::UpdateProgress(absl::string_view job_id, int64_t step,
-                                        double loss, int64_t schedule_version) {
+absl::Status JobManager::UpdateProgress(absl::string_view job_id,
+                                        const v1::IterationProgress& progress) {
+  const int64_t step = progress.step();
+  const double loss = progress.loss();
   absl::MutexLock lock(&mu_);
   Record* r = Find(job_id);
   if (r == nullptr) return NotFound(job_id);
   if (step < r->job.step()) return absl::OkStatus();  // stale report
+  // A repeat of the step (a restarted rank 0 reporting it again) counts once.
+  const bool newly_skipped = progress.skipped() && step > r->job.step();
+  r->job.set_loss_scale(progress.loss_scale());
+  if (newly_skipped) {
+    r->job.set_skipped_steps(r->job.skipped_steps() + 1);
+    RETURN_IF_ERROR(AppendLocked(
+        *r, "skipped",
+        absl::StrFormat("step %d skipped: a gradient held an infinity or a "
+                        "NaN at loss scale %g, so no param changed and the "
+                        "scale backs off (train.loss_scale); %d skipped so far",
+                        step, progress.loss_scale(), r->job.skipped_steps())));
+  }
   // Training diverged: kept on record once, when the loss turns
   // non-finite (the step itself is in the history, its loss stored as such).
   const bool diverged = !std::isfinite(loss) && std::isfinite(r->job.loss());
   r->job.set_step(step);
   r->job.set_loss(loss);
-  r->job.set_schedule_version(schedule_version);
+  r->job.set_schedule_version(progress.schedule_version());
   if (diverged) {
     return AppendLocked(
         *r, "diverged",

@@ -29,6 +29,7 @@
 #include "common/job/job_spec.h"
 #include "coordinator/store/job_store.h"
 #include "tandem/v1/job.pb.h"
+#include "tandem/v1/worker_service.pb.h"
 
 namespace tandem {
 
@@ -148,9 +149,10 @@ class JobManager {
                                             int64_t version,
                                             absl::string_view message);
   // Rank 0's progress. Not persisted on every call: the job row is written
-  // at most once a second, and on every event.
-  absl::Status UpdateProgress(absl::string_view job_id, int64_t step,
-                              double loss, int64_t schedule_version);
+  // at most once a second, and on every event. A step the loss scaler
+  // skipped counts in skipped_steps and is a "skipped" event.
+  absl::Status UpdateProgress(absl::string_view job_id,
+                              const v1::IterationProgress& progress);
 
   // What the active schedule bought (v1::Job's measured_speedup and its
   // interval, steps and text, predicted_iteration_s, measured_iteration_s);

@@ -617,8 +617,7 @@ absl::Status WorkerManager::OnMessage(int64_t session,
                            recomputed == 1 ? " step" : " steps",
                            " recomputed"));
         }
-        (void)jobs_->UpdateProgress(job_id, p.step(), p.loss(),
-                                    p.schedule_version());
+        (void)jobs_->UpdateProgress(job_id, p);
       }
       Listener().OnProgress(job_id, rank, p);
       if (all_done) {

@@ -93,6 +93,39 @@ def test_launch_f16_on_cpu_workers_fails_the_job_saying_why(cluster,
     assert why in out + err
 
 
+def test_skipped_steps_counted_and_shown_by_status(cluster, tmp_path):
+    """Dynamic loss scaling on CPU workers (f32 here: the scaler works in
+    any dtype) with a scale whose gradients overflow: the steps the ranks
+    skip are counted by the coordinator, each is a "skipped" event, and
+    `tandem status` shows the scale and the count."""
+    c = cluster.coordinator()
+    path = spec_file(tmp_path, steps=10)
+    spec = yaml.safe_load(path.read_text())
+    spec["train"]["loss_scale"] = {"mode": "dynamic", "init_scale": 1e30,
+                                   "backoff_factor": 0.001}
+    path.write_text(yaml.safe_dump(spec))
+    p = launch(c, "--nproc", 2, "--threads", 1, "--log-dir", tmp_path / "logs",
+               path)
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 0, (out, err)
+    job_id = out.split("submitted job ", 1)[1].split(";", 1)[0]
+    with tandem.Client(c.address) as client:
+        job, events = client.get(job_id)
+    skipped = [e.message for e in events if e.kind == "skipped"]
+    assert job.skipped_steps >= 1 and len(skipped) == job.skipped_steps, (
+        job, skipped)
+    assert "at loss scale 1e+30" in skipped[0], skipped
+    assert 0 < job.loss_scale < 1e30
+    status = subprocess.run(
+        [sys.executable, "-m", "tandem", "--coordinator", c.address,
+         "status", job_id], cwd=str(CLIENT), capture_output=True, text=True,
+        timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert "%d step%s skipped" % (job.skipped_steps,
+                                  "" if job.skipped_steps == 1 else "s") \
+        in status.stdout, status.stdout
+
+
 def test_launch_joins_an_existing_job(cluster, tmp_path):
     c = cluster.coordinator()
     with tandem.Client(c.address) as client:

@@ -285,6 +285,10 @@ absl::Status Train(const AgentTrainerOptions& options, MemoryMeter* meter,
     progress.set_peak_bytes(s.peak_bytes);
     progress.set_schedule_version(s.schedule_version);
     progress.set_work(s.work);
+    if (s.loss_scaling) {
+      progress.set_loss_scale(s.loss_scale);
+      progress.set_skipped(s.skipped);
+    }
     // The last step's trace goes before its progress: once every rank's last
     // step arrived the job ends and the coordinator reads no further.
     const bool last_step = step + 1 == spec.train().steps();

@@ -171,6 +171,10 @@ def cmd_status(client, args):
     if job.restarts:
         rows.append(("restarts", "%d of %d" % (
             job.restarts, job.spec.restart.max_restarts)))
+    if job.loss_scale or job.skipped_steps:
+        rows.append(("loss scale", "%g, %d step%s skipped (a gradient held "
+                     "inf or NaN)" % (job.loss_scale, job.skipped_steps,
+                                      "" if job.skipped_steps == 1 else "s")))
     if job.submitted_world_size:
         rows.append(("world", "%d ranks, resumed smaller: submitted with %d "
                      "(restart.min_world %d)" % (

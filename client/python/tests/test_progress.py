@@ -116,3 +116,31 @@ def test_watch_prints_each_event_as_one_short_line():
     out = io.StringIO()
     ProgressView(out=out, tty=False, verbose=True).event(job(step=0), e)
     assert "runner-up" in out.getvalue()
+
+
+def test_status_shows_the_loss_scale_and_skipped_steps(capsys):
+    """With dynamic loss scaling `tandem status` shows the scale and the
+    steps skipped; without it, no such row."""
+    import argparse
+    from types import SimpleNamespace
+    from tandem import cli
+
+    for fields, want in ((dict(loss_scale=32768.0, skipped_steps=3),
+                          "loss scale 32768, 3 steps skipped (a gradient "
+                          "held inf or NaN)"),
+                         (dict(loss_scale=65536.0, skipped_steps=1),
+                          "loss scale 65536, 1 step skipped"),
+                         ({}, None)):
+        j = job(step=5, loss=2.5, **fields)
+
+        class Status(tuple):
+            workers = []
+
+        client = SimpleNamespace(get=lambda _, j=j: Status((j, [])))
+        assert cli.cmd_status(client, argparse.Namespace(
+            job="j", spec=False, events=0)) == cli.EXIT_OK
+        out = capsys.readouterr().out
+        if want is None:
+            assert "loss scale" not in out
+        else:
+            assert want in " ".join(out.split()), out

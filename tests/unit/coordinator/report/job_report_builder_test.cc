@@ -100,8 +100,11 @@ class JobReportBuilderTest : public ::testing::Test {
         planning_->OnProgress(job_.id(), rank, p);
         history_->OnProgress(job_.id(), rank, p);
       }
-      ASSERT_TRUE(
-          jobs_->UpdateProgress(job_.id(), s, 6.0 - 0.1 * s, version).ok());
+      v1::IterationProgress rank0;
+      rank0.set_step(s);
+      rank0.set_loss(6.0 - 0.1 * s);
+      rank0.set_schedule_version(version);
+      ASSERT_TRUE(jobs_->UpdateProgress(job_.id(), rank0).ok());
     };
     auto window = [&](int64_t first, int64_t last, int64_t version,
                       double exposed) {

@@ -136,6 +136,18 @@ TEST(RenderJobReportTest, FullReport_BaselineThroughputAndDecisionsByKind) {
                            HasSubstr("ZeRO-1, DDP-style")));
 }
 
+// Dynamic loss scaling: the scale and the steps skipped; without it, no
+// such line.
+TEST(RenderJobReportTest, LossScale_ScaleAndSkippedStepsShown) {
+  EXPECT_THAT(RenderJobReport(FullReport()), Not(HasSubstr("loss scale")));
+  JobReport r = FullReport();
+  r.job.set_loss_scale(32768);
+  r.job.set_skipped_steps(3);
+  EXPECT_THAT(RenderJobReport(r),
+              HasSubstr("32768, 3 steps skipped (a gradient held an infinity "
+                        "or a NaN: no param changed, the scale backed off)"));
+}
+
 TEST(RenderJobReportTest, FullReport_SelfContainedWithoutScript) {
   const std::string html = RenderJobReport(FullReport());
   EXPECT_THAT(html, HasSubstr("<!DOCTYPE html>"));

@@ -15,6 +15,14 @@
 namespace tandem {
 namespace {
 
+// Rank 0's progress at `step` with `loss` under the baseline.
+v1::IterationProgress Progress(int64_t step, double loss) {
+  v1::IterationProgress p;
+  p.set_step(step);
+  p.set_loss(loss);
+  return p;
+}
+
 using namespace std::chrono_literals;
 using ::testing::HasSubstr;
 
@@ -277,12 +285,50 @@ TEST_F(JobManagerTest, List_LimitKeepsTheNewestInOrder) {
 
 // Training diverged: the job's events say when, once, and the loss stays
 // on the job as it is.
+// A step the loss scaler skipped counts once (a restarted rank 0 may report
+// it again) and is an event saying why; the job carries the latest scale.
+TEST_F(JobManagerTest, UpdateProgress_SkippedStep_CountedOnceWithAnEvent) {
+  auto job = manager_->Submit(TinySpec());
+  ASSERT_TRUE(job.ok());
+  v1::IterationProgress p = Progress(3, 2.5);
+  p.set_loss_scale(65536);
+  ASSERT_TRUE(manager_->UpdateProgress(job->id(), p).ok());
+  EXPECT_EQ(manager_->Get(job->id())->skipped_steps(), 0);
+  EXPECT_EQ(manager_->Get(job->id())->loss_scale(), 65536);
+  p = Progress(4, std::nan(""));
+  p.set_loss_scale(65536);
+  p.set_skipped(true);
+  ASSERT_TRUE(manager_->UpdateProgress(job->id(), p).ok());
+  ASSERT_TRUE(manager_->UpdateProgress(job->id(), p).ok());  // a repeat
+  p.set_step(5);
+  p.set_loss_scale(32768);
+  ASSERT_TRUE(manager_->UpdateProgress(job->id(), p).ok());
+  absl::StatusOr<v1::Job> got = manager_->Get(job->id());
+  EXPECT_EQ(got->skipped_steps(), 2);
+  EXPECT_EQ(got->loss_scale(), 32768);
+  absl::StatusOr<std::vector<v1::JobEvent>> events =
+      manager_->Events(job->id(), 0);
+  ASSERT_TRUE(events.ok());
+  std::vector<std::string> skipped;
+  for (const v1::JobEvent& e : *events) {
+    if (e.kind() == "skipped") skipped.push_back(e.message());
+  }
+  ASSERT_EQ(skipped.size(), 2u);
+  EXPECT_EQ(skipped[0],
+            "step 4 skipped: a gradient held an infinity or a NaN at loss "
+            "scale 65536, so no param changed and the scale backs off "
+            "(train.loss_scale); 1 skipped so far");
+  EXPECT_THAT(skipped[1], HasSubstr("step 5 skipped"));
+}
+
 TEST_F(JobManagerTest, UpdateProgress_NonFiniteLoss_OneDivergedEvent) {
   auto job = manager_->Submit(TinySpec());
   ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(manager_->UpdateProgress(job->id(), 4, 2.5, 0).ok());
-  ASSERT_TRUE(manager_->UpdateProgress(job->id(), 5, std::nan(""), 0).ok());
-  ASSERT_TRUE(manager_->UpdateProgress(job->id(), 6, std::nan(""), 0).ok());
+  ASSERT_TRUE(manager_->UpdateProgress(job->id(), Progress(4, 2.5)).ok());
+  ASSERT_TRUE(
+      manager_->UpdateProgress(job->id(), Progress(5, std::nan(""))).ok());
+  ASSERT_TRUE(
+      manager_->UpdateProgress(job->id(), Progress(6, std::nan(""))).ok());
   EXPECT_TRUE(std::isnan(manager_->Get(job->id())->loss()));
   absl::StatusOr<std::vector<v1::JobEvent>> events =
       manager_->Events(job->id(), 0);
@@ -294,11 +340,12 @@ TEST_F(JobManagerTest, UpdateProgress_NonFiniteLoss_OneDivergedEvent) {
   ASSERT_EQ(diverged.size(), 1u);
   EXPECT_EQ(diverged[0], "loss became NaN at step 5");
   // Back to finite and diverging again (continue): said again.
-  ASSERT_TRUE(manager_->UpdateProgress(job->id(), 7, 3.0, 0).ok());
-  ASSERT_TRUE(manager_
-                  ->UpdateProgress(job->id(), 8,
-                                   -std::numeric_limits<double>::infinity(), 0)
-                  .ok());
+  ASSERT_TRUE(manager_->UpdateProgress(job->id(), Progress(7, 3.0)).ok());
+  ASSERT_TRUE(
+      manager_
+          ->UpdateProgress(
+              job->id(), Progress(8, -std::numeric_limits<double>::infinity()))
+          .ok());
   EXPECT_EQ(manager_->Events(job->id(), 0)->back().message(),
             "loss became -inf at step 8");
 }
@@ -307,7 +354,7 @@ TEST_F(JobManagerTest, WaitForEvents_WakesOnProgressAndEvents) {
   auto job = manager_->Submit(TinySpec());
   std::thread t([&] {
     std::this_thread::sleep_for(30ms);
-    ASSERT_TRUE(manager_->UpdateProgress(job->id(), 3, 2.5, 0).ok());
+    ASSERT_TRUE(manager_->UpdateProgress(job->id(), Progress(3, 2.5)).ok());
   });
   auto changes = manager_->WaitForEvents(job->id(), 1, *job, 5000ms);
   t.join();
@@ -367,7 +414,7 @@ TEST_F(JobManagerTest, ChangesSince_AnswersOnlyChanges_AndTheListenerHears) {
   EXPECT_FALSE(none->has_value());
 
   const int before = heard;
-  ASSERT_TRUE(manager_->UpdateProgress(job->id(), 3, 2.5, 0).ok());
+  ASSERT_TRUE(manager_->UpdateProgress(job->id(), Progress(3, 2.5)).ok());
   EXPECT_EQ(heard, before + 1);
   auto progress = manager_->ChangesSince(job->id(), seen, &generation);
   ASSERT_TRUE(progress.ok() && progress->has_value());

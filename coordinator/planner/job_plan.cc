@@ -204,9 +204,10 @@ namespace {
 // proportion to the micro-batch, and along a token input's sequence in
 // proportion to a longer one (at least linear) and to the square of a
 // shorter one (attention's part shrinks with the square, the rest
-// linearly), so that the figure stays a lower bound. Nullopt when the
-// job's shapes are not known at submit (a tensors file with dims beyond the
-// micro-batch that may vary).
+// linearly), so that the figure stays a lower bound; in the example's
+// dtype (DTypeScale gives the job's). Nullopt when the job's shapes are not
+// known at submit (a tensors file with dims beyond the micro-batch that may
+// vary).
 std::optional<double> ActivationScale(const v1::JobSpec& spec,
                                       const v1::ArchiveManifest& manifest) {
   if (manifest.inputs().empty() || manifest.inputs(0).shape().empty() ||
@@ -230,8 +231,22 @@ std::optional<double> ActivationScale(const v1::JobSpec& spec,
     scale *= r >= 1 ? r : r * r;
     break;  // one sequence length for every token input
   }
-  if (spec.model().dtype() == v1::DTYPE_BF16) scale *= 0.5;
   return scale;
+}
+
+// What a job's dtype makes of what the exporter measured in f32: bf16
+// halves it.
+double DTypeScale(const v1::JobSpec& spec) {
+  return spec.model().dtype() == v1::DTYPE_BF16 ? 0.5 : 1;
+}
+
+// The hardware the checks at submit price a job on, workers not yet
+// known. A lower bound: with instant host copies no state waits on the
+// device for the link, so no plan the link allows peaks lower.
+JobHardware SubmitHardware(const v1::JobSpec& spec) {
+  JobHardware hardware = HardwareForJob(spec, {});
+  hardware.hw.host_bytes_per_s = 1e18;
+  return hardware;
 }
 
 // The iteration graph an archive's workers derive (worker/runtime/
@@ -368,7 +383,7 @@ ArchiveGraph BuildArchiveGraph(const v1::JobSpec& spec,
     const double bytes =
         per_unit ? static_cast<double>(m.units(i).saved_activation_bytes())
                  : static_cast<double>(m.saved_activation_bytes()) / n;
-    saved[i] = static_cast<int64_t>(bytes * *scale);
+    saved[i] = static_cast<int64_t>(bytes * *scale * DTypeScale(spec));
     out.activations += saved[i];
   }
   std::vector<IterationUnit> units(n);
@@ -387,13 +402,11 @@ ArchiveGraph BuildArchiveGraph(const v1::JobSpec& spec,
   // Nodes k·2n + i (unit i's forward of micro-batch k) and k·2n + 2n-1-i
   // (its backward), as AppendIterationNodes lays them out.
   if (!scale.has_value() || n == 0) return out;
-  const double dtype_scale = spec.model().dtype() == v1::DTYPE_BF16 ? 0.5 : 1;
-  const double micro_batch =
-      static_cast<double>(m.inputs(0).shape(0)) * *scale / dtype_scale;
+  const double micro_batch = static_cast<double>(m.inputs(0).shape(0)) * *scale;
   std::vector<std::array<int64_t, 4>> own(n);
   for (int i = 0; i < n; ++i) {
-    std::optional<std::array<int64_t, 4>> at =
-        UnitMemoryAt(m.units(i), units[i].recompute, micro_batch, dtype_scale);
+    std::optional<std::array<int64_t, 4>> at = UnitMemoryAt(
+        m.units(i), units[i].recompute, micro_batch, DTypeScale(spec));
     if (!at.has_value()) return out;  // all units or none
     own[i] = *at;
   }
@@ -420,10 +433,7 @@ ArchiveGraph BuildArchiveGraph(const v1::JobSpec& spec,
 // then holds the job to); the runtime's fixed holdings on top.
 absl::StatusOr<int64_t> ArchiveSmallestBudget(const v1::JobSpec& spec,
                                               ArchiveGraph archive) {
-  JobHardware hardware = HardwareForJob(spec, {});
-  // A lower bound: with instant host copies no state waits on the device
-  // for the link, so no plan the link allows peaks lower.
-  hardware.hw.host_bytes_per_s = 1e18;
+  JobHardware hardware = SubmitHardware(spec);
   const ShardingMode mode = PlanOptionsFromSpec(spec).mode;
   if (!archive.samples.empty()) {
     absl::StatusOr<Schedule> ran = StartingSchedule(archive.graph, mode);
@@ -490,12 +500,8 @@ absl::Status CheckBudgetFits(const v1::JobSpec& spec) {
   if (!config.ok()) return absl::OkStatus();
   absl::StatusOr<Graph> graph = BuildModelGraph(*config);
   if (!graph.ok()) return absl::OkStatus();
-  JobHardware hardware = HardwareForJob(spec, {});
-  // A lower bound: with instant host copies no state waits on the device for
-  // the link, so no plan the link allows peaks lower.
-  hardware.hw.host_bytes_per_s = 1e18;
   absl::StatusOr<int64_t> smallest = SmallestFeasibleBudget(
-      *graph, hardware.hw, PlanOptionsFromSpec(spec).mode);
+      *graph, SubmitHardware(spec).hw, PlanOptionsFromSpec(spec).mode);
   // The least-memory schedule, the guard's fallback, may use the budget
   // itself (the guard band binds the other schedules): a budget at least
   // its peak never fails for memory.

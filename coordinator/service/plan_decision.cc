@@ -57,7 +57,10 @@ double StudentTMassFromZero(double t, int df) {
   auto density = [&](double x) {
     return norm * std::pow(1 + x * x / nu, -(nu + 1) / 2);
   };
-  constexpr int kIntervals = 1000;  // even
+  // Even. The density is smooth on [0, 16]: 200 intervals put the
+  // quantiles within 1e-4 of the tables (StudentTQuantile_MatchesTheTables)
+  // at a cost the comparisons, recomputed as each block closes, do not feel.
+  constexpr int kIntervals = 200;
   const double h = t / kIntervals;
   double sum = density(0) + density(t);
   for (int i = 1; i < kIntervals; ++i) {
@@ -136,6 +139,7 @@ absl::string_view VerdictName(Verdict verdict) {
 double StudentTQuantile(double p, int df) {
   p = std::clamp(p, 0.5, 0.9995);
   if (df <= 0) return std::numeric_limits<double>::infinity();
+  if (p == 0.5) return 0;  // the median of a symmetric distribution
   // Closed forms where the tails are heaviest.
   if (df == 1) return std::tan(kPi * (p - 0.5));
   if (df == 2) return (2 * p - 1) / std::sqrt(2 * p * (1 - p));
@@ -143,7 +147,7 @@ double StudentTQuantile(double p, int df) {
   // quantile is below 13.
   double lo = 0;
   double hi = 16;
-  for (int i = 0; i < 50; ++i) {
+  for (int i = 0; i < 30; ++i) {  // to 16 / 2^30
     const double mid = (lo + hi) / 2;
     (0.5 + StudentTMassFromZero(mid, df) < p ? lo : hi) = mid;
   }

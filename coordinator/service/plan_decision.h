@@ -192,8 +192,9 @@ struct Speedup {
   bool measured() const { return factor > 0; }
 };
 // The widest interval a figure is given with, relative to it: 20% (e.g.
-// 1.24x (1.12-1.37)). Four block pairs on this shared 2-core machine span
-// 15-17% (the demo, 2026-11-29); wider says "not measured yet".
+// 1.24x (1.12-1.37)); wider says "not measured yet". On this shared 2-core
+// machine the demo's 6-7 pairs span 22-53% under Student's t
+// (bench/README.md, "noise", run 2026-11-30g).
 inline constexpr double kMaxSpeedupWidth = 0.20;
 Speedup DescribeSpeedup(const std::optional<RatioInterval>& interval,
                         absl::string_view basis,

@@ -1,6 +1,7 @@
 """The archive on disk: writing it atomically, reading it back with every
 checksum verified, running it (glue included), and describing it."""
 
+import contextlib
 import hashlib
 import io
 import math
@@ -153,6 +154,18 @@ def load_archive(path):
     return Archive(manifest, raw, path=path)
 
 
+@contextlib.contextmanager
+def interpreted():
+    """TorchScript runs its graphs interpreted, unoptimized, inside: as the
+    worker runs units and glue (worker/models/archive_program.cc)."""
+    optimize = torch._C._get_graph_executor_optimize()
+    torch._C._set_graph_executor_optimize(False)
+    try:
+        yield
+    finally:
+        torch._C._set_graph_executor_optimize(optimize)
+
+
 def call_unit(unit, mod, args, params, buffers):
     """Runs one unit's TorchScript module ``mod`` on the input values
     ``args``, with ``params`` and ``buffers`` ({name: tensor}) as the worker
@@ -236,13 +249,11 @@ def run_archive(archive, batch, params=None, buffers=None, on_unit=None):
         # As the worker runs glue: interpreted, unoptimized. The optimizing
         # executor would see no input needing a gradient when none does
         # (the batch), and cut the units' params off the backward.
-        optimize = torch._C._get_graph_executor_optimize()
-        torch._C._set_graph_executor_optimize(False)
         try:
-            out = archive.glue_module(g)(*[values[v] for v in g.inputs])
+            with interpreted():
+                out = archive.glue_module(g)(*[values[v] for v in g.inputs])
         finally:
             _glue_serving.call = outer
-            torch._C._set_graph_executor_optimize(optimize)
         if expected[0] != g.first_unit + g.unit_count:
             raise ArchiveError("glue %s called %d of its %d units" %
                                (g.name, expected[0] - g.first_unit,

@@ -16,10 +16,11 @@ import itertools
 import warnings
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 from torch.utils.checkpoint import checkpoint
 
 from tandem.export._common import _seeded
-from tandem.export.archive import call_unit
+from tandem.export.archive import call_unit, interpreted
 
 # Odd byte counts: a model's float and integer tensors are multiples of 2.
 _MARK_BYTES = 1_000_003
@@ -108,16 +109,13 @@ def _run_marked(archive, mods, batch, recompute, profiled=True):
             mark(("backward", boundary[0]))
             boundary[0] -= 1
 
-    from torch.profiler import ProfilerActivity, profile
     recording = (profile(activities=[ProfilerActivity.CPU],
                          profile_memory=True) if profiled
                  else contextlib.nullcontext())
-    # As the worker runs units: interpreted, unoptimized (its optimizing
-    # executor would differentiate subgraphs of its own, which save other
-    # tensors).
-    optimize = torch._C._get_graph_executor_optimize()
-    torch._C._set_graph_executor_optimize(False)
-    with recording as p, _seeded(), warnings.catch_warnings():
+    # As the worker runs units: interpreted (the optimizing executor would
+    # differentiate subgraphs of its own, which save other tensors).
+    with recording as p, interpreted(), _seeded(), \
+            warnings.catch_warnings():
         warnings.simplefilter("ignore")
         values = dict(batch)
         for k, u in enumerate(m.units):
@@ -164,7 +162,6 @@ def _run_marked(archive, mods, batch, recompute, profiled=True):
             mark(("backward", boundary[0]))
             boundary[0] -= 1
         mark(("end", -1))
-    torch._C._set_graph_executor_optimize(optimize)
     return mark.labels, p
 
 
@@ -234,7 +231,6 @@ def measure_unit_memory(archive, batch):
 def measure_loaded_bytes(archive):
     """Fills ArchiveUnit.loaded_bytes and ArchiveGlue.loaded_bytes: what
     loading each TorchScript module keeps allocated."""
-    from torch.profiler import ProfilerActivity, profile
     m = archive.manifest
     for entry in itertools.chain(m.units, m.glues):
         data = archive.entries[entry.file]

@@ -1,8 +1,14 @@
 #include "common/ir/proto_convert.h"
 
 #include <string>
+#include <variant>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "common/ir/profile_fields.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 
 namespace tandem {
 namespace {
@@ -16,6 +22,74 @@ template <typename Vec, typename Repeated>
 void SetIds(const Vec& ids, Repeated* out) {
   out->Reserve(static_cast<int>(ids.size()));
   for (auto id : ids) out->Add(id);
+}
+
+// The measured fields (profile_fields.h) by reflection: each table's
+// descriptors are looked up once. A table entry without its proto field
+// (caught by proto_convert_test) is skipped.
+template <typename Record>
+const std::vector<const google::protobuf::FieldDescriptor*>& FieldDescriptors(
+    absl::Span<const ProfileField<Record>> fields,
+    const google::protobuf::Descriptor* type) {
+  static const auto* const resolved = [&] {
+    auto* out = new std::vector<const google::protobuf::FieldDescriptor*>;
+    for (const ProfileField<Record>& f : fields) {
+      out->push_back(type->FindFieldByName(std::string(f.proto_name)));
+    }
+    return out;
+  }();
+  return *resolved;
+}
+
+template <typename... Fs>
+struct Overloaded : Fs... {
+  using Fs::operator()...;
+};
+template <typename... Fs>
+Overloaded(Fs...) -> Overloaded<Fs...>;
+
+template <typename Record>
+void FieldsToProto(const Record& record,
+                   absl::Span<const ProfileField<Record>> fields,
+                   google::protobuf::Message* out) {
+  const auto& descriptors = FieldDescriptors(fields, out->GetDescriptor());
+  const google::protobuf::Reflection* reflection = out->GetReflection();
+  for (size_t i = 0; i < fields.size(); ++i) {
+    const google::protobuf::FieldDescriptor* d = descriptors[i];
+    if (d == nullptr) continue;
+    std::visit(Overloaded{[&](int32_t Record::*m) {
+                            reflection->SetInt32(out, d, record.*m);
+                          },
+                          [&](int64_t Record::*m) {
+                            reflection->SetInt64(out, d, record.*m);
+                          },
+                          [&](double Record::*m) {
+                            reflection->SetDouble(out, d, record.*m);
+                          }},
+               fields[i].member);
+  }
+}
+
+template <typename Record>
+void FieldsFromProto(const google::protobuf::Message& proto,
+                     absl::Span<const ProfileField<Record>> fields,
+                     Record* record) {
+  const auto& descriptors = FieldDescriptors(fields, proto.GetDescriptor());
+  const google::protobuf::Reflection* reflection = proto.GetReflection();
+  for (size_t i = 0; i < fields.size(); ++i) {
+    const google::protobuf::FieldDescriptor* d = descriptors[i];
+    if (d == nullptr) continue;
+    std::visit(Overloaded{[&](int32_t Record::*m) {
+                            record->*m = reflection->GetInt32(proto, d);
+                          },
+                          [&](int64_t Record::*m) {
+                            record->*m = reflection->GetInt64(proto, d);
+                          },
+                          [&](double Record::*m) {
+                            record->*m = reflection->GetDouble(proto, d);
+                          }},
+               fields[i].member);
+  }
 }
 
 v1::DType ToProtoDType(DType d) {
@@ -444,19 +518,7 @@ v1::Profile ToProto(const Profile& profile) {
   out.set_schedule_version(profile.schedule_version);
   out.set_first_iteration(profile.first_iteration);
   out.set_last_iteration(profile.last_iteration);
-  out.set_iteration_s(profile.iteration_s);
-  out.set_peak_bytes(profile.peak_bytes);
-  out.set_peak_min_bytes(profile.peak_min_bytes);
-  out.set_work(profile.work);
-  out.set_host_copy_bytes(profile.host_copy_bytes);
-  out.set_host_copy_s(profile.host_copy_s);
-  out.set_compute_s_per_allgather_byte(profile.compute_s_per_allgather_byte);
-  out.set_compute_s_per_reduce_scatter_byte(
-      profile.compute_s_per_reduce_scatter_byte);
-  out.set_compute_s_per_copy_byte(profile.compute_s_per_copy_byte);
-  out.set_allgather_stretch(profile.allgather_stretch);
-  out.set_reduce_scatter_stretch(profile.reduce_scatter_stretch);
-  out.set_copy_stretch(profile.copy_stretch);
+  FieldsToProto(profile, ProfileHeaderFields(), &out);
   out.mutable_allgather_scratch()->set_copies(profile.allgather_scratch.copies);
   out.mutable_allgather_scratch()->set_cap_bytes(
       profile.allgather_scratch.cap_bytes);
@@ -464,34 +526,25 @@ v1::Profile ToProto(const Profile& profile) {
       profile.reduce_scatter_scratch.copies);
   out.mutable_reduce_scatter_scratch()->set_cap_bytes(
       profile.reduce_scatter_scratch.cap_bytes);
+  out.mutable_nodes()->Reserve(static_cast<int>(profile.nodes.size()));
   for (const NodeTiming& t : profile.nodes) {
     v1::NodeTiming* q = out.add_nodes();
     q->set_node_id(t.node_id);
-    q->set_time_s(t.time_s);
-    q->set_samples(t.samples);
-    q->set_allgather_overlap_bytes(t.allgather_overlap_bytes);
-    q->set_reduce_scatter_overlap_bytes(t.reduce_scatter_overlap_bytes);
-    q->set_copy_overlap_bytes(t.copy_overlap_bytes);
+    FieldsToProto(t, NodeTimingFields(), q);
   }
   for (const CollectiveTiming& c : profile.collectives) {
     v1::CollectiveTiming* q = out.add_collectives();
     q->set_kind(ToProtoCollectiveKind(c.kind));
     q->set_group_id(c.group_id);
     SetIds(c.param_ids, q->mutable_param_ids());
-    q->set_bytes(c.bytes);
-    q->set_issue_to_done_s(c.issue_to_done_s);
-    q->set_run_s(c.run_s);
-    q->set_computing_s(c.computing_s);
-    q->set_exposed_s(c.exposed_s);
     q->set_node_id(c.node_id);
+    FieldsToProto(c, CollectiveTimingFields(), q);
   }
+  out.mutable_memory()->Reserve(static_cast<int>(profile.memory.size()));
   for (const MemorySample& m : profile.memory) {
     v1::MemorySample* q = out.add_memory();
     q->set_node_id(m.node_id);
-    q->set_before_bytes(m.before_bytes);
-    q->set_after_bytes(m.after_bytes);
-    q->set_rise_bytes(m.rise_bytes);
-    q->set_net_bytes(m.net_bytes);
+    FieldsToProto(m, MemorySampleFields(), q);
   }
   return out;
 }
@@ -503,47 +556,33 @@ absl::StatusOr<Profile> FromProto(const v1::Profile& proto) {
   p.schedule_version = proto.schedule_version();
   p.first_iteration = proto.first_iteration();
   p.last_iteration = proto.last_iteration();
-  p.iteration_s = proto.iteration_s();
-  p.peak_bytes = proto.peak_bytes();
-  p.peak_min_bytes = proto.peak_min_bytes();
-  p.work = proto.work();
-  p.host_copy_bytes = proto.host_copy_bytes();
-  p.host_copy_s = proto.host_copy_s();
-  p.compute_s_per_allgather_byte = proto.compute_s_per_allgather_byte();
-  p.compute_s_per_reduce_scatter_byte =
-      proto.compute_s_per_reduce_scatter_byte();
-  p.compute_s_per_copy_byte = proto.compute_s_per_copy_byte();
-  p.allgather_stretch = proto.allgather_stretch();
-  p.reduce_scatter_stretch = proto.reduce_scatter_stretch();
-  p.copy_stretch = proto.copy_stretch();
+  FieldsFromProto(proto, ProfileHeaderFields(), &p);
   p.allgather_scratch = {proto.allgather_scratch().copies(),
                          proto.allgather_scratch().cap_bytes()};
   p.reduce_scatter_scratch = {proto.reduce_scatter_scratch().copies(),
                               proto.reduce_scatter_scratch().cap_bytes()};
+  p.nodes.reserve(proto.nodes_size());
   for (const v1::NodeTiming& q : proto.nodes()) {
-    p.nodes.push_back(
-        {q.node_id(), q.time_s(), q.samples(), q.allgather_overlap_bytes(),
-         q.reduce_scatter_overlap_bytes(), q.copy_overlap_bytes()});
+    NodeTiming& t = p.nodes.emplace_back();
+    t.node_id = q.node_id();
+    FieldsFromProto(q, NodeTimingFields(), &t);
   }
   for (int i = 0; i < proto.collectives_size(); ++i) {
     const v1::CollectiveTiming& q = proto.collectives(i);
     auto kind = FromProtoCollectiveKind(q.kind(), i);
     if (!kind.ok()) return kind.status();
-    CollectiveTiming c;
+    CollectiveTiming& c = p.collectives.emplace_back();
     c.kind = *kind;
     c.group_id = q.group_id();
     c.param_ids = Ids(q.param_ids());
-    c.bytes = q.bytes();
-    c.issue_to_done_s = q.issue_to_done_s();
-    c.run_s = q.run_s();
-    c.computing_s = q.computing_s();
-    c.exposed_s = q.exposed_s();
     c.node_id = q.node_id();
-    p.collectives.push_back(std::move(c));
+    FieldsFromProto(q, CollectiveTimingFields(), &c);
   }
+  p.memory.reserve(proto.memory_size());
   for (const v1::MemorySample& q : proto.memory()) {
-    p.memory.push_back({q.node_id(), q.before_bytes(), q.after_bytes(),
-                        q.rise_bytes(), q.net_bytes()});
+    MemorySample& m = p.memory.emplace_back();
+    m.node_id = q.node_id();
+    FieldsFromProto(q, MemorySampleFields(), &m);
   }
   return p;
 }

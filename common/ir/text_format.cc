@@ -8,7 +8,9 @@
 #include <optional>
 #include <string>
 #include <system_error>
+#include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -16,7 +18,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "common/bytes.h"
+#include "common/ir/profile_fields.h"
 #include "common/status_macros.h"
 
 namespace tandem {
@@ -595,9 +599,8 @@ class Statement {
 
   // Reads the remaining tokens as attributes named in `keys` and flags named
   // in `flags`; each may appear once.
-  absl::Status ReadAttributes(
-      std::initializer_list<absl::string_view> keys,
-      std::initializer_list<absl::string_view> flags = {}) {
+  absl::Status ReadAttributes(absl::Span<const absl::string_view> keys,
+                              absl::Span<const absl::string_view> flags = {}) {
     for (; next_ < line_.tokens.size(); ++next_) {
       const Token& token = line_.tokens[next_];
       const bool is_key = Contains(keys, token.key);
@@ -663,7 +666,7 @@ class Statement {
   }
 
  private:
-  static bool Contains(std::initializer_list<absl::string_view> names,
+  static bool Contains(absl::Span<const absl::string_view> names,
                        absl::string_view name) {
     for (absl::string_view n : names) {
       if (n == name) return true;
@@ -671,9 +674,9 @@ class Statement {
     return false;
   }
 
-  static std::string Valid(std::initializer_list<absl::string_view> keys,
-                           std::initializer_list<absl::string_view> flags) {
-    std::vector<absl::string_view> all(keys);
+  static std::string Valid(absl::Span<const absl::string_view> keys,
+                           absl::Span<const absl::string_view> flags) {
+    std::vector<absl::string_view> all(keys.begin(), keys.end());
     all.insert(all.end(), flags.begin(), flags.end());
     return absl::StrJoin(all, ", ");
   }
@@ -1101,6 +1104,137 @@ absl::Status CheckOnce(const Line& line, absl::string_view keyword,
 }
 
 // ---------------------------------------------------------------------------
+// The profile's measured fields (profile_fields.h), printed and read alike.
+
+// A field's value as text, by its member's type: integers plain, doubles
+// in their shortest exact form.
+template <typename Record>
+std::string FormatField(const Record& record, const ProfileField<Record>& f) {
+  return std::visit(
+      [&](auto member) -> std::string {
+        using T = std::remove_reference_t<decltype(record.*member)>;
+        if constexpr (std::is_floating_point_v<T>) {
+          return FormatDouble(record.*member);
+        } else {
+          return absl::StrCat(record.*member);
+        }
+      },
+      f.member);
+}
+
+// Unprinted fields read back as +0 (doubles print -0.0 so that it
+// round-trips).
+template <typename Record>
+bool IsUnmeasured(const Record& record, const ProfileField<Record>& f) {
+  return std::visit(
+      [&](auto member) {
+        using T = std::remove_reference_t<decltype(record.*member)>;
+        if constexpr (std::is_floating_point_v<T>) {
+          return IsPositiveZero(record.*member);
+        } else {
+          return record.*member == 0;
+        }
+      },
+      f.member);
+}
+
+template <typename Record>
+void AppendFieldPositionals(const Record& record,
+                            absl::Span<const ProfileField<Record>> fields,
+                            std::string* out) {
+  for (const ProfileField<Record>& f : fields) {
+    if (f.positional) absl::StrAppend(out, " ", FormatField(record, f));
+  }
+}
+
+template <typename Record>
+void AppendFieldAttributes(const Record& record,
+                           absl::Span<const ProfileField<Record>> fields,
+                           std::string* out) {
+  for (const ProfileField<Record>& f : fields) {
+    if (f.positional || (!f.always_printed && IsUnmeasured(record, f))) {
+      continue;
+    }
+    absl::StrAppend(out, " ", f.key, "=", FormatField(record, f));
+  }
+}
+
+// Parses `text` into the field's member by its unit: sizes and durations
+// take their suffixes.
+template <typename Record>
+absl::Status ParseField(const Statement& st, const ProfileField<Record>& f,
+                        absl::string_view text, Record* record) {
+  return std::visit(
+      [&](auto member) -> absl::Status {
+        using T = std::remove_reference_t<decltype(record->*member)>;
+        if constexpr (std::is_floating_point_v<T>) {
+          ASSIGN_OR_RETURN(
+              record->*member,
+              st.Check(f.unit == FieldUnit::kSeconds ? ParseTime(text)
+                                                     : ParseNumber(text),
+                       f.key));
+        } else if constexpr (std::is_same_v<T, int64_t>) {
+          ASSIGN_OR_RETURN(record->*member,
+                           st.Check(f.unit == FieldUnit::kBytes
+                                        ? ParseBytes(text)
+                                        : ParseInteger<int64_t>(text),
+                                    f.key));
+        } else {
+          ASSIGN_OR_RETURN(record->*member,
+                           st.Check(ParseInteger<T>(text), f.key));
+        }
+        return absl::OkStatus();
+      },
+      f.member);
+}
+
+// The positional fields, in table order; `what` and an example name a
+// missing one ("missing the node's time, e.g. 1.5ms").
+template <typename Record>
+absl::Status ReadFieldPositionals(Statement& st,
+                                  absl::Span<const ProfileField<Record>> fields,
+                                  Record* record) {
+  for (const ProfileField<Record>& f : fields) {
+    if (!f.positional) continue;
+    ASSIGN_OR_RETURN(absl::string_view text,
+                     st.Positional(absl::StrCat(
+                         f.what, f.unit == FieldUnit::kSeconds ? ", e.g. 1.5ms"
+                                 : f.unit == FieldUnit::kBytes ? ", e.g. 4MiB"
+                                                               : "")));
+    RETURN_IF_ERROR(ParseField(st, f, text, record));
+  }
+  return absl::OkStatus();
+}
+
+// The attributes ReadAttributes found; absent ones keep their values.
+template <typename Record>
+absl::Status ReadFieldAttributes(const Statement& st,
+                                 absl::Span<const ProfileField<Record>> fields,
+                                 Record* record) {
+  for (const ProfileField<Record>& f : fields) {
+    if (f.positional) continue;
+    if (std::optional<absl::string_view> text = st.Attribute(f.key)) {
+      RETURN_IF_ERROR(ParseField(st, f, *text, record));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A line's attribute keys: `before`, the table's (in its order), `after`.
+template <typename Record>
+std::vector<absl::string_view> AttributeKeys(
+    std::initializer_list<absl::string_view> before,
+    absl::Span<const ProfileField<Record>> fields,
+    std::initializer_list<absl::string_view> after) {
+  std::vector<absl::string_view> keys(before);
+  for (const ProfileField<Record>& f : fields) {
+    if (!f.positional) keys.push_back(f.key);
+  }
+  keys.insert(keys.end(), after.begin(), after.end());
+  return keys;
+}
+
+// ---------------------------------------------------------------------------
 // Profile.
 
 constexpr absl::string_view kProfileExample =
@@ -1109,26 +1243,9 @@ constexpr absl::string_view kProfileExample =
 absl::Status ParseProfileHeader(const Line& line, Profile* profile) {
   Statement st(line);
   st.set_context("profile");
-  RETURN_IF_ERROR(st.ReadAttributes({"graph",
-                                     "rank",
-                                     "version",
-                                     "window",
-                                     "iteration",
-                                     "peak",
-                                     "peak_min",
-                                     "work",
-                                     "copied",
-                                     "copy_time",
-                                     "ag_cpu_per_byte",
-                                     "rs_cpu_per_byte",
-                                     "copy_cpu_per_byte",
-                                     "ag_stretch",
-                                     "rs_stretch",
-                                     "copy_stretch",
-                                     "ag_scratch",
-                                     "ag_scratch_cap",
-                                     "rs_scratch",
-                                     "rs_scratch_cap"}));
+  RETURN_IF_ERROR(st.ReadAttributes(AttributeKeys(
+      {"graph", "rank", "version", "window"}, ProfileHeaderFields(),
+      {"ag_scratch", "ag_scratch_cap", "rs_scratch", "rs_scratch_cap"})));
   RETURN_IF_ERROR(st.Require("graph", "0123456789abcdef"));
   RETURN_IF_ERROR(st.Read("graph", ParseString, &profile->graph_hash));
   RETURN_IF_ERROR(st.Read("rank", ParseInteger<int32_t>, &profile->rank));
@@ -1138,23 +1255,7 @@ absl::Status ParseProfileHeader(const Line& line, Profile* profile) {
   RETURN_IF_ERROR(st.Read("window", ParseWindow, &window));
   profile->first_iteration = window.first;
   profile->last_iteration = window.last;
-  RETURN_IF_ERROR(st.Read("iteration", ParseTime, &profile->iteration_s));
-  RETURN_IF_ERROR(st.Read("peak", ParseBytes, &profile->peak_bytes));
-  RETURN_IF_ERROR(st.Read("peak_min", ParseBytes, &profile->peak_min_bytes));
-  RETURN_IF_ERROR(st.Read("work", ParseNumber, &profile->work));
-  RETURN_IF_ERROR(st.Read("copied", ParseBytes, &profile->host_copy_bytes));
-  RETURN_IF_ERROR(st.Read("copy_time", ParseTime, &profile->host_copy_s));
-  RETURN_IF_ERROR(st.Read("ag_cpu_per_byte", ParseNumber,
-                          &profile->compute_s_per_allgather_byte));
-  RETURN_IF_ERROR(st.Read("rs_cpu_per_byte", ParseNumber,
-                          &profile->compute_s_per_reduce_scatter_byte));
-  RETURN_IF_ERROR(st.Read("copy_cpu_per_byte", ParseNumber,
-                          &profile->compute_s_per_copy_byte));
-  RETURN_IF_ERROR(
-      st.Read("ag_stretch", ParseNumber, &profile->allgather_stretch));
-  RETURN_IF_ERROR(
-      st.Read("rs_stretch", ParseNumber, &profile->reduce_scatter_stretch));
-  RETURN_IF_ERROR(st.Read("copy_stretch", ParseNumber, &profile->copy_stretch));
+  RETURN_IF_ERROR(ReadFieldAttributes(st, ProfileHeaderFields(), profile));
   RETURN_IF_ERROR(st.Read("ag_scratch", ParseInteger<int32_t>,
                           &profile->allgather_scratch.copies));
   RETURN_IF_ERROR(st.Read("ag_scratch_cap", ParseBytes,
@@ -1173,18 +1274,9 @@ absl::Status ParseTimeLine(const Line& line, Profile* profile) {
   ASSIGN_OR_RETURN(absl::string_view node, st.Positional(IdExpectation('n')));
   ASSIGN_OR_RETURN(timing.node_id, st.Check(ParseId(node, 'n')));
   st.set_context(absl::StrCat("time ", node));
-  ASSIGN_OR_RETURN(absl::string_view time,
-                   st.Positional("the node's time, e.g. 1.5ms"));
-  ASSIGN_OR_RETURN(timing.time_s, st.Check(ParseTime(time)));
-  RETURN_IF_ERROR(st.ReadAttributes(
-      {"samples", "ag_overlap", "rs_overlap", "copy_overlap"}));
-  RETURN_IF_ERROR(st.Read("samples", ParseInteger<int32_t>, &timing.samples));
-  RETURN_IF_ERROR(
-      st.Read("ag_overlap", ParseBytes, &timing.allgather_overlap_bytes));
-  RETURN_IF_ERROR(
-      st.Read("rs_overlap", ParseBytes, &timing.reduce_scatter_overlap_bytes));
-  RETURN_IF_ERROR(
-      st.Read("copy_overlap", ParseBytes, &timing.copy_overlap_bytes));
+  RETURN_IF_ERROR(ReadFieldPositionals(st, NodeTimingFields(), &timing));
+  RETURN_IF_ERROR(st.ReadAttributes(AttributeKeys({}, NodeTimingFields(), {})));
+  RETURN_IF_ERROR(ReadFieldAttributes(st, NodeTimingFields(), &timing));
   profile->nodes.push_back(timing);
   return absl::OkStatus();
 }
@@ -1212,21 +1304,17 @@ absl::Status ParseCollectiveLine(const Line& line, Profile* profile) {
     ASSIGN_OR_RETURN(absl::string_view group,
                      st.Positional(IdExpectation('g')));
     ASSIGN_OR_RETURN(timing.group_id, st.Check(ParseId(group, 'g')));
-    RETURN_IF_ERROR(st.ReadAttributes({"at", "bytes", "issue_to_done", "run",
-                                       "computing", "exposed", "params"}));
+    RETURN_IF_ERROR(st.ReadAttributes(
+        AttributeKeys({"at"}, CollectiveTimingFields(), {"params"})));
   } else {
     if (std::optional<absl::string_view> ids = st.OptionalPositional()) {
       ASSIGN_OR_RETURN(timing.param_ids, st.Check(ParseIdList(*ids, 'p')));
     }
-    RETURN_IF_ERROR(st.ReadAttributes({"at", "bytes", "issue_to_done", "run",
-                                       "computing", "exposed", "group"}));
+    RETURN_IF_ERROR(st.ReadAttributes(
+        AttributeKeys({"at"}, CollectiveTimingFields(), {"group"})));
   }
   RETURN_IF_ERROR(st.Read("at", IdParser('n'), &timing.node_id));
-  RETURN_IF_ERROR(st.Read("bytes", ParseBytes, &timing.bytes));
-  RETURN_IF_ERROR(st.Read("issue_to_done", ParseTime, &timing.issue_to_done_s));
-  RETURN_IF_ERROR(st.Read("run", ParseTime, &timing.run_s));
-  RETURN_IF_ERROR(st.Read("computing", ParseTime, &timing.computing_s));
-  RETURN_IF_ERROR(st.Read("exposed", ParseTime, &timing.exposed_s));
+  RETURN_IF_ERROR(ReadFieldAttributes(st, CollectiveTimingFields(), &timing));
   RETURN_IF_ERROR(st.Read("group", IdParser('g'), &timing.group_id));
   RETURN_IF_ERROR(st.Read("params", IdListParser('p'), &timing.param_ids));
   profile->collectives.push_back(std::move(timing));
@@ -1240,11 +1328,9 @@ absl::Status ParseMemoryLine(const Line& line, Profile* profile) {
   ASSIGN_OR_RETURN(absl::string_view node, st.Positional(IdExpectation('n')));
   ASSIGN_OR_RETURN(sample.node_id, st.Check(ParseId(node, 'n')));
   st.set_context(absl::StrCat("memory ", node));
-  RETURN_IF_ERROR(st.ReadAttributes({"before", "after", "rise", "net"}));
-  RETURN_IF_ERROR(st.Read("before", ParseBytes, &sample.before_bytes));
-  RETURN_IF_ERROR(st.Read("after", ParseBytes, &sample.after_bytes));
-  RETURN_IF_ERROR(st.Read("rise", ParseBytes, &sample.rise_bytes));
-  RETURN_IF_ERROR(st.Read("net", ParseBytes, &sample.net_bytes));
+  RETURN_IF_ERROR(
+      st.ReadAttributes(AttributeKeys({}, MemorySampleFields(), {})));
+  RETURN_IF_ERROR(ReadFieldAttributes(st, MemorySampleFields(), &sample));
   profile->memory.push_back(sample);
   return absl::OkStatus();
 }
@@ -1574,32 +1660,9 @@ absl::StatusOr<Schedule> ParseSchedule(absl::string_view text) {
 std::string PrintProfile(const Profile& profile) {
   std::string out = absl::StrCat(
       "profile graph=", FormatString(profile.graph_hash),
-      " rank=", profile.rank, " version=", profile.schedule_version,
-      " window=", FormatWindow(profile.first_iteration, profile.last_iteration),
-      " iteration=", FormatDouble(profile.iteration_s),
-      " peak=", profile.peak_bytes,
-      profile.peak_min_bytes > 0
-          ? absl::StrCat(" peak_min=", profile.peak_min_bytes)
-          : "",
-      profile.work > 0 ? absl::StrCat(" work=", FormatDouble(profile.work))
-                       : "",
-      profile.host_copy_bytes > 0 || profile.host_copy_s > 0
-          ? absl::StrCat(" copied=", profile.host_copy_bytes,
-                         " copy_time=", FormatDouble(profile.host_copy_s))
-          : "");
-  // The interference probe's coefficients, when measured.
-  const std::pair<absl::string_view, double> per_byte[] = {
-      {"ag_cpu_per_byte", profile.compute_s_per_allgather_byte},
-      {"rs_cpu_per_byte", profile.compute_s_per_reduce_scatter_byte},
-      {"copy_cpu_per_byte", profile.compute_s_per_copy_byte},
-      {"ag_stretch", profile.allgather_stretch},
-      {"rs_stretch", profile.reduce_scatter_stretch},
-      {"copy_stretch", profile.copy_stretch}};
-  for (const auto& [key, value] : per_byte) {
-    if (!IsPositiveZero(value)) {
-      absl::StrAppend(&out, " ", key, "=", FormatDouble(value));
-    }
-  }
+      " rank=", profile.rank, " version=", profile.schedule_version, " window=",
+      FormatWindow(profile.first_iteration, profile.last_iteration));
+  AppendFieldAttributes(profile, ProfileHeaderFields(), &out);
   // The communicator's scratch rule, when reported.
   const std::pair<absl::string_view, const CollectiveScratch*> scratch[] = {
       {"ag_scratch", &profile.allgather_scratch},
@@ -1612,18 +1675,10 @@ std::string PrintProfile(const Profile& profile) {
   }
   absl::StrAppend(&out, "\n");
   for (const NodeTiming& t : profile.nodes) {
-    absl::StrAppend(&out, "time ", FormatId('n', t.node_id), " ",
-                    FormatDouble(t.time_s), " samples=", t.samples);
-    if (t.allgather_overlap_bytes != 0) {
-      absl::StrAppend(&out, " ag_overlap=", t.allgather_overlap_bytes);
-    }
-    if (t.reduce_scatter_overlap_bytes != 0) {
-      absl::StrAppend(&out, " rs_overlap=", t.reduce_scatter_overlap_bytes);
-    }
-    if (t.copy_overlap_bytes != 0) {
-      absl::StrAppend(&out, " copy_overlap=", t.copy_overlap_bytes);
-    }
-    absl::StrAppend(&out, "\n");
+    absl::StrAppend(&out, "time ", FormatId('n', t.node_id));
+    AppendFieldPositionals(t, NodeTimingFields(), &out);
+    AppendFieldAttributes(t, NodeTimingFields(), &out);
+    out += '\n';
   }
   for (const CollectiveTiming& c : profile.collectives) {
     absl::StrAppend(&out, "collective ", CollectiveKindName(c.kind));
@@ -1633,15 +1688,8 @@ std::string PrintProfile(const Profile& profile) {
     } else if (!c.param_ids.empty()) {
       absl::StrAppend(&out, " ", FormatIdList('p', c.param_ids));
     }
-    absl::StrAppend(&out, " at=", FormatId('n', c.node_id), " bytes=", c.bytes,
-                    " issue_to_done=", FormatDouble(c.issue_to_done_s),
-                    " exposed=", FormatDouble(c.exposed_s));
-    if (!IsPositiveZero(c.run_s)) {
-      absl::StrAppend(&out, " run=", FormatDouble(c.run_s));
-    }
-    if (!IsPositiveZero(c.computing_s)) {
-      absl::StrAppend(&out, " computing=", FormatDouble(c.computing_s));
-    }
+    absl::StrAppend(&out, " at=", FormatId('n', c.node_id));
+    AppendFieldAttributes(c, CollectiveTimingFields(), &out);
     if (gather && !c.param_ids.empty()) {
       absl::StrAppend(&out, " params=", FormatIdList('p', c.param_ids));
     }
@@ -1651,10 +1699,8 @@ std::string PrintProfile(const Profile& profile) {
     out += '\n';
   }
   for (const MemorySample& m : profile.memory) {
-    absl::StrAppend(&out, "memory ", FormatId('n', m.node_id),
-                    " before=", m.before_bytes, " after=", m.after_bytes);
-    if (m.rise_bytes != 0) absl::StrAppend(&out, " rise=", m.rise_bytes);
-    if (m.net_bytes != 0) absl::StrAppend(&out, " net=", m.net_bytes);
+    absl::StrAppend(&out, "memory ", FormatId('n', m.node_id));
+    AppendFieldAttributes(m, MemorySampleFields(), &out);
     out += '\n';
   }
   return out;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/ir/profile_fields.h"
 #include "common/status_macros.h"
 
 namespace tandem {
@@ -45,6 +47,13 @@ class Problems {
 };
 
 bool FiniteNonNegative(double v) { return std::isfinite(v) && v >= 0; }
+
+// A profile field's value as errors show it.
+template <typename Record>
+std::string FieldText(const Record& record, const ProfileField<Record>& f) {
+  return std::visit([&](auto member) { return absl::StrCat(record.*member); },
+                    f.member);
+}
 
 std::string NodeRef(const Node& n) {
   return absl::StrCat("node n", n.id, " '", n.name, "'");
@@ -393,33 +402,23 @@ absl::Status ValidateProfile(const Profile& profile, const Graph& graph) {
         "profile window ", profile.first_iteration, "..",
         profile.last_iteration, " is malformed: need 0 <= first <= last."));
   }
-  if (!FiniteNonNegative(profile.iteration_s) || profile.peak_bytes < 0 ||
-      profile.peak_min_bytes < 0 ||
-      profile.peak_min_bytes > profile.peak_bytes ||
-      !FiniteNonNegative(profile.work) ||
-      // -1: the least-memory fallback (common/lowering/least_memory.h).
-      profile.schedule_version < -1 || profile.host_copy_bytes < 0 ||
-      !FiniteNonNegative(profile.host_copy_s) ||
-      !FiniteNonNegative(profile.compute_s_per_allgather_byte) ||
-      !FiniteNonNegative(profile.compute_s_per_reduce_scatter_byte) ||
-      !FiniteNonNegative(profile.compute_s_per_copy_byte)) {
+  // -1: the least-memory fallback (common/lowering/least_memory.h).
+  if (profile.schedule_version < -1) {
     return absl::InvalidArgumentError(
-        "profile iteration time, peak bytes (the smallest peak at most the "
-        "largest), work, schedule version (>= -1), host-copy bytes and time "
-        "and the compute seconds per transferred byte must be finite and "
-        ">= 0.");
+        absl::StrCat("profile schedule version must be >= -1, got ",
+                     profile.schedule_version));
   }
-  for (const auto& [key, stretch] :
-       {std::pair<absl::string_view, double>{"ag_stretch",
-                                             profile.allgather_stretch},
-        {"rs_stretch", profile.reduce_scatter_stretch},
-        {"copy_stretch", profile.copy_stretch}}) {
-    if (!(stretch == 0 || (stretch >= 1 && stretch <= 4))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "profile ", key, " is ", stretch,
-          ": how many times longer a transfer runs while compute runs must "
-          "be 1 to 4 (0: not measured)"));
-    }
+  if (const ProfileField<Profile>* f =
+          FirstOutOfBounds(profile, ProfileHeaderFields())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("profile ", f->key, " is ", FieldText(profile, *f), ": ",
+                     f->what, " must be ", f->bounds.text));
+  }
+  if (profile.peak_min_bytes > profile.peak_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("profile peak_min is ", profile.peak_min_bytes,
+                     " B: the smallest peak must be at most the largest (peak=",
+                     profile.peak_bytes, ")"));
   }
   for (const CollectiveScratch* rule :
        {&profile.allgather_scratch, &profile.reduce_scatter_scratch}) {
@@ -437,14 +436,14 @@ absl::Status ValidateProfile(const Profile& profile, const Graph& graph) {
     if (index.NodePos(t.node_id) < 0) {
       bad.Add(absl::StrCat("time of unknown node n", t.node_id));
     }
-    if (!FiniteNonNegative(t.time_s) || t.samples < 0 ||
-        t.allgather_overlap_bytes < 0 || t.reduce_scatter_overlap_bytes < 0 ||
-        t.copy_overlap_bytes < 0) {
+    if (const ProfileField<NodeTiming>* f =
+            FirstOutOfBounds(t, NodeTimingFields())) {
       bad.Add(absl::StrCat(
           "time of n", t.node_id, " is ", t.time_s, " over ", t.samples,
           " samples, with ", t.allgather_overlap_bytes, ", ",
           t.reduce_scatter_overlap_bytes, " and ", t.copy_overlap_bytes,
-          " bytes moved alongside (need all >= 0)"));
+          " bytes moved alongside (need all >= 0; ", f->key, " is ",
+          FieldText(t, *f), ")"));
     }
   }
   for (const CollectiveTiming& c : profile.collectives) {
@@ -458,10 +457,11 @@ absl::Status ValidateProfile(const Profile& profile, const Graph& graph) {
         bad.Add(absl::StrCat(what, " names unknown param p", pid));
       }
     }
-    if (c.bytes < 0 || !FiniteNonNegative(c.issue_to_done_s) ||
-        !FiniteNonNegative(c.exposed_s) || !FiniteNonNegative(c.run_s) ||
-        !FiniteNonNegative(c.computing_s)) {
-      bad.Add(absl::StrCat(what, " has a negative or non-finite value"));
+    if (const ProfileField<CollectiveTiming>* f =
+            FirstOutOfBounds(c, CollectiveTimingFields())) {
+      bad.Add(absl::StrCat(what, " has a negative or non-finite value (",
+                           f->key, " is ", FieldText(c, *f), ": ", f->what,
+                           " must be ", f->bounds.text, ")"));
     } else if (c.computing_s >
                std::max(c.run_s, c.issue_to_done_s) * (1 + 1e-9) + 1e-12) {
       bad.Add(absl::StrCat(what, " was computing ", c.computing_s, "s of its ",
@@ -475,8 +475,12 @@ absl::Status ValidateProfile(const Profile& profile, const Graph& graph) {
     if (index.NodePos(m.node_id) < 0) {
       bad.Add(absl::StrCat("memory of unknown node n", m.node_id));
     }
-    if (m.before_bytes < 0 || m.after_bytes < 0 || m.rise_bytes < 0) {
-      bad.Add(absl::StrCat("memory of n", m.node_id, " is negative"));
+    if (const ProfileField<MemorySample>* f =
+            FirstOutOfBounds(m, MemorySampleFields())) {
+      bad.Add(absl::StrCat("memory of n", m.node_id,
+                           " is negative or out of bounds (", f->key, " is ",
+                           FieldText(m, *f), ": ", f->what, " must be ",
+                           f->bounds.text, ")"));
     }
   }
   return bad.ToStatus(

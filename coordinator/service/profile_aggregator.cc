@@ -4,6 +4,7 @@
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "common/ir/profile_fields.h"
 #include "common/ir/validate.h"
 #include "common/status_macros.h"
 
@@ -22,17 +23,12 @@ absl::StatusOr<Profile> AggregateProfiles(
     node_index.emplace(out.nodes[i].node_id, i);
   }
   for (const auto& [rank, p] : by_rank) {
-    out.iteration_s = std::max(out.iteration_s, p.iteration_s);
-    out.peak_bytes = std::max(out.peak_bytes, p.peak_bytes);
-    // Like node times: the rank with the most work sets the pace.
-    out.work = std::max(out.work, p.work);
-    if (p.peak_min_bytes > 0) {
-      out.peak_min_bytes = out.peak_min_bytes > 0
-                               ? std::min(out.peak_min_bytes, p.peak_min_bytes)
-                               : p.peak_min_bytes;
-    }
-    // The host link: the slowest rank's measured rate (the most seconds per
-    // byte), its bytes and seconds kept together.
+    // The header's measured fields by their rules (common/ir/profile.cc):
+    // the slowest rank's time, the largest peak, the rank with the most
+    // work, the smallest positive peak, the probe's largest coefficients.
+    CombineFields(p, ProfileHeaderFields(), &out);
+    // The host link (Combine::kOwnRule): the slowest rank's measured rate
+    // (the most seconds per byte), its bytes and seconds kept together.
     if (p.host_copy_bytes > 0 && p.host_copy_s > 0 &&
         (out.host_copy_bytes <= 0 ||
          p.host_copy_s * static_cast<double>(out.host_copy_bytes) >
@@ -40,19 +36,6 @@ absl::StatusOr<Profile> AggregateProfiles(
       out.host_copy_bytes = p.host_copy_bytes;
       out.host_copy_s = p.host_copy_s;
     }
-    // The interference probe: the most compute any rank lost per byte.
-    out.compute_s_per_allgather_byte = std::max(
-        out.compute_s_per_allgather_byte, p.compute_s_per_allgather_byte);
-    out.compute_s_per_reduce_scatter_byte =
-        std::max(out.compute_s_per_reduce_scatter_byte,
-                 p.compute_s_per_reduce_scatter_byte);
-    out.compute_s_per_copy_byte =
-        std::max(out.compute_s_per_copy_byte, p.compute_s_per_copy_byte);
-    out.allgather_stretch =
-        std::max(out.allgather_stretch, p.allgather_stretch);
-    out.reduce_scatter_stretch =
-        std::max(out.reduce_scatter_stretch, p.reduce_scatter_stretch);
-    out.copy_stretch = std::max(out.copy_stretch, p.copy_stretch);
     // Ranks run the same communicator: the most any reports.
     for (auto [mine, theirs] :
          {std::pair{&out.allgather_scratch, &p.allgather_scratch},
@@ -64,37 +47,21 @@ absl::StatusOr<Profile> AggregateProfiles(
       auto [it, inserted] = node_index.emplace(t.node_id, out.nodes.size());
       if (inserted) {
         out.nodes.push_back(t);
-      } else if (t.time_s > out.nodes[it->second].time_s) {
+      } else {
         // The slowest rank's time, with the bytes that moved alongside it
         // on that rank (so the interference it suffered stays paired).
-        NodeTiming& kept = out.nodes[it->second];
-        kept.time_s = t.time_s;
-        kept.allgather_overlap_bytes = t.allgather_overlap_bytes;
-        kept.reduce_scatter_overlap_bytes = t.reduce_scatter_overlap_bytes;
-        kept.copy_overlap_bytes = t.copy_overlap_bytes;
+        CombineFields(t, NodeTimingFields(), &out.nodes[it->second]);
       }
     }
     if (p.collectives.size() == out.collectives.size()) {
       for (size_t i = 0; i < p.collectives.size(); ++i) {
-        CollectiveTiming& c = out.collectives[i];
-        c.issue_to_done_s =
-            std::max(c.issue_to_done_s, p.collectives[i].issue_to_done_s);
-        c.exposed_s = std::max(c.exposed_s, p.collectives[i].exposed_s);
-        // The slowest rank's run, with the compute that ran alongside it
-        // on that rank (the part the stretch applies to stays paired).
-        if (p.collectives[i].run_s > c.run_s) {
-          c.run_s = p.collectives[i].run_s;
-          c.computing_s = p.collectives[i].computing_s;
-        }
+        CombineFields(p.collectives[i], CollectiveTimingFields(),
+                      &out.collectives[i]);
       }
     }
     if (p.memory.size() == out.memory.size()) {
       for (size_t i = 0; i < p.memory.size(); ++i) {
-        MemorySample& m = out.memory[i];
-        m.before_bytes = std::max(m.before_bytes, p.memory[i].before_bytes);
-        m.after_bytes = std::max(m.after_bytes, p.memory[i].after_bytes);
-        m.rise_bytes = std::max(m.rise_bytes, p.memory[i].rise_bytes);
-        m.net_bytes = std::max(m.net_bytes, p.memory[i].net_bytes);
+        CombineFields(p.memory[i], MemorySampleFields(), &out.memory[i]);
       }
     }
   }

@@ -4,10 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 #include <sstream>
+#include <type_traits>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "common/ir/profile_fields.h"
 #include "common/ir/text_format.h"
 
 namespace tandem {
@@ -445,6 +449,107 @@ node n1 step opt params=p0 time=1ms
   EXPECT_THAT(std::string(accepted.status().message()),
               HasSubstr("rank 0 sent a malformed graph"));
   EXPECT_EQ(agg.graph(), nullptr);
+}
+
+// Every measured field aggregates by its table's rule (common/ir/profile.cc),
+// so a new field needs no aggregator code: rank 0 reports the smaller
+// value, rank 1 the larger; a kWithPace field follows the record's pace.
+template <typename Record>
+Record& FieldTarget(Profile& p);
+template <>
+Profile& FieldTarget<Profile>(Profile& p) {
+  return p;
+}
+template <>
+NodeTiming& FieldTarget<NodeTiming>(Profile& p) {
+  return p.nodes[0];
+}
+template <>
+CollectiveTiming& FieldTarget<CollectiveTiming>(Profile& p) {
+  return p.collectives[0];
+}
+template <>
+MemorySample& FieldTarget<MemorySample>(Profile& p) {
+  return p.memory[0];
+}
+
+template <typename Record>
+void ExpectTableRules(absl::Span<const ProfileField<Record>> fields) {
+  auto set = [](Record& r, const ProfileField<Record>& f, double v) {
+    std::visit(
+        [&](auto member) {
+          using T = std::remove_reference_t<decltype(r.*member)>;
+          r.*member = static_cast<T>(v);
+        },
+        f.member);
+  };
+  for (const ProfileField<Record>& f : fields) {
+    if (f.combine == Combine::kOwnRule) continue;
+    SCOPED_TRACE(std::string(f.proto_name));
+    // Two ranks with one node, one collective and one memory sample each;
+    // every field 0 but the one under test (and the pace fields, which
+    // rank 1 leads unless the field under test is one).
+    std::map<int32_t, Profile> by_rank;
+    for (int32_t rank : {0, 1}) {
+      Profile p;
+      p.rank = rank;
+      p.first_iteration = 0;
+      p.last_iteration = 1;
+      p.nodes = {NodeTiming{}};
+      p.collectives = {CollectiveTiming{}};
+      p.memory = {MemorySample{}};
+      Record& r = FieldTarget<Record>(p);
+      for (const ProfileField<Record>& pace : fields) {
+        if (pace.combine == Combine::kPace) set(r, pace, rank == 0 ? 1 : 2);
+      }
+      const double lo = f.bounds.lo > 0 ? f.bounds.lo : 1;
+      set(r, f, rank == 0 ? lo : lo + 1);
+      by_rank[rank] = p;
+    }
+    absl::StatusOr<Profile> out = AggregateProfiles(by_rank);
+    ASSERT_TRUE(out.ok()) << out.status();
+    const double got = FieldValue(FieldTarget<Record>(*out), f);
+    const double lo = f.bounds.lo > 0 ? f.bounds.lo : 1;
+    switch (f.combine) {
+      case Combine::kFirst:
+        EXPECT_EQ(got, lo);
+        break;
+      case Combine::kMinPositive:
+        EXPECT_EQ(got, lo);
+        break;
+      case Combine::kMax:
+      case Combine::kPace:
+      case Combine::kWithPace:  // rank 1 leads the pace
+        EXPECT_EQ(got, lo + 1);
+        break;
+      case Combine::kOwnRule:
+        break;
+    }
+  }
+}
+
+TEST(AggregateProfilesTest, EveryTableField_CombinesByItsRule) {
+  ExpectTableRules(ProfileHeaderFields());
+  ExpectTableRules(NodeTimingFields());
+  ExpectTableRules(CollectiveTimingFields());
+  ExpectTableRules(MemorySampleFields());
+}
+
+TEST(AggregateProfilesTest, WithPace_FollowsTheRankThatSetsThePace) {
+  // Rank 0 is the slower on n1 and moved fewer bytes alongside; its bytes
+  // are the ones kept, paired with its time.
+  std::map<int32_t, Profile> by_rank;
+  for (int32_t rank : {0, 1}) {
+    Profile p;
+    p.rank = rank;
+    p.nodes = {
+        NodeTiming{1, rank == 0 ? 0.003 : 0.002, 2, rank == 0 ? 100 : 900}};
+    by_rank[rank] = p;
+  }
+  absl::StatusOr<Profile> out = AggregateProfiles(by_rank);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->nodes[0].time_s, 0.003);
+  EXPECT_EQ(out->nodes[0].allgather_overlap_bytes, 100);
 }
 
 }  // namespace

@@ -240,12 +240,39 @@ double DTypeScale(const v1::JobSpec& spec) {
   return spec.model().dtype() == v1::DTYPE_BF16 ? 0.5 : 1;
 }
 
+// The scratch the workers' communicator holds beyond a reduce-scatter's
+// flat buffers (worker/runtime/communicator.cc, ReduceScatterScratch), as
+// far as the spec tells it: on Gloo (hardware.device cpu) at world 3 or
+// more, one copy of the padded input, capped at the pieces in flight
+// (max_in_flight pieces of chunk_bytes from each of world - 2 peers). With
+// comm.chunk_bytes automatic the workers choose pieces or whole messages
+// by the link they measure at start; the pieces' cap, the smaller, keeps
+// the check a lower bound. None where the device is not declared (NCCL's
+// buffers are not counted).
+CollectiveScratch SubmitReduceScatterScratch(const v1::JobSpec& spec) {
+  const int64_t world = spec.parallel().world_size();
+  if (world <= 2 || spec.hardware().device() != "cpu") return {};
+  const int64_t chunk = spec.comm().chunk_bytes() > 0
+                            ? spec.comm().chunk_bytes()
+                            : kDefaultCommChunkBytes;
+  const int64_t in_flight = spec.comm().max_in_flight() > 0
+                                ? spec.comm().max_in_flight()
+                                : kDefaultCommMaxInFlight;
+  const int64_t pieces = in_flight * (world - 2);
+  // A chunk past every collective: whole messages, one uncapped copy.
+  if (chunk > std::numeric_limits<int64_t>::max() / pieces) return {1, 0};
+  return {1, pieces * chunk};
+}
+
 // The hardware the checks at submit price a job on, workers not yet
 // known. A lower bound: with instant host copies no state waits on the
-// device for the link, so no plan the link allows peaks lower.
+// device for the link, so no plan the link allows peaks lower; the
+// communicator's scratch counts where the memory model counts the
+// collectives' buffers (an archive's units measured at export).
 JobHardware SubmitHardware(const v1::JobSpec& spec) {
   JobHardware hardware = HardwareForJob(spec, {});
   hardware.hw.host_bytes_per_s = 1e18;
+  hardware.hw.reduce_scatter_scratch = SubmitReduceScatterScratch(spec);
   return hardware;
 }
 

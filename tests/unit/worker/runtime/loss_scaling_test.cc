@@ -269,7 +269,11 @@ TEST(LossScalingTest, World2_OverflowOnOneRank_SkippedOnEveryRank) {
   for (size_t i = 0; i < ref.size(); ++i) {
     const double err = (run.params[i] - ref[i]).abs().max().item<double>() /
                        std::max(ref[i].abs().max().item<double>(), 1e-12);
-    EXPECT_LE(err, 1e-5) << "param " << i;
+    // f32 sums in another order (the ranks' reduce-scatter against the
+    // reference's one sum; the CPU's BLAS kernels pick their own): 1.01e-5
+    // on an AMD EPYC host, under 1e-5 on Intel ones. What this guards
+    // against, a skipped step counted, misses by ~1e-3 (below).
+    EXPECT_LE(err, 3e-5) << "param " << i;
   }
   // The skipped steps mattered: applying them ends elsewhere. (Counting
   // them in AdamW's bias correction would miss the reference above by

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <variant>
 
 #include "absl/strings/string_view.h"
@@ -95,6 +96,18 @@ template <typename Record>
 double FieldValue(const Record& record, const ProfileField<Record>& field) {
   return std::visit(
       [&](auto member) { return static_cast<double>(record.*member); },
+      field.member);
+}
+
+// Sets a field from a double, converted to the member's type.
+template <typename Record>
+void SetFieldValue(const ProfileField<Record>& field, double value,
+                   Record* record) {
+  std::visit(
+      [&](auto member) {
+        using T = std::remove_reference_t<decltype(record->*member)>;
+        record->*member = static_cast<T>(value);
+      },
       field.member);
 }
 

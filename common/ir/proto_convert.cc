@@ -1,6 +1,7 @@
 #include "common/ir/proto_convert.h"
 
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -26,7 +27,7 @@ void SetIds(const Vec& ids, Repeated* out) {
 
 // The measured fields (profile_fields.h) by reflection: each table's
 // descriptors are looked up once. A table entry without its proto field
-// (caught by proto_convert_test) is skipped.
+// (caught by profile_fields_test) is skipped.
 template <typename Record>
 const std::vector<const google::protobuf::FieldDescriptor*>& FieldDescriptors(
     absl::Span<const ProfileField<Record>> fields,
@@ -41,13 +42,6 @@ const std::vector<const google::protobuf::FieldDescriptor*>& FieldDescriptors(
   return *resolved;
 }
 
-template <typename... Fs>
-struct Overloaded : Fs... {
-  using Fs::operator()...;
-};
-template <typename... Fs>
-Overloaded(Fs...) -> Overloaded<Fs...>;
-
 template <typename Record>
 void FieldsToProto(const Record& record,
                    absl::Span<const ProfileField<Record>> fields,
@@ -57,16 +51,19 @@ void FieldsToProto(const Record& record,
   for (size_t i = 0; i < fields.size(); ++i) {
     const google::protobuf::FieldDescriptor* d = descriptors[i];
     if (d == nullptr) continue;
-    std::visit(Overloaded{[&](int32_t Record::*m) {
-                            reflection->SetInt32(out, d, record.*m);
-                          },
-                          [&](int64_t Record::*m) {
-                            reflection->SetInt64(out, d, record.*m);
-                          },
-                          [&](double Record::*m) {
-                            reflection->SetDouble(out, d, record.*m);
-                          }},
-               fields[i].member);
+    std::visit(
+        [&](auto member) {
+          using T = std::remove_cv_t<
+              std::remove_reference_t<decltype(record.*member)>>;
+          if constexpr (std::is_same_v<T, int32_t>) {
+            reflection->SetInt32(out, d, record.*member);
+          } else if constexpr (std::is_same_v<T, int64_t>) {
+            reflection->SetInt64(out, d, record.*member);
+          } else {
+            reflection->SetDouble(out, d, record.*member);
+          }
+        },
+        fields[i].member);
   }
 }
 
@@ -79,16 +76,18 @@ void FieldsFromProto(const google::protobuf::Message& proto,
   for (size_t i = 0; i < fields.size(); ++i) {
     const google::protobuf::FieldDescriptor* d = descriptors[i];
     if (d == nullptr) continue;
-    std::visit(Overloaded{[&](int32_t Record::*m) {
-                            record->*m = reflection->GetInt32(proto, d);
-                          },
-                          [&](int64_t Record::*m) {
-                            record->*m = reflection->GetInt64(proto, d);
-                          },
-                          [&](double Record::*m) {
-                            record->*m = reflection->GetDouble(proto, d);
-                          }},
-               fields[i].member);
+    std::visit(
+        [&](auto member) {
+          using T = std::remove_reference_t<decltype(record->*member)>;
+          if constexpr (std::is_same_v<T, int32_t>) {
+            record->*member = reflection->GetInt32(proto, d);
+          } else if constexpr (std::is_same_v<T, int64_t>) {
+            record->*member = reflection->GetInt64(proto, d);
+          } else {
+            record->*member = reflection->GetDouble(proto, d);
+          }
+        },
+        fields[i].member);
   }
 }
 

@@ -108,16 +108,6 @@ MemorySample& Target(Profile& p, const ProfileField<MemorySample>*) {
   return p.memory[0];
 }
 
-template <typename Record>
-void SetValue(Record& record, const ProfileField<Record>& f, double v) {
-  std::visit(
-      [&](auto member) {
-        using T = std::remove_reference_t<decltype(record.*member)>;
-        record.*member = static_cast<T>(v);
-      },
-      f.member);
-}
-
 // A value inside the field's bounds, not 0, and one no walker could
 // confuse with TwoLayerProfile's (times are below its collectives' 2 ms so
 // that exposed and computing stay within issue-to-done).
@@ -134,7 +124,7 @@ void ExpectEveryFieldWalks(absl::Span<const ProfileField<Record>> fields) {
     SCOPED_TRACE(std::string(f.proto_name));
     const Profile base = TwoLayerProfile(g);
     Profile changed = base;
-    SetValue(Target(changed, &f), f, InBounds(f));
+    SetFieldValue(f, InBounds(f), &Target(changed, &f));
     // Equality sees it.
     EXPECT_NE(changed, base);
     // The proto carries it, on the wire too.
@@ -162,11 +152,12 @@ void ExpectEveryFieldWalks(absl::Span<const ProfileField<Record>> fields) {
       continue;  // an integer with no lower bound has no bad value
     }
     Profile bad = base;
-    SetValue(Target(bad, &f), f,
-             f.bounds.lo > 0 ? f.bounds.lo / 2
-             : std::isfinite(f.bounds.lo)
-                 ? f.bounds.lo - 1
-                 : std::numeric_limits<double>::quiet_NaN());
+    SetFieldValue(f,
+                  f.bounds.lo > 0 ? f.bounds.lo / 2
+                  : std::isfinite(f.bounds.lo)
+                      ? f.bounds.lo - 1
+                      : std::numeric_limits<double>::quiet_NaN(),
+                  &Target(bad, &f));
     const absl::Status refused = ValidateProfile(bad, g);
     EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(refused.message(), HasSubstr(absl::StrCat(f.key, " is ")));

@@ -475,14 +475,6 @@ MemorySample& FieldTarget<MemorySample>(Profile& p) {
 
 template <typename Record>
 void ExpectTableRules(absl::Span<const ProfileField<Record>> fields) {
-  auto set = [](Record& r, const ProfileField<Record>& f, double v) {
-    std::visit(
-        [&](auto member) {
-          using T = std::remove_reference_t<decltype(r.*member)>;
-          r.*member = static_cast<T>(v);
-        },
-        f.member);
-  };
   for (const ProfileField<Record>& f : fields) {
     if (f.combine == Combine::kOwnRule) continue;
     SCOPED_TRACE(std::string(f.proto_name));
@@ -500,10 +492,12 @@ void ExpectTableRules(absl::Span<const ProfileField<Record>> fields) {
       p.memory = {MemorySample{}};
       Record& r = FieldTarget<Record>(p);
       for (const ProfileField<Record>& pace : fields) {
-        if (pace.combine == Combine::kPace) set(r, pace, rank == 0 ? 1 : 2);
+        if (pace.combine == Combine::kPace) {
+          SetFieldValue(pace, rank == 0 ? 1 : 2, &r);
+        }
       }
       const double lo = f.bounds.lo > 0 ? f.bounds.lo : 1;
-      set(r, f, rank == 0 ? lo : lo + 1);
+      SetFieldValue(f, rank == 0 ? lo : lo + 1, &r);
       by_rank[rank] = p;
     }
     absl::StatusOr<Profile> out = AggregateProfiles(by_rank);

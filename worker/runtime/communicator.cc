@@ -131,7 +131,8 @@ Communicator::~Communicator() {
   thread_.join();
 }
 
-AsyncHandle Communicator::Submit(std::function<void()> body) {
+AsyncHandle Communicator::Submit(std::function<void()> body,
+                                 int64_t buffer_bytes) {
   auto handle = std::make_shared<AsyncWork>(AsyncWork::Kind::kCollective);
   {
     absl::MutexLock lock(&mu_);
@@ -139,11 +140,18 @@ AsyncHandle Communicator::Submit(std::function<void()> body) {
       handle->Finish(failure_);
       return handle;
     }
-    queue_.push_back({handle, std::move(body)});
+    queue_.push_back({handle, std::move(body), buffer_bytes});
     last_ = handle;
   }
   cv_.SignalAll();
   return handle;
+}
+
+int64_t Communicator::QueuedBufferBytes() const {
+  absl::MutexLock lock(&mu_);
+  int64_t most = 0;
+  for (const Task& task : queue_) most = std::max(most, task.buffer_bytes);
+  return most;
 }
 
 void Communicator::Loop() {

@@ -91,8 +91,16 @@ class Communicator {
   // `body` packs inputs, calls the blocking collectives below and unpacks;
   // an exception it throws becomes the handle's status. After a failure,
   // later submissions fail at once with the same status (the peers are
-  // gone or out of step; the job must restart).
-  AsyncHandle Submit(std::function<void()> body);
+  // gone or out of step; the job must restart). `buffer_bytes`: the most
+  // the body allocates on top of what is in use when it starts (its packed
+  // buffers); QueuedBufferBytes reports it while the body waits its turn.
+  AsyncHandle Submit(std::function<void()> body, int64_t buffer_bytes = 0);
+
+  // The largest buffer_bytes among the submissions not started yet: what
+  // the communication thread may allocate while the caller runs, since one
+  // runs at a time (the memory hold counts it: worker/README.md, "Memory
+  // hold").
+  int64_t QueuedBufferBytes() const;
 
   // Blocking collectives; call them only from a Submit body.
   //   AllGather: `input` [n] from every rank into `output` [world * n],
@@ -146,6 +154,7 @@ class Communicator {
   struct Task {
     AsyncHandle handle;
     std::function<void()> body;
+    int64_t buffer_bytes = 0;
   };
   void Loop();
   // The piece size in use: options_.chunk_bytes, or the default pieces

@@ -452,11 +452,18 @@ absl::Status Executor::Activate(const Schedule& schedule) {
 void Executor::HoldPlannedPeak(int pos) {
   if (hold_limit_ <= 0) return;
   const int64_t rise = last_rise_[pos];
-  if (meter_->current_bytes() + rise <= hold_limit_) return;
+  // What the node will hold at most: its own rise, and the buffers of a
+  // collective that starts while it runs (one that was to start before
+  // it, or after it, can start now; one runs at a time).
+  const auto over = [&] {
+    return meter_->current_bytes() + rise + comm_->QueuedBufferBytes() >
+           hold_limit_;
+  };
+  if (!over()) return;
   const SteadyTime start = Now();
   bool waited = false;
   std::deque<AsyncHandle>& in_flight = it_->in_flight;
-  while (!in_flight.empty() && meter_->current_bytes() + rise > hold_limit_) {
+  while (!in_flight.empty() && over()) {
     const AsyncHandle handle = std::move(in_flight.front());
     in_flight.pop_front();
     if (handle->done()) continue;
@@ -469,7 +476,7 @@ void Executor::HoldPlannedPeak(int pos) {
   // host pages, a busy core): oldest first, as the collectives.
   bool waited_copy = false;
   for (IterationState::Copy& c : it_->copies) {
-    if (meter_->current_bytes() + rise <= hold_limit_) break;
+    if (!over()) break;
     if (!c.frees || c.handle == nullptr || c.handle->done()) continue;
     const absl::Status status = c.handle->Wait();
     TORCH_CHECK(status.ok(), std::string(status.message()));

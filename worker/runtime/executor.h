@@ -253,10 +253,12 @@ class Executor {
   std::string BoundaryName(int i) const;
   void StartBackwardNode(int pos);
   // Before the node at `pos`: when the memory now plus what the node's own
-  // allocations rose by last time would pass hold_limit_, waits for the
-  // collectives in flight, oldest first, until it would not (their buffers
-  // are freed as they finish) or none is left. A collective that runs later
-  // than the plan assumed then costs time, not a trip of the memory guard.
+  // allocations rose by last time, plus the largest buffers a collective
+  // still queued may allocate while the node runs, would pass hold_limit_,
+  // waits for the collectives in flight, oldest first, until it would not
+  // (their buffers are freed as they finish) or none is left. A collective
+  // that runs earlier or later than the plan assumed then costs time, not a
+  // trip of the memory guard.
   void HoldPlannedPeak(int pos);
   void FinishBackwardNode(int pos);
   void RefreshPersistent(const Prepared* previous);

@@ -178,7 +178,9 @@ AsyncHandle ShardedParamStore::Gather(absl::Span<const int32_t> ids,
                 .copy_(out.narrow(0, j * packed + p.offset, count));
           }
         }
-      });
+      },
+      // Its packed input and output, allocated as it starts.
+      packed * (world + 1) * static_cast<int64_t>(at::elementSize(dtype)));
   for (int32_t id : ids) params_[id].pending_gather = handle;
   return handle;
 }
@@ -251,52 +253,65 @@ AsyncHandle ShardedParamStore::ReduceScatterGrads(absl::Span<const int32_t> ids,
   const int world = world_size_;
   const at::Device device = device_;
   const at::ScalarType reduce_dtype = reduce_dtype_;
-  return comm.Submit([pieces = std::move(pieces), packed, world, device,
-                      reduce_dtype, &comm]() mutable {
-    const auto options = at::TensorOptions().dtype(reduce_dtype).device(device);
-    // Chunk j (for rank j) holds every param's slice j, in order: the
-    // gradient's elements, zeros where it has none (padding, no gradient).
-    // Each byte is written once.
-    at::Tensor in = at::empty({packed * world}, options);
-    for (const Piece& p : pieces) {
-      const at::Tensor flat =
-          p.grad.defined() ? p.grad.reshape({-1}) : at::Tensor();
-      for (int j = 0; j < world; ++j) {
-        const int64_t begin = j * p.shard_numel;
-        const int64_t count =
-            flat.defined()
-                ? std::clamp<int64_t>(p.numel - begin, 0, p.shard_numel)
-                : 0;
-        at::Tensor slot = in.narrow(0, j * packed + p.offset, p.shard_numel);
-        if (count > 0)
-          slot.narrow(0, 0, count).copy_(flat.narrow(0, begin, count));
-        if (count < p.shard_numel) {
-          slot.narrow(0, count, p.shard_numel - count).zero_();
+  const auto elem = static_cast<int64_t>(at::elementSize(reduce_dtype));
+  const int64_t in_bytes = packed * world * elem;
+  const int64_t out_bytes = packed * elem;
+  int64_t freed_bytes = 0;
+  for (const Piece& p : pieces) {
+    if (p.grad.defined()) freed_bytes += static_cast<int64_t>(p.grad.nbytes());
+  }
+  return comm.Submit(
+      [pieces = std::move(pieces), packed, world, device, reduce_dtype,
+       &comm]() mutable {
+        const auto options =
+            at::TensorOptions().dtype(reduce_dtype).device(device);
+        // Chunk j (for rank j) holds every param's slice j, in order: the
+        // gradient's elements, zeros where it has none (padding, no gradient).
+        // Each byte is written once.
+        at::Tensor in = at::empty({packed * world}, options);
+        for (const Piece& p : pieces) {
+          const at::Tensor flat =
+              p.grad.defined() ? p.grad.reshape({-1}) : at::Tensor();
+          for (int j = 0; j < world; ++j) {
+            const int64_t begin = j * p.shard_numel;
+            const int64_t count =
+                flat.defined()
+                    ? std::clamp<int64_t>(p.numel - begin, 0, p.shard_numel)
+                    : 0;
+            at::Tensor slot =
+                in.narrow(0, j * packed + p.offset, p.shard_numel);
+            if (count > 0)
+              slot.narrow(0, 0, count).copy_(flat.narrow(0, begin, count));
+            if (count < p.shard_numel) {
+              slot.narrow(0, count, p.shard_numel - count).zero_();
+            }
+          }
         }
-      }
-    }
-    for (Piece& p : pieces) p.grad = at::Tensor();  // free early
-    at::Tensor out = at::empty({packed}, options);
-    comm.ReduceScatterSum(in, out);
-    // Each rank's loss is the mean over its own tokens: the global mean's
-    // gradient is the mean of the ranks' gradients. A first reduce divides
-    // straight into the shard gradient (one pass).
-    const double ranks = static_cast<double>(world);
-    for (Piece& p : pieces) {
-      if (p.promoted_from.defined()) {
-        p.shard_grad.copy_(p.promoted_from);
-        p.promoted_from = at::Tensor();
-      }
-      const at::Tensor mine = out.narrow(0, p.offset, p.shard_numel);
-      if (p.first && p.shard_grad.scalar_type() == mine.scalar_type()) {
-        at::div_out(p.shard_grad, mine, ranks);
-      } else if (p.first) {
-        p.shard_grad.copy_(mine.div(ranks));
-      } else {
-        p.shard_grad.add_(mine.div(ranks));
-      }
-    }
-  });
+        for (Piece& p : pieces) p.grad = at::Tensor();  // free early
+        at::Tensor out = at::empty({packed}, options);
+        comm.ReduceScatterSum(in, out);
+        // Each rank's loss is the mean over its own tokens: the global mean's
+        // gradient is the mean of the ranks' gradients. A first reduce divides
+        // straight into the shard gradient (one pass).
+        const double ranks = static_cast<double>(world);
+        for (Piece& p : pieces) {
+          if (p.promoted_from.defined()) {
+            p.shard_grad.copy_(p.promoted_from);
+            p.promoted_from = at::Tensor();
+          }
+          const at::Tensor mine = out.narrow(0, p.offset, p.shard_numel);
+          if (p.first && p.shard_grad.scalar_type() == mine.scalar_type()) {
+            at::div_out(p.shard_grad, mine, ranks);
+          } else if (p.first) {
+            p.shard_grad.copy_(mine.div(ranks));
+          } else {
+            p.shard_grad.add_(mine.div(ranks));
+          }
+        }
+      },
+      // Its packed input rises on top of the gradients before it frees them;
+      // the output comes after.
+      std::max(in_bytes, in_bytes - freed_bytes + out_bytes));
 }
 
 absl::StatusOr<AsyncHandle> ShardedParamStore::OffloadStates(

@@ -1,5 +1,8 @@
 #include "worker/runtime/communicator.h"
 
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "ATen/ATen.h"
@@ -247,6 +250,31 @@ TEST(CommunicatorTest, FailedBody_ReportsStatusAndFailsLaterSubmissions) {
     EXPECT_NE(status.message().find("boom"), std::string::npos);
     AsyncHandle later = comm.Submit([] {});
     EXPECT_FALSE(later->Wait().ok());
+  });
+}
+
+// The memory hold counts what the communication thread may still allocate:
+// the largest buffers among the submissions not started (the one running
+// has allocated its own already).
+TEST(CommunicatorTest, QueuedBufferBytes_LargestNotStarted) {
+  RunLoopbackWorld(1, [](int, Communicator& comm) {
+    EXPECT_EQ(comm.QueuedBufferBytes(), 0);
+    std::atomic<bool> started{false};
+    std::atomic<bool> go{false};
+    AsyncHandle running = comm.Submit(
+        [&] {
+          started = true;
+          while (!go) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        },
+        5000);
+    while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    AsyncHandle small = comm.Submit([] {}, 100);
+    AsyncHandle none = comm.Submit([] {});
+    AsyncHandle large = comm.Submit([] {}, 300);
+    EXPECT_EQ(comm.QueuedBufferBytes(), 300);
+    go = true;
+    ASSERT_TRUE(large->Wait().ok());
+    EXPECT_EQ(comm.QueuedBufferBytes(), 0);
   });
 }
 

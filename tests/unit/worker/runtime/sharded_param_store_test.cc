@@ -202,6 +202,53 @@ TEST(ShardedParamStoreTest, ReduceScatterGrads_World3_MeanOverRanksInShards) {
   });
 }
 
+// What a gather and a reduce-scatter tell the communicator they allocate
+// as they start (Communicator::QueuedBufferBytes, the memory hold's
+// estimate): a gather its packed shards and packed output; a reduce its
+// packed input on top of the gradients, then the output once they are
+// freed. a: 21 elements, b: 5; shards of 7 and 2 at world 3: 9 packed.
+TEST(ShardedParamStoreTest, QueuedBufferBytes_GatherAndReduce) {
+  const Program program = TwoParams();
+  constexpr int kWorld = 3;
+  RunLoopbackWorld(kWorld, [&](int rank, Communicator& comm) {
+    auto store = ShardedParamStore::Create(program, rank, kWorld);
+    ASSERT_TRUE(store.ok());
+    ShardedParamStore& s = **store;
+    std::atomic<bool> started{false};
+    std::atomic<bool> go{false};
+    auto hold_thread = [&] {
+      started = false;
+      go = false;
+      comm.Submit([&] {
+        started = true;
+        while (!go) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      });
+      while (!started) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    };
+    hold_thread();
+    AsyncHandle gather = s.Gather({0, 1}, comm);
+    EXPECT_EQ(comm.QueuedBufferBytes(), 9 * (kWorld + 1) * 4);
+    go = true;
+    ASSERT_TRUE(gather->Wait().ok());
+    // Only a has a gradient: 84 bytes freed after the 108-byte input.
+    s.full(0).sum().backward();
+    hold_thread();
+    AsyncHandle reduce = s.ReduceScatterGrads({0, 1}, comm);
+    EXPECT_EQ(comm.QueuedBufferBytes(), 9 * kWorld * 4);
+    go = true;
+    ASSERT_TRUE(reduce->Wait().ok());
+    // No gradient left to free: the 36-byte output comes on top.
+    hold_thread();
+    AsyncHandle empty = s.ReduceScatterGrads({0, 1}, comm);
+    EXPECT_EQ(comm.QueuedBufferBytes(), 9 * (kWorld + 1) * 4);
+    go = true;
+    ASSERT_TRUE(empty->Wait().ok());
+    s.Release({0, 1});
+  });
+}
+
 TEST(ShardedParamStoreTest, FrozenParam_GatheredButNoGradStatesOrStep) {
   Program program = TwoParams();
   program.params[1].trainable = false;  // b frozen

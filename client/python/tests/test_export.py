@@ -563,7 +563,7 @@ def test_export_failure_keepsExistingFile(bad_model, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["bad_model.py", "model.tandem"]
 
 
-def test_export_encoderLmAttentionOnly_layersRunAsGlue():
+def test_export_encoderLmAttentionOnly_layersRunAsGlueWithUnitMemory():
     """wrap=[nn.MultiheadAttention] asks FX to trace nn.TransformerEncoder-
     Layer, which branches on its input's shape: each layer runs as glue,
     calling its attention and every other submodule holding params as units
@@ -576,9 +576,17 @@ def test_export_encoderLmAttentionOnly_layersRunAsGlue():
         ["encoder.layers.1." + n for n in layer] + ["head"])
     assert [(g.name, g.first_unit, g.unit_count) for g in m.glues] == [
         ("encoder.layers.0", 1, 5), ("encoder.layers.1", 6, 5)]
-    # A glue's boundaries are its own: no unit memory is measured, and the
-    # coordinator's check at submit stays on its params and activations.
-    assert all(len(u.memory) == 0 for u in m.units)
+    # Units inside a glue have their own memory measured as the glue calls
+    # them (tests/export checks it against the worker's profile), at the
+    # example's micro-batch and twice it.
+    size = batch["input_ids"].shape[0]
+    for k, u in enumerate(m.units):
+        got = {(x.micro_batch, x.recompute) for x in u.memory}
+        assert {(size, False), (2 * size, False)} <= got, (u.name, got)
+    attn = {(x.micro_batch, x.recompute): x for x in m.units[1].memory}
+    # Attention keeps what it saves for backward, more at twice the batch.
+    assert 0 < attn[size, False].forward_net_bytes < \
+        attn[2 * size, False].forward_net_bytes
     assert all(g.loaded_bytes > 0 for g in m.glues)
 
 

@@ -19,8 +19,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.checkpoint import checkpoint
 
-from tandem.export._common import _seeded
+from tandem.export._common import ArchiveError, _seeded
 from tandem.export.archive import call_unit, interpreted
+from tandem.export.glue import _glue_serving
 
 # Odd byte counts: a model's float and integer tensors are multiples of 2.
 _MARK_BYTES = 1_000_003
@@ -82,21 +83,42 @@ def _levels_at_marks(allocations, count):
 
 def _run_marked(archive, mods, batch, recompute, profiled=True):
     """Runs the units forward and backward once as the worker's executor
-    does (no glue): values no later unit reads dropped after each unit, the
-    values crossing each boundary hooked, one loss.backward(), a backward
-    node from one boundary's gradients to the next; units but the last
-    under `recompute` run through a reentrant checkpoint. Returns the mark
-    labels, in order, with the profile (None unless `profiled`)."""
+    does: values no later unit reads dropped after each unit, the values
+    crossing each boundary hooked, one loss.backward(), a backward node from
+    one boundary's gradients to the next; units but the last under
+    `recompute` run through a reentrant checkpoint. A glue runs whole,
+    interpreted, its units served as it calls them; the boundary after a
+    unit inside it sits on that unit's own outputs, and the one after its
+    last unit on what the glue returns (worker/runtime/executor.cc,
+    RunGlue). Returns the mark labels, in order, with the profile (None
+    unless `profiled`)."""
     m = archive.manifest
     n = len(m.units)
     weights = archive.weights()
     params = {p.name: weights[p.name].clone().requires_grad_(p.requires_grad)
               for p in m.params}
     buffers = {b.name: weights[b.name] for b in m.buffers}
+    glue_at = {g.first_unit: g for g in m.glues}
+    # Loaded before the record starts: what loading keeps is counted apart
+    # (measure_loaded_bytes).
+    glue_mods = {g.first_unit: archive.glue_module(g) for g in m.glues}
+    # What each step of the outer run reads and writes: a unit outside
+    # glue, or a glue standing at its last unit.
+    steps = []
+    k = 0
+    while k < n:
+        g = glue_at.get(k)
+        if g is None:
+            steps.append((k, None, m.units[k].inputs, m.units[k].outputs))
+            k += 1
+        else:
+            last = g.first_unit + g.unit_count - 1
+            steps.append((last, g, g.inputs, g.outputs))
+            k = last + 1
     last_reader = {}
-    for k, u in enumerate(m.units):
-        for v in u.inputs:
-            last_reader[v] = k
+    for at, _, reads, _ in steps:
+        for v in reads:
+            last_reader[v] = at
     mark = _Marks()
     # Hooks not yet fired per boundary; _DEAD for one no gradient crosses
     # (a frozen prefix), which fires once loss.backward() returned.
@@ -109,6 +131,35 @@ def _run_marked(archive, mods, batch, recompute, profiled=True):
             mark(("backward", boundary[0]))
             boundary[0] -= 1
 
+    def hook(b, tensors):
+        """Boundary b on `tensors`: those carrying a gradient come back as
+        views whose hook counts toward it."""
+        out = []
+        for t in tensors:
+            if torch.is_tensor(t) and t.requires_grad:
+                t = t.view_as(t)
+                t.register_hook(lambda g, b=b: fired(b))
+                pending[b] += 1
+            out.append(t)
+        if pending[b] == 0:
+            pending[b] = _DEAD
+        return out
+
+    def run_unit(k, args):
+        u = m.units[k]
+        if recompute and k + 1 < n:
+            # The params go in as inputs, as the worker's RecomputeFunction
+            # takes them: the gradients reach them through the recompute.
+            def run(*a, u=u, mod=mods[k], inputs=len(args)):
+                bound = dict(params)
+                bound.update(zip(u.params, a[inputs:]))
+                return tuple(call_unit(u, mod, list(a[:inputs]), bound,
+                                       buffers))
+            return list(checkpoint(run, *args,
+                                   *[params[name] for name in u.params],
+                                   use_reentrant=True))
+        return call_unit(u, mods[k], args, params, buffers)
+
     recording = (profile(activities=[ProfilerActivity.CPU],
                          profile_memory=True) if profiled
                  else contextlib.nullcontext())
@@ -118,41 +169,47 @@ def _run_marked(archive, mods, batch, recompute, profiled=True):
             warnings.catch_warnings():
         warnings.simplefilter("ignore")
         values = dict(batch)
-        for k, u in enumerate(m.units):
-            args = [values[v] for v in u.inputs]
-            mark(("forward", k))
-            if recompute and k + 1 < n:
-                # The params go in as inputs, as the worker's
-                # RecomputeFunction takes them: the gradients reach them
-                # through the recompute.
-                def run(*a, u=u, mod=mods[k], inputs=len(args)):
-                    bound = dict(params)
-                    bound.update(zip(u.params, a[inputs:]))
-                    return tuple(call_unit(u, mod, list(a[:inputs]), bound,
-                                           buffers))
-                out = checkpoint(run, *args, *[params[name] for name in u.params],
-                                 use_reentrant=True)
+        for at, g, reads, writes in steps:
+            args = [values[v] for v in reads]
+            if g is None:
+                mark(("forward", at))
+                out = run_unit(at, args)
             else:
-                out = call_unit(u, mods[k], args, params, buffers)
+                expected = [g.first_unit]
+
+                def call(k, inputs, g=g, expected=expected, last=at):
+                    if k != expected[0] or k > last:
+                        raise ArchiveError(
+                            "glue %s called unit %d where unit %d was next"
+                            % (g.name, k, expected[0]))
+                    expected[0] += 1
+                    mark(("forward", k))
+                    o = run_unit(k, inputs)
+                    mark(("forward-end", k))
+                    return hook(k, o) if k < last else o
+
+                outer = getattr(_glue_serving, "call", None)
+                _glue_serving.call = call
+                try:
+                    out = list(glue_mods[g.first_unit](*args))
+                finally:
+                    _glue_serving.call = outer
             del args
-            for name, v in zip(u.outputs, out):
+            for name, v in zip(writes, out):
                 values[name] = v
             del out
             for v in [v for v in values
-                      if last_reader.get(v, -1) <= k and v != m.loss]:
+                      if last_reader.get(v, -1) <= at and v != m.loss]:
                 del values[v]
-            mark(("forward-end", k))
-            if k + 1 == n:
+            if g is None:
+                # Inside a glue, each unit ends where it returns (the worker
+                # measures it there, before the glue's own code goes on).
+                mark(("forward-end", at))
+            if at + 1 == n:
                 break
-            for v, t in list(values.items()):
-                if v == m.loss or not torch.is_tensor(t) or not t.requires_grad:
-                    continue
-                t = t.view_as(t)
-                t.register_hook(lambda g, k=k: fired(k))
+            names = [v for v in values if v != m.loss]
+            for v, t in zip(names, hook(at, [values[v] for v in names])):
                 values[v] = t
-                pending[k] += 1
-            if pending[k] == 0:
-                pending[k] = _DEAD
         loss = values.pop(m.loss)
         values.clear()
         mark(("backward", n - 1))
@@ -197,12 +254,12 @@ def _doubled(batch):
 def measure_unit_memory(archive, batch):
     """Fills each ArchiveUnit.memory of `archive`'s manifest: the units'
     own memory on `batch` and on it doubled, with and without activation
-    checkpointing. Leaves them empty for an archive with glue (the glue's
-    boundaries are its own) or when the profiler's record misses a mark."""
+    checkpointing; units inside a glue as the glue calls them. Leaves them
+    empty when the profiler's record misses a mark."""
     m = archive.manifest
     for u in m.units:
         del u.memory[:]
-    if m.glues or not m.units:
+    if not m.units:
         return
     mods = [archive.unit_module(u) for u in m.units]
     batches = [batch]

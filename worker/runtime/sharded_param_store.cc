@@ -11,6 +11,7 @@
 #include "ATen/native/Resize.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "worker/runtime/torch_status.h"
 
 #ifdef TANDEM_WITH_CUDA
@@ -314,6 +315,17 @@ AsyncHandle ShardedParamStore::ReduceScatterGrads(absl::Span<const int32_t> ids,
       std::max(in_bytes, in_bytes - freed_bytes + out_bytes));
 }
 
+absl::Status ShardedParamStore::ReserveHostStates(absl::Span<const int32_t> ids,
+                                                  HostTier& tier) {
+  for (int32_t id : ids) {
+    Entry& e = params_[id];
+    if (!e.trainable || e.host_states.defined()) continue;
+    ASSIGN_OR_RETURN(e.host_states,
+                     tier.Allocate(StateCount(e) * e.shard_numel));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<AsyncHandle> ShardedParamStore::OffloadStates(
     absl::Span<const int32_t> ids, HostTier& tier) {
   struct Piece {
@@ -330,10 +342,7 @@ absl::StatusOr<AsyncHandle> ShardedParamStore::OffloadStates(
     Entry& e = params_[id];
     if (e.states_on_host || !e.trainable) continue;
     if (!e.host_states.defined()) {
-      absl::StatusOr<at::Tensor> host =
-          tier.Allocate(StateCount(e) * e.shard_numel);
-      if (!host.ok()) return host.status();
-      e.host_states = *std::move(host);
+      RETURN_IF_ERROR(ReserveHostStates({id}, tier));
     }
     pieces.push_back(
         {{std::move(e.exp_avg), std::move(e.exp_avg_sq), std::move(e.master)},

@@ -145,6 +145,13 @@ class ShardedParamStore {
   // memory.
   absl::StatusOr<AsyncHandle> OffloadStates(absl::Span<const int32_t> ids,
                                             HostTier& tier);
+  // Allocates now, on `tier`, the host memory that OffloadStates would at
+  // the first offload of each trainable param of `ids` (once per param; it
+  // is kept). A schedule that offloads reserves its states when it becomes
+  // active, so that its first offloads copy at the speed of the later ones
+  // and free the device memory when its plan expects. Errors: as
+  // OffloadStates.
+  absl::Status ReserveHostStates(absl::Span<const int32_t> ids, HostTier& tier);
   // Copies the states of `ids` that are on the host now back to device
   // memory on `tier`'s copy thread, which allocates it when the copy starts
   // (on CUDA it is allocated now). Null handle when nothing moves.

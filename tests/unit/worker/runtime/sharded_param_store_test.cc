@@ -1,7 +1,12 @@
 #include "worker/runtime/sharded_param_store.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -430,6 +435,55 @@ TEST(ShardedParamStoreTest, Bf16_MasterOffloadedWithStates_ComesBackExact) {
   s.SetMasterShard(0, values);
   EXPECT_TRUE(at::equal(s.MasterShard(0), values));
   EXPECT_TRUE(at::equal(s.shard(0), values.to(at::kBFloat16)));
+}
+
+// A schedule that offloads reserves its states' host memory when it
+// becomes active (Executor::Activate): once per param, the amount the first
+// offload would allocate, and that offload copies into it.
+TEST(ShardedParamStoreTest, ReserveHostStates_AllocatesOnceAndOffloadUsesIt) {
+  OffloadSetup setup = Bf16StoreAndTier();
+  ASSERT_TRUE(setup.store && setup.tier);
+  ShardedParamStore& s = *setup.store;
+  HostTier& tier = *setup.tier;
+  const int64_t states = s.state_bytes(0) + s.state_bytes(1);
+  ASSERT_GT(states, 0);
+  ASSERT_TRUE(s.ReserveHostStates({0, 1}, tier).ok());
+  EXPECT_EQ(tier.held_bytes(), states);
+  EXPECT_FALSE(s.states_on_host(0));  // reserved, not moved
+  ASSERT_TRUE(s.ReserveHostStates({0, 1}, tier).ok());
+  EXPECT_EQ(tier.held_bytes(), states);
+  const at::Tensor master = s.MasterShard(0).clone();
+  absl::StatusOr<AsyncHandle> off = s.OffloadStates({0, 1}, tier);
+  ASSERT_TRUE(off.ok()) << off.status();
+  ASSERT_TRUE((*off)->Wait().ok());
+  s.WaitStates();
+  EXPECT_TRUE(s.states_on_host(0));
+  EXPECT_EQ(tier.held_bytes(), states);
+  AsyncHandle back = s.ReloadStates({0, 1}, tier);
+  ASSERT_NE(back, nullptr);
+  ASSERT_TRUE(back->Wait().ok());
+  s.WaitStates();
+  EXPECT_TRUE(at::equal(s.MasterShard(0), master));
+}
+
+// The host tier's memory on CPU is a fresh file mapping: Allocate faults
+// every page in, so that the first copy into it runs as fast as later ones.
+TEST(HostTierTest, Allocate_Cpu_EveryPageResident) {
+  absl::StatusOr<std::unique_ptr<HostTier>> tier =
+      HostTier::Create(at::Device(at::kCPU), "");
+  ASSERT_TRUE(tier.ok()) << tier.status();
+  constexpr int64_t kNumel = int64_t{3} << 20;  // 12 MiB
+  absl::StatusOr<at::Tensor> host = (*tier)->Allocate(kNumel);
+  ASSERT_TRUE(host.ok()) << host.status();
+  const size_t bytes = kNumel * sizeof(float);
+  const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> resident((bytes + page - 1) / page);
+  ASSERT_EQ(mincore(host->data_ptr(), bytes, resident.data()), 0)
+      << std::strerror(errno);
+  int64_t missing = 0;
+  for (unsigned char r : resident) missing += (r & 1) ? 0 : 1;
+  EXPECT_EQ(missing, 0) << "of " << resident.size() << " pages";
+  EXPECT_EQ(host->sum().item<float>(), 0.0f);  // reads as zeros
 }
 
 // A reload queued behind another copy holds no memory until its copy

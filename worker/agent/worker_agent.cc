@@ -2,8 +2,10 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -35,8 +37,8 @@ absl::StatusOr<v1::RegisterResponse> WorkerAgent::Register() {
   request.set_requested_rank(options_.requested_rank);
   request.set_device(options_.device);
   request.set_device_memory_bytes(options_.device_memory_bytes);
-  const auto deadline =
-      std::chrono::steady_clock::now() + options_.register_timeout;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + options_.register_timeout;
   auto backoff = std::chrono::milliseconds(200);
   for (;;) {
     absl::StatusOr<v1::RegisterResponse> response = client_->Register(request);
@@ -50,9 +52,15 @@ absl::StatusOr<v1::RegisterResponse> WorkerAgent::Register() {
         response.status().code() != absl::StatusCode::kDeadlineExceeded) {
       return response.status();
     }
-    if (std::chrono::steady_clock::now() + backoff > deadline) {
-      return response.status();
-    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now + backoff > deadline) return response.status();
+    // Said on every retry: a worker that waits on its coordinator says so
+    // rather than sitting silent until register_timeout.
+    std::fprintf(
+        stderr, "tandem-worker: %s; retrying registration (%.1f s of %.0f s)\n",
+        std::string(response.status().message()).c_str(),
+        std::chrono::duration<double>(now - start).count(),
+        std::chrono::duration<double>(options_.register_timeout).count());
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
   }

@@ -35,19 +35,11 @@ std::string DefaultDir() {
   return "/tmp";
 }
 
-// Allocates the pages of a fresh writable mapping now, as writes would:
-// MADV_POPULATE_WRITE (Linux 5.14), else one write of zero per page (the
-// mapping reads as zeros already).
-void PrefaultPages(void* data, size_t bytes) {
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-  if (madvise(data, bytes, MADV_POPULATE_WRITE) == 0) return;
-  const long page = sysconf(_SC_PAGESIZE);
-  const size_t step = page > 0 ? static_cast<size_t>(page) : 4096;
-  auto* bytes_at = static_cast<volatile char*>(data);
-  for (size_t at = 0; at < bytes; at += step) bytes_at[at] = 0;
-}
+// Writes every page of a fresh mapping once, now: on this project's VM
+// (ext4 /tmp) the first copy into a fresh 5 MiB mapping took 17 ms and one
+// into a mapping written once before 0.4 ms; MADV_POPULATE_WRITE left the
+// first copy at 5 ms (2026-12-02). The mapping reads as zeros already.
+void PrefaultPages(void* data, size_t bytes) { std::memset(data, 0, bytes); }
 
 }  // namespace
 
@@ -151,7 +143,7 @@ absl::StatusOr<at::Tensor> HostTier::Allocate(int64_t numel) {
   }
   // Faulted in now: the first write to each page of a fresh file mapping
   // allocates it, and a copy doing that ran 30-50x slower than one into
-  // pages already there (worker/README.md, "Memory guard").
+  // pages already there (worker/README.md, "Offload").
   PrefaultPages(data, bytes);
   held_bytes_ += static_cast<int64_t>(bytes);
   return at::from_blob(

@@ -1172,8 +1172,6 @@ absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
   if (options_.budget_bytes <= 0) return absl::OkStatus();
   const bool switched = previous != nullptr;
   if (switched) {
-    guard_min_peak_ = -1;
-    guard_max_peak_ = 0;
     // The boundary gathered the new schedule's persistent params, so this
     // step's peak includes the switch: over the budget, it is the new
     // schedule's, and the new schedule's first exchange reports it (a
@@ -1181,10 +1179,6 @@ absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
     last_peak_ =
         stats->peak_bytes > options_.budget_bytes ? stats->peak_bytes : 0;
   } else {
-    guard_min_peak_ = guard_min_peak_ < 0
-                          ? stats->peak_bytes
-                          : std::min(guard_min_peak_, stats->peak_bytes);
-    guard_max_peak_ = std::max(guard_max_peak_, stats->peak_bytes);
     last_peak_ = stats->peak_bytes;
   }
   if (stats->peak_bytes <= options_.budget_bytes) return absl::OkStatus();
@@ -1210,9 +1204,10 @@ bool Executor::NearBudget(int64_t peak) const {
       least_memory_active_) {
     return false;
   }
-  const int64_t spread =
-      guard_min_peak_ < 0 ? 0 : guard_max_peak_ - guard_min_peak_;
-  return peak >= options_.budget_bytes - std::max(GuardBand(), spread);
+  // The band alone: a spread of the step peaks widened it once, and
+  // counted a spike that recurs at one value twice, as the peak and as the
+  // spread (worker/README.md, "Memory guard").
+  return peak >= options_.budget_bytes - GuardBand();
 }
 
 int64_t Executor::GuardBand() const {

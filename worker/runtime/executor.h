@@ -298,10 +298,8 @@ class Executor {
   // Each node's own memory rise (by graph position) in the last iteration
   // that measured it: HoldPlannedPeak's estimate of what it will need.
   std::vector<int64_t> last_rise_;
-  // Smallest and largest step peak under the active schedule (-1: none
-  // yet), and the last step's: the guard band's measured spread.
-  int64_t guard_min_peak_ = -1;
-  int64_t guard_max_peak_ = 0;
+  // The last step's peak under the active schedule (the switching step's
+  // only when over the budget): the guard reads it with the step's own.
   int64_t last_peak_ = 0;
   // The active schedule runs the least-memory plan (the fallback, or a
   // published plan identical to it): nothing to fall back to.

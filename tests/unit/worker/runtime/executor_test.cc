@@ -1924,9 +1924,9 @@ TEST(ExecutorTest, PeakOverBudget_FallsBackThenFailsWhenNothingFits) {
 // the collectives in flight to finish and free their buffers, instead of
 // letting the peak rise. Numerics are those of the same schedule without a
 // budget, and the peak is not above that run's. (Both ranks share the
-// process's meter and reset its peak at their own step starts, so the
-// guard's spread of step peaks is noisy here and may trip it after the
-// first step; the least-memory schedule then gives the same numerics.)
+// process's meter and reset its peak at their own step starts, so a
+// rank's step peak may hold the other's and trip the guard after the first
+// step; the least-memory schedule then gives the same numerics.)
 TEST(ExecutorTest, MemoryHold_WaitsForCollectivesInFlight_SameNumerics) {
   constexpr int kWorld = 2;
   constexpr int kSteps = 3;

@@ -425,12 +425,10 @@ absl::Status Executor::Activate(const Schedule& schedule) {
     ASSIGN_OR_RETURN(host_,
                      HostTier::Create(store_->device(), options_.offload_dir));
   }
-  // The host memory its offloads copy into, allocated and faulted in now
-  // (at the boundary, between steps) rather than by the first copy: on a
-  // fresh mapping that copy ran 30-50x slower (5 MiB in 40-45 ms against
-  // 1 ms later, wide-short on this project's VM), the device states stayed
-  // until it was done, and the first step under a new plan peaked up to
-  // 10 MB above the plan's prediction.
+  // The host memory its offloads copy into, allocated now (at the
+  // boundary, between steps) rather than by the first copy, which on a
+  // fresh mapping freed the device states late (worker/README.md,
+  // "Offload").
   for (const OffloadEntry& o : schedule.offloads) {
     RETURN_IF_ERROR(store_->ReserveHostStates(o.param_ids, *host_));
   }

@@ -35,10 +35,11 @@ std::string DefaultDir() {
   return "/tmp";
 }
 
-// Writes every page of a fresh mapping once, now: on this project's VM
-// (ext4 /tmp) the first copy into a fresh 5 MiB mapping took 17 ms and one
-// into a mapping written once before 0.4 ms; MADV_POPULATE_WRITE left the
-// first copy at 5 ms (2026-12-02). The mapping reads as zeros already.
+// Writes every page of a fresh mapping once, now, so that the first copy
+// into it runs as fast as later ones: on this project's VM (ext4 /tmp) a
+// 5 MiB copy into a fresh mapping took 17 ms, into one written once 0.4
+// ms; MADV_POPULATE_WRITE left it at 5 ms (2026-12-02, worker/README.md,
+// "Offload"). The mapping reads as zeros already.
 void PrefaultPages(void* data, size_t bytes) { std::memset(data, 0, bytes); }
 
 }  // namespace
@@ -141,9 +142,6 @@ absl::StatusOr<at::Tensor> HostTier::Allocate(int64_t numel) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "cannot map ", bytes, " bytes of host tier: ", std::strerror(err)));
   }
-  // Faulted in now: the first write to each page of a fresh file mapping
-  // allocates it, and a copy doing that ran 30-50x slower than one into
-  // pages already there (worker/README.md, "Offload").
   PrefaultPages(data, bytes);
   held_bytes_ += static_cast<int64_t>(bytes);
   return at::from_blob(

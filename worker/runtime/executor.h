@@ -75,8 +75,7 @@ struct ExecutorOptions {
   int64_t budget_bytes = 0;
   // Memory guard (worker/README.md, "Memory guard"), with budget_bytes > 0:
   // the executor holds the least-memory schedule; a rank whose peak comes
-  // within the guard band of the budget (this fraction of it, or the spread
-  // of its peaks under the active schedule when that is larger) makes every
+  // within the guard band of the budget (this fraction of it) makes every
   // rank switch to it at the next agreed boundary. A peak over the budget
   // fails the step only under that schedule, when no schedule fits.
   double guard_band = kMemoryGuardBand;
@@ -208,8 +207,8 @@ class Executor {
            ShardedParamStore* store, Communicator* comm, MemoryMeter* meter,
            Schedule initial, std::optional<Schedule> fallback,
            ExecutorOptions options);
-  // The guard's verdict for this rank, from its peaks under the active
-  // schedule (guard_peaks_) and the peak so far.
+  // The guard's verdict for this rank from its peak so far: within the
+  // band of the budget, under a schedule other than the least-memory one.
   bool NearBudget(int64_t peak) const;
   // The guard band's fixed part: options_.guard_band of the budget.
   int64_t GuardBand() const;

@@ -1919,6 +1919,97 @@ TEST(ExecutorTest, PeakOverBudget_FallsBackThenFailsWhenNothingFits) {
   });
 }
 
+// The guard trips on its band alone (worker/README.md, "Memory guard"):
+// step peaks that alternate between two values, the higher one well below
+// the band, never trip it, however far apart they are; a peak inside the
+// band does. The extra peak is memory the test holds through a step (the
+// meter's peak restarts at the step's current bytes). A band that widened
+// to the spread of the version's peaks (max - min, as it once did) trips
+// at the first high step here: its line falls to budget - spread, below
+// the high peak.
+TEST(ExecutorTest,
+     MemoryGuard_RecurringSpikeBelowBand_NoTrip_PeakInBand_Trips) {
+  constexpr int kSteps = 5;
+  RunLoopbackWorld(1, [](int rank, Communicator& comm) {
+    const ModelConfig config = TestModel(1, kMicroBatch);
+    auto program = BuildModelProgram(config, kSeed);
+    ASSERT_TRUE(program.ok());
+    auto graph = GraphOf(*program, config);
+    ASSERT_TRUE(graph.ok());
+    auto data = MakeSyntheticTokens(kSeed, config.vocab, config.seq_len);
+    // held[step]: bytes the test holds through that step.
+    auto run = [&](const ExecutorOptions& options,
+                   const std::vector<int64_t>& held,
+                   std::vector<StepStats>* steps) {
+      auto store = ShardedParamStore::Create(*program, rank, 1);
+      ASSERT_TRUE(store.ok());
+      auto executor = Executor::Create(&*program, *graph, store->get(), &comm,
+                                       CountingCpuAllocator::Get(),
+                                       Prefetch(*graph, 1), options);
+      ASSERT_TRUE(executor.ok()) << executor.status();
+      for (size_t step = 0; step < held.size(); ++step) {
+        auto batches = ReadRankBatches(*data, static_cast<int64_t>(step), 1, 0,
+                                       1, kMicroBatch);
+        ASSERT_TRUE(batches.ok());
+        at::Tensor extra;
+        if (held[step] > 0) extra = at::ones({held[step]}, at::kByte);
+        auto stats = (*executor)->RunStep(*batches);
+        ASSERT_TRUE(stats.ok()) << stats.status();
+        steps->push_back(*stats);
+      }
+    };
+    // The step peaks without a budget or held memory.
+    std::vector<StepStats> free_steps;
+    run(ExecutorOptions{}, std::vector<int64_t>(kSteps, 0), &free_steps);
+    ASSERT_FALSE(HasFatalFailure());
+    int64_t low = free_steps[0].peak_bytes;
+    int64_t high = low;
+    for (const StepStats& s : free_steps) {
+      low = std::min(low, s.peak_bytes);
+      high = std::max(high, s.peak_bytes);
+    }
+    // The spike: far above the steps' own spread, so the peaks under held
+    // memory are known within 5% of it.
+    const int64_t spike = std::max<int64_t>(1 << 20, 20 * (high - low));
+    // The high peak sits half a spike under the budget, twice the band.
+    ExecutorOptions options;
+    options.budget_bytes = high + spike + spike / 2;
+    options.guard_band = static_cast<double>(spike / 4) /
+                         static_cast<double>(options.budget_bytes);
+    const std::vector<int64_t> recurring = {0, spike, 0, spike, 0, spike};
+    std::vector<StepStats> steps;
+    run(options, recurring, &steps);
+    ASSERT_FALSE(HasFatalFailure());
+    ASSERT_EQ(steps.size(), recurring.size());
+    for (size_t i = 0; i < steps.size(); ++i) {
+      EXPECT_FALSE(steps[i].memory_guard)
+          << "step " << i << " peak " << steps[i].peak_bytes << " of budget "
+          << options.budget_bytes << ": " << steps[i].guard_reason;
+      EXPECT_NE(steps[i].schedule_version, kLeastMemoryVersion);
+      if (recurring[i] > 0) {
+        // The spread the old rule would have read, and the line it drew.
+        EXPECT_GE(steps[i].peak_bytes - low, spike);
+        EXPECT_GE(steps[i].peak_bytes, options.budget_bytes - spike);
+      }
+    }
+    // A peak inside the band (a fifth of a spike under the budget, the band
+    // a quarter) trips the guard at that step; the next runs least-memory.
+    const std::vector<int64_t> in_band = {0, spike, 0, spike + spike * 3 / 10,
+                                          0};
+    std::vector<StepStats> tripped;
+    run(options, in_band, &tripped);
+    ASSERT_FALSE(HasFatalFailure());
+    ASSERT_EQ(tripped.size(), in_band.size());
+    for (size_t i = 0; i < 3; ++i) EXPECT_FALSE(tripped[i].memory_guard) << i;
+    EXPECT_LT(tripped[3].peak_bytes, options.budget_bytes);
+    EXPECT_TRUE(tripped[3].memory_guard) << tripped[3].peak_bytes;
+    EXPECT_NE(tripped[3].guard_reason.find("within the guard band"),
+              std::string::npos)
+        << tripped[3].guard_reason;
+    EXPECT_EQ(tripped[4].schedule_version, kLeastMemoryVersion);
+  });
+}
+
 // The memory hold (worker/README.md, "Memory guard"): with a plan
 // predicted well below its real peak, the runtime waits before nodes for
 // the collectives in flight to finish and free their buffers, instead of

@@ -144,6 +144,75 @@ class Coordinator:
             self.proc = None
 
 
+class DelayProxy:
+    """A TCP proxy on loopback that delivers every byte `delay_s` after it
+    arrived, in each direction: a link with a round trip of twice that,
+    for whatever runs over it (TLS included; it does not look inside).
+    `address` is its HOST:PORT; close() ends it and its connections."""
+
+    def __init__(self, target_address, delay_s):
+        host, port = target_address.rsplit(":", 1)
+        self.target = (host, int(port))
+        self.delay_s = delay_s
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(64)
+        self.address = "127.0.0.1:%d" % self._listener.getsockname()[1]
+        self._sockets = [self._listener]
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+                upstream = socket.create_connection(self.target, timeout=10)
+                upstream.settimeout(None)
+            except OSError:
+                return
+            self._sockets += [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                chunks = queue.Queue()
+                threading.Thread(target=self._read, args=(src, chunks),
+                                 daemon=True).start()
+                threading.Thread(target=self._deliver, args=(chunks, dst),
+                                 daemon=True).start()
+
+    def _read(self, src, chunks):
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                data = b""
+            chunks.put((time.monotonic() + self.delay_s, data))
+            if not data:
+                return
+
+    def _deliver(self, chunks, dst):
+        while True:
+            due, data = chunks.get()
+            time.sleep(max(0.0, due - time.monotonic()))
+            try:
+                if not data:
+                    dst.shutdown(socket.SHUT_WR)
+                    return
+                dst.sendall(data)
+            except OSError:
+                return
+
+    def close(self):
+        self._closed = True
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept()
+        except OSError:
+            pass
+        for s in self._sockets:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
 def require_coordinator_binary():
     binary = coordinator_binary()
     if not binary.is_file():

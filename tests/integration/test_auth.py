@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import grpc
 import pytest
@@ -276,6 +277,32 @@ def test_worker_without_secret_is_refused_and_says_how_to_fix(
                        env={"TANDEM_JOIN_SECRET": alice.join_secret(job.id)})
     assert w.wait(timeout=120) == 0, w.log()
     assert alice.get(job.id).job.state == job_pb2.JOB_STATE_SUCCEEDED
+
+
+def test_worker_registers_over_a_slow_tls_link(cluster, secure, pki):
+    """Through a link with a 600 ms round trip (a proxy that delays each
+    direction 300 ms), a worker's TLS handshake takes a few round trips.
+    Its first attempt must get through (gRPC's 20 s connect timeout), be
+    refused for its missing secret at once, and with the secret train
+    the job. With the agent's old 100 ms connect timeout no handshake ever
+    finished (worker/README.md, "Persistence and faults")."""
+    alice = client(secure, pki, ALICE)
+    job = alice.submit(spec(steps=3))
+    proxy = harness.DelayProxy(secure.address, 0.3)
+    try:
+        via = types.SimpleNamespace(address=proxy.address)
+        w = cluster.worker(via, job.id, 0, extra=["--tls-ca", pki / "ca.pem"])
+        assert w.wait(timeout=60) == 1, w.log()
+        assert "no join secret" in w.log(), w.log()
+        assert "retrying registration" not in w.log(), w.log()
+        w = cluster.worker(via, job.id, 0, extra=["--tls-ca", pki / "ca.pem"],
+                           env={"TANDEM_JOIN_SECRET":
+                                alice.join_secret(job.id)})
+        assert w.wait(timeout=120) == 0, w.log()
+        assert "retrying registration" not in w.log(), w.log()
+        assert alice.get(job.id).job.state == job_pb2.JOB_STATE_SUCCEEDED
+    finally:
+        proxy.close()
 
 
 def test_mutual_tls_requires_a_worker_certificate(cluster, pki, tmp_path):

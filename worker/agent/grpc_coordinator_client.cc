@@ -12,10 +12,16 @@ GrpcCoordinatorClient::GrpcCoordinatorClient(
       join_secret_(std::move(credentials.join_secret)) {
   grpc::ChannelArguments args;
   // Reconnect quickly when the coordinator comes back: a restart must be
-  // over well within its heartbeat timeout (15 s by default).
+  // over well within its heartbeat timeout (15 s by default). Attempts start
+  // 100-500 ms apart; each may take gRPC's default 20 s to connect.
+  // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is not a backoff but that connect
+  // timeout, for the TCP connect, the TLS handshake and HTTP/2's settings
+  // together: set to 100 ms, a loaded host or a link with a few hundred ms
+  // of round trip never finished a TLS handshake in it, and the worker
+  // retried until its register timeout (worker/README.md, "Persistence and
+  // faults").
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetMaxReceiveMessageSize(64 << 20);
   channel_ = grpc::CreateCustomChannel(address,
                                        credentials.channel != nullptr

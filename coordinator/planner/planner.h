@@ -50,8 +50,12 @@ std::vector<Policy> AllPolicies();
 // includes what transfers running alongside took from compute; that part
 // (the node's overlap bytes times the profile's compute_s_per_*_byte) is
 // taken out, since the simulator adds it back for whatever schedule it
-// replays (at most 90% of a time is taken out). Fails when the profile is for
-// another graph or malformed (ValidateProfile).
+// replays (at most 90% of a time is taken out).
+//
+// Every profile this header's functions take must be valid for their graph
+// (ValidateProfile): the caller checks it once, where the profile comes in
+// (the coordinator's ProfileAggregator, tandem-plan's --profile, the job
+// report's stored window), and the planner does not check it again.
 absl::StatusOr<Graph> ApplyProfile(const Graph& graph, const Profile& profile);
 
 // Fits `hw`'s collective models from the profile's measured collectives

@@ -91,11 +91,12 @@ void JobHistory::OnProgress(const std::string& job_id, int32_t rank,
   if (write) (void)Write(job_id);
 }
 
-void JobHistory::OnProfile(const std::string& job_id, int32_t rank,
-                           const v1::Profile& profile) {
+absl::Status JobHistory::OnProfile(const std::string& job_id, int32_t rank,
+                                   const v1::Profile& profile) {
   if (store_->PutRankWindow(job_id, SummarizeRankWindow(rank, profile)).ok()) {
     Added(job_id, 1);
   }
+  return absl::OkStatus();
 }
 
 void JobHistory::OnJobEnded(const std::string& job_id) {

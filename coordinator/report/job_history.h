@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "coordinator/service/job_manager.h"
+#include "coordinator/service/worker_manager.h"
 #include "coordinator/store/job_store.h"
 #include "tandem/v1/profile.pb.h"
 #include "tandem/v1/worker_service.pb.h"
@@ -35,7 +36,9 @@ namespace tandem {
 // for, summed over the window's mean iteration.
 StoredRankWindow SummarizeRankWindow(int32_t rank, const v1::Profile& profile);
 
-class JobHistory {
+// The worker manager's second listener (coordinator_server.cc), after the
+// planning manager: it sees only the profiles planning accepted.
+class JobHistory final : public WorkerEventListener {
  public:
   // Steps a job may have waiting for their last rank; older ones are
   // dropped first (a rank that stopped reporting leaves them incomplete).
@@ -59,10 +62,11 @@ class JobHistory {
   // A rank's step. Unknown jobs are ignored; a failed write is dropped
   // (the history is for looking at; training goes on).
   void OnProgress(const std::string& job_id, int32_t rank,
-                  const v1::IterationProgress& progress);
-  // A rank's profile window, accepted by the planning manager.
-  void OnProfile(const std::string& job_id, int32_t rank,
-                 const v1::Profile& profile);
+                  const v1::IterationProgress& progress) override;
+  // A rank's profile window, accepted by the planning manager. Always OK: a
+  // failed write is dropped, as for steps.
+  absl::Status OnProfile(const std::string& job_id, int32_t rank,
+                         const v1::Profile& profile) override;
   // The job ended: writes what is buffered and forgets its open steps.
   void OnJobEnded(const std::string& job_id);
 

@@ -11,9 +11,11 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/ir/proto_convert.h"
+#include "common/ir/validate.h"
 #include "common/lowering/least_memory.h"
 #include "common/lowering/lowering.h"
 #include "common/sim/simulator.h"
+#include "common/status_macros.h"
 #include "coordinator/planner/job_plan.h"
 #include "coordinator/planner/planner.h"
 #include "google/protobuf/struct.pb.h"
@@ -168,6 +170,9 @@ absl::StatusOr<SimContext> Calibrate(JobStore& store, const v1::Job& job,
   }
   absl::StatusOr<Profile> profile = FromProto(profiles->back());
   if (!profile.ok()) return profile.status();
+  // A stored window may be an older coordinator's: checked against the graph
+  // here, as the planner does not.
+  RETURN_IF_ERROR(ValidateProfile(*profile, *graph));
   std::optional<Schedule> profiled;
   if (profile->schedule_version == kLeastMemoryVersion) {
     absl::StatusOr<Schedule> s = LeastMemorySchedule(*graph, ctx.mode);

@@ -16,52 +16,6 @@
 namespace tandem {
 namespace {
 
-// What workers report that planning needs, and what the job reports keep
-// (steps, profile windows). Registrations carry nothing the planner uses
-// yet.
-class PlanningFeed final : public WorkerEventListener {
- public:
-  PlanningFeed(PlanningManager* planning, JobHistory* history)
-      : planning_(planning), history_(history) {}
-
-  absl::Status OnGraph(const std::string& job_id, int32_t rank,
-                       const v1::GraphReport& report) override {
-    return planning_->OnGraph(job_id, rank, report);
-  }
-  absl::Status OnProfile(const std::string& job_id, int32_t rank,
-                         const v1::Profile& profile) override {
-    absl::Status s = planning_->OnProfile(job_id, rank, profile);
-    if (s.ok()) history_->OnProfile(job_id, rank, profile);
-    return s;
-  }
-  void OnProgress(const std::string& job_id, int32_t rank,
-                  const v1::IterationProgress& progress) override {
-    planning_->OnProgress(job_id, rank, progress);
-    history_->OnProgress(job_id, rank, progress);
-  }
-  void OnScheduleActive(const std::string& job_id, int64_t version) override {
-    planning_->OnScheduleActive(job_id, version);
-  }
-  void OnWorldChanged(const std::string& job_id) override {
-    planning_->OnWorldChanged(job_id);
-  }
-  void OnMemoryGuard(const std::string& job_id, int32_t rank, int64_t step,
-                     std::optional<int64_t> tripped_version,
-                     const std::string& reason) override {
-    planning_->OnMemoryGuard(job_id, rank, step, tripped_version, reason);
-  }
-  void OnRankRegistered(const std::string& job_id, int32_t rank,
-                        const std::string& hostname, const std::string& device,
-                        int64_t device_memory_bytes) override {
-    planning_->OnRankRegistered(job_id, rank,
-                                {hostname, device, device_memory_bytes});
-  }
-
- private:
-  PlanningManager* planning_;
-  JobHistory* history_;
-};
-
 // The metrics port under authentication: /metrics for any known token,
 // showing an admin every series and anyone else only the series of their
 // own jobs (and those of no job); a job's report (/jobs/<id>) for its owner
@@ -192,8 +146,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   WorkerManager* workers = s->workers_.get();
   PlanningManager* planning = s->planning_.get();
   JobHistory* history = s->history_.get();
-  s->worker_events_ = std::make_unique<PlanningFeed>(planning, history);
-  workers->SetListener(s->worker_events_.get());
+  // Planning first: the history keeps only the profiles planning accepted.
+  workers->AddListener(planning);
+  workers->AddListener(history);
   workers->SetScheduleLookup([planning](const std::string& job_id) {
     return planning->LatestUpdate(job_id);
   });

@@ -114,17 +114,16 @@ class CoordinatorServer {
   // Its state listener runs on whichever thread changes a job's state (RPC
   // handlers, the planner, the watcher) and reaches workers_ and the gauges.
   std::unique_ptr<JobManager> jobs_;
-  // Steps and ranks' profile windows for the job reports; fed by
-  // worker_events_, flushed by jobs_' state listener when a job ends.
+  // Steps and ranks' profile windows for the job reports; workers_' second
+  // listener, flushed by jobs_' state listener when a job ends.
   std::unique_ptr<JobHistory> history_;
   // The job reports: JobService.GetReport and /jobs/<id> on the metrics
   // port.
   std::unique_ptr<JobReportBuilder> reports_;
   std::unique_ptr<WorkerManager> workers_;
-  // Its planner thread publishes schedules through workers_.
+  // workers_' first listener; its planner thread publishes schedules
+  // through workers_.
   std::unique_ptr<PlanningManager> planning_;
-  // workers_' listener, forwarding to planning_; called on RPC threads only.
-  std::unique_ptr<WorkerEventListener> worker_events_;
   std::unique_ptr<RpcAuth> auth_;
   std::unique_ptr<JobServiceImpl> job_service_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;

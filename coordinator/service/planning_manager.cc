@@ -573,19 +573,13 @@ absl::Status PlanningManager::OnGraph(const std::string& job_id, int32_t rank,
 
 absl::Status PlanningManager::OnProfile(const std::string& job_id, int32_t rank,
                                         const v1::Profile& proto) {
-  if (proto.nodes_size() + proto.collectives_size() + proto.memory_size() >
-      kMaxProfileEntries) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "profile from rank ", rank, " has ",
-        proto.nodes_size() + proto.collectives_size() + proto.memory_size(),
-        " entries; at most ", kMaxProfileEntries,
-        " are accepted: send shorter windows"));
-  }
+  // Bounded and converted (outside the lock), then validated, once each, by
+  // the aggregator.
+  absl::StatusOr<Profile> profile = ProfileAggregator::Decode(rank, proto);
+  if (!profile.ok()) return profile.status();
   absl::StatusOr<v1::Job> job = jobs_->Get(job_id);
   if (!job.ok()) return job.status();
   if (IsTerminal(job->state())) return Ended(*job);
-  absl::StatusOr<Profile> profile = FromProto(proto);
-  if (!profile.ok()) return profile.status();
   absl::MutexLock lock(&mu_);
   JobPlanning& state = State(job_id, *job);
   absl::StatusOr<std::optional<Profile>> aggregate =

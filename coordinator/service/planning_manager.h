@@ -90,20 +90,21 @@
 #include "coordinator/service/profile_aggregator.h"
 #include "coordinator/service/schedule_measurements.h"
 #include "coordinator/service/work_scale.h"
+#include "coordinator/service/worker_manager.h"
 #include "coordinator/store/job_store.h"
 #include "tandem/v1/worker_service.pb.h"
 
 namespace tandem {
 
-class PlanningManager {
+// The worker manager's first listener (coordinator_server.cc): what workers
+// report that planning needs.
+class PlanningManager final : public WorkerEventListener {
  public:
   // Pushes a new schedule to every rank of a job. Called on the planner
   // thread, never after Stop() has returned.
   using Publisher = std::function<void(const std::string& job_id,
                                        const v1::ScheduleUpdate& update)>;
 
-  // Bounds on what one profile may hold, against oversized messages.
-  static constexpr int kMaxProfileEntries = 200000;
   // Steps between the newest step any rank reported and the step a new
   // schedule takes effect: time for it to reach every rank.
   static constexpr int64_t kSwitchLeadSteps = 2;
@@ -140,18 +141,18 @@ class PlanningManager {
   // wrong), FailedPrecondition for a hash that differs from rank 0's (the job
   // is failed: its ranks run different models) or a job that ended.
   absl::Status OnGraph(const std::string& job_id, int32_t rank,
-                       const v1::GraphReport& report);
+                       const v1::GraphReport& report) override;
   // Errors: NotFound (unknown job); InvalidArgument for a profile that is too
   // large, not for this job's graph, or has negative/NaN values;
   // FailedPrecondition for a job that ended, or when a rank sends more than
   // ProfileAggregator::kMaxEarlyProfilesPerRank before the graph (they are
   // held until it comes, then checked). Nothing is recorded on error.
   absl::Status OnProfile(const std::string& job_id, int32_t rank,
-                         const v1::Profile& profile);
+                         const v1::Profile& profile) override;
   void OnProgress(const std::string& job_id, int32_t rank,
-                  const v1::IterationProgress& progress);
+                  const v1::IterationProgress& progress) override;
   // All ranks switched to `version`.
-  void OnScheduleActive(const std::string& job_id, int64_t version);
+  void OnScheduleActive(const std::string& job_id, int64_t version) override;
   // The memory guard switched every rank to the least-memory schedule from
   // `step` (each rank reports it; the first report of a step counts): an
   // event, and a "memory-guard" re-plan from the next window measured under
@@ -167,14 +168,20 @@ class PlanningManager {
   // measured and planned for the old graph is dropped, the stored graph
   // too (rank 0 sends the new one); the schedules stay, for the record and
   // their version numbers, but no new session is handed one of them.
-  void OnWorldChanged(const std::string& job_id);
+  void OnWorldChanged(const std::string& job_id) override;
   void OnMemoryGuard(const std::string& job_id, int32_t rank, int64_t step,
                      std::optional<int64_t> tripped_version,
-                     const std::string& reason);
+                     const std::string& reason) override;
   // A rank registered: its device counts in the job's hardware model
   // (HardwareForJob). Unknown or ended jobs are ignored.
   void OnRankRegistered(const std::string& job_id, int32_t rank,
                         RankDevice device);
+  void OnRankRegistered(const std::string& job_id, int32_t rank,
+                        const std::string& hostname, const std::string& device,
+                        int64_t device_memory_bytes) override {
+    OnRankRegistered(job_id, rank,
+                     RankDevice{hostname, device, device_memory_bytes});
+  }
   // Plans now (reason "reoptimize" unless given); returns the version that
   // will be planned. FailedPrecondition when the job has no profile yet or
   // ended; Unavailable after Stop().

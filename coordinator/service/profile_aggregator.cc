@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/ir/profile_fields.h"
+#include "common/ir/proto_convert.h"
 #include "common/ir/validate.h"
 #include "common/status_macros.h"
 
@@ -170,6 +171,18 @@ absl::Status ProfileAggregator::CheckHash(int32_t rank,
     return absl::FailedPreconditionError(Mismatch(rank, hash, graph_hash_));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<Profile> ProfileAggregator::Decode(int32_t rank,
+                                                  const v1::Profile& proto) {
+  const int64_t entries = int64_t{proto.nodes_size()} +
+                          proto.collectives_size() + proto.memory_size();
+  if (entries > kMaxProfileEntries) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "profile from rank ", rank, " has ", entries, " entries; at most ",
+        kMaxProfileEntries, " are accepted: send shorter windows"));
+  }
+  return FromProto(proto);
 }
 
 absl::StatusOr<std::optional<Profile>> ProfileAggregator::AddProfile(

@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "common/ir/graph.h"
 #include "common/ir/profile.h"
+#include "tandem/v1/profile.pb.h"
 
 namespace tandem {
 
@@ -44,6 +45,9 @@ class ProfileAggregator {
  public:
   // Profiles held per rank while rank 0's graph is on its way.
   static constexpr int kMaxEarlyProfilesPerRank = 4;
+  // Entries (nodes, collectives and memory samples) one profile may hold,
+  // against oversized messages.
+  static constexpr int kMaxProfileEntries = 200000;
   // Windows that some ranks reported and others not yet. Ranks run in
   // lockstep, so more than a couple means a rank cuts windows differently;
   // the oldest is dropped rather than held forever (and a profile of a window
@@ -97,6 +101,13 @@ class ProfileAggregator {
   // ResourceExhausted when holding it would pass the job's byte quota.
   absl::StatusOr<std::optional<Profile>> AddProfile(int32_t rank,
                                                     Profile profile);
+  // A rank's profile as it arrives, the one way in from the wire (README.md,
+  // "The path of a profile"): its size bound (kMaxProfileEntries) and its
+  // one conversion (FromProto); AddProfile then validates it against the
+  // graph. Static, so that the owner converts outside its lock.
+  // InvalidArgument for a profile over the bound ("profile from rank R has
+  // N entries; ...") or one that does not convert.
+  static absl::StatusOr<Profile> Decode(int32_t rank, const v1::Profile& proto);
 
   // Rank 0's graph; null until it arrives.
   const Graph* graph() const { return graph_ ? &*graph_ : nullptr; }

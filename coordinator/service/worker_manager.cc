@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/job/job_spec.h"
+#include "common/status_macros.h"
 
 namespace tandem {
 namespace {
@@ -49,9 +50,68 @@ void WorkerManager::Stop() {
   std::call_once(joined_, [this] { watcher_.join(); });
 }
 
+void WorkerEventFanOut::OnRankRegistered(const std::string& job_id,
+                                         int32_t rank,
+                                         const std::string& hostname,
+                                         const std::string& device,
+                                         int64_t device_memory_bytes) {
+  for (WorkerEventListener* l : listeners_) {
+    l->OnRankRegistered(job_id, rank, hostname, device, device_memory_bytes);
+  }
+}
+
+absl::Status WorkerEventFanOut::OnGraph(const std::string& job_id, int32_t rank,
+                                        const v1::GraphReport& report) {
+  for (WorkerEventListener* l : listeners_) {
+    RETURN_IF_ERROR(l->OnGraph(job_id, rank, report));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerEventFanOut::OnProfile(const std::string& job_id,
+                                          int32_t rank,
+                                          const v1::Profile& profile) {
+  for (WorkerEventListener* l : listeners_) {
+    RETURN_IF_ERROR(l->OnProfile(job_id, rank, profile));
+  }
+  return absl::OkStatus();
+}
+
+void WorkerEventFanOut::OnProgress(const std::string& job_id, int32_t rank,
+                                   const v1::IterationProgress& progress) {
+  for (WorkerEventListener* l : listeners_) {
+    l->OnProgress(job_id, rank, progress);
+  }
+}
+
+void WorkerEventFanOut::OnScheduleActive(const std::string& job_id,
+                                         int64_t version) {
+  for (WorkerEventListener* l : listeners_)
+    l->OnScheduleActive(job_id, version);
+}
+
+void WorkerEventFanOut::OnMemoryGuard(const std::string& job_id, int32_t rank,
+                                      int64_t step,
+                                      std::optional<int64_t> tripped_version,
+                                      const std::string& reason) {
+  for (WorkerEventListener* l : listeners_) {
+    l->OnMemoryGuard(job_id, rank, step, tripped_version, reason);
+  }
+}
+
+void WorkerEventFanOut::OnWorldChanged(const std::string& job_id) {
+  for (WorkerEventListener* l : listeners_) l->OnWorldChanged(job_id);
+}
+
+void WorkerManager::AddListener(WorkerEventListener* listener) {
+  absl::MutexLock lock(&mu_);
+  if (listener != nullptr) listeners_.Add(listener);
+}
+
 void WorkerManager::SetListener(WorkerEventListener* listener) {
   absl::MutexLock lock(&mu_);
-  listener_ = listener != nullptr ? listener : &ignore_all_;
+  listeners_.Clear();
+  if (listener != nullptr) listeners_.Add(listener);
 }
 
 void WorkerManager::SetScheduleLookup(ScheduleLookup lookup) {
@@ -61,7 +121,7 @@ void WorkerManager::SetScheduleLookup(ScheduleLookup lookup) {
 
 WorkerEventListener& WorkerManager::Listener() {
   absl::MutexLock lock(&mu_);
-  return *listener_;
+  return listeners_;
 }
 
 std::string WorkerManager::StorePrefix(const std::string& job_id, int restarts,

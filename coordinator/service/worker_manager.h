@@ -2,8 +2,8 @@
 // per worker, and heartbeats. Job lifecycle (RUNNING, SUCCEEDED, FAILED on a
 // fatal error or a silent worker) goes to the job manager; what concerns
 // planning (registrations, graphs, profiles, progress, schedule switches) is
-// reported to a WorkerEventListener, which the server wires to the planning
-// manager: the two managers never hold each other.
+// reported to WorkerEventListeners, which the server wires: the planning
+// manager, then the job history. The managers never hold each other.
 //
 // A worker's life as the coordinator sees it:
 //
@@ -31,6 +31,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -97,6 +98,34 @@ class WorkerEventListener {
   virtual void OnWorldChanged(const std::string& job_id) {}
 };
 
+// Listeners called in the order added. For OnGraph and OnProfile the first
+// error stops the rest and is the answer: a later listener sees only what
+// every earlier one accepted (the job history, only the profiles the
+// planning manager took).
+class WorkerEventFanOut final : public WorkerEventListener {
+ public:
+  void Add(WorkerEventListener* listener) { listeners_.push_back(listener); }
+  void Clear() { listeners_.clear(); }
+
+  void OnRankRegistered(const std::string& job_id, int32_t rank,
+                        const std::string& hostname, const std::string& device,
+                        int64_t device_memory_bytes) override;
+  absl::Status OnGraph(const std::string& job_id, int32_t rank,
+                       const v1::GraphReport& report) override;
+  absl::Status OnProfile(const std::string& job_id, int32_t rank,
+                         const v1::Profile& profile) override;
+  void OnProgress(const std::string& job_id, int32_t rank,
+                  const v1::IterationProgress& progress) override;
+  void OnScheduleActive(const std::string& job_id, int64_t version) override;
+  void OnMemoryGuard(const std::string& job_id, int32_t rank, int64_t step,
+                     std::optional<int64_t> tripped_version,
+                     const std::string& reason) override;
+  void OnWorldChanged(const std::string& job_id) override;
+
+ private:
+  std::vector<WorkerEventListener*> listeners_;
+};
+
 class WorkerManager {
  public:
   // The newest schedule of a job as the update that published it (with
@@ -125,9 +154,12 @@ class WorkerManager {
   WorkerManager(const WorkerManager&) = delete;
   WorkerManager& operator=(const WorkerManager&) = delete;
 
-  // Set both before the first RPC; each must stay callable while RPCs are
+  // Set these before the first RPC; each must stay callable while RPCs are
   // served. Without a listener, reports are accepted and dropped; without a
-  // lookup, a reconnecting worker is sent no schedule.
+  // lookup, a reconnecting worker is sent no schedule. AddListener appends
+  // to the listeners, called in that order (WorkerEventFanOut); SetListener
+  // makes `listener` the only one (null: none).
+  void AddListener(WorkerEventListener* listener);
   void SetListener(WorkerEventListener* listener);
   void SetScheduleLookup(ScheduleLookup lookup);
   // Stops the heartbeat watcher: no job fails for silence from now on.
@@ -285,8 +317,7 @@ class WorkerManager {
   absl::Mutex mu_;
   absl::CondVar stop_cv_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  WorkerEventListener ignore_all_;
-  WorkerEventListener* listener_ ABSL_GUARDED_BY(mu_) = &ignore_all_;
+  WorkerEventFanOut listeners_ ABSL_GUARDED_BY(mu_);
   ScheduleLookup schedule_lookup_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, JobWorkers> jobs_workers_ ABSL_GUARDED_BY(mu_);
   // The largest delay of a heartbeat (its send time to its handling) seen

@@ -538,9 +538,11 @@ int Main(int argc, char** argv) {
     absl::StatusOr<std::string> text = ReadFile(args.profile_path, "profile");
     if (!text.ok()) return Fail(text.status().message());
     absl::StatusOr<Profile> parsed = ParseProfile(*text);
-    if (!parsed.ok()) {
-      return Fail(
-          absl::StrCat(args.profile_path, ": ", parsed.status().message()));
+    // Checked against the graph once, here: the planner trusts its input.
+    const absl::Status valid =
+        parsed.ok() ? ValidateProfile(*parsed, *graph) : parsed.status();
+    if (!valid.ok()) {
+      return Fail(absl::StrCat(args.profile_path, ": ", valid.message()));
     }
     profile = *std::move(parsed);
     if (!args.profiled_schedule_path.empty()) {

@@ -240,12 +240,6 @@ void WorkerAgent::ReportGraph(const v1::GraphReport& report) {
   Send(m, /*keep_for_reconnect=*/true);
 }
 
-void WorkerAgent::ReportProfile(const v1::Profile& profile) {
-  v1::WorkerMessage m;
-  *m.mutable_profile() = profile;
-  Send(m, false);
-}
-
 void WorkerAgent::ReportTimeline(const v1::TimelineReport& timeline) {
   v1::WorkerMessage m;
   *m.mutable_timeline() = timeline;

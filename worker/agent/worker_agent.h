@@ -68,7 +68,6 @@ class WorkerAgent {
   // write; silently dropped while disconnected (except the graph, which is
   // re-sent on every reconnect).
   void ReportGraph(const v1::GraphReport& report);
-  void ReportProfile(const v1::Profile& profile);
   void ReportTimeline(const v1::TimelineReport& timeline);
   void ReportProgress(const v1::IterationProgress& progress);
   // `reason`: why the worker switched on its own (the memory guard's
@@ -99,8 +98,12 @@ class WorkerAgent {
   // Messages the coordinator refused so far (each is also logged).
   int64_t rejected_count() const { return rejected_.load(); }
 
+  // Any other message (a profile window): written if connected, dropped
+  // otherwise. `keep_for_reconnect`: also sent again on every reconnect
+  // (the graph).
+  void Send(const v1::WorkerMessage& message, bool keep_for_reconnect = false);
+
  private:
-  void Send(const v1::WorkerMessage& message, bool keep_for_reconnect);
   absl::Status Connect();
   void OnMessage(const v1::CoordinatorMessage& message);
   void OnClosed(const absl::Status& status);

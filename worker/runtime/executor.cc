@@ -1230,8 +1230,4 @@ absl::StatusOr<std::vector<double>> Executor::ParamDigests() {
   return digests;
 }
 
-Profile Executor::ProfileSnapshot() const {
-  return profiler_.Snapshot(graph_.StructuralHash(), comm_->rank());
-}
-
 }  // namespace tandem

@@ -194,11 +194,11 @@ class Executor {
   const LossScaleState& loss_scale_state() const { return scaler_.state(); }
   const Graph& graph() const { return graph_; }
   const Schedule& active_schedule() const { return slot_.active(); }
+  // The profile window (Profiler::Snapshot): collectives are keyed by the
+  // node they were issued at; the persistent refresh appears as an
+  // all-gather with group_id -1, the persistent params and the optimizer
+  // node.
   Profiler& profiler() { return profiler_; }
-  // This rank's profile window. Collectives are keyed by the node they were
-  // issued at; the persistent refresh appears as an all-gather with
-  // group_id -1, the persistent params and the optimizer node.
-  Profile ProfileSnapshot() const;
 
  private:
   struct Prepared;

@@ -152,7 +152,9 @@ absl::Status RunStandalone(const StandaloneOptions& options,
   out.flush();
   if (!options.profile_out.empty()) {
     RETURN_IF_ERROR(
-        WriteProfile(job->executor().ProfileSnapshot(), options.profile_out));
+        WriteProfile(job->executor().profiler().Snapshot(
+                         job->executor().graph().StructuralHash(), rank),
+                     options.profile_out));
   }
   if (!options.trace_out.empty()) {
     const std::string path = PerRankPath(options.trace_out, rank, world);

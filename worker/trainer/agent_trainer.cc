@@ -300,7 +300,12 @@ absl::Status Train(const AgentTrainerOptions& options, MemoryMeter* meter,
       in_window = 0;
       --unprofiled;
     } else if (++in_window >= window) {
-      agent.ReportProfile(ToProto(executor.ProfileSnapshot()));
+      // The profile's one conversion on its way to the planner (README.md,
+      // "The path of a profile").
+      v1::WorkerMessage message;
+      *message.mutable_profile() = ToProto(executor.profiler().Snapshot(
+          executor.graph().StructuralHash(), rank));
+      agent.Send(message);
       if (!last_step) report_timeline();
       executor.profiler().Reset();
       in_window = 0;

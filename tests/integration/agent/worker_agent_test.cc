@@ -115,7 +115,9 @@ class WorkerAgentTest : public ::testing::Test {
     report.set_graph_hash(graph_.StructuralHash());
     *report.mutable_graph() = ToProto(graph_);
     agent.ReportGraph(report);
-    agent.ReportProfile(ProfileOf(0, 0));
+    v1::WorkerMessage profile;
+    *profile.mutable_profile() = ProfileOf(0, 0);
+    agent.Send(profile);
     std::optional<v1::ScheduleUpdate> update;
     WaitUntil([&] { return (update = agent.TakeSchedule()).has_value(); });
     return update;

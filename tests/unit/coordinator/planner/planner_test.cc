@@ -103,15 +103,6 @@ TEST(ApplyProfileTest, UncoveredNode_KeepsItsEstimate) {
   EXPECT_DOUBLE_EQ(profiled->nodes[2].time_s, graph.nodes[2].time_s);
 }
 
-TEST(ApplyProfileTest, ProfileOfAnotherGraph_FailsNamingTheHash) {
-  Profile profile = TinyProfile();
-  profile.graph_hash = "0123456789abcdef";
-  absl::StatusOr<Graph> profiled = ApplyProfile(TinyGraph(), profile);
-  ASSERT_FALSE(profiled.ok());
-  EXPECT_EQ(profiled.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(profiled.status().message(), HasSubstr("0123456789abcdef"));
-}
-
 TEST(ApplyProfileTest, InterferenceTakenOutOfMeasuredTimes) {
   const Graph graph = TinyGraph();
   Profile profile = TinyProfile();

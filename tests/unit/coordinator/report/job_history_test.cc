@@ -121,7 +121,7 @@ TEST_F(JobHistoryTest, OnProfile_StoresTheRankWindowInBrief) {
   v1::CollectiveTiming* b = p.add_collectives();
   b->set_issue_to_done_s(0.05);  // run time not measured
   b->set_exposed_s(0.01);
-  history_->OnProfile(job_.id(), 1, p);
+  ASSERT_TRUE(history_->OnProfile(job_.id(), 1, p).ok());
   const std::vector<StoredRankWindow> windows =
       *history_->RankWindows(job_.id());
   ASSERT_EQ(windows.size(), 1u);
@@ -152,7 +152,9 @@ TEST_F(JobHistoryTest, LongJob_HistoryThinsOutWithinItsQuota) {
       v1::Profile p;
       p.set_first_iteration(step);
       p.set_last_iteration(step + 3);
-      for (int32_t rank : {0, 1}) history_->OnProfile(job_.id(), rank, p);
+      for (int32_t rank : {0, 1}) {
+        ASSERT_TRUE(history_->OnProfile(job_.id(), rank, p).ok());
+      }
     }
   }
   const std::vector<StoredStep> steps = *history_->Steps(job_.id());

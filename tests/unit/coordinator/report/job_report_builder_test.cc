@@ -117,7 +117,7 @@ class JobReportBuilderTest : public ::testing::Test {
         c->set_run_s(0.02);
         c->set_issue_to_done_s(0.02);
         c->set_exposed_s(exposed * (1 + rank));
-        history_->OnProfile(job_.id(), rank, p);
+        ASSERT_TRUE(history_->OnProfile(job_.id(), rank, p).ok());
       }
     };
     for (int64_t s = 1; s <= 4; ++s) step(s, 0, 0.05);

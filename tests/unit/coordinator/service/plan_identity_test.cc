@@ -323,6 +323,20 @@ TEST(TandemPlanMeasuredTest, Measured_RefitsLikeTheCoordinator) {
   EXPECT_NE(std::system(bad.c_str()), 0);
   EXPECT_THAT(ReadAll(dir + "/bad.txt"),
               ::testing::HasSubstr("is not FILE=SECONDS"));
+
+  // A profile of another graph is refused where it comes in, naming the
+  // file and the hash (the planner does not check it again).
+  Profile other = offline.profile;
+  other.graph_hash = "0123456789abcdef";
+  std::ofstream(dir + "/other.txt") << PrintProfile(other);
+  const std::string foreign = absl::StrCat(
+      TANDEM_PLAN_BIN, " --graph ", dir, "/graph.txt --profile ", dir,
+      "/other.txt --hw 'world=2 ranks_per_node=2' --summary > ", dir,
+      "/foreign.txt 2>&1");
+  EXPECT_NE(std::system(foreign.c_str()), 0);
+  EXPECT_THAT(ReadAll(dir + "/foreign.txt"),
+              ::testing::HasSubstr("other.txt: profile was measured on graph "
+                                   "0123456789abcdef"));
 }
 
 // tandem-plan --headroom keeps that much more of the budget free, exactly as

@@ -2298,7 +2298,7 @@ TEST_F(PlanningManagerTest, MalformedProfiles_AreRejectedAndChangeNothing) {
   EXPECT_THAT(std::string(planning_->OnProfile(job_.id(), 0, other).message()),
               HasSubstr("measured on graph 0123456789abcdef"));
   v1::Profile huge = MakeProfile(0, 0, 1, 0);
-  for (int i = 0; i < PlanningManager::kMaxProfileEntries; ++i) {
+  for (int i = 0; i < ProfileAggregator::kMaxProfileEntries; ++i) {
     huge.add_memory()->set_node_id(0);
   }
   EXPECT_THAT(std::string(planning_->OnProfile(job_.id(), 0, huge).message()),

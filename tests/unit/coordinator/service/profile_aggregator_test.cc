@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
 #include <type_traits>
 #include <variant>
@@ -12,7 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "common/ir/profile_fields.h"
+#include "common/ir/proto_convert.h"
 #include "common/ir/text_format.h"
+#include "common/ir/validate.h"
 
 namespace tandem {
 namespace {
@@ -324,6 +327,73 @@ TEST_F(ProfileAggregatorTest, AddProfile_InvalidProfile_RejectedNotCounted) {
   // Rank 1 alone completes nothing: rank 0's rejected profiles never counted.
   ASSERT_FALSE(agg.AddProfile(1, Window(1, 0, 1, 10))->has_value());
   EXPECT_EQ(agg.open_windows(), 1);
+}
+
+// The one way in from the wire: bounded and converted once.
+TEST_F(ProfileAggregatorTest, Decode_OverTheBoundOrUnconvertible_Refused) {
+  v1::Profile proto = ToProto(Window(1, 0, 1, 10));
+  absl::StatusOr<Profile> ok = ProfileAggregator::Decode(1, proto);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(*ok == Window(1, 0, 1, 10));
+  v1::Profile huge = proto;
+  for (int i = 0; i < ProfileAggregator::kMaxProfileEntries; ++i) {
+    huge.add_memory()->set_node_id(0);
+  }
+  absl::StatusOr<Profile> r = ProfileAggregator::Decode(1, huge);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("profile from rank 1 has 200001 entries; at most "
+                        "200000 are accepted: send shorter windows"));
+  v1::Profile unknown_kind = proto;
+  unknown_kind.add_collectives()->set_node_id(1);  // kind unspecified
+  EXPECT_EQ(ProfileAggregator::Decode(1, unknown_kind).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// The aggregate of profiles valid for the graph is valid too: every rule
+// ValidateProfile checks survives the combination (maxima, minima, the
+// pace's pairs), which is why the planner reads it without checking again
+// (README.md, "The path of a profile"). Ranks measured with every time,
+// size and split drawn at random within each rank's own rules.
+TEST_F(ProfileAggregatorTest, AggregateOfValidProfiles_IsValid) {
+  const Profile base = P(absl::StrReplaceAll(ReadTestData("tiny_profile.txt"),
+                                             {{"2526b90883cc6176", "$hash"}}));
+  std::mt19937 rng(7);
+  auto scale = [&](double lo, double hi) {
+    return std::uniform_real_distribution<double>(lo, hi)(rng);
+  };
+  for (int trial = 0; trial < 50; ++trial) {
+    SCOPED_TRACE(trial);
+    std::map<int32_t, Profile> by_rank;
+    for (int32_t rank : {0, 1, 2}) {
+      Profile p = base;
+      p.rank = rank;
+      p.iteration_s *= scale(0.5, 2);
+      p.peak_bytes = static_cast<int64_t>(p.peak_bytes * scale(0.5, 2));
+      p.peak_min_bytes = static_cast<int64_t>(p.peak_bytes * scale(0.5, 1));
+      for (NodeTiming& t : p.nodes) {
+        t.time_s *= scale(0.5, 2);
+        t.allgather_overlap_bytes = static_cast<int64_t>(scale(0, 1e6));
+      }
+      for (CollectiveTiming& c : p.collectives) {
+        c.issue_to_done_s *= scale(0.5, 2);
+        c.exposed_s = c.issue_to_done_s * scale(0, 1);
+        c.run_s = c.issue_to_done_s * scale(0.2, 1);
+        c.computing_s = c.run_s * scale(0, 1);
+      }
+      for (MemorySample& m : p.memory) {
+        m.before_bytes = static_cast<int64_t>(m.before_bytes * scale(0.5, 2));
+        m.after_bytes = static_cast<int64_t>(m.after_bytes * scale(0.5, 2));
+      }
+      ASSERT_TRUE(ValidateProfile(p, graph_).ok())
+          << ValidateProfile(p, graph_);
+      by_rank[rank] = std::move(p);
+    }
+    absl::StatusOr<Profile> aggregate = AggregateProfiles(by_rank);
+    ASSERT_TRUE(aggregate.ok()) << aggregate.status();
+    EXPECT_TRUE(ValidateProfile(*aggregate, graph_).ok())
+        << ValidateProfile(*aggregate, graph_);
+  }
 }
 
 TEST_F(ProfileAggregatorTest, SetGraph_AfterEarlyProfiles_FlushesThem) {

@@ -624,6 +624,47 @@ TEST_F(WorkerManagerTest, OnMessage_ListenerRefuses_ErrorComesBack) {
   EXPECT_EQ(s.message(), "rank 0 must report first");
 }
 
+// Listeners are called in the order added (the server: planning, then the
+// job history). A refusal by the first is the answer and the second never
+// sees that report; what the first accepts, both see; other reports go to
+// both.
+TEST_F(WorkerManagerTest, OnMessage_ListenersInOrder_FirstRefusalStopsTheRest) {
+  RecordingListener second;
+  workers_->AddListener(&second);
+  ASSERT_TRUE(Register("a").ok());
+  ASSERT_EQ(second.registered.size(), 1u);
+  const int64_t s0 = Open(0, "a", std::make_shared<RecordingSink>());
+  listener_.reply = absl::InvalidArgumentError("profile from rank 0: bad");
+  v1::WorkerMessage profile;
+  profile.mutable_profile()->set_first_iteration(2);
+  const absl::Status refused = workers_->OnMessage(s0, profile);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.message(), "profile from rank 0: bad");
+  v1::WorkerMessage graph;
+  graph.mutable_graph()->set_graph_hash("0123456789abcdef");
+  EXPECT_FALSE(workers_->OnMessage(s0, graph).ok());
+  EXPECT_THAT(listener_.profiles, ElementsAre(std::make_pair(0, int64_t{2})));
+  EXPECT_TRUE(second.profiles.empty());
+  EXPECT_TRUE(second.graphs.empty());
+  listener_.reply = absl::OkStatus();
+  profile.mutable_profile()->set_first_iteration(4);
+  ASSERT_TRUE(workers_->OnMessage(s0, profile).ok());
+  EXPECT_THAT(second.profiles, ElementsAre(std::make_pair(0, int64_t{4})));
+  v1::WorkerMessage progress;
+  progress.mutable_progress()->set_step(3);
+  ASSERT_TRUE(workers_->OnMessage(s0, progress).ok());
+  EXPECT_THAT(second.progress_steps,
+              ElementsAre(std::make_pair(0, int64_t{3})));
+  EXPECT_THAT(listener_.progress_steps,
+              ElementsAre(std::make_pair(0, int64_t{3})));
+  // SetListener makes one the only listener again.
+  workers_->SetListener(&listener_);
+  progress.mutable_progress()->set_step(4);
+  ASSERT_TRUE(workers_->OnMessage(s0, progress).ok());
+  EXPECT_EQ(second.progress_steps.size(), 1u);
+  EXPECT_EQ(listener_.progress_steps.size(), 2u);
+}
+
 TEST_F(WorkerManagerTest, Applied_AllRanks_ReportsActiveOnce) {
   ASSERT_TRUE(Register("a").ok());
   ASSERT_TRUE(Register("b").ok());

@@ -895,7 +895,8 @@ World1Run RunWorld1(const ModelConfig& config, const Schedule& schedule,
       run.offloaded_bytes =
           std::max(run.offloaded_bytes, stats->offloaded_bytes);
     }
-    run.profile = (*executor)->ProfileSnapshot();
+    run.profile =
+        (*executor)->profiler().Snapshot(graph->StructuralHash(), rank);
     for (int id = 0; id < (*store)->num_params(); ++id) {
       run.state_bytes.push_back((*store)->state_bytes(id));
     }
@@ -2139,7 +2140,8 @@ TEST(ExecutorTest, Profile_HasNodeTimesCollectivesAndMemory) {
       ASSERT_TRUE(batches.ok());
       ASSERT_TRUE((*executor)->RunStep(*batches).ok());
     }
-    const Profile p = (*executor)->ProfileSnapshot();
+    const Profile p =
+        (*executor)->profiler().Snapshot(graph->StructuralHash(), rank);
     EXPECT_EQ(p.graph_hash, graph->StructuralHash());
     EXPECT_EQ(p.rank, rank);
     EXPECT_EQ(p.first_iteration, 0);

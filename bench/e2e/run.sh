@@ -40,6 +40,14 @@
 # Python client's stubs are built there (-j2) when missing.
 set -euo pipefail
 
+# glibc keeps freed blocks for every contender (a caller's own values win):
+# by default it hands PyTorch's large blocks back to the kernel each step
+# and faults them in again, which on some VMs made PyTorch's steps 2-3x
+# slower and erratic while Tandem's block cache kept its own
+# (bench/README.md, "Results (2026-12-02b ...)").
+export MALLOC_MMAP_THRESHOLD_="${MALLOC_MMAP_THRESHOLD_:-1073741824}"
+export MALLOC_TRIM_THRESHOLD_="${MALLOC_TRIM_THRESHOLD_:-1073741824}"
+
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 RATES="2000 200"
 MODELS="tiny-llama,wide-short,exported-gpt"
@@ -163,7 +171,9 @@ facts = {"contender": "machine", "cpu": cpu, "cores": os.cpu_count(),
          "kernel": platform.release(), "torch": torch.__version__,
          "loadavg_start": open("/proc/loadavg").read().split()[:3],
          "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-         "comm": sys.argv[2] or "spec defaults", "link_burst": sys.argv[3]}
+         "comm": sys.argv[2] or "spec defaults", "link_burst": sys.argv[3],
+         "malloc": {k: os.environ.get(k, "") for k in
+                    ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")}}
 open(sys.argv[1], "a").write(json.dumps(facts) + "\n")
 EOF
 

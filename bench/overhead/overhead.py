@@ -83,6 +83,13 @@ class Bench:
         self.plan = os.path.join(a.build, "coordinator", "tandem-plan")
         self.env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
                         PYTHONPATH=os.path.join(ROOT, "client", "python"))
+        # glibc keeps freed blocks, for both contenders (the caller's values
+        # win): otherwise eager's large blocks go back to the kernel each
+        # step and fault in again, which on some VMs tripled its step while
+        # Tandem's block cache kept its own (bench/README.md, "Results
+        # (2026-12-02b ...)").
+        for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"):
+            self.env.setdefault(name, str(1 << 30))
         # A build-gpu/ that scripts/gpu-check.sh built against .gpu-deps'
         # libraries (a machine without them installed) runs against them.
         deps = glob.glob(os.path.join(a.build, "deps", "usr", "lib", "*-linux-gnu"))

@@ -24,10 +24,10 @@ namespace tandem {
 // baseline's 0. Progress and profiles measured under it carry it.
 inline constexpr int64_t kLeastMemoryVersion = -1;
 
-// The worker's guard band, as a fraction of memory.budget_bytes (it widens to
-// the measured spread of a rank's peaks when that is larger); plans leave at
-// least this much of the budget free, so a plan that peaks where it was
-// predicted never trips the guard.
+// The worker's guard band, as a fraction of memory.budget_bytes: a step's
+// peak within it of the budget trips the guard. Plans leave at least this
+// much of the budget free, so a plan that peaks where it was predicted never
+// trips the guard.
 inline constexpr double kMemoryGuardBand = 0.02;
 
 // The least-memory schedule (above) for `graph` in `mode`, with version

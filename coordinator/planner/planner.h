@@ -201,24 +201,27 @@ absl::StatusOr<Calibrated> CalibrateToMeasurements(const Graph& graph,
                                                    ShardingMode mode);
 
 // The budget a plan leaves free (the memory guard, worker/README.md): the
-// worker's guard band (kMemoryGuardBand of `budget`) plus the spread of the
-// measured peaks (profile peak_bytes - peak_min_bytes), plus `extra`. The
-// memory model is calibrated to the window's largest peak, so a plan whose
-// peaks vary as the window's did peaks where predicted at most; the worker's
-// band widens to that spread, and the band itself is the margin above it.
-// What a plan's own timing adds beyond that, the memory guard measures and
-// `extra` keeps (GuardHeadroom). 0 when `budget` is 0.
+// worker's guard band (kMemoryGuardBand of `budget`), which a step's peak
+// must stay under, plus the spread of the measured peaks (profile
+// peak_bytes - peak_min_bytes), plus `extra`. The memory model is calibrated
+// to the window's largest peak, so a plan whose peaks vary as the window's
+// did peaks where predicted at most. The spread is kept free as well
+// because another plan's timing lands buffers on other nodes' peaks (a
+// collective's, a copy's) than the profiled one did, by about as much as the
+// window's own peaks moved. What a plan's timing adds beyond that, the
+// memory guard measures and `extra` keeps (GuardHeadroom). 0 when `budget`
+// is 0.
 int64_t MemoryHeadroom(int64_t budget, const Profile* profile, int64_t extra);
 
 // The extra headroom (MemoryHeadroom's `extra`) a plan keeps after a plan
 // tripped the worker's memory guard: what the tripped plan's largest step
 // peak exceeded its predicted peak by, plus the spread of its step peaks
-// (largest - smallest), since the worker's guard band widens to that spread
-// (worker/README.md, "Memory guard"). Peaks that vary with timing (the
-// collectives' and copies' buffers land at other points of the iteration
-// from step to step) are then left room for twice: once above the
-// prediction, once as the band. `predicted_peak` 0 (unknown): the spread
-// alone.
+// (largest - smallest). The overshoot is what that plan's timing added
+// above the model in the steps it ran; the spread is room for the steps it
+// did not run: peaks that vary with timing (the collectives' and copies'
+// buffers land at other points of the iteration from step to step) reach a
+// window's largest only now and then, and a longer run goes higher by about
+// as much again. `predicted_peak` 0 (unknown): the spread alone.
 int64_t GuardHeadroom(int64_t predicted_peak, int64_t min_peak,
                       int64_t max_peak);
 

@@ -2147,8 +2147,8 @@ TEST_F(PlanningManagerTest, MemoryGuard_TripBeforeActiveReport_StillReplans) {
 
 // A plan whose step peaks vary with timing trips the memory guard; the
 // re-plan keeps free what its peaks went over its prediction by plus their
-// spread (GuardHeadroom), since the worker's guard band widens to that
-// spread: a plan that kept only the overshoot would trip again.
+// spread (GuardHeadroom): the overshoot for what the plan's timing added,
+// the spread for the steps it did not run.
 TEST_F(PlanningManagerTest, MemoryGuardTrip_ReplanKeepsOvershootAndSpread) {
   // The unconstrained plan's peak is the budget: every plan is bound by it.
   ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());

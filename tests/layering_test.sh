@@ -14,6 +14,15 @@
 #     checkpoint, trainer, agent: they build on the runtime);
 #   - gRPC in common/ only in its one credentials target
 #     (common/security/grpc_credentials.*, tandem_security_grpc).
+# And the tests' layout (README.md, "Folders"):
+#   - tests/unit mirrors the source folders: a folder there that holds tests
+#     (or a CMakeLists.txt) is named after the folder it tests
+#     (tests/unit/common/ir tests common/ir);
+#   - tests that start a coordinator (its binary, or its server in-process)
+#     live with the integration tests; tests/unit/coordinator/rpc, the
+#     server's own tests, is the one unit folder that starts its server;
+#   - the Python suites import tests/harness/tandem_harness.py as a module:
+#     no conftest.py (nor the harness) is loaded by file path.
 set -u
 root="${1:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
 cd "$root" || exit 2
@@ -41,5 +50,18 @@ check "gRPC in common/ only in common/security/grpc_credentials.* (tandem_securi
   "$(grep -rnE $src '#include *[<"](grpc|grpcpp)/' common/ | grep -v '^common/security/grpc_credentials\.')"
 check "no include cycle between folders (one direction of each must go: move what both need below them)" \
   "$(/usr/bin/python3 "$root/tests/layering_cycles.py" "$root")"
+mirror=""
+while IFS= read -r d; do
+  rel="${d#tests/unit/}"
+  if [ ! -d "$rel" ] && [ -n "$(find "$d" -maxdepth 1 -type f \( -name '*_test.cc' -o -name 'test_*.py' -o -name CMakeLists.txt \))" ]; then
+    mirror+="$d (no folder $rel)"$'\n'
+  fi
+done < <(find tests/unit -mindepth 1 -type d | sort)
+check "tests/unit mirrors the source folders (move the tests under tests/unit/<the folder they test>)" \
+  "${mirror%$'\n'}"
+check "a test that starts a coordinator belongs in tests/integration (only tests/unit/coordinator/rpc, the server's own tests, starts its server)" \
+  "$(grep -rnE 'CoordinatorServer|coordinator_binary|tandem_harness|tandem-coordinator\b.*(Popen|subprocess|execv|posix_spawn)|(Popen|subprocess|execv|posix_spawn).*tandem-coordinator\b' tests/unit | grep -v '^tests/unit/coordinator/rpc/')"
+check "no conftest.py (nor the harness) loaded by file path (import tandem_harness; tests/pytest.ini puts tests/harness on the path)" \
+  "$(grep -rnE --include='*.py' '(spec_from_file_location|SourceFileLoader|run_path|exec\(open)\(.*(conftest|tandem_harness)' tests client bench 2>/dev/null | grep -v '^client/python/build/')"
 [ $status -eq 0 ] && echo "layering: ok"
 exit $status

@@ -1,7 +1,7 @@
 """The harness the Python system suites share (client/python/tests,
 tests/integration, tests/e2e, tests/export) and bench/chaos: the built
 binaries, a real tandem-coordinator process, tandem-worker processes in agent
-mode, a fake worker that speaks WorkerService, and polling helpers. An
+mode, a scripted session that speaks WorkerService, and polling helpers. An
 ordinary module: the suites import it (their pytest configuration puts
 tests/harness on the path) and keep only their fixtures in conftest.py.
 
@@ -289,9 +289,13 @@ def wait_for_state(client, job_id, state, timeout=10.0):
                                               job_pb2.JobState.Name(state)))
 
 
-class FakeWorker:
+class ScriptedSession:
     """Registers as one rank of a job and opens a session stream, like
-    tandem-worker's agent, but sends only what a test tells it to."""
+    tandem-worker's agent, but sends only what a test writes: progress,
+    graphs, profiles, errors, malformed messages. It has no behaviour of a
+    worker's (no steps, no schedule switches, no profile windows): the one
+    fake worker that has is bench/load/fake_worker.h's, which the load bench
+    and the coordinator's RPC tests run."""
 
     def __init__(self, address, job_id, rank):
         self.job_id = job_id

@@ -17,7 +17,7 @@ from tandem.v1 import profile_pb2
 from tandem.v1 import worker_service_pb2 as wpb
 from tandem.v1 import worker_service_pb2_grpc as wgrpc
 
-FakeWorker = harness.FakeWorker
+ScriptedSession = harness.ScriptedSession
 
 SPEC = {"model": {"preset": "llama", "layers": 1, "d_model": 32, "heads": 2,
                   "ffn": 64, "vocab": 64},
@@ -45,7 +45,7 @@ def running(cluster):
     client = tandem.Client(coord.address, timeout=10)
     s = dict(SPEC, name=unique_name("bad"))
     job = client.submit(s)
-    workers = [FakeWorker(coord.address, job.id, r) for r in range(2)]
+    workers = [ScriptedSession(coord.address, job.id, r) for r in range(2)]
     # Running once both sessions' hellos are in.
     wait_for(lambda: client.get(job.id)[0].state == job_pb2.JOB_STATE_RUNNING,
              what="job running")

@@ -1,5 +1,5 @@
 """Fixtures for the client's tests: a real tandem-coordinator process (port
-0, temporary --db) and fake workers speaking WorkerService. The helpers
+0, temporary --db) and scripted sessions speaking WorkerService. The helpers
 behind them are tests/harness/tandem_harness.py, shared with the system
 suites; pyproject.toml's pytest settings put it on the path."""
 
@@ -7,7 +7,7 @@ import pytest
 
 import tandem
 from tandem_harness import (  # noqa: F401  (re-exported to the tests)
-    EXAMPLE_SPEC, PY_ROOT, REPO, Coordinator, FakeWorker, build_dir,
+    EXAMPLE_SPEC, PY_ROOT, REPO, Coordinator, ScriptedSession, build_dir,
     coordinator_binary, free_port, require_coordinator_binary, run_cli,
     small_spec, unique_name, wait_for, wait_for_state, worker_pids,
     worker_processes)
@@ -48,13 +48,13 @@ def client(coordinator):
 
 
 @pytest.fixture
-def fake_workers():
-    """fake_workers(address, job_id, n) → n registered ranks; closed at
+def scripted_sessions():
+    """scripted_sessions(address, job_id, n) → n registered ranks; closed at
     teardown."""
     made = []
 
     def make(address, job_id, n):
-        ws = [FakeWorker(address, job_id, r) for r in range(n)]
+        ws = [ScriptedSession(address, job_id, r) for r in range(n)]
         made.extend(ws)
         return ws
 

@@ -164,7 +164,7 @@ def test_cli_help_exits_0():
 
 
 def test_cli_status_lists_workers_and_the_last_events(coordinator, tmp_path,
-                                                      fake_workers):
+                                                      scripted_sessions):
     addr = coordinator.address
     r = run_cli("submit", "-q", write_spec(tmp_path, small_yaml()),
                 address=addr)
@@ -173,7 +173,7 @@ def test_cli_status_lists_workers_and_the_last_events(coordinator, tmp_path,
     r = run_cli("status", job_id, address=addr)
     assert "workers:   none registered yet" in r.stdout
 
-    workers = fake_workers(addr, job_id, 2)
+    workers = scripted_sessions(addr, job_id, 2)
     workers[1].progress(1, 5.0)
     deadline = time.monotonic() + 20
     while True:

@@ -1,6 +1,6 @@
-"""A job driven to its end by fake workers (WorkerService from Python), and
-followed by `tandem watch`: on a terminal (progress bar redrawn with \\r), in
-plain lines, across a coordinator restart, and to a failure."""
+"""A job driven to its end by scripted sessions (WorkerService from Python),
+and followed by `tandem watch`: on a terminal (progress bar redrawn with
+\\r), in plain lines, across a coordinator restart, and to a failure."""
 
 import os
 import pty
@@ -79,13 +79,14 @@ def drive_to_success(workers, steps, delay=0.15):
             w.progress(step, loss=4.0 - 0.25 * step, iteration_s=delay)
 
 
-def test_watch_tty_progress_bar_to_success(coordinator, client, fake_workers):
+def test_watch_tty_progress_bar_to_success(coordinator, client,
+                                           scripted_sessions):
     steps = 6
     job = client.submit(small_spec(world_size=2, steps=steps))
     cli = Cli(["--coordinator", coordinator.address, "watch", job.id],
               tty=True)
     cli.wait_output("state: PENDING")  # connected
-    workers = fake_workers(coordinator.address, job.id, 2)
+    workers = scripted_sessions(coordinator.address, job.id, 2)
     assert sorted(w.rank for w in workers) == [0, 1]
     wait_for_state(client, job.id, job_pb2.JOB_STATE_RUNNING)
     drive_to_success(workers, steps)
@@ -119,7 +120,8 @@ def test_watch_tty_progress_bar_to_success(coordinator, client, fake_workers):
              what="a stop command on every rank")
 
 
-def test_watch_plain_lines_and_python_watch(coordinator, client, fake_workers):
+def test_watch_plain_lines_and_python_watch(coordinator, client,
+                                            scripted_sessions):
     steps = 4
     job = client.submit(small_spec(world_size=2, steps=steps))
     cli = Cli(["watch", job.id, "--coordinator", coordinator.address],
@@ -129,7 +131,7 @@ def test_watch_plain_lines_and_python_watch(coordinator, client, fake_workers):
     follower = threading.Thread(
         target=lambda: updates.extend(client.watch(job.id)), daemon=True)
     follower.start()
-    workers = fake_workers(coordinator.address, job.id, 2)
+    workers = scripted_sessions(coordinator.address, job.id, 2)
     wait_for_state(client, job.id, job_pb2.JOB_STATE_RUNNING)
     drive_to_success(workers, steps, delay=0.3)
     out, err = cli.finish()
@@ -160,9 +162,9 @@ def test_watch_plain_lines_and_python_watch(coordinator, client, fake_workers):
 
 
 def test_fatal_worker_error_fails_job_and_watch_exits_1(coordinator, client,
-                                                        fake_workers):
+                                                        scripted_sessions):
     job = client.submit(small_spec(world_size=2, steps=10))
-    workers = fake_workers(coordinator.address, job.id, 2)
+    workers = scripted_sessions(coordinator.address, job.id, 2)
     wait_for_state(client, job.id, job_pb2.JOB_STATE_RUNNING)
     workers[0].progress(1, loss=3.0)
     workers[1].send(error=wpb.WorkerError(message="out of memory", fatal=True))
@@ -177,7 +179,7 @@ def test_fatal_worker_error_fails_job_and_watch_exits_1(coordinator, client,
 
 
 def test_watch_reconnects_across_a_coordinator_restart(new_coordinator,
-                                                       fake_workers):
+                                                       scripted_sessions):
     coord = new_coordinator()
     address, port = coord.address, coord.port
     with tandem.Client(address, timeout=10) as c:
@@ -190,7 +192,7 @@ def test_watch_reconnects_across_a_coordinator_restart(new_coordinator,
     coord.start(port=port)  # same port, same --db
     with tandem.Client(address, timeout=10) as c:
         assert c.get(job.id).job.state == job_pb2.JOB_STATE_PENDING
-        (w,) = fake_workers(address, job.id, 1)
+        (w,) = scripted_sessions(address, job.id, 1)
         wait_for_state(c, job.id, job_pb2.JOB_STATE_RUNNING)
         for step in (1, 2, 3):
             w.progress(step, loss=1.0)

@@ -1,5 +1,5 @@
 """`tandem schedule JOB --explain` and ``Client.explain``: a real
-coordinator plans a job from fake workers' graph and profile, stores the
+coordinator plans a job from scripted sessions' graph and profile, stores the
 explanation with the schedule, and still has it after a restart."""
 
 import pytest
@@ -32,10 +32,10 @@ def layered_graph():
     return g
 
 
-def planned_job(address, client, fake_workers):
+def planned_job(address, client, scripted_sessions):
     """A job planned from one profile window: (job id, schedule version)."""
     job = client.submit(small_spec(optimize={"warmup_steps": 1}, steps=100))
-    w0, w1 = fake_workers(address, job.id, 2)
+    w0, w1 = scripted_sessions(address, job.id, 2)
     graph = layered_graph()
     w0.send(graph=wpb.GraphReport(graph=graph))
     event = wait_for(lambda: [e for e in client.get(job.id).events
@@ -79,10 +79,11 @@ def check_explanation(e, version):
     assert "# total gain" in e.text
 
 
-def test_explain_api_and_cli_survive_a_restart(new_coordinator, fake_workers):
+def test_explain_api_and_cli_survive_a_restart(new_coordinator,
+                                               scripted_sessions):
     coord = new_coordinator()
     with tandem.Client(coord.address, timeout=10) as client:
-        job_id, version = planned_job(coord.address, client, fake_workers)
+        job_id, version = planned_job(coord.address, client, scripted_sessions)
         e = client.explain(job_id)
         check_explanation(e, version)
         # The same decisions as the text form stored with the schedule.

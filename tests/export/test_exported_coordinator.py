@@ -450,27 +450,32 @@ def named_at_submit(client, spec):
     return int(re.search(r"is below [^(]*\((\d+) B\)", str(e.value)).group(1))
 
 
-@pytest.mark.parametrize("name,world,checkpointing",
-                         [("gpt", 2, False), ("gpt", 2, True),
-                          ("gpt", 3, False), ("seq2seq", 2, False),
-                          ("seq2seq", 2, True)])
+@pytest.mark.parametrize("name,world,checkpointing,dtype",
+                         [("gpt", 2, False, "f32"), ("gpt", 2, True, "f32"),
+                          ("gpt", 3, False, "f32"),
+                          ("seq2seq", 2, False, "f32"),
+                          ("seq2seq", 2, True, "f32"),
+                          ("gpt", 2, False, "bf16"),
+                          ("gpt", 2, True, "bf16")])
 def test_archive_budget_named_at_submit_trains(tmp_path, coordinator, name,
-                                               world, checkpointing):
+                                               world, checkpointing, dtype):
     """A budget the submit check accepts never fails at step 1 for memory
     (issue 37): the least-memory peak the coordinator names for an archive
     at submit, from the exporter's measurements, is a budget its workers
     train in, with and without activation checkpointing, and at world 3,
     where on Gloo a reduce-scatter holds scratch beyond its buffers (one
     peer's contribution, in pieces here), counted at submit for a job that
-    declares its device; and for a model whose layers run inside a glue
-    (seq2seq: nn.Transformer)."""
+    declares its device; for a model whose layers run inside a glue
+    (seq2seq: nn.Transformer); and at model.dtype bf16, where the units'
+    f32 measurements are scaled to the job's dtype."""
     module, batch = numerics.load_model(name).build()
     archive = str(tmp_path / (name + ".tandem"))
     tandem.export(module, batch, path=archive)
     data, _, _ = training_data(name, tmp_path)
     spec = job_spec(archive, data, world, str(tmp_path / "ckpt"),
                     memory={"budget_bytes": 64 << 10},
-                    model={"activation_checkpointing": checkpointing},
+                    model={"activation_checkpointing": checkpointing,
+                           **({"dtype": dtype} if dtype != "f32" else {})},
                     comm={"chunk_bytes": 64 << 10})
     with tandem.Client(coordinator.address, timeout=10) as client:
         undeclared = named_at_submit(client, spec)
@@ -509,8 +514,15 @@ def test_archive_budget_named_at_submit_trains(tmp_path, coordinator, name,
         # glue (seq2seq is named 4.1-4.4% above what its workers reach,
         # 68-100 kB, though each unit's figures equal the worker's without
         # checkpointing: how the model composes them around the glue is
-        # not yet traced).
-        slack = 1.05 if name == "seq2seq" else 1.02
+        # not yet traced). At bf16 the exporter's f32 measurements of the
+        # units are halved (job_plan.cc, DTypeScale), an estimate: not
+        # every value a unit keeps is a bf16 one. These cases check that
+        # it stays above what the workers reach: the GPT is named 6.2%
+        # (6.7% with checkpointing) above its workers' peak (2026-12-02),
+        # so within 8%.
+        slack = {"seq2seq": 1.05}.get(name, 1.02)
+        if dtype == "bf16":
+            slack = 1.08
         assert max(peaks) <= smallest <= slack * max(peaks), (smallest, peaks)
 
 

@@ -18,8 +18,9 @@
 #   - tests/unit mirrors the source folders: a folder there that holds tests
 #     (or a CMakeLists.txt) is named after the folder it tests
 #     (tests/unit/common/ir tests common/ir);
-#   - tests that start a coordinator (its binary, or its server in-process)
-#     live with the integration tests; tests/unit/coordinator/rpc, the
+#   - tests that start a coordinator (its binary, its server in-process, or
+#     the harness that starts one: tandem_harness) live with the integration
+#     tests; tests/unit/coordinator/rpc, the
 #     server's own tests, is the one unit folder that starts its server;
 #   - the Python suites import tests/harness/tandem_harness.py as a module:
 #     no conftest.py (nor the harness) is loaded by file path.

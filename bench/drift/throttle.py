@@ -9,7 +9,11 @@ has run --throttle-at steps under a plan, the link is throttled with
 passes when the coordinator's "drift at step S" event comes within
 drift_window steps of the first step that ran on the throttled link, and a
 drift re-plan follows it (a published "(drift)" schedule, or the active plan
-kept at what it measured). Prints one JSON object; exit 1 on a miss.
+kept at what it measured). When the throttle lands in a comparison (plans
+alternating in blocks), the detector watches one of the two plans (the one
+the event names: a baseline check's, a trial's incumbent) and the other's
+steps do not count: within drift_window steps of that plan. Prints one JSON
+object; exit 1 on a miss.
 """
 
 import argparse
@@ -114,9 +118,22 @@ def main():
         step_s_after=median([t for s, (t, v) in per_step.items() if first_slow <= s < first_slow + 10]),
         drift_at_steps=drift_steps, false_drifts_before=[s for s in drift_steps if s < before],
         replans=[msg[:160] for msg in followed])
+    # The steps the detector saw before it fired: every step, or during a
+    # comparison only those of the plan it watched.
+    watched = None
+    if first is not None:
+        m = re.match(r"drift at step \d+ during the (baseline check of v(\d+)|"
+                     r"\w+(?: \w+)? of v\d+ against v(\d+))", events[first].message)
+        if m:
+            watched = int(m.group(2) or m.group(3))
+    seen = None
     if after:
         result["detected_after_steps"] = after[0] - first_slow + 1
-    result["ok"] = bool(after) and after[0] - first_slow + 1 <= a.window and bool(followed)
+        seen = result["detected_after_steps"] if watched is None else sum(
+            1 for s, (t, v) in per_step.items() if first_slow <= s <= after[0] and v == watched)
+        result["watched_version"] = watched
+        result["detected_after_watched_steps"] = seen
+    result["ok"] = bool(after) and seen <= a.window and bool(followed)
     line = json.dumps(result, sort_keys=True)
     print(line)
     if a.out:

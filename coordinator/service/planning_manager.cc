@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <optional>
 
@@ -37,6 +38,10 @@ constexpr char kBaselineUnfitPass[] = "baseline-unfit";
 // The provenance pass of a rollback that ends an inconclusive trial: the
 // trial backoff is recovered from these after a restart.
 constexpr char kInconclusivePass[] = "trial-inconclusive";
+// The provenance pass of a rollback that ends a comparison a drift
+// interrupted (InterruptComparisonLocked): the version before it was not
+// judged, so a restarted coordinator does not reject it.
+constexpr char kInterruptedPass[] = "comparison-interrupted";
 
 bool HasPass(const v1::Schedule& schedule, absl::string_view pass) {
   return absl::c_linear_search(schedule.provenance().passes(), pass);
@@ -311,12 +316,31 @@ absl::Status PlanningManager::Recover() {
     }
     RecoverEvidenceLocked(state, *steps);
     if (!state.schedules.empty()) {
-      const v1::Schedule& s = state.schedules.back().schedule;
-      state.drift->SetPrediction(ExpectedAtReference(state, s),
-                                 s.prediction().peak_bytes());
+      const auto [seconds, peak] =
+          DriftExpectation(state, state.schedules.back().schedule);
+      state.drift->SetPrediction(seconds, peak);
     }
   }
   return absl::OkStatus();
+}
+
+std::pair<double, int64_t> PlanningManager::DriftExpectation(
+    const JobPlanning& state, const v1::Schedule& schedule) {
+  auto compared = state.compared.find(schedule.version());
+  if (compared != state.compared.end() &&
+      compared->second.kind != ComparisonKind::kDriftCheck &&
+      !state.judged.count(schedule.version())) {
+    for (const StoredSchedule& s : state.schedules) {
+      if (s.schedule.version() != compared->second.against) continue;
+      const std::optional<ScheduleMeasurements::Summary> m =
+          state.measured.Summarize(s.schedule.version());
+      return {
+          m.has_value() ? m->median_s : ExpectedAtReference(state, s.schedule),
+          s.schedule.prediction().peak_bytes()};
+    }
+  }
+  return {ExpectedAtReference(state, schedule),
+          schedule.prediction().peak_bytes()};
 }
 
 double PlanningManager::ExpectedAtReference(const JobPlanning& state,
@@ -396,9 +420,11 @@ void PlanningManager::RecoverEvidenceLocked(
     if (std::optional<int64_t> to = VersionPass(s, "rollback-to-v")) {
       state.rollbacks[s.version()] = *to;
     }
-    // A checked rollback rejects nothing until its comparison is decided.
+    // A checked rollback rejects nothing until its comparison is decided,
+    // nor does one that ends an interrupted comparison.
     if (i > 0 &&
-        !state.IsCompared(s.version(), ComparisonKind::kRollbackCheck)) {
+        !state.IsCompared(s.version(), ComparisonKind::kRollbackCheck) &&
+        !HasPass(s, kInterruptedPass)) {
       state.rejected[state.schedules[i - 1].schedule.version()] =
           state.schedules[i - 1].schedule;
     }
@@ -440,11 +466,20 @@ void PlanningManager::RecoverEvidenceLocked(
       }
     }
   }
-  // A drift check forgot what was measured before it (Plan): steps before
-  // the newest check's first are not measured again.
+  // The newest version ends a comparison a drift interrupted: the re-plan
+  // it runs alone for is still owed (made again if it was made already, to
+  // the same effect).
+  if (!state.schedules.empty() &&
+      HasPass(state.schedules.back().schedule, kInterruptedPass)) {
+    state.pending_reason = PlanReason::kDrift;
+  }
+  // A drift check forgot what was measured before it (Plan), as did a
+  // comparison a drift interrupted (InterruptComparisonLocked): steps before
+  // the newest such version's first are not measured again.
   int64_t measured_from = -1;
   for (const StoredSchedule& s : state.schedules) {
-    if (state.IsCompared(s.schedule.version(), ComparisonKind::kDriftCheck)) {
+    if (state.IsCompared(s.schedule.version(), ComparisonKind::kDriftCheck) ||
+        HasPass(s.schedule, kInterruptedPass)) {
       measured_from = std::max(measured_from, s.effective_step);
     }
   }
@@ -608,8 +643,10 @@ void PlanningManager::OnWindowLocked(const std::string& job_id,
   if (state.schedules.empty() &&
       latest.last_iteration + 1 >= state.spec.optimize().warmup_steps()) {
     QueueLocked(job_id, state, PlanReason::kInitial);
-  } else if (state.pending_reason.has_value() &&
+  } else if (state.pending_reason.has_value() && !state.queued &&
              latest.schedule_version == active_version) {
+    // (Not while a plan is queued: the version it publishes is the one to
+    // re-plan from, e.g. an interrupted comparison's plan running alone.)
     QueueLocked(job_id, state, *state.pending_reason);
     state.pending_reason.reset();
   }
@@ -654,12 +691,20 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
   if (progress.schedule_version() == kLeastMemoryVersion) return;
   state.measured.Record(progress.schedule_version(), progress.step(), measured);
   ReportOutcomeLocked(job_id, state, progress.schedule_version());
-  // A comparison's steps say nothing about drift or rollbacks until it is
-  // decided.
-  if (state.comparison.has_value() &&
-      CompareLocked(job_id, state, progress.schedule_version(), progress.step(),
-                    measured)) {
-    return;
+  // A comparison's steps say nothing about rollbacks until it is decided;
+  // the machine can change meanwhile, which the drift detector watches
+  // (WatchComparisonLocked) while the comparison goes on.
+  if (state.comparison.has_value()) {
+    const int64_t compared = state.comparison->candidate;
+    if (CompareLocked(job_id, state, progress.schedule_version(),
+                      progress.step(), measured)) {
+      if (state.comparison.has_value() &&
+          state.comparison->candidate == compared) {
+        WatchComparisonLocked(job_id, state, progress.schedule_version(),
+                              progress.step(), measured, measured_peak);
+      }
+      return;
+    }
   }
   // Only iterations run under the newest schedule say anything about it.
   const int64_t active_version =
@@ -1041,6 +1086,96 @@ void PlanningManager::MeasureBaselineLocked(const std::string& job_id,
   }
 }
 
+void PlanningManager::WatchComparisonLocked(const std::string& job_id,
+                                            JobPlanning& state, int64_t version,
+                                            int64_t step, double seconds,
+                                            int64_t peak_bytes) {
+  const JobPlanning::Comparison& c = *state.comparison;
+  const bool baseline_check = c.baseline_pairs > 0;
+  if (!baseline_check &&
+      state.IsCompared(c.candidate, ComparisonKind::kDriftCheck)) {
+    return;
+  }
+  // A verdict or a re-plan on its way; the fallback's steps are not these.
+  if (state.queued || state.pending_reason.has_value() || state.guard_active ||
+      !state.drift->has_prediction()) {
+    return;
+  }
+  // Only the watched plan's steps: the other plan's vary by its own
+  // blocks (a trial's pairs can disagree by more than the threshold on a
+  // steady machine), which is the comparison's to judge, not a drift.
+  const int64_t watched = baseline_check ? c.candidate : c.incumbent;
+  if (version != watched) return;
+  const std::optional<std::string> reason =
+      state.drift->Observe(seconds, peak_bytes);
+  if (metrics_ != nullptr) {
+    metrics_->drift_score->WithLabels({job_id}).Set(state.drift->score());
+  }
+  if (!reason.has_value()) return;
+  const std::optional<PlanReason> why = PlanReasonFromName(*reason);
+  if (why.has_value()) InterruptComparisonLocked(job_id, state, step, *why);
+}
+
+void PlanningManager::InterruptComparisonLocked(const std::string& job_id,
+                                                JobPlanning& state,
+                                                int64_t step, PlanReason why) {
+  const JobPlanning::Comparison c = std::move(*state.comparison);
+  state.comparison.reset();
+  const bool baseline_check = c.baseline_pairs > 0;
+  int64_t runs_on = c.incumbent;
+  const int64_t watched = baseline_check ? c.candidate : c.incumbent;
+  std::string what;
+  std::string ends;
+  if (baseline_check) {
+    // The check reruns a plan: that plan runs on.
+    auto rerun = state.rollbacks.find(c.candidate);
+    runs_on = rerun != state.rollbacks.end() ? rerun->second : c.candidate;
+    what = absl::StrFormat(
+        "the baseline check of v%d (v%d's plan alternating with the "
+        "baseline, v0)",
+        c.candidate, runs_on);
+    ends =
+        "the check ends without a figure (its blocks straddle the change; "
+        "the plan is measured against the baseline again once it settles)";
+  } else {
+    const ComparisonKind kind = state.compared[c.candidate].kind;
+    what = absl::StrFormat("the %s of v%d against v%d", ComparisonName(kind),
+                           c.candidate, c.incumbent);
+    ends =
+        "it ends undecided (its blocks straddle the change): neither plan "
+        "is rejected";
+    // No verdict will come: never a comparison to resume.
+    state.judged.insert(c.candidate);
+  }
+  const double expected = state.drift->predicted_s();
+  (void)jobs_->RecordEvent(
+      job_id, PlanReasonName(why),
+      why == PlanReason::kDrift
+          ? absl::StrFormat(
+                "drift at step %d during %s: the last %d steps of v%d "
+                "measured %.4f s/iter (median) against %.4f expected (score "
+                "%.2f; threshold %.2f, noise bound %.2f); %s; what was "
+                "measured before is forgotten; v%d's plan runs alone again, "
+                "and re-plans from its first profile window",
+                step, what, state.spec.optimize().drift_window(), watched,
+                state.drift->window_median_s(), expected, state.drift->score(),
+                state.spec.optimize().drift_threshold(),
+                state.drift->noise_bound(), ends, runs_on)
+          : absl::StrFormat(
+                "%s at step %d during %s: the measured peak came near the "
+                "budget beyond v%d's prediction; %s; v%d's plan runs alone "
+                "again, and re-plans from its first profile window",
+                PlanReasonName(why), step, what, runs_on, ends, runs_on));
+  // What was measured before the change describes no plan now (as for a
+  // drift check, Plan): the plan running alone is expected at its own
+  // prediction until the re-plan (KeepActive, or a drift check).
+  state.measured.Clear();
+  state.pending_reason = why;
+  state.rollback_to = runs_on;
+  state.rollback_interrupted = true;
+  QueueLocked(job_id, state, PlanReason::kRollback);
+}
+
 void PlanningManager::MaybeStartCached(const v1::Job& job) {
   std::string hash;
   std::vector<RankDevice> devices;
@@ -1235,9 +1370,8 @@ void PlanningManager::OnScheduleActive(const std::string& job_id,
   }
   for (const StoredSchedule& s : it->second.schedules) {
     if (s.schedule.version() == version) {
-      it->second.drift->SetPrediction(
-          ExpectedAtReference(it->second, s.schedule),
-          s.schedule.prediction().peak_bytes());
+      const auto [seconds, peak] = DriftExpectation(it->second, s.schedule);
+      it->second.drift->SetPrediction(seconds, peak);
       if (metrics_ != nullptr) {
         metrics_->schedule_version->WithLabels({job_id}).Set(version);
         metrics_->predicted_iteration_seconds->WithLabels({job_id}).Set(
@@ -1314,8 +1448,10 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
   // A rollback: the version it returns to (its schedule when it is not the
   // baseline) and what that version measured.
   int64_t rollback_to = -1;
-  // The rollback ends an inconclusive trial (kInconclusivePass).
+  // The rollback ends an inconclusive trial (kInconclusivePass), or a
+  // comparison a drift interrupted (kInterruptedPass).
   bool rollback_inconclusive = false;
+  bool rollback_interrupted = false;
   std::optional<v1::Schedule> rollback_schedule;
   // A rollback to the baseline: the plan whose explanation simulated it.
   std::optional<v1::Schedule> baseline_simulated;
@@ -1414,6 +1550,9 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
       rollback_inconclusive =
           why == PlanReason::kRollback && it->second.rollback_inconclusive;
       it->second.rollback_inconclusive = false;
+      rollback_interrupted =
+          why == PlanReason::kRollback && it->second.rollback_interrupted;
+      it->second.rollback_interrupted = false;
       int64_t check_of = -1;
       if (why == PlanReason::kRollback) {
         check_of = it->second.rollback_check_of;
@@ -1531,6 +1670,9 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
       if (rollback_inconclusive) {
         back->provenance.passes.push_back(kInconclusivePass);
       }
+      if (rollback_interrupted) {
+        back->provenance.passes.push_back(kInterruptedPass);
+      }
       if (compare == ComparisonKind::kRollbackCheck) {
         back->provenance.passes.push_back(
             absl::StrCat(kRollbackCheckPass, incumbent->version()));
@@ -1545,7 +1687,9 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
       }
       planned_on = why == PlanReason::kKept            ? "the comparison"
                    : why == PlanReason::kBaselineCheck ? "the plan that settled"
-                                                       : "the measurements";
+                   : rollback_interrupted ? "the plan the interrupted "
+                                            "comparison ran on"
+                                          : "the measurements";
       return back;
     }
     PlanOptions options = PlanOptionsFromSpec(spec);

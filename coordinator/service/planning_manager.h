@@ -18,7 +18,9 @@
 //     otherwise the active version's plan is published again ("rollback")
 //     and what was measured one after the other is forgotten (it was the
 //     machine, not the plan). A rollback that ends a trial or a check runs
-//     on without a check;
+//     on without a check. A rollback that ends a comparison a drift
+//     interrupted (WatchComparisonLocked) runs the watched plan alone so
+//     that its first window re-plans;
 //   - "cached": no plan: an identical earlier job's newest schedule, as soon
 //     as the graph and every rank's device are known (plan_cache.h); it
 //     carries what that job measured it to buy over the baseline (the
@@ -265,6 +267,10 @@ class PlanningManager final : public WorkerEventListener {
     // so (kInconclusivePass), so that a restarted coordinator keeps the
     // backoff.
     bool rollback_inconclusive = false;
+    // The queued rollback ends a comparison a drift interrupted
+    // (WatchComparisonLocked): its provenance says so (kInterruptedPass), and
+    // the version it follows is not rejected, now or after a restart.
+    bool rollback_interrupted = false;
     // The comparison running: a trial version alternating with the version
     // it is tried against, or a baseline check alternating with v0, and the
     // blocks of steps each ran, in order.
@@ -391,6 +397,35 @@ class PlanningManager final : public WorkerEventListener {
   void MeasureBaselineLocked(const std::string& job_id, JobPlanning& state,
                              int64_t version, int64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A comparison's step (CompareLocked took it; the comparison goes on): the
+  // drift detector watches the plan the job runs on when the comparison
+  // ends undecided, the incumbent (a baseline check's plan), against what it
+  // measured, from its steps alone: the other plan's vary by its blocks,
+  // which is the comparison's to judge. So a change shows within
+  // drift_window steps of the watched plan (about twice as many steps of
+  // the job). A drift check (the answer to a drift) is not watched. On a
+  // drift the comparison is interrupted (InterruptComparisonLocked).
+  // Requires mu_.
+  void WatchComparisonLocked(const std::string& job_id, JobPlanning& state,
+                             int64_t version, int64_t step, double seconds,
+                             int64_t peak_bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The machine changed under a comparison (WatchComparisonLocked fired
+  // `why`): its blocks straddle the change, so it ends with no verdict and
+  // no figure, neither plan rejected. The watched plan is published again
+  // alone (a "rollback", kInterruptedPass): no profile window completes
+  // while plans alternate, and the re-plan `why` calls for comes from its
+  // next window. Requires mu_.
+  void InterruptComparisonLocked(const std::string& job_id, JobPlanning& state,
+                                 int64_t step, PlanReason why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What the drift detector expects while `schedule` is the active version
+  // (seconds at the reference work, and peak): ExpectedAtReference, except
+  // for a trial or a rollback check still alternating, whose detector
+  // watches the incumbent (WatchComparisonLocked): that version's measured
+  // median, else its own expectation. Requires mu_.
+  static std::pair<double, int64_t> DriftExpectation(
+      const JobPlanning& state, const v1::Schedule& schedule);
   // What the drift detector expects of `schedule`, at the reference work:
   // its prediction, except for a rollback, which is expected at what the
   // plan it runs again measured (else at what it measured itself): its

@@ -7,7 +7,7 @@
 #                         [--rounds 3] [--steps 8] [--discard 2] [--settle-steps 15]
 #                         [--out FILE [--force]] [--quick]
 #                         [--comm "chunk_bytes: 64KiB, max_in_flight: 4"]
-#   sudo bench/e2e/run.sh --drift-check [--rates R]
+#   sudo bench/e2e/run.sh --drift-check [--rates R] [--drift-args "--throttle-at 150 ..."]
 #   sudo bench/e2e/run.sh --noise [--rates R] [--noise-args "--jobs 5 ..."] --out FILE
 #
 # For each link rate and model: Tandem's on-demand warm-up with a profile;
@@ -31,7 +31,8 @@
 # the spec's defaults).
 # --drift-check runs only bench/drift/throttle.py (issue 15): a job under a
 # coordinator on the first rate's link, throttled to 1/20 of it mid-job; a
-# drift re-plan must follow within drift_window steps (exit 1 if not).
+# drift re-plan must follow within drift_window steps (exit 1 if not);
+# --drift-args passes its options (throttle.py --help).
 # --noise runs only bench/noise/noise.py (issue 34) on the first rate's link:
 # jobs of the demo and an exported model, quiet, beside a CPU hog and under
 # link flaps, each re-measured quietly after; --noise-args passes its options
@@ -51,7 +52,7 @@ export MALLOC_TRIM_THRESHOLD_="${MALLOC_TRIM_THRESHOLD_:-1073741824}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 RATES="2000 200"
 MODELS="tiny-llama,wide-short,exported-gpt"
-STEPS="" DISCARD=2 QUICK=0 COMM="" DRIFT_CHECK=0 NOISE=0 NOISE_ARGS="" FORCE=0 ROUNDS=3 SETTLE=15
+STEPS="" DISCARD=2 QUICK=0 COMM="" DRIFT_CHECK=0 NOISE=0 NOISE_ARGS="" DRIFT_ARGS="" FORCE=0 ROUNDS=3 SETTLE=15
 WORK="${TMPDIR:-/tmp}/tandem-e2e"
 OUT=""
 while [ $# -gt 0 ]; do
@@ -69,7 +70,8 @@ while [ $# -gt 0 ]; do
     --drift-check) DRIFT_CHECK=1; shift ;;
     --noise) NOISE=1; shift ;;
     --noise-args) NOISE_ARGS="$2"; shift 2 ;;
-    -h|--help) sed -n 2,41p "$0"; exit 0 ;;
+    --drift-args) DRIFT_ARGS="$2"; shift 2 ;;
+    -h|--help) sed -n 2,42p "$0"; exit 0 ;;
     *) echo "$0: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -200,7 +202,9 @@ if [ -n "$SOLO" ]; then
   shape_link "$rate"
   echo "[e2e] $what on a ${rate} Mbit/s link" >&2
   extra=()
-  [ "$NOISE" -eq 1 ] && read -r -a extra <<<"$NOISE_ARGS"
+  if [ "$NOISE" -eq 1 ]; then read -r -a extra <<<"$NOISE_ARGS"
+  else read -r -a extra <<<"$DRIFT_ARGS"
+  fi
   ip netns exec "$NS0" /usr/bin/python3 "$script" --build "$BUILD" \
     --workdir "$workdir" --ns1 "$NS1" --if0 "$IF0" --if1 "$IF1" --ip0 "$IP0" --ip1 "$IP1" \
     --rate-mbit "$rate" --burst "$BURST" --out "$OUT" "${extra[@]}" &

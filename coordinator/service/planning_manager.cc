@@ -129,15 +129,44 @@ std::optional<std::string> PassAfter(const v1::Schedule& schedule,
   return std::nullopt;
 }
 
-// The version a "rollback-to-vK" or "trial-of-vK" pass names.
-std::optional<int64_t> VersionPass(const v1::Schedule& schedule,
-                                   absl::string_view prefix) {
-  std::optional<std::string> rest = PassAfter(schedule, prefix);
+// The version a pass's text after "rollback-to-v" or "trial-of-v" names.
+std::optional<int64_t> AsVersion(const std::optional<std::string>& rest) {
   int64_t version = 0;
   if (!rest.has_value() || !absl::SimpleAtoi(*rest, &version)) {
     return std::nullopt;
   }
   return version;
+}
+
+// The version a "rollback-to-vK" or "trial-of-vK" pass names.
+std::optional<int64_t> VersionPass(const v1::Schedule& schedule,
+                                   absl::string_view prefix) {
+  return AsVersion(PassAfter(schedule, prefix));
+}
+
+// The text after `prefix` in the version's own pass that starts with it:
+// one after the newest pass naming the version it reruns ("rollback-to-vK",
+// "kept-vK", "baseline-check-of-vK", that pass included). A version that
+// reruns an earlier one's schedule carries that one's passes before its
+// own (a baseline check of a rollback that continued another check, say),
+// which say nothing about it.
+std::optional<std::string> OwnPassAfter(const v1::Schedule& schedule,
+                                        absl::string_view prefix) {
+  const auto& passes = schedule.provenance().passes();
+  for (auto it = passes.rbegin(); it != passes.rend(); ++it) {
+    absl::string_view rest = *it;
+    if (absl::ConsumePrefix(&rest, prefix)) return std::string(rest);
+    if (absl::StartsWith(*it, "rollback-to-v") ||
+        absl::StartsWith(*it, "kept-v") ||
+        absl::StartsWith(*it, "baseline-check-of-v")) {
+      return std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
+
+bool HasOwnPass(const v1::Schedule& schedule, absl::string_view pass) {
+  return OwnPassAfter(schedule, pass) == std::string();
 }
 
 // What a version is compared as, from its provenance: its reason and the
@@ -424,7 +453,7 @@ void PlanningManager::RecoverEvidenceLocked(
     // nor does one that ends an interrupted comparison.
     if (i > 0 &&
         !state.IsCompared(s.version(), ComparisonKind::kRollbackCheck) &&
-        !HasPass(s, kInterruptedPass)) {
+        !HasOwnPass(s, kInterruptedPass)) {
       state.rejected[state.schedules[i - 1].schedule.version()] =
           state.schedules[i - 1].schedule;
     }
@@ -448,7 +477,8 @@ void PlanningManager::RecoverEvidenceLocked(
             PlanReason::kBaselineCheck &&
         BaselinePairs(state.spec) > 0) {
       int pairs = BaselinePairs(state.spec);
-      std::optional<std::string> stored = PassAfter(newest, kBaselinePairsPass);
+      std::optional<std::string> stored =
+          OwnPassAfter(newest, kBaselinePairsPass);
       if (stored.has_value() && !absl::SimpleAtoi(*stored, &pairs)) {
         pairs = BaselinePairs(state.spec);
       }
@@ -456,7 +486,7 @@ void PlanningManager::RecoverEvidenceLocked(
       // A check that continues an earlier one: that check's steps, between
       // its start and this one's, are measured again as its blocks.
       if (std::optional<int64_t> of =
-              VersionPass(newest, kBaselineContinuesPass)) {
+              AsVersion(OwnPassAfter(newest, kBaselineContinuesPass))) {
         for (const StoredSchedule& s : state.schedules) {
           if (s.schedule.version() != *of) continue;
           carried.emplace(JobPlanning::Comparison{*of, 0});
@@ -470,7 +500,7 @@ void PlanningManager::RecoverEvidenceLocked(
   // it runs alone for is still owed (made again if it was made already, to
   // the same effect).
   if (!state.schedules.empty() &&
-      HasPass(state.schedules.back().schedule, kInterruptedPass)) {
+      HasOwnPass(state.schedules.back().schedule, kInterruptedPass)) {
     state.pending_reason = PlanReason::kDrift;
   }
   // A drift check forgot what was measured before it (Plan), as did a
@@ -479,7 +509,7 @@ void PlanningManager::RecoverEvidenceLocked(
   int64_t measured_from = -1;
   for (const StoredSchedule& s : state.schedules) {
     if (state.IsCompared(s.schedule.version(), ComparisonKind::kDriftCheck) ||
-        HasPass(s.schedule, kInterruptedPass)) {
+        HasOwnPass(s.schedule, kInterruptedPass)) {
       measured_from = std::max(measured_from, s.effective_step);
     }
   }

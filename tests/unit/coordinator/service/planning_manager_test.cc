@@ -1740,6 +1740,36 @@ TEST_F(PlanningManagerTest, BaselineCheck_MachineChangesForGood_Interrupted) {
   EXPECT_THAT(published_[3].schedule().provenance().passes(),
               ::testing::Contains("baseline-check-of-v3"));
   EXPECT_EQ(CountEvents(*jobs_, job_.id(), "drift"), 1);
+
+  // v4 reruns v3's schedule and carries its passes, comparison-interrupted
+  // among them, before its own: they are not v4's. A coordinator restarted
+  // now owes v4 no re-plan (its window plans nothing) and resumes v4's
+  // check as its own.
+  EXPECT_THAT(published_[3].schedule().provenance().passes(),
+              ::testing::Contains("comparison-interrupted"));
+  const int64_t e4 = published_[3].effective_step();
+  std::vector<StoredStep> stored;
+  for (int64_t step = e; step < e4; ++step) {
+    StoredStep s;
+    s.step = step;
+    s.schedule_version = 3;
+    s.iteration_s = 3 * p;
+    stored.push_back(s);
+  }
+  std::unique_ptr<Restarted> r = RestartWith(stored);
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(
+        r->planning
+            ->OnProfile(job_.id(), rank, MakeProfile(rank, e4, e4 + 2, 4, 3.0))
+            .ok());
+  }
+  r->planning->Drain();
+  EXPECT_TRUE(r->published.empty());
+  EXPECT_EQ(CountEvents(*r->jobs, job_.id(), "replan"), 1);
+  Steps(*r->planning, job_.id(), e4, 4, 4, 3 * p);
+  EXPECT_THAT(r->jobs->Get(job_.id())->speedup_text(),
+              HasSubstr("v4 alternates with the baseline: 0 of 2 block "
+                        "pairs"));
 }
 
 // After a restart, the version an interrupted comparison followed is not

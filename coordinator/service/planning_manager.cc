@@ -1795,7 +1795,7 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
         absl::StrCat("planning v", version, " (", reason,
                      ") failed: ", planned.status().message(),
                      "; the job keeps its current schedule",
-                     KeepActive(job_id, why)));
+                     KeepActive(job_id, why, profile)));
     return;
   }
   for (const auto& [slower, schedule] : rejected) {
@@ -1807,7 +1807,7 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
                        "'s schedule again, which measured slower than the "
                        "best schedule on this job; the job keeps its "
                        "current schedule",
-                       KeepActive(job_id, why)));
+                       KeepActive(job_id, why, profile)));
       return;
     }
   }
@@ -1830,7 +1830,7 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
           job_id, "replan",
           absl::StrCat("planning v", version, " (drift) gave the active v",
                        active->version(), "'s schedule again; the job keeps it",
-                       KeepActive(job_id, why)));
+                       KeepActive(job_id, why, profile)));
       return;
     }
     // Another plan, but the re-fitted model does not price it faster than
@@ -1853,7 +1853,7 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
               active->version(), profiled_price_s,
               planned->prediction.iteration_s,
               100 * (planned->prediction.iteration_s / profiled_price_s - 1),
-              100 * gain, active->version(), KeepActive(job_id, why)));
+              100 * gain, active->version(), KeepActive(job_id, why, profile)));
       return;
     }
     // Priced faster by more than min_gain: the re-fitted model says the
@@ -2036,7 +2036,8 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
 }
 
 std::string PlanningManager::KeepActive(const std::string& job_id,
-                                        PlanReason reason) {
+                                        PlanReason reason,
+                                        const Profile& window) {
   if (reason != PlanReason::kDrift) return "";
   absl::MutexLock lock(&mu_);
   auto it = state_.find(job_id);
@@ -2046,15 +2047,21 @@ std::string PlanningManager::KeepActive(const std::string& job_id,
   }
   JobPlanning& state = it->second;
   const v1::Schedule& active = state.schedules.back().schedule;
-  // The window that drifted, else its median, else (unmeasured) the
-  // prediction. Not the median first: the version's steps straddle the jump
-  // that fired, and expecting their median would fire the same jump again.
+  // The window that drifted, else its median, else the profile window
+  // planned from when the version ran it (a version newly active, e.g. the
+  // plan an interrupted comparison ran on, published again alone: the
+  // detector has no window of it yet), else (unmeasured) the prediction.
+  // Not the median first: the version's steps straddle the jump that
+  // fired, and expecting their median would fire the same jump again.
   double expected = PredictedAtReference(state.work, active.prediction());
   if (state.drift->window_median_s() > 0) {
     expected = state.drift->window_median_s();
   } else if (std::optional<ScheduleMeasurements::Summary> m =
                  state.measured.Summarize(active.version())) {
     expected = m->median_s;
+  } else if (window.schedule_version == active.version() &&
+             window.iteration_s > 0) {
+    expected = state.work.ToReference(window.iteration_s, window.work);
   }
   state.drift->SetPrediction(expected, active.prediction().peak_bytes());
   return absl::StrFormat(

@@ -464,12 +464,13 @@ class PlanningManager final : public WorkerEventListener {
   // A drift re-plan that publishes nothing (it failed, gave a plan measured
   // slower before, or gave the active plan again) leaves the active
   // schedule running: from now on the detector expects it at what it
-  // measured (its median, else the median of the window that drifted), so
-  // the same
-  // deviation does not fire again and a later change still does. Returns
-  // the clause for the event ("" for other reasons, or under the memory
-  // guard).
-  std::string KeepActive(const std::string& job_id, PlanReason reason);
+  // measured (the window that drifted, else its median, else `window`, the
+  // profile window planned from, when the active version ran it), so the
+  // same deviation does not fire again and a later change still does.
+  // Returns the clause for the event ("" for other reasons, or under the
+  // memory guard).
+  std::string KeepActive(const std::string& job_id, PlanReason reason,
+                         const Profile& window);
   void PlannerLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void PlanOne(const std::string& job_id, PlanReason reason);
   void Fail(const std::string& job_id, const std::string& message);

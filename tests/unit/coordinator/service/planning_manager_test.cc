@@ -1189,17 +1189,24 @@ TEST_F(PlanningManagerTest, Trial_MachineChangesForGood_InterruptedReplanned) {
   EXPECT_EQ(CountEvents(*jobs_, job_.id(), "trial"), 1);
 
   // The ranks alternate until v3 takes effect, then run it alone; its
-  // first window (measured 3x slower) re-plans: the same plan, kept.
+  // first window (measured 3x slower) re-plans: the same plan, kept. v3
+  // has run fewer steps than drift_window: it is expected from now on at
+  // what that window measured (not at v1's prediction, which the same
+  // slowdown would fire again).
   const int64_t e = alone.effective_step();
   Steps(*planning_, job_.id(), 23, static_cast<int>(e - 23), 1, predicted * 3);
   planning_->OnScheduleActive(job_.id(), 3);
-  Steps(*planning_, job_.id(), e, 3, 3, predicted * 3);
-  SendWindow(e, e + 2, 3, 3.0);
+  Steps(*planning_, job_.id(), e, 2, 3, predicted * 3);
+  window_iteration_s_ = predicted;
+  SendWindow(e, e + 1, 3, 3.0);
   EXPECT_THAT(jobs_->Events(job_.id(), 0)->back().message(),
-              HasSubstr("planning v4 (drift) gave the active v3's schedule "
-                        "again; the job keeps it"));
+              HasSubstr(absl::StrFormat(
+                  "planning v4 (drift) gave the active v3's schedule "
+                  "again; the job keeps it, expected from now on at the "
+                  "%.4f s/iter it measured",
+                  predicted * 3)));
   // Nothing else: no rollback, no second drift.
-  Steps(*planning_, job_.id(), e + 3, 20, 3, predicted * 3);
+  Steps(*planning_, job_.id(), e + 2, 20, 3, predicted * 3);
   planning_->Drain();
   EXPECT_EQ(published_.size(), 3u);
   EXPECT_EQ(CountEvents(*jobs_, job_.id(), "drift"), 1);

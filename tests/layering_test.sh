@@ -23,7 +23,13 @@
 #     tests; tests/unit/coordinator/rpc, the
 #     server's own tests, is the one unit folder that starts its server;
 #   - the Python suites import tests/harness/tandem_harness.py as a module:
-#     no conftest.py (nor the harness) is loaded by file path.
+#     no conftest.py (nor the harness) is loaded by file path;
+#   - one fake worker: a worker's behaviour towards the coordinator (acking
+#     a schedule switch, ScheduleApplied) is written only in worker/agent
+#     (the real one) and bench/load/fake_worker.* (the fake, which the load
+#     bench and the coordinator's RPC tests run); other tests script single
+#     messages (tandem_harness.ScriptedSession) or, in the coordinator's own
+#     unit tests, feed its managers.
 set -u
 root="${1:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
 cd "$root" || exit 2
@@ -64,5 +70,7 @@ check "a test that starts a coordinator belongs in tests/integration (only tests
   "$(grep -rnE 'CoordinatorServer|coordinator_binary|tandem_harness|tandem-coordinator\b.*(Popen|subprocess|execv|posix_spawn)|(Popen|subprocess|execv|posix_spawn).*tandem-coordinator\b' tests/unit | grep -v '^tests/unit/coordinator/rpc/')"
 check "no conftest.py (nor the harness) loaded by file path (import tandem_harness; tests/pytest.ini puts tests/harness on the path)" \
   "$(grep -rnE --include='*.py' '(spec_from_file_location|SourceFileLoader|run_path|exec\(open)\(.*(conftest|tandem_harness)' tests client bench 2>/dev/null | grep -v '^client/python/build/')"
+check "one fake worker: acking schedules (ScheduleApplied) only in worker/agent and bench/load/fake_worker.* (drive a FakeRank, or script single messages)" \
+  "$(grep -rnE --include='*.cc' --include='*.h' --include='*.py' 'mutable_applied\(\)|set_allocated_applied|ScheduleApplied\(|\.applied\.[a-z_]+ *=' worker bench tests client 2>/dev/null | grep -vE '^(worker/agent/|bench/load/fake_worker\.|tests/unit/coordinator/|client/python/build/)' | grep -vE '_pb2(_grpc)?\.py:')"
 [ $status -eq 0 ] && echo "layering: ok"
 exit $status

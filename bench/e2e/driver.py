@@ -524,6 +524,56 @@ memory: {{budget_bytes: {budget}}}
                                f"{p.stderr.strip()[-600:]}")
         return json.loads(p.stdout.strip().splitlines()[-1])
 
+    # -- the job against the same plan run alone, over time -----------------
+
+    def long_run(self, name, m):
+        """Tells the link and a long-running worker from the loop (issue 33:
+        the job ran its plans slower than the rounds' short runs, by more as
+        the job went on, at 200 Mbit/s only): Tandem's job at the large
+        budget, then the plan it settled on run alone, as the rounds run it
+        but for --long-run steps in one pair of processes. Emits one row:
+        both runs' step time and exposed communication by thirds of the
+        steps (the slower rank per step; the job's steps of its final
+        version only)."""
+        a = self.a
+        tag = f"{name}-{a.rate}"
+        budgets = self.setup(name, m)
+        bbytes = budgets["large"]
+        sched = os.path.join(a.workdir, f"{tag}-large-long.sched")
+        log(f"{tag}: tandem's job at the large budget ({bbytes} B)")
+        job = self.coordinator_job(name, m, "large", bbytes, sched)
+        final = job.get("final_version")
+        jobdir = os.path.join(a.workdir, f"job-{name}-{a.rate}-large")
+        per_rank = []
+        for r in range(2):
+            with open(os.path.join(jobdir, f"worker{r}.jsonl")) as f:
+                per_rank.append({s["step"]: s for s in self.steps_of(f.read())})
+        job_steps = [(max(pr[k]["iteration_s"] for pr in per_rank),
+                      max(pr[k]["exposed_comm_s"] for pr in per_rank))
+                     for k in sorted(set(per_rank[0]) & set(per_rank[1]))
+                     if all(pr[k].get("schedule_version") == final for pr in per_rank)]
+        log(f"{tag}: v{final}'s plan alone for {a.long_run} steps")
+        spec = self.spec(name, m, 2, a.discard + a.long_run, bbytes)
+        outs = self.run_pair(
+            lambda r, rv: [self.worker, "--standalone", "--spec", spec, "--rank", str(r),
+                           "--world", "2", "--rendezvous", rv, "--threads", "1",
+                           "--schedule", sched], 1800)
+        alone = [self.steps_of(o)[a.discard:] for o in outs]
+        n = min(len(x) for x in alone)
+        alone_steps = [(max(x[i]["iteration_s"] for x in alone),
+                        max(x[i]["exposed_comm_s"] for x in alone)) for i in range(n)]
+
+        def thirds(series):
+            k = len(series) // 3
+            parts = [series[:k], series[k:2 * k], series[2 * k:]] if k else []
+            return [dict(steps=len(p), step_s=statistics.median(t for t, _ in p),
+                         exposed_comm_s=statistics.median(e for _, e in p)) for p in parts]
+
+        self.emit(dict(model=name, contender="long-run", budget="large", budget_bytes=bbytes,
+                       final_version=final, job_thirds=thirds(job_steps),
+                       alone_thirds=thirds(alone_steps), job_steps=len(job_steps),
+                       alone_steps=len(alone_steps)))
+
     # -- one model -----------------------------------------------------------
 
     def model(self, name, m):
@@ -707,6 +757,9 @@ def main():
                          "as settled")
     ap.add_argument("--job-max-steps", type=int, default=200)
     ap.add_argument("--job-timeout-s", type=int, default=900)
+    ap.add_argument("--long-run", type=int, default=0, metavar="STEPS",
+                    help="instead of the bench: Tandem's job at the large budget, then "
+                         "its plan alone for STEPS steps; both by thirds (Bench.long_run)")
     a = ap.parse_args()
     if a.rounds < 1:
         sys.exit("--rounds must be at least 1")
@@ -714,7 +767,10 @@ def main():
     for name in a.models.split(","):
         if name not in MODELS:
             sys.exit(f"unknown model '{name}' (expected one of {', '.join(MODELS)})")
-        b.model(name, dict(MODELS[name], name=name))
+        if a.long_run > 0:
+            b.long_run(name, dict(MODELS[name], name=name))
+        else:
+            b.model(name, dict(MODELS[name], name=name))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@
 #                         [--comm "chunk_bytes: 64KiB, max_in_flight: 4"]
 #   sudo bench/e2e/run.sh --drift-check [--rates R] [--drift-args "--throttle-at 150 ..."]
 #   sudo bench/e2e/run.sh --noise [--rates R] [--noise-args "--jobs 5 ..."] --out FILE
+#   sudo bench/e2e/run.sh --long-run STEPS [--rates R] [--models M] --out FILE
 #
 # For each link rate and model: Tandem's on-demand warm-up with a profile;
 # every reference policy and Tandem's own pipeline alone ("tandem-passes")
@@ -33,6 +34,9 @@
 # coordinator on the first rate's link, throttled to 1/20 of it mid-job; a
 # drift re-plan must follow within drift_window steps (exit 1 if not);
 # --drift-args passes its options (throttle.py --help).
+# --long-run replaces the bench: per model and rate, Tandem's job at the
+# large budget, then the plan it settled on alone for STEPS steps; both
+# runs' step time and exposed communication by thirds (driver.py long_run).
 # --noise runs only bench/noise/noise.py (issue 34) on the first rate's link:
 # jobs of the demo and an exported model, quiet, beside a CPU hog and under
 # link flaps, each re-measured quietly after; --noise-args passes its options
@@ -52,7 +56,7 @@ export MALLOC_TRIM_THRESHOLD_="${MALLOC_TRIM_THRESHOLD_:-1073741824}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 RATES="2000 200"
 MODELS="tiny-llama,wide-short,exported-gpt"
-STEPS="" DISCARD=2 QUICK=0 COMM="" DRIFT_CHECK=0 NOISE=0 NOISE_ARGS="" DRIFT_ARGS="" FORCE=0 ROUNDS=3 SETTLE=15
+STEPS="" DISCARD=2 QUICK=0 COMM="" DRIFT_CHECK=0 NOISE=0 NOISE_ARGS="" DRIFT_ARGS="" LONG_RUN=0 FORCE=0 ROUNDS=3 SETTLE=15
 WORK="${TMPDIR:-/tmp}/tandem-e2e"
 OUT=""
 while [ $# -gt 0 ]; do
@@ -71,7 +75,8 @@ while [ $# -gt 0 ]; do
     --noise) NOISE=1; shift ;;
     --noise-args) NOISE_ARGS="$2"; shift 2 ;;
     --drift-args) DRIFT_ARGS="$2"; shift 2 ;;
-    -h|--help) sed -n 2,42p "$0"; exit 0 ;;
+    --long-run) LONG_RUN="$2"; shift 2 ;;
+    -h|--help) sed -n 2,45p "$0"; exit 0 ;;
     *) echo "$0: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -226,7 +231,7 @@ for rate in $RATES; do
     --build "$BUILD" --workdir "$WORK" --out "$OUT" \
     --ns0 "$NS0" --ns1 "$NS1" --if0 "$IF0" --if1 "$IF1" --ip0 "$IP0" --ip1 "$IP1" \
     --steps "$steps" --discard "$DISCARD" --replay-steps "$replay" \
-    --rounds "$ROUNDS" --settle-steps "$SETTLE" \
+    --rounds "$ROUNDS" --settle-steps "$SETTLE" --long-run "$LONG_RUN" \
     ${COMM:+--comm "$COMM"} &
   DRIVER_PID=$!
   wait "$DRIVER_PID"

@@ -903,6 +903,16 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
     return true;
   }
   if (state.queued || !c.closed_block) return true;
+  const CompareOptions options = CompareOptionsLocked(state);
+  const ComparisonDecision decision =
+      DecideInterleaved(c.blocks, c.incumbent, c.candidate, options);
+  if (!decision.done() || !decision.interval.has_value()) return true;
+  ApplyVerdictLocked(job_id, state, step, decision, options, "");
+  return true;
+}
+
+CompareOptions PlanningManager::CompareOptionsLocked(const JobPlanning& state) {
+  const JobPlanning::Comparison& c = *state.comparison;
   CompareOptions options;
   options.min_gain = MinGain(state.spec);
   // A promising comparison measures on past max_pairs in at most half the
@@ -915,9 +925,15 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
         std::max<int64_t>(options.max_pairs,
                           std::min<int64_t>(options.promising_max_pairs, fit)));
   }
-  const ComparisonDecision decision =
-      DecideInterleaved(c.blocks, c.incumbent, c.candidate, options);
-  if (!decision.done() || !decision.interval.has_value()) return true;
+  return options;
+}
+
+void PlanningManager::ApplyVerdictLocked(const std::string& job_id,
+                                         JobPlanning& state, int64_t step,
+                                         const ComparisonDecision& decision,
+                                         const CompareOptions& options,
+                                         absl::string_view cut_short) {
+  const JobPlanning::Comparison& c = *state.comparison;
   const RatioInterval& r = *decision.interval;
   const int64_t candidate = c.candidate;
   const int64_t incumbent = c.incumbent;
@@ -979,8 +995,13 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
           "of optimize.min_gain %.0f%%); back to v%d's schedule",
           r.pairs, 100 * options.min_gain, incumbent);
       // Trials back off; a check is not a trial (the next one comes only
-      // from another plan found behind, or another drift).
-      if (trial) {
+      // from another plan found behind, or another drift). Nor does one
+      // cut short: too few pairs say nothing of this machine.
+      if (!cut_short.empty()) {
+        absl::StrAppend(&verdict,
+                        "; cut short, it rejects neither plan and holds no "
+                        "later trial back");
+      } else if (trial) {
         ++state.inconclusive_trials;
         const int64_t wait = TrialBackoffSteps(
             state.spec.optimize().drift_window(), state.inconclusive_trials);
@@ -1027,14 +1048,18 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
           "%s v%d (%s) against v%d, interleaved in blocks of %d steps (%d "
           "block pairs; %d steps of v%d, %d of v%d counted, each block's "
           "first left out): v%d/v%d = %.3f (%.3f-%.3f, %.0f%% interval) at "
-          "step %d: %s",
+          "step %d%s: %s",
           ComparisonName(kind), candidate, source, incumbent,
           kComparisonBlockSteps, r.pairs, r.candidate_steps, candidate,
           r.incumbent_steps, incumbent, candidate, incumbent, r.ratio, r.low,
-          r.high, 100 * options.confidence, step, verdict));
+          r.high, 100 * options.confidence, step, cut_short, verdict));
   state.judged.insert(candidate);
   state.comparison.reset();
   state.pending_reason.reset();
+  // Cut short and undecided: the pairs were too few to tell, which says
+  // nothing against either plan (no rejection, no backoff).
+  const bool undecided =
+      !cut_short.empty() && decision.verdict == Verdict::kInconclusive;
   if (decision.keep_candidate()) {
     if (incumbent_schedule.has_value()) {
       state.rejected[incumbent] = *incumbent_schedule;
@@ -1042,16 +1067,16 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
     state.rollback_to = candidate;
     QueueLocked(job_id, state, PlanReason::kKept);
   } else {
-    if (candidate_schedule.has_value()) {
+    if (candidate_schedule.has_value() && !undecided) {
       state.rejected[candidate] = *candidate_schedule;
     }
     if (kind == ComparisonKind::kRollbackCheck) state.measured.Clear();
     state.rollback_to = incumbent;
     state.rollback_inconclusive =
-        trial && decision.verdict == Verdict::kInconclusive;
+        trial && decision.verdict == Verdict::kInconclusive && !undecided;
+    state.rollback_interrupted = undecided;
     QueueLocked(job_id, state, PlanReason::kRollback);
   }
-  return true;
 }
 
 void PlanningManager::MeasureBaselineLocked(const std::string& job_id,
@@ -1149,13 +1174,20 @@ void PlanningManager::WatchComparisonLocked(const std::string& job_id,
 void PlanningManager::InterruptComparisonLocked(const std::string& job_id,
                                                 JobPlanning& state,
                                                 int64_t step, PlanReason why) {
-  const JobPlanning::Comparison c = std::move(*state.comparison);
-  state.comparison.reset();
+  const JobPlanning::Comparison& c = *state.comparison;
   const bool baseline_check = c.baseline_pairs > 0;
-  int64_t runs_on = c.incumbent;
   const int64_t watched = baseline_check ? c.candidate : c.incumbent;
+  const int64_t candidate = c.candidate;
+  int64_t runs_on = c.incumbent;
   std::string what;
   std::string ends;
+  // A trial or a rollback check: decided now, from the block pairs in
+  // (max_pairs 0: a verdict where the interval gives one, else
+  // inconclusive). Interleaved, both plans ran under the change alike.
+  std::optional<ComparisonDecision> decision;
+  CompareOptions options;
+  // A baseline check: what the pairs in measured.
+  std::optional<RatioInterval> measured_pairs;
   if (baseline_check) {
     // The check reruns a plan: that plan runs on.
     auto rerun = state.rollbacks.find(c.candidate);
@@ -1164,20 +1196,33 @@ void PlanningManager::InterruptComparisonLocked(const std::string& job_id,
         "the baseline check of v%d (v%d's plan alternating with the "
         "baseline, v0)",
         c.candidate, runs_on);
-    ends =
-        "the check ends without a figure (its blocks straddle the change; "
-        "the plan is measured against the baseline again once it settles)";
+    measured_pairs =
+        InterleavedRatio(c.blocks, c.incumbent, c.candidate, CompareOptions{});
+    ends = absl::StrFormat(
+        "the check ends with the %d block pairs in (interleaved, both sides "
+        "ran under the change alike), and v%d's plan runs alone again",
+        measured_pairs.has_value() ? measured_pairs->pairs : 0, runs_on);
   } else {
     const ComparisonKind kind = state.compared[c.candidate].kind;
     what = absl::StrFormat("the %s of v%d against v%d", ComparisonName(kind),
                            c.candidate, c.incumbent);
-    ends =
-        "it ends undecided (its blocks straddle the change): neither plan "
-        "is rejected";
-    // No verdict will come: never a comparison to resume.
-    state.judged.insert(c.candidate);
+    options = CompareOptionsLocked(state);
+    options.max_pairs = 0;
+    options.promising_max_pairs = 0;
+    decision = DecideInterleaved(c.blocks, c.incumbent, c.candidate, options);
+    if (decision->done() && decision->interval.has_value()) {
+      ends = absl::StrFormat(
+          "it is decided now, from the %d block pairs in (interleaved, both "
+          "plans ran under the change alike)",
+          decision->interval->pairs);
+    } else {
+      decision.reset();
+      ends = absl::StrFormat(
+          "it ends undecided (fewer than %d block pairs in): neither plan is "
+          "rejected, and v%d's plan runs alone again",
+          options.min_pairs, runs_on);
+    }
   }
-  const double expected = state.drift->predicted_s();
   (void)jobs_->RecordEvent(
       job_id, PlanReasonName(why),
       why == PlanReason::kDrift
@@ -1185,25 +1230,51 @@ void PlanningManager::InterruptComparisonLocked(const std::string& job_id,
                 "drift at step %d during %s: the last %d steps of v%d "
                 "measured %.4f s/iter (median) against %.4f expected (score "
                 "%.2f; threshold %.2f, noise bound %.2f); %s; what was "
-                "measured before is forgotten; v%d's plan runs alone again, "
-                "and re-plans from its first profile window",
+                "measured before is forgotten, and the plan that runs on "
+                "re-plans from its first profile window",
                 step, what, state.spec.optimize().drift_window(), watched,
-                state.drift->window_median_s(), expected, state.drift->score(),
-                state.spec.optimize().drift_threshold(),
-                state.drift->noise_bound(), ends, runs_on)
+                state.drift->window_median_s(), state.drift->predicted_s(),
+                state.drift->score(), state.spec.optimize().drift_threshold(),
+                state.drift->noise_bound(), ends)
           : absl::StrFormat(
                 "%s at step %d during %s: the measured peak came near the "
-                "budget beyond v%d's prediction; %s; v%d's plan runs alone "
-                "again, and re-plans from its first profile window",
-                PlanReasonName(why), step, what, runs_on, ends, runs_on));
+                "budget beyond v%d's prediction; %s; the plan that runs on "
+                "re-plans from its first profile window",
+                PlanReasonName(why), step, what, watched, ends));
+  if (decision.has_value()) {
+    ApplyVerdictLocked(job_id, state, step, *decision, options,
+                       " (cut short by the drift: decided from the pairs in)");
+  } else {
+    if (baseline_check) {
+      state.speedup_version = candidate;
+      state.speedup =
+          DescribeSpeedup(measured_pairs, BaselineBasis(state.spec));
+      (void)jobs_->RecordEvent(
+          job_id, "baseline",
+          absl::StrFormat(
+              "v%d against the baseline (v0), alternated in %d "
+              "block pairs of %d steps, at step %d, cut short by "
+              "the drift: %s",
+              candidate, measured_pairs.has_value() ? measured_pairs->pairs : 0,
+              kComparisonBlockSteps, step, state.speedup.text));
+      // The plan published again alone carries the figure (it is the
+      // same plan); without one it is checked again once it settles.
+      state.carry_speedup = state.speedup.measured();
+    } else {
+      // No verdict will come: never a comparison to resume.
+      state.judged.insert(candidate);
+    }
+    state.comparison.reset();
+    state.rollback_to = runs_on;
+    state.rollback_interrupted = true;
+    QueueLocked(job_id, state, PlanReason::kRollback);
+  }
   // What was measured before the change describes no plan now (as for a
-  // drift check, Plan): the plan running alone is expected at its own
-  // prediction until the re-plan (KeepActive, or a drift check).
+  // drift check, Plan): the plan that runs on is expected at what it
+  // measures from here, and the re-plan `why` calls for comes from its first
+  // window.
   state.measured.Clear();
   state.pending_reason = why;
-  state.rollback_to = runs_on;
-  state.rollback_interrupted = true;
-  QueueLocked(job_id, state, PlanReason::kRollback);
 }
 
 void PlanningManager::MaybeStartCached(const v1::Job& job) {
@@ -1953,6 +2024,12 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
                                           continuation->pairs);
         }
       }
+      // The plan a drift's cut-short baseline check measured, run alone
+      // again: the figure is this version's.
+      if (rollback_interrupted && it->second.carry_speedup) {
+        it->second.speedup_version = version;
+      }
+      it->second.carry_speedup = false;
       if (cached.has_value() && it->second.cached_speedup.has_value()) {
         // The source job measured this plan against the baseline on the
         // same graph, hardware and budget: its figure holds here, and no

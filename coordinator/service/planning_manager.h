@@ -271,6 +271,10 @@ class PlanningManager final : public WorkerEventListener {
     // (WatchComparisonLocked): its provenance says so (kInterruptedPass), and
     // the version it follows is not rejected, now or after a restart.
     bool rollback_interrupted = false;
+    // A baseline check a drift cut short measured a figure: the queued
+    // rollback, which runs its plan again alone, carries it (is its
+    // speedup_version) instead of being checked again.
+    bool carry_speedup = false;
     // The comparison running: a trial version alternating with the version
     // it is tried against, or a baseline check alternating with v0, and the
     // blocks of steps each ran, in order.
@@ -411,13 +415,29 @@ class PlanningManager final : public WorkerEventListener {
                              int64_t peak_bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The machine changed under a comparison (WatchComparisonLocked fired
-  // `why`): its blocks straddle the change, so it ends with no verdict and
-  // no figure, neither plan rejected. The watched plan is published again
-  // alone (a "rollback", kInterruptedPass): no profile window completes
-  // while plans alternate, and the re-plan `why` calls for comes from its
-  // next window. Requires mu_.
+  // `why`): it ends now, from the block pairs in, since interleaved blocks
+  // straddle a change alike on both sides. A trial or a rollback check is
+  // decided (ApplyVerdictLocked, max_pairs 0: a verdict where the interval
+  // gives one, else inconclusive, which rejects neither plan); a baseline
+  // check gives its figure from the pairs in. Either way one plan is then
+  // published to run alone (the verdict's version, or a "rollback" with
+  // kInterruptedPass; no profile window completes while plans alternate),
+  // and the re-plan `why` calls for comes from its first window. Requires
+  // mu_.
   void InterruptComparisonLocked(const std::string& job_id, JobPlanning& state,
                                  int64_t step, PlanReason why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The options a trial or a check is decided with (its min_gain, and
+  // promising_max_pairs within half the steps the job had left). Requires
+  // mu_.
+  static CompareOptions CompareOptionsLocked(const JobPlanning& state);
+  // Ends the comparison with `decision` (done, with an interval): the
+  // verdict event (`cut_short` says why it ended early, "" if it did not),
+  // and the winner's plan queued ("kept" or "rollback"). Requires mu_.
+  void ApplyVerdictLocked(const std::string& job_id, JobPlanning& state,
+                          int64_t step, const ComparisonDecision& decision,
+                          const CompareOptions& options,
+                          absl::string_view cut_short)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What the drift detector expects while `schedule` is the active version
   // (seconds at the reference work, and peak): ExpectedAtReference, except

@@ -47,13 +47,14 @@ std::string TempDb(const char* name) {
   return path;
 }
 
-// One worker process as the coordinator sees it: registration and a session
-// stream (bench/load's SessionStream, the load bench's), driven by the test:
-// each message it sends by hand, or a FakeRank's.
-class FakeWorker {
+// One worker process's connection as the coordinator sees it: registration
+// and a session stream (bench/load's SessionStream, the load bench's),
+// driven by the test: each message it sends by hand, or a FakeRank's (the
+// one fake worker's behaviour, bench/load/fake_worker.h).
+class WorkerClient {
  public:
-  FakeWorker(std::shared_ptr<grpc::Channel> channel, std::string job_id,
-             std::string incarnation)
+  WorkerClient(std::shared_ptr<grpc::Channel> channel, std::string job_id,
+               std::string incarnation)
       : stub_(v1::WorkerService::NewStub(channel)),
         job_id_(std::move(job_id)),
         incarnation_(std::move(incarnation)) {}
@@ -119,7 +120,7 @@ class FakeWorker {
   }
 
   // The stream's callbacks reach into this worker: it ends before it goes.
-  ~FakeWorker() {
+  ~WorkerClient() {
     if (session_ == nullptr) return;
     session_->Cancel();
     Finish();
@@ -251,7 +252,7 @@ TEST_F(CoordinatorServerTest,
   EXPECT_GT(server_->metrics_port(), 0);
   const v1::Job job = Submit(Spec());
   const Graph graph = GraphOf(job);
-  FakeWorker w0(channel_, job.id(), "inc-0"), w1(channel_, job.id(), "inc-1");
+  WorkerClient w0(channel_, job.id(), "inc-0"), w1(channel_, job.id(), "inc-1");
   ASSERT_TRUE(w0.Register(-1).ok());
   ASSERT_TRUE(w1.Register(-1).ok());
   EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_PENDING);  // not connected
@@ -298,7 +299,7 @@ TEST_F(CoordinatorServerTest,
     EXPECT_THAT(resp.text(),
                 HasSubstr("schedule v1 graph=" + graph.StructuralHash()));
   }
-  for (FakeWorker* w : {&w0, &w1}) {
+  for (WorkerClient* w : {&w0, &w1}) {
     v1::WorkerMessage applied;
     applied.mutable_applied()->set_version(1);
     applied.mutable_applied()->set_step(3);
@@ -316,7 +317,7 @@ TEST_F(CoordinatorServerTest,
     EXPECT_TRUE(reader->Finish().ok());
   });
   for (int step = 1; step <= 6; ++step) {
-    for (FakeWorker* w : {&w0, &w1}) {
+    for (WorkerClient* w : {&w0, &w1}) {
       v1::WorkerMessage p;
       p.mutable_progress()->set_step(step);
       p.mutable_progress()->set_loss(5.0 - step * 0.1);
@@ -361,7 +362,7 @@ TEST_F(CoordinatorServerTest, FakeRanks_WindowsPlannedAndScheduleApplied) {
   job.spec = submitted.spec();
   ASSERT_TRUE(job.Prepare().ok());
   FakeRank r0(&job, 0, "inc-0"), r1(&job, 1, "inc-1");
-  FakeWorker w0(channel_, job.id, "inc-0"), w1(channel_, job.id, "inc-1");
+  WorkerClient w0(channel_, job.id, "inc-0"), w1(channel_, job.id, "inc-1");
   ASSERT_TRUE(w0.Register(0).ok());
   ASSERT_TRUE(w1.Register(1).ok());
   w0.ConnectAs(&r0);
@@ -417,7 +418,8 @@ TEST_F(CoordinatorServerTest, Restart_SameDb_KeepsJobsSchedulesAndWorkers) {
   const v1::Job job = Submit(Spec());
   const Graph graph = GraphOf(job);
   {
-    FakeWorker w0(channel_, job.id(), "inc-0"), w1(channel_, job.id(), "inc-1");
+    WorkerClient w0(channel_, job.id(), "inc-0"),
+        w1(channel_, job.id(), "inc-1");
     ASSERT_TRUE(w0.Register(0).ok());
     ASSERT_TRUE(w1.Register(1).ok());
     w0.Connect();
@@ -435,7 +437,7 @@ TEST_F(CoordinatorServerTest, Restart_SameDb_KeepsJobsSchedulesAndWorkers) {
   EXPECT_EQ(Get(job.id()).state(), v1::JOB_STATE_RUNNING);
   // The same workers come back: re-register with their incarnations, and
   // a worker still on the baseline gets v1 on reconnect.
-  FakeWorker w1(channel_, job.id(), "inc-1");
+  WorkerClient w1(channel_, job.id(), "inc-1");
   ASSERT_TRUE(w1.Register(1).ok());
   EXPECT_EQ(w1.rank(), 1);
   w1.Connect(/*version=*/0);
@@ -444,7 +446,7 @@ TEST_F(CoordinatorServerTest, Restart_SameDb_KeepsJobsSchedulesAndWorkers) {
   ASSERT_TRUE(s.has_value());
   EXPECT_EQ(s->schedule().schedule().version(), 1);
   // A stranger is refused.
-  FakeWorker stranger(channel_, job.id(), "inc-9");
+  WorkerClient stranger(channel_, job.id(), "inc-9");
   EXPECT_EQ(stranger.Register(1).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
 }
@@ -532,8 +534,8 @@ TEST_F(CoordinatorServerTest, Stop_WhilePlanInFlight_StoreConsistentRepeated) {
     const v1::Job job = Submit(spec);
     const Graph graph = GraphOf(job);
     {
-      FakeWorker w0(channel_, job.id(), "inc-0");
-      FakeWorker w1(channel_, job.id(), "inc-1");
+      WorkerClient w0(channel_, job.id(), "inc-0");
+      WorkerClient w1(channel_, job.id(), "inc-1");
       ASSERT_TRUE(w0.Register(0).ok());
       ASSERT_TRUE(w1.Register(1).ok());
       w0.Connect();

@@ -1157,8 +1157,8 @@ void ExpectV1AloneAfterInterruption(const v1::ScheduleUpdate& v1_update,
 // only a re-plan from a window measured under it can tell. The drift
 // detector watches v1 (the incumbent, the plan the job runs on if nothing
 // is decided) against what it measured: it fires on v1's second throttled
-// step, 22 (all but one of drift_window 3 beyond). The trial ends
-// undecided, v1's plan runs
+// step, 22 (all but one of drift_window 3 beyond). With one block pair in,
+// the trial cannot be decided: it ends undecided, v1's plan runs
 // alone again (v3, a
 // rollback marked comparison-interrupted, with nothing to alternate with),
 // and the first window under v3 re-plans, as on any drift.
@@ -1177,10 +1177,11 @@ TEST_F(PlanningManagerTest, Trial_MachineChangesForGood_InterruptedReplanned) {
       AllOf(HasSubstr("drift at step 22 during the trial of v2 against v1: "
                       "the last 3 steps of v1 measured"),
             HasSubstr(absl::StrFormat("against %.4f expected", predicted)),
-            HasSubstr("it ends undecided (its blocks straddle the change): "
-                      "neither plan is rejected; what was measured before "
-                      "is forgotten; v1's plan runs alone again, and "
-                      "re-plans from its first profile window")));
+            HasSubstr("it ends undecided (fewer than 2 block pairs in): "
+                      "neither plan is rejected, and v1's plan runs alone "
+                      "again; what was measured before is forgotten, and "
+                      "the plan that runs on re-plans from its first "
+                      "profile window")));
   planning_->Drain();
   ASSERT_EQ(published_.size(), 3u);
   const v1::ScheduleUpdate& alone = published_[2];
@@ -1701,9 +1702,10 @@ TEST_F(PlanningManagerTest, BaselineCheck_SpeedupMeasuredInterleaved) {
 // The machine changes for good during a baseline check, from step 13 (the
 // first v0 block): both 3x slower. The detector watches v2 (v1's plan,
 // expected at what v1 measured): it fires on v2's second throttled step,
-// 18, before the check's second pair is in. The check ends without a
-// figure, v1's plan runs alone again (v3, no baseline to alternate with),
-// and its first window re-plans.
+// 18, before the check's second pair is in. The check ends with the one
+// pair in, too few for a figure; v1's plan runs alone again (v3, no
+// baseline to alternate with), its first window re-plans, and once settled
+// it is checked against the baseline anew.
 TEST_F(PlanningManagerTest, BaselineCheck_MachineChangesForGood_Interrupted) {
   const double p = StartBaselineCheck(/*train_steps=*/200);
   ASSERT_EQ(published_.size(), 2u);
@@ -1720,13 +1722,17 @@ TEST_F(PlanningManagerTest, BaselineCheck_MachineChangesForGood_Interrupted) {
                       "(v1's plan alternating with the baseline, v0): the "
                       "last 3 steps of v2 measured"),
             HasSubstr(absl::StrFormat("against %.4f expected", p)),
-            HasSubstr("the check ends without a figure"),
+            HasSubstr("the check ends with the 1 block pairs in"),
             HasSubstr("v1's plan runs alone again")));
   planning_->Drain();
   ASSERT_EQ(published_.size(), 3u);
   const v1::ScheduleUpdate& alone = published_[2];
   ExpectV1AloneAfterInterruption(published_[0], alone);
-  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "baseline"), 0);
+  EXPECT_THAT(EventsOf(*jobs_, job_.id(), "baseline"),
+              ::testing::ElementsAre(HasSubstr(
+                  "v2 against the baseline (v0), alternated in 1 block pairs "
+                  "of 4 steps, at step 18, cut short by the drift: not "
+                  "measured yet")));
 
   const int64_t e = alone.effective_step();
   Steps(*planning_, job_.id(), 19, static_cast<int>(e - 19), 2, 3 * p);
@@ -1904,6 +1910,88 @@ TEST_F(PlanningManagerTest, BaselineCheck_TooWide_MeasuresOnPooled) {
   planning_->Drain();
   EXPECT_EQ(published_.size(), 3u);
   EXPECT_NEAR(jobs_->Get(job_.id())->measured_speedup(), 1.2502, 1e-4);
+}
+
+// A drift during a continuation (v3, pooled with v2's two pairs), on v3's
+// second throttled step: the check ends with the three pairs in, which give
+// a figure within 20%; v1's plan, published again alone (v4), carries it
+// and is not checked again.
+TEST_F(PlanningManagerTest, BaselineCheck_CutShortByDrift_FigureFromPairsIn) {
+  const double p = StartBaselineCheck(/*train_steps=*/200);
+  ASSERT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  const int64_t next = BaselineBlocks(
+      *planning_, job_.id(), {0.975 * p, 1.025 * p}, {1.25 * p, 1.25 * p});
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 3u);
+  const int64_t e = published_[2].effective_step();
+  Steps(*planning_, job_.id(), next, static_cast<int>(e - next), 2, p);
+  planning_->OnScheduleActive(job_.id(), 3);
+  Steps(*planning_, job_.id(), e, 4, 3, p);
+  Steps(*planning_, job_.id(), e + 4, 4, 0, 1.25 * p);
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "drift"), 0);
+  Steps(*planning_, job_.id(), e + 8, 2, 3, 3 * p);
+  std::vector<std::string> drifts = EventsOf(*jobs_, job_.id(), "drift");
+  ASSERT_EQ(drifts.size(), 1u);
+  EXPECT_THAT(drifts[0],
+              AllOf(HasSubstr(absl::StrFormat(
+                        "drift at step %d during the baseline check of v3 "
+                        "(v1's plan alternating with the baseline, v0)",
+                        e + 9)),
+                    HasSubstr("the check ends with the 3 block pairs in")));
+  EXPECT_THAT(EventsOf(*jobs_, job_.id(), "baseline").back(),
+              AllOf(HasSubstr("v3 against the baseline (v0), alternated in 3 "
+                              "block pairs of 4 steps"),
+                    HasSubstr("cut short by the drift: 1.25\u00d7 (1.17")));
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 4u);
+  ExpectV1AloneAfterInterruption(published_[0], published_[3]);
+  const int64_t e4 = published_[3].effective_step();
+  planning_->OnScheduleActive(job_.id(), 4);
+  Steps(*planning_, job_.id(), e4, 3, 4, 3 * p);
+  absl::StatusOr<v1::Job> job = jobs_->Get(job_.id());
+  EXPECT_NEAR(job->measured_speedup(), 1.25, 0.02);
+  EXPECT_THAT(job->speedup_text(), HasSubstr("measured interleaved over"));
+  // Re-planned on its first window (the same plan), then settled: v4 keeps
+  // the figure, with no check of its own.
+  SendWindow(e4, e4 + 2, 4, 3.0);
+  Steps(*planning_, job_.id(), e4 + 3, 20, 4, 3 * p);
+  planning_->Drain();
+  EXPECT_EQ(published_.size(), 4u);
+  EXPECT_NEAR(jobs_->Get(job_.id())->measured_speedup(), 1.25, 0.02);
+}
+
+// A trial undecided after two pairs that disagree (the trial 10% faster,
+// then level) when the machine changes for good: decided now from the two
+// pairs, it is inconclusive, and cut short that rejects neither plan and
+// holds no later trial back. v1's plan runs alone again.
+TEST_F(PlanningManagerTest, Trial_CutShortByDrift_InconclusiveRejectsNothing) {
+  const double predicted = StartTrial(/*train_steps=*/200);
+  ASSERT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  Alternate(*planning_, job_.id(), 9, 2, {predicted * 0.9, predicted},
+            {predicted});
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 2u);  // undecided
+  Steps(*planning_, job_.id(), 25, 4, 2, predicted * 3);
+  Steps(*planning_, job_.id(), 29, 2, 1, predicted * 3);
+  std::vector<std::string> drifts = EventsOf(*jobs_, job_.id(), "drift");
+  ASSERT_EQ(drifts.size(), 1u);
+  EXPECT_THAT(drifts[0],
+              AllOf(HasSubstr("drift at step 30 during the trial of v2 "
+                              "against v1"),
+                    HasSubstr("it is decided now, from the 2 block pairs in")));
+  EXPECT_THAT(EventsOf(*jobs_, job_.id(), "trial").back(),
+              AllOf(HasSubstr("(2 block pairs;"),
+                    HasSubstr("at step 30 (cut short by the drift: decided "
+                              "from the pairs in): inconclusive after 2 block "
+                              "pairs"),
+                    HasSubstr("cut short, it rejects neither plan and holds "
+                              "no later trial back"),
+                    Not(HasSubstr("the next trial waits"))));
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 3u);
+  ExpectV1AloneAfterInterruption(published_[0], published_[2]);
 }
 
 // A coordinator restarted during the continuation measures v2's pairs again

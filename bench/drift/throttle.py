@@ -12,8 +12,9 @@ drift re-plan follows it (a published "(drift)" schedule, or the active plan
 kept at what it measured). When the throttle lands in a comparison (plans
 alternating in blocks), the detector watches one of the two plans (the one
 the event names: a baseline check's, a trial's incumbent) and the other's
-steps do not count: within drift_window steps of that plan. Prints one JSON
-object; exit 1 on a miss.
+steps do not count: within drift_window steps of that plan; the comparison
+goes on, and the re-plan follows once it has ended (--after steps are
+waited for). Prints one JSON object; exit 1 on a miss.
 """
 
 import argparse
@@ -34,7 +35,9 @@ def main():
     ap.add_argument("--throttled-mbit", type=int, default=0, help="default: rate / 20")
     ap.add_argument("--throttle-at", type=int, default=120,
                     help="steps under a plan before the throttle")
-    ap.add_argument("--after", type=int, default=40, help="steps run after the throttle")
+    ap.add_argument("--after", type=int, default=120,
+                    help="steps run after the throttle (a drift seen during a comparison "
+                         "re-plans once the comparison ends: up to 12 block pairs later)")
     ap.add_argument("--threshold", type=float, default=0.1)
     ap.add_argument("--window", type=int, default=5)
     ap.add_argument("--out", default="")

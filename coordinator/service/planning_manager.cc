@@ -38,10 +38,6 @@ constexpr char kBaselineUnfitPass[] = "baseline-unfit";
 // The provenance pass of a rollback that ends an inconclusive trial: the
 // trial backoff is recovered from these after a restart.
 constexpr char kInconclusivePass[] = "trial-inconclusive";
-// The provenance pass of a rollback that ends a comparison a drift
-// interrupted (InterruptComparisonLocked): the version before it was not
-// judged, so a restarted coordinator does not reject it.
-constexpr char kInterruptedPass[] = "comparison-interrupted";
 
 bool HasPass(const v1::Schedule& schedule, absl::string_view pass) {
   return absl::c_linear_search(schedule.provenance().passes(), pass);
@@ -163,10 +159,6 @@ std::optional<std::string> OwnPassAfter(const v1::Schedule& schedule,
     }
   }
   return std::nullopt;
-}
-
-bool HasOwnPass(const v1::Schedule& schedule, absl::string_view pass) {
-  return OwnPassAfter(schedule, pass) == std::string();
 }
 
 // What a version is compared as, from its provenance: its reason and the
@@ -449,11 +441,9 @@ void PlanningManager::RecoverEvidenceLocked(
     if (std::optional<int64_t> to = VersionPass(s, "rollback-to-v")) {
       state.rollbacks[s.version()] = *to;
     }
-    // A checked rollback rejects nothing until its comparison is decided,
-    // nor does one that ends an interrupted comparison.
+    // A checked rollback rejects nothing until its comparison is decided.
     if (i > 0 &&
-        !state.IsCompared(s.version(), ComparisonKind::kRollbackCheck) &&
-        !HasOwnPass(s, kInterruptedPass)) {
+        !state.IsCompared(s.version(), ComparisonKind::kRollbackCheck)) {
       state.rejected[state.schedules[i - 1].schedule.version()] =
           state.schedules[i - 1].schedule;
     }
@@ -496,20 +486,11 @@ void PlanningManager::RecoverEvidenceLocked(
       }
     }
   }
-  // The newest version ends a comparison a drift interrupted: the re-plan
-  // it runs alone for is still owed (made again if it was made already, to
-  // the same effect).
-  if (!state.schedules.empty() &&
-      HasOwnPass(state.schedules.back().schedule, kInterruptedPass)) {
-    state.pending_reason = PlanReason::kDrift;
-  }
-  // A drift check forgot what was measured before it (Plan), as did a
-  // comparison a drift interrupted (InterruptComparisonLocked): steps before
-  // the newest such version's first are not measured again.
+  // A drift check forgot what was measured before it (Plan): steps before
+  // the newest check's first are not measured again.
   int64_t measured_from = -1;
   for (const StoredSchedule& s : state.schedules) {
-    if (state.IsCompared(s.schedule.version(), ComparisonKind::kDriftCheck) ||
-        HasOwnPass(s.schedule, kInterruptedPass)) {
+    if (state.IsCompared(s.schedule.version(), ComparisonKind::kDriftCheck)) {
       measured_from = std::max(measured_from, s.effective_step);
     }
   }
@@ -676,7 +657,7 @@ void PlanningManager::OnWindowLocked(const std::string& job_id,
   } else if (state.pending_reason.has_value() && !state.queued &&
              latest.schedule_version == active_version) {
     // (Not while a plan is queued: the version it publishes is the one to
-    // re-plan from, e.g. an interrupted comparison's plan running alone.)
+    // re-plan from.)
     QueueLocked(job_id, state, *state.pending_reason);
     state.pending_reason.reset();
   }
@@ -907,7 +888,7 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
   const ComparisonDecision decision =
       DecideInterleaved(c.blocks, c.incumbent, c.candidate, options);
   if (!decision.done() || !decision.interval.has_value()) return true;
-  ApplyVerdictLocked(job_id, state, step, decision, options, "");
+  ApplyVerdictLocked(job_id, state, step, decision, options);
   return true;
 }
 
@@ -931,8 +912,7 @@ CompareOptions PlanningManager::CompareOptionsLocked(const JobPlanning& state) {
 void PlanningManager::ApplyVerdictLocked(const std::string& job_id,
                                          JobPlanning& state, int64_t step,
                                          const ComparisonDecision& decision,
-                                         const CompareOptions& options,
-                                         absl::string_view cut_short) {
+                                         const CompareOptions& options) {
   const JobPlanning::Comparison& c = *state.comparison;
   const RatioInterval& r = *decision.interval;
   const int64_t candidate = c.candidate;
@@ -995,13 +975,8 @@ void PlanningManager::ApplyVerdictLocked(const std::string& job_id,
           "of optimize.min_gain %.0f%%); back to v%d's schedule",
           r.pairs, 100 * options.min_gain, incumbent);
       // Trials back off; a check is not a trial (the next one comes only
-      // from another plan found behind, or another drift). Nor does one
-      // cut short: too few pairs say nothing of this machine.
-      if (!cut_short.empty()) {
-        absl::StrAppend(&verdict,
-                        "; cut short, it rejects neither plan and holds no "
-                        "later trial back");
-      } else if (trial) {
+      // from another plan found behind, or another drift).
+      if (trial) {
         ++state.inconclusive_trials;
         const int64_t wait = TrialBackoffSteps(
             state.spec.optimize().drift_window(), state.inconclusive_trials);
@@ -1048,18 +1023,24 @@ void PlanningManager::ApplyVerdictLocked(const std::string& job_id,
           "%s v%d (%s) against v%d, interleaved in blocks of %d steps (%d "
           "block pairs; %d steps of v%d, %d of v%d counted, each block's "
           "first left out): v%d/v%d = %.3f (%.3f-%.3f, %.0f%% interval) at "
-          "step %d%s: %s",
+          "step %d: %s",
           ComparisonName(kind), candidate, source, incumbent,
           kComparisonBlockSteps, r.pairs, r.candidate_steps, candidate,
           r.incumbent_steps, incumbent, candidate, incumbent, r.ratio, r.low,
-          r.high, 100 * options.confidence, step, cut_short, verdict));
+          r.high, 100 * options.confidence, step, verdict));
   state.judged.insert(candidate);
   state.comparison.reset();
   state.pending_reason.reset();
-  // Cut short and undecided: the pairs were too few to tell, which says
-  // nothing against either plan (no rejection, no backoff).
-  const bool undecided =
-      !cut_short.empty() && decision.verdict == Verdict::kInconclusive;
+  // A drift seen while the two alternated: the plan that runs on is
+  // expected at its level before the change (the watched plan's, times the
+  // ratio the blocks measured when the candidate runs on), so that the
+  // detector fires again if the change lasts (WatchComparisonLocked).
+  if (state.drift_seen_level_s > 0) {
+    state.rearm_level_s = decision.keep_candidate()
+                              ? state.drift_seen_level_s * r.ratio
+                              : state.drift_seen_level_s;
+    state.drift_seen_level_s = 0;
+  }
   if (decision.keep_candidate()) {
     if (incumbent_schedule.has_value()) {
       state.rejected[incumbent] = *incumbent_schedule;
@@ -1067,14 +1048,13 @@ void PlanningManager::ApplyVerdictLocked(const std::string& job_id,
     state.rollback_to = candidate;
     QueueLocked(job_id, state, PlanReason::kKept);
   } else {
-    if (candidate_schedule.has_value() && !undecided) {
+    if (candidate_schedule.has_value()) {
       state.rejected[candidate] = *candidate_schedule;
     }
     if (kind == ComparisonKind::kRollbackCheck) state.measured.Clear();
     state.rollback_to = incumbent;
     state.rollback_inconclusive =
-        trial && decision.verdict == Verdict::kInconclusive && !undecided;
-    state.rollback_interrupted = undecided;
+        trial && decision.verdict == Verdict::kInconclusive;
     QueueLocked(job_id, state, PlanReason::kRollback);
   }
 }
@@ -1111,12 +1091,14 @@ void PlanningManager::MeasureBaselineLocked(const std::string& job_id,
   // width asks (MorePairsForWidth), when they fit in half the steps the job
   // has left (a check's blocks alternate with the slower baseline) and are
   // at least two; pooled with these pairs. Never a continuation's
-  // continuation: at most one version more per check.
+  // continuation: at most one version more per check. Nor after a drift
+  // seen during the check: the plan runs alone, and the detector tells
+  // whether the change lasts.
   int more = 0;
   const auto rerun = state.rollbacks.find(checked);
   if (!state.speedup.measured() && r.has_value() && r->pairs >= 2 &&
       ended.continues < 0 && rerun != state.rollbacks.end() && !state.queued &&
-      !state.pending_reason.has_value()) {
+      !state.pending_reason.has_value() && state.drift_seen_level_s <= 0) {
     const int64_t fit =
         PairsInHalfTheStepsLeft(state.spec, step + kSwitchLeadSteps);
     more = static_cast<int>(
@@ -1133,6 +1115,18 @@ void PlanningManager::MeasureBaselineLocked(const std::string& job_id,
                       checked, r.has_value() ? r->pairs : 0,
                       kComparisonBlockSteps, step, state.speedup.text));
   ReportOutcomeLocked(job_id, state, checked);
+  if (state.drift_seen_level_s > 0) {
+    // A drift seen during the check (WatchComparisonLocked): the plan, which
+    // runs on alone, is expected at its level before the change, so the
+    // detector fires again only if the change lasts.
+    const v1::Schedule* s = nullptr;
+    for (const StoredSchedule& stored : state.schedules) {
+      if (stored.schedule.version() == checked) s = &stored.schedule;
+    }
+    state.drift->SetPrediction(state.drift_seen_level_s,
+                               s != nullptr ? s->prediction().peak_bytes() : 0);
+    state.drift_seen_level_s = 0;
+  }
   if (more >= 2) {
     state.baseline_continuation = JobPlanning::BaselineContinuation{
         checked, r->pairs, more, std::move(ended.blocks)};
@@ -1167,114 +1161,49 @@ void PlanningManager::WatchComparisonLocked(const std::string& job_id,
     metrics_->drift_score->WithLabels({job_id}).Set(state.drift->score());
   }
   if (!reason.has_value()) return;
-  const std::optional<PlanReason> why = PlanReasonFromName(*reason);
-  if (why.has_value()) InterruptComparisonLocked(job_id, state, step, *why);
-}
-
-void PlanningManager::InterruptComparisonLocked(const std::string& job_id,
-                                                JobPlanning& state,
-                                                int64_t step, PlanReason why) {
-  const JobPlanning::Comparison& c = *state.comparison;
-  const bool baseline_check = c.baseline_pairs > 0;
-  const int64_t watched = baseline_check ? c.candidate : c.incumbent;
-  const int64_t candidate = c.candidate;
-  int64_t runs_on = c.incumbent;
+  // Not acted on now: interleaved, the blocks see the change alike on both
+  // plans and still compare them, and a change that passes (a link that
+  // flaps) would otherwise cut every comparison short. The comparison goes
+  // on; when it ends, the plan that runs on is expected at the watched
+  // plan's level before the change (ApplyVerdictLocked,
+  // MeasureBaselineLocked), and the detector fires again if the change
+  // lasts.
+  if (state.drift_seen_level_s > 0) return;
+  state.drift_seen_level_s = state.drift->predicted_s();
   std::string what;
-  std::string ends;
-  // A trial or a rollback check: decided now, from the block pairs in
-  // (max_pairs 0: a verdict where the interval gives one, else
-  // inconclusive). Interleaved, both plans ran under the change alike.
-  std::optional<ComparisonDecision> decision;
-  CompareOptions options;
-  // A baseline check: what the pairs in measured.
-  std::optional<RatioInterval> measured_pairs;
   if (baseline_check) {
-    // The check reruns a plan: that plan runs on.
     auto rerun = state.rollbacks.find(c.candidate);
-    runs_on = rerun != state.rollbacks.end() ? rerun->second : c.candidate;
     what = absl::StrFormat(
         "the baseline check of v%d (v%d's plan alternating with the "
         "baseline, v0)",
-        c.candidate, runs_on);
-    measured_pairs =
-        InterleavedRatio(c.blocks, c.incumbent, c.candidate, CompareOptions{});
-    ends = absl::StrFormat(
-        "the check ends with the %d block pairs in (interleaved, both sides "
-        "ran under the change alike), and v%d's plan runs alone again",
-        measured_pairs.has_value() ? measured_pairs->pairs : 0, runs_on);
+        c.candidate,
+        rerun != state.rollbacks.end() ? rerun->second : c.candidate);
   } else {
-    const ComparisonKind kind = state.compared[c.candidate].kind;
-    what = absl::StrFormat("the %s of v%d against v%d", ComparisonName(kind),
+    what = absl::StrFormat("the %s of v%d against v%d",
+                           ComparisonName(state.compared[c.candidate].kind),
                            c.candidate, c.incumbent);
-    options = CompareOptionsLocked(state);
-    options.max_pairs = 0;
-    options.promising_max_pairs = 0;
-    decision = DecideInterleaved(c.blocks, c.incumbent, c.candidate, options);
-    if (decision->done() && decision->interval.has_value()) {
-      ends = absl::StrFormat(
-          "it is decided now, from the %d block pairs in (interleaved, both "
-          "plans ran under the change alike)",
-          decision->interval->pairs);
-    } else {
-      decision.reset();
-      ends = absl::StrFormat(
-          "it ends undecided (fewer than %d block pairs in): neither plan is "
-          "rejected, and v%d's plan runs alone again",
-          options.min_pairs, runs_on);
-    }
   }
   (void)jobs_->RecordEvent(
-      job_id, PlanReasonName(why),
-      why == PlanReason::kDrift
+      job_id, *reason,
+      *reason == PlanReasonName(PlanReason::kDrift)
           ? absl::StrFormat(
                 "drift at step %d during %s: the last %d steps of v%d "
                 "measured %.4f s/iter (median) against %.4f expected (score "
-                "%.2f; threshold %.2f, noise bound %.2f); %s; what was "
-                "measured before is forgotten, and the plan that runs on "
-                "re-plans from its first profile window",
+                "%.2f; threshold %.2f, noise bound %.2f); the comparison "
+                "goes on (interleaved, its blocks see the change alike on "
+                "both plans); once it ends, the plan that runs on is "
+                "expected at its level before the change and re-plans if "
+                "the change lasts",
                 step, what, state.spec.optimize().drift_window(), watched,
                 state.drift->window_median_s(), state.drift->predicted_s(),
                 state.drift->score(), state.spec.optimize().drift_threshold(),
-                state.drift->noise_bound(), ends)
+                state.drift->noise_bound())
           : absl::StrFormat(
                 "%s at step %d during %s: the measured peak came near the "
-                "budget beyond v%d's prediction; %s; the plan that runs on "
-                "re-plans from its first profile window",
-                PlanReasonName(why), step, what, watched, ends));
-  if (decision.has_value()) {
-    ApplyVerdictLocked(job_id, state, step, *decision, options,
-                       " (cut short by the drift: decided from the pairs in)");
-  } else {
-    if (baseline_check) {
-      state.speedup_version = candidate;
-      state.speedup =
-          DescribeSpeedup(measured_pairs, BaselineBasis(state.spec));
-      (void)jobs_->RecordEvent(
-          job_id, "baseline",
-          absl::StrFormat(
-              "v%d against the baseline (v0), alternated in %d "
-              "block pairs of %d steps, at step %d, cut short by "
-              "the drift: %s",
-              candidate, measured_pairs.has_value() ? measured_pairs->pairs : 0,
-              kComparisonBlockSteps, step, state.speedup.text));
-      // The plan published again alone carries the figure (it is the
-      // same plan); without one it is checked again once it settles.
-      state.carry_speedup = state.speedup.measured();
-    } else {
-      // No verdict will come: never a comparison to resume.
-      state.judged.insert(candidate);
-    }
-    state.comparison.reset();
-    state.rollback_to = runs_on;
-    state.rollback_interrupted = true;
-    QueueLocked(job_id, state, PlanReason::kRollback);
-  }
-  // What was measured before the change describes no plan now (as for a
-  // drift check, Plan): the plan that runs on is expected at what it
-  // measures from here, and the re-plan `why` calls for comes from its first
-  // window.
-  state.measured.Clear();
-  state.pending_reason = why;
+                "budget beyond v%d's prediction; the comparison goes on "
+                "(the workers' memory guard holds the budget), and the plan "
+                "that runs on once it ends re-plans if it lasts",
+                *reason, step, what, watched));
 }
 
 void PlanningManager::MaybeStartCached(const v1::Job& job) {
@@ -1445,6 +1374,8 @@ void PlanningManager::OnMemoryGuard(const std::string& job_id, int32_t rank,
       state.judged.insert(state.comparison->candidate);
       state.comparison.reset();
     }
+    state.drift_seen_level_s = 0;
+    state.rearm_level_s = 0;
     // Before the first plan, the initial plan is measured under it anyway.
     if (!state.schedules.empty()) {
       state.pending_reason = PlanReason::kMemoryGuard;
@@ -1471,7 +1402,15 @@ void PlanningManager::OnScheduleActive(const std::string& job_id,
   }
   for (const StoredSchedule& s : it->second.schedules) {
     if (s.schedule.version() == version) {
-      const auto [seconds, peak] = DriftExpectation(it->second, s.schedule);
+      auto [seconds, peak] = DriftExpectation(it->second, s.schedule);
+      // The version a comparison that saw a drift ended in: expected at the
+      // level before the change (ApplyVerdictLocked), so that the detector
+      // fires again only if the change lasts.
+      if (it->second.rearm_level_s > 0 &&
+          version == it->second.schedules.back().schedule.version()) {
+        seconds = it->second.rearm_level_s;
+        it->second.rearm_level_s = 0;
+      }
       it->second.drift->SetPrediction(seconds, peak);
       if (metrics_ != nullptr) {
         metrics_->schedule_version->WithLabels({job_id}).Set(version);
@@ -1549,10 +1488,8 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
   // A rollback: the version it returns to (its schedule when it is not the
   // baseline) and what that version measured.
   int64_t rollback_to = -1;
-  // The rollback ends an inconclusive trial (kInconclusivePass), or a
-  // comparison a drift interrupted (kInterruptedPass).
+  // The rollback ends an inconclusive trial (kInconclusivePass).
   bool rollback_inconclusive = false;
-  bool rollback_interrupted = false;
   std::optional<v1::Schedule> rollback_schedule;
   // A rollback to the baseline: the plan whose explanation simulated it.
   std::optional<v1::Schedule> baseline_simulated;
@@ -1651,9 +1588,6 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
       rollback_inconclusive =
           why == PlanReason::kRollback && it->second.rollback_inconclusive;
       it->second.rollback_inconclusive = false;
-      rollback_interrupted =
-          why == PlanReason::kRollback && it->second.rollback_interrupted;
-      it->second.rollback_interrupted = false;
       int64_t check_of = -1;
       if (why == PlanReason::kRollback) {
         check_of = it->second.rollback_check_of;
@@ -1771,9 +1705,6 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
       if (rollback_inconclusive) {
         back->provenance.passes.push_back(kInconclusivePass);
       }
-      if (rollback_interrupted) {
-        back->provenance.passes.push_back(kInterruptedPass);
-      }
       if (compare == ComparisonKind::kRollbackCheck) {
         back->provenance.passes.push_back(
             absl::StrCat(kRollbackCheckPass, incumbent->version()));
@@ -1788,9 +1719,7 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
       }
       planned_on = why == PlanReason::kKept            ? "the comparison"
                    : why == PlanReason::kBaselineCheck ? "the plan that settled"
-                   : rollback_interrupted ? "the plan the interrupted "
-                                            "comparison ran on"
-                                          : "the measurements";
+                                                       : "the measurements";
       return back;
     }
     PlanOptions options = PlanOptionsFromSpec(spec);
@@ -2024,12 +1953,6 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
                                           continuation->pairs);
         }
       }
-      // The plan a drift's cut-short baseline check measured, run alone
-      // again: the figure is this version's.
-      if (rollback_interrupted && it->second.carry_speedup) {
-        it->second.speedup_version = version;
-      }
-      it->second.carry_speedup = false;
       if (cached.has_value() && it->second.cached_speedup.has_value()) {
         // The source job measured this plan against the baseline on the
         // same graph, hardware and budget: its figure holds here, and no
@@ -2125,9 +2048,9 @@ std::string PlanningManager::KeepActive(const std::string& job_id,
   JobPlanning& state = it->second;
   const v1::Schedule& active = state.schedules.back().schedule;
   // The window that drifted, else its median, else the profile window
-  // planned from when the version ran it (a version newly active, e.g. the
-  // plan an interrupted comparison ran on, published again alone: the
-  // detector has no window of it yet), else (unmeasured) the prediction.
+  // planned from when the version ran it (a version newly active, a
+  // comparison's verdict say: the detector has no window of it yet), else
+  // (unmeasured) the prediction.
   // Not the median first: the version's steps straddle the jump that
   // fired, and expecting their median would fire the same jump again.
   double expected = PredictedAtReference(state.work, active.prediction());

@@ -18,9 +18,7 @@
 //     otherwise the active version's plan is published again ("rollback")
 //     and what was measured one after the other is forgotten (it was the
 //     machine, not the plan). A rollback that ends a trial or a check runs
-//     on without a check. A rollback that ends a comparison a drift
-//     interrupted (WatchComparisonLocked) runs the watched plan alone so
-//     that its first window re-plans;
+//     on without a check;
 //   - "cached": no plan: an identical earlier job's newest schedule, as soon
 //     as the graph and every rank's device are known (plan_cache.h); it
 //     carries what that job measured it to buy over the baseline (the
@@ -267,14 +265,13 @@ class PlanningManager final : public WorkerEventListener {
     // so (kInconclusivePass), so that a restarted coordinator keeps the
     // backoff.
     bool rollback_inconclusive = false;
-    // The queued rollback ends a comparison a drift interrupted
-    // (WatchComparisonLocked): its provenance says so (kInterruptedPass), and
-    // the version it follows is not rejected, now or after a restart.
-    bool rollback_interrupted = false;
-    // A baseline check a drift cut short measured a figure: the queued
-    // rollback, which runs its plan again alone, carries it (is its
-    // speedup_version) instead of being checked again.
-    bool carry_speedup = false;
+    // A drift seen during the comparison running (WatchComparisonLocked):
+    // the watched plan's expected level before it (0: none). When the
+    // comparison ends, the plan that runs on is expected at that level
+    // (rearm_level_s: for the version published next, DriftExpectation),
+    // so the detector fires again only if the change lasts.
+    double drift_seen_level_s = 0;
+    double rearm_level_s = 0;
     // The comparison running: a trial version alternating with the version
     // it is tried against, or a baseline check alternating with v0, and the
     // blocks of steps each ran, in order.
@@ -407,37 +404,27 @@ class PlanningManager final : public WorkerEventListener {
   // measured, from its steps alone: the other plan's vary by its blocks,
   // which is the comparison's to judge. So a change shows within
   // drift_window steps of the watched plan (about twice as many steps of
-  // the job). A drift check (the answer to a drift) is not watched. On a
-  // drift the comparison is interrupted (InterruptComparisonLocked).
-  // Requires mu_.
+  // the job). A drift check (the answer to a drift) is not watched. A drift
+  // is an event but ends nothing: interleaved, the blocks see the change
+  // alike on both plans, and a change that passes (a flapping link) would
+  // otherwise cut every comparison short. When the comparison ends, the
+  // plan that runs on is expected at the watched plan's level before the
+  // change (drift_seen_level_s), so the detector fires again, and the job
+  // re-plans, only if the change lasts. Requires mu_.
   void WatchComparisonLocked(const std::string& job_id, JobPlanning& state,
                              int64_t version, int64_t step, double seconds,
                              int64_t peak_bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The machine changed under a comparison (WatchComparisonLocked fired
-  // `why`): it ends now, from the block pairs in, since interleaved blocks
-  // straddle a change alike on both sides. A trial or a rollback check is
-  // decided (ApplyVerdictLocked, max_pairs 0: a verdict where the interval
-  // gives one, else inconclusive, which rejects neither plan); a baseline
-  // check gives its figure from the pairs in. Either way one plan is then
-  // published to run alone (the verdict's version, or a "rollback" with
-  // kInterruptedPass; no profile window completes while plans alternate),
-  // and the re-plan `why` calls for comes from its first window. Requires
-  // mu_.
-  void InterruptComparisonLocked(const std::string& job_id, JobPlanning& state,
-                                 int64_t step, PlanReason why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The options a trial or a check is decided with (its min_gain, and
   // promising_max_pairs within half the steps the job had left). Requires
   // mu_.
   static CompareOptions CompareOptionsLocked(const JobPlanning& state);
   // Ends the comparison with `decision` (done, with an interval): the
-  // verdict event (`cut_short` says why it ended early, "" if it did not),
-  // and the winner's plan queued ("kept" or "rollback"). Requires mu_.
+  // verdict event, and the winner's plan queued ("kept" or "rollback").
+  // Requires mu_.
   void ApplyVerdictLocked(const std::string& job_id, JobPlanning& state,
                           int64_t step, const ComparisonDecision& decision,
-                          const CompareOptions& options,
-                          absl::string_view cut_short)
+                          const CompareOptions& options)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What the drift detector expects while `schedule` is the active version
   // (seconds at the reference work, and peak): ExpectedAtReference, except

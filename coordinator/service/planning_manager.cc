@@ -1167,9 +1167,26 @@ void PlanningManager::WatchComparisonLocked(const std::string& job_id,
   // on; when it ends, the plan that runs on is expected at the watched
   // plan's level before the change (ApplyVerdictLocked,
   // MeasureBaselineLocked), and the detector fires again if the change
-  // lasts.
-  if (state.drift_seen_level_s > 0) return;
-  state.drift_seen_level_s = state.drift->predicted_s();
+  // lasts. The level is the one before the first change the comparison
+  // saw: a link that flaps back to it re-plans nothing.
+  if (state.drift_seen_level_s <= 0) {
+    state.drift_seen_level_s = state.drift->predicted_s();
+  }
+  const double expected = state.drift->predicted_s();
+  const double window_median = state.drift->window_median_s();
+  const double score = state.drift->score();
+  const double noise_bound = state.drift->noise_bound();
+  // Watched on from the changed level, so that a later change during the
+  // comparison shows too (a first plan that missed its prediction, then a
+  // throttled link).
+  int64_t watched_peak = 0;
+  for (const StoredSchedule& stored : state.schedules) {
+    if (stored.schedule.version() == watched) {
+      watched_peak = stored.schedule.prediction().peak_bytes();
+    }
+  }
+  state.drift->SetPrediction(window_median > 0 ? window_median : expected,
+                             watched_peak);
   std::string what;
   if (baseline_check) {
     auto rerun = state.rollbacks.find(c.candidate);
@@ -1195,9 +1212,8 @@ void PlanningManager::WatchComparisonLocked(const std::string& job_id,
                 "expected at its level before the change and re-plans if "
                 "the change lasts",
                 step, what, state.spec.optimize().drift_window(), watched,
-                state.drift->window_median_s(), state.drift->predicted_s(),
-                state.drift->score(), state.spec.optimize().drift_threshold(),
-                state.drift->noise_bound())
+                window_median, expected, score,
+                state.spec.optimize().drift_threshold(), noise_bound)
           : absl::StrFormat(
                 "%s at step %d during %s: the measured peak came near the "
                 "budget beyond v%d's prediction; the comparison goes on "

@@ -1224,6 +1224,36 @@ TEST_F(PlanningManagerTest, Trial_LinkFlapsDuringComparison_NoReplan) {
   EXPECT_EQ(CountEvents(*jobs_, job_.id(), "replan"), 0);
 }
 
+// Two changes during one trial, undecided after two pairs that disagree:
+// the link throttled 3x from step 25, then 3x more from step 33. The
+// detector, watched on from the changed level after the first, reports
+// both, each within drift_window steps of v1's.
+TEST_F(PlanningManagerTest, Trial_TwoChangesDuringComparison_BothSeen) {
+  const double predicted = StartTrial(/*train_steps=*/200);
+  ASSERT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  Alternate(*planning_, job_.id(), 9, 2, {predicted * 0.9, predicted},
+            {predicted});
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 2u);  // undecided
+  Steps(*planning_, job_.id(), 25, 4, 2, predicted * 3);
+  Steps(*planning_, job_.id(), 29, 4, 1, predicted * 3);
+  Steps(*planning_, job_.id(), 33, 4, 2, predicted * 9);
+  Steps(*planning_, job_.id(), 37, 2, 1, predicted * 9);
+  const std::vector<std::string> drifts = EventsOf(*jobs_, job_.id(), "drift");
+  ASSERT_EQ(drifts.size(), 2u);
+  EXPECT_THAT(
+      drifts[0],
+      AllOf(HasSubstr("drift at step 30 during the trial of v2 "
+                      "against v1"),
+            HasSubstr(absl::StrFormat("against %.4f expected", predicted))));
+  EXPECT_THAT(drifts[1],
+              AllOf(HasSubstr("drift at step 38 during the trial of v2 "
+                              "against v1"),
+                    HasSubstr(absl::StrFormat("against %.4f expected",
+                                              predicted * 3))));
+}
+
 // A drift check answers a drift already: it is not watched. A machine
 // that slows again during it (3x more from its second pair, on both plans)
 // is left to its verdict, which the interleaved blocks still reach.

@@ -39,6 +39,17 @@ constexpr char kBaselineUnfitPass[] = "baseline-unfit";
 // trial backoff is recovered from these after a restart.
 constexpr char kInconclusivePass[] = "trial-inconclusive";
 
+// The predicted peak of `version` among `schedules` (0 if none).
+int64_t PredictedPeak(const std::vector<StoredSchedule>& schedules,
+                      int64_t version) {
+  for (const StoredSchedule& s : schedules) {
+    if (s.schedule.version() == version) {
+      return s.schedule.prediction().peak_bytes();
+    }
+  }
+  return 0;
+}
+
 bool HasPass(const v1::Schedule& schedule, absl::string_view pass) {
   return absl::c_linear_search(schedule.provenance().passes(), pass);
 }
@@ -1119,12 +1130,8 @@ void PlanningManager::MeasureBaselineLocked(const std::string& job_id,
     // A drift seen during the check (WatchComparisonLocked): the plan, which
     // runs on alone, is expected at its level before the change, so the
     // detector fires again only if the change lasts.
-    const v1::Schedule* s = nullptr;
-    for (const StoredSchedule& stored : state.schedules) {
-      if (stored.schedule.version() == checked) s = &stored.schedule;
-    }
     state.drift->SetPrediction(state.drift_seen_level_s,
-                               s != nullptr ? s->prediction().peak_bytes() : 0);
+                               PredictedPeak(state.schedules, checked));
     state.drift_seen_level_s = 0;
   }
   if (more >= 2) {
@@ -1179,14 +1186,8 @@ void PlanningManager::WatchComparisonLocked(const std::string& job_id,
   // Watched on from the changed level, so that a later change during the
   // comparison shows too (a first plan that missed its prediction, then a
   // throttled link).
-  int64_t watched_peak = 0;
-  for (const StoredSchedule& stored : state.schedules) {
-    if (stored.schedule.version() == watched) {
-      watched_peak = stored.schedule.prediction().peak_bytes();
-    }
-  }
   state.drift->SetPrediction(window_median > 0 ? window_median : expected,
-                             watched_peak);
+                             PredictedPeak(state.schedules, watched));
   std::string what;
   if (baseline_check) {
     auto rerun = state.rollbacks.find(c.candidate);

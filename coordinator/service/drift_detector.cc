@@ -24,6 +24,7 @@ constexpr double kMadToSigma = 1.4826;
 }  // namespace
 
 void DriftDetector::SetPrediction(double iteration_s, int64_t peak_bytes) {
+  known_levels_s_.clear();
   predicted_s_ = iteration_s;
   predicted_peak_bytes_ = peak_bytes;
   ++schedule_;
@@ -34,6 +35,26 @@ void DriftDetector::SetPrediction(double iteration_s, int64_t peak_bytes) {
   score_ = 0;
   window_median_s_ = 0;
   fired_ = false;
+}
+
+void DriftDetector::Rearm(double iteration_s, int64_t peak_bytes) {
+  std::deque<double> known = std::move(known_levels_s_);
+  const double before = predicted_s_;
+  SetPrediction(iteration_s, peak_bytes);
+  if (before > 0) known.push_back(before);
+  // One entry per level: none within the threshold of the new expectation
+  // or of a newer entry.
+  for (auto it = known.rbegin(); it != known.rend(); ++it) {
+    const auto near = [&](double level) {
+      return std::fabs(std::log(*it / level)) <= std::log1p(threshold_);
+    };
+    if (near(predicted_s_) ||
+        std::any_of(known_levels_s_.begin(), known_levels_s_.end(), near)) {
+      continue;
+    }
+    known_levels_s_.push_front(*it);
+    if (known_levels_s_.size() + 1 > static_cast<size_t>(kKnownLevels)) break;
+  }
 }
 
 void DriftDetector::Record(double iteration_s) {
@@ -158,9 +179,16 @@ std::optional<std::string> DriftDetector::Observe(double iteration_s,
       }));
   const int needed = window_ < 3 ? window_ : window_ - 1;
   if (beyond < needed) return std::nullopt;
+  // Not back at a level the schedule is known to run at (Rearm).
+  const double log_median_s = median + log_predicted;
+  for (double level : known_levels_s_) {
+    if (std::fabs(log_median_s - std::log(level)) <= std::log1p(threshold_)) {
+      return std::nullopt;
+    }
+  }
   // 3. Beyond what the window median moves by on this job.
   if (noise_.has_value() &&
-      std::fabs(median + log_predicted - reference) <= kNoiseZ * *noise_) {
+      std::fabs(log_median_s - reference) <= kNoiseZ * *noise_) {
     return std::nullopt;
   }
   fired_ = true;

@@ -18,6 +18,10 @@
 //      are kMinNoiseSteps. The level is the median of the active schedule's
 //      rolling medians once it has kMinHistorySteps steps, the prediction
 //      before. With no noise scale yet, only 1 and 2 apply.
+// A schedule kept by a re-plan at a new level (Rearm) is also expected at
+// the levels it was expected at before: a window within the threshold of
+// any of them fires nothing, so a link that flaps between two rates re-plans
+// once, not at every flap (the plan is the planner's choice at both).
 // So one outlier, however large, never fires a window of 3 or more; a
 // prediction that is off fires in the schedule's first windows when the
 // job's noise allows telling, and later only a change from what the
@@ -51,6 +55,8 @@ class DriftDetector {
   static constexpr int kMinHistorySteps = 20;
   static constexpr int kMinNoiseMedians = 10;
   static constexpr int kMinNoiseSteps = 4;
+  // Levels a schedule is known to run at besides its expectation (Rearm).
+  static constexpr int kKnownLevels = 4;
 
   DriftDetector(double threshold, int window, int64_t budget_bytes)
       : threshold_(threshold),
@@ -60,6 +66,11 @@ class DriftDetector {
   // A new schedule became active: compare against its predictions from now
   // on. Earlier steps count towards the noise only.
   void SetPrediction(double iteration_s, int64_t peak_bytes);
+  // The same schedule, now expected at `iteration_s`: a re-plan from a
+  // window at that level kept it. The level it was expected at until now
+  // stays known (with up to kKnownLevels - 1 earlier ones): a window back at
+  // any of them is no change of plan. SetPrediction forgets them.
+  void Rearm(double iteration_s, int64_t peak_bytes);
   // The budget changed (e.g. lowered mid-run).
   void SetBudget(int64_t budget_bytes) { budget_bytes_ = budget_bytes; }
 
@@ -82,6 +93,9 @@ class DriftDetector {
   bool has_prediction() const { return predicted_s_ > 0; }
   // What the active schedule is expected to take (SetPrediction's).
   double predicted_s() const { return predicted_s_; }
+  // Other levels the active schedule is known to run at (Rearm's), oldest
+  // first.
+  const std::deque<double>& known_levels_s() const { return known_levels_s_; }
 
  private:
   struct Noise {
@@ -99,6 +113,7 @@ class DriftDetector {
   int64_t budget_bytes_;
   double predicted_s_ = 0;
   int64_t predicted_peak_bytes_ = 0;
+  std::deque<double> known_levels_s_;
   // The newest steps, oldest first: log(iteration_s) and the schedule they
   // ran under (a count of SetPrediction calls).
   struct Recorded {

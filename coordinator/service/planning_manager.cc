@@ -2080,11 +2080,22 @@ std::string PlanningManager::KeepActive(const std::string& job_id,
              window.iteration_s > 0) {
     expected = state.work.ToReference(window.iteration_s, window.work);
   }
-  state.drift->SetPrediction(expected, active.prediction().peak_bytes());
+  // Kept at the new level, so the planner's choice at both: a return to
+  // the level it was expected at before is no drift (drift_detector.h).
+  state.drift->Rearm(expected, active.prediction().peak_bytes());
+  std::string also;
+  for (double level : state.drift->known_levels_s()) {
+    absl::StrAppend(&also, also.empty() ? "" : ", ",
+                    absl::StrFormat("%.4f", level));
+  }
   return absl::StrFormat(
       ", expected from now on at the %.4f s/iter it measured (drift is "
-      "watched against that)",
-      expected);
+      "watched against that%s)",
+      expected,
+      also.empty() ? ""
+                   : absl::StrCat("; a window back at ", also,
+                                  " s/iter, where it was expected before, "
+                                  "fires none"));
 }
 
 void PlanningManager::OnWorldChanged(const std::string& job_id) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <deque>
 #include <random>
 
 namespace tandem {
@@ -203,6 +204,80 @@ TEST(DriftDetectorTest, SetPrediction_CarriesBaselineNoise) {
   }
   EXPECT_FALSE(noisy.Observe(1.3, 0));
   EXPECT_EQ(quiet.Observe(1.3, 0).value_or(""), "drift");
+}
+
+// A link that flaps between two rates, on a noisy machine: each fire is
+// re-planned, and the re-plan keeps the schedule at the window that fired
+// (Rearm). The first flap fires (a second time at most, where the window
+// that fired caught the slow level's noise); the flaps after go between
+// levels the schedule is known at and fire nothing. Re-armed with
+// SetPrediction instead (a new schedule each time), every flap fires.
+TEST(DriftDetectorTest, Rearm_LinkFlapsBetweenTwoRates_FiresOnce) {
+  for (uint64_t seed = 1; seed <= 10; ++seed) {
+    for (bool forget : {false, true}) {
+      NoisySteps noise(seed, 0.03, 0.01);
+      DriftDetector d(0.10, 5, 0);
+      d.SetPrediction(1.0, 0);
+      int fires = 0;
+      int flaps = 0;
+      for (int i = 0; i < 600; ++i) {
+        // 60 steps fast, then 60 slow, and so on.
+        const bool slow = (i / 60) % 2 == 1;
+        if (i > 0 && i % 60 == 0) ++flaps;
+        if (d.Observe(noise.Next(slow ? 1.6 : 1.0), 0).has_value()) {
+          ++fires;
+          if (forget) {
+            d.SetPrediction(d.window_median_s(), 0);
+          } else {
+            d.Rearm(d.window_median_s(), 0);
+          }
+        }
+      }
+      if (forget) {
+        EXPECT_GE(fires, flaps) << "seed " << seed;
+      } else {
+        // Once, or twice where the window that fired first read the slow
+        // level more than the threshold off its later windows.
+        EXPECT_LE(fires, 2) << "seed " << seed;
+        ASSERT_FALSE(d.known_levels_s().empty());
+        EXPECT_NEAR(d.known_levels_s().front(), 1.0, 1e-12);
+      }
+    }
+  }
+}
+
+// Known levels are only a schedule's: a window at a third level still
+// fires, and a new schedule (SetPrediction) forgets them all.
+TEST(DriftDetectorTest, Rearm_ThirdLevelFires_NewScheduleForgets) {
+  DriftDetector d(0.10, 3, 0);
+  d.SetPrediction(1.0, 0);
+  for (int i = 0; i < 2; ++i) EXPECT_FALSE(d.Observe(1.5, 0));
+  EXPECT_EQ(d.Observe(1.5, 0).value_or(""), "drift");
+  d.Rearm(1.5, 0);
+  for (int i = 0; i < 10; ++i) EXPECT_FALSE(d.Observe(1.0, 0)) << i;
+  for (int i = 0; i < 10; ++i) EXPECT_FALSE(d.Observe(1.5, 0)) << i;
+  EXPECT_FALSE(d.Observe(2.5, 0));  // the window's median is still 1.5
+  EXPECT_EQ(d.Observe(2.5, 0).value_or(""), "drift");
+  d.Rearm(2.5, 0);
+  EXPECT_EQ(d.known_levels_s(), (std::deque<double>{1.0, 1.5}));
+  d.SetPrediction(2.5, 0);
+  EXPECT_TRUE(d.known_levels_s().empty());
+  for (int i = 0; i < 2; ++i) EXPECT_FALSE(d.Observe(1.0, 0));
+  EXPECT_EQ(d.Observe(1.0, 0).value_or(""), "drift");
+}
+
+// One entry per level: a re-arm at a level already known (within the
+// threshold) moves it, and the oldest go past kKnownLevels.
+TEST(DriftDetectorTest, Rearm_KeepsOneEntryPerLevel_OldestOut) {
+  DriftDetector d(0.10, 3, 0);
+  d.SetPrediction(1.0, 0);
+  d.Rearm(2.0, 0);
+  d.Rearm(1.02, 0);  // back near 1.0: 1.0 is the expectation now
+  EXPECT_EQ(d.known_levels_s(), (std::deque<double>{2.0}));
+  for (double level : {3.0, 4.0, 5.0, 6.0, 7.0}) d.Rearm(level, 0);
+  EXPECT_EQ(d.known_levels_s(), (std::deque<double>{3.0, 4.0, 5.0, 6.0}));
+  EXPECT_EQ(d.known_levels_s().size(),
+            static_cast<size_t>(DriftDetector::kKnownLevels));
 }
 
 }  // namespace

@@ -380,6 +380,38 @@ TEST_F(PlanningManagerTest, SustainedDrift_SamePlanAgain_KeptAndWatched) {
                                               predicted * 3))));
 }
 
+// A link that flaps: the job runs 3x slower than v1 predicted, a drift
+// re-plan keeps v1 at that level, and then the link comes back and goes
+// again. v1 was the planner's choice at both levels, so the flaps after the
+// first re-plan fire no drift; a level never seen before still does.
+TEST_F(PlanningManagerTest, SustainedDrift_LinkFlapsBack_NoSecondReplan) {
+  job_ = *jobs_->Submit(Spec(/*trial_margin=*/0));  // drift alone
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  SendWindow(0, 1, 0);
+  ASSERT_EQ(published_.size(), 1u);
+  planning_->OnScheduleActive(job_.id(), 1);
+  const double predicted = published_[0].schedule().prediction().iteration_s();
+  SlowestSteps(*planning_, job_.id(), 3, 3, 1, predicted * 3);
+  ASSERT_EQ(CountEvents(*jobs_, job_.id(), "drift"), 1);
+  SendWindow(3, 5, 1, 3.0);
+  ASSERT_EQ(published_.size(), 1u);
+  EXPECT_THAT(jobs_->Events(job_.id(), 0)->back().message(),
+              HasSubstr(absl::StrFormat(
+                  "; a window back at %.4f s/iter, where it was expected "
+                  "before, fires none)",
+                  predicted)));
+  int64_t step = 6;
+  for (int flap = 0; flap < 4; ++flap) {
+    SlowestSteps(*planning_, job_.id(), step, 20, 1, predicted);
+    SlowestSteps(*planning_, job_.id(), step + 20, 20, 1, predicted * 3);
+    step += 40;
+  }
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "drift"), 1);
+  SlowestSteps(*planning_, job_.id(), step, 3, 1, predicted * 6);
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "drift"), 2);
+  EXPECT_EQ(published_.size(), 1u);
+}
+
 // Node times of a profile window at this multiple of the first window's
 // (compute 100x faster, the link as it was): the re-fitted model's choice
 // moves to another plan (at 0.1 and above it stays on v1's).

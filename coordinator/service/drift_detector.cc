@@ -23,8 +23,18 @@ constexpr double kMadToSigma = 1.4826;
 
 }  // namespace
 
-void DriftDetector::SetPrediction(double iteration_s, int64_t peak_bytes) {
+void DriftDetector::SetPrediction(double iteration_s, int64_t peak_bytes,
+                                  int64_t plan) {
+  plan_ = plan;
   known_levels_s_.clear();
+  if (auto known = known_by_plan_.find(plan); known != known_by_plan_.end()) {
+    // Those not within the threshold of the new expectation.
+    for (double level : known->second) {
+      if (std::fabs(std::log(level / iteration_s)) > std::log1p(threshold_)) {
+        known_levels_s_.push_back(level);
+      }
+    }
+  }
   predicted_s_ = iteration_s;
   predicted_peak_bytes_ = peak_bytes;
   ++schedule_;
@@ -40,7 +50,8 @@ void DriftDetector::SetPrediction(double iteration_s, int64_t peak_bytes) {
 void DriftDetector::Rearm(double iteration_s, int64_t peak_bytes) {
   std::deque<double> known = std::move(known_levels_s_);
   const double before = predicted_s_;
-  SetPrediction(iteration_s, peak_bytes);
+  SetPrediction(iteration_s, peak_bytes, plan_);
+  known_levels_s_.clear();
   if (before > 0) known.push_back(before);
   // One entry per level: none within the threshold of the new expectation
   // or of a newer entry.
@@ -55,6 +66,7 @@ void DriftDetector::Rearm(double iteration_s, int64_t peak_bytes) {
     known_levels_s_.push_front(*it);
     if (known_levels_s_.size() + 1 > static_cast<size_t>(kKnownLevels)) break;
   }
+  if (plan_ >= 0) known_by_plan_[plan_] = known_levels_s_;
 }
 
 void DriftDetector::Record(double iteration_s) {

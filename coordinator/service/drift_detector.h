@@ -40,6 +40,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -64,12 +65,16 @@ class DriftDetector {
         budget_bytes_(budget_bytes) {}
 
   // A new schedule became active: compare against its predictions from now
-  // on. Earlier steps count towards the noise only.
-  void SetPrediction(double iteration_s, int64_t peak_bytes);
+  // on. Earlier steps count towards the noise only. `plan` names the plan
+  // it runs (the first version of it, whatever versions rerun it since):
+  // the levels a Rearm made known for that plan hold again; -1: none.
+  void SetPrediction(double iteration_s, int64_t peak_bytes, int64_t plan = -1);
   // The same schedule, now expected at `iteration_s`: a re-plan from a
   // window at that level kept it. The level it was expected at until now
   // stays known (with up to kKnownLevels - 1 earlier ones): a window back at
-  // any of them is no change of plan. SetPrediction forgets them.
+  // any of them is no change of plan. They are the plan's: SetPrediction
+  // forgets them, and brings them back for the same plan (a version that
+  // reruns it, a comparison's verdict).
   void Rearm(double iteration_s, int64_t peak_bytes);
   // The budget changed (e.g. lowered mid-run).
   void SetBudget(int64_t budget_bytes) { budget_bytes_ = budget_bytes; }
@@ -114,6 +119,9 @@ class DriftDetector {
   double predicted_s_ = 0;
   int64_t predicted_peak_bytes_ = 0;
   std::deque<double> known_levels_s_;
+  // The plan watched (SetPrediction's), and each plan's known levels.
+  int64_t plan_ = -1;
+  std::map<int64_t, std::deque<double>> known_by_plan_;
   // The newest steps, oldest first: log(iteration_s) and the schedule they
   // ran under (a count of SetPrediction calls).
   struct Recorded {

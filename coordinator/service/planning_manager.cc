@@ -348,15 +348,25 @@ absl::Status PlanningManager::Recover() {
     }
     RecoverEvidenceLocked(state, *steps);
     if (!state.schedules.empty()) {
-      const auto [seconds, peak] =
+      const auto [seconds, peak, plan] =
           DriftExpectation(state, state.schedules.back().schedule);
-      state.drift->SetPrediction(seconds, peak);
+      state.drift->SetPrediction(seconds, peak, plan);
     }
   }
   return absl::OkStatus();
 }
 
-std::pair<double, int64_t> PlanningManager::DriftExpectation(
+int64_t PlanningManager::PlanOrigin(const JobPlanning& state, int64_t version) {
+  // Each rerun names an earlier version; bounded all the same.
+  for (size_t hops = 0; hops <= state.rollbacks.size(); ++hops) {
+    auto rerun = state.rollbacks.find(version);
+    if (rerun == state.rollbacks.end() || rerun->second >= version) break;
+    version = rerun->second;
+  }
+  return version;
+}
+
+std::tuple<double, int64_t, int64_t> PlanningManager::DriftExpectation(
     const JobPlanning& state, const v1::Schedule& schedule) {
   auto compared = state.compared.find(schedule.version());
   if (compared != state.compared.end() &&
@@ -368,11 +378,13 @@ std::pair<double, int64_t> PlanningManager::DriftExpectation(
           state.measured.Summarize(s.schedule.version());
       return {
           m.has_value() ? m->median_s : ExpectedAtReference(state, s.schedule),
-          s.schedule.prediction().peak_bytes()};
+          s.schedule.prediction().peak_bytes(),
+          PlanOrigin(state, s.schedule.version())};
     }
   }
   return {ExpectedAtReference(state, schedule),
-          schedule.prediction().peak_bytes()};
+          schedule.prediction().peak_bytes(),
+          PlanOrigin(state, schedule.version())};
 }
 
 double PlanningManager::ExpectedAtReference(const JobPlanning& state,
@@ -1131,7 +1143,8 @@ void PlanningManager::MeasureBaselineLocked(const std::string& job_id,
     // runs on alone, is expected at its level before the change, so the
     // detector fires again only if the change lasts.
     state.drift->SetPrediction(state.drift_seen_level_s,
-                               PredictedPeak(state.schedules, checked));
+                               PredictedPeak(state.schedules, checked),
+                               PlanOrigin(state, checked));
     state.drift_seen_level_s = 0;
   }
   if (more >= 2) {
@@ -1187,7 +1200,8 @@ void PlanningManager::WatchComparisonLocked(const std::string& job_id,
   // comparison shows too (a first plan that missed its prediction, then a
   // throttled link).
   state.drift->SetPrediction(window_median > 0 ? window_median : expected,
-                             PredictedPeak(state.schedules, watched));
+                             PredictedPeak(state.schedules, watched),
+                             PlanOrigin(state, watched));
   std::string what;
   if (baseline_check) {
     auto rerun = state.rollbacks.find(c.candidate);
@@ -1419,7 +1433,7 @@ void PlanningManager::OnScheduleActive(const std::string& job_id,
   }
   for (const StoredSchedule& s : it->second.schedules) {
     if (s.schedule.version() == version) {
-      auto [seconds, peak] = DriftExpectation(it->second, s.schedule);
+      auto [seconds, peak, plan] = DriftExpectation(it->second, s.schedule);
       // The version a comparison that saw a drift ended in: expected at the
       // level before the change (ApplyVerdictLocked), so that the detector
       // fires again only if the change lasts.
@@ -1428,7 +1442,7 @@ void PlanningManager::OnScheduleActive(const std::string& job_id,
         seconds = it->second.rearm_level_s;
         it->second.rearm_level_s = 0;
       }
-      it->second.drift->SetPrediction(seconds, peak);
+      it->second.drift->SetPrediction(seconds, peak, plan);
       if (metrics_ != nullptr) {
         metrics_->schedule_version->WithLabels({job_id}).Set(version);
         metrics_->predicted_iteration_seconds->WithLabels({job_id}).Set(

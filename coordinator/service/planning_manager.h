@@ -71,6 +71,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -431,8 +432,13 @@ class PlanningManager final : public WorkerEventListener {
   // for a trial or a rollback check still alternating, whose detector
   // watches the incumbent (WatchComparisonLocked): that version's measured
   // median, else its own expectation. Requires mu_.
-  static std::pair<double, int64_t> DriftExpectation(
+  // The third is the plan the detector watches (PlanOrigin), whose known
+  // levels hold again (drift_detector.h, Rearm).
+  static std::tuple<double, int64_t, int64_t> DriftExpectation(
       const JobPlanning& state, const v1::Schedule& schedule);
+  // The version that first ran `version`'s plan: rollbacks, checks and
+  // continuations that rerun a plan are followed back to it. Requires mu_.
+  static int64_t PlanOrigin(const JobPlanning& state, int64_t version);
   // What the drift detector expects of `schedule`, at the reference work:
   // its prediction, except for a rollback, which is expected at what the
   // plan it runs again measured (else at what it measured itself): its

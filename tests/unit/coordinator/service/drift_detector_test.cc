@@ -280,5 +280,23 @@ TEST(DriftDetectorTest, Rearm_KeepsOneEntryPerLevel_OldestOut) {
             static_cast<size_t>(DriftDetector::kKnownLevels));
 }
 
+// Known levels are the plan's: another plan's schedule forgets them, and a
+// version that reruns the plan (a rollback, a baseline check) brings back
+// those not at its new expectation.
+TEST(DriftDetectorTest, Rearm_LevelsComeBackWithThePlan) {
+  DriftDetector d(0.10, 3, 0);
+  d.SetPrediction(1.0, 0, /*plan=*/1);
+  d.Rearm(1.5, 0);
+  d.Rearm(2.5, 0);
+  EXPECT_EQ(d.known_levels_s(), (std::deque<double>{1.0, 1.5}));
+  d.SetPrediction(0.8, 0, /*plan=*/2);
+  EXPECT_TRUE(d.known_levels_s().empty());
+  d.SetPrediction(1.5, 0, /*plan=*/1);
+  EXPECT_EQ(d.known_levels_s(), (std::deque<double>{1.0}));
+  for (int i = 0; i < 10; ++i) EXPECT_FALSE(d.Observe(1.0, 0)) << i;
+  d.SetPrediction(1.5, 0);  // no plan named: nothing known
+  EXPECT_TRUE(d.known_levels_s().empty());
+}
+
 }  // namespace
 }  // namespace tandem

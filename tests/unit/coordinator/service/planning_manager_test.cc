@@ -1814,6 +1814,13 @@ TEST_F(PlanningManagerTest,
   EXPECT_THAT(jobs_->Events(job_.id(), 0)->back().message(),
               HasSubstr("planning v3 (drift) gave the active v2's schedule "
                         "again; the job keeps it"));
+  // Kept at 3x, v2's plan is known at both levels: the link coming back and
+  // going again re-plans nothing.
+  Steps(*planning_, job_.id(), 29, 20, 2, p);
+  Steps(*planning_, job_.id(), 49, 20, 2, 3 * p);
+  Steps(*planning_, job_.id(), 69, 20, 2, p);
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "drift"), 2);
+  EXPECT_EQ(published_.size(), 2u);
 }
 
 // Pairs that disagree (the plan 30% faster in one, 10% in the other) give an

@@ -849,15 +849,17 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
     }
   }
   // The active plan has settled (measured, not behind, no trial to come):
-  // what it bought is measured against the baseline, interleaved, once.
-  // Not for a plan that reruns the baseline's.
-  auto rerun = state.rollbacks.find(active_version);
-  const bool reruns_baseline =
-      rerun != state.rollbacks.end() && rerun->second == 0;
+  // what it bought is measured against the baseline, interleaved, once per
+  // plan: not again for a version that reruns a plan already checked (a
+  // rollback to it after a drift check or a trial), nor for one that reruns
+  // the baseline's.
+  const int64_t active_plan = PlanOrigin(state, active_version);
+  const bool reruns_baseline = active_plan == 0;
   if (BaselinePairs(state.spec) > 0 && !state.baseline_unfit && !state.queued &&
       !state.pending_reason.has_value() && !state.guard_active &&
       !state.comparison.has_value() &&
-      state.speedup_version != active_version && !reruns_baseline &&
+      PlanOrigin(state, state.speedup_version) != active_plan &&
+      !reruns_baseline &&
       !(state.trial.has_value() && state.trial_after == active_version) &&
       state.measured.Summarize(active_version).has_value()) {
     state.rollback_to = active_version;
@@ -1296,9 +1298,15 @@ void PlanningManager::ReportOutcomeLocked(const std::string& job_id,
             ? std::string("on the baseline (v0)")
             : absl::StrFormat("on the baseline's plan (v%d runs v0's again)",
                               active);
-  } else if (state.speedup_version == active) {
-    // Measured interleaved (its baseline check): the figure with its
-    // interval, or why it is not one.
+  } else if (state.speedup_version >= 0 &&
+             PlanOrigin(state, state.speedup_version) ==
+                 PlanOrigin(state, active) &&
+             !(state.comparison.has_value() &&
+               state.comparison->candidate == active &&
+               state.comparison->baseline_pairs > 0)) {
+    // Measured interleaved (its plan's baseline check, under this version
+    // or one that ran the same plan): the figure with its interval, or why
+    // it is not one.
     const Speedup& s = state.speedup;
     o.speedup = s.factor;
     o.speedup_low = s.low;

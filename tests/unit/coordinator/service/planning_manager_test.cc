@@ -1771,6 +1771,50 @@ TEST_F(PlanningManagerTest, BaselineCheck_SpeedupMeasuredInterleaved) {
   EXPECT_NEAR(jobs_->Get(job_.id())->measured_speedup(), 1.25, 1e-9);
 }
 
+// A plan is checked against the baseline once, whatever versions rerun it:
+// after its check (v2, 1.25x) the machine slows 3x, the drift's plan (v3)
+// is checked against v2's, measures no faster, and v4 reruns v2's plan. No
+// second baseline check is published (under link flaps each one was two
+// versions more, bench/README.md "noise"), and v4 shows v2's figure.
+TEST_F(PlanningManagerTest, BaselineCheck_OncePerPlan_RollbackKeepsFigure) {
+  v1::JobSpec spec = Spec(/*trial_margin=*/0, /*baseline_pairs=*/2);
+  spec.mutable_train()->set_steps(200);
+  spec.mutable_optimize()->set_min_gain(0);
+  job_ = *jobs_->Submit(spec);
+  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
+  SendWindow(0, 1, 0);
+  const double p =
+      RunUntilBaselineCheck(*planning_, *jobs_, job_.id(), published_);
+  ASSERT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  int64_t step =
+      BaselineBlocks(*planning_, job_.id(), {p, p}, {1.25 * p, 1.25 * p});
+  ASSERT_NEAR(jobs_->Get(job_.id())->measured_speedup(), 1.25, 1e-9);
+  Steps(*planning_, job_.id(), step, 20, 2, p);
+  step += 20;
+  Steps(*planning_, job_.id(), step, 3, 2, 3 * p);
+  step += 3;
+  ASSERT_EQ(CountEvents(*jobs_, job_.id(), "drift"), 1);
+  SendWindow(step - 3, step - 1, 2, kOtherPlanScale);
+  ASSERT_EQ(published_.size(), 3u);
+  EXPECT_EQ(published_[2].schedule().provenance().reason(), "drift");
+  planning_->OnScheduleActive(job_.id(), 3);
+  step =
+      AlternateVersions(*planning_, job_.id(), published_[2].effective_step(),
+                        2, 3, 3 * p, 2, 3 * p);
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 4u);
+  EXPECT_EQ(published_[3].schedule().provenance().reason(), "rollback");
+  planning_->OnScheduleActive(job_.id(), 4);
+  Steps(*planning_, job_.id(), step, 30, 4, 3 * p);
+  planning_->Drain();
+  EXPECT_EQ(published_.size(), 4u);
+  EXPECT_EQ(CountEvents(*jobs_, job_.id(), "baseline"), 1);
+  absl::StatusOr<v1::Job> job = jobs_->Get(job_.id());
+  EXPECT_NEAR(job->measured_speedup(), 1.25, 1e-9);
+  EXPECT_THAT(job->speedup_text(), HasSubstr("1.25\u00d7 (1.25\u20131.25)"));
+}
+
 // The machine changes for good during a baseline check, from step 17 (its
 // second pair): both 3x slower. The detector watches v2 (v1's plan,
 // expected at what v1 measured) and fires on its second throttled step,

@@ -28,11 +28,9 @@ void DriftDetector::SetPrediction(double iteration_s, int64_t peak_bytes,
   plan_ = plan;
   known_levels_s_.clear();
   if (auto known = known_by_plan_.find(plan); known != known_by_plan_.end()) {
-    // Those not within the threshold of the new expectation.
+    // Those not at the new expectation.
     for (double level : known->second) {
-      if (std::fabs(std::log(level / iteration_s)) > std::log1p(threshold_)) {
-        known_levels_s_.push_back(level);
-      }
+      if (!SameLevel(level, iteration_s)) known_levels_s_.push_back(level);
     }
   }
   predicted_s_ = iteration_s;
@@ -49,18 +47,14 @@ void DriftDetector::SetPrediction(double iteration_s, int64_t peak_bytes,
 
 void DriftDetector::Rearm(double iteration_s, int64_t peak_bytes) {
   std::deque<double> known = std::move(known_levels_s_);
-  const double before = predicted_s_;
+  if (predicted_s_ > 0) known.push_back(predicted_s_);
   SetPrediction(iteration_s, peak_bytes, plan_);
   known_levels_s_.clear();
-  if (before > 0) known.push_back(before);
-  // One entry per level: none within the threshold of the new expectation
-  // or of a newer entry.
+  // One entry per level: none at the new expectation or at a newer entry.
   for (auto it = known.rbegin(); it != known.rend(); ++it) {
-    const auto near = [&](double level) {
-      return std::fabs(std::log(*it / level)) <= std::log1p(threshold_);
-    };
-    if (near(predicted_s_) ||
-        std::any_of(known_levels_s_.begin(), known_levels_s_.end(), near)) {
+    const auto same = [&](double level) { return SameLevel(*it, level); };
+    if (same(predicted_s_) ||
+        std::any_of(known_levels_s_.begin(), known_levels_s_.end(), same)) {
       continue;
     }
     known_levels_s_.push_front(*it);
@@ -192,15 +186,14 @@ std::optional<std::string> DriftDetector::Observe(double iteration_s,
   const int needed = window_ < 3 ? window_ : window_ - 1;
   if (beyond < needed) return std::nullopt;
   // Not back at a level the schedule is known to run at (Rearm).
-  const double log_median_s = median + log_predicted;
-  for (double level : known_levels_s_) {
-    if (std::fabs(log_median_s - std::log(level)) <= std::log1p(threshold_)) {
-      return std::nullopt;
-    }
+  if (std::any_of(
+          known_levels_s_.begin(), known_levels_s_.end(),
+          [&](double level) { return SameLevel(window_median_s_, level); })) {
+    return std::nullopt;
   }
   // 3. Beyond what the window median moves by on this job.
   if (noise_.has_value() &&
-      std::fabs(log_median_s - reference) <= kNoiseZ * *noise_) {
+      std::fabs(median + log_predicted - reference) <= kNoiseZ * *noise_) {
     return std::nullopt;
   }
   fired_ = true;

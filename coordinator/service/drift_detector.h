@@ -38,6 +38,7 @@
 #ifndef TANDEM_COORDINATOR_SERVICE_DRIFT_DETECTOR_H_
 #define TANDEM_COORDINATOR_SERVICE_DRIFT_DETECTOR_H_
 
+#include <cmath>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -112,6 +113,10 @@ class DriftDetector {
   // without enough steps for a noise scale.
   std::optional<Noise> MeasureNoise(size_t end) const;
   void Record(double iteration_s);
+  // Within the threshold of each other (relative, either way).
+  bool SameLevel(double a_s, double b_s) const {
+    return std::fabs(std::log(a_s / b_s)) <= std::log1p(threshold_);
+  }
 
   double threshold_;
   int window_;

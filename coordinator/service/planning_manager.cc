@@ -1287,8 +1287,8 @@ void PlanningManager::ReportOutcomeLocked(const std::string& job_id,
       state.measured.Summarize(active);
   if (now.has_value()) o.measured_s = now->median_s;
   double gauge = std::numeric_limits<double>::quiet_NaN();
-  auto rerun = state.rollbacks.find(active);
-  if (active == 0 || (rerun != state.rollbacks.end() && rerun->second == 0)) {
+  const int64_t plan = PlanOrigin(state, active);
+  if (plan == 0) {
     if (now.has_value()) {
       o.speedup = 1;
       gauge = 1;
@@ -1298,12 +1298,20 @@ void PlanningManager::ReportOutcomeLocked(const std::string& job_id,
             ? std::string("on the baseline (v0)")
             : absl::StrFormat("on the baseline's plan (v%d runs v0's again)",
                               active);
+  } else if (state.comparison.has_value() &&
+             state.comparison->candidate == active &&
+             state.comparison->baseline_pairs > 0) {
+    // Its check (or a continuation of its plan's) under way.
+    const JobPlanning::Comparison& c = *state.comparison;
+    const int64_t baseline_blocks = std::count_if(
+        c.blocks.begin(), c.blocks.end(),
+        [&c](const StepBlock& b) { return b.version == c.incumbent; });
+    o.speedup_text = absl::StrFormat(
+        "not measured yet (v%d alternates with the baseline: %d of %d block "
+        "pairs)",
+        active, baseline_blocks, c.baseline_pairs + c.carried_pairs);
   } else if (state.speedup_version >= 0 &&
-             PlanOrigin(state, state.speedup_version) ==
-                 PlanOrigin(state, active) &&
-             !(state.comparison.has_value() &&
-               state.comparison->candidate == active &&
-               state.comparison->baseline_pairs > 0)) {
+             PlanOrigin(state, state.speedup_version) == plan) {
     // Measured interleaved (its plan's baseline check, under this version
     // or one that ran the same plan): the figure with its interval, or why
     // it is not one.
@@ -1322,17 +1330,6 @@ void PlanningManager::ReportOutcomeLocked(const std::string& job_id,
     o.speedup_text =
         "not measured: the baseline (v0) does not fit memory.budget_bytes "
         "(the memory guard tripped under it), so it is not run to compare";
-  } else if (state.comparison.has_value() &&
-             state.comparison->candidate == active &&
-             state.comparison->baseline_pairs > 0) {
-    const JobPlanning::Comparison& c = *state.comparison;
-    const int64_t baseline_blocks = std::count_if(
-        c.blocks.begin(), c.blocks.end(),
-        [&c](const StepBlock& b) { return b.version == c.incumbent; });
-    o.speedup_text = absl::StrFormat(
-        "not measured yet (v%d alternates with the baseline: %d of %d block "
-        "pairs)",
-        active, baseline_blocks, c.baseline_pairs + c.carried_pairs);
   } else {
     o.speedup_text = absl::StrFormat(
         "not measured yet (v%d is measured against the baseline, "

@@ -157,6 +157,12 @@ class PlanningManagerTest : public ::testing::Test {
   // prefers another plan (kOtherPlanScale); v1's predicted step. With
   // `devices`, its ranks are registered (RegisterDevices) first.
   double DriftToOtherPlan(double min_gain, bool devices = false);
+  // A job of `spec` planned (v1), drifted (its steps at 3x the prediction:
+  // one drift event) and sent a window under v1 at `window_scale` of the
+  // first's node times; v1's predicted step. With `devices`, its ranks are
+  // registered (RegisterDevices) first.
+  double DriftOnV1(const v1::JobSpec& spec, double window_scale,
+                   bool devices = false);
   // Ends job_ (succeeded) and submits `spec` again on the same hardware:
   // the new job must start on job_'s v1, cached (never on a plan still
   // being compared when job_ ended).
@@ -385,15 +391,7 @@ TEST_F(PlanningManagerTest, SustainedDrift_SamePlanAgain_KeptAndWatched) {
 // again. v1 was the planner's choice at both levels, so the flaps after the
 // first re-plan fire no drift; a level never seen before still does.
 TEST_F(PlanningManagerTest, SustainedDrift_LinkFlapsBack_NoSecondReplan) {
-  job_ = *jobs_->Submit(Spec(/*trial_margin=*/0));  // drift alone
-  ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
-  SendWindow(0, 1, 0);
-  ASSERT_EQ(published_.size(), 1u);
-  planning_->OnScheduleActive(job_.id(), 1);
-  const double predicted = published_[0].schedule().prediction().iteration_s();
-  SlowestSteps(*planning_, job_.id(), 3, 3, 1, predicted * 3);
-  ASSERT_EQ(CountEvents(*jobs_, job_.id(), "drift"), 1);
-  SendWindow(3, 5, 1, 3.0);
+  const double predicted = DriftOnV1(Spec(/*trial_margin=*/0), 3.0);
   ASSERT_EQ(published_.size(), 1u);
   EXPECT_THAT(jobs_->Events(job_.id(), 0)->back().message(),
               HasSubstr(absl::StrFormat(
@@ -420,6 +418,11 @@ constexpr double kOtherPlanScale = 0.01;
 double PlanningManagerTest::DriftToOtherPlan(double min_gain, bool devices) {
   v1::JobSpec spec = Spec(/*trial_margin=*/0);
   spec.mutable_optimize()->set_min_gain(min_gain);
+  return DriftOnV1(spec, kOtherPlanScale, devices);
+}
+
+double PlanningManagerTest::DriftOnV1(const v1::JobSpec& spec,
+                                      double window_scale, bool devices) {
   job_ = *jobs_->Submit(spec);
   if (devices) RegisterDevices(*planning_, *store_, job_.id());
   EXPECT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
@@ -430,7 +433,7 @@ double PlanningManagerTest::DriftToOtherPlan(double min_gain, bool devices) {
   const double predicted = published_[0].schedule().prediction().iteration_s();
   SlowestSteps(*planning_, job_.id(), 3, 3, 1, predicted * 3);
   EXPECT_EQ(CountEvents(*jobs_, job_.id(), "drift"), 1);
-  SendWindow(3, 5, 1, kOtherPlanScale);
+  SendWindow(3, 5, 1, window_scale);
   return predicted;
 }
 

@@ -24,12 +24,20 @@ JSON lines to --out. Per model:
      on the link), the order rotated by one each round; a contender's row
      is the median over rounds of its per-round median step, with the
      min-max over rounds and every round's value;
+  4b. where Tandem's best reference at a budget is a plan on Tandem's
+     runtime (not DDP) and not Tandem's own plan: the two plans alternate in
+     one run on the link (--paired-pairs block pairs of
+     --paired-block-steps steps, each block's first step left out), and
+     Tandem over the reference is their geometric mean with a 95% Student's
+     t interval (the row's "paired"): three short rounds a side resolve
+     about 5% on a 2-core host, block pairs seconds apart resolve 1-2%;
   5. communication alone, once per schedule (tandem-comm-replay) and for
      DDP's all-reduces: the rows' lower bounds.
 """
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -179,6 +187,68 @@ def same_actions(a, b):
         return schedule_body(fa.read()) == schedule_body(fb.read())
 
 
+# Student's t, 0.975 quantile, by degrees of freedom (a 95% interval).
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+        9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131,
+        16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086}
+
+
+def alternating_pairs(steps, block_steps):
+    """The block pairs of a run alternating two schedules (`tandem-worker
+    --standalone --schedule A --alternate B --block-steps N`): step 0 runs
+    A, then B and A take turns in blocks of N steps, B first. `steps`:
+    {step: the slower rank's iteration_s}. Returns [(A's block median, B's
+    block median)] for each pair of complete blocks, each block's first
+    step left out (it paid for the switch), as the coordinator compares
+    (coordinator/README.md, "Decisions under noise")."""
+    if block_steps < 2:
+        raise ValueError("block_steps must be at least 2 (a block's first step is left out)")
+    pairs = []
+    k = 0
+    while True:
+        b_steps = [steps.get(1 + 2 * k * block_steps + i) for i in range(block_steps)]
+        a_steps = [steps.get(1 + (2 * k + 1) * block_steps + i) for i in range(block_steps)]
+        if any(v is None for v in a_steps + b_steps):
+            return pairs
+        pairs.append((statistics.median(a_steps[1:]), statistics.median(b_steps[1:])))
+        k += 1
+
+
+def paired_ratio(pairs):
+    """A over B from block pairs: the geometric mean of the pairs' ratios
+    and its 95% interval (Student's t over the pairs' log ratios). None
+    without two pairs."""
+    if len(pairs) < 2:
+        return None
+    logs = [math.log(a / b) for a, b in pairs]
+    mean = statistics.mean(logs)
+    half = T975.get(len(logs) - 1, 1.96) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return dict(ratio=math.exp(mean), low=math.exp(mean - half), high=math.exp(mean + half),
+                pairs=len(logs))
+
+
+def paired_reference(rows):
+    """The reference a Tandem row is checked against in alternating blocks:
+    `rows` {contender: row} at one budget, after the rounds. The fastest
+    policy by median (a plan on Tandem's runtime, so the two can alternate
+    in one run; DDP cannot), when it is also the fastest reference of all,
+    has a schedule, is not Tandem's own plan, and none of its steps ran on
+    the memory guard's fallback. None otherwise: the rounds alone decide
+    that row."""
+    t = rows.get("tandem", {})
+    if not t.get("step_s") or not t.get("sched"):
+        return None
+    cands = [(r["step_s"], name) for name, r in rows.items()
+             if name in REFERENCES and r.get("step_s") and not r.get("fallback_steps")]
+    if not cands:
+        return None
+    _, best = min(cands)
+    ref = rows[best]
+    if best not in POLICIES or not ref.get("sched") or best in t.get("same_plan_as", []):
+        return None
+    return best
+
+
 class Bench:
     def __init__(self, a):
         self.a = a
@@ -219,6 +289,24 @@ class Bench:
                            str(r), "--world", "2", "--rendezvous", rv,
                            "--threads", "1", "--schedule", sched], 900)
         return self.worker_stats(outs, discard)
+
+    def run_alternating(self, name, m, budget_bytes, first, other):
+        """Both ranks on the link, `other`'s schedule and `first`'s taking
+        turns in blocks (alternating_pairs); {step: the slower rank's
+        iteration_s}."""
+        a = self.a
+        steps = 1 + 2 * a.paired_block_steps * a.paired_pairs
+        spec = self.spec(name, m, 2, steps, budget_bytes)
+        outs = self.run_pair(
+            lambda r, rv: [self.worker, "--standalone", "--spec", spec, "--rank", str(r),
+                           "--world", "2", "--rendezvous", rv, "--threads", "1",
+                           "--schedule", first, "--alternate", other,
+                           f"--block-steps={a.paired_block_steps}"], 1800)
+        got = {}
+        for o in outs:
+            for s in self.steps_of(o):
+                got[s["step"]] = max(got.get(s["step"], 0.0), s["iteration_s"])
+        return got
 
     def run_pair(self, make_cmd, timeout):
         """Rank 0 in ns0, rank 1 in ns1; returns both stdouts. make_cmd(rank,
@@ -668,6 +756,31 @@ memory: {{budget_bytes: {budget}}}
             contenders[k]["row"].update(over_rounds(per_round[k]),
                                         round_positions=[s["position"] for s in per_round[k]])
 
+        # 4b. Tandem's plan alternating with its best reference's in one run
+        # (paired_reference).
+        if a.paired_pairs > 0:
+            for bname in ["large", "small"]:
+                rows = {"ddp": contenders["ddp"]["row"]} if bname == "large" else {}
+                for c in RUNTIME_CONTENDERS:
+                    rows[c] = dict(contenders[f"{bname}/{c}"]["row"],
+                                   sched=contenders[f"{bname}/{c}"]["sched"])
+                ref = paired_reference(rows)
+                if ref is None:
+                    continue
+                log(f"{tag}: tandem against {ref} at the {bname} budget, alternating "
+                    f"({a.paired_pairs} block pairs of {a.paired_block_steps} steps)")
+                try:
+                    got = self.run_alternating(
+                        name, m, budgets[bname], rows["tandem"]["sched"], rows[ref]["sched"])
+                    check = paired_ratio(alternating_pairs(got, a.paired_block_steps))
+                    if check is None:
+                        raise RuntimeError("fewer than two complete block pairs")
+                    check["reference"] = ref
+                    check["block_steps"] = a.paired_block_steps
+                except (RuntimeError, subprocess.TimeoutExpired) as e:
+                    check = dict(reference=ref, error=str(e))
+                contenders[f"{bname}/tandem"]["row"]["paired"] = check
+
         # 5. communication alone (once each) and the rows.
         compute_s = contenders["compute-alone"]["row"].get("step_s")
         ddp_compute_s = contenders["compute-alone-ddp"]["row"].get("step_s")
@@ -752,6 +865,10 @@ def main():
     ap.add_argument("--probe-steps", type=int, default=3,
                     help="measured steps of a budget-aware plan's probe run")
     ap.add_argument("--replay-steps", type=int, default=4)
+    ap.add_argument("--paired-pairs", type=int, default=10,
+                    help="block pairs of the alternating check of Tandem's plan against "
+                         "its best reference's (0: none)")
+    ap.add_argument("--paired-block-steps", type=int, default=5)
     ap.add_argument("--settle-steps", type=int, default=15,
                     help="Tandem's job: steps without a new schedule version that count "
                          "as settled")

@@ -290,3 +290,81 @@ def test_report_prints_the_tables(tmp_path, capsys, monkeypatch):
     assert "0.90 |" in out and "1.03 (deepspeed-zero3)" in out
     assert "v2 (trial): deepspeed-zero3's plan" in out
     assert "MISSED" in out
+
+
+def test_alternating_pairs_follow_the_workers_block_order():
+    # Step 0 runs --schedule's plan (A); then B and A take turns in blocks
+    # of 3, B first; each block's first step (a switch) is left out.
+    a_s, b_s = 0.30, 0.20
+    steps = {0: 9.0}
+    for k in range(4):
+        for i in range(3):
+            steps[1 + 6 * k + i] = 5.0 if i == 0 else b_s + 0.001 * i
+            steps[4 + 6 * k + i] = 5.0 if i == 0 else a_s + 0.001 * i
+    del steps[max(steps)]  # the last A block is incomplete: its pair is dropped
+    pairs = driver.alternating_pairs(steps, 3)
+    assert len(pairs) == 3
+    assert all(p == (pytest.approx(a_s + 0.0015), pytest.approx(b_s + 0.0015)) for p in pairs)
+    with pytest.raises(ValueError):
+        driver.alternating_pairs(steps, 1)
+
+
+def test_paired_ratio_is_the_geometric_mean_with_a_t_interval():
+    assert driver.paired_ratio([(1.0, 1.0)]) is None
+    same = driver.paired_ratio([(1.01, 1.0), (0.99, 1.0), (1.02, 1.0), (0.98, 1.0)])
+    assert same["ratio"] == pytest.approx(1.0, abs=1e-3)
+    assert same["low"] < 1.0 < same["high"] and same["pairs"] == 4
+    behind = driver.paired_ratio([(1.05, 1.0), (1.06, 1.0), (1.04, 1.0), (1.05, 1.0)])
+    assert 1.0 < behind["low"] < behind["ratio"] < behind["high"]
+    # Pairs that disagree widen it: Student's t with 3 degrees of freedom.
+    wide = driver.paired_ratio([(1.2, 1.0), (0.9, 1.0), (1.1, 1.0), (0.95, 1.0)])
+    assert wide["low"] < 1.0 < wide["high"] and wide["high"] / wide["low"] > 1.2
+
+
+def test_paired_reference_is_the_best_reference_when_it_is_a_policy():
+    def rows_at(tandem_s, **over):
+        r = {"ddp": dict(step_s=0.40),
+             "on-demand": dict(step_s=0.50, sched="od"),
+             "deepspeed-zero3": dict(step_s=0.35, sched="ds"),
+             "fsdp": dict(step_s=0.30, sched="fs", fallback_steps=4),
+             "deepcompile": dict(step_s=0.38, sched="dc"),
+             "tandem-passes": dict(step_s=0.20, sched="tp"),  # Tandem's, no reference
+             "tandem": dict(step_s=tandem_s, sched="t")}
+        for k, v in over.items():
+            r[k] = dict(r[k], **v)
+        return r
+    assert driver.paired_reference(rows_at(0.36)) == "deepspeed-zero3"
+    assert driver.paired_reference(rows_at(0.34)) == "deepspeed-zero3"  # ahead: checked too
+    # DDP the fastest reference: it cannot alternate with Tandem's plan.
+    assert driver.paired_reference(rows_at(0.36, ddp=dict(step_s=0.33))) is None
+    # Tandem runs the reference's very plan.
+    assert driver.paired_reference(
+        rows_at(0.36, tandem=dict(same_plan_as=["deepspeed-zero3"]))) is None
+    assert driver.paired_reference(rows_at(0.36, tandem=dict(sched=None))) is None
+
+
+def test_the_alternating_check_decides_the_never_behind_target():
+    def with_paired(paired):
+        return [dict(r, paired=paired) if r["contender"] == "tandem" and r["budget"] == "large"
+                else r for r in rows(tandem_lo=0.365)]
+    # The rounds alone: behind (0.365 > deepspeed's slowest 0.360).
+    ok, _ = {x["budget"]: x for x in report.summarize(rows(tandem_lo=0.365))}["large"][
+        "spread_target"]
+    assert not ok
+    tie = dict(reference="deepspeed-zero3", ratio=1.006, low=0.991, high=1.022, pairs=12)
+    ok, why = {x["budget"]: x for x in report.summarize(with_paired(tie))}["large"][
+        "spread_target"]
+    assert ok and "1.006 (0.991–1.022) over 12 block pairs" in why
+    behind = dict(tie, ratio=1.03, low=1.01, high=1.05)
+    ok, why = {x["budget"]: x for x in report.summarize(with_paired(behind))}["large"][
+        "spread_target"]
+    assert not ok and "behind beyond the interval" in why
+    # A check against another reference than the best, or one that failed,
+    # leaves the rounds' verdict, and says why.
+    other = dict(tie, reference="deepcompile")
+    assert not {x["budget"]: x for x in report.summarize(with_paired(other))}["large"][
+        "spread_target"][0]
+    failed = dict(reference="deepspeed-zero3", error="rank 1 exit 1: boom")
+    ok, why = {x["budget"]: x for x in report.summarize(with_paired(failed))}["large"][
+        "spread_target"]
+    assert not ok and "the alternating check failed: rank 1 exit 1" in why

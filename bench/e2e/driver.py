@@ -197,20 +197,29 @@ def alternating_pairs(steps, block_steps):
     """The block pairs of a run alternating two schedules (`tandem-worker
     --standalone --schedule A --alternate B --block-steps N`): step 0 runs
     A, then B and A take turns in blocks of N steps, B first. `steps`:
-    {step: the slower rank's iteration_s}. Returns [(A's block median, B's
-    block median)] for each pair of complete blocks, each block's first
-    step left out (it paid for the switch), as the coordinator compares
-    (coordinator/README.md, "Decisions under noise")."""
+    {step: (the slower rank's iteration_s, schedule_version)}. Returns [(A's
+    block median, B's block median)] for each pair of complete blocks, each
+    block's first step left out (it paid for the switch), as the coordinator
+    compares (coordinator/README.md, "Decisions under noise"). Pairs end at
+    the first block that did not run its plan throughout (the memory
+    guard's least-memory schedule, or a run that did not alternate)."""
     if block_steps < 2:
         raise ValueError("block_steps must be at least 2 (a block's first step is left out)")
+    if 0 not in steps:
+        return []
+    a_version = steps[0][1]
     pairs = []
     k = 0
     while True:
-        b_steps = [steps.get(1 + 2 * k * block_steps + i) for i in range(block_steps)]
-        a_steps = [steps.get(1 + (2 * k + 1) * block_steps + i) for i in range(block_steps)]
-        if any(v is None for v in a_steps + b_steps):
+        b = [steps.get(1 + 2 * k * block_steps + i) for i in range(block_steps)]
+        a = [steps.get(1 + (2 * k + 1) * block_steps + i) for i in range(block_steps)]
+        if any(v is None for v in a + b):
             return pairs
-        pairs.append((statistics.median(a_steps[1:]), statistics.median(b_steps[1:])))
+        if {v for _, v in a} != {a_version} or len({v for _, v in b}) != 1 or \
+                b[0][1] in (a_version, -1):
+            return pairs
+        pairs.append((statistics.median(t for t, _ in a[1:]),
+                      statistics.median(t for t, _ in b[1:])))
         k += 1
 
 
@@ -292,8 +301,8 @@ class Bench:
 
     def run_alternating(self, name, m, budget_bytes, first, other):
         """Both ranks on the link, `other`'s schedule and `first`'s taking
-        turns in blocks (alternating_pairs); {step: the slower rank's
-        iteration_s}."""
+        turns in blocks (alternating_pairs); {step: (the slower rank's
+        iteration_s, the schedule version it ran)}."""
         a = self.a
         steps = 1 + 2 * a.paired_block_steps * a.paired_pairs
         spec = self.spec(name, m, 2, steps, budget_bytes)
@@ -305,7 +314,8 @@ class Bench:
         got = {}
         for o in outs:
             for s in self.steps_of(o):
-                got[s["step"]] = max(got.get(s["step"], 0.0), s["iteration_s"])
+                t, _ = got.get(s["step"], (0.0, None))
+                got[s["step"]] = (max(t, s["iteration_s"]), s["schedule_version"])
         return got
 
     def run_pair(self, make_cmd, timeout):

@@ -293,20 +293,29 @@ def test_report_prints_the_tables(tmp_path, capsys, monkeypatch):
 
 
 def test_alternating_pairs_follow_the_workers_block_order():
-    # Step 0 runs --schedule's plan (A); then B and A take turns in blocks
-    # of 3, B first; each block's first step (a switch) is left out.
+    # Step 0 runs --schedule's plan (A, v4); then B (v5) and A take turns in
+    # blocks of 3, B first; each block's first step (a switch) is left out.
     a_s, b_s = 0.30, 0.20
-    steps = {0: 9.0}
+    steps = {0: (9.0, 4)}
     for k in range(4):
         for i in range(3):
-            steps[1 + 6 * k + i] = 5.0 if i == 0 else b_s + 0.001 * i
-            steps[4 + 6 * k + i] = 5.0 if i == 0 else a_s + 0.001 * i
+            steps[1 + 6 * k + i] = (5.0 if i == 0 else b_s + 0.001 * i, 5)
+            steps[4 + 6 * k + i] = (5.0 if i == 0 else a_s + 0.001 * i, 4)
+    full = dict(steps)
     del steps[max(steps)]  # the last A block is incomplete: its pair is dropped
     pairs = driver.alternating_pairs(steps, 3)
     assert len(pairs) == 3
     assert all(p == (pytest.approx(a_s + 0.0015), pytest.approx(b_s + 0.0015)) for p in pairs)
     with pytest.raises(ValueError):
         driver.alternating_pairs(steps, 1)
+    # A block that ran the memory guard's least-memory schedule (-1) ends
+    # the pairs before it.
+    guarded = dict(full)
+    guarded[14] = (0.5, -1)  # in the third B block
+    assert len(driver.alternating_pairs(guarded, 3)) == 2
+    # A run that never alternated: no pair.
+    assert driver.alternating_pairs({s: (0.3, 4) for s in range(25)}, 3) == []
+    assert driver.alternating_pairs({}, 3) == []
 
 
 def test_paired_ratio_is_the_geometric_mean_with_a_t_interval():

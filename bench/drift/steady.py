@@ -20,8 +20,11 @@ Prints one JSON object (and appends it to --out when given).
 
 import argparse
 import json
+import math
 import os
+import random
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -133,6 +136,97 @@ def slowest_per_step(paths):
             t, v = per_step.get(s["step"], (0.0, s["schedule_version"]))
             per_step[s["step"]] = (max(t, s["iteration_s"]), s["schedule_version"])
     return per_step
+
+
+# Student's t, 0.975 quantile, by degrees of freedom (a 95% interval).
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+        9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131,
+        16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 25: 2.060, 30: 2.042}
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def t975(df):
+    """Student's t 0.975 quantile with `df` degrees of freedom: the table,
+    then (beyond it, within 0.002) the Cornish-Fisher expansion about the
+    normal's 1.96."""
+    if df in T975:
+        return T975[df]
+    if df < 30:
+        lo = max(k for k in T975 if k < df)
+        hi = min(k for k in T975 if k > df)
+        return T975[lo] + (T975[hi] - T975[lo]) * (df - lo) / (hi - lo)
+    z = 1.959964
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+
+
+def block_pairs(steps, block_steps):
+    """The block pairs of a run alternating two schedules (`tandem-worker
+    --standalone --schedule A --alternate B --block-steps N`): step 0 runs
+    A, then B and A take turns in blocks of N steps, B first. `steps`:
+    {step: (the slower rank's iteration_s, schedule_version)}. Returns (A's
+    blocks, B's blocks): each complete pair's step times, each block's
+    first step left out (it paid for the switch), as the coordinator
+    compares (coordinator/README.md, "Decisions under noise"). The pairs
+    end at the first block that did not run its plan throughout: the memory
+    guard's least-memory schedule (version -1), or a run that did not
+    alternate."""
+    if block_steps < 2:
+        raise ValueError("block_steps must be at least 2 (a block's first step is left out)")
+    if 0 not in steps:
+        return [], []
+    a_version = steps[0][1]
+    firsts, others = [], []
+    k = 0
+    while True:
+        b = [steps.get(1 + 2 * k * block_steps + i) for i in range(block_steps)]
+        a = [steps.get(1 + (2 * k + 1) * block_steps + i) for i in range(block_steps)]
+        if any(v is None for v in a + b):
+            break
+        if {v for _, v in a} != {a_version} or len({v for _, v in b}) != 1 or \
+                b[0][1] in (a_version, -1):
+            break
+        firsts.append([t for t, _ in a[1:]])
+        others.append([t for t, _ in b[1:]])
+        k += 1
+    return firsts, others
+
+
+def paired_ratio(num, den, seed=0):
+    """num over den, measured together: num[i] and den[i] are the step
+    times of pair i (a block pair of an alternating run, or one interleaved
+    round). Returns (ratio, low, high), or None without a pair: the
+    geometric mean of the pairs' ratios of medians, and its 95% interval as
+    the coordinator computes it (coordinator/service/plan_decision.cc,
+    InterleavedRatio): a seeded bootstrap (pairs with replacement, then
+    each pair's steps), widened where Student's t over the pairs' log ratios
+    is wider (few pairs make the bootstrap read their spread too small)."""
+    pairs = [(n, d) for n, d in zip(num, den) if n and d]
+    if not pairs:
+        return None
+
+    def ratio(ps):
+        logs = [math.log(statistics.median(n) / statistics.median(d)) for n, d in ps]
+        return math.exp(sum(logs) / len(logs))
+
+    rng = random.Random(seed)
+    draws = []
+    for _ in range(BOOTSTRAP_RESAMPLES):
+        resampled = []
+        for _ in pairs:
+            n, d = pairs[rng.randrange(len(pairs))]
+            resampled.append(([n[rng.randrange(len(n))] for _ in n],
+                              [d[rng.randrange(len(d))] for _ in d]))
+        draws.append(ratio(resampled))
+    draws.sort()
+    mid = ratio(pairs)
+    low = min(draws[int(0.025 * (len(draws) - 1))], mid)
+    high = max(draws[int(math.ceil(0.975 * (len(draws) - 1)))], mid)
+    if len(pairs) >= 2:
+        logs = [math.log(statistics.median(n) / statistics.median(d)) for n, d in pairs]
+        half = t975(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+        mean = statistics.mean(logs)
+        low, high = min(low, math.exp(mean - half)), max(high, math.exp(mean + half))
+    return mid, low, high
 
 
 def replans(events):

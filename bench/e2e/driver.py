@@ -28,8 +28,10 @@ JSON lines to --out. Per model:
      runtime (not DDP) and not Tandem's own plan: the two plans alternate in
      one run on the link (--paired-pairs block pairs of
      --paired-block-steps steps, each block's first step left out), and
-     Tandem over the reference is their geometric mean with a 95% Student's
-     t interval (the row's "paired"): three short rounds a side resolve
+     Tandem over the reference is their geometric mean with a 95% interval
+     as the coordinator computes it (steady.paired_ratio: a bootstrap
+     widened to Student's t where that is wider; the row's "paired"), and
+     the row's never-behind verdict rests on it: three short rounds a side resolve
      about 5% on a 2-core host, block pairs seconds apart resolve 1-2%;
   5. communication alone, once per schedule (tandem-comm-replay) and for
      DDP's all-reduces: the rows' lower bounds.
@@ -37,7 +39,6 @@ JSON lines to --out. Per model:
 
 import argparse
 import json
-import math
 import os
 import re
 import shutil
@@ -46,10 +47,16 @@ import subprocess
 import sys
 import time
 
-# The reference policies, planned by tandem-plan and run on Tandem's runtime.
-POLICIES = ["on-demand", "deepspeed-zero3", "fsdp", "deepcompile"]
-# Best-reference candidates (report.py): PyTorch DDP and the policies.
-REFERENCES = ["ddp"] + POLICIES
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "bench", "drift"))
+import report  # noqa: E402  (bench/e2e/report.py: the best reference, the targets)
+import steady  # noqa: E402  (bench/drift/steady.py: block pairs, paired ratios)
+
+# The reference policies, planned by tandem-plan and run on Tandem's
+# runtime (report.POLICIES); the best reference is chosen among them and
+# PyTorch DDP (report.REFERENCES).
+POLICIES = report.POLICIES
 # Tandem's own pipeline for ZeRO-3 jobs (PolicyPasses(kTandem) in
 # coordinator/planner/planner.cc; coordinator/README.md, "Policies and
 # pipelines"). tandem-plan has no flag for "the tandem policy without the
@@ -187,75 +194,23 @@ def same_actions(a, b):
         return schedule_body(fa.read()) == schedule_body(fb.read())
 
 
-# Student's t, 0.975 quantile, by degrees of freedom (a 95% interval).
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-        9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131,
-        16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086}
-
-
-def alternating_pairs(steps, block_steps):
-    """The block pairs of a run alternating two schedules (`tandem-worker
-    --standalone --schedule A --alternate B --block-steps N`): step 0 runs
-    A, then B and A take turns in blocks of N steps, B first. `steps`:
-    {step: (the slower rank's iteration_s, schedule_version)}. Returns [(A's
-    block median, B's block median)] for each pair of complete blocks, each
-    block's first step left out (it paid for the switch), as the coordinator
-    compares (coordinator/README.md, "Decisions under noise"). Pairs end at
-    the first block that did not run its plan throughout (the memory
-    guard's least-memory schedule, or a run that did not alternate)."""
-    if block_steps < 2:
-        raise ValueError("block_steps must be at least 2 (a block's first step is left out)")
-    if 0 not in steps:
-        return []
-    a_version = steps[0][1]
-    pairs = []
-    k = 0
-    while True:
-        b = [steps.get(1 + 2 * k * block_steps + i) for i in range(block_steps)]
-        a = [steps.get(1 + (2 * k + 1) * block_steps + i) for i in range(block_steps)]
-        if any(v is None for v in a + b):
-            return pairs
-        if {v for _, v in a} != {a_version} or len({v for _, v in b}) != 1 or \
-                b[0][1] in (a_version, -1):
-            return pairs
-        pairs.append((statistics.median(t for t, _ in a[1:]),
-                      statistics.median(t for t, _ in b[1:])))
-        k += 1
-
-
-def paired_ratio(pairs):
-    """A over B from block pairs: the geometric mean of the pairs' ratios
-    and its 95% interval (Student's t over the pairs' log ratios). None
-    without two pairs."""
-    if len(pairs) < 2:
-        return None
-    logs = [math.log(a / b) for a, b in pairs]
-    mean = statistics.mean(logs)
-    half = T975.get(len(logs) - 1, 1.96) * statistics.stdev(logs) / math.sqrt(len(logs))
-    return dict(ratio=math.exp(mean), low=math.exp(mean - half), high=math.exp(mean + half),
-                pairs=len(logs))
-
-
 def paired_reference(rows):
     """The reference a Tandem row is checked against in alternating blocks:
-    `rows` {contender: row} at one budget, after the rounds. The fastest
-    policy by median (a plan on Tandem's runtime, so the two can alternate
-    in one run; DDP cannot), when it is also the fastest reference of all,
-    has a schedule, is not Tandem's own plan, and none of its steps ran on
-    the memory guard's fallback. None otherwise: the rounds alone decide
-    that row."""
+    `rows` {contender: row} at one budget, after the rounds. The best
+    reference as report.py picks it (report.best_reference), when it is a
+    policy (a plan on Tandem's runtime, so the two can alternate in one
+    run; DDP cannot), has a schedule and is not Tandem's own plan. None
+    otherwise: the rounds alone decide that row."""
     t = rows.get("tandem", {})
     if not t.get("step_s") or not t.get("sched"):
         return None
-    cands = [(r["step_s"], name) for name, r in rows.items()
-             if name in REFERENCES and r.get("step_s") and not r.get("fallback_steps")]
-    if not cands:
+    best = report.best_reference(rows)
+    if best is None:
         return None
-    _, best = min(cands)
-    ref = rows[best]
-    if best not in POLICIES or not ref.get("sched") or best in t.get("same_plan_as", []):
+    name, ref = best
+    if name not in POLICIES or not ref.get("sched") or name in t.get("same_plan_as", []):
         return None
-    return best
+    return name
 
 
 class Bench:
@@ -301,7 +256,7 @@ class Bench:
 
     def run_alternating(self, name, m, budget_bytes, first, other):
         """Both ranks on the link, `other`'s schedule and `first`'s taking
-        turns in blocks (alternating_pairs); {step: (the slower rank's
+        turns in blocks (steady.block_pairs); {step: (the slower rank's
         iteration_s, the schedule version it ran)}."""
         a = self.a
         steps = 1 + 2 * a.paired_block_steps * a.paired_pairs
@@ -782,11 +737,12 @@ memory: {{budget_bytes: {budget}}}
                 try:
                     got = self.run_alternating(
                         name, m, budgets[bname], rows["tandem"]["sched"], rows[ref]["sched"])
-                    check = paired_ratio(alternating_pairs(got, a.paired_block_steps))
-                    if check is None:
+                    firsts, others = steady.block_pairs(got, a.paired_block_steps)
+                    if len(firsts) < 2:
                         raise RuntimeError("fewer than two complete block pairs")
-                    check["reference"] = ref
-                    check["block_steps"] = a.paired_block_steps
+                    ratio, low, high = steady.paired_ratio(firsts, others)
+                    check = dict(ratio=ratio, low=low, high=high, pairs=len(firsts),
+                                 reference=ref, block_steps=a.paired_block_steps)
                 except (RuntimeError, subprocess.TimeoutExpired) as e:
                     check = dict(reference=ref, error=str(e))
                 contenders[f"{bname}/tandem"]["row"]["paired"] = check
@@ -878,7 +834,8 @@ def main():
     ap.add_argument("--paired-pairs", type=int, default=10,
                     help="block pairs of the alternating check of Tandem's plan against "
                          "its best reference's (0: none)")
-    ap.add_argument("--paired-block-steps", type=int, default=5)
+    ap.add_argument("--paired-block-steps", type=int, default=5,
+                    help="steps per block of the alternating check (at least 2)")
     ap.add_argument("--settle-steps", type=int, default=15,
                     help="Tandem's job: steps without a new schedule version that count "
                          "as settled")
@@ -890,6 +847,11 @@ def main():
     a = ap.parse_args()
     if a.rounds < 1:
         sys.exit("--rounds must be at least 1")
+    if a.paired_pairs < 0:
+        sys.exit("--paired-pairs must be 0 (no alternating check) or more")
+    if a.paired_pairs > 0 and a.paired_block_steps < 2:
+        sys.exit("--paired-block-steps must be at least 2 (each block's first step, "
+                 "the switch, is left out)")
     b = Bench(a)
     for name in a.models.split(","):
         if name not in MODELS:

@@ -5,6 +5,7 @@
 #
 #   sudo bench/e2e/run.sh [--rates "2000 200"] [--models tiny-llama,wide-short,exported-gpt]
 #                         [--rounds 3] [--steps 8] [--discard 2] [--settle-steps 15]
+#                         [--paired-pairs 10] [--paired-block-steps 5]
 #                         [--out FILE [--force]] [--quick]
 #                         [--comm "chunk_bytes: 64KiB, max_in_flight: 4"]
 #   sudo bench/e2e/run.sh --drift-check [--rates R] [--drift-args "--throttle-at 150 ..."]
@@ -21,7 +22,10 @@
 # world 1 (Tandem and PyTorch), PyTorch DDP (bench/e2e/ddp_reference.py) and
 # each schedule on the link; a row is the median over rounds, with the
 # min-max over rounds. Communication alone (the lower bound) once per
-# schedule. --settle-steps: steps without a new schedule version after which
+# schedule. Where Tandem's best reference at a budget is a plan on Tandem's
+# runtime, the two then alternate in one run (--paired-pairs block pairs of
+# --paired-block-steps steps; 0 pairs: none), and that interval decides
+# the row's never-behind target (driver.py, step 4b). --settle-steps: steps without a new schedule version after which
 # Tandem's job counts as settled. JSON lines go to --out (default
 # $TMPDIR/tandem-e2e/results.jsonl);
 # the table is printed at the end (bench/e2e/report.py); an --out FILE that
@@ -57,6 +61,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 RATES="2000 200"
 MODELS="tiny-llama,wide-short,exported-gpt"
 STEPS="" DISCARD=2 QUICK=0 COMM="" DRIFT_CHECK=0 NOISE=0 NOISE_ARGS="" DRIFT_ARGS="" LONG_RUN=0 FORCE=0 ROUNDS=3 SETTLE=15
+PAIRED_PAIRS=10 PAIRED_BLOCK=5
 WORK="${TMPDIR:-/tmp}/tandem-e2e"
 OUT=""
 while [ $# -gt 0 ]; do
@@ -67,6 +72,8 @@ while [ $# -gt 0 ]; do
     --discard) DISCARD="$2"; shift 2 ;;
     --rounds) ROUNDS="$2"; shift 2 ;;
     --settle-steps) SETTLE="$2"; shift 2 ;;
+    --paired-pairs) PAIRED_PAIRS="$2"; shift 2 ;;
+    --paired-block-steps) PAIRED_BLOCK="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     --quick) QUICK=1; shift ;;
     --force) FORCE=1; shift ;;
@@ -76,10 +83,18 @@ while [ $# -gt 0 ]; do
     --noise-args) NOISE_ARGS="$2"; shift 2 ;;
     --drift-args) DRIFT_ARGS="$2"; shift 2 ;;
     --long-run) LONG_RUN="$2"; shift 2 ;;
-    -h|--help) sed -n 2,45p "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^set -euo/ { exit } NR > 1' "$0"; exit 0 ;;
     *) echo "$0: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+if ! [[ "$PAIRED_PAIRS" =~ ^[0-9]+$ ]]; then
+  echo "$0: --paired-pairs must be a whole number (0: no alternating check), not '$PAIRED_PAIRS'" >&2
+  exit 2
+fi
+if ! [[ "$PAIRED_BLOCK" =~ ^[0-9]+$ ]] || [ "$PAIRED_BLOCK" -lt 2 ]; then
+  echo "$0: --paired-block-steps must be a whole number of at least 2 (each block's first step, the switch, is left out), not '$PAIRED_BLOCK'" >&2
+  exit 2
+fi
 if [ -n "$OUT" ] && [ -s "$OUT" ] && [ "$FORCE" -ne 1 ]; then
   echo "$0: --out $OUT exists and is not empty; pick a new file, or add --force to overwrite it" >&2
   exit 2
@@ -232,6 +247,7 @@ for rate in $RATES; do
     --ns0 "$NS0" --ns1 "$NS1" --if0 "$IF0" --if1 "$IF1" --ip0 "$IP0" --ip1 "$IP1" \
     --steps "$steps" --discard "$DISCARD" --replay-steps "$replay" \
     --rounds "$ROUNDS" --settle-steps "$SETTLE" --long-run "$LONG_RUN" \
+    --paired-pairs "$PAIRED_PAIRS" --paired-block-steps "$PAIRED_BLOCK" \
     ${COMM:+--comm "$COMM"} &
   DRIVER_PID=$!
   wait "$DRIVER_PID"

@@ -30,7 +30,8 @@ the first --discard of each run left out; each round starts one plan
 later, A B C, B C A, C A B, ...). Either way plans are compared as the
 coordinator compares them: each pair's (or round's) ratio of medians,
 their geometric mean, and a 95% bootstrap interval (pairs, then steps
-within them, seeded). Per job it reports
+within them, seeded) widened to Student's t over the pairs' log ratios
+where that is wider (steady.paired_ratio). Per job it reports
   - versions published per 100 steps once settled: versions first run after
     the settle step (the end of the first --settle-steps steps in a row that
     ran one plan version alone: no new version, no comparison's blocks), per
@@ -63,7 +64,6 @@ One JSON line per job and a summary line per model and condition go to
 
 import argparse
 import json
-import math
 import os
 import random
 import re
@@ -78,37 +78,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "bench", "drift"))
 import steady  # noqa: E402  (bench/drift/steady.py: coordinator, step lines)
+from steady import block_pairs, paired_ratio  # noqa: E402  (as the coordinator compares)
 
 MIN_GAIN = 0.03  # optimize.min_gain's default (coordinator/README.md)
-BOOTSTRAP_RESAMPLES = 2000
-
-
-def paired_ratio(num, den, seed=0):
-    """num over den, measured in the same interleaved rounds: num[r] and
-    den[r] are the step times of round r. Returns (ratio, low, high): the
-    geometric mean over rounds of each round's ratio of medians, and its 95%
-    bootstrap interval (rounds resampled, then the steps within each)."""
-    rounds = [(n, d) for n, d in zip(num, den) if n and d]
-    if not rounds:
-        return None
-
-    def ratio(pairs):
-        logs = [math.log(statistics.median(n) / statistics.median(d)) for n, d in pairs]
-        return math.exp(sum(logs) / len(logs))
-
-    rng = random.Random(seed)
-    draws = []
-    for _ in range(BOOTSTRAP_RESAMPLES):
-        pairs = []
-        for _ in rounds:
-            n, d = rounds[rng.randrange(len(rounds))]
-            pairs.append(([n[rng.randrange(len(n))] for _ in n],
-                          [d[rng.randrange(len(d))] for _ in d]))
-        draws.append(ratio(pairs))
-    draws.sort()
-    low = draws[int(0.025 * (len(draws) - 1))]
-    high = draws[int(math.ceil(0.975 * (len(draws) - 1)))]
-    return ratio(rounds), low, high
 
 
 def log(msg):
@@ -343,37 +315,6 @@ def remeasure(a, spec, texts, workdir):
                         steps[s["step"]] = max(steps.get(s["step"], 0.0), s["iteration_s"])
             times[v].append([t for s, t in sorted(steps.items()) if s >= a.discard])
     return times, reps
-
-
-def block_pairs(steps, block_steps):
-    """The block pairs of an alternating run (`--alternate`): `steps` is
-    {step: (iteration_s, schedule_version)}; step 0 runs the first schedule
-    (the ended-on plan), then the alternate and the first take turns in
-    blocks of `block_steps`, the alternate first. Returns (first's rounds,
-    alternate's rounds): each pair's steps, each block's first step left out
-    (a switch), pairs whose two blocks are both complete only."""
-    if not steps:
-        return [], []
-    first_v = steps[min(steps)][1]
-    blocks = []  # [version, [times]] in step order, from step 1
-    for s in sorted(steps):
-        if s == min(steps):
-            continue
-        t, v = steps[s]
-        if blocks and blocks[-1][0] == v and len(blocks[-1][1]) < block_steps:
-            blocks[-1][1].append(t)
-        else:
-            blocks.append([v, [t]])
-    first, other = [], []
-    for i in range(0, len(blocks) - 1, 2):
-        (va, ta), (vb, tb) = blocks[i], blocks[i + 1]
-        if va == first_v or vb != first_v:
-            break  # not alternate-then-first: the run did not alternate
-        if len(ta) < block_steps or len(tb) < block_steps:
-            break
-        other.append(ta[1:])
-        first.append(tb[1:])
-    return first, other
 
 
 def run_pair(a, spec_path, first_sched, other_sched, port):

@@ -73,8 +73,8 @@ def test_every_contender_and_tandem_passes_are_measured_alike():
     assert "tandem" in driver.RUNTIME_CONTENDERS
     assert "tandem-passes" in driver.RUNTIME_CONTENDERS
     for p in ("on-demand", "deepspeed-zero3", "fsdp", "deepcompile"):
-        assert p in driver.RUNTIME_CONTENDERS and p in driver.REFERENCES
-    assert "ddp" in driver.REFERENCES
+        assert p in driver.RUNTIME_CONTENDERS and p in driver.report.REFERENCES
+    assert "ddp" in driver.report.REFERENCES
     # The offline re-fit and trial rounds, which measured Tandem two or three
     # times and kept the fastest, are gone: Tandem's row is measured in the
     # rounds like every other.
@@ -290,44 +290,6 @@ def test_report_prints_the_tables(tmp_path, capsys, monkeypatch):
     assert "0.90 |" in out and "1.03 (deepspeed-zero3)" in out
     assert "v2 (trial): deepspeed-zero3's plan" in out
     assert "MISSED" in out
-
-
-def test_alternating_pairs_follow_the_workers_block_order():
-    # Step 0 runs --schedule's plan (A, v4); then B (v5) and A take turns in
-    # blocks of 3, B first; each block's first step (a switch) is left out.
-    a_s, b_s = 0.30, 0.20
-    steps = {0: (9.0, 4)}
-    for k in range(4):
-        for i in range(3):
-            steps[1 + 6 * k + i] = (5.0 if i == 0 else b_s + 0.001 * i, 5)
-            steps[4 + 6 * k + i] = (5.0 if i == 0 else a_s + 0.001 * i, 4)
-    full = dict(steps)
-    del steps[max(steps)]  # the last A block is incomplete: its pair is dropped
-    pairs = driver.alternating_pairs(steps, 3)
-    assert len(pairs) == 3
-    assert all(p == (pytest.approx(a_s + 0.0015), pytest.approx(b_s + 0.0015)) for p in pairs)
-    with pytest.raises(ValueError):
-        driver.alternating_pairs(steps, 1)
-    # A block that ran the memory guard's least-memory schedule (-1) ends
-    # the pairs before it.
-    guarded = dict(full)
-    guarded[14] = (0.5, -1)  # in the third B block
-    assert len(driver.alternating_pairs(guarded, 3)) == 2
-    # A run that never alternated: no pair.
-    assert driver.alternating_pairs({s: (0.3, 4) for s in range(25)}, 3) == []
-    assert driver.alternating_pairs({}, 3) == []
-
-
-def test_paired_ratio_is_the_geometric_mean_with_a_t_interval():
-    assert driver.paired_ratio([(1.0, 1.0)]) is None
-    same = driver.paired_ratio([(1.01, 1.0), (0.99, 1.0), (1.02, 1.0), (0.98, 1.0)])
-    assert same["ratio"] == pytest.approx(1.0, abs=1e-3)
-    assert same["low"] < 1.0 < same["high"] and same["pairs"] == 4
-    behind = driver.paired_ratio([(1.05, 1.0), (1.06, 1.0), (1.04, 1.0), (1.05, 1.0)])
-    assert 1.0 < behind["low"] < behind["ratio"] < behind["high"]
-    # Pairs that disagree widen it: Student's t with 3 degrees of freedom.
-    wide = driver.paired_ratio([(1.2, 1.0), (0.9, 1.0), (1.1, 1.0), (0.95, 1.0)])
-    assert wide["low"] < 1.0 < wide["high"] and wide["high"] / wide["low"] > 1.2
 
 
 def test_paired_reference_is_the_best_reference_when_it_is_a_policy():

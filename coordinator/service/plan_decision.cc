@@ -72,33 +72,63 @@ double StudentTMassFromZero(double t, int df) {
 struct Pair {
   std::vector<double> incumbent;
   std::vector<double> candidate;
+  // A block of the pair ran on a busy host (BlockBusy).
+  bool busy = false;
 };
+
+// The median of a block's measured cpu_wait_share over its counted steps
+// (all but the first); negative when none was measured.
+double BlockWaitShare(const StepBlock& block) {
+  std::vector<double> shares;
+  for (size_t i = 1; i < block.cpu_wait_share.size() && i < block.step_s.size();
+       ++i) {
+    const double w = block.cpu_wait_share[i];
+    if (w >= 0 && std::isfinite(w)) shares.push_back(w);
+  }
+  // Half the counted steps or more unmeasured: the block is not judged.
+  if (shares.empty() || 2 * shares.size() < block.step_s.size() - 1) return -1;
+  return Median(shares);
+}
+
+bool BlockBusy(const StepBlock& block, const CompareOptions& options) {
+  auto it = options.busy_wait_share.find(block.version);
+  if (it == options.busy_wait_share.end()) return false;
+  const double share = BlockWaitShare(block);
+  return share >= 0 && share > it->second;
+}
 
 // Each block of one version with the next block of the other, in order.
 std::vector<Pair> PairUp(const std::vector<StepBlock>& blocks,
                          int64_t incumbent, int64_t candidate,
-                         int min_block_steps) {
+                         const CompareOptions& options) {
   std::vector<Pair> pairs;
-  std::optional<std::pair<int64_t, std::vector<double>>> pending;
+  struct Pending {
+    int64_t version;
+    std::vector<double> steps;
+    bool busy;
+  };
+  std::optional<Pending> pending;
   for (const StepBlock& b : blocks) {
     if (b.version != incumbent && b.version != candidate) continue;
     std::vector<double> steps = Counted(b);
-    if (static_cast<int>(steps.size()) < std::max(min_block_steps, 1)) {
+    if (static_cast<int>(steps.size()) < std::max(options.min_block_steps, 1)) {
       continue;
     }
-    if (pending.has_value() && pending->first != b.version) {
+    const bool busy = BlockBusy(b, options);
+    if (pending.has_value() && pending->version != b.version) {
       Pair p;
       if (b.version == candidate) {
-        p.incumbent = std::move(pending->second);
+        p.incumbent = std::move(pending->steps);
         p.candidate = std::move(steps);
       } else {
         p.incumbent = std::move(steps);
-        p.candidate = std::move(pending->second);
+        p.candidate = std::move(pending->steps);
       }
+      p.busy = busy || pending->busy;
       pairs.push_back(std::move(p));
       pending.reset();
     } else {
-      pending.emplace(b.version, std::move(steps));  // the newer block
+      pending.emplace(Pending{b.version, std::move(steps), busy});  // newer
     }
   }
   return pairs;
@@ -157,10 +187,17 @@ double StudentTQuantile(double p, int df) {
 std::optional<RatioInterval> InterleavedRatio(
     const std::vector<StepBlock>& blocks, int64_t incumbent, int64_t candidate,
     const CompareOptions& options) {
-  const std::vector<Pair> pairs =
-      PairUp(blocks, incumbent, candidate, options.min_block_steps);
-  if (pairs.empty()) return std::nullopt;
+  std::vector<Pair> pairs;
   RatioInterval out;
+  for (Pair& p : PairUp(blocks, incumbent, candidate, options)) {
+    if (p.busy) {
+      ++out.busy_pairs;
+      out.busy_steps += static_cast<int>(p.incumbent.size() + p.candidate.size());
+    } else {
+      pairs.push_back(std::move(p));
+    }
+  }
+  if (pairs.empty()) return std::nullopt;
   out.pairs = static_cast<int>(pairs.size());
   // Each pair's ratio of medians, and their geometric mean: a pair's two
   // blocks ran on the same machine, so a change between pairs scales both
@@ -279,12 +316,29 @@ absl::string_view ComparisonName(ComparisonKind kind) {
   return "trial";
 }
 
+BusyCount BusyPairs(const std::vector<StepBlock>& blocks, int64_t incumbent,
+                    int64_t candidate, const CompareOptions& options) {
+  BusyCount out;
+  for (const Pair& p : PairUp(blocks, incumbent, candidate, options)) {
+    if (!p.busy) continue;
+    ++out.pairs;
+    out.steps += static_cast<int>(p.incumbent.size() + p.candidate.size());
+  }
+  return out;
+}
+
 ComparisonDecision DecideInterleaved(const std::vector<StepBlock>& blocks,
                                      int64_t incumbent, int64_t candidate,
                                      const CompareOptions& options) {
   ComparisonDecision d;
   d.interval = InterleavedRatio(blocks, incumbent, candidate, options);
+  d.busy = BusyPairs(blocks, incumbent, candidate, options);
+  // Under a busy host the pairs left out run up while none is counted: a
+  // steady hog ends the comparison undecided, keeping the incumbent,
+  // rather than deciding on what the hog favours.
+  const bool busy_enough = d.busy.pairs >= std::max(options.max_busy_pairs, 1);
   if (!d.interval.has_value() || d.interval->pairs < options.min_pairs) {
+    if (busy_enough) d.verdict = Verdict::kInconclusive;
     return d;
   }
   const RatioInterval& r = *d.interval;
@@ -295,10 +349,11 @@ ComparisonDecision DecideInterleaved(const std::vector<StepBlock>& blocks,
     d.verdict = Verdict::kCandidateSlower;
   } else if (r.low >= 1 - gain && r.high <= 1 + gain) {
     d.verdict = Verdict::kEquivalent;
-  } else if (r.pairs >=
-             std::max(options.max_pairs, r.ratio <= 1 - gain
-                                             ? options.promising_max_pairs
-                                             : options.max_pairs)) {
+  } else if (busy_enough ||
+             r.pairs >= std::max(options.max_pairs,
+                                 r.ratio <= 1 - gain
+                                     ? options.promising_max_pairs
+                                     : options.max_pairs)) {
     d.verdict = Verdict::kInconclusive;
   }
   return d;
@@ -310,13 +365,26 @@ int64_t TrialBackoffSteps(int64_t base, int inconclusive) {
 }
 
 Speedup DescribeSpeedup(const std::optional<RatioInterval>& interval,
-                        absl::string_view basis, double max_width) {
+                        absl::string_view basis, double max_width,
+                        BusyCount busy) {
   Speedup s;
+  if (interval.has_value()) {
+    busy = {interval->busy_pairs, interval->busy_steps};
+  }
+  s.busy_steps = busy.steps;
+  // What the figure leaves out, said with it.
+  const std::string left_out =
+      busy.pairs > 0
+          ? absl::StrFormat(
+                "; %d steps in %d block pairs left out: the host's CPUs were "
+                "busy with other work",
+                busy.steps, busy.pairs)
+          : std::string();
   if (!interval.has_value() || interval->ratio <= 0 || interval->low <= 0) {
     s.text = absl::StrFormat(
         "not measured yet (no interleaved blocks of the baseline (v0: %s) "
-        "and this plan)",
-        basis);
+        "and this plan%s)",
+        basis, left_out);
     return s;
   }
   const RatioInterval& r = *interval;
@@ -324,15 +392,16 @@ Speedup DescribeSpeedup(const std::optional<RatioInterval>& interval,
   if (r.pairs < 2) {
     s.text = absl::StrFormat(
         "not measured yet (%d steps interleaved with the baseline (v0: %s) "
-        "in one block pair; two are needed)",
-        s.steps, basis);
+        "in one block pair; two are needed%s)",
+        s.steps, basis, left_out);
     return s;
   }
   if (r.width() > max_width) {
     s.text = absl::StrFormat(
         "not measured yet (%d steps interleaved with the baseline (v0: %s) "
-        "in %d block pairs: %.2f\u2013%.2f\u00d7, wider than %.0f%%)",
-        s.steps, basis, r.pairs, 1 / r.high, 1 / r.low, 100 * max_width);
+        "in %d block pairs: %.2f\u2013%.2f\u00d7, wider than %.0f%%%s)",
+        s.steps, basis, r.pairs, 1 / r.high, 1 / r.low, 100 * max_width,
+        left_out);
     return s;
   }
   s.factor = 1 / r.ratio;
@@ -340,10 +409,43 @@ Speedup DescribeSpeedup(const std::optional<RatioInterval>& interval,
   s.high = 1 / r.low;
   s.text = absl::StrFormat(
       "%.2f\u00d7 (%.2f\u2013%.2f) %s than the baseline (v0: %s), measured "
-      "interleaved over %d steps",
+      "interleaved over %d steps%s",
       s.factor, s.low, s.high, s.factor >= 1 ? "faster" : "slower", basis,
-      s.steps);
+      s.steps,
+      busy.pairs > 0 ? absl::StrFormat(" (%d more left out: the host's CPUs "
+                                       "were busy with other work)",
+                                       busy.steps)
+                     : std::string());
   return s;
+}
+
+void HostContention::Record(int64_t version, double share) {
+  if (!(share >= 0) || !std::isfinite(share)) return;
+  std::deque<double>& recent = recent_[version];
+  recent.push_back(share);
+  if (recent.size() > static_cast<size_t>(kWindow)) recent.pop_front();
+}
+
+double HostContention::BusyThreshold(int64_t version) const {
+  auto it = recent_.find(version);
+  if (it == recent_.end() ||
+      it->second.size() < static_cast<size_t>(kMinSteps)) {
+    return std::numeric_limits<double>::infinity();
+  }
+  std::vector<double> v(it->second.begin(), it->second.end());
+  const size_t k = v.size() / 4;
+  std::nth_element(v.begin(), v.begin() + k, v.end());
+  const double quiet = v[k];
+  return std::max(kBusyFactor * quiet, quiet + kBusyMargin);
+}
+
+std::map<int64_t, double> HostContention::Thresholds() const {
+  std::map<int64_t, double> out;
+  for (const auto& [version, recent] : recent_) {
+    const double t = BusyThreshold(version);
+    if (std::isfinite(t)) out[version] = t;
+  }
+  return out;
 }
 
 int NoisePairs(const std::vector<std::vector<double>>& series, int block_steps,

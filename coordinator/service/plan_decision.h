@@ -16,6 +16,8 @@
 #define TANDEM_COORDINATOR_SERVICE_PLAN_DECISION_H_
 
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -92,6 +94,44 @@ std::optional<PlanReason> PlanReasonFromName(absl::string_view name);
 struct StepBlock {
   int64_t version = 0;
   std::vector<double> step_s;
+  // Per step, beside step_s (empty when no rank measured it): the largest
+  // share of the step's wall time that any rank's compute thread was
+  // runnable but waited for a CPU (IterationProgress.cpu_wait_share). A
+  // negative entry: not measured.
+  std::vector<double> cpu_wait_share;
+};
+
+// What tells a block measured while the host's CPUs were busy with other
+// work (another job, a CPU hog) from one measured quietly: its counted
+// steps' median cpu_wait_share against the quiet level of the version it
+// ran (coordinator/README.md, "A busy host"). The quiet level is the
+// host's and the plan's own (what a rank's own threads cost each other:
+// about 0.06 on a 2-core host, more for a plan with busier communication
+// threads), so it is learned per version from the job's steps: the 25th
+// percentile of the version's last kWindow measured steps. A block is busy
+// above max(kBusyFactor x that level, that level + kBusyMargin); on a
+// 2-core host half a core of hog read 0.16 and 0.9 of one 0.23 against
+// 0.06 quiet (bench/README.md, "A signal for the CPU hog").
+class HostContention {
+ public:
+  static constexpr int kWindow = 400;
+  // Steps of a version before it has a quiet level.
+  static constexpr int kMinSteps = 8;
+  static constexpr double kBusyFactor = 2.0;
+  static constexpr double kBusyMargin = 0.05;
+
+  // A step of `version` measured at `share`; negative or not finite: not
+  // measured, ignored.
+  void Record(int64_t version, double share);
+  // The level above which a block of `version` is busy; infinity while the
+  // version has fewer than kMinSteps measured steps (no block is busy).
+  double BusyThreshold(int64_t version) const;
+  // The thresholds of every version with a quiet level, for CompareOptions.
+  std::map<int64_t, double> Thresholds() const;
+  void Forget(int64_t version) { recent_.erase(version); }
+
+ private:
+  std::map<int64_t, std::deque<double>> recent_;
 };
 
 struct CompareOptions {
@@ -116,6 +156,13 @@ struct CompareOptions {
   int promising_max_pairs = 12;
   // Steps a block needs (after its first) to count.
   int min_block_steps = 2;
+  // Per version, the cpu_wait_share above which its blocks ran on a busy
+  // host (HostContention::Thresholds): a pair with such a block is left
+  // out of the ratio. A version without one has no busy block.
+  std::map<int64_t, double> busy_wait_share;
+  // Pairs left out as busy after which a comparison still undecided is
+  // inconclusive: under a steady hog it would otherwise alternate on.
+  int max_busy_pairs = 6;
 };
 
 // Candidate over incumbent: the geometric mean over block pairs of each
@@ -128,6 +175,10 @@ struct RatioInterval {
   int candidate_steps = 0;
   // Block pairs the interval resampled.
   int pairs = 0;
+  // Block pairs left out because a block of theirs ran on a busy host
+  // (CompareOptions::busy_wait_share), and their counted steps.
+  int busy_pairs = 0;
+  int busy_steps = 0;
   // The bootstrap's interval alone, relative to the ratio as width() is,
   // and the sample standard deviation of the pairs' log ratios (0 with one
   // pair), from which Student's t widened it.
@@ -137,11 +188,13 @@ struct RatioInterval {
 };
 
 // Pairs each block of one version with the next block of the other (blocks
-// of other versions, and blocks too short to count, are skipped) and
-// bootstraps the ratio: pairs with replacement, then each chosen pair's
-// steps. From two pairs on, the interval is the wider of that and
-// Student's t over the pairs' log ratios, which a handful of pairs needs.
-// Nullopt without a pair.
+// of other versions, and blocks too short to count, are skipped), leaves
+// out the pairs with a busy block, and bootstraps the ratio: pairs with
+// replacement, then each chosen pair's steps. From two pairs on, the
+// interval is the wider of that and Student's t over the pairs' log
+// ratios, which a handful of pairs needs. Nullopt without a pair counted.
+// BusyPairs: the pairs left out (and their counted steps), also when none
+// is counted.
 std::optional<RatioInterval> InterleavedRatio(
     const std::vector<StepBlock>& blocks, int64_t incumbent, int64_t candidate,
     const CompareOptions& options);
@@ -150,20 +203,30 @@ std::optional<RatioInterval> InterleavedRatio(
 // [0.5, 0.9995]; infinity for df < 1).
 double StudentTQuantile(double p, int df);
 
+struct BusyCount {
+  int pairs = 0;
+  int steps = 0;
+};
+BusyCount BusyPairs(const std::vector<StepBlock>& blocks, int64_t incumbent,
+                    int64_t candidate, const CompareOptions& options);
+
 enum class Verdict {
-  kMeasureMore,      // fewer than min_pairs pairs, or undecided so far
+  kMeasureMore,      // fewer than min_pairs pairs counted, or undecided so
+                     // far
   kCandidateFaster,  // interval below 1, ratio at least min_gain below 1
   kCandidateSlower,  // interval above 1
   kEquivalent,       // interval inside 1 ± min_gain: not worth a switch
   kInconclusive,     // max_pairs pairs (promising_max_pairs for a candidate
-                     // whose ratio clears min_gain) and still none of the
-                     // above
+                     // whose ratio clears min_gain), or max_busy_pairs
+                     // left out as busy, and still none of the above
 };
 absl::string_view VerdictName(Verdict verdict);
 
 struct ComparisonDecision {
   Verdict verdict = Verdict::kMeasureMore;
   std::optional<RatioInterval> interval;
+  // The pairs left out as busy (also when none was counted).
+  BusyCount busy;
   // Whether the candidate runs on: only when it measured faster. Every
   // other verdict that ends the comparison keeps the incumbent.
   bool keep_candidate() const { return verdict == Verdict::kCandidateFaster; }
@@ -188,6 +251,9 @@ struct Speedup {
   double low = 0;
   double high = 0;
   int steps = 0;
+  // Counted steps of pairs left out because the host was busy (the text
+  // says how many).
+  int busy_steps = 0;
   std::string text;
   bool measured() const { return factor > 0; }
 };
@@ -196,9 +262,12 @@ struct Speedup {
 // machine the demo's 6-7 pairs span 22-53% under Student's t
 // (bench/README.md, "noise", run 2026-11-30g).
 inline constexpr double kMaxSpeedupWidth = 0.20;
+// `busy`: the pairs left out as busy when `interval` is nullopt (with an
+// interval, its own busy_pairs and busy_steps).
 Speedup DescribeSpeedup(const std::optional<RatioInterval>& interval,
                         absl::string_view basis,
-                        double max_width = kMaxSpeedupWidth);
+                        double max_width = kMaxSpeedupWidth,
+                        BusyCount busy = {});
 
 // How many block pairs a baseline check needs for an interval no wider than
 // `max_width` (DescribeSpeedup) under the noise measured on this machine:

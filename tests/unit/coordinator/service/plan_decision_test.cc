@@ -1,6 +1,8 @@
 #include "coordinator/service/plan_decision.h"
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -406,5 +408,168 @@ TEST(PlanDecisionTest, MorePairsForWidth_StudentsTNarrowsFasterThanRootPairs) {
   EXPECT_EQ(MorePairsForWidth(Measured(4, 0.40, 0.01), 16), 12);
 }
 
+// -- a busy host --------------------------------------------------------------
+
+// `b` with every step's cpu_wait_share at `share`.
+StepBlock Waiting(StepBlock b, double share) {
+  b.cpu_wait_share.assign(b.step_s.size(), share);
+  return b;
+}
+
+// A B A B ... for `pairs` pairs, the pairs in `busy` run beside a CPU hog:
+// both blocks' wait share 0.20 (0.06 otherwise) and the candidate, whose
+// plan overlaps more communication and so loses more to the hog, 25%
+// slower there than the incumbent instead of `b_s / a_s` (the noise
+// bench's 12-03b demo job 3: a hog kept the plan that was slower quietly).
+std::vector<StepBlock> HogInSomePairs(double a_s, double b_s, int pairs,
+                                      const std::vector<int>& busy) {
+  std::vector<StepBlock> blocks;
+  for (int i = 0; i < pairs; ++i) {
+    const bool hog = std::find(busy.begin(), busy.end(), i) != busy.end();
+    const double share = hog ? 0.20 : 0.06;
+    blocks.push_back(Waiting(Block(1, hog ? a_s * 1.5 : a_s), share));
+    blocks.push_back(Waiting(Block(2, hog ? a_s * 1.5 * 1.25 : b_s), share));
+  }
+  return blocks;
+}
+
+CompareOptions WithThresholds(double threshold) {
+  CompareOptions o;
+  o.busy_wait_share = {{1, threshold}, {2, threshold}};
+  return o;
+}
+
+TEST(PlanDecisionTest, BusyPairs_LeftOutOfTheRatio) {
+  // Quietly the candidate is 10% faster; in 3 of 7 pairs a hog makes it
+  // 25% slower. Counted, those pairs undo the verdict; left out (the
+  // blocks' wait share 0.20 is above the 0.12 a quiet 0.06 allows), the
+  // quiet pairs decide it.
+  const std::vector<StepBlock> blocks =
+      HogInSomePairs(1.0, 0.9, 7, {1, 3, 5});
+  const ComparisonDecision counted =
+      DecideInterleaved(blocks, 1, 2, CompareOptions{});
+  EXPECT_NE(counted.verdict, Verdict::kCandidateFaster);
+  EXPECT_EQ(counted.busy.pairs, 0);
+
+  const ComparisonDecision d = DecideInterleaved(blocks, 1, 2, WithThresholds(0.12));
+  EXPECT_EQ(d.verdict, Verdict::kCandidateFaster);
+  ASSERT_TRUE(d.interval.has_value());
+  EXPECT_EQ(d.interval->pairs, 4);
+  EXPECT_EQ(d.interval->busy_pairs, 3);
+  EXPECT_EQ(d.interval->busy_steps, 30);  // 5 counted steps a block
+  EXPECT_EQ(d.busy.pairs, 3);
+  EXPECT_NEAR(d.interval->ratio, 0.9, 0.01);
+  // A threshold above the hog's share leaves nothing out.
+  EXPECT_EQ(DecideInterleaved(blocks, 1, 2, WithThresholds(0.25)).busy.pairs, 0);
+}
+
+TEST(PlanDecisionTest, BusyPairs_OneBusyBlockLeavesItsPairOut) {
+  // The hog in the incumbent's block alone makes the candidate look 33%
+  // faster in that pair: a pair is left out when either block is busy.
+  std::vector<StepBlock> blocks;
+  for (int i = 0; i < 4; ++i) {
+    const bool hog = i == 2;
+    blocks.push_back(Waiting(Block(1, hog ? 1.5 : 1.0), hog ? 0.3 : 0.06));
+    blocks.push_back(Waiting(Block(2, 1.0), 0.06));
+  }
+  const std::optional<RatioInterval> r =
+      InterleavedRatio(blocks, 1, 2, WithThresholds(0.12));
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->pairs, 3);
+  EXPECT_EQ(r->busy_pairs, 1);
+  EXPECT_NEAR(r->ratio, 1.0, 0.005);
+}
+
+TEST(PlanDecisionTest, SteadyHog_EndsTheComparisonUndecided) {
+  // Every block busy: no pair counts, and after max_busy_pairs (6) the
+  // comparison is inconclusive (the incumbent runs on) instead of
+  // alternating for ever or deciding on what the hog favours.
+  CompareOptions o = WithThresholds(0.12);
+  ASSERT_EQ(o.max_busy_pairs, 6);
+  const ComparisonDecision five =
+      DecideInterleaved(HogInSomePairs(1.0, 0.9, 5, {0, 1, 2, 3, 4}), 1, 2, o);
+  EXPECT_EQ(five.verdict, Verdict::kMeasureMore);
+  EXPECT_FALSE(five.interval.has_value());
+  EXPECT_EQ(five.busy.pairs, 5);
+  const ComparisonDecision six = DecideInterleaved(
+      HogInSomePairs(1.0, 0.9, 6, {0, 1, 2, 3, 4, 5}), 1, 2, o);
+  EXPECT_EQ(six.verdict, Verdict::kInconclusive);
+  EXPECT_FALSE(six.keep_candidate());
+}
+
+TEST(PlanDecisionTest, BusyPairs_UnmeasuredBlocksAreNotJudged) {
+  // No wait share (a worker that does not report it, or steps stored
+  // before it existed), or one missing in most of the block's counted
+  // steps: the block counts as before.
+  std::vector<StepBlock> blocks = Interleaved(1.0, 0.85, 3);
+  EXPECT_EQ(DecideInterleaved(blocks, 1, 2, WithThresholds(0.12)).verdict,
+            Verdict::kCandidateFaster);
+  for (StepBlock& b : blocks) {
+    b.cpu_wait_share.assign(b.step_s.size(), -1);
+    b.cpu_wait_share[1] = 0.5;  // one of five counted steps measured
+  }
+  const ComparisonDecision d = DecideInterleaved(blocks, 1, 2, WithThresholds(0.12));
+  EXPECT_EQ(d.verdict, Verdict::kCandidateFaster);
+  EXPECT_EQ(d.busy.pairs, 0);
+  // A version without a threshold (too few measured steps) has no busy
+  // block.
+  CompareOptions only_incumbent;
+  only_incumbent.busy_wait_share = {{1, 0.12}};
+  const std::vector<StepBlock> hog = HogInSomePairs(1.0, 0.9, 3, {0});
+  std::vector<StepBlock> candidate_busy_only = hog;
+  candidate_busy_only[0] = Waiting(candidate_busy_only[0], 0.06);
+  EXPECT_EQ(BusyPairs(candidate_busy_only, 1, 2, only_incumbent).pairs, 0);
+  EXPECT_EQ(BusyPairs(hog, 1, 2, only_incumbent).pairs, 1);
+}
+
+TEST(PlanDecisionTest, HostContention_LearnsEachVersionsQuietLevel) {
+  HostContention h;
+  // Too few steps: no block of the version is busy.
+  for (int i = 0; i < HostContention::kMinSteps - 1; ++i) h.Record(1, 0.06);
+  EXPECT_TRUE(std::isinf(h.BusyThreshold(1)));
+  EXPECT_TRUE(h.Thresholds().empty());
+  h.Record(1, 0.06);
+  // Twice the quiet level, at least 0.05 above it.
+  EXPECT_NEAR(h.BusyThreshold(1), 0.12, 1e-12);
+  // The quiet level is a low quantile: a hog in most steps leaves it.
+  for (int i = 0; i < 20; ++i) h.Record(1, 0.23);
+  EXPECT_NEAR(h.BusyThreshold(1), 0.12, 1e-12);
+  // Unmeasured steps are ignored.
+  h.Record(1, -1);
+  h.Record(1, std::nan(""));
+  EXPECT_NEAR(h.BusyThreshold(1), 0.12, 1e-12);
+  // A plan whose own communication threads keep its compute thread
+  // waiting more has its own, higher level.
+  for (int i = 0; i < 10; ++i) h.Record(2, 0.10);
+  EXPECT_NEAR(h.BusyThreshold(2), 0.20, 1e-12);
+  EXPECT_EQ(h.Thresholds().size(), 2u);
+  h.Forget(2);
+  EXPECT_TRUE(std::isinf(h.BusyThreshold(2)));
+  // Only the last kWindow steps: a host that got busier for good becomes
+  // the quiet level.
+  for (int i = 0; i < HostContention::kWindow; ++i) h.Record(1, 0.2);
+  EXPECT_NEAR(h.BusyThreshold(1), 0.4, 1e-12);
+}
+
+TEST(PlanDecisionTest, Speedup_SaysWhatWasLeftOut) {
+  CompareOptions o = WithThresholds(0.12);
+  const std::vector<StepBlock> blocks = HogInSomePairs(1.27, 1.0, 6, {2});
+  const Speedup s = DescribeSpeedup(InterleavedRatio(blocks, 1, 2, o), "b");
+  ASSERT_TRUE(s.measured());
+  EXPECT_EQ(s.busy_steps, 10);
+  EXPECT_THAT(s.text, HasSubstr("over 50 steps (10 more left out: the host's "
+                                "CPUs were busy with other work)"));
+  // Nothing counted yet: the figure says why.
+  const std::vector<StepBlock> all = HogInSomePairs(1.27, 1.0, 2, {0, 1});
+  const Speedup none = DescribeSpeedup(InterleavedRatio(all, 1, 2, o), "b",
+                                       kMaxSpeedupWidth,
+                                       BusyPairs(all, 1, 2, o));
+  EXPECT_FALSE(none.measured());
+  EXPECT_THAT(none.text, HasSubstr("not measured yet"));
+  EXPECT_THAT(none.text, HasSubstr("20 steps in 2 block pairs left out: the "
+                                   "host's CPUs were busy with other work"));
+}
+
 }  // namespace
+
 }  // namespace tandem

@@ -75,6 +75,9 @@ void JobHistory::OnProgress(const std::string& job_id, int32_t rank,
     s.exposed_comm_s = std::max(s.exposed_comm_s, progress.exposed_comm_s());
     s.peak_bytes = std::max(s.peak_bytes, progress.peak_bytes());
     s.work = std::max(s.work, progress.work());
+    if (progress.has_cpu_wait_share()) {
+      s.cpu_wait_share = std::max(s.cpu_wait_share, progress.cpu_wait_share());
+    }
     const bool completed =
         static_cast<int32_t>(open.ranks.size()) >= job.world_size;
     if (completed) {

@@ -376,9 +376,9 @@ Speedup DescribeSpeedup(const std::optional<RatioInterval>& interval,
   const std::string left_out =
       busy.pairs > 0
           ? absl::StrFormat(
-                "; %d steps in %d block pairs left out: the host's CPUs were "
+                "; %d steps in %d block %s left out: the host's CPUs were "
                 "busy with other work",
-                busy.steps, busy.pairs)
+                busy.steps, busy.pairs, busy.pairs == 1 ? "pair" : "pairs")
           : std::string();
   if (!interval.has_value() || interval->ratio <= 0 || interval->low <= 0) {
     s.text = absl::StrFormat(
@@ -433,7 +433,7 @@ double HostContention::BusyThreshold(int64_t version) const {
     return std::numeric_limits<double>::infinity();
   }
   std::vector<double> v(it->second.begin(), it->second.end());
-  const size_t k = v.size() / 4;
+  const size_t k = v.size() / 10;
   std::nth_element(v.begin(), v.begin() + k, v.end());
   const double quiet = v[k];
   return std::max(kBusyFactor * quiet, quiet + kBusyMargin);

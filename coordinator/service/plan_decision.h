@@ -107,8 +107,9 @@ struct StepBlock {
 // ran (coordinator/README.md, "A busy host"). The quiet level is the
 // host's and the plan's own (what a rank's own threads cost each other:
 // about 0.06 on a 2-core host, more for a plan with busier communication
-// threads), so it is learned per version from the job's steps: the 25th
-// percentile of the version's last kWindow measured steps. A block is busy
+// threads), so it is learned per version from the job's steps: the 10th
+// percentile of the version's last kWindow measured steps (a hog must
+// take nine in ten of them to become the quiet level). A block is busy
 // above max(kBusyFactor x that level, that level + kBusyMargin); on a
 // 2-core host half a core of hog read 0.16 and 0.9 of one 0.23 against
 // 0.06 quiet (bench/README.md, "A signal for the CPU hog").

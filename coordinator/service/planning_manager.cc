@@ -522,6 +522,7 @@ void PlanningManager::RecoverEvidenceLocked(
   for (const StoredStep& step : steps) {
     state.work.Record(step.schedule_version, step.iteration_s,
                       static_cast<double>(step.work));
+    state.contention.Record(step.schedule_version, step.cpu_wait_share);
     state.max_step = std::max(state.max_step, step.step);
     if (step.schedule_version == kLeastMemoryVersion) continue;
     const double at_reference = state.work.ToReference(
@@ -531,16 +532,20 @@ void PlanningManager::RecoverEvidenceLocked(
     }
     if (state.comparison.has_value() &&
         step.step >= state.schedules.back().effective_step) {
-      state.comparison->Add(step.schedule_version, step.step, at_reference);
+      state.comparison->Add(step.schedule_version, step.step, at_reference,
+                            step.cpu_wait_share);
     }
     if (carried.has_value() && step.step >= carried_from &&
         step.step < carried_to) {
-      carried->Add(step.schedule_version, step.step, at_reference);
+      carried->Add(step.schedule_version, step.step, at_reference,
+                   step.cpu_wait_share);
     }
   }
   if (carried.has_value()) {
+    CompareOptions options;
+    options.busy_wait_share = state.contention.Thresholds();
     std::optional<RatioInterval> r = InterleavedRatio(
-        carried->blocks, 0, carried->candidate, CompareOptions{});
+        carried->blocks, 0, carried->candidate, options);
     state.comparison->Continue(carried->candidate, std::move(carried->blocks),
                                r.has_value() ? r->pairs : 0);
   }
@@ -697,10 +702,13 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
   absl::MutexLock lock(&mu_);
   JobPlanning& state = State(job_id, *job);
   state.max_step = std::max(state.max_step, progress.step());
-  auto& [slowest, peak, ranks, work] = state.steps[progress.step()];
+  auto& [slowest, peak, ranks, work, wait] = state.steps[progress.step()];
   slowest = std::max(slowest, progress.iteration_s());
   peak = std::max(peak, progress.peak_bytes());
   work = std::max(work, progress.work());
+  if (progress.has_cpu_wait_share()) {
+    wait = std::max(wait, progress.cpu_wait_share());
+  }
   if (++ranks < state.spec.parallel().world_size()) return;
   // With variable-length batches, what the step would have taken at the
   // reference work: every comparison below is at that one work.
@@ -710,6 +718,8 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
       state.work.ToReference(slowest, static_cast<double>(work));
   const double measured_s = slowest;  // as measured, for the metric
   const int64_t measured_peak = peak;
+  const double cpu_wait_share = wait;
+  state.contention.Record(progress.schedule_version(), cpu_wait_share);
   state.steps.erase(state.steps.begin(),
                     std::next(state.steps.find(progress.step())));
   if (metrics_ != nullptr) {
@@ -731,7 +741,7 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
   if (state.comparison.has_value()) {
     const int64_t compared = state.comparison->candidate;
     if (CompareLocked(job_id, state, progress.schedule_version(),
-                      progress.step(), measured)) {
+                      progress.step(), measured, cpu_wait_share)) {
       if (state.comparison.has_value() &&
           state.comparison->candidate == compared) {
         WatchComparisonLocked(job_id, state, progress.schedule_version(),
@@ -901,9 +911,10 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
 
 bool PlanningManager::CompareLocked(const std::string& job_id,
                                     JobPlanning& state, int64_t version,
-                                    int64_t step, double seconds) {
+                                    int64_t step, double seconds,
+                                    double cpu_wait_share) {
   JobPlanning::Comparison& c = *state.comparison;
-  if (!c.Add(version, step, seconds)) return false;
+  if (!c.Add(version, step, seconds, cpu_wait_share)) return false;
   if (c.baseline_pairs > 0) {
     MeasureBaselineLocked(job_id, state, version, step);
     return true;
@@ -912,7 +923,8 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
   const CompareOptions options = CompareOptionsLocked(state);
   const ComparisonDecision decision =
       DecideInterleaved(c.blocks, c.incumbent, c.candidate, options);
-  if (!decision.done() || !decision.interval.has_value()) return true;
+  // A verdict without an interval is a steady hog's inconclusive one.
+  if (!decision.done()) return true;
   ApplyVerdictLocked(job_id, state, step, decision, options);
   return true;
 }
@@ -921,6 +933,7 @@ CompareOptions PlanningManager::CompareOptionsLocked(const JobPlanning& state) {
   const JobPlanning::Comparison& c = *state.comparison;
   CompareOptions options;
   options.min_gain = MinGain(state.spec);
+  options.busy_wait_share = state.contention.Thresholds();
   // A promising comparison measures on past max_pairs in at most half the
   // steps the job had left when it began, as a baseline check does: a
   // short job keeps most of its steps for the plan it settles on.
@@ -939,7 +952,18 @@ void PlanningManager::ApplyVerdictLocked(const std::string& job_id,
                                          const ComparisonDecision& decision,
                                          const CompareOptions& options) {
   const JobPlanning::Comparison& c = *state.comparison;
-  const RatioInterval& r = *decision.interval;
+  // No interval only when every pair was left out as busy (a steady hog:
+  // inconclusive, DecideInterleaved).
+  const RatioInterval r = decision.interval.value_or(RatioInterval{});
+  // The pairs left out, said with the verdict.
+  const std::string busy =
+      decision.busy.pairs > 0
+          ? absl::StrFormat(
+                "; %d block %s (%d steps) left out: the host's CPUs were "
+                "busy with other work",
+                decision.busy.pairs, decision.busy.pairs == 1 ? "pair" : "pairs",
+                decision.busy.steps)
+          : std::string();
   const int64_t candidate = c.candidate;
   const int64_t incumbent = c.incumbent;
   std::optional<v1::Schedule> candidate_schedule;
@@ -995,10 +1019,17 @@ void PlanningManager::ApplyVerdictLocked(const std::string& job_id,
           100 * options.min_gain, incumbent, incumbent);
       break;
     default: {
-      verdict = absl::StrFormat(
-          "inconclusive after %d block pairs (the interval spans both sides "
-          "of optimize.min_gain %.0f%%); back to v%d's schedule",
-          r.pairs, 100 * options.min_gain, incumbent);
+      verdict =
+          decision.interval.has_value()
+              ? absl::StrFormat(
+                    "inconclusive after %d block pairs (the interval spans "
+                    "both sides of optimize.min_gain %.0f%%); back to v%d's "
+                    "schedule",
+                    r.pairs, 100 * options.min_gain, incumbent)
+              : absl::StrFormat(
+                    "inconclusive: no block pair measured on a quiet host; "
+                    "back to v%d's schedule",
+                    incumbent);
       // Trials back off; a check is not a trial (the next one comes only
       // from another plan found behind, or another drift).
       if (trial) {
@@ -1044,15 +1075,22 @@ void PlanningManager::ApplyVerdictLocked(const std::string& job_id,
   }
   (void)jobs_->RecordEvent(
       job_id, PlanReasonName(ComparisonReason(kind)),
-      absl::StrFormat(
-          "%s v%d (%s) against v%d, interleaved in blocks of %d steps (%d "
-          "block pairs; %d steps of v%d, %d of v%d counted, each block's "
-          "first left out): v%d/v%d = %.3f (%.3f-%.3f, %.0f%% interval) at "
-          "step %d: %s",
-          ComparisonName(kind), candidate, source, incumbent,
-          kComparisonBlockSteps, r.pairs, r.candidate_steps, candidate,
-          r.incumbent_steps, incumbent, candidate, incumbent, r.ratio, r.low,
-          r.high, 100 * options.confidence, step, verdict));
+      decision.interval.has_value()
+          ? absl::StrFormat(
+                "%s v%d (%s) against v%d, interleaved in blocks of %d steps "
+                "(%d block pairs; %d steps of v%d, %d of v%d counted, each "
+                "block's first left out%s): v%d/v%d = %.3f (%.3f-%.3f, %.0f%% "
+                "interval) at step %d: %s",
+                ComparisonName(kind), candidate, source, incumbent,
+                kComparisonBlockSteps, r.pairs, r.candidate_steps, candidate,
+                r.incumbent_steps, incumbent, busy, candidate, incumbent,
+                r.ratio, r.low, r.high, 100 * options.confidence, step,
+                verdict)
+          : absl::StrFormat(
+                "%s v%d (%s) against v%d, interleaved in blocks of %d steps "
+                "(no block pair counted%s) at step %d: %s",
+                ComparisonName(kind), candidate, source, incumbent,
+                kComparisonBlockSteps, busy, step, verdict));
   state.judged.insert(candidate);
   state.comparison.reset();
   state.pending_reason.reset();
@@ -1095,12 +1133,18 @@ void PlanningManager::MeasureBaselineLocked(const std::string& job_id,
                           c.blocks.back().step_s.size() >
                               static_cast<size_t>(2 * kComparisonBlockSteps);
   std::optional<RatioInterval> r;
+  BusyCount busy;
+  CompareOptions options;
+  options.busy_wait_share = state.contention.Thresholds();
   if (c.closed_block || alone_long) {
-    r = InterleavedRatio(c.blocks, c.incumbent, c.candidate, CompareOptions{});
+    r = InterleavedRatio(c.blocks, c.incumbent, c.candidate, options);
+    busy = BusyPairs(c.blocks, c.incumbent, c.candidate, options);
   }
-  // Every pair in and the plan running on by itself.
-  const bool all_in = r.has_value() &&
-                      r->pairs >= c.baseline_pairs + c.carried_pairs &&
+  // Every pair in (those left out as busy too: the ranks alternate for the
+  // pairs the update asked) and the plan running on by itself.
+  const bool all_in = (c.closed_block || alone_long) &&
+                      (r.has_value() ? r->pairs : 0) + busy.pairs >=
+                          c.baseline_pairs + c.carried_pairs &&
                       version == c.candidate;
   if (!all_in && !alone_long) {
     // How far the check is, in the job's outcome.
@@ -1111,23 +1155,31 @@ void PlanningManager::MeasureBaselineLocked(const std::string& job_id,
   JobPlanning::Comparison ended = std::move(*state.comparison);
   state.comparison.reset();
   state.speedup_version = checked;
-  state.speedup = DescribeSpeedup(r, BaselineBasis(state.spec));
+  state.speedup =
+      DescribeSpeedup(r, BaselineBasis(state.spec), kMaxSpeedupWidth, busy);
   // Too wide for a figure: measured on once, for as many more pairs as the
   // width asks (MorePairsForWidth), when they fit in half the steps the job
   // has left (a check's blocks alternate with the slower baseline) and are
   // at least two; pooled with these pairs. Never a continuation's
   // continuation: at most one version more per check. Nor after a drift
   // seen during the check: the plan runs alone, and the detector tells
-  // whether the change lasts.
+  // whether the change lasts. Pairs left out because the host was busy
+  // are measured again the same way (at least two).
   int more = 0;
   const auto rerun = state.rollbacks.find(checked);
-  if (!state.speedup.measured() && r.has_value() && r->pairs >= 2 &&
+  const bool two_counted = r.has_value() && r->pairs >= 2;
+  if (!state.speedup.measured() && (two_counted || busy.pairs > 0) &&
       ended.continues < 0 && rerun != state.rollbacks.end() && !state.queued &&
       !state.pending_reason.has_value() && state.drift_seen_level_s <= 0) {
     const int64_t fit =
         PairsInHalfTheStepsLeft(state.spec, step + kSwitchLeadSteps);
-    more = static_cast<int>(
-        std::min<int64_t>(MorePairsForWidth(*r, kMaxBaselinePairs), fit));
+    int want = busy.pairs > 0 ? std::max(2, busy.pairs) : 0;
+    if (two_counted) {
+      want = std::max(want, MorePairsForWidth(*r, kMaxBaselinePairs));
+    }
+    more = static_cast<int>(std::min<int64_t>(
+        {static_cast<int64_t>(want), fit,
+         static_cast<int64_t>(kMaxBaselinePairs)}));
   }
   if (more >= 2) {
     state.speedup.text += absl::StrFormat(
@@ -1150,8 +1202,11 @@ void PlanningManager::MeasureBaselineLocked(const std::string& job_id,
     state.drift_seen_level_s = 0;
   }
   if (more >= 2) {
+    // The carried pairs: those counted and those left out, which the
+    // pooled check's blocks hold too.
     state.baseline_continuation = JobPlanning::BaselineContinuation{
-        checked, r->pairs, more, std::move(ended.blocks)};
+        checked, (r.has_value() ? r->pairs : 0) + busy.pairs, more,
+        std::move(ended.blocks)};
     state.rollback_to = rerun->second;
     QueueLocked(job_id, state, PlanReason::kBaselineCheck);
   }
@@ -2024,8 +2079,8 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
   if (why == PlanReason::kBaselineCheck && continuation.has_value()) {
     alternated = absl::StrFormat(
         "; alternated with the baseline (v0) for %d more block pairs of %d "
-        "steps, pooled with v%d's %d (their interval was wider than %.0f%%), "
-        "then it runs on",
+        "steps, pooled with v%d's %d (their interval was wider than %.0f%%, "
+        "or pairs were left out while the host was busy), then it runs on",
         check_pairs, kComparisonBlockSteps, continuation->of,
         continuation->pairs, 100 * kMaxSpeedupWidth);
   } else if (why == PlanReason::kBaselineCheck) {

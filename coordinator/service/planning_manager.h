@@ -299,7 +299,8 @@ class PlanningManager final : public WorkerEventListener {
       // Adds a step to the block it ran in (a new block when the version
       // changed or a step is missing), from the candidate's first step on;
       // false, adding nothing, for a step of another version.
-      bool Add(int64_t version, int64_t step, double seconds) {
+      bool Add(int64_t version, int64_t step, double seconds,
+               double cpu_wait_share = -1) {
         closed_block = false;
         if (version != candidate && version != incumbent) return false;
         // The incumbent's steps before the switch: no block of the
@@ -312,6 +313,7 @@ class PlanningManager final : public WorkerEventListener {
           blocks.push_back({version, {}});
         }
         blocks.back().step_s.push_back(seconds);
+        blocks.back().cpu_wait_share.push_back(cpu_wait_share);
         closed_block =
             closed_block || blocks.back().step_s.size() ==
                                 static_cast<size_t>(kComparisonBlockSteps);
@@ -362,9 +364,21 @@ class PlanningManager final : public WorkerEventListener {
     std::optional<Speedup> cached_speedup;
     // The cache was looked up (once the graph and every device are known).
     bool cache_checked = false;
-    // step -> (slowest iteration_s, largest peak, ranks reported, largest
-    // work).
-    std::map<int64_t, std::tuple<double, int64_t, int, int64_t>> steps;
+    // A step while its ranks report: the slowest iteration_s, the largest
+    // peak, the ranks reported, the largest work and the largest
+    // cpu_wait_share (-1: no rank measured it).
+    struct StepSoFar {
+      double slowest = 0;
+      int64_t peak = 0;
+      int ranks = 0;
+      int64_t work = 0;
+      double cpu_wait_share = -1;
+    };
+    std::map<int64_t, StepSoFar> steps;
+    // Each version's quiet level of cpu_wait_share, from its steps: what
+    // tells the comparisons' blocks measured on a busy host
+    // (HostContention; coordinator/README.md, "A busy host").
+    HostContention contention;
     // Step times scaled to one work (variable-length batches): what the
     // drift detector, the rollback evidence and the outcome compare.
     WorkScale work;
@@ -389,9 +403,11 @@ class PlanningManager final : public WorkerEventListener {
   // A step of the comparison's candidate or incumbent (`version`): added to
   // its blocks; once DecideInterleaved decides, the winner's plan is queued
   // ("kept" or "rollback") and the comparison ends. Returns whether the step
-  // belonged to the comparison (nothing else judges it). Requires mu_.
+  // belonged to the comparison (nothing else judges it). `cpu_wait_share`:
+  // the step's (-1: not measured). Requires mu_.
   bool CompareLocked(const std::string& job_id, JobPlanning& state,
-                     int64_t version, int64_t step, double seconds)
+                     int64_t version, int64_t step, double seconds,
+                     double cpu_wait_share)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A baseline check's step (CompareLocked): once its block pairs are in
   // and the plan runs on by itself, what it bought becomes the job's

@@ -645,6 +645,14 @@ absl::Status WorkerManager::OnMessage(int64_t session,
                          " has a negative or non-finite step, time, exposed "
                          "communication, peak or work"));
       }
+      if (p.has_cpu_wait_share() &&
+          !(p.cpu_wait_share() >= 0 && p.cpu_wait_share() <= 1)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "progress from rank ", rank, " has cpu_wait_share ",
+            p.cpu_wait_share(),
+            ": a share of the step's wall time is in [0, 1] (leave it unset "
+            "when not measured)"));
+      }
       bool all_done = false;
       int64_t total = 0;
       {

@@ -24,10 +24,11 @@ namespace tandem {
 namespace {
 
 // 2: workers.device_memory_bytes (a version-1 file is migrated on open).
+// 3: steps.work. 4: steps.cpu_wait_share.
 // Tables added since (steps, rank_windows) are created on open like the
 // others: a file from before them just has no history yet, and an older
 // coordinator ignores them.
-constexpr int kSchemaVersion = 3;
+constexpr int kSchemaVersion = 4;
 
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS jobs (
@@ -79,6 +80,7 @@ CREATE TABLE IF NOT EXISTS steps (
   exposed_comm_s REAL NOT NULL,
   peak_bytes INTEGER NOT NULL,
   work INTEGER NOT NULL DEFAULT 0,
+  cpu_wait_share REAL NOT NULL DEFAULT -1,
   PRIMARY KEY (job_id, step)
 );
 CREATE TABLE IF NOT EXISTS timelines (
@@ -382,9 +384,10 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(
         "; point --db at a Tandem database or a new file"));
   }
   const int64_t found = *row ? version.Int(0) : 0;
-  if (found == 1 || found == 2) {
-    // Each column came with a version; older databases get it as 0,
-    // unknown: a worker's device memory (2), a step's work (3).
+  if (found >= 1 && found < kSchemaVersion) {
+    // Each column came with a version; older databases get it as unknown:
+    // a worker's device memory (2) and a step's work (3) as 0, a step's
+    // cpu_wait_share (4) as -1.
     // A table the database does not have yet comes whole from kSchema.
     struct Migration {
       int64_t version;
@@ -397,7 +400,10 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(
                     "INTEGER NOT NULL DEFAULT 0;"},
           Migration{3, "steps",
                     "ALTER TABLE steps ADD COLUMN work INTEGER NOT NULL "
-                    "DEFAULT 0;"}}) {
+                    "DEFAULT 0;"},
+          Migration{4, "steps",
+                    "ALTER TABLE steps ADD COLUMN cpu_wait_share REAL NOT "
+                    "NULL DEFAULT -1;"}}) {
       if (found >= m.version) continue;
       Statement table(db,
                       "SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
@@ -822,7 +828,8 @@ absl::Status JobStore::PutSteps(absl::string_view job_id,
     Statement stmt(db_,
                    "INSERT OR REPLACE INTO steps (job_id, step, "
                    "schedule_version, loss, iteration_s, exposed_comm_s, "
-                   "peak_bytes, work) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
+                   "peak_bytes, work, cpu_wait_share) VALUES (?, ?, ?, ?, ?, "
+                   "?, ?, ?, ?)");
     if (!stmt.status().ok()) return stmt.status();
     for (const StoredStep& s : steps) {
       stmt.Bind(1, job_id)
@@ -832,7 +839,8 @@ absl::Status JobStore::PutSteps(absl::string_view job_id,
           .Bind(5, s.iteration_s)
           .Bind(6, s.exposed_comm_s)
           .Bind(7, s.peak_bytes)
-          .Bind(8, s.work);
+          .Bind(8, s.work)
+          .Bind(9, s.cpu_wait_share);
       if (absl::Status st = Done(stmt); !st.ok()) return st;
       if (absl::Status st = stmt.Reset(); !st.ok()) return st;
     }
@@ -850,8 +858,8 @@ absl::StatusOr<std::vector<StoredStep>> JobStore::LoadSteps(
   std::lock_guard<std::mutex> lock(mu_);
   Statement stmt(db_,
                  "SELECT step, schedule_version, loss, iteration_s, "
-                 "exposed_comm_s, peak_bytes, work FROM steps WHERE job_id = ? "
-                 "ORDER BY step");
+                 "exposed_comm_s, peak_bytes, work, cpu_wait_share FROM steps "
+                 "WHERE job_id = ? ORDER BY step");
   if (!stmt.status().ok()) return stmt.status();
   stmt.Bind(1, job_id);
   std::vector<StoredStep> out;
@@ -860,7 +868,7 @@ absl::StatusOr<std::vector<StoredStep>> JobStore::LoadSteps(
     if (!row.ok()) return row.status();
     if (!*row) break;
     out.push_back({stmt.Int(0), stmt.Int(1), stmt.Number(2), stmt.Real(3),
-                   stmt.Real(4), stmt.Int(5), stmt.Int(6)});
+                   stmt.Real(4), stmt.Int(5), stmt.Int(6), stmt.Real(7)});
   }
   return out;
 }

@@ -59,6 +59,9 @@ struct StoredStep {
   int64_t peak_bytes = 0;
   // The largest work of any rank (IterationProgress.work); 0: not reported.
   int64_t work = 0;
+  // The largest cpu_wait_share of any rank that measured it
+  // (IterationProgress.cpu_wait_share); -1: none did.
+  double cpu_wait_share = -1;
 };
 
 // One rank's profile window in brief (coordinator/report/job_history.h).

@@ -21,6 +21,7 @@
 #include "torch/csrc/autograd/autograd.h"
 #include "torch/csrc/autograd/custom_function.h"
 #include "torch/custom_class.h"
+#include "worker/runtime/cpu_wait.h"
 #include "worker/runtime/glue_op.h"
 #include "worker/runtime/torch_status.h"
 
@@ -1017,6 +1018,8 @@ absl::StatusOr<StepStats> Executor::RunStep(
 absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
                                    StepStats* stats) {
   const SteadyTime start = Now();
+  CpuWaitMeter cpu_wait;
+  cpu_wait.Begin();
   meter_->ResetPeak();
   // Nodes run on this thread; their own memory is what it allocates.
   meter_->MarkComputeThread();
@@ -1153,6 +1156,7 @@ absl::Status Executor::RunStepImpl(absl::Span<const MicroBatch> batches,
   stats->skipped = skip;
   stats->loss_scaling = scaler_.enabled();
   stats->iteration_s = Since(start);
+  stats->cpu_wait_share = cpu_wait.EndShare(stats->iteration_s);
   stats->exposed_comm_s = it_->exposed_s;
   stats->peak_bytes = meter_->peak_bytes();
   stats->schedule_version = version;

@@ -134,6 +134,9 @@ struct StepStats {
   // variable-length batches it tells the coordinator's drift detection how
   // much work a step held (coordinator/README.md, "Variable work").
   int64_t work = 0;
+  // The share of iteration_s this (the compute) thread was runnable but
+  // waited for a CPU (worker/runtime/cpu_wait.h); -1: not measured.
+  double cpu_wait_share = -1;
 };
 
 // Checks that this runtime can execute `schedule` on `graph`: the graph hash

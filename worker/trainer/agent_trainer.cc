@@ -285,6 +285,7 @@ absl::Status Train(const AgentTrainerOptions& options, MemoryMeter* meter,
     progress.set_peak_bytes(s.peak_bytes);
     progress.set_schedule_version(s.schedule_version);
     progress.set_work(s.work);
+    if (s.cpu_wait_share >= 0) progress.set_cpu_wait_share(s.cpu_wait_share);
     if (s.loss_scaling) {
       progress.set_loss_scale(s.loss_scale);
       progress.set_skipped(s.skipped);

@@ -625,7 +625,11 @@ std::string StepJson(const StepStats& s, int rank) {
           ? absl::StrCat(",\"loss_scale\":", json(s.loss_scale),
                          ",\"skipped\":", s.skipped ? "true" : "false")
           : std::string(),
-      ",\"work\":", s.work, ",\"rank\":", rank, "}");
+      ",\"work\":", s.work,
+      s.cpu_wait_share >= 0
+          ? absl::StrCat(",\"cpu_wait_share\":", json(s.cpu_wait_share))
+          : std::string(),
+      ",\"rank\":", rank, "}");
 }
 
 }  // namespace tandem

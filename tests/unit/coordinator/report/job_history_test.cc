@@ -55,6 +55,27 @@ TEST_F(JobHistoryTest, OnProgress_EveryRankReported_SlowestTimeAndRank0Loss) {
   EXPECT_DOUBLE_EQ(s.iteration_s, 0.30);
   EXPECT_DOUBLE_EQ(s.exposed_comm_s, 0.07);
   EXPECT_EQ(s.peak_bytes, 900);
+  // Neither rank measured its wait share.
+  EXPECT_EQ(s.cpu_wait_share, -1);
+}
+
+TEST_F(JobHistoryTest, OnProgress_LargestWaitShareOfTheRanksThatMeasuredIt) {
+  v1::IterationProgress r0 = Progress(1, 5.0, 0.20, 0);
+  r0.set_cpu_wait_share(0.06);
+  v1::IterationProgress r1 = Progress(1, 5.0, 0.21, 0);
+  r1.set_cpu_wait_share(0.19);
+  history_->OnProgress(job_.id(), 0, r0);
+  history_->OnProgress(job_.id(), 1, r1);
+  // Step 2: rank 0 did not measure it, rank 1 did.
+  history_->OnProgress(job_.id(), 0, Progress(2, 5.0, 0.20, 0));
+  v1::IterationProgress measured = Progress(2, 5.0, 0.20, 0);
+  measured.set_cpu_wait_share(0.05);
+  history_->OnProgress(job_.id(), 1, measured);
+  absl::StatusOr<std::vector<StoredStep>> steps = history_->Steps(job_.id());
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  ASSERT_EQ(steps->size(), 2u);
+  EXPECT_DOUBLE_EQ((*steps)[0].cpu_wait_share, 0.19);
+  EXPECT_DOUBLE_EQ((*steps)[1].cpu_wait_share, 0.05);
 }
 
 TEST_F(JobHistoryTest, OnProgress_OneRankOnly_NoStepAndRepeatsNotCounted) {

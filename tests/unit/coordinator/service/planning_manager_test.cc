@@ -2656,5 +2656,118 @@ TEST_F(PlanningManagerTest, Stop_WhilePlanQueued_NoPublishAfterStop) {
   EXPECT_LE(store_->LoadSchedules(job_.id())->size(), 1u);
 }
 
+// -- a busy host ---------------------------------------------------------------
+
+// `Steps` with every rank's cpu_wait_share at `share`.
+void StepsWaiting(PlanningManager& planning, const std::string& job,
+                  int64_t first, int n, int64_t version, double seconds,
+                  double share) {
+  for (int64_t step = first; step < first + n; ++step) {
+    for (int r = 0; r < 2; ++r) {
+      v1::IterationProgress p;
+      p.set_step(step);
+      p.set_schedule_version(version);
+      p.set_iteration_s(seconds);
+      // Rank 1 waits more: the step's share is the larger.
+      p.set_cpu_wait_share(r == 1 ? share : share / 2);
+      planning.OnProgress(job, r, p);
+    }
+  }
+}
+
+// One block pair of the trial (v2) against v1 from `step`, quiet (wait
+// share 0.06) or beside a CPU hog (0.25): the hog slows the machine by 5%
+// and v2, whose plan overlaps more communication, by 25% more than v1.
+int64_t TrialPair(PlanningManager& planning, const std::string& job,
+                  int64_t step, double p, double v2_factor, bool hog) {
+  constexpr int kBlock = PlanningManager::kComparisonBlockSteps;
+  const double share = hog ? 0.25 : 0.06;
+  const double machine = hog ? 1.05 : 1.0;
+  StepsWaiting(planning, job, step, kBlock, 2,
+               p * machine * (hog ? 1.25 : v2_factor), share);
+  StepsWaiting(planning, job, step + kBlock, kBlock, 1, p * machine, share);
+  return step + 2 * kBlock;
+}
+
+// A trial 4% faster on a quiet host, 25% slower beside a hog in the pair
+// between: the hog's pair (its blocks' wait share well above the 0.06 the
+// two versions measured quietly) is left out, the quiet pairs decide, and
+// the verdict says what it left out. Counted, the hog's pair would have
+// kept the comparison undecided (and, under a longer hog, decided it the
+// hog's way: the noise bench's 12-03b demo job 3).
+TEST_F(PlanningManagerTest, Trial_BusyHostPairLeftOut_QuietPairsDecide) {
+  const double p = StartTrial();
+  ASSERT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  int64_t step = TrialPair(*planning_, job_.id(), 9, p, 0.96, false);
+  step = TrialPair(*planning_, job_.id(), step, p, 0.96, true);
+  planning_->Drain();
+  EXPECT_EQ(published_.size(), 2u);
+  step = TrialPair(*planning_, job_.id(), step, p, 0.96, false);
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 3u);
+  EXPECT_EQ(published_[2].schedule().provenance().reason(), "kept");
+  EXPECT_THAT(EventsOf(*jobs_, job_.id(), "trial").back(),
+              HasSubstr("(2 block pairs; 6 steps of v2, 6 of v1 counted, each "
+                        "block's first left out; 1 block pair (6 steps) left "
+                        "out: the host's CPUs were busy with other work): "
+                        "v2/v1 = 0.960 (0.960-0.960, 95% interval) at step 32: "
+                        "4.0% faster"));
+}
+
+// A hog that stays: after two quiet pairs that disagree, every pair is
+// left out, and after optimize's six such pairs the trial ends
+// inconclusive and v1 runs on, instead of alternating on or deciding what
+// the hog favours.
+TEST_F(PlanningManagerTest, Trial_SteadyHog_InconclusiveIncumbentKept) {
+  const double p = StartTrial();
+  ASSERT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  int64_t step = TrialPair(*planning_, job_.id(), 9, p, 0.9, false);
+  step = TrialPair(*planning_, job_.id(), step, p, 1.1, false);
+  for (int k = 0; k < 5; ++k) {
+    step = TrialPair(*planning_, job_.id(), step, p, 1.0, true);
+  }
+  planning_->Drain();
+  EXPECT_EQ(published_.size(), 2u);
+  step = TrialPair(*planning_, job_.id(), step, p, 1.0, true);
+  planning_->Drain();
+  ASSERT_EQ(published_.size(), 3u);
+  EXPECT_EQ(published_[2].schedule().provenance().reason(), "rollback");
+  EXPECT_THAT(EventsOf(*jobs_, job_.id(), "trial").back(),
+              AllOf(HasSubstr("(2 block pairs; 6 steps of v2, 6 of v1 "
+                              "counted, each block's first left out; 6 block "
+                              "pairs (36 steps) left out: the host's CPUs were "
+                              "busy with other work)"),
+                    HasSubstr("inconclusive after 2 block pairs")));
+}
+
+// A baseline check whose second pair ran beside a hog: the figure is not
+// given from the one quiet pair, says what was left out, and the check
+// measures on for two more pairs, pooled with these.
+TEST_F(PlanningManagerTest, BaselineCheck_BusyPair_LeftOutAndMeasuredAgain) {
+  const double p = StartBaselineCheck();
+  ASSERT_EQ(published_.size(), 2u);
+  planning_->OnScheduleActive(job_.id(), 2);
+  StepsWaiting(*planning_, job_.id(), 9, 4, 2, p, 0.06);
+  StepsWaiting(*planning_, job_.id(), 13, 4, 0, 1.25 * p, 0.06);
+  StepsWaiting(*planning_, job_.id(), 17, 4, 2, 1.05 * p * 1.3, 0.25);
+  StepsWaiting(*planning_, job_.id(), 21, 4, 0, 1.05 * 1.25 * p, 0.25);
+  StepsWaiting(*planning_, job_.id(), 25, 1, 2, p, 0.06);
+  planning_->Drain();
+  absl::StatusOr<v1::Job> job = jobs_->Get(job_.id());
+  EXPECT_DOUBLE_EQ(job->measured_speedup(), 0);
+  EXPECT_THAT(job->speedup_text(),
+              AllOf(HasSubstr("not measured yet (6 steps interleaved with the "
+                              "baseline"),
+                    HasSubstr("in one block pair; two are needed; 6 steps in 1 "
+                              "block pair left out: the host's CPUs were busy "
+                              "with other work)"),
+                    HasSubstr("measuring on for 2 more block pairs")));
+  ASSERT_EQ(published_.size(), 3u);
+  EXPECT_EQ(published_[2].schedule().provenance().reason(), "baseline-check");
+  EXPECT_EQ(published_[2].block_pairs(), 2);
+}
+
 }  // namespace
 }  // namespace tandem

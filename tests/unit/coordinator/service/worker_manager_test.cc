@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <optional>
 #include <string>
 #include <thread>
@@ -468,6 +469,15 @@ TEST_F(WorkerManagerTest, BadMessages_AreRejected) {
   bad.mutable_progress()->set_iteration_s(-1);
   EXPECT_EQ(workers_->OnMessage(s0, bad).code(),
             absl::StatusCode::kInvalidArgument);
+  // A wait share is a share of the step: in [0, 1], or unset.
+  for (const double share : {-0.1, 1.5, std::nan("")}) {
+    v1::WorkerMessage waits;
+    waits.mutable_progress()->set_iteration_s(0.3);
+    waits.mutable_progress()->set_cpu_wait_share(share);
+    const absl::Status s = workers_->OnMessage(s0, waits);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << share;
+    EXPECT_THAT(s.message(), HasSubstr("cpu_wait_share")) << share;
+  }
   EXPECT_TRUE(listener_.progress_steps.empty());
   workers_->CloseSession(s0);
   EXPECT_EQ(workers_->OnMessage(s0, empty).code(),

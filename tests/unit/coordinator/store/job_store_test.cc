@@ -197,6 +197,36 @@ TEST(JobStoreTest, Open_SchemaTwo_MigratesSteps) {
   EXPECT_DOUBLE_EQ((*steps)[0].loss, 2.5);
   EXPECT_EQ((*steps)[0].work, 0);
   EXPECT_EQ((*steps)[1].work, 4096);
+  EXPECT_EQ((*steps)[0].cpu_wait_share, -1);
+}
+
+// Schema 3 had no wait share per step: its steps read as not measured (-1),
+// new ones keep theirs.
+TEST(JobStoreTest, Open_SchemaThree_MigratesSteps) {
+  const std::string path = TempDb("schema3.db");
+  WriteOldDatabase(path,
+                   "CREATE TABLE steps (job_id TEXT NOT NULL, step "
+                   "INTEGER NOT NULL, schedule_version INTEGER NOT "
+                   "NULL, loss REAL NOT NULL, iteration_s REAL NOT "
+                   "NULL, exposed_comm_s REAL NOT NULL, peak_bytes "
+                   "INTEGER NOT NULL, work INTEGER NOT NULL DEFAULT 0, "
+                   "PRIMARY KEY (job_id, step));"
+                   "INSERT INTO steps VALUES ('a', 1, 0, 2.5, 0.1, "
+                   "0, 7, 64);"
+                   "PRAGMA user_version=3;");
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  StoredStep two;
+  two.step = 2;
+  two.iteration_s = 0.2;
+  two.cpu_wait_share = 0.07;
+  ASSERT_TRUE((*store)->PutSteps("a", {two}).ok());
+  auto steps = (*store)->LoadSteps("a");
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  ASSERT_EQ(steps->size(), 2u);
+  EXPECT_EQ((*steps)[0].work, 64);
+  EXPECT_EQ((*steps)[0].cpu_wait_share, -1);
+  EXPECT_DOUBLE_EQ((*steps)[1].cpu_wait_share, 0.07);
 }
 
 // A diverged loss is history too: the steps are kept (SQLite turns a bound

@@ -79,6 +79,7 @@ struct Pair {
 // The median of a block's measured cpu_wait_share over its counted steps
 // (all but the first); negative when none was measured.
 double BlockWaitShare(const StepBlock& block) {
+  if (block.step_s.size() < 2) return -1;
   std::vector<double> shares;
   for (size_t i = 1; i < block.cpu_wait_share.size() && i < block.step_s.size();
        ++i) {

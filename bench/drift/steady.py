@@ -229,6 +229,19 @@ def paired_ratio(num, den, seed=0):
     return mid, low, high
 
 
+def wait_shares(paths):
+    """step -> the largest cpu_wait_share over the ranks that measured it
+    (the step lines' share of the step the compute thread waited for a CPU;
+    worker/runtime/cpu_wait.h); steps no rank measured are left out."""
+    out = {}
+    for p in paths:
+        for s in step_lines(p):
+            w = s.get("cpu_wait_share")
+            if w is not None:
+                out[s["step"]] = max(out.get(s["step"], 0.0), w)
+    return out
+
+
 def replans(events):
     """The coordinator's re-plans, [(reason, version, message)], and its drift
     detections [message]."""

@@ -237,14 +237,15 @@ def run_job(a, spec, condition, workdir, seed, tandem):
             if cached:
                 raise RuntimeError(f"the job started on a cached plan ({cached[0][:120]}): "
                                    f"{workdir} was not fresh")
-            per_step = steady.slowest_per_step(
-                [os.path.join(workdir, f"worker{r}.jsonl") for r in range(2)])
+            logs = [os.path.join(workdir, f"worker{r}.jsonl") for r in range(2)]
+            per_step = steady.slowest_per_step(logs)
+            shares = steady.wait_shares(logs)
             versions = sorted({v for _, v in per_step.values() if v >= 0})
             texts = {}
             for v in versions:
                 texts[v] = client.schedule(job.id, v).text
         return dict(job=job.id, final=final, events=events, per_step=per_step,
-                    texts=texts, flips=flips)
+                    texts=texts, flips=flips, wait_shares=shares)
     finally:
         if noise is not None:
             noise.stop()
@@ -517,6 +518,15 @@ def analyse(a, run, remeasured, reps):
         "link_flips": run["flips"],
         "state": final.state,
     }
+    # How busy the host was (the steps' cpu_wait_share, p10/median/p90),
+    # and the coordinator's verdicts that left block pairs out for it
+    # (coordinator/README.md, "A busy host").
+    shares = sorted(run.get("wait_shares", {}).values())
+    if shares:
+        row["cpu_wait_share"] = [round(shares[int(q * (len(shares) - 1))], 4)
+                                 for q in (0.1, 0.5, 0.9)]
+    row["busy_verdicts"] = [e.message for e in run.get("events", [])
+                            if "the host's CPUs were busy" in e.message]
     mode, got = remeasured
     if mode == "rounds":
         row["quiet_round_steps_s"] = {f"v{v}": [[round(t, 5) for t in r] for r in rs]

@@ -1206,7 +1206,7 @@ void PlanningManager::MeasureBaselineLocked(const std::string& job_id,
     // pooled check's blocks hold too.
     state.baseline_continuation = JobPlanning::BaselineContinuation{
         checked, (r.has_value() ? r->pairs : 0) + busy.pairs, more,
-        std::move(ended.blocks)};
+        std::move(ended.blocks), busy.pairs};
     state.rollback_to = rerun->second;
     QueueLocked(job_id, state, PlanReason::kBaselineCheck);
   }
@@ -2077,12 +2077,17 @@ void PlanningManager::PlanOne(const std::string& job_id, PlanReason why) {
         incumbent->version(), kComparisonBlockSteps);
   }
   if (why == PlanReason::kBaselineCheck && continuation.has_value()) {
+    const std::string why_more =
+        continuation->busy_pairs > 0
+            ? absl::StrFormat("%d of them left out while the host was busy",
+                              continuation->busy_pairs)
+            : absl::StrFormat("their interval was wider than %.0f%%",
+                              100 * kMaxSpeedupWidth);
     alternated = absl::StrFormat(
         "; alternated with the baseline (v0) for %d more block pairs of %d "
-        "steps, pooled with v%d's %d (their interval was wider than %.0f%%, "
-        "or pairs were left out while the host was busy), then it runs on",
+        "steps, pooled with v%d's %d (%s), then it runs on",
         check_pairs, kComparisonBlockSteps, continuation->of,
-        continuation->pairs, 100 * kMaxSpeedupWidth);
+        continuation->pairs, why_more);
   } else if (why == PlanReason::kBaselineCheck) {
     const int least = BaselinePairs(spec);
     alternated = absl::StrFormat(

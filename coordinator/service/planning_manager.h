@@ -345,6 +345,9 @@ class PlanningManager final : public WorkerEventListener {
       int pairs = 0;
       int more_pairs = 0;
       std::vector<StepBlock> blocks;
+      // Of `pairs`, those left out because the host was busy (what the
+      // check measures on for, when its interval was not too wide).
+      int busy_pairs = 0;
     };
     std::optional<BaselineContinuation> baseline_continuation;
     // The speedup over the baseline measured by the newest baseline check,

@@ -102,3 +102,14 @@ def test_t975_follows_the_table_and_then_the_normal():
     assert 2.060 < steady.t975(23) < 2.086  # between the table's 20 and 25
     assert steady.t975(40) == pytest.approx(2.021, abs=0.002)
     assert steady.t975(1000) == pytest.approx(1.962, abs=0.002)
+
+
+def test_wait_shares_take_the_busiest_rank_that_measured(tmp_path):
+    r0 = tmp_path / "worker0.jsonl"
+    r1 = tmp_path / "worker1.jsonl"
+    r0.write_text('{"step":0,"iteration_s":0.3,"schedule_version":0,"cpu_wait_share":0.06}\n'
+                  '{"step":1,"iteration_s":0.3,"schedule_version":0}\n'
+                  'not a step line\n')
+    r1.write_text('{"step":0,"iteration_s":0.3,"schedule_version":0,"cpu_wait_share":0.21}\n'
+                  '{"step":1,"iteration_s":0.3,"schedule_version":0}\n')
+    assert steady.wait_shares([str(r0), str(r1)]) == {0: 0.21}

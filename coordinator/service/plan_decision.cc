@@ -94,6 +94,13 @@ double BlockWaitShare(const StepBlock& block) {
 bool BlockBusy(const StepBlock& block, const CompareOptions& options) {
   auto it = options.busy_wait_share.find(block.version);
   if (it == options.busy_wait_share.end()) return false;
+  double counted_s = 0;
+  for (size_t i = 1; i < block.step_s.size(); ++i) {
+    if (block.step_s[i] > 0 && std::isfinite(block.step_s[i])) {
+      counted_s += block.step_s[i];
+    }
+  }
+  if (counted_s < options.min_judged_s) return false;
   const double share = BlockWaitShare(block);
   return share >= 0 && share > it->second;
 }
@@ -420,10 +427,13 @@ Speedup DescribeSpeedup(const std::optional<RatioInterval>& interval,
   return s;
 }
 
-void HostContention::Record(int64_t version, double share) {
-  if (!(share >= 0) || !std::isfinite(share)) return;
-  std::deque<double>& recent = recent_[version];
-  recent.push_back(share);
+void HostContention::Record(int64_t version, double share, double seconds) {
+  if (!(share >= 0) || !std::isfinite(share) || !(seconds > 0) ||
+      !std::isfinite(seconds)) {
+    return;
+  }
+  std::deque<std::pair<double, double>>& recent = recent_[version];
+  recent.emplace_back(share, seconds);
   if (recent.size() > static_cast<size_t>(kWindow)) recent.pop_front();
 }
 
@@ -433,10 +443,21 @@ double HostContention::BusyThreshold(int64_t version) const {
       it->second.size() < static_cast<size_t>(kMinSteps)) {
     return std::numeric_limits<double>::infinity();
   }
-  std::vector<double> v(it->second.begin(), it->second.end());
-  const size_t k = v.size() / 10;
-  std::nth_element(v.begin(), v.begin() + k, v.end());
-  const double quiet = v[k];
+  // Each group's wait over its wall time, in groups of kGroupSteps.
+  std::vector<double> groups;
+  const std::deque<std::pair<double, double>>& recent = it->second;
+  for (size_t i = 0; i + kGroupSteps <= recent.size(); i += kGroupSteps) {
+    double wait = 0;
+    double wall = 0;
+    for (size_t j = i; j < i + kGroupSteps; ++j) {
+      wait += recent[j].first * recent[j].second;
+      wall += recent[j].second;
+    }
+    groups.push_back(wait / wall);
+  }
+  const size_t k = groups.size() / 10;
+  std::nth_element(groups.begin(), groups.begin() + k, groups.end());
+  const double quiet = groups[k];
   return std::max(kBusyFactor * quiet, quiet + kBusyMargin);
 }
 

@@ -20,6 +20,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -108,22 +109,26 @@ struct StepBlock {
 // host's and the plan's own (what a rank's own threads cost each other:
 // about 0.06 on a 2-core host, more for a plan with busier communication
 // threads), so it is learned per version from the job's steps: the 10th
-// percentile of the version's last kWindow measured steps (a hog must
-// take nine in ten of them to become the quiet level). A block is busy
-// above max(kBusyFactor x that level, that level + kBusyMargin); on a
-// 2-core host half a core of hog read 0.16 and 0.9 of one 0.23 against
-// 0.06 quiet (bench/README.md, "A signal for the CPU hog").
+// percentile over the version's last kWindow measured steps, taken in
+// groups of kGroupSteps consecutive ones (the group's wait over its wall
+// time: one step's share is noisy; a 20 ms step reads anything from 0 to
+// 0.5 on a quiet host), so a hog must take nine in ten groups to become
+// the quiet level. A block is busy above max(kBusyFactor x that level,
+// that level + kBusyMargin); on a 2-core host half a core of hog read 0.16
+// and 0.9 of one 0.23 against 0.06 quiet (bench/README.md, "A signal for
+// the CPU hog").
 class HostContention {
  public:
   static constexpr int kWindow = 400;
-  // Steps of a version before it has a quiet level.
-  static constexpr int kMinSteps = 8;
+  static constexpr int kGroupSteps = 3;
+  // Steps of a version before it has a quiet level (four groups).
+  static constexpr int kMinSteps = 4 * kGroupSteps;
   static constexpr double kBusyFactor = 2.0;
   static constexpr double kBusyMargin = 0.05;
 
-  // A step of `version` measured at `share`; negative or not finite: not
-  // measured, ignored.
-  void Record(int64_t version, double share);
+  // A step of `version` of `seconds` measured at `share`; a negative or
+  // non-finite share, or a step of no time: not measured, ignored.
+  void Record(int64_t version, double share, double seconds);
   // The level above which a block of `version` is busy; infinity while the
   // version has fewer than kMinSteps measured steps (no block is busy).
   double BusyThreshold(int64_t version) const;
@@ -132,8 +137,11 @@ class HostContention {
   void Forget(int64_t version) { recent_.erase(version); }
 
  private:
-  std::map<int64_t, std::deque<double>> recent_;
+  // Per version, its last kWindow measured steps: (share, seconds).
+  std::map<int64_t, std::deque<std::pair<double, double>>> recent_;
 };
+
+inline constexpr double kMinJudgedBlockSeconds = 0.5;
 
 struct CompareOptions {
   // The smallest speedup worth a switch (optimize.min_gain).
@@ -164,6 +172,12 @@ struct CompareOptions {
   // Pairs left out as busy after which a comparison still undecided is
   // inconclusive: under a steady hog it would otherwise alternate on.
   int max_busy_pairs = 6;
+  // The least time a block's counted steps took for it to be judged busy:
+  // a shorter block's share is mostly the scheduler's granularity (on this
+  // host the demo's 20 ms steps read 0.00-0.55 with nothing else
+  // running), and is never judged. The e2e and noise-bench models' blocks
+  // take 0.5-1.2 s.
+  double min_judged_s = kMinJudgedBlockSeconds;
 };
 
 // Candidate over incumbent: the geometric mean over block pairs of each

@@ -280,6 +280,19 @@ void PlanningManager::SetProfileQuotas(int64_t max_held_bytes,
   max_stored_profile_bytes_ = max_stored_bytes;
 }
 
+void PlanningManager::SetMinJudgedBlockSeconds(double seconds) {
+  absl::MutexLock lock(&mu_);
+  min_judged_block_s_ = seconds;
+}
+
+CompareOptions PlanningManager::BusyOptionsLocked(
+    const JobPlanning& state) const {
+  CompareOptions options;
+  options.busy_wait_share = state.contention.Thresholds();
+  options.min_judged_s = min_judged_block_s_;
+  return options;
+}
+
 PlanningManager::JobPlanning& PlanningManager::State(const std::string& job_id,
                                                      const v1::Job& job) {
   auto it = state_.find(job_id);
@@ -522,7 +535,8 @@ void PlanningManager::RecoverEvidenceLocked(
   for (const StoredStep& step : steps) {
     state.work.Record(step.schedule_version, step.iteration_s,
                       static_cast<double>(step.work));
-    state.contention.Record(step.schedule_version, step.cpu_wait_share);
+    state.contention.Record(step.schedule_version, step.cpu_wait_share,
+                            step.iteration_s);
     state.max_step = std::max(state.max_step, step.step);
     if (step.schedule_version == kLeastMemoryVersion) continue;
     const double at_reference = state.work.ToReference(
@@ -542,8 +556,7 @@ void PlanningManager::RecoverEvidenceLocked(
     }
   }
   if (carried.has_value()) {
-    CompareOptions options;
-    options.busy_wait_share = state.contention.Thresholds();
+    const CompareOptions options = BusyOptionsLocked(state);
     std::optional<RatioInterval> r = InterleavedRatio(
         carried->blocks, 0, carried->candidate, options);
     state.comparison->Continue(carried->candidate, std::move(carried->blocks),
@@ -719,7 +732,8 @@ void PlanningManager::OnProgress(const std::string& job_id, int32_t rank,
   const double measured_s = slowest;  // as measured, for the metric
   const int64_t measured_peak = peak;
   const double cpu_wait_share = wait;
-  state.contention.Record(progress.schedule_version(), cpu_wait_share);
+  state.contention.Record(progress.schedule_version(), cpu_wait_share,
+                          measured_s);
   state.steps.erase(state.steps.begin(),
                     std::next(state.steps.find(progress.step())));
   if (metrics_ != nullptr) {
@@ -929,11 +943,11 @@ bool PlanningManager::CompareLocked(const std::string& job_id,
   return true;
 }
 
-CompareOptions PlanningManager::CompareOptionsLocked(const JobPlanning& state) {
+CompareOptions PlanningManager::CompareOptionsLocked(
+    const JobPlanning& state) const {
   const JobPlanning::Comparison& c = *state.comparison;
-  CompareOptions options;
+  CompareOptions options = BusyOptionsLocked(state);
   options.min_gain = MinGain(state.spec);
-  options.busy_wait_share = state.contention.Thresholds();
   // A promising comparison measures on past max_pairs in at most half the
   // steps the job had left when it began, as a baseline check does: a
   // short job keeps most of its steps for the plan it settles on.
@@ -1134,8 +1148,7 @@ void PlanningManager::MeasureBaselineLocked(const std::string& job_id,
                               static_cast<size_t>(2 * kComparisonBlockSteps);
   std::optional<RatioInterval> r;
   BusyCount busy;
-  CompareOptions options;
-  options.busy_wait_share = state.contention.Thresholds();
+  const CompareOptions options = BusyOptionsLocked(state);
   if (c.closed_block || alone_long) {
     r = InterleavedRatio(c.blocks, c.incumbent, c.candidate, options);
     busy = BusyPairs(c.blocks, c.incumbent, c.candidate, options);

@@ -129,6 +129,10 @@ class PlanningManager final : public WorkerEventListener {
   // aggregates kept in the store (the oldest go past it). Set before the
   // first report.
   void SetProfileQuotas(int64_t max_held_bytes, int64_t max_stored_bytes);
+  // The least time a comparison block's counted steps must take to be
+  // judged as run on a busy host (CompareOptions::min_judged_s; default
+  // kMinJudgedBlockSeconds). Tests with short synthetic steps lower it.
+  void SetMinJudgedBlockSeconds(double seconds);
   // No new plans from now on: queued ones are dropped, a running one finishes
   // and is persisted, or is abandoned when Stop() came first, and it is not
   // published. Returns once the planner thread has exited, so nothing is
@@ -438,7 +442,13 @@ class PlanningManager final : public WorkerEventListener {
   // The options a trial or a check is decided with (its min_gain, and
   // promising_max_pairs within half the steps the job had left). Requires
   // mu_.
-  static CompareOptions CompareOptionsLocked(const JobPlanning& state);
+  CompareOptions CompareOptionsLocked(const JobPlanning& state) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The options that judge a busy host's blocks (each version's quiet
+  // level, the least judged time), for a comparison or a check's figure.
+  // Requires mu_.
+  CompareOptions BusyOptionsLocked(const JobPlanning& state) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the comparison with `decision` (done, with an interval): the
   // verdict event, and the winner's plan queued ("kept" or "rollback").
   // Requires mu_.
@@ -518,6 +528,7 @@ class PlanningManager final : public WorkerEventListener {
 
   int64_t max_held_profile_bytes_ = ProfileAggregator::kDefaultMaxHeldBytes;
   int64_t max_stored_profile_bytes_ = JobStore::kDefaultMaxStoredProfileBytes;
+  double min_judged_block_s_ = kMinJudgedBlockSeconds;
   mutable absl::Mutex mu_;
   absl::CondVar work_;
   absl::CondVar idle_;

@@ -525,30 +525,58 @@ TEST(PlanDecisionTest, BusyPairs_UnmeasuredBlocksAreNotJudged) {
 TEST(PlanDecisionTest, HostContention_LearnsEachVersionsQuietLevel) {
   HostContention h;
   // Too few steps: no block of the version is busy.
-  for (int i = 0; i < HostContention::kMinSteps - 1; ++i) h.Record(1, 0.06);
+  for (int i = 0; i < HostContention::kMinSteps - 1; ++i) h.Record(1, 0.06, 0.3);
   EXPECT_TRUE(std::isinf(h.BusyThreshold(1)));
   EXPECT_TRUE(h.Thresholds().empty());
-  h.Record(1, 0.06);
+  h.Record(1, 0.06, 0.3);
   // Twice the quiet level, at least 0.05 above it.
   EXPECT_NEAR(h.BusyThreshold(1), 0.12, 1e-12);
   // The quiet level is a low quantile: a hog in most steps leaves it.
-  for (int i = 0; i < 20; ++i) h.Record(1, 0.23);
+  for (int i = 0; i < 24; ++i) h.Record(1, 0.23, 0.45);
   EXPECT_NEAR(h.BusyThreshold(1), 0.12, 1e-12);
   // Unmeasured steps are ignored.
-  h.Record(1, -1);
-  h.Record(1, std::nan(""));
+  h.Record(1, -1, 0.3);
+  h.Record(1, std::nan(""), 0.3);
+  h.Record(1, 0.5, 0);
   EXPECT_NEAR(h.BusyThreshold(1), 0.12, 1e-12);
   // A plan whose own communication threads keep its compute thread
   // waiting more has its own, higher level.
-  for (int i = 0; i < 10; ++i) h.Record(2, 0.10);
+  for (int i = 0; i < HostContention::kMinSteps; ++i) h.Record(2, 0.10, 0.3);
   EXPECT_NEAR(h.BusyThreshold(2), 0.20, 1e-12);
   EXPECT_EQ(h.Thresholds().size(), 2u);
   h.Forget(2);
   EXPECT_TRUE(std::isinf(h.BusyThreshold(2)));
   // Only the last kWindow steps: a host that got busier for good becomes
   // the quiet level.
-  for (int i = 0; i < HostContention::kWindow; ++i) h.Record(1, 0.2);
+  for (int i = 0; i < HostContention::kWindow; ++i) h.Record(1, 0.2, 0.3);
   EXPECT_NEAR(h.BusyThreshold(1), 0.4, 1e-12);
+}
+
+// One step's share is noisy (a 20 ms step reads 0 to 0.5 quiet); the
+// quiet level is taken over groups of steps, each its wait over its wall
+// time, so a few near-zero steps do not make it.
+TEST(PlanDecisionTest, HostContention_QuietLevelOverGroupsOfSteps) {
+  HostContention h;
+  // Each group of three: 0.0, 0.15, 0.15 at equal times: 0.10 a group.
+  for (int i = 0; i < 30; ++i) h.Record(1, i % 3 == 0 ? 0.0 : 0.15, 0.3);
+  EXPECT_NEAR(h.BusyThreshold(1), 0.20, 1e-9);
+  // Weighted by time: a long step counts for more of its group.
+  HostContention w;
+  for (int i = 0; i < 12; ++i) w.Record(1, i % 3 == 0 ? 0.3 : 0.0, i % 3 == 0 ? 1.0 : 0.5);
+  EXPECT_NEAR(w.BusyThreshold(1), 0.30, 1e-9);  // 0.15 a group: 2 x 0.15
+}
+
+TEST(PlanDecisionTest, BusyPairs_ShortBlocksAreNotJudged) {
+  // Blocks of 5 counted steps of 0.05 s: 0.25 s, under kMinJudgedBlockSeconds.
+  std::vector<StepBlock> blocks;
+  for (int i = 0; i < 3; ++i) {
+    blocks.push_back(Waiting(Block(1, 0.05), i == 1 ? 0.5 : 0.06));
+    blocks.push_back(Waiting(Block(2, 0.045), i == 1 ? 0.5 : 0.06));
+  }
+  EXPECT_EQ(BusyPairs(blocks, 1, 2, WithThresholds(0.12)).pairs, 0);
+  CompareOptions any_length = WithThresholds(0.12);
+  any_length.min_judged_s = 0;
+  EXPECT_EQ(BusyPairs(blocks, 1, 2, any_length).pairs, 1);
 }
 
 TEST(PlanDecisionTest, Speedup_SaysWhatWasLeftOut) {

@@ -200,7 +200,8 @@ std::optional<RatioInterval> InterleavedRatio(
   for (Pair& p : PairUp(blocks, incumbent, candidate, options)) {
     if (p.busy) {
       ++out.busy_pairs;
-      out.busy_steps += static_cast<int>(p.incumbent.size() + p.candidate.size());
+      out.busy_steps +=
+          static_cast<int>(p.incumbent.size() + p.candidate.size());
     } else {
       pairs.push_back(std::move(p));
     }
@@ -358,10 +359,10 @@ ComparisonDecision DecideInterleaved(const std::vector<StepBlock>& blocks,
   } else if (r.low >= 1 - gain && r.high <= 1 + gain) {
     d.verdict = Verdict::kEquivalent;
   } else if (busy_enough ||
-             r.pairs >= std::max(options.max_pairs,
-                                 r.ratio <= 1 - gain
-                                     ? options.promising_max_pairs
-                                     : options.max_pairs)) {
+             r.pairs >=
+                 std::max(options.max_pairs, r.ratio <= 1 - gain
+                                                 ? options.promising_max_pairs
+                                                 : options.max_pairs)) {
     d.verdict = Verdict::kInconclusive;
   }
   return d;

@@ -557,8 +557,8 @@ void PlanningManager::RecoverEvidenceLocked(
   }
   if (carried.has_value()) {
     const CompareOptions options = BusyOptionsLocked(state);
-    std::optional<RatioInterval> r = InterleavedRatio(
-        carried->blocks, 0, carried->candidate, options);
+    std::optional<RatioInterval> r =
+        InterleavedRatio(carried->blocks, 0, carried->candidate, options);
     state.comparison->Continue(carried->candidate, std::move(carried->blocks),
                                r.has_value() ? r->pairs : 0);
   }
@@ -975,7 +975,8 @@ void PlanningManager::ApplyVerdictLocked(const std::string& job_id,
           ? absl::StrFormat(
                 "; %d block %s (%d steps) left out: the host's CPUs were "
                 "busy with other work",
-                decision.busy.pairs, decision.busy.pairs == 1 ? "pair" : "pairs",
+                decision.busy.pairs,
+                decision.busy.pairs == 1 ? "pair" : "pairs",
                 decision.busy.steps)
           : std::string();
   const int64_t candidate = c.candidate;
@@ -1098,8 +1099,7 @@ void PlanningManager::ApplyVerdictLocked(const std::string& job_id,
                 ComparisonName(kind), candidate, source, incumbent,
                 kComparisonBlockSteps, r.pairs, r.candidate_steps, candidate,
                 r.incumbent_steps, incumbent, busy, candidate, incumbent,
-                r.ratio, r.low, r.high, 100 * options.confidence, step,
-                verdict)
+                r.ratio, r.low, r.high, 100 * options.confidence, step, verdict)
           : absl::StrFormat(
                 "%s v%d (%s) against v%d, interleaved in blocks of %d steps "
                 "(no block pair counted%s) at step %d: %s",
@@ -1190,9 +1190,9 @@ void PlanningManager::MeasureBaselineLocked(const std::string& job_id,
     if (two_counted) {
       want = std::max(want, MorePairsForWidth(*r, kMaxBaselinePairs));
     }
-    more = static_cast<int>(std::min<int64_t>(
-        {static_cast<int64_t>(want), fit,
-         static_cast<int64_t>(kMaxBaselinePairs)}));
+    more = static_cast<int>(
+        std::min<int64_t>({static_cast<int64_t>(want), fit,
+                           static_cast<int64_t>(kMaxBaselinePairs)}));
   }
   if (more >= 2) {
     state.speedup.text += absl::StrFormat(

@@ -414,8 +414,7 @@ class PlanningManager final : public WorkerEventListener {
   // the step's (-1: not measured). Requires mu_.
   bool CompareLocked(const std::string& job_id, JobPlanning& state,
                      int64_t version, int64_t step, double seconds,
-                     double cpu_wait_share)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                     double cpu_wait_share) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A baseline check's step (CompareLocked): once its block pairs are in
   // and the plan runs on by itself, what it bought becomes the job's
   // speedup (an event, the job's outcome, the gauge). Requires mu_.

@@ -43,7 +43,8 @@ double CpuWaitShare(std::optional<int64_t> begin_ns,
       !(wall_s > 0) || !std::isfinite(wall_s)) {
     return -1;
   }
-  return std::min(1.0, static_cast<double>(*end_ns - *begin_ns) * 1e-9 / wall_s);
+  return std::min(1.0,
+                  static_cast<double>(*end_ns - *begin_ns) * 1e-9 / wall_s);
 }
 
 double CpuWaitMeter::EndShare(double wall_s) {

@@ -444,14 +444,14 @@ TEST(PlanDecisionTest, BusyPairs_LeftOutOfTheRatio) {
   // 25% slower. Counted, those pairs undo the verdict; left out (the
   // blocks' wait share 0.20 is above the 0.12 a quiet 0.06 allows), the
   // quiet pairs decide it.
-  const std::vector<StepBlock> blocks =
-      HogInSomePairs(1.0, 0.9, 7, {1, 3, 5});
+  const std::vector<StepBlock> blocks = HogInSomePairs(1.0, 0.9, 7, {1, 3, 5});
   const ComparisonDecision counted =
       DecideInterleaved(blocks, 1, 2, CompareOptions{});
   EXPECT_NE(counted.verdict, Verdict::kCandidateFaster);
   EXPECT_EQ(counted.busy.pairs, 0);
 
-  const ComparisonDecision d = DecideInterleaved(blocks, 1, 2, WithThresholds(0.12));
+  const ComparisonDecision d =
+      DecideInterleaved(blocks, 1, 2, WithThresholds(0.12));
   EXPECT_EQ(d.verdict, Verdict::kCandidateFaster);
   ASSERT_TRUE(d.interval.has_value());
   EXPECT_EQ(d.interval->pairs, 4);
@@ -460,7 +460,8 @@ TEST(PlanDecisionTest, BusyPairs_LeftOutOfTheRatio) {
   EXPECT_EQ(d.busy.pairs, 3);
   EXPECT_NEAR(d.interval->ratio, 0.9, 0.01);
   // A threshold above the hog's share leaves nothing out.
-  EXPECT_EQ(DecideInterleaved(blocks, 1, 2, WithThresholds(0.25)).busy.pairs, 0);
+  EXPECT_EQ(DecideInterleaved(blocks, 1, 2, WithThresholds(0.25)).busy.pairs,
+            0);
 }
 
 TEST(PlanDecisionTest, BusyPairs_OneBusyBlockLeavesItsPairOut) {
@@ -508,7 +509,8 @@ TEST(PlanDecisionTest, BusyPairs_UnmeasuredBlocksAreNotJudged) {
     b.cpu_wait_share.assign(b.step_s.size(), -1);
     b.cpu_wait_share[1] = 0.5;  // one of five counted steps measured
   }
-  const ComparisonDecision d = DecideInterleaved(blocks, 1, 2, WithThresholds(0.12));
+  const ComparisonDecision d =
+      DecideInterleaved(blocks, 1, 2, WithThresholds(0.12));
   EXPECT_EQ(d.verdict, Verdict::kCandidateFaster);
   EXPECT_EQ(d.busy.pairs, 0);
   // A version without a threshold (too few measured steps) has no busy
@@ -525,7 +527,8 @@ TEST(PlanDecisionTest, BusyPairs_UnmeasuredBlocksAreNotJudged) {
 TEST(PlanDecisionTest, HostContention_LearnsEachVersionsQuietLevel) {
   HostContention h;
   // Too few steps: no block of the version is busy.
-  for (int i = 0; i < HostContention::kMinSteps - 1; ++i) h.Record(1, 0.06, 0.3);
+  for (int i = 0; i < HostContention::kMinSteps - 1; ++i)
+    h.Record(1, 0.06, 0.3);
   EXPECT_TRUE(std::isinf(h.BusyThreshold(1)));
   EXPECT_TRUE(h.Thresholds().empty());
   h.Record(1, 0.06, 0.3);
@@ -562,7 +565,8 @@ TEST(PlanDecisionTest, HostContention_QuietLevelOverGroupsOfSteps) {
   EXPECT_NEAR(h.BusyThreshold(1), 0.20, 1e-9);
   // Weighted by time: a long step counts for more of its group.
   HostContention w;
-  for (int i = 0; i < 12; ++i) w.Record(1, i % 3 == 0 ? 0.3 : 0.0, i % 3 == 0 ? 1.0 : 0.5);
+  for (int i = 0; i < 12; ++i)
+    w.Record(1, i % 3 == 0 ? 0.3 : 0.0, i % 3 == 0 ? 1.0 : 0.5);
   EXPECT_NEAR(w.BusyThreshold(1), 0.30, 1e-9);  // 0.15 a group: 2 x 0.15
 }
 
@@ -589,9 +593,9 @@ TEST(PlanDecisionTest, Speedup_SaysWhatWasLeftOut) {
                                 "CPUs were busy with other work)"));
   // Nothing counted yet: the figure says why.
   const std::vector<StepBlock> all = HogInSomePairs(1.27, 1.0, 2, {0, 1});
-  const Speedup none = DescribeSpeedup(InterleavedRatio(all, 1, 2, o), "b",
-                                       kMaxSpeedupWidth,
-                                       BusyPairs(all, 1, 2, o));
+  const Speedup none =
+      DescribeSpeedup(InterleavedRatio(all, 1, 2, o), "b", kMaxSpeedupWidth,
+                      BusyPairs(all, 1, 2, o));
   EXPECT_FALSE(none.measured());
   EXPECT_THAT(none.text, HasSubstr("not measured yet"));
   EXPECT_THAT(none.text, HasSubstr("20 steps in 2 block pairs left out: the "

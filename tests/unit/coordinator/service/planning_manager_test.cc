@@ -2656,7 +2656,8 @@ TEST_F(PlanningManagerTest, Stop_WhilePlanQueued_NoPublishAfterStop) {
   EXPECT_LE(store_->LoadSchedules(job_.id())->size(), 1u);
 }
 
-// -- a busy host ---------------------------------------------------------------
+// -- a busy host
+// ---------------------------------------------------------------
 
 // `Steps` with every rank's cpu_wait_share at `share`.
 void StepsWaiting(PlanningManager& planning, const std::string& job,
@@ -2760,7 +2761,8 @@ TEST_F(PlanningManagerTest, BaselineCheck_BusyPairs_LeftOutAndMeasuredAgain) {
   job_ = *jobs_->Submit(spec);
   ASSERT_TRUE(planning_->OnGraph(job_.id(), 0, Report(true)).ok());
   SendWindow(0, 1, 0);
-  const double p = RunUntilBaselineCheck(*planning_, *jobs_, job_.id(), published_);
+  const double p =
+      RunUntilBaselineCheck(*planning_, *jobs_, job_.id(), published_);
   ASSERT_EQ(published_.size(), 2u);
   ASSERT_EQ(published_[1].block_pairs(), 3);
   planning_->OnScheduleActive(job_.id(), 2);
@@ -2774,13 +2776,14 @@ TEST_F(PlanningManagerTest, BaselineCheck_BusyPairs_LeftOutAndMeasuredAgain) {
   planning_->Drain();
   absl::StatusOr<v1::Job> job = jobs_->Get(job_.id());
   EXPECT_DOUBLE_EQ(job->measured_speedup(), 0);
-  EXPECT_THAT(job->speedup_text(),
-              AllOf(HasSubstr("not measured yet (6 steps interleaved with the "
-                              "baseline"),
-                    HasSubstr("in one block pair; two are needed; 12 steps in 2 "
-                              "block pairs left out: the host's CPUs were busy "
-                              "with other work)"),
-                    HasSubstr("measuring on for 2 more block pairs")));
+  EXPECT_THAT(
+      job->speedup_text(),
+      AllOf(HasSubstr("not measured yet (6 steps interleaved with the "
+                      "baseline"),
+            HasSubstr("in one block pair; two are needed; 12 steps in 2 "
+                      "block pairs left out: the host's CPUs were busy "
+                      "with other work)"),
+            HasSubstr("measuring on for 2 more block pairs")));
   ASSERT_EQ(published_.size(), 3u);
   EXPECT_EQ(published_[2].schedule().provenance().reason(), "baseline-check");
   EXPECT_EQ(published_[2].block_pairs(), 2);

@@ -61,7 +61,8 @@ TEST(CpuWaitTest, CrowdedThreadWaitsForItsCpu) {
     GTEST_SKIP() << "this kernel keeps no /proc/thread-self/schedstat";
   }
   cpu_set_t allowed;
-  ASSERT_EQ(pthread_getaffinity_np(pthread_self(), sizeof(allowed), &allowed), 0);
+  ASSERT_EQ(pthread_getaffinity_np(pthread_self(), sizeof(allowed), &allowed),
+            0);
   int cpu = 0;
   while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &allowed)) ++cpu;
   ASSERT_LT(cpu, CPU_SETSIZE);
@@ -81,11 +82,13 @@ TEST(CpuWaitTest, CrowdedThreadWaitsForItsCpu) {
   const auto start = std::chrono::steady_clock::now();
   meter.Begin();
   volatile double sink = 0;
-  while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(300)) {
+  while (std::chrono::steady_clock::now() - start <
+         std::chrono::milliseconds(300)) {
     for (int i = 0; i < 1000; ++i) sink = sink + i;
   }
   const double wall =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   const double share = meter.EndShare(wall);
   stop = true;
   for (std::thread& t : hogs) t.join();

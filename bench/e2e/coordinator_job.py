@@ -21,6 +21,9 @@ written to --schedule-out for the bench's rounds, and described:
   first_version, first_predicted_s, first_measured_s  the first plan, its
       prediction and the median of the job's own steps under it (the step
       that switched left out, as the coordinator counts them);
+  first_window_measured_s  the median of the first plan's first 5 steps
+      after the switch (its first window, as the coordinator first measures
+      it): against first_measured_s, how far the host drifted over the job;
   final_predicted_s  the prediction made before the final plan first ran: a
       rollback version is predicted at what its plan measured, so the
       prediction of the version it reran is reported instead;
@@ -48,6 +51,10 @@ def log(msg):
 
 
 # -- pure pieces (tests/unit/bench/test_e2e_driver.py) -------------------------
+
+# The first plan's own first window: the e2e specs' optimize.warmup_steps
+# (the profile window the coordinator measures a plan by first).
+FIRST_WINDOW_STEPS = 5
 
 def settle_point(per_step, settle_steps):
     """Whether a job's loop has settled, from its steps [(step, version)] in
@@ -155,6 +162,24 @@ def version_medians(per_step_times):
             for v, ts in every.items()}
 
 
+def first_stretch_median(per_step_times, version, steps):
+    """(median, steps) of the first `steps` steps of `version`'s first
+    stretch, its switching step left out: what the coordinator measures of a
+    plan first ("v1 measured ... (median of 5 steps)"), seconds after the
+    window its prediction was made from. Set beside the median over the
+    plan's whole life, it tells the cost model's error from the host's drift
+    over the job. (None, 0) when the stretch ran no step but the switch."""
+    stretch, started = [], False
+    for _, v, t in per_step_times:
+        if v == version:
+            stretch.append(t)
+            started = True
+        elif started:
+            break
+    window = stretch[1:1 + steps]
+    return (statistics.median(window), len(window)) if window else (None, 0)
+
+
 def first_plan_version(versions):
     """The first version planned from the job's own profile ("initial"), or
     the first published when none says so."""
@@ -190,6 +215,11 @@ def summarize(versions, per_step_times, final_version):
             if out["first_predicted_s"]:
                 out["first_prediction_error"] = (out["first_predicted_s"]
                                                  / out["first_measured_s"] - 1)
+        window_s, window_steps = first_stretch_median(per_step_times, first,
+                                                      FIRST_WINDOW_STEPS)
+        if window_s:
+            out["first_window_measured_s"] = window_s
+            out["first_window_steps"] = window_steps
     out["versions"] = [dict(versions[v], version=v,
                             job_measured_s=med.get(v, (None, 0))[0],
                             job_steps=med.get(v, (None, 0))[1])

@@ -156,12 +156,15 @@ def tandem_fields(job, step_s):
     out = {k: job.get(k) for k in (
         "job_id", "settled", "settle_note", "job_steps", "final_version", "final_reason",
         "final_passes", "final_planned_version", "final_job_measured_s", "first_version",
-        "first_source", "first_predicted_s", "first_measured_s", "versions")}
+        "first_source", "first_predicted_s", "first_measured_s",
+        "first_window_measured_s", "versions")}
     out["plan_source"] = job.get("final_source")
     out["predicted_s"] = job.get("final_predicted_s")
     out["prediction_error"] = prediction_error(out["predicted_s"], step_s)
     out["first_prediction_error"] = prediction_error(job.get("first_predicted_s"),
                                                      job.get("first_measured_s"))
+    out["first_window_prediction_error"] = prediction_error(
+        job.get("first_predicted_s"), job.get("first_window_measured_s"))
     out["first_is_final"] = (job.get("first_version") is not None and
                              job.get("first_version") == job.get("final_planned_version"))
     return out

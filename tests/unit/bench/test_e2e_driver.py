@@ -207,6 +207,28 @@ def test_prediction_is_never_the_rollbacks_own_measurement():
     assert [v["version"] for v in got["versions"]] == [1, 2, 3]
 
 
+def test_first_window_is_the_first_stretch_after_its_switching_step():
+    # v1 runs 0.33 for its first steps, then the host speeds up: the plan's
+    # whole life reads 0.30, its first window 0.33 (the coordinator's first
+    # measurement of it, seconds after the window it was priced from).
+    series = ([(0, 0, 0.42), (1, 0, 0.41), (2, 1, 0.50)]
+              + [(s, 1, 0.33) for s in range(3, 8)] + [(8, 2, 0.31), (9, 2, 0.31)]
+              + [(s, 1, 0.30) for s in range(10, 30)])
+    assert job.first_stretch_median(series, 1, 5) == (pytest.approx(0.33), 5)
+    # A stretch shorter than the window: what it has, still without the switch.
+    assert job.first_stretch_median(series, 2, 5) == (pytest.approx(0.31), 1)
+    assert job.first_stretch_median(series, 7, 5) == (None, 0)
+    assert job.first_stretch_median([(0, 0, 0.4), (1, 1, 0.5)], 1, 5) == (None, 0)
+    got = job.summarize({1: dict(reason="initial", passes=["prefetch"], predicted_s=0.33)},
+                        series, 1)
+    assert got["first_measured_s"] == pytest.approx(0.30)
+    assert got["first_window_measured_s"] == pytest.approx(0.33)
+    assert got["first_window_steps"] == 5
+    fields = driver.tandem_fields(dict(got, settled=True), 0.30)
+    assert fields["first_prediction_error"] == pytest.approx(0.33 / 0.30 - 1)
+    assert fields["first_window_prediction_error"] == pytest.approx(0.0)
+
+
 def test_tandem_row_reports_the_first_plan_against_its_own_first_measurement():
     summary = job.summarize(VERSIONS, SERIES, 3)
     summary.update(settled=True, job_id="j1")
@@ -268,6 +290,13 @@ def test_targets_met_and_missed_with_reasons():
     assert s["large"]["prediction_target"][0] is True
     ok, why = s["small"]["prediction_target"]
     assert not ok and "+12.0%" in why and "0.560" in why
+    assert "first window" not in why  # none measured
+    # The first window is shown beside the target's figure, never instead.
+    drifted = [dict(r, first_window_measured_s=0.55, first_window_prediction_error=0.56 / 0.55 - 1)
+               if r["contender"] == "tandem" and r["budget"] == "small" else r for r in rows()]
+    ok, why = {x["budget"]: x for x in report.summarize(drifted)}["small"]["prediction_target"]
+    assert not ok and "+12.0%" in why and "against its first window (0.550" in why
+    assert "+1.8%" in why
     behind = {x["budget"]: x for x in report.summarize(rows(tandem_lo=0.365))}
     ok, why = behind["large"]["spread_target"]
     assert not ok and "deepspeed-zero3" in why and "0.365" in why and "0.360" in why

@@ -17,7 +17,6 @@ import warnings
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-from torch.utils.checkpoint import checkpoint
 
 from tandem.export._common import ArchiveError, _seeded
 from tandem.export.archive import call_unit, interpreted
@@ -81,12 +80,67 @@ def _levels_at_marks(allocations, count):
     return out
 
 
+class _Recompute(torch.autograd.Function):
+    """A unit run without keeping its activations, as the worker's
+    RecomputeFunction runs it (worker/runtime/executor.cc): forward with
+    grad disabled, keeping the unit's inputs; backward runs the unit again
+    on detached inputs and params and takes the gradients with
+    torch.autograd.grad, which returns them without accumulating them
+    into the detached tensors first (torch.utils.checkpoint's reentrant
+    backward accumulates them there and returns those). Measured through
+    torch.utils.checkpoint, a unit recomputed inside a glue (seq2seq's
+    nn.Transformer layers) read a backward net its param gradients above
+    what the worker measures (2026-12-02); through this, every figure the
+    worker measures matches. The random generator is put back as forward
+    found it for the recompute and restored after, the state saved for
+    that freed before the gradients are taken, as the worker's is."""
+
+    @staticmethod
+    def forward(ctx, run, inputs, *args):
+        ctx.run = run
+        ctx.inputs = inputs
+        ctx.rng = torch.get_rng_state()
+        ctx.save_for_backward(*args[:inputs])
+        ctx.params = args[inputs:]
+        ctx.set_materialize_grads(False)
+        return tuple(run(*args))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        args, targets, where = [], [], []
+        for a, t in enumerate(list(ctx.saved_tensors) + list(ctx.params)):
+            t = t.detach()
+            if ctx.needs_input_grad[2 + a]:
+                t.requires_grad_()
+                targets.append(t)
+                where.append(a)
+            args.append(t)
+        result = [None] * len(args)
+        now = torch.get_rng_state()
+        torch.set_rng_state(ctx.rng)
+        try:
+            with torch.enable_grad():
+                outputs = ctx.run(*args)
+        finally:
+            torch.set_rng_state(now)
+            del now  # as the worker's, gone before the gradients are taken
+        roots = [(o, g) for o, g in zip(outputs, grads)
+                 if g is not None and torch.is_tensor(o) and o.requires_grad]
+        if roots and targets:
+            got = torch.autograd.grad([o for o, _ in roots], targets,
+                                      [g for _, g in roots],
+                                      allow_unused=True)
+            for a, g in zip(where, got):
+                result[a] = g
+        return (None, None, *result)
+
+
 def _run_marked(archive, mods, batch, recompute, profiled=True):
     """Runs the units forward and backward once as the worker's executor
     does: values no later unit reads dropped after each unit, the values
     crossing each boundary hooked, one loss.backward(), a backward node from
     one boundary's gradients to the next; units but the last under
-    `recompute` run through a reentrant checkpoint. A glue runs whole,
+    `recompute` run through _Recompute, as the worker recomputes them. A glue runs whole,
     interpreted, its units served as it calls them; the boundary after a
     unit inside it sits on that unit's own outputs, and the one after its
     last unit on what the glue returns (worker/runtime/executor.cc,
@@ -155,9 +209,8 @@ def _run_marked(archive, mods, batch, recompute, profiled=True):
                 bound.update(zip(u.params, a[inputs:]))
                 return tuple(call_unit(u, mod, list(a[:inputs]), bound,
                                        buffers))
-            return list(checkpoint(run, *args,
-                                   *[params[name] for name in u.params],
-                                   use_reentrant=True))
+            return list(_Recompute.apply(
+                run, len(args), *args, *[params[name] for name in u.params]))
         return call_unit(u, mods[k], args, params, buffers)
 
     recording = (profile(activities=[ProfilerActivity.CPU],

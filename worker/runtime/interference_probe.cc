@@ -74,6 +74,14 @@ class ComputeLoop {
   float sink_ = 0;
 };
 
+// How long one probe collective lasts on the measured link: about a
+// layer's node on the bench (3-15 ms), so that which rank a transfer slows
+// changes no more often within one than within a step's nodes. With 25 ms
+// transfers the slower rank's loss read 1.09-2.22 s per GB all-gathered on
+// wide-short's 2000 Mbit/s link, with 8 ms ones 1.45-2.12, against the
+// 1.94 its steps pay (bench/README.md, e2e, "Why first plans miss").
+constexpr double kTransferSeconds = 0.008;
+
 // HardwareModel::kMaxStretch (common/sim; not a worker dependency).
 constexpr double kMaxStretch = 4;
 
@@ -85,8 +93,10 @@ double Median(std::vector<double> values) {
 
 // What one kind of transfer takes from compute and compute from it.
 struct KindInterference {
-  // Compute seconds per byte moved.
+  // Compute seconds per byte moved (the slower rank's at each repetition
+  // when `slowest` is given), and this rank's own.
   double per_byte = 0;
+  double own_per_byte = 0;
   // Its run time with the compute loop running against alone (>= 1).
   double stretch = 1;
   // Its median run time alone.
@@ -94,7 +104,9 @@ struct KindInterference {
 };
 
 // `start` submits a transfer of `bytes` and returns its handle; `barrier`
-// returns once every rank has reached it (nothing at world 1). Each
+// returns once every rank has reached it (nothing at world 1); `slowest`,
+// for a collective, returns the largest of the ranks' values (the ranks
+// call it together). Each
 // repetition measures the loop's rate alone, meets the other ranks, runs the
 // transfer alone (nothing computes until it is done), then at once again
 // under the compute loop. Both transfers start on every rank within a
@@ -107,11 +119,20 @@ struct KindInterference {
 // ran 10-20 ms alone and 13-40 ms under compute), and what a plan pays is
 // the sum over its many transfers. Medians of five read a stretch of
 // 1.14-2.03x from run to run of the same job.
+//
+// A collective's compute loss is the slower rank's at each repetition: the
+// cores that move the bytes slow one rank's compute more than the other's,
+// in turn, and a training step pays the slower side at every collective
+// (the next one waits for it). The ranks' mean read wide-short's loss at
+// about half of what its steps pay (bench/README.md, e2e, "Why first plans
+// miss"). `own_per_byte` keeps this rank's own, for the log.
 absl::StatusOr<KindInterference> MeasureKind(
     ComputeLoop& loop, int64_t bytes, const InterferenceProbeOptions& options,
     const std::function<AsyncHandle()>& start,
-    const std::function<absl::Status()>& barrier) {
+    const std::function<absl::Status()>& barrier,
+    const std::function<absl::StatusOr<double>(double)>& slowest) {
   double lost_s = 0;
+  double own_lost_s = 0;
   double solo_s = 0;
   double with_s = 0;
   int64_t moved = 0;
@@ -126,13 +147,21 @@ absl::StatusOr<KindInterference> MeasureKind(
     const auto [with, elapsed] =
         loop.RateUntil([&handle] { return handle->done(); });
     RETURN_IF_ERROR(handle->Wait());
-    lost_s += elapsed * std::max(0.0, 1 - with / alone);
+    const double lost = elapsed * std::max(0.0, 1 - with / alone);
+    own_lost_s += lost;
+    if (slowest) {
+      ASSIGN_OR_RETURN(const double worst, slowest(lost));
+      lost_s += worst;
+    } else {
+      lost_s += lost;
+    }
     moved += bytes;
     solo_s += solo->run_s();
     with_s += handle->run_s();
   }
   KindInterference out;
   out.per_byte = moved > 0 ? lost_s / static_cast<double>(moved) : 0;
+  out.own_per_byte = moved > 0 ? own_lost_s / static_cast<double>(moved) : 0;
   out.alone_s = Median(std::move(alone_runs));
   if (solo_s > 0 && with_s > 0) {
     out.stretch = std::clamp(with_s / solo_s, 1.0, kMaxStretch);
@@ -154,10 +183,11 @@ absl::StatusOr<InterferenceProbe> MeasureInterference(
     int64_t out_bytes = options.collective_bytes;
     if (out_bytes <= 0) {
       out_bytes = options.link_bytes_per_s > 0
-                      ? static_cast<int64_t>(options.link_bytes_per_s * 0.025)
-                      : (int64_t{4} << 20);
+                      ? static_cast<int64_t>(options.link_bytes_per_s *
+                                             kTransferSeconds)
+                      : (int64_t{2} << 20);
       out_bytes =
-          std::clamp<int64_t>(out_bytes, int64_t{1} << 20, int64_t{16} << 20);
+          std::clamp<int64_t>(out_bytes, int64_t{512} << 10, int64_t{16} << 20);
     }
     // Each rank sends its n floats to the world − 1 others.
     const int64_t n = std::max<int64_t>(
@@ -169,12 +199,17 @@ absl::StatusOr<InterferenceProbe> MeasureInterference(
     const auto barrier = [&comm] {
       return comm.AllGatherScalars({0.0}).status();
     };
+    const auto slowest = [&comm](double value) -> absl::StatusOr<double> {
+      ASSIGN_OR_RETURN(const std::vector<double> all,
+                       comm.AllGatherScalars({value}));
+      return *std::max_element(all.begin(), all.end());
+    };
     ASSIGN_OR_RETURN(
         const KindInterference allgather,
         MeasureKind(
             loop, full_bytes, options,
             [&] { return comm.Submit([&] { comm.AllGather(shard, full); }); },
-            barrier));
+            barrier, slowest));
     ASSIGN_OR_RETURN(
         const KindInterference reduce_scatter,
         MeasureKind(
@@ -182,8 +217,10 @@ absl::StatusOr<InterferenceProbe> MeasureInterference(
             [&] {
               return comm.Submit([&] { comm.ReduceScatterSum(full, shard); });
             },
-            barrier));
+            barrier, slowest));
     probe.compute_s_per_allgather_byte = allgather.per_byte;
+    probe.own_compute_s_per_allgather_byte = allgather.own_per_byte;
+    probe.own_compute_s_per_reduce_scatter_byte = reduce_scatter.own_per_byte;
     probe.allgather_stretch = allgather.stretch;
     probe.compute_s_per_reduce_scatter_byte = reduce_scatter.per_byte;
     probe.reduce_scatter_stretch = reduce_scatter.stretch;
@@ -209,7 +246,7 @@ absl::StatusOr<InterferenceProbe> MeasureInterference(
                            });
                          },
                          // Each rank's copies are its own: nothing to meet.
-                         [] { return absl::OkStatus(); }));
+                         [] { return absl::OkStatus(); }, nullptr));
     probe.compute_s_per_copy_byte = copy.per_byte;
     probe.copy_stretch = copy.stretch;
     probe.host_copy_s = copy.alone_s;

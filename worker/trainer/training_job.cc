@@ -218,11 +218,14 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Start(
           MeasureInterference(*job->comm_, options.device, probe_options));
       absl::FPrintF(stderr,
                     "rank %d: transfers take compute: %.3g s per GB "
-                    "all-gathered, %.3g reduce-scattered, %.3g copied to the "
+                    "all-gathered, %.3g reduce-scattered (the slower rank's; "
+                    "this rank's own %.3g and %.3g), %.3g copied to the "
                     "host tier; compute makes them %.2fx, %.2fx and %.2fx as "
                     "long (probe %.2f s)\n",
                     rank, interference.compute_s_per_allgather_byte * 1e9,
                     interference.compute_s_per_reduce_scatter_byte * 1e9,
+                    interference.own_compute_s_per_allgather_byte * 1e9,
+                    interference.own_compute_s_per_reduce_scatter_byte * 1e9,
                     interference.compute_s_per_copy_byte * 1e9,
                     interference.allgather_stretch,
                     interference.reduce_scatter_stretch,

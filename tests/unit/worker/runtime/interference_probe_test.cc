@@ -51,6 +51,15 @@ TEST(InterferenceProbeTest, TwoRanks_EveryKindMeasuredAndRanksAgree) {
   EXPECT_DOUBLE_EQ(probes[0].copy_stretch, probes[1].copy_stretch);
   EXPECT_DOUBLE_EQ(probes[0].compute_s_per_allgather_byte,
                    probes[1].compute_s_per_allgather_byte);
+  // A collective's loss is the slower rank's at each repetition: never
+  // below what either rank lost itself (the mean over ranks, which the
+  // probe reported before, is below the one that lost more).
+  for (const InterferenceProbe& p : probes) {
+    EXPECT_GE(p.compute_s_per_allgather_byte,
+              p.own_compute_s_per_allgather_byte);
+    EXPECT_GE(p.compute_s_per_reduce_scatter_byte,
+              p.own_compute_s_per_reduce_scatter_byte);
+  }
 }
 
 // One rank: no collective moves anything, so neither side of their

@@ -31,7 +31,6 @@ step time does not depend on their values.
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import time

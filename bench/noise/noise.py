@@ -620,6 +620,15 @@ def summarize(model, condition, rows):
         "shown_interval_contains_quiet": "%d of %d" % (
             sum(bool(r.get("shown_contains_quiet")) for r in rows),
             sum(r.get("shown_contains_quiet") is not None for r in rows)),
+        # How busy the host was across the jobs (the median of their p10,
+        # median and p90 wait shares) and how many verdicts left block
+        # pairs out for it, in how many jobs.
+        "cpu_wait_share_median": (
+            [round(statistics.median(r["cpu_wait_share"][i] for r in shared), 4)
+             for i in range(3)] if (shared := [r for r in rows if r.get("cpu_wait_share")])
+            else None),
+        "busy_verdicts": sum(len(r.get("busy_verdicts") or []) for r in rows),
+        "jobs_with_busy_verdicts": sum(bool(r.get("busy_verdicts")) for r in rows),
     }
 
 

@@ -336,12 +336,19 @@ BusyCount BusyPairs(const std::vector<StepBlock>& blocks, int64_t incumbent,
   return out;
 }
 
+BusyCount BusyPairs(const std::optional<RatioInterval>& counted,
+                    const std::vector<StepBlock>& blocks, int64_t incumbent,
+                    int64_t candidate, const CompareOptions& options) {
+  if (counted.has_value()) return {counted->busy_pairs, counted->busy_steps};
+  return BusyPairs(blocks, incumbent, candidate, options);
+}
+
 ComparisonDecision DecideInterleaved(const std::vector<StepBlock>& blocks,
                                      int64_t incumbent, int64_t candidate,
                                      const CompareOptions& options) {
   ComparisonDecision d;
   d.interval = InterleavedRatio(blocks, incumbent, candidate, options);
-  d.busy = BusyPairs(blocks, incumbent, candidate, options);
+  d.busy = BusyPairs(d.interval, blocks, incumbent, candidate, options);
   // Under a busy host the pairs left out run up while none is counted: a
   // steady hog ends the comparison undecided, keeping the incumbent,
   // rather than deciding on what the hog favours.

@@ -134,7 +134,6 @@ class HostContention {
   double BusyThreshold(int64_t version) const;
   // The thresholds of every version with a quiet level, for CompareOptions.
   std::map<int64_t, double> Thresholds() const;
-  void Forget(int64_t version) { recent_.erase(version); }
 
  private:
   // Per version, its last kWindow measured steps: (share, seconds).
@@ -223,6 +222,11 @@ struct BusyCount {
   int steps = 0;
 };
 BusyCount BusyPairs(const std::vector<StepBlock>& blocks, int64_t incumbent,
+                    int64_t candidate, const CompareOptions& options);
+// The same from InterleavedRatio's answer for these blocks when it counted
+// a pair (its busy counts), pairing the blocks again only when it did not.
+BusyCount BusyPairs(const std::optional<RatioInterval>& counted,
+                    const std::vector<StepBlock>& blocks, int64_t incumbent,
                     int64_t candidate, const CompareOptions& options);
 
 enum class Verdict {

@@ -1148,10 +1148,10 @@ void PlanningManager::MeasureBaselineLocked(const std::string& job_id,
                               static_cast<size_t>(2 * kComparisonBlockSteps);
   std::optional<RatioInterval> r;
   BusyCount busy;
-  const CompareOptions options = BusyOptionsLocked(state);
   if (c.closed_block || alone_long) {
+    const CompareOptions options = BusyOptionsLocked(state);
     r = InterleavedRatio(c.blocks, c.incumbent, c.candidate, options);
-    busy = BusyPairs(c.blocks, c.incumbent, c.candidate, options);
+    busy = BusyPairs(r, c.blocks, c.incumbent, c.candidate, options);
   }
   // Every pair in (those left out as busy too: the ranks alternate for the
   // pairs the update asked) and the plan running on by itself.

@@ -195,6 +195,22 @@ def test_analyse_without_a_reported_speedup_judges_no_interval():
     s = noise.summarize("demo", "flaps", [row])
     assert s["speedup_not_reported"] == 1 and s["interval_contains_quiet"] == "0 of 0"
     assert s["wrong_plans_kept"] == 0
+    # No wait shares measured, no busy verdict.
+    assert s["cpu_wait_share_median"] is None and s["busy_verdicts"] == 0
+
+
+def test_summary_says_how_busy_the_host_was_across_jobs():
+    per_step = steps([0] * 6 + [1] * 40)
+    run = dict(job="j", per_step=per_step, texts={0: schedule(0, 0), 1: schedule(1, 0.5)},
+               flips=None, final=final())
+    row = noise.analyse(args(), run, ("rounds", flat({0: 0.6, 1: 0.5})), {0: 0, 1: 1})
+    rows = [dict(row, cpu_wait_share=[0.06, 0.08, 0.12], busy_verdicts=[]),
+            dict(row, cpu_wait_share=[0.10, 0.20, 0.40], busy_verdicts=["a", "b"]),
+            dict(row, cpu_wait_share=[0.12, 0.30, 0.50], busy_verdicts=["c"]),
+            dict(row, busy_verdicts=[])]  # a job whose steps reported none
+    s = noise.summarize("demo", "cpu-hog", rows)
+    assert s["cpu_wait_share_median"] == [0.10, 0.20, 0.40]
+    assert s["busy_verdicts"] == 3 and s["jobs_with_busy_verdicts"] == 2
 
 
 def test_reanalyse_unreadable_or_not_json_says_what_to_give(tmp_path):

@@ -146,19 +146,29 @@ def prediction_before_run(versions, version):
     return versions[v].get("predicted_s")
 
 
+def stretches(per_step_times):
+    """[(version, [seconds])] over [(step, version, seconds)] in step order:
+    the runs of consecutive steps under one version. A stretch's first step
+    is the one that switched to it, which the coordinator's
+    ScheduleMeasurements leave out (the callers below do too)."""
+    out = []
+    for _, v, t in per_step_times:
+        if out and out[-1][0] == v:
+            out[-1][1].append(t)
+        else:
+            out.append((v, [t]))
+    return out
+
+
 def version_medians(per_step_times):
     """{version: (median step s, steps measured)} over [(step, version,
-    seconds)] in step order. The first step of each stretch under a version
-    is left out (the step that switched to it, as the coordinator's
-    ScheduleMeasurements leave it out), unless the version ran no other."""
+    seconds)] in step order, every stretch's switching step left out,
+    unless the version ran no other."""
     measured, every = {}, {}
-    prev = object()
-    for _, v, t in per_step_times:
-        every.setdefault(v, []).append(t)
-        if v == prev:
-            measured.setdefault(v, []).append(t)
-        prev = v
-    return {v: (statistics.median(measured.get(v) or ts), len(measured.get(v) or ts))
+    for v, ts in stretches(per_step_times):
+        every.setdefault(v, []).extend(ts)
+        measured.setdefault(v, []).extend(ts[1:])
+    return {v: (statistics.median(measured[v] or ts), len(measured[v] or ts))
             for v, ts in every.items()}
 
 
@@ -169,14 +179,9 @@ def first_stretch_median(per_step_times, version, steps):
     window its prediction was made from. Set beside the median over the
     plan's whole life, it tells the cost model's error from the host's drift
     over the job. (None, 0) when the stretch ran no step but the switch."""
-    stretch, started = [], False
-    for _, v, t in per_step_times:
-        if v == version:
-            stretch.append(t)
-            started = True
-        elif started:
-            break
-    window = stretch[1:1 + steps]
+    first = next((ts for v, ts in stretches(per_step_times) if v == version),
+                 [])
+    window = first[1:1 + steps]
     return (statistics.median(window), len(window)) if window else (None, 0)
 
 

@@ -33,6 +33,15 @@ JSON lines to --out. Per model:
      widened to Student's t where that is wider; the row's "paired"), and
      the row's never-behind verdict rests on it: three short rounds a side resolve
      about 5% on a 2-core host, block pairs seconds apart resolve 1-2%;
+  4c. Tandem's plan against PyTorch DDP at the large budget (DDP's
+     footprint), pair by pair: each round's two runs are a pair, and
+     --ddp-pairs more pairs run back to back (DDP first, then Tandem first,
+     in turn). Tandem/DDP is the geometric mean of the pairs' ratios of
+     medians with its 95% interval (steady.paired_ratio; the row's
+     "ddp_paired"), which decides the row's Tandem/DDP target: the two
+     programs cannot alternate in one run, and three rounds a side do not
+     resolve the 5% that separates them on wide-short (12-03f read 1.02
+     where three runs before it read 0.94-0.96);
   5. communication alone, once per schedule (tandem-comm-replay) and for
      DDP's all-reduces: the rows' lower bounds.
 """
@@ -214,6 +223,27 @@ def paired_reference(rows):
     if name not in POLICIES or not ref.get("sched") or name in t.get("same_plan_as", []):
         return None
     return name
+
+
+def ddp_paired(tandem_runs, ddp_runs, rounds):
+    """Tandem against DDP over pairs of runs: `tandem_runs[i]` and
+    `ddp_runs[i]` are pair i's step times (the slower rank's per measured
+    step; None or empty where the run failed), the first `rounds` pairs
+    from the interleaved rounds, the rest run back to back. Returns the row's
+    "ddp_paired": the geometric mean of the pairs' ratios of medians with
+    its 95% interval (steady.paired_ratio), and how many pairs of each kind
+    counted, with each pair's medians (tandem_s, ddp_s); or {"error": ...}
+    with fewer than two complete pairs."""
+    pairs = [(i, t, d) for i, (t, d) in enumerate(zip(tandem_runs, ddp_runs)) if t and d]
+    if len(pairs) < 2:
+        return dict(error=f"{len(pairs)} complete pair(s) of runs of "
+                          f"{len(tandem_runs)}: too few for an interval")
+    ratio, low, high = steady.paired_ratio([t for _, t, _ in pairs], [d for _, _, d in pairs])
+    return dict(ratio=ratio, low=low, high=high, pairs=len(pairs),
+                round_pairs=sum(1 for i, _, _ in pairs if i < rounds),
+                extra_pairs=sum(1 for i, _, _ in pairs if i >= rounds),
+                tandem_s=[statistics.median(t) if t else None for t in tandem_runs],
+                ddp_s=[statistics.median(d) if d else None for d in ddp_runs])
 
 
 class Bench:
@@ -409,6 +439,7 @@ memory: {{budget_bytes: {budget}}}
         return dict(step_s=med, steps_min_s=min(it), steps_max_s=max(it),
                     step_rel_mad=statistics.median(abs(t - med) for t in it) / med,
                     exposed_comm_s=statistics.median(ex), peak_bytes=peak, steps=n,
+                    step_times=it,
                     memory_hold_s=statistics.median(hold),
                     fallback_steps=fallback, planned_peaks=planned_peaks,
                     guard_tripped=len(planned_peaks) < min(len(s) for s in every))
@@ -470,7 +501,7 @@ memory: {{budget_bytes: {budget}}}
             raise RuntimeError("no measured steps")
         st = [max(s[i]["step_s"] for s in per_rank) for i in range(n)]
         return dict(step_s=statistics.median(st), steps_min_s=min(st), steps_max_s=max(st),
-                    steps=n)
+                    steps=n, step_times=st)
 
     # -- obtaining each contender's schedule -----------------------------------
 
@@ -750,6 +781,26 @@ memory: {{budget_bytes: {budget}}}
                     check = dict(reference=ref, error=str(e))
                 contenders[f"{bname}/tandem"]["row"]["paired"] = check
 
+        # 4c. Tandem against DDP at the large budget, pair by pair (ddp_paired).
+        tkey = "large/tandem"
+        if a.ddp_pairs >= 0 and contenders["ddp"]["run"] and contenders[tkey]["run"]:
+            t_runs = [s.get("step_times") for s in per_round[tkey]]
+            d_runs = [s.get("step_times") for s in per_round["ddp"]]
+            if a.ddp_pairs:
+                log(f"{tag}: tandem against DDP at the large budget, {a.ddp_pairs} more "
+                    "pairs of runs back to back")
+            for i in range(a.ddp_pairs):
+                got = {}
+                for k in (["ddp", tkey] if i % 2 == 0 else [tkey, "ddp"]):
+                    try:
+                        got[k] = contenders[k]["run"]().get("step_times")
+                    except RuntimeError as e:
+                        log(f"{tag}: {k} failed in pair {i + 1}: {str(e)[:200]}")
+                        got[k] = None
+                t_runs.append(got[tkey])
+                d_runs.append(got["ddp"])
+            contenders[tkey]["row"]["ddp_paired"] = ddp_paired(t_runs, d_runs, len(per_round[tkey]))
+
         # 5. communication alone (once each) and the rows.
         compute_s = contenders["compute-alone"]["row"].get("step_s")
         ddp_compute_s = contenders["compute-alone-ddp"]["row"].get("step_s")
@@ -839,6 +890,9 @@ def main():
                          "its best reference's (0: none)")
     ap.add_argument("--paired-block-steps", type=int, default=5,
                     help="steps per block of the alternating check (at least 2)")
+    ap.add_argument("--ddp-pairs", type=int, default=4,
+                    help="pairs of runs of DDP and Tandem's plan at the large budget, back "
+                         "to back, beyond the rounds' (0: the rounds' pairs only)")
     ap.add_argument("--settle-steps", type=int, default=15,
                     help="Tandem's job: steps without a new schedule version that count "
                          "as settled")
@@ -850,6 +904,8 @@ def main():
     a = ap.parse_args()
     if a.rounds < 1:
         sys.exit("--rounds must be at least 1")
+    if a.ddp_pairs < 0:
+        sys.exit("--ddp-pairs must be 0 (the rounds' pairs only) or more")
     if a.paired_pairs < 0:
         sys.exit("--paired-pairs must be 0 (no alternating check) or more")
     if a.paired_pairs > 0 and a.paired_block_steps < 2:

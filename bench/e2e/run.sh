@@ -5,7 +5,7 @@
 #
 #   sudo bench/e2e/run.sh [--rates "2000 200"] [--models tiny-llama,wide-short,exported-gpt]
 #                         [--rounds 3] [--steps 8] [--discard 2] [--settle-steps 15]
-#                         [--paired-pairs 10] [--paired-block-steps 5]
+#                         [--paired-pairs 10] [--paired-block-steps 5] [--ddp-pairs 4]
 #                         [--out FILE [--force]] [--quick]
 #                         [--comm "chunk_bytes: 64KiB, max_in_flight: 4"]
 #   sudo bench/e2e/run.sh --drift-check [--rates R] [--drift-args "--throttle-at 150 ..."]
@@ -25,7 +25,11 @@
 # schedule. Where Tandem's best reference at a budget is a plan on Tandem's
 # runtime, the two then alternate in one run (--paired-pairs block pairs of
 # --paired-block-steps steps; 0 pairs: none), and that interval decides
-# the row's never-behind target (driver.py, step 4b). --settle-steps: steps without a new schedule version after which
+# the row's never-behind target (driver.py, step 4b). At the large budget
+# Tandem's plan and PyTorch DDP are then compared pair by pair: each
+# round's two runs, and --ddp-pairs more pairs back to back (default 4; 0:
+# the rounds' only); that interval decides the Tandem/DDP target
+# (driver.py, step 4c). --settle-steps: steps without a new schedule version after which
 # Tandem's job counts as settled. JSON lines go to --out (default
 # $TMPDIR/tandem-e2e/results.jsonl);
 # the table is printed at the end (bench/e2e/report.py); an --out FILE that
@@ -61,7 +65,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 RATES="2000 200"
 MODELS="tiny-llama,wide-short,exported-gpt"
 STEPS="" DISCARD=2 QUICK=0 COMM="" DRIFT_CHECK=0 NOISE=0 NOISE_ARGS="" DRIFT_ARGS="" LONG_RUN=0 FORCE=0 ROUNDS=3 SETTLE=15
-PAIRED_PAIRS=10 PAIRED_BLOCK=5
+PAIRED_PAIRS=10 PAIRED_BLOCK=5 DDP_PAIRS=4
 WORK="${TMPDIR:-/tmp}/tandem-e2e"
 OUT=""
 while [ $# -gt 0 ]; do
@@ -74,6 +78,7 @@ while [ $# -gt 0 ]; do
     --settle-steps) SETTLE="$2"; shift 2 ;;
     --paired-pairs) PAIRED_PAIRS="$2"; shift 2 ;;
     --paired-block-steps) PAIRED_BLOCK="$2"; shift 2 ;;
+    --ddp-pairs) DDP_PAIRS="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     --quick) QUICK=1; shift ;;
     --force) FORCE=1; shift ;;
@@ -89,6 +94,10 @@ while [ $# -gt 0 ]; do
 done
 if ! [[ "$PAIRED_PAIRS" =~ ^[0-9]+$ ]]; then
   echo "$0: --paired-pairs must be a whole number (0: no alternating check), not '$PAIRED_PAIRS'" >&2
+  exit 2
+fi
+if ! [[ "$DDP_PAIRS" =~ ^[0-9]+$ ]]; then
+  echo "$0: --ddp-pairs must be a whole number (0: the rounds' pairs only), not '$DDP_PAIRS'" >&2
   exit 2
 fi
 if ! [[ "$PAIRED_BLOCK" =~ ^[0-9]+$ ]] || [ "$PAIRED_BLOCK" -lt 2 ]; then
@@ -248,6 +257,7 @@ for rate in $RATES; do
     --steps "$steps" --discard "$DISCARD" --replay-steps "$replay" \
     --rounds "$ROUNDS" --settle-steps "$SETTLE" --long-run "$LONG_RUN" \
     --paired-pairs "$PAIRED_PAIRS" --paired-block-steps "$PAIRED_BLOCK" \
+    --ddp-pairs "$DDP_PAIRS" \
     ${COMM:+--comm "$COMM"} &
   DRIVER_PID=$!
   wait "$DRIVER_PID"

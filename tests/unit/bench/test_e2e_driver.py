@@ -368,3 +368,41 @@ def test_the_alternating_check_decides_the_never_behind_target():
     ok, why = {x["budget"]: x for x in report.summarize(with_paired(failed))}["large"][
         "spread_target"]
     assert not ok and "the alternating check failed: rank 1 exit 1" in why
+
+
+def test_ddp_paired_counts_complete_pairs_only():
+    # Three rounds (the second DDP run failed) and two pairs back to back.
+    t = [[0.15, 0.16, 0.15], [0.18, 0.17, 0.18], [0.15, 0.15, 0.16], [0.14, 0.15, 0.15],
+         [0.15, 0.16, 0.15]]
+    d = [[0.16, 0.16, 0.17], None, [0.16, 0.17, 0.16], [0.16, 0.16, 0.16],
+         [0.17, 0.16, 0.16]]
+    got = driver.ddp_paired(t, d, rounds=3)
+    assert got["pairs"] == 4 and got["round_pairs"] == 2 and got["extra_pairs"] == 2
+    # The failed pair's slow Tandem run is not counted against a missing DDP run.
+    assert got["low"] <= got["ratio"] <= got["high"] < 1.0
+    assert got["ratio"] == pytest.approx((0.15 / 0.16 * 0.15 / 0.16 * 0.15 / 0.16
+                                          * 0.15 / 0.16) ** 0.25)
+    assert got["tandem_s"][1] == 0.18 and got["ddp_s"][1] is None
+    assert "error" in driver.ddp_paired([[0.1]], [[0.2]], rounds=1)
+    assert "error" in driver.ddp_paired([[0.1], None], [[0.2], [0.2]], rounds=2)
+
+
+def test_the_pairs_decide_the_ddp_target():
+    def with_ddp_paired(dp):
+        return [dict(r, ddp_paired=dp) if r["contender"] == "tandem" and r["budget"] == "large"
+                else r for r in rows()]
+    # The rounds' medians alone: 0.90 (met). The pairs say otherwise.
+    behind = dict(ratio=1.012, low=0.985, high=1.04, pairs=7, round_pairs=3, extra_pairs=4)
+    ok, why = {x["budget"]: x for x in report.summarize(with_ddp_paired(behind))}["large"][
+        "ddp_target"]
+    assert not ok
+    assert "1.012 (0.985–1.040) over 7 pairs of runs (3 rounds, 4 back to back)" in why
+    assert "within noise" in why and "> 1.00" in why and "rounds' medians alone 0.900" in why
+    ahead = dict(behind, ratio=0.95, low=0.93, high=0.97)
+    s = {x["budget"]: x for x in report.summarize(with_ddp_paired(ahead))}["large"]
+    assert s["ddp_target"][0] and "outside noise" in s["ddp_target"][1]
+    assert s["ratio_ddp_paired"] == (0.95, 0.93, 0.97)
+    # A failed check leaves the rounds' verdict, and says why.
+    ok, why = {x["budget"]: x for x in report.summarize(
+        with_ddp_paired(dict(error="1 complete pair(s)")))}["large"]["ddp_target"]
+    assert ok and "pair by pair: 1 complete pair(s)" in why

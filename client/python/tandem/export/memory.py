@@ -98,7 +98,6 @@ class _Recompute(torch.autograd.Function):
     @staticmethod
     def forward(ctx, run, inputs, *args):
         ctx.run = run
-        ctx.inputs = inputs
         ctx.rng = torch.get_rng_state()
         ctx.save_for_backward(*args[:inputs])
         ctx.params = args[inputs:]
@@ -140,12 +139,12 @@ def _run_marked(archive, mods, batch, recompute, profiled=True):
     does: values no later unit reads dropped after each unit, the values
     crossing each boundary hooked, one loss.backward(), a backward node from
     one boundary's gradients to the next; units but the last under
-    `recompute` run through _Recompute, as the worker recomputes them. A glue runs whole,
-    interpreted, its units served as it calls them; the boundary after a
-    unit inside it sits on that unit's own outputs, and the one after its
-    last unit on what the glue returns (worker/runtime/executor.cc,
-    RunGlue). Returns the mark labels, in order, with the profile (None
-    unless `profiled`)."""
+    `recompute` run through _Recompute, as the worker recomputes them. A
+    glue runs whole, interpreted, its units served as it calls them; the
+    boundary after a unit inside it sits on that unit's own outputs, and
+    the one after its last unit on what the glue returns
+    (worker/runtime/executor.cc, RunGlue). Returns the mark labels, in
+    order, with the profile (None unless `profiled`)."""
     m = archive.manifest
     n = len(m.units)
     weights = archive.weights()

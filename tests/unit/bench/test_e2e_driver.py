@@ -406,3 +406,18 @@ def test_the_pairs_decide_the_ddp_target():
     ok, why = {x["budget"]: x for x in report.summarize(
         with_ddp_paired(dict(error="1 complete pair(s)")))}["large"]["ddp_target"]
     assert ok and "pair by pair: 1 complete pair(s)" in why
+
+
+def test_no_reference_fits_the_budget_says_so_and_still_compares():
+    def small(tandem_lo):
+        return [row("on-demand", 0.40, 0.39, 0.41, budget="small", fallback_steps=6),
+                row("deepspeed-zero3", 0.38, 0.37, 0.39, budget="small", fallback_steps=2),
+                row("tandem", 0.36, tandem_lo, 0.37, budget="small", first_version=1,
+                    first_predicted_s=0.36, first_measured_s=0.36, first_prediction_error=0.0)]
+    ok, why = report.summarize(small(0.35))[0]["spread_target"]
+    assert ok and "no reference fits the budget: deepspeed-zero3, on-demand" in why
+    assert "deepspeed-zero3 0.380 (0.95x)" in why
+    ok, why = report.summarize(small(0.395))[0]["spread_target"]
+    assert not ok and "slower than its slowest" in why
+    ok, why = report.summarize(small(0.35)[2:])[0]["spread_target"]
+    assert ok and why == "no reference measured"
